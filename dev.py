@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Bootstrap for a fresh clone: make .venv, install the project, then run a task.
+
+    python3 dev.py serve [gateway args...]   run the gateway on configs/gateway.yaml
+    python3 dev.py test  [pytest args...]    lint, type-check and run the whole test suite
+
+Only the standard library is used here, so this works where nothing but Python 3.11+ exists.
+The install is skipped while pyproject.toml is unchanged since the last one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+STAMP = VENV / ".installed"
+
+
+def ensure_venv() -> None:
+    if sys.version_info < (3, 11):  # noqa: UP036 - this script must run, and say so, anywhere
+        sys.exit(f"dev.py: Python 3.11+ is needed, this is {sys.version.split()[0]}")
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == digest:
+        return
+    if not (BIN / "python").exists():
+        print("dev.py: creating .venv", file=sys.stderr)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    print("dev.py: installing the project and its test tools into .venv", file=sys.stderr)
+    pip = [str(BIN / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "-e", f"{ROOT}[test]"], check=True)
+    STAMP.write_text(digest)
+
+
+def run(argv: list[str]) -> int:
+    return subprocess.call(argv, cwd=ROOT)
+
+
+def main() -> int:
+    task, *rest = sys.argv[1:] or ["help"]
+    if task == "serve":
+        ensure_venv()
+        return run([str(BIN / "gateway"), "serve", "-c", "configs/gateway.yaml", *rest])
+    if task == "test":
+        ensure_venv()
+        for step in (
+            [str(BIN / "ruff"), "check", "."],
+            [str(BIN / "ruff"), "format", "--check", "."],
+            [str(BIN / "mypy")],
+        ):
+            if code := run(step):
+                return code
+        return run([str(BIN / "python"), "-m", "pytest", *rest])
+    print(__doc__)
+    return 0 if task == "help" else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

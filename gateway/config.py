@@ -1,0 +1,214 @@
+"""Settings of the data plane: listeners, routes, probes, balancing, timeouts, retries, drain.
+
+Every model is frozen and forbids unknown fields, so a typo in a config file is an error that
+names the field instead of a setting silently ignored. Durations accept ``"250ms"``, ``"5s"``,
+``"2m"``, ``"1h"`` or plain seconds. Nothing here reads a file or the environment: the one
+loader is in ``controller.config``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: object) -> object:
+    """``"250ms"`` -> 0.25; numbers pass through; anything else is left for pydantic to refuse."""
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if not match:
+            raise ValueError(f"not a duration: {value!r} (use e.g. '250ms', '5s', '2m' or seconds)")
+        return float(match.group(1)) * _UNITS[match.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+"""Seconds, as a float; written in config as ``"500ms"``, ``"30s"``, ``"5m"`` or a number."""
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:9001"`` or ``"[::1]:9001"`` -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"not a host:port address: {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    number = int(port)
+    if not 0 < number < 65536:
+        raise ValueError(f"port out of range in {value!r}")
+    return host, number
+
+
+def _check_address(value: str) -> str:
+    parse_address(value)
+    return value
+
+
+Address = Annotated[str, BeforeValidator(lambda v: _check_address(str(v)))]
+"""``host:port``; IPv6 hosts in brackets."""
+
+
+class Model(BaseModel):
+    """Base of every config model: immutable, strict about unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+LoadBalancing = Literal["round_robin", "least_outstanding", "p2c"]
+
+_HOST = re.compile(
+    r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+
+
+class RouteConfig(Model):
+    """Which requests belong to a service: by Host and/or by path prefix."""
+
+    hosts: tuple[str, ...] = ()
+    """Exact host names, or ``*.suffix`` wildcards; empty means any host."""
+    path_prefix: str | None = None
+    """A path prefix such as ``/api``; the longest matching prefix wins."""
+    strip_prefix: bool = False
+    """Remove ``path_prefix`` from the path before forwarding."""
+
+    @field_validator("hosts")
+    @classmethod
+    def _hosts(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for host in hosts:
+            name = host.lower().rstrip(".")
+            if not _HOST.match(name) or len(name) > 253:
+                raise ValueError(f"not a host name or *.suffix wildcard: {host!r}")
+            out.append(name)
+        return tuple(out)
+
+    @field_validator("path_prefix")
+    @classmethod
+    def _prefix(cls, prefix: str | None) -> str | None:
+        if prefix is None:
+            return None
+        if not prefix.startswith("/") or any(c in prefix for c in "?#\\ \t\r\n%"):
+            raise ValueError("must start with '/' and hold no '?', '#', '%', '\\' or space")
+        segments = prefix.split("/")
+        if any(s in (".", "..") for s in segments) or "//" in prefix:
+            raise ValueError("must be a normalised path (no '.', '..' or '//')")
+        return prefix.rstrip("/") or "/"
+
+    @model_validator(mode="after")
+    def _something(self) -> RouteConfig:
+        if not self.hosts and self.path_prefix is None:
+            raise ValueError("a route needs hosts, a path_prefix, or both")
+        if self.strip_prefix and self.path_prefix is None:
+            raise ValueError("strip_prefix needs a path_prefix")
+        return self
+
+
+class ProbeConfig(Model):
+    """One active health check of each upstream."""
+
+    type: Literal["http", "tcp"] = "http"
+    path: str = "/"
+    """HTTP only: the path requested."""
+    method: Literal["GET", "HEAD", "OPTIONS"] = "GET"
+    headers: dict[str, str] = Field(default_factory=dict)
+    expected_statuses: tuple[int, ...] = ()
+    """HTTP statuses that pass; empty means any 2xx. Redirects are not followed."""
+    interval: Duration = 5.0
+    timeout: Duration = 2.0
+    healthy_threshold: int = Field(default=2, ge=1, le=100)
+    """Consecutive passes that make an upstream healthy."""
+    unhealthy_threshold: int = Field(default=3, ge=1, le=100)
+    """Consecutive failures that make an upstream unhealthy."""
+    jitter: float = Field(default=0.1, ge=0, le=1)
+    """Each interval is stretched or shrunk by up to this fraction, so probes spread out."""
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, path: str) -> str:
+        if not path.startswith("/") or any(c in path for c in "\r\n "):
+            raise ValueError("must start with '/' and hold no space or line break")
+        return path
+
+    @model_validator(mode="after")
+    def _positive(self) -> ProbeConfig:
+        if self.interval <= 0 or self.timeout <= 0:
+            raise ValueError("interval and timeout must be greater than 0")
+        return self
+
+
+class TimeoutsConfig(Model):
+    connect: Duration = 5.0
+    """To open a connection to an upstream."""
+    read: Duration = 60.0
+    """The longest idle gap between bytes from an upstream."""
+    total: Duration | None = None
+    """Optional cap on a whole exchange (never applied to WebSockets)."""
+
+
+class RetriesConfig(Model):
+    attempts: int = Field(default=2, ge=0, le=10)
+    """Extra tries on another upstream after a failure before any byte was sent."""
+    timeout: Duration = 10.0
+    """No new attempt starts after this long since the request arrived."""
+    on_status: bool = False
+    """Also retry idempotent requests without a body that got 502, 503 or 504."""
+
+
+class OutlierConfig(Model):
+    """Passive detection: ejection on failures seen in real traffic."""
+
+    consecutive_connect_failures: int = Field(default=3, ge=1)
+    consecutive_5xx: int = Field(default=5, ge=1)
+    base_ejection_time: Duration = 10.0
+    """The first ejection lasts this long; each further one adds as much again."""
+    max_ejection_time: Duration = 300.0
+    max_ejection_percent: int = Field(default=50, ge=0, le=100)
+    """Never eject more than this share of a pool (at least one upstream may go)."""
+
+
+class LimitsConfig(Model):
+    max_body_size: int = Field(default=64 * 1024 * 1024, ge=0)
+    """Largest request body accepted, in bytes (413 beyond it); 0 means no limit."""
+
+
+class ServiceRouting(Model):
+    """All the data plane needs to know of one service."""
+
+    name: str
+    route: RouteConfig
+    load_balancing: LoadBalancing = "least_outstanding"
+    probes: tuple[ProbeConfig, ...] = ()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    retries: RetriesConfig = RetriesConfig()
+    outlier: OutlierConfig = OutlierConfig()
+    limits: LimitsConfig = LimitsConfig()
+    queue_timeout: Duration = 0.0
+    """Wait this long for an upstream to become routable before answering 503."""
+
+
+class ListenerLimits(Model):
+    max_header_size: int = Field(default=16 * 1024, ge=1024)
+    """Largest request line or header field, in bytes (431 beyond it)."""
+    header_timeout: Duration = 10.0
+    """A client must send its full request head within this long."""
+    keepalive_timeout: Duration = 75.0
+    max_connections: int = Field(default=10_000, ge=1)
+    """Open client connections beyond this are refused at accept."""
+
+
+class ProxyConfig(Model):
+    """Settings of the traffic listener and its forwarding."""
+
+    listen: Address = "0.0.0.0:8080"
+    limits: ListenerLimits = ListenerLimits()
+    shutdown_timeout: Duration = 30.0
+    """On SIGTERM, in-flight requests get this long to finish."""
+    upstream_keepalive: int = Field(default=256, ge=0)
+    """Idle keep-alive connections kept per upstream host."""
+    trust_forwarded: bool = False
+    """Keep a client's X-Forwarded-* headers (behind a trusted proxy) instead of replacing them."""

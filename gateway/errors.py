@@ -1,0 +1,62 @@
+"""Errors of the data plane, each carrying the HTTP status the gateway answers with.
+
+    GatewayError
+    ├── NoRoute                 404  no service matches the request
+    ├── NoRoutableUpstream      503  the service has no upstream that may take the request
+    ├── RequestTooLarge         413  the body is larger than the service allows
+    └── UpstreamError           502  forwarding failed
+        ├── UpstreamConnectError     could not connect, or reset before any byte was sent
+        ├── UpstreamProtocolError    the upstream answered something that is not HTTP
+        └── UpstreamTimeout     504  (also a TimeoutError) connect, read or total timeout
+
+Library exceptions (aiohttp, OSError) are translated into these once, in ``proxy``.
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    status = 500
+    code = "gateway_error"
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class NoRoute(GatewayError):
+    status = 404
+    code = "no_route"
+
+
+class NoRoutableUpstream(GatewayError):
+    status = 503
+    code = "no_routable_upstream"
+
+    def __init__(self, message: str, retry_after: int = 1, **details: object) -> None:
+        super().__init__(message, **details)
+        self.retry_after = retry_after
+
+
+class RequestTooLarge(GatewayError):
+    status = 413
+    code = "request_too_large"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    code = "bad_gateway"
+
+
+class UpstreamConnectError(UpstreamError):
+    code = "upstream_connect_error"
+
+
+class UpstreamProtocolError(UpstreamError):
+    code = "upstream_protocol_error"
+
+
+class UpstreamTimeout(UpstreamError, TimeoutError):
+    status = 504
+    code = "upstream_timeout"

@@ -1,0 +1,85 @@
+"""Events the data plane publishes, and the protocols of those who listen.
+
+The controller, the prober and the metrics follow the pool through ``PoolSubscriber``; this
+module is why the dependency runs one way: the data plane defines the protocol, the control
+plane implements it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from .upstream import Upstream
+
+EventKind = Literal["added", "changed", "removed", "drained", "service_set", "service_removed"]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEvent:
+    """Something changed in a service's pool.
+
+    ``added``/``changed``/``removed``: an upstream (``upstream`` is its new state,
+    ``previous`` its old one). ``drained``: a drain finished (``clean`` is False when the drain
+    timeout cut requests off). ``service_set``/``service_removed``: a service's routing
+    config was set or the service was removed (``upstream`` is None).
+    """
+
+    kind: EventKind
+    service: str
+    at: float
+    upstream: Upstream | None = None
+    previous: Upstream | None = None
+    reason: str = ""
+    clean: bool = True
+
+
+class PoolSubscriber(Protocol):
+    def on_pool_event(self, event: PoolEvent) -> None:
+        """Called synchronously on the event loop; must not block or raise."""
+
+
+ProbeOutcome = Literal["success", "failure", "timeout"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    service: str
+    upstream_id: str
+    outcome: ProbeOutcome
+    duration: float
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "success"
+
+
+class ProbeObserver(Protocol):
+    def on_probe(self, result: ProbeResult) -> None:
+        """Called for every probe result (metrics)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What one proxied request did, for metrics and the access log."""
+
+    request_id: str
+    service: str
+    revision: int | None
+    upstream_id: str | None
+    method: str
+    path: str
+    status: int
+    duration: float
+    ttfb: float | None
+    bytes_in: int
+    bytes_out: int
+    retries: int
+    retry_reasons: tuple[str, ...] = ()
+    error: str | None = None
+
+
+class RequestObserver(Protocol):
+    def on_request(self, record: RequestRecord) -> None:
+        """Called once per finished request; must be cheap (hot path)."""

@@ -1,0 +1,427 @@
+"""The pools of all services: immutable snapshots, picks, in-flight leases and drains.
+
+Each service's upstreams are published as a frozen ``PoolSnapshot``; every change builds a
+new one and swaps a single reference, so readers need no lock and a snapshot could be sent to
+another process as it is. In-flight counts live beside the snapshot (they change on every
+request) and are what ``least_outstanding`` and ``p2c`` read and what a drain waits on.
+
+Invariants:
+- ``pick`` only ever returns a routable upstream (healthy, active, not ejected).
+- A drain stops new picks at once; it completes when the upstream's leases are all released
+  or when its timeout passes, at which point the remaining leases are aborted.
+- Every change is published to subscribers as a ``PoolEvent``, after the new snapshot is in
+  place, so a subscriber that reads the pool sees the state the event describes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from . import balancer
+from .config import ServiceRouting
+from .errors import NoRoutableUpstream
+from .events import EventKind, PoolEvent, PoolSubscriber
+from .outlier import Ejection, OutlierState, may_eject
+from .router import Route, RouteTable
+from .upstream import AdminState, Health, Upstream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """A service's upstreams at one moment. ``routable`` is precomputed for the hot path."""
+
+    service: str
+    version: int
+    upstreams: tuple[Upstream, ...] = ()
+    routable: tuple[Upstream, ...] = ()
+
+    @classmethod
+    def of(cls, service: str, version: int, upstreams: Iterable[Upstream]) -> PoolSnapshot:
+        ups = tuple(upstreams)
+        return cls(service, version, ups, tuple(u for u in ups if u.routable))
+
+    def get(self, upstream_id: str) -> Upstream | None:
+        for upstream in self.upstreams:
+            if upstream.id == upstream_id:
+                return upstream
+        return None
+
+    def counts(self) -> dict[str, int]:
+        """How many upstreams are in each state (for 503 bodies and status)."""
+        out: dict[str, int] = {}
+        for upstream in self.upstreams:
+            out[upstream.state] = out.get(upstream.state, 0) + 1
+        return out
+
+
+class Lease:
+    """One request (or stream, or WebSocket) in flight on one upstream.
+
+    Released exactly once, by ``release()`` or as a context manager. ``abort`` is what a drain
+    timeout calls to cut the work off: by default it cancels the task that took the lease; a
+    WebSocket sets it to close with 1001 instead.
+    """
+
+    __slots__ = ("_pool", "_released", "abort", "service", "task", "upstream")
+
+    def __init__(self, pool: ServicePool, upstream: Upstream) -> None:
+        self._pool = pool
+        self._released = False
+        self.service = pool.routing.name
+        self.upstream = upstream
+        self.task = asyncio.current_task()
+        self.abort: Callable[[], object] = self._cancel
+
+    def _cancel(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._pool._release(self)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<Lease {self.upstream.id} released={self._released}>"
+
+
+@dataclass(slots=True)
+class _Drain:
+    done: asyncio.Future[bool]
+    timer: asyncio.TimerHandle | None = None
+
+
+class ServicePool:
+    """One service: its routing config, its current snapshot and its in-flight leases."""
+
+    def __init__(self, owner: Pool, routing: ServiceRouting) -> None:
+        self._owner = owner
+        self.routing = routing
+        self.snapshot = PoolSnapshot.of(routing.name, 0, ())
+        self.inflight: dict[str, int] = {}
+        self.leases: dict[str, set[Lease]] = {}
+        self.outliers: dict[str, OutlierState] = {}
+        self.cursor = 0
+        self._drains: dict[str, _Drain] = {}
+        self._routable_waiters: list[asyncio.Future[None]] = []
+
+    # -- picks and leases (hot path) --------------------------------------------------------
+
+    def pick(self, exclude: frozenset[str] = frozenset()) -> Upstream | None:
+        candidates = self.snapshot.routable
+        if exclude:
+            candidates = tuple(u for u in candidates if u.id not in exclude)
+        self.cursor += 1
+        return balancer.pick(
+            self.routing.load_balancing, candidates, self.inflight, self._owner.rng, self.cursor
+        )
+
+    def lease(self, exclude: frozenset[str] = frozenset()) -> Lease | None:
+        """Pick a routable upstream and count a request in flight on it, or None."""
+        upstream = self.pick(exclude)
+        if upstream is None:
+            return None
+        lease = Lease(self, upstream)
+        self.inflight[upstream.id] = self.inflight.get(upstream.id, 0) + 1
+        self.leases.setdefault(upstream.id, set()).add(lease)
+        return lease
+
+    def _release(self, lease: Lease) -> None:
+        uid = lease.upstream.id
+        count = self.inflight.get(uid, 0) - 1
+        leases = self.leases.get(uid)
+        if leases is not None:
+            leases.discard(lease)
+        if count > 0:
+            self.inflight[uid] = count
+            return
+        self.inflight.pop(uid, None)
+        self.leases.pop(uid, None)
+        drain = self._drains.get(uid)
+        if drain is not None and not drain.done.done():
+            drain.done.set_result(True)
+
+    async def wait_routable(self, within: float) -> bool:
+        """Wait up to ``within`` seconds for a routable upstream; True if there is one."""
+        if self.snapshot.routable:
+            return True
+        if within <= 0:
+            return False
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._routable_waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), within)
+        except TimeoutError:
+            return bool(self.snapshot.routable)
+        finally:
+            if waiter in self._routable_waiters:
+                self._routable_waiters.remove(waiter)
+        return bool(self.snapshot.routable)
+
+    def unavailable(self) -> NoRoutableUpstream:
+        """The 503 error for this service, saying what its upstreams are doing."""
+        counts = self.snapshot.counts()
+        total = len(self.snapshot.upstreams)
+        detail = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"
+        return NoRoutableUpstream(
+            f"no routable upstream for service {self.routing.name!r} ({total} upstreams: {detail})",
+            service=self.routing.name,
+            upstreams=total,
+            states=counts,
+        )
+
+    # -- changes ------------------------------------------------------------------------------
+
+    def _publish(self, upstreams: Iterable[Upstream]) -> None:
+        self.snapshot = PoolSnapshot.of(self.routing.name, self.snapshot.version + 1, upstreams)
+        if self.snapshot.routable and self._routable_waiters:
+            for waiter in self._routable_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._routable_waiters.clear()
+
+    def _update(self, upstream_id: str, reason: str, **changes: object) -> Upstream | None:
+        old = self.snapshot.get(upstream_id)
+        if old is None:
+            return None
+        new = old.replace(**changes)
+        if new == old:
+            return old
+        self._publish(new if u.id == upstream_id else u for u in self.snapshot.upstreams)
+        self._owner._emit("changed", self.routing.name, new, old, reason)
+        return new
+
+    def __repr__(self) -> str:
+        return (
+            f"<ServicePool {self.routing.name} v{self.snapshot.version} "
+            f"upstreams={len(self.snapshot.upstreams)} routable={len(self.snapshot.routable)} "
+            f"inflight={sum(self.inflight.values())}>"
+        )
+
+
+class Pool:
+    """All services' pools, the route table over them, and the subscribers to their events.
+
+    ``clock`` is the monotonic clock (the event loop's ``time``) used for ejection times and
+    event stamps; ``rng`` feeds the randomised policies. Both are injected for tests.
+    """
+
+    def __init__(
+        self, clock: Callable[[], float] | None = None, rng: random.Random | None = None
+    ) -> None:
+        self.clock = clock or (lambda: asyncio.get_running_loop().time())
+        self.rng = rng or random.Random()
+        self.services: dict[str, ServicePool] = {}
+        self.routes = RouteTable()
+        self._subscribers: list[PoolSubscriber] = []
+
+    def subscribe(self, subscriber: PoolSubscriber) -> None:
+        self._subscribers.append(subscriber)
+
+    def unsubscribe(self, subscriber: PoolSubscriber) -> None:
+        if subscriber in self._subscribers:
+            self._subscribers.remove(subscriber)
+
+    def _emit(
+        self,
+        kind: EventKind,
+        service: str,
+        upstream: Upstream | None = None,
+        previous: Upstream | None = None,
+        reason: str = "",
+        clean: bool = True,
+    ) -> None:
+        event = PoolEvent(kind, service, self.clock(), upstream, previous, reason, clean)
+        for subscriber in list(self._subscribers):
+            try:
+                subscriber.on_pool_event(event)
+            except Exception:
+                log.exception("pool subscriber %r failed on %s", subscriber, kind)
+
+    # -- services -----------------------------------------------------------------------------
+
+    def set_service(self, routing: ServiceRouting) -> ServicePool:
+        """Add a service or change its routing config; its upstreams stay as they are."""
+        pool = self.services.get(routing.name)
+        if pool is None:
+            pool = self.services[routing.name] = ServicePool(self, routing)
+        else:
+            pool.routing = routing
+        self._rebuild_routes()
+        self._emit("service_set", routing.name)
+        return pool
+
+    def remove_service(self, name: str) -> None:
+        """Forget a service and its upstreams at once (drain them first to be gentle)."""
+        pool = self.services.pop(name, None)
+        if pool is None:
+            return
+        for upstream in pool.snapshot.upstreams:
+            self._emit("removed", name, upstream, upstream, "service removed")
+        self._rebuild_routes()
+        self._emit("service_removed", name)
+
+    def _rebuild_routes(self) -> None:
+        self.routes = RouteTable.build(
+            Route(name, pool.routing.route) for name, pool in self.services.items()
+        )
+
+    def service(self, name: str) -> ServicePool:
+        return self.services[name]
+
+    def upstream(self, service: str, upstream_id: str) -> Upstream | None:
+        pool = self.services.get(service)
+        return pool.snapshot.get(upstream_id) if pool else None
+
+    # -- upstreams ----------------------------------------------------------------------------
+
+    def add_upstream(self, upstream: Upstream) -> Upstream:
+        """Add an upstream; it starts with health unknown and gets no traffic until probed."""
+        pool = self.services[upstream.service]
+        if pool.snapshot.get(upstream.id) is not None:
+            raise ValueError(f"upstream {upstream.id!r} already in service {upstream.service!r}")
+        upstream = upstream.replace(health=Health.UNKNOWN, ejected=False)
+        pool.outliers[upstream.id] = OutlierState(pool.routing.outlier)
+        pool._publish((*pool.snapshot.upstreams, upstream))
+        self._emit("added", upstream.service, upstream, None, "added")
+        return upstream
+
+    def remove_upstream(self, service: str, upstream_id: str, reason: str = "removed") -> None:
+        """Take an upstream out of the pool now. In-flight leases run on; drain first."""
+        pool = self.services.get(service)
+        if pool is None:
+            return
+        old = pool.snapshot.get(upstream_id)
+        if old is None:
+            return
+        pool._publish(u for u in pool.snapshot.upstreams if u.id != upstream_id)
+        pool.outliers.pop(upstream_id, None)
+        drain = pool._drains.pop(upstream_id, None)
+        if drain is not None and drain.timer is not None:
+            drain.timer.cancel()
+        self._emit("removed", service, old, old, reason)
+
+    def set_health(self, service: str, upstream_id: str, health: Health, reason: str = "") -> None:
+        pool = self.services.get(service)
+        if pool is not None:
+            pool._update(upstream_id, reason or f"health {health.value}", health=health)
+
+    def probe_passed(self, service: str, upstream_id: str) -> None:
+        """An active probe passed: lift an ejection whose time is up."""
+        pool = self.services.get(service)
+        if pool is None:
+            return
+        outlier = pool.outliers.get(upstream_id)
+        if outlier is not None and outlier.probe_passed(self.clock()):
+            pool._update(upstream_id, "ejection lifted by a passing probe", ejected=False)
+
+    def report(self, service: str, upstream_id: str, outcome: str) -> Ejection | None:
+        """Passive detection: record a real request's outcome; eject on a failure streak."""
+        pool = self.services.get(service)
+        if pool is None:
+            return None
+        outlier = pool.outliers.get(upstream_id)
+        if outlier is None:
+            return None
+        ejection = outlier.record(outcome, self.clock())
+        if ejection is None:
+            return None
+        ejected = sum(1 for u in pool.snapshot.upstreams if u.ejected)
+        if not may_eject(
+            ejected, len(pool.snapshot.upstreams), pool.routing.outlier.max_ejection_percent
+        ):
+            return None
+        outlier.eject(ejection)
+        pool._update(upstream_id, f"ejected: {ejection.reason}", ejected=True)
+        return ejection
+
+    # -- drain --------------------------------------------------------------------------------
+
+    def drain(self, service: str, upstream_id: str, timeout: float) -> asyncio.Future[bool]:
+        """Stop new requests to an upstream; the future resolves when its leases are done.
+
+        Resolves True when everything in flight finished, False when ``timeout`` cut the
+        rest off (their ``abort`` was called). Draining an unknown upstream resolves True.
+        Draining twice returns the same future.
+        """
+        loop = asyncio.get_running_loop()
+        pool = self.services.get(service)
+        if pool is None or pool.snapshot.get(upstream_id) is None:
+            done = loop.create_future()
+            done.set_result(True)
+            return done
+        existing = pool._drains.get(upstream_id)
+        if existing is not None:
+            return existing.done
+        drain = _Drain(loop.create_future())
+        pool._drains[upstream_id] = drain
+        pool._update(upstream_id, "draining", admin=AdminState.DRAINING)
+        if not pool.inflight.get(upstream_id):
+            drain.done.set_result(True)
+        else:
+            drain.timer = loop.call_later(timeout, self._drain_timeout, pool, upstream_id)
+        drain.done.add_done_callback(lambda fut: self._drained(pool, upstream_id, fut))
+        return drain.done
+
+    def _drain_timeout(self, pool: ServicePool, upstream_id: str) -> None:
+        drain = pool._drains.get(upstream_id)
+        if drain is None or drain.done.done():
+            return
+        leases = list(pool.leases.get(upstream_id, ()))
+        log.warning(
+            "drain timeout for %s/%s: aborting %d in-flight",
+            pool.routing.name,
+            upstream_id,
+            len(leases),
+        )
+        for lease in leases:
+            try:
+                lease.abort()
+            except Exception:
+                log.exception("abort of %r failed", lease)
+        drain.done.set_result(False)
+
+    def _drained(self, pool: ServicePool, upstream_id: str, fut: asyncio.Future[bool]) -> None:
+        drain = pool._drains.get(upstream_id)
+        if drain is not None and drain.timer is not None:
+            drain.timer.cancel()
+        if fut.cancelled():
+            return
+        upstream = pool.snapshot.get(upstream_id)
+        clean = fut.result()
+        self._emit(
+            "drained",
+            pool.routing.name,
+            upstream,
+            upstream,
+            "drained" if clean else "drain timeout",
+            clean,
+        )
+
+    def undrain(self, service: str, upstream_id: str) -> None:
+        """Return a draining upstream to active (a manual drain taken back)."""
+        pool = self.services.get(service)
+        if pool is None:
+            return
+        drain = pool._drains.pop(upstream_id, None)
+        if drain is not None:
+            if drain.timer is not None:
+                drain.timer.cancel()
+            if not drain.done.done():
+                drain.done.cancel()
+        pool._update(upstream_id, "undrained", admin=AdminState.ACTIVE)
+
+    def __repr__(self) -> str:
+        return f"<Pool services={len(self.services)} subscribers={len(self._subscribers)}>"

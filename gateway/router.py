@@ -1,0 +1,104 @@
+"""The route table: which service a request belongs to. PURE.
+
+A route matches by Host (exact names and ``*.suffix`` wildcards, case-insensitive, port
+ignored) and/or by path prefix on segment boundaries (``/api`` matches ``/api`` and
+``/api/x``, not ``/apix``). Among matching routes: an exact host beats a wildcard, a longer
+wildcard beats a shorter one, a host match beats a route with no hosts, and then the longest
+path prefix wins. Paths are normalised (``.``/``..`` segments resolved, ``//`` folded) before
+matching, and the same normalised path is what ``forward_path`` forwards, so a prefix can
+never be escaped with ``/svc/../admin``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .config import RouteConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    service: str
+    config: RouteConfig
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTable:
+    routes: tuple[Route, ...] = ()
+
+    @classmethod
+    def build(cls, routes: Iterable[Route]) -> RouteTable:
+        return cls(tuple(routes))
+
+
+def normalize_path(path: str) -> str:
+    """Resolve dot segments and fold repeated slashes; keep a trailing slash."""
+    if not path.startswith("/"):
+        path = "/" + path
+    normal = posixpath.normpath(path)
+    if normal.startswith("//"):
+        normal = "/" + normal.lstrip("/")
+    if path.endswith("/") and normal != "/":
+        normal += "/"
+    return normal
+
+
+def _host_rank(hosts: tuple[str, ...], host: str) -> int | None:
+    """How well ``host`` matches: higher is better, None is no match. No hosts: rank 0."""
+    if not hosts:
+        return 0
+    best: int | None = None
+    for pattern in hosts:
+        if pattern.startswith("*."):
+            suffix = pattern[1:]
+            if host.endswith(suffix) and len(host) > len(suffix):
+                rank = 1 + len(suffix)
+                best = rank if best is None else max(best, rank)
+        elif pattern == host:
+            return 10_000
+    return best
+
+
+def _prefix_matches(prefix: str, path: str) -> bool:
+    return prefix == "/" or path == prefix or path.startswith(prefix + "/")
+
+
+def strip_host(host: str) -> str:
+    """The Host header without port and trailing dot, lower-cased."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        return host[: end + 1] if end != -1 else host
+    return host.rsplit(":", 1)[0].rstrip(".") if ":" in host else host.rstrip(".")
+
+
+def resolve(table: RouteTable, host: str, path: str) -> Route | None:
+    """The best route for ``host`` and the normalised ``path``, or None."""
+    host = strip_host(host)
+    best: Route | None = None
+    best_key: tuple[int, int] = (-1, -1)
+    for route in table.routes:
+        config = route.config
+        rank = _host_rank(config.hosts, host)
+        if rank is None:
+            continue
+        prefix_len = 0
+        if config.path_prefix is not None:
+            if not _prefix_matches(config.path_prefix, path):
+                continue
+            prefix_len = len(config.path_prefix)
+        key = (rank, prefix_len)
+        if key > best_key:
+            best, best_key = route, key
+    return best
+
+
+def forward_path(route: Route, path: str) -> str:
+    """The path sent upstream: ``path`` (normalised) with the prefix stripped if asked."""
+    prefix = route.config.path_prefix
+    if not route.config.strip_prefix or prefix is None or prefix == "/":
+        return path
+    rest = path[len(prefix) :]
+    return rest if rest.startswith("/") else "/" + rest

@@ -1,0 +1,60 @@
+"""An upstream: the data plane's view of one replica. PURE.
+
+Invariant: an upstream is *routable* iff it is healthy, active (not draining) and not ejected.
+No request ever goes to an upstream that is not routable; a new upstream starts ``unknown``
+and so receives nothing until its probes pass (health-gated admission).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Health(StrEnum):
+    UNKNOWN = "unknown"
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+
+
+class AdminState(StrEnum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """One address of one service. Immutable: every change makes a new object."""
+
+    id: str
+    service: str
+    host: str
+    port: int
+    revision: int = 0
+    weight: int = 1
+    health: Health = Health.UNKNOWN
+    admin: AdminState = AdminState.ACTIVE
+    ejected: bool = False
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def routable(self) -> bool:
+        return (
+            self.health is Health.HEALTHY and self.admin is AdminState.ACTIVE and not self.ejected
+        )
+
+    @property
+    def state(self) -> str:
+        """One word for metrics and status: draining and ejected win over health."""
+        if self.admin is AdminState.DRAINING:
+            return "draining"
+        if self.ejected:
+            return "ejected"
+        return self.health.value
+
+    def replace(self, **changes: object) -> Upstream:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
