@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .config import ProbeConfig
+
 
 class Health(StrEnum):
     UNKNOWN = "unknown"
@@ -36,6 +38,8 @@ class Upstream:
     health: Health = Health.UNKNOWN
     admin: AdminState = AdminState.ACTIVE
     ejected: bool = False
+    probes: tuple[ProbeConfig, ...] = ()
+    """Probes of this upstream's revision; empty means the service's probes."""
 
     @property
     def address(self) -> str:

@@ -1,0 +1,63 @@
+"""Errors of the control plane.
+
+ControllerError
+├── SpecError            422  a spec or request that cannot be applied (field path + reason)
+├── NotFound             404  no such service, revision or replica
+├── Conflict             409  the action does not fit the current state
+├── StoreUnavailable     503  the state database cannot be written
+└── BackendError              a backend could not do what it was asked
+    ├── NoCapacity            the fleet is full; ``retry_after`` hints when to try again
+    └── StartFailed           the replica could not be started (bad command, directory...)
+"""
+
+from __future__ import annotations
+
+
+class ControllerError(Exception):
+    status = 500
+    code = "controller_error"
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class SpecError(ControllerError):
+    status = 422
+    code = "invalid_spec"
+
+    def __init__(self, message: str, errors: list[dict[str, str]] | None = None) -> None:
+        super().__init__(message, errors=errors or [])
+        self.errors = errors or []
+
+
+class NotFound(ControllerError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ControllerError):
+    status = 409
+    code = "conflict"
+
+
+class StoreUnavailable(ControllerError):
+    status = 503
+    code = "store_unavailable"
+
+
+class BackendError(ControllerError):
+    code = "backend_error"
+
+
+class NoCapacity(BackendError):
+    code = "no_capacity"
+
+    def __init__(self, message: str, retry_after: float = 1.0, **details: object) -> None:
+        super().__init__(message, **details)
+        self.retry_after = retry_after
+
+
+class StartFailed(BackendError):
+    code = "start_failed"

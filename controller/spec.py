@@ -1,0 +1,197 @@
+"""ServiceSpec: what a user applies. The replica template, the rollout strategy, revisions.
+
+A *revision* is identified by ``ServiceSpec.template_key()``: a digest of what a replica runs
+(backend, command, env, working directory, port or addresses) and its probes. Two specs with
+the same key are the same revision; a spec that differs only in ``replicas`` is a scale, and one
+that differs only in route, balancing, timeouts, retries or limits is applied to the pool at
+once without touching a replica.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway import (
+    Duration,
+    LimitsConfig,
+    LoadBalancing,
+    OutlierConfig,
+    ProbeConfig,
+    RetriesConfig,
+    RouteConfig,
+    ServiceRouting,
+    TimeoutsConfig,
+)
+from gateway.config import Address, Model
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+MAX_REPLICAS = 100
+MAX_COMMANDS = 32
+MAX_COMMAND_LENGTH = 8192
+MAX_ENV = 256
+MAX_ENV_VALUE = 32768
+
+DEFAULT_PROBE = ProbeConfig(type="tcp", interval=1.0, timeout=1.0, healthy_threshold=1)
+"""A service with no probe gets this one on its port: never 'ready because it started'."""
+
+
+class ReplicaTemplate(Model):
+    """What one replica runs. Part of the revision."""
+
+    commands: tuple[str, ...] = ()
+    """Shell commands, run in order by ``sh -c`` (process backend); the last one serves."""
+    env: dict[str, str] = Field(default_factory=dict)
+    working_dir: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """A fixed port; by default the backend allocates one and passes it as ``$PORT``."""
+    addresses: tuple[Address, ...] = ()
+    """Static backend: the addresses of replicas that another system runs."""
+
+    @field_validator("commands")
+    @classmethod
+    def _commands(cls, commands: tuple[str, ...]) -> tuple[str, ...]:
+        if len(commands) > MAX_COMMANDS:
+            raise ValueError(f"at most {MAX_COMMANDS} commands")
+        for command in commands:
+            if not command.strip():
+                raise ValueError("a command must not be empty")
+            if len(command) > MAX_COMMAND_LENGTH or "\x00" in command:
+                raise ValueError(f"a command is at most {MAX_COMMAND_LENGTH} characters, no NUL")
+        return commands
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        if len(env) > MAX_ENV:
+            raise ValueError(f"at most {MAX_ENV} variables")
+        for name, value in env.items():
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"not a variable name: {name!r}")
+            if name == "PORT":
+                raise ValueError("PORT is set by the backend")
+            if len(value) > MAX_ENV_VALUE or "\x00" in value:
+                raise ValueError(f"value of {name} too long or holds NUL")
+        return env
+
+
+class RolloutStrategy(Model):
+    """How a service moves from one revision to the next."""
+
+    max_surge: int = Field(default=1, ge=0, le=MAX_REPLICAS)
+    """Replicas of the target revision started beyond the desired count."""
+    max_unavailable: int = Field(default=0, ge=0, le=MAX_REPLICAS)
+    """Ready replicas the rollout may take away below the desired count."""
+    min_ready: Duration = 0.0
+    """Seconds a new replica must stay healthy before it counts as available."""
+    start_timeout: Duration = 600.0
+    """A new replica must become ready within this long."""
+    progress_deadline: Duration = 1800.0
+    """The whole rollout must complete within this long."""
+    drain_timeout: Duration = 30.0
+    stop_grace: Duration = 10.0
+    """SIGTERM to SIGKILL."""
+    retries: int = Field(default=2, ge=0, le=100)
+    """Failed target-revision replicas replaced before the rollout fails."""
+    on_failure: Literal["rollback", "pause"] = "rollback"
+
+    @model_validator(mode="after")
+    def _progress(self) -> RolloutStrategy:
+        if self.max_surge == 0 and self.max_unavailable == 0:
+            raise ValueError("max_surge and max_unavailable cannot both be 0: nothing could move")
+        return self
+
+
+class ServiceSpec(Model):
+    """A named, routed set of replicas."""
+
+    name: str
+    route: RouteConfig
+    backend: Literal["process", "static"] = "process"
+    replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
+    """Desired count; by default 1 (process) or the number of addresses (static)."""
+    replica: ReplicaTemplate
+    probes: tuple[ProbeConfig, ...] = ()
+    load_balancing: LoadBalancing = "least_outstanding"
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    retries: RetriesConfig = RetriesConfig()
+    outlier: OutlierConfig = OutlierConfig()
+    limits: LimitsConfig = LimitsConfig()
+    queue_timeout: Duration = 0.0
+    rollout: RolloutStrategy = RolloutStrategy()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _DNS_LABEL.match(name):
+            raise ValueError("must be a DNS label: a-z, 0-9 and '-', 1 to 63 characters")
+        return name
+
+    @field_validator("probes")
+    @classmethod
+    def _probes(cls, probes: tuple[ProbeConfig, ...]) -> tuple[ProbeConfig, ...]:
+        if len(probes) > 8:
+            raise ValueError("at most 8 probes")
+        return probes
+
+    @model_validator(mode="after")
+    def _backend(self) -> ServiceSpec:
+        if self.backend == "process":
+            if not self.replica.commands:
+                raise ValueError("replica.commands: the process backend needs a command")
+            if self.replica.addresses:
+                raise ValueError("replica.addresses: only for the static backend")
+            if self.replica.port is not None and self.desired_replicas > 1:
+                raise ValueError(
+                    "replica.port: a fixed port allows one replica; leave it out to get $PORT"
+                )
+        else:
+            if not self.replica.addresses:
+                raise ValueError("replica.addresses: the static backend needs addresses")
+            if self.replica.commands:
+                raise ValueError("replica.commands: the static backend runs nothing")
+            if self.desired_replicas > len(self.replica.addresses):
+                raise ValueError("replicas: more than the static addresses given")
+        return self
+
+    @property
+    def desired_replicas(self) -> int:
+        if self.replicas is not None:
+            return self.replicas
+        return len(self.replica.addresses) if self.backend == "static" else 1
+
+    @property
+    def effective_probes(self) -> tuple[ProbeConfig, ...]:
+        return self.probes or (DEFAULT_PROBE,)
+
+    def template_key(self) -> str:
+        """The identity of this spec's revision."""
+        doc = {
+            "backend": self.backend,
+            "replica": self.replica.model_dump(mode="json"),
+            "probes": [p.model_dump(mode="json") for p in self.effective_probes],
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+    def routing(self) -> ServiceRouting:
+        """What the data plane needs of this service."""
+        return ServiceRouting(
+            name=self.name,
+            route=self.route,
+            load_balancing=self.load_balancing,
+            probes=self.effective_probes,
+            timeouts=self.timeouts,
+            retries=self.retries,
+            outlier=self.outlier,
+            limits=self.limits,
+            queue_timeout=self.queue_timeout,
+        )
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_unset=True)
