@@ -19,6 +19,8 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 def parse_duration(value: object) -> object:
     """``"250ms"`` -> 0.25; numbers pass through; anything else is left for pydantic to refuse."""
+    if isinstance(value, bool):  # YAML's "yes" is not one second
+        raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, str):
         match = _DURATION.match(value)
         if not match:
@@ -34,10 +36,15 @@ Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 def parse_address(value: str) -> tuple[str, int]:
     """``"127.0.0.1:9001"`` or ``"[::1]:9001"`` -> (host, port)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not (port.isascii() and port.isdigit()) or not host:
         raise ValueError(f"not a host:port address: {value!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
+    elif any(c in host for c in ":[]"):
+        # "::1" would otherwise read as host ":" port 1
+        raise ValueError(f"not a host:port address (IPv6 hosts go in brackets): {value!r}")
+    if not host or any(c.isspace() for c in host):
+        raise ValueError(f"not a host:port address: {value!r}")
     number = int(port)
     if not 0 < number < 65536:
         raise ValueError(f"port out of range in {value!r}")

@@ -259,6 +259,8 @@ class Pool:
             pool = self.services[routing.name] = ServicePool(self, routing)
         else:
             pool.routing = routing
+            for outlier in pool.outliers.values():
+                outlier.config = routing.outlier
         self._rebuild_routes()
         self._emit("service_set", routing.name)
         return pool
@@ -309,8 +311,12 @@ class Pool:
         pool._publish(u for u in pool.snapshot.upstreams if u.id != upstream_id)
         pool.outliers.pop(upstream_id, None)
         drain = pool._drains.pop(upstream_id, None)
-        if drain is not None and drain.timer is not None:
-            drain.timer.cancel()
+        if drain is not None:
+            if drain.timer is not None:
+                drain.timer.cancel()
+            if not drain.done.done():
+                # Nothing would resolve it any more: clean only if nothing was in flight.
+                drain.done.set_result(not pool.inflight.get(upstream_id))
         self._emit("removed", service, old, old, reason)
 
     def set_health(self, service: str, upstream_id: str, health: Health, reason: str = "") -> None:
@@ -395,7 +401,8 @@ class Pool:
 
     def _drained(self, pool: ServicePool, upstream_id: str, fut: asyncio.Future[bool]) -> None:
         drain = pool._drains.get(upstream_id)
-        if drain is not None and drain.timer is not None:
+        # Only this drain's own timer: after undrain and a new drain the entry is another one.
+        if drain is not None and drain.done is fut and drain.timer is not None:
             drain.timer.cancel()
         if fut.cancelled():
             return
