@@ -1,0 +1,699 @@
+"""The process backend: replicas as local subprocesses, each in a process group of its own.
+
+Invariants:
+
+- A replica is one ``/bin/sh -c`` process started in a new session, so its pid is also its
+  process group id. Signals go to that group, by the pgid recorded at start (or verified at
+  adoption), and never to anything else: never to group 0 or 1, never to the gateway's own.
+- A slot (counted against ``capacity``) and a port are held from the moment ``start`` accepts a
+  launch until the replica's exit has been reported. Two replicas of one backend never share a
+  port.
+- A replica is over when its group is over. When its main process ends on its own, the rest of
+  the group gets SIGTERM and, after ``stop_grace_default``, SIGKILL; on ``stop`` the whole group
+  gets SIGTERM and, after ``grace``, SIGKILL. The exit is reported once the output pipe is
+  closed (every writer in the group is gone) or SIGKILL went out, then a last SIGKILL sweeps the
+  group so nothing of the replica survives it.
+- Each exit is reported exactly once, to the exit handler, after the replica's output has been
+  written to its log; ``stop`` returns only after that report.
+
+Environment: a replica does not inherit the gateway's environment (which may hold the admin
+token or cloud credentials). It starts from ``base_env`` (by default ``PATH``, ``HOME``,
+``LANG``, ``LC_ALL``, ``TZ`` and ``TMPDIR`` of the gateway, and ``PYTHONUNBUFFERED=1``), then the
+template's ``env``, then what the backend sets and the template cannot override: ``PORT``,
+``HOST``, ``REPLICA_ID``, ``SERVICE`` and ``REVISION``.
+
+Spawning: ``loop.subprocess_exec`` with a protocol of our own rather than
+``create_subprocess_exec``, because on Python 3.11 ``Process.wait()`` does not return while any
+process (a leftover child of the replica) still holds the output pipe: the protocol's
+``process_exited`` tells of the exit at once, and the end of the pipe tells when the group is done.
+
+Logs: stdout and stderr go through one pipe to ``<log_dir>/<replica_id>.log``; when that file
+is full (``log_max_bytes``) it becomes ``<replica_id>.log.1`` (one rotation kept), so a replica
+holds at most twice ``log_max_bytes`` on disk. Logs stay after the replica ends. Writes are
+small synchronous appends on the event loop, as output arrives.
+
+Adoption (after a gateway restart): a replica is taken back when ``/proc/<pid>/stat`` still
+shows the start time and process group of its handle, so a reused pid is never mistaken for
+it. It is watched through a pidfd (or by reading ``/proc`` every 0.5 s where pidfds are
+missing), and its exit status is unknown (it is not our child): ``code`` is None. No pipe
+tells when the rest of its group is done, so that is killed as soon as its main process ends.
+Known gap:
+its output went to a pipe of the previous gateway process, which is gone; what it writes after
+the restart is lost, and a program that does not ignore SIGPIPE dies on its next write to
+stdout or stderr. Writing replica output straight to the log file (and rotating by
+copy-and-truncate) would close the gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+from collections.abc import Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from ..errors import BackendError, NoCapacity, StartFailed
+from .base import Exit, ExitHandler, Launch, Running
+
+if TYPE_CHECKING:
+    from .base import Backend
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+"""Names a replica's environment takes from the gateway's (when ``base_env`` is not given)."""
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+NO_CAPACITY_RETRY_AFTER = 5.0
+PIPE_DRAIN_AFTER_KILL = 1.0
+"""After SIGKILL, how long the output pipe may stay open (held by a process outside the group)
+before the exit is reported anyway."""
+ADOPTED_POLL_INTERVAL = 0.5
+_REPLICA_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_NOT_EXEC_SAFE = frozenset(";&|\n")
+_SHELL_WORDS = frozenset(
+    "! { } ( ) . : [ [[ alias break case cd command continue do done elif else esac eval exec "
+    "exit export fi for if in readonly read return set shift source then times trap ulimit "
+    "umask unalias unset until wait while".split()
+)
+
+
+def _conforms(backend: ProcessBackend) -> Backend:  # pragma: no cover - checked by mypy
+    return backend
+
+
+class ProcessBackend:
+    """Runs each replica's commands with ``/bin/sh -c`` as a local process group."""
+
+    name: str = "process"
+
+    def __init__(
+        self,
+        capacity: int | None,
+        port_range: tuple[int, int],
+        log_dir: Path,
+        log_max_bytes: int = MiB,
+        stop_grace_default: float = 10.0,
+        host: str = "127.0.0.1",
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        low, high = port_range
+        if not 0 < low <= high < 65536:
+            raise ValueError(f"not a port range: {low}-{high}")
+        if capacity is not None and capacity < 0:
+            raise ValueError("capacity must be at least 0")
+        if log_max_bytes < 1:
+            raise ValueError("log_max_bytes must be at least 1")
+        self._capacity = capacity
+        self._port_range = (low, high)
+        self._log_dir = Path(log_dir)
+        self._log_max_bytes = log_max_bytes
+        self._stop_grace_default = stop_grace_default
+        self._host = host
+        if base_env is None:
+            base_env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
+            base_env = {"PYTHONUNBUFFERED": "1", **base_env}
+        self._base_env = dict(base_env)
+        self._replicas: dict[str, _Replica] = {}
+        self._exit_handler: ExitHandler | None = None
+        self._closed = False
+
+    # -- the Backend protocol -------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int | None:
+        return self._capacity
+
+    @property
+    def in_use(self) -> int:
+        return len(self._replicas)
+
+    def set_exit_handler(self, handler: ExitHandler) -> None:
+        self._exit_handler = handler
+
+    async def start(self, launch: Launch) -> Running:
+        """Spawn the replica; raises NoCapacity or StartFailed. A command that then fails
+        (even "not found", status 127) is an exit, reported through the exit handler."""
+        plan = self._prepare(launch)
+        rid = launch.replica_id
+        loop = asyncio.get_running_loop()
+        # Reserve the slot and the port before the first await: concurrent starts must not
+        # both pass the capacity check or pick the same port.
+        replica = _Replica(
+            launch=launch, port=plan.port, log_path=plan.log_file.path, done=loop.create_future()
+        )
+        self._replicas[rid] = replica
+        protocol = _ReplicaProtocol(plan.log_file, loop)
+        try:
+            transport, _ = await loop.subprocess_exec(
+                lambda: protocol,
+                "/bin/sh",
+                "-c",
+                plan.script,
+                start_new_session=True,
+                env=plan.env,
+                cwd=plan.cwd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+        except BaseException as exc:
+            # On cancellation asyncio itself kills and reaps a process it had spawned.
+            del self._replicas[rid]
+            plan.log_file.close()
+            replica.done.set_result(None)  # a stop() that came meanwhile has nothing to wait for
+            if isinstance(exc, OSError):
+                raise StartFailed(f"cannot start replica {rid}: {exc}") from exc
+            raise
+        pid = transport.get_pid()
+        replica.pid = replica.pgid = pid
+        stat = _read_stat(pid)
+        replica.start_time = stat.start_time if stat is not None else None
+        replica.watcher = _guarded_task(self._watch_child(replica, protocol), f"replica:{rid}")
+        if replica.terminating:  # stop() came while we were spawning
+            self._signal(replica, signal.SIGKILL if replica.killed.is_set() else signal.SIGTERM)
+        log.info("started replica %s (pid %d, port %d)", rid, pid, plan.port)
+        return self._running(replica)
+
+    def _prepare(self, launch: Launch) -> _Plan:
+        """Every check that can refuse a start, then the port, environment, script and log."""
+        if self._closed:
+            raise StartFailed("the process backend is closed")
+        rid = launch.replica_id
+        if rid in self._replicas:
+            raise StartFailed(f"replica {rid} is already running")
+        if not _REPLICA_ID.match(rid):
+            raise StartFailed(f"replica id {rid!r} cannot name a log file")
+        template = launch.template
+        if not template.commands:
+            raise StartFailed("the template has no command to run")
+        if self._capacity is not None and self.in_use >= self._capacity:
+            raise NoCapacity(
+                f"no capacity: {self.in_use} of {self._capacity} slots in use",
+                retry_after=NO_CAPACITY_RETRY_AFTER,
+            )
+        cwd = template.working_dir
+        if cwd is not None and not Path(cwd).is_dir():
+            what = "is not a directory" if Path(cwd).exists() else "does not exist"
+            raise StartFailed(f"working directory {cwd} {what}")
+        port = self._allocate_port(template.port)
+        env = self._environment(launch, port)
+        script = shell_script(template.commands, env.get("PATH", DEFAULT_PATH), cwd)
+        log_path = self._log_path(rid)
+        try:
+            self._log_dir.mkdir(parents=True, exist_ok=True)
+            log_file = _LogFile(log_path, self._log_max_bytes)
+        except OSError as exc:
+            raise StartFailed(f"cannot open the log file {log_path}: {exc}") from exc
+        return _Plan(port=port, env=env, script=script, cwd=cwd, log_file=log_file)
+
+    async def stop(self, replica_id: str, grace: float) -> None:
+        """SIGTERM to the replica's group, SIGKILL after ``grace``; returns once its exit was
+        reported. Unknown or already ended replicas: nothing to do."""
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            return
+        if not replica.leader_exited:
+            replica.stop_requested = True
+        self._terminate(replica, max(grace, 0.0))
+        await asyncio.shield(replica.done)
+
+    def adopt(self, launch: Launch, handle: dict[str, Any]) -> Running | None:
+        """Take back a replica of a previous gateway process if its pid still names it."""
+        rid = launch.replica_id
+        if self._closed:
+            return None
+        if rid in self._replicas:
+            return self._running(self._replicas[rid])
+        pid, pgid, port, start_time = (
+            _int(handle, key) for key in ("pid", "pgid", "port", "start_time")
+        )
+        if pid is None or pgid is None or port is None or start_time is None:
+            return None
+        if pgid <= 1 or pgid == os.getpgrp() or not _REPLICA_ID.match(rid):
+            return None
+        if not _is_alive(pid, pgid, start_time):
+            return None
+        pidfd: int | None = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return None
+            except OSError:
+                pidfd = None  # no pidfds in this kernel: poll /proc instead
+        # Checked again now that a pidfd pins the process: it is still the one of the handle.
+        if not _is_alive(pid, pgid, start_time):
+            if pidfd is not None:
+                os.close(pidfd)
+            return None
+        loop = asyncio.get_running_loop()
+        replica = _Replica(
+            launch=launch,
+            port=port,
+            log_path=self._log_path(rid),
+            done=loop.create_future(),
+            pid=pid,
+            pgid=pgid,
+            start_time=start_time,
+            adopted=True,
+        )
+        self._replicas[rid] = replica
+        if pidfd is not None:
+            replica.pidfd = pidfd
+            loop.add_reader(pidfd, self._adopted_exited, replica)
+        else:
+            replica.poll = loop.call_later(ADOPTED_POLL_INTERVAL, self._poll_adopted, replica)
+        log.info("adopted replica %s (pid %d, port %d)", rid, pid, port)
+        return self._running(replica)
+
+    def logs(self, replica_id: str, tail: int) -> list[str]:
+        """The last ``tail`` lines of the replica's log and its rotation; kept after it ends."""
+        if tail <= 0 or not _REPLICA_ID.match(replica_id):
+            return []
+        path = self._log_path(replica_id)
+        data = b""
+        for part in (_rotated(path), path):
+            try:
+                data += part.read_bytes()
+            except OSError:  # not written yet, or rotated away under us
+                continue
+        return data.decode("utf-8", "replace").splitlines()[-tail:]
+
+    async def close(self) -> None:
+        """Stop watching; leave every replica running for the next gateway process to adopt.
+
+        A ``stop`` still waiting gets a BackendError. The output of a replica we spawned is
+        still drained into its log until this process ends, so the replica never blocks on a
+        full pipe.
+        """
+        self._closed = True
+        tasks: list[asyncio.Task[None]] = []
+        loop = asyncio.get_running_loop()
+        for replica in self._replicas.values():
+            if replica.watcher is not None and not replica.watcher.done():
+                replica.watcher.cancel()
+                tasks.append(replica.watcher)
+            for timer in (replica.kill_timer, replica.poll):
+                if timer is not None:
+                    timer.cancel()
+            if replica.pidfd is not None:
+                loop.remove_reader(replica.pidfd)
+                os.close(replica.pidfd)
+                replica.pidfd = None
+            if not replica.done.done():
+                if replica.stop_requested:
+                    rid = replica.launch.replica_id
+                    error = BackendError(f"the process backend closed while stopping {rid}")
+                    replica.done.set_exception(error)
+                else:
+                    replica.done.cancel()
+        self._replicas.clear()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def __repr__(self) -> str:
+        low, high = self._port_range
+        return (
+            f"<ProcessBackend in_use={self.in_use} capacity={self._capacity} "
+            f"ports={low}-{high}{' closed' if self._closed else ''}>"
+        )
+
+    # -- starting ---------------------------------------------------------------------------
+
+    def _allocate_port(self, fixed: int | None) -> int:
+        held = {r.port: rid for rid, r in self._replicas.items()}
+        if fixed is not None:
+            if fixed in held:
+                raise StartFailed(f"port {fixed} is held by replica {held[fixed]}")
+            if not _bindable(self._host, fixed):
+                raise StartFailed(f"port {fixed} on {self._host} is in use")
+            return fixed
+        low, high = self._port_range
+        for port in range(low, high + 1):
+            # Free to bind now; a process that takes it before the replica binds makes the
+            # replica fail, which is then an ordinary exit.
+            if port not in held and _bindable(self._host, port):
+                return port
+        raise StartFailed(f"port range {low}-{high} exhausted")
+
+    def _environment(self, launch: Launch, port: int) -> dict[str, str]:
+        env = dict(self._base_env)
+        env.setdefault("PATH", DEFAULT_PATH)
+        env.update(launch.template.env)
+        env.update(
+            PORT=str(port),
+            HOST=self._host,
+            REPLICA_ID=launch.replica_id,
+            SERVICE=launch.service,
+            REVISION=str(launch.revision),
+        )
+        return env
+
+    def _log_path(self, replica_id: str) -> Path:
+        return self._log_dir / f"{replica_id}.log"
+
+    def _running(self, replica: _Replica) -> Running:
+        return Running(
+            replica_id=replica.launch.replica_id,
+            host=self._host,
+            port=replica.port,
+            pid=replica.pid,
+            handle={
+                "pid": replica.pid,
+                "pgid": replica.pgid,
+                "port": replica.port,
+                "start_time": replica.start_time,
+                "log": str(replica.log_path),
+            },
+        )
+
+    # -- watching ---------------------------------------------------------------------------
+
+    async def _watch_child(self, replica: _Replica, protocol: _ReplicaProtocol) -> None:
+        code = await asyncio.shield(protocol.exited)
+        replica.leader_exited = True
+        try:
+            await self._wind_down(replica, protocol)
+        except Exception:  # a bug here must not lose the exit report
+            log.exception("winding down replica %s", replica.launch.replica_id)
+        protocol.close()
+        self._report(replica, code)
+
+    async def _wind_down(self, replica: _Replica, protocol: _ReplicaProtocol) -> None:
+        """The main process ended: let the rest of the group end, within the grace period.
+
+        The group is done when the output pipe closes: every member holds it unless it
+        redirected its output away (and those the final sweep of ``_report`` kills).
+        """
+        if not replica.terminating:
+            self._terminate(replica, self._stop_grace_default)
+        output = protocol.output_closed
+        if output.done():
+            return
+        killed: asyncio.Future[Any] = asyncio.ensure_future(replica.killed.wait())
+        try:
+            await asyncio.wait({output, killed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            killed.cancel()
+        if not output.done():
+            await asyncio.wait({output}, timeout=PIPE_DRAIN_AFTER_KILL)
+
+    def _adopted_exited(self, replica: _Replica) -> None:
+        loop = asyncio.get_running_loop()
+        if replica.pidfd is not None:
+            loop.remove_reader(replica.pidfd)
+            os.close(replica.pidfd)
+            replica.pidfd = None
+        replica.leader_exited = True
+        self._report(replica, None)
+
+    def _poll_adopted(self, replica: _Replica) -> None:
+        if _is_alive(replica.pid, replica.pgid, replica.start_time):
+            loop = asyncio.get_running_loop()
+            replica.poll = loop.call_later(ADOPTED_POLL_INTERVAL, self._poll_adopted, replica)
+        else:
+            replica.poll = None
+            self._adopted_exited(replica)
+
+    def _report(self, replica: _Replica, code: int | None) -> None:
+        # Nothing of the replica outlives its report. A group id stays taken while any member
+        # lives; it could only name another group if it had been freed and taken by a new
+        # group leader in the moments since the last member ended.
+        self._signal(replica, signal.SIGKILL)
+        if replica.kill_timer is not None:
+            replica.kill_timer.cancel()
+            replica.kill_timer = None
+        rid = replica.launch.replica_id
+        if self._replicas.get(rid) is replica:
+            del self._replicas[rid]
+        requested = replica.stop_requested
+        if requested:
+            reason = "stopped"
+            if replica.killed.is_set():
+                reason += f" (SIGKILL after {replica.kill_grace:g} s grace)"
+        elif code is None:
+            reason = "exited (exit status unknown: adopted after a restart)"
+        else:
+            reason = exit_reason(code)
+        event = Exit(replica_id=rid, code=code, reason=reason, requested=requested)
+        log.info("replica %s: %s", rid, reason)
+        if self._exit_handler is not None:
+            try:
+                self._exit_handler(event)
+            except Exception:
+                log.exception("exit handler failed for replica %s", rid)
+        if not replica.done.done():
+            replica.done.set_result(None)
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def _terminate(self, replica: _Replica, grace: float) -> None:
+        """SIGTERM to the group now (once), SIGKILL at the earliest deadline asked for."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        if replica.kill_timer is None and not replica.killed.is_set():
+            replica.kill_timer = loop.call_at(deadline, self._kill, replica)
+            replica.kill_deadline, replica.kill_grace = deadline, grace
+        elif replica.kill_timer is not None and deadline < replica.kill_deadline:
+            replica.kill_timer.cancel()
+            replica.kill_timer = loop.call_at(deadline, self._kill, replica)
+            replica.kill_deadline, replica.kill_grace = deadline, grace
+        if not replica.terminating:
+            replica.terminating = True
+            self._signal(replica, signal.SIGTERM)
+
+    def _kill(self, replica: _Replica) -> None:
+        replica.kill_timer = None
+        replica.killed.set()
+        self._signal(replica, signal.SIGKILL)
+
+    def _signal(self, replica: _Replica, sig: signal.Signals) -> None:
+        pgid = replica.pgid
+        # pgid 0 is "our own group" to killpg and is also the value before spawn completes.
+        if pgid <= 1 or pgid == os.getpgrp():
+            return
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            log.warning("not allowed to signal process group %d", pgid)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    port: int
+    env: dict[str, str]
+    script: str
+    cwd: str | None
+    log_file: _LogFile
+
+
+@dataclass(eq=False)
+class _Replica:
+    launch: Launch
+    port: int
+    log_path: Path
+    done: asyncio.Future[None]
+    """Resolved once the exit has been reported."""
+    pid: int = 0
+    pgid: int = 0
+    start_time: int | None = None
+    adopted: bool = False
+    watcher: asyncio.Task[None] | None = None
+    pidfd: int | None = None
+    poll: asyncio.TimerHandle | None = None
+    stop_requested: bool = False
+    leader_exited: bool = False
+    terminating: bool = False
+    kill_timer: asyncio.TimerHandle | None = None
+    kill_deadline: float = 0.0
+    kill_grace: float = 0.0
+    killed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class _ReplicaProtocol(asyncio.SubprocessProtocol):
+    """Copies the replica's output into its log; tells of its exit and of the pipe's end."""
+
+    def __init__(self, log_file: _LogFile, loop: asyncio.AbstractEventLoop) -> None:
+        self.log_file = log_file
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self.output_closed: asyncio.Future[None] = loop.create_future()
+        self.transport: asyncio.SubprocessTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's process transport does not derive from asyncio.SubprocessTransport.
+        self.transport = cast(asyncio.SubprocessTransport, transport)
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        self.log_file.write(data.encode() if isinstance(data, str) else data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.log_file.close()
+        if not self.output_closed.done():
+            self.output_closed.set_result(None)
+
+    def process_exited(self) -> None:
+        assert self.transport is not None
+        code = self.transport.get_returncode()
+        if not self.exited.done() and code is not None:
+            self.exited.set_result(code)
+
+    def close(self) -> None:
+        """After the exit: release the pipe (if a process outside the group still holds it,
+        that one now gets EPIPE) and the transport."""
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _LogFile:
+    """An append-only log capped at ``max_bytes`` per file, with one rotation kept."""
+
+    def __init__(self, path: Path, max_bytes: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self._file = open(path, "ab", buffering=0)
+        self._size = self._file.tell()
+        self._failed = False
+
+    def write(self, data: bytes) -> None:
+        if self._failed or self._file.closed:
+            return  # keep draining the pipe so the replica never blocks on a full one
+        try:
+            while data:
+                room = self.max_bytes - self._size
+                if room <= 0:
+                    self._rotate()
+                    room = self.max_bytes
+                part, data = data[:room], data[room:]
+                self._file.write(part)
+                self._size += len(part)
+        except OSError as exc:
+            self._failed = True
+            log.warning("log %s: %s; dropping further output", self.path, exc)
+
+    def _rotate(self) -> None:
+        self._file.close()
+        os.replace(self.path, _rotated(self.path))
+        self._file = open(self.path, "wb", buffering=0)
+        self._size = 0
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def shell_script(commands: Iterable[str], path: str, cwd: str | None) -> str:
+    """The ``sh -c`` script for a template's commands: each runs if the one before succeeded.
+
+    Each command is a brace group ended by a newline, so a trailing comment or ``&`` in one
+    cannot swallow or break the ``&&`` after it. The last command is ``exec``'d when that is
+    safe (a plain command that names an executable, no ``;``, ``&``, ``|`` or newline): the
+    server is then the group leader, and its exit status is the replica's.
+    """
+    parts = list(commands)
+    if parts and _exec_safe(parts[-1], path, cwd):
+        parts[-1] = f"exec {parts[-1]}"
+    return " && ".join(f"{{ {command}\n}}" for command in parts)
+
+
+def exit_reason(code: int) -> str:
+    """``exited with code 3``, ``killed by signal 9 (SIGKILL)``."""
+    if code < 0:
+        try:
+            name = f" ({signal.Signals(-code).name})"
+        except ValueError:
+            name = ""
+        return f"killed by signal {-code}{name}"
+    hint = {126: " (command not executable)", 127: " (command not found)"}.get(code, "")
+    return f"exited with code {code}{hint}"
+
+
+def _exec_safe(command: str, path: str, cwd: str | None) -> bool:
+    if any(ch in _NOT_EXEC_SAFE for ch in command):
+        return False
+    words = command.split()
+    if not words:
+        return False
+    first = words[0]
+    if first in _SHELL_WORDS or "=" in first or first[0] in "({!\"'$`\\":
+        return False
+    if "/" in first:
+        candidate = Path(first) if first.startswith("/") else Path(cwd or os.getcwd()) / first
+        return candidate.is_file() and os.access(candidate, os.X_OK)
+    return shutil.which(first, path=path) is not None
+
+
+def _bindable(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # As servers do, so a port in TIME_WAIT after its last replica counts as free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except PermissionError:
+            return False
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise StartFailed(f"cannot bind {host}:{port}: {exc}") from exc
+    return True
+
+
+def _rotated(path: Path) -> Path:
+    return path.with_name(path.name + ".1")
+
+
+@dataclass(frozen=True, slots=True)
+class _Stat:
+    state: str
+    pgrp: int
+    start_time: int
+    """Clock ticks after boot (field 22)."""
+
+
+def _read_stat(pid: int) -> _Stat | None:
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    try:
+        # The command name (field 2) is in parentheses and may hold spaces and ')'.
+        fields = data[data.rindex(b")") + 2 :].split()
+        return _Stat(state=fields[0].decode(), pgrp=int(fields[2]), start_time=int(fields[19]))
+    except (ValueError, IndexError):
+        return None
+
+
+def _is_alive(pid: int, pgid: int, start_time: int | None) -> bool:
+    stat = _read_stat(pid)
+    return (
+        stat is not None
+        and start_time is not None
+        and stat.start_time == start_time
+        and stat.pgrp == pgid
+        and stat.state not in ("Z", "X")
+    )
+
+
+def _int(handle: Mapping[str, Any], key: str) -> int | None:
+    value = handle.get(key)
+    return value if type(value) is int else None
+
+
+def _guarded_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
+    task.add_done_callback(_log_unexpected_end)
+    return task
+
+
+def _log_unexpected_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s ended unexpectedly", task.get_name(), exc_info=task.exception())
