@@ -100,6 +100,10 @@ class RolloutStrategy(Model):
     retries: int = Field(default=2, ge=0, le=100)
     """Failed target-revision replicas replaced before the rollout fails."""
     on_failure: Literal["rollback", "pause"] = "rollback"
+    retry_backoff: Duration = 1.0
+    """Wait before the first replacement of a replica that failed; doubles per failure."""
+    max_retry_backoff: Duration = 60.0
+    """The cap of that doubling (crash-loop and no-capacity backoff)."""
 
     @model_validator(mode="after")
     def _progress(self) -> RolloutStrategy:

@@ -1,0 +1,187 @@
+"""The gateway config file and its one loader.
+
+Nothing else in the project reads YAML files or the environment for settings. A bad file
+stops start-up with ``ConfigError``: one message naming the file, each field path and the
+reason, and no traceback. Relative paths (``state_dir``, the files under ``services``, a
+spec's relative ``working_dir``) are taken relative to the file that names them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+
+from gateway import Duration, ListenerLimits, ProxyConfig
+from gateway.config import Address, Model
+
+from .spec import ServiceSpec
+
+
+class ConfigError(Exception):
+    """A config or spec file that cannot be used; ``str()`` is the message for the user."""
+
+
+class AdminConfig(Model):
+    listen: Address = "127.0.0.1:8081"
+    token_env: str | None = "GATEWAY_ADMIN_TOKEN"
+    """The environment variable that holds the bearer token."""
+    token_file: str | None = None
+    """Or a file whose content (stripped) is the token."""
+
+
+class ProcessBackendConfig(Model):
+    capacity: int | None = Field(default=8, ge=0)
+    """Most replicas at once; a start beyond it fails with no capacity."""
+    port_range: str = "20000-20999"
+    log_max_bytes: int = Field(default=1024 * 1024, ge=1024)
+
+    @field_validator("port_range")
+    @classmethod
+    def _range(cls, value: str) -> str:
+        low, sep, high = value.partition("-")
+        if not sep or not low.isdigit() or not high.isdigit():
+            raise ValueError("must be LOW-HIGH, e.g. 20000-20999")
+        if not 1 <= int(low) <= int(high) <= 65535:
+            raise ValueError("ports must satisfy 1 <= LOW <= HIGH <= 65535")
+        return value
+
+    @property
+    def ports(self) -> tuple[int, int]:
+        low, _, high = self.port_range.partition("-")
+        return int(low), int(high)
+
+
+class BackendsConfig(Model):
+    process: ProcessBackendConfig = ProcessBackendConfig()
+
+
+class ProxyOptions(Model):
+    limits: ListenerLimits = ListenerLimits()
+    shutdown_timeout: Duration = 30.0
+    upstream_keepalive: int = Field(default=256, ge=0)
+    trust_forwarded: bool = False
+
+
+class AccessLogConfig(Model):
+    enabled: bool = True
+    format: str = "plain"
+    """``plain`` or ``json`` (one JSON object a line)."""
+    path: str | None = None
+    """A file; by default standard output."""
+
+
+class GatewayConfig(Model):
+    listen: Address = "0.0.0.0:8080"
+    admin: AdminConfig = AdminConfig()
+    state_dir: str = "./state"
+    services: tuple[str | dict[str, Any], ...] = ()
+    """Specs applied at start-up: paths of YAML/JSON files, or inline specs."""
+    backends: BackendsConfig = BackendsConfig()
+    proxy: ProxyOptions = ProxyOptions()
+    access_log: AccessLogConfig = AccessLogConfig()
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    replicas_on_exit: Literal["keep", "stop"] = "keep"
+    """On shutdown, leave process replicas running for the next start to adopt (``keep``),
+    or stop them (``stop``)."""
+
+    def proxy_config(self) -> ProxyConfig:
+        return ProxyConfig(listen=self.listen, **self.proxy.model_dump())
+
+    def admin_token(self) -> str | None:
+        """The admin token from the file or the environment, or None if neither is set."""
+        if self.admin.token_file:
+            try:
+                return Path(self.admin.token_file).read_text().strip() or None
+            except OSError as e:
+                raise ConfigError(f"admin.token_file: cannot read: {e.strerror}") from None
+        if self.admin.token_env:
+            return os.environ.get(self.admin.token_env) or None
+        return None
+
+
+class LoadedConfig(Model):
+    """The config with its paths resolved and its service specs validated."""
+
+    path: str
+    config: GatewayConfig
+    state_dir: str
+    specs: tuple[ServiceSpec, ...]
+
+
+def format_validation_error(error: ValidationError) -> list[dict[str, str]]:
+    """Pydantic's errors as ``[{"field": "route.path_prefix", "reason": "..."}]``."""
+    out = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        reason = item["msg"].removeprefix("Value error, ")
+        out.append({"field": field, "reason": reason})
+    return out
+
+
+def _describe(source: str, error: ValidationError) -> str:
+    lines = [f"{source}: invalid"]
+    lines += [f"  {e['field']}: {e['reason']}" for e in format_validation_error(error)]
+    return "\n".join(lines)
+
+
+def read_document(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: not valid YAML/JSON: {e}") from None
+
+
+def parse_spec(data: Any, source: str, base_dir: Path | None = None) -> ServiceSpec:
+    """Validate one service spec; a relative ``working_dir`` is resolved against base_dir."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a service spec must be a mapping")
+    try:
+        spec = ServiceSpec.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(source, e)) from None
+    wd = spec.replica.working_dir
+    if base_dir is not None and wd is not None and not os.path.isabs(wd):
+        replica = spec.replica.model_copy(update={"working_dir": str((base_dir / wd).resolve())})
+        spec = spec.model_copy(update={"replica": replica})
+    return spec
+
+
+def load_config(path: str | Path) -> LoadedConfig:
+    """Read, validate and resolve a gateway config file; raises ConfigError."""
+    file = Path(path)
+    data = read_document(file)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: the config must be a mapping")
+    try:
+        config = GatewayConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(str(file), e)) from None
+    base = file.resolve().parent
+    specs: list[ServiceSpec] = []
+    for i, entry in enumerate(config.services):
+        if isinstance(entry, str):
+            spec_path = base / entry
+            specs.append(parse_spec(read_document(spec_path), str(spec_path), spec_path.parent))
+        else:
+            specs.append(parse_spec(entry, f"{file}: services[{i}]", base))
+    names = [s.name for s in specs]
+    for name in names:
+        if names.count(name) > 1:
+            raise ConfigError(f"{file}: services: {name!r} is declared more than once")
+    state_dir = Path(config.state_dir)
+    if not state_dir.is_absolute():
+        state_dir = base / state_dir
+    return LoadedConfig(path=str(file), config=config, state_dir=str(state_dir), specs=tuple(specs))

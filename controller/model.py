@@ -1,0 +1,156 @@
+"""The observed state of a service: replicas, the active rollout, the failure backoff. PURE.
+
+These frozen records are what the planner reads. The reconciler builds them from what the
+backend, the pool and the store report; nothing here performs I/O or reads a clock. Times are
+monotonic seconds (the event loop's clock).
+
+Replica lifecycle::
+
+    requested -> starting -> ready -> draining -> stopping -> stopped
+        \\           \\           \\
+         +-> failed   +-> failed  +-> unhealthy -> (ready again | failed and replaced)
+
+``requested``: the start was asked of the backend and has not returned. ``starting``: it runs,
+probes run, no client request reaches it. ``ready``: probes passed; the pool routes to it.
+``failed`` and ``stopped`` are terminal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ReplicaState(StrEnum):
+    REQUESTED = "requested"
+    STARTING = "starting"
+    READY = "ready"
+    UNHEALTHY = "unhealthy"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+LIVE = frozenset(
+    {ReplicaState.REQUESTED, ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY}
+)
+"""Replicas that count toward the desired count: running or about to, and not leaving."""
+
+LEAVING = frozenset({ReplicaState.DRAINING, ReplicaState.STOPPING})
+"""Replicas on their way out: they still hold a slot of the backend."""
+
+TERMINAL = frozenset({ReplicaState.STOPPED, ReplicaState.FAILED})
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One instance of one revision."""
+
+    id: str
+    revision: int
+    state: ReplicaState
+    created: float
+    """When its start was requested."""
+    since: float
+    """When it entered its current state."""
+    ready_since: float | None = None
+    """When it last became ready (for ``min_ready``)."""
+    address: str | None = None
+    drained: bool = False
+    """Draining only: the drain finished (cleanly or by timeout), so it may be stopped."""
+    failure: str = ""
+    """Why it failed, or why it is being taken down as failed."""
+    exit_code: int | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE
+
+    @property
+    def leaving(self) -> bool:
+        return self.state in LEAVING
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def available(self, now: float, min_ready: float) -> bool:
+        """Ready, and ready for at least ``min_ready`` seconds."""
+        return (
+            self.state is ReplicaState.READY
+            and self.ready_since is not None
+            and now - self.ready_since >= min_ready
+        )
+
+    def replace(self, **changes: object) -> Replica:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+class RolloutStatus(StrEnum):
+    PROGRESSING = "progressing"
+    PAUSED = "paused"
+    COMPLETE = "complete"
+    FAILED = "failed"
+    ABORTED = "aborted"
+    SUPERSEDED = "superseded"
+
+
+ACTIVE_ROLLOUT = frozenset({RolloutStatus.PROGRESSING, RolloutStatus.PAUSED})
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """The move of a service from ``from_revision`` to ``to_revision``."""
+
+    id: int
+    from_revision: int | None
+    to_revision: int
+    kind: str
+    """``rollout`` (an apply), ``rollback`` (after a failure), or ``undo`` (asked for)."""
+    status: RolloutStatus
+    started: float
+    failures: int = 0
+    """Target-revision replicas that failed during this rollout."""
+    reason: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_ROLLOUT
+
+    def replace(self, **changes: object) -> Rollout:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Consecutive failures to start or keep a replica of the target revision.
+
+    Reset when a target-revision replica becomes ready. Drives the crash-loop and no-capacity
+    backoff, and the reason a degraded service gives.
+    """
+
+    failures: int = 0
+    last_failure_at: float = 0.0
+    reason: str = ""
+
+    def failed(self, now: float, reason: str) -> Backoff:
+        return Backoff(self.failures + 1, now, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """Everything the planner knows of one service at one moment."""
+
+    replicas: tuple[Replica, ...] = ()
+    serving_revision: int | None = None
+    """The revision that last completed a rollout: what a failed rollout returns to."""
+    rollout: Rollout | None = None
+    """The active rollout, if any."""
+    backoff: Backoff = Backoff()
+    degraded: str | None = None
+    """The condition as last set (the planner only emits a change)."""
+
+    def replace(self, **changes: object) -> Observed:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,453 @@
+"""The controller's operations: apply, scale, pause, resume, abort, undo, delete, restore.
+
+Each operation validates, persists, updates the service's desired state and wakes its loop,
+then returns at once; the loop carries it out. Operations on one service are serialised by
+a lock, so two applies racing each make a whole revision and rollout, one after the other.
+A refused operation (bad spec, wrong state) raises before anything changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from gateway import Pool, Upstream
+
+from .backends.base import Backend, Launch, Running
+from .config import format_validation_error
+from .errors import Conflict, NotFound, SpecError
+from .executor import Executor
+from .journal import Journal
+from .model import Backoff, Replica, ReplicaState, Rollout, RolloutStatus
+from .planner import Desired
+from .reconciler import Reconciler, ServiceState
+from .spec import ServiceSpec
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+ApplyAction = Literal["created", "unchanged", "updated", "scaled", "rollout"]
+
+_ROUTING_FIELDS = ("route", "load_balancing", "timeouts", "retries", "outlier", "limits",
+                   "queue_timeout")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What an apply will do."""
+
+    action: ApplyAction
+    service: str
+    revision: int
+    previous_revision: int | None = None
+    rollout_id: int | None = None
+    changes: tuple[str, ...] = ()
+    """Top-level spec fields that differ from the current target's."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"changes": list(self.changes)}
+
+
+def diff_fields(old: ServiceSpec, new: ServiceSpec) -> tuple[str, ...]:
+    a, b = old.model_dump(mode="json"), new.model_dump(mode="json")
+    out = []
+    for key in b:
+        if a.get(key) != b.get(key):
+            if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+                out += [
+                    f"{key}.{k}"
+                    for k in sorted(set(a[key]) | set(b[key]))
+                    if a[key].get(k) != b[key].get(k)
+                ]
+            else:
+                out.append(key)
+    return tuple(out)
+
+
+def validate_spec(data: Any) -> ServiceSpec:
+    """A spec from the API; raises SpecError naming each field and reason."""
+    if isinstance(data, ServiceSpec):
+        return data
+    if not isinstance(data, dict):
+        raise SpecError("a service spec must be a JSON or YAML object")
+    try:
+        return ServiceSpec.model_validate(data)
+    except ValidationError as e:
+        errors = format_validation_error(e)
+        raise SpecError(
+            "invalid spec: " + "; ".join(f"{x['field']}: {x['reason']}" for x in errors), errors
+        ) from None
+
+
+@dataclass
+class Controller:
+    """The control plane's surface: what the admin API and the start-up config call."""
+
+    pool: Pool
+    backends: Mapping[str, Backend]
+    store: Store
+    journal: Journal
+    clock: Callable[[], float]
+    wall_clock: Callable[[], float]
+    reconciler: Reconciler = field(init=False)
+    executor: Executor = field(init=False)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.reconciler = Reconciler(self.store, self.journal, self.clock)
+        self.executor = Executor(
+            self.pool, self.backends, self.store, self.journal, self.reconciler, self.clock
+        )
+        self.pool.subscribe(self.reconciler)
+        for backend in self.backends.values():
+            backend.set_exit_handler(self.reconciler.on_exit)
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def state(self, name: str) -> ServiceState:
+        state = self.reconciler.services.get(name)
+        if state is None or state.forgotten:
+            raise NotFound(f"no service {name!r}", service=name)
+        return state
+
+    # -- apply and scale ----------------------------------------------------------------------
+
+    async def apply(self, data: Any) -> ApplyResult:
+        spec = validate_spec(data)
+        if spec.backend not in self.backends:
+            raise SpecError(
+                f"backend: {spec.backend!r} is not configured",
+                [{"field": "backend", "reason": f"{spec.backend!r} is not configured"}],
+            )
+        async with self._lock(spec.name):
+            return self._apply(spec)
+
+    def _apply(self, spec: ServiceSpec) -> ApplyResult:
+        state = self.reconciler.services.get(spec.name)
+        if state is not None and state.desired.deleting:
+            raise Conflict(f"service {spec.name!r} is being deleted; apply again once it is gone")
+        key = spec.template_key()
+        if state is None:
+            revision, rollout = self.store.apply_revision(
+                spec.name, spec.to_json(), key, spec.desired_replicas, None
+            )
+            self.pool.set_service(spec.routing())
+            now = self.clock()
+            state = ServiceState(
+                name=spec.name,
+                spec=spec,
+                revisions={revision.number: spec},
+                desired=Desired(revision.number, spec.desired_replicas, spec.rollout),
+            )
+            state.observed = state.observed.replace(
+                rollout=Rollout(
+                    rollout.id, None, revision.number, "rollout", RolloutStatus.PROGRESSING, now
+                )
+            )
+            self.journal.record(
+                spec.name,
+                "service_created",
+                f"service created at revision {revision.number} with {spec.desired_replicas} "
+                "replicas",
+                revision.number,
+            )
+            self.reconciler.add(state)
+            return ApplyResult("created", spec.name, revision.number, None, rollout.id)
+
+        target_spec = state.revisions[state.desired.revision]
+        changes = diff_fields(target_spec, spec)
+        previous = state.desired.revision
+        if key != target_spec.template_key():
+            serving = state.observed.serving_revision
+            revision, rollout = self.store.apply_revision(
+                spec.name, spec.to_json(), key, spec.desired_replicas, serving
+            )
+            state.revisions[revision.number] = spec
+            self._set_spec(state, spec, revision.number)
+            old = state.observed.rollout
+            if old is not None and old.active:
+                self.journal.record(
+                    spec.name,
+                    "rollout_superseded",
+                    f"rollout {old.id} superseded by rollout {rollout.id}",
+                    old.to_revision,
+                )
+            state.observed = state.observed.replace(
+                rollout=Rollout(
+                    rollout.id,
+                    serving,
+                    revision.number,
+                    "rollout",
+                    RolloutStatus.PROGRESSING,
+                    self.clock(),
+                ),
+                backoff=Backoff(),
+            )
+            self.journal.record(
+                spec.name,
+                "rollout_started",
+                f"rollout {rollout.id}: revision {serving} -> {revision.number} "
+                f"({', '.join(changes) or 'template'})",
+                revision.number,
+            )
+            state.wake.set()
+            return ApplyResult("rollout", spec.name, revision.number, previous, rollout.id, changes)
+
+        if not changes:
+            return ApplyResult("unchanged", spec.name, previous, previous)
+        action: ApplyAction = "updated"
+        if spec.desired_replicas != state.desired.replicas:
+            action = "scaled"
+        self.store.update_service(
+            spec.name, spec_json=spec.to_json(), desired_replicas=spec.desired_replicas
+        )
+        # Same template: the revision's record keeps its template, the rest applies now.
+        state.revisions[previous] = spec
+        self._set_spec(state, spec, previous)
+        self.journal.record(
+            spec.name, "service_updated", f"{action}: {', '.join(changes)}", previous
+        )
+        state.wake.set()
+        return ApplyResult(action, spec.name, previous, previous, None, changes)
+
+    def _set_spec(self, state: ServiceState, spec: ServiceSpec, revision: int) -> None:
+        if spec.routing() != state.spec.routing():
+            self.pool.set_service(spec.routing())
+        state.spec = spec
+        state.desired = dataclasses.replace(
+            state.desired,
+            revision=revision,
+            replicas=spec.desired_replicas,
+            strategy=spec.rollout,
+        )
+
+    async def scale(self, name: str, replicas: int) -> ApplyResult:
+        state = self.state(name)
+        data = state.spec.model_dump(mode="json", exclude_unset=True) | {"replicas": replicas}
+        return await self.apply(data)
+
+    # -- rollout control ----------------------------------------------------------------------
+
+    def _active(self, state: ServiceState, *allowed: RolloutStatus) -> Rollout:
+        rollout = state.observed.rollout
+        if rollout is None or not rollout.active:
+            raise Conflict(f"service {state.name!r} has no rollout in progress")
+        if rollout.status not in allowed:
+            raise Conflict(f"rollout {rollout.id} is {rollout.status.value}")
+        return rollout
+
+    async def pause(self, name: str) -> Rollout:
+        async with self._lock(name):
+            state = self.state(name)
+            rollout = self._active(state, RolloutStatus.PROGRESSING)
+            self.store.update_rollout(rollout.id, status="paused", reason="paused by request")
+            paused = rollout.replace(status=RolloutStatus.PAUSED, reason="paused by request")
+            state.observed = state.observed.replace(rollout=paused)
+            self.journal.record(name, "rollout_paused", f"rollout {rollout.id} paused")
+            state.wake.set()
+            return paused
+
+    async def resume(self, name: str) -> Rollout:
+        async with self._lock(name):
+            state = self.state(name)
+            rollout = self._active(state, RolloutStatus.PAUSED)
+            self.store.update_rollout(rollout.id, status="progressing", reason="")
+            # A rollout paused by its own failure gets its retries afresh on resume.
+            resumed = rollout.replace(
+                status=RolloutStatus.PROGRESSING, reason="", failures=0, started=self.clock()
+            )
+            state.observed = state.observed.replace(rollout=resumed, backoff=Backoff())
+            self.journal.record(name, "rollout_resumed", f"rollout {rollout.id} resumed")
+            state.wake.set()
+            return resumed
+
+    async def abort(self, name: str) -> Rollout:
+        """Stop the rollout and return to the revision it started from."""
+        async with self._lock(name):
+            state = self.state(name)
+            rollout = self._active(state, RolloutStatus.PROGRESSING, RolloutStatus.PAUSED)
+            back_to = rollout.from_revision
+            if back_to is None:
+                raise Conflict(f"rollout {rollout.id} has no previous revision to return to")
+            self.store.finish_rollout(
+                rollout.id,
+                "aborted",
+                "aborted by request",
+                serving_revision=state.observed.serving_revision,
+            )
+            self.executor._rollout_ended(state, rollout, "aborted")
+            self.journal.record(name, "rollout_aborted", f"rollout {rollout.id} aborted")
+            return self.executor.begin_rollout(
+                state, back_to, "rollback", from_revision=rollout.to_revision
+            )
+
+    async def undo(self, name: str, revision: int | None = None) -> Rollout:
+        """Roll back to the previous revision (or ``revision``) as a new rollout."""
+        async with self._lock(name):
+            state = self.state(name)
+            current = state.desired.revision
+            if revision is None:
+                rollout = state.observed.rollout
+                if rollout is not None and rollout.active and rollout.from_revision is not None:
+                    revision = rollout.from_revision
+                else:
+                    earlier = [n for n in state.revisions if n < current]
+                    if not earlier:
+                        raise Conflict(f"service {name!r} has no revision before {current}")
+                    revision = max(earlier)
+            if revision not in state.revisions:
+                raise NotFound(f"service {name!r} has no revision {revision}", service=name)
+            if revision == current:
+                raise Conflict(f"service {name!r} already targets revision {revision}")
+            return self.executor.begin_rollout(
+                state, revision, "undo", from_revision=state.observed.serving_revision
+            )
+
+    async def delete(self, name: str) -> None:
+        """Drain and stop every replica, then forget the service."""
+        async with self._lock(name):
+            state = self.state(name)
+            state.desired = dataclasses.replace(state.desired, deleting=True)
+            self.journal.record(name, "service_deleting", "deleting: draining every replica")
+            state.wake.set()
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    def drain_upstream(self, name: str, upstream_id: str) -> None:
+        state = self.state(name)
+        if self.pool.upstream(name, upstream_id) is None:
+            raise NotFound(f"no upstream {upstream_id!r} in {name!r}", service=name)
+        timeout = state.spec.rollout.drain_timeout
+        self.pool.drain(name, upstream_id, timeout)
+        self.journal.record(name, "upstream_drained", f"upstream {upstream_id} drained by request")
+
+    def undrain_upstream(self, name: str, upstream_id: str) -> None:
+        self.state(name)
+        if self.pool.upstream(name, upstream_id) is None:
+            raise NotFound(f"no upstream {upstream_id!r} in {name!r}", service=name)
+        self.pool.undrain(name, upstream_id)
+        self.journal.record(name, "upstream_undrained", f"upstream {upstream_id} undrained")
+
+    # -- start-up -----------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """Bring back every stored service on its revisions, adopting running replicas."""
+        now, wall = self.clock(), self.wall_clock()
+        for row in self.store.services():
+            try:
+                self._restore_one(row.name, now, wall)
+            except Exception:
+                log.exception("service %s could not be restored", row.name)
+
+    def _restore_one(self, name: str, now: float, wall: float) -> None:
+        row = self.store.service(name)
+        assert row is not None
+        spec = ServiceSpec.model_validate_json(row.spec_json)
+        revisions = {
+            r.number: ServiceSpec.model_validate_json(r.spec_json)
+            for r in self.store.revisions(name)
+        }
+        if not revisions:
+            return
+        target = row.target_revision or row.serving_revision or max(revisions)
+        # Routing and strategy are the latest spec's; the template is the revision's.
+        revisions[target] = (
+            spec if spec.template_key() == revisions[target].template_key() else (revisions[target])
+        )
+        self.pool.set_service(spec.routing())
+        state = ServiceState(
+            name=name,
+            spec=spec,
+            revisions=revisions,
+            desired=Desired(target, row.desired_replicas, spec.rollout, paused=row.paused),
+        )
+        active = self.store.active_rollout(name)
+        rollout = None
+        if active is not None:
+            rollout = Rollout(
+                active.id,
+                active.from_revision,
+                active.to_revision,
+                active.kind,
+                RolloutStatus(active.status),
+                now - max(0.0, wall - active.started_at),
+                active.retries_used,
+                active.reason,
+            )
+        state.observed = state.observed.replace(
+            serving_revision=row.serving_revision, rollout=rollout
+        )
+        adopted = 0
+        for stored in self.store.replicas(name):
+            spec_of = revisions.get(stored.revision)
+            backend = self.backends.get(stored.backend)
+            handle = json.loads(stored.handle_json)
+            running = None
+            if spec_of is not None and backend is not None:
+                launch = Launch(name, stored.revision, stored.replica_id, spec_of.replica)
+                running = backend.adopt(launch, handle)
+            if running is None or spec_of is None:
+                self.store.remove_replica(name, stored.replica_id)
+                continue
+            self._adopt(state, stored.replica_id, stored.revision, running, spec_of, now)
+            adopted += 1
+        self.journal.record(
+            name,
+            "service_restored",
+            f"restored at revision {target} (serving {row.serving_revision}), "
+            f"{adopted} running replicas adopted",
+            target,
+        )
+        self.reconciler.add(state)
+
+    def _adopt(
+        self,
+        state: ServiceState,
+        replica_id: str,
+        revision: int,
+        running: Running,
+        spec: ServiceSpec,
+        now: float,
+    ) -> None:
+        upstream = Upstream(
+            id=replica_id,
+            service=state.name,
+            host=running.host,
+            port=running.port,
+            revision=revision,
+            probes=spec.effective_probes,
+        )
+        state.running[replica_id] = running
+        state.put(
+            Replica(
+                replica_id,
+                revision,
+                ReplicaState.STARTING,
+                created=now,
+                since=now,
+                address=upstream.address,
+            )
+        )
+        self.pool.add_upstream(upstream)
+
+    # -- views --------------------------------------------------------------------------------
+
+    def service_names(self) -> list[str]:
+        return sorted(n for n, s in self.reconciler.services.items() if not s.forgotten)
+
+    async def close(self) -> None:
+        await self.reconciler.close()
+        await self.executor.close()
+        for backend in self.backends.values():
+            await backend.close()
+
+    def __repr__(self) -> str:
+        return f"<Controller services={len(self.reconciler.services)}>"

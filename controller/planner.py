@@ -1,0 +1,235 @@
+"""The planner: ``plan(observed, desired, now) -> actions``. PURE; the rules live here only.
+
+Rules (ARCHITECTURE.md), with D = desired replicas and T = the target revision:
+
+1. Ready replicas never drop below ``D - max_unavailable`` because of a drain the planner
+   asks for: a ready replica is drained only while the count of available replicas (old ones
+   that are ready, target ones ready for ``min_ready``) stays at or above that floor after it.
+2. An old replica (any revision but T) is drained only while ``old live + available target``
+   stays at or above ``D - max_unavailable`` after it; with the default ``max_unavailable: 0``
+   that means only once a target replica is available to take its place. A drained replica is
+   stopped only after its drain finished or timed out.
+3. A target replica that fails is replaced with backoff; the reconciler counts the failures
+   of the active rollout, and when they exceed ``retries`` or ``progress_deadline`` passes,
+   the planner fails the rollout (the executor then returns to the previous revision, or
+   pauses). Only target-revision replicas are ever failed by a rollout.
+4. A start that cannot be placed touches no running replica: the service is reported
+   degraded with the reason and placement is retried after the backoff.
+5. Replicas of every revision but T are old, so a superseding apply just changes T.
+6. Nothing is drained for lack of anything; only a scale-down, a rollout step or a delete
+   drains, and only a delete drains the last replicas.
+
+Starts are bounded by ``D + max_surge`` over live and leaving replicas together (a replica
+that is draining still holds a backend slot; counting it keeps a full fleet from failing the
+rollout's starts for no capacity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .actions import (
+    Action,
+    CompleteRollout,
+    Drain,
+    FailReplica,
+    FailRollout,
+    Forget,
+    SetDegraded,
+    Start,
+    Stop,
+    WakeAt,
+)
+from .model import Observed, Replica, ReplicaState, RolloutStatus
+from .spec import RolloutStrategy
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    """What the service should be: the target revision at ``replicas`` strength."""
+
+    revision: int
+    replicas: int
+    strategy: RolloutStrategy
+    paused: bool = False
+    deleting: bool = False
+
+
+def backoff_delay(failures: int, strategy: RolloutStrategy) -> float:
+    """Seconds to wait after ``failures`` consecutive failures (1 -> retry_backoff, doubling)."""
+    if failures <= 0:
+        return 0.0
+    return float(
+        min(strategy.retry_backoff * 2 ** min(failures - 1, 30), strategy.max_retry_backoff)
+    )
+
+
+def fmt_seconds(seconds: float) -> str:
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
+
+
+def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
+    """The actions that move ``observed`` toward ``desired`` at time ``now``."""
+    s = desired.strategy
+    actions: list[Action] = []
+    wake: list[float] = []
+
+    for r in observed.replicas:
+        if r.state is ReplicaState.DRAINING and r.drained:
+            actions.append(Stop(r.id))
+
+    live = [r for r in observed.replicas if r.live]
+    if desired.deleting:
+        actions.extend(Drain(r.id, "service deleted") for r in live)
+        if all(r.terminal for r in observed.replicas):
+            actions.append(Forget())
+        return actions
+
+    rollout = observed.rollout if observed.rollout and observed.rollout.active else None
+    paused = desired.paused or (rollout is not None and rollout.status is RolloutStatus.PAUSED)
+
+    # A replica that does not become ready in time, or stays unhealthy as long, is given up.
+    failing: set[str] = set()
+    if not paused:
+        for r in live:
+            deadline = _give_up_at(r, s)
+            if deadline is None:
+                continue
+            if now >= deadline:
+                failing.add(r.id)
+                actions.append(FailReplica(r.id, _give_up_reason(r, s)))
+            else:
+                wake.append(deadline)
+    live = [r for r in live if r.id not in failing]
+    # A replica given up above is drained next, so it holds its backend slot until stopped:
+    # count it as leaving, or the replacement started in this same plan would exceed
+    # D + max_surge and, on a full fleet, fail for no capacity (a second, spurious failure).
+    leaving = [r for r in observed.replicas if r.leaving or r.id in failing]
+
+    target = desired.revision
+    new = [r for r in live if r.revision == target]
+    old = [r for r in live if r.revision != target]
+
+    if rollout is not None and rollout.status is RolloutStatus.PROGRESSING:
+        if rollout.failures > s.retries:
+            reason = observed.backoff.reason or "replicas of the new revision failed"
+            actions.append(FailRollout(rollout.id, f"{reason} (after {rollout.failures} failures)"))
+            return actions
+        deadline = rollout.started + s.progress_deadline
+        if now >= deadline:
+            reason = f"not complete within {fmt_seconds(s.progress_deadline)}"
+            if observed.backoff.failures and observed.backoff.reason:
+                reason += f"; last failure: {observed.backoff.reason}"
+            actions.append(FailRollout(rollout.id, reason))
+            return actions
+        wake.append(deadline)
+
+    available_new = [r for r in new if r.available(now, s.min_ready)]
+    for r in new:
+        if r.state is ReplicaState.READY and r.ready_since is not None and r not in available_new:
+            wake.append(r.ready_since + s.min_ready)
+
+    if not paused:
+        actions.extend(_starts(observed, desired, now, len(new), len(live) + len(leaving), wake))
+        actions.extend(_drains(desired, old, new, available_new))
+
+    if (
+        rollout is not None
+        and rollout.status is RolloutStatus.PROGRESSING
+        and not old
+        and len(new) == desired.replicas
+        and len(available_new) == desired.replicas
+    ):
+        actions.append(CompleteRollout(rollout.id))
+
+    ready = sum(1 for r in live if r.state is ReplicaState.READY)
+    degraded: str | None = None
+    if ready < desired.replicas:
+        degraded = f"{ready} of {desired.replicas} replicas ready"
+        if observed.backoff.failures and observed.backoff.reason:
+            degraded += f": {observed.backoff.reason}"
+    if degraded != observed.degraded:
+        actions.append(SetDegraded(degraded))
+
+    if wake:
+        actions.append(WakeAt(min(wake)))
+    return actions
+
+
+def _give_up_at(r: Replica, s: RolloutStrategy) -> float | None:
+    if r.state in (ReplicaState.REQUESTED, ReplicaState.STARTING):
+        return r.created + s.start_timeout
+    if r.state is ReplicaState.UNHEALTHY:
+        return r.since + s.start_timeout
+    return None
+
+
+def _give_up_reason(r: Replica, s: RolloutStrategy) -> str:
+    if r.state is ReplicaState.UNHEALTHY:
+        return f"unhealthy for {fmt_seconds(s.start_timeout)}"
+    return f"not ready within {fmt_seconds(s.start_timeout)}"
+
+
+def _starts(
+    observed: Observed,
+    desired: Desired,
+    now: float,
+    new_count: int,
+    occupied: int,
+    wake: list[float],
+) -> list[Action]:
+    s = desired.strategy
+    room = desired.replicas + s.max_surge - occupied
+    count = min(desired.replicas - new_count, room)
+    if count <= 0:
+        return []
+    backoff = observed.backoff
+    if backoff.failures:
+        retry_at = backoff.last_failure_at + backoff_delay(backoff.failures, s)
+        if now < retry_at:
+            wake.append(retry_at)
+            return []
+        # After a failure, probe the backend with one start, not a burst of them.
+        count = 1
+    return [Start(desired.revision) for _ in range(count)]
+
+
+def _drains(
+    desired: Desired, old: list[Replica], new: list[Replica], available_new: list[Replica]
+) -> list[Action]:
+    s = desired.strategy
+    floor = desired.replicas - s.max_unavailable
+    available = sum(1 for r in old if r.state is ReplicaState.READY) + len(available_new)
+    budget = available - floor  # ready replicas that may be drained (rule 1)
+    actions: list[Action] = []
+
+    # Old replicas: those that serve nothing first, then the oldest revision, oldest first.
+    old_live = len(old)
+    for r in sorted(old, key=lambda r: (r.state is ReplicaState.READY, r.revision, r.created)):
+        if old_live - 1 + len(available_new) < floor:
+            break
+        if r.state is ReplicaState.READY:
+            if budget <= 0:
+                break
+            budget -= 1
+        actions.append(Drain(r.id, f"replaced by revision {desired.revision}"))
+        old_live -= 1
+
+    # More target replicas than desired (a scale-down): the least useful ones, newest first.
+    excess = len(new) - desired.replicas
+    # Not-ready ones first: a replica that is READY but not yet ``min_ready`` serves traffic,
+    # so it must not go before one still starting (that emptied a service of READY replicas).
+    for r in sorted(
+        new, key=lambda r: (r.state is ReplicaState.READY, r in available_new, -r.created)
+    ):
+        if excess <= 0:
+            break
+        if r in available_new:
+            if budget <= 0:
+                continue
+            budget -= 1
+        actions.append(Drain(r.id, "scaled down"))
+        excess -= 1
+    return actions

@@ -1,0 +1,304 @@
+"""The reconcile loop with the fake backend and a fake clock: no process, no sleep.
+
+Each test drives observations (probe results through the pool, exits through the backend)
+and checks what the controller did, including what it must never do (the background reports).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.errors import Conflict, NoCapacity, SpecError
+from controller.model import ReplicaState
+from gateway import Health
+
+from .conftest import Harness, spec
+
+LIVE = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY)
+
+
+async def serving(h: Harness, name: str = "web", replicas: int = 2, **extra: object) -> None:
+    result = await h.controller.apply(spec(name, replicas, **extra))
+    assert result.action == "created"
+    await h.settle()
+    await h.pass_probes(name)
+    assert h.ready(name) == replicas
+    assert h.state(name).observed.serving_revision == 1
+
+
+async def test_new_service_starts_replicas_and_admits_them_only_when_healthy(h: Harness) -> None:
+    await h.controller.apply(spec("web", 2))
+    await h.settle()
+    assert len(h.backend.started) == 2
+    assert len(h.replicas("web", ReplicaState.STARTING)) == 2
+    assert h.pool.service("web").snapshot.routable == ()
+    assert h.state("web").observed.degraded == "0 of 2 replicas ready"
+    await h.pass_probes("web")
+    assert len(h.pool.service("web").snapshot.routable) == 2
+    observed = h.state("web").observed
+    assert observed.serving_revision == 1
+    assert observed.rollout is None
+    assert observed.degraded is None
+    assert [r.status for r in h.store.rollouts("web")] == ["complete"]
+
+
+async def test_identical_apply_changes_nothing(h: Harness) -> None:
+    await serving(h)
+    result = await h.controller.apply(spec("web", 2))
+    assert result.action == "unchanged"
+    await h.settle()
+    assert len(h.backend.started) == 2
+
+
+async def test_route_change_applies_without_restarting_replicas(h: Harness) -> None:
+    await serving(h)
+    result = await h.controller.apply(spec("web", 2, route={"path_prefix": "/new"}))
+    assert result.action == "updated"
+    assert result.changes == ("route.path_prefix",)
+    await h.settle()
+    assert len(h.backend.started) == 2
+    assert h.pool.service("web").routing.route.path_prefix == "/new"
+
+
+async def test_rolling_update_keeps_every_ready_replica_until_replaced(h: Harness) -> None:
+    await serving(h, replicas=3)
+    result = await h.controller.apply(spec("web", 3, version="v2"))
+    assert (result.action, result.revision, result.changes) == ("rollout", 2, ("replica.env",))
+    for _ in range(20):
+        await h.settle()
+        # Rule 1 and 2: never fewer than 3 ready replicas at any step.
+        assert h.ready("web") >= 3
+        if h.state("web").observed.rollout is None:
+            break
+        await h.pass_probes("web", revision=2)
+    assert h.ready("web", revision=2) == 3
+    assert not h.replicas("web", *LIVE, revision=1)
+    assert h.state("web").observed.serving_revision == 2
+    assert len(h.backend.stopped) == 3
+    assert h.store.rollouts("web")[0].status == "complete"
+
+
+async def test_scale_up_without_capacity_keeps_the_service_up_and_retries(h: Harness) -> None:
+    """Background report: a failed scale-up terminated the service. Here it degrades."""
+    h.backend.set_capacity(1)
+    await serving(h, replicas=1)
+    first = h.replicas("web", ReplicaState.READY)[0]
+    result = await h.controller.scale("web", 2)
+    assert result.action == "scaled"
+    await h.settle()
+    assert h.state("web").observed.degraded == (
+        "1 of 2 replicas ready: no capacity: 1 of 1 slots in use"
+    )
+    assert h.backend.stopped == []
+    assert h.replicas("web", ReplicaState.READY) == [first]
+    attempts = len(h.backend.attempts)
+    await h.advance(0.5)
+    assert len(h.backend.attempts) == attempts  # backing off
+    await h.advance(1.0)
+    assert len(h.backend.attempts) == attempts + 1  # retried
+    h.backend.set_capacity(2)
+    await h.advance(10)
+    await h.pass_probes("web")
+    assert h.ready("web") == 2
+    assert h.state("web").observed.degraded is None
+    assert h.backend.stopped == []
+
+
+async def test_rollout_without_capacity_fails_and_the_old_revision_keeps_serving(
+    h: Harness,
+) -> None:
+    """Background report: a rollout whose replica could not be placed killed the service."""
+    h.backend.set_capacity(1)
+    await serving(h, replicas=1)
+    old = h.replicas("web", ReplicaState.READY)[0]
+    await h.controller.apply(spec("web", 1, version="v2"))
+    for _ in range(10):
+        await h.advance(10)
+        assert h.replicas("web", ReplicaState.READY) == [old]
+    rollouts = h.store.rollouts("web")
+    failed = next(r for r in rollouts if r.to_revision == 2)
+    assert failed.status == "failed"
+    assert failed.reason == "no capacity: 1 of 1 slots in use (after 3 failures)"
+    assert h.state("web").desired.revision == 1
+    assert h.state("web").observed.serving_revision == 1
+    assert rollouts[0].kind == "rollback" and rollouts[0].status == "complete"
+    assert h.backend.stopped == []
+
+
+async def test_new_revision_that_exits_fails_the_rollout_only(h: Harness) -> None:
+    await serving(h, replicas=2)
+    for _ in range(3):
+        h.backend.exit_on_start(3)
+    await h.controller.apply(spec("web", 2, version="bad"))
+    for _ in range(10):
+        await h.advance(10)
+        assert h.ready("web", revision=1) == 2
+    failed = next(r for r in h.store.rollouts("web") if r.to_revision == 2)
+    assert failed.status == "failed"
+    assert failed.reason == "replica exited with code 3 (after 3 failures)"
+    assert not h.replicas("web", *LIVE, revision=2)
+
+
+async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeout(
+    h: Harness,
+) -> None:
+    await serving(h, replicas=2, rollout={"retries": 0, "start_timeout": 30})
+    await h.controller.apply(
+        spec("web", 2, version="v2", rollout={"retries": 0, "start_timeout": 30})
+    )
+    await h.settle()
+    new = h.replicas("web", ReplicaState.STARTING, revision=2)
+    assert len(new) == 1
+    h.pool.set_health("web", new[0].id, Health.UNHEALTHY, "probe failed")
+    await h.advance(29)
+    assert h.replicas("web", ReplicaState.STARTING, revision=2)
+    await h.advance(2)
+    await h.settle()
+    failed = next(r for r in h.store.rollouts("web") if r.to_revision == 2)
+    assert (failed.status, failed.reason) == ("failed", "not ready within 30s (after 1 failures)")
+    assert h.ready("web", revision=1) == 2
+    assert new[0].id in h.backend.stopped
+
+
+async def test_on_failure_pause_keeps_new_replicas_and_old_ones(h: Harness) -> None:
+    strategy = {"retries": 0, "on_failure": "pause"}
+    await serving(h, replicas=2, rollout=strategy)
+    h.backend.exit_on_start(1)
+    await h.controller.apply(spec("web", 2, version="v2", rollout=strategy))
+    await h.advance(5)
+    rollout = h.state("web").observed.rollout
+    assert rollout is not None and rollout.status == "paused"
+    assert h.ready("web", revision=1) == 2
+    assert h.store.active_rollout("web").status == "paused"
+
+
+async def test_crashed_serving_replica_alone_is_replaced_with_backoff(h: Harness) -> None:
+    await serving(h, replicas=2)
+    victim, survivor = h.replicas("web", ReplicaState.READY)
+    h.backend.kill(victim.id, code=-9)
+    await h.settle()
+    assert h.replicas("web", ReplicaState.READY) == [survivor]
+    assert "killed by signal 9" in h.state("web").observed.degraded
+    attempts = len(h.backend.attempts)
+    await h.advance(1.1)
+    assert len(h.backend.attempts) == attempts + 1
+    await h.pass_probes("web")
+    assert h.ready("web") == 2
+    assert survivor.id not in h.backend.stopped
+
+
+async def test_superseding_apply_treats_every_older_revision_as_old(h: Harness) -> None:
+    await serving(h, replicas=2)
+    await h.controller.apply(spec("web", 2, version="v2"))
+    await h.settle()
+    await h.pass_probes("web", revision=2)
+    await h.controller.apply(spec("web", 2, version="v3"))
+    for _ in range(20):
+        await h.settle()
+        assert h.ready("web") >= 2
+        if h.state("web").observed.rollout is None:
+            break
+        await h.pass_probes("web", revision=3)
+    assert h.ready("web", revision=3) == 2
+    assert not h.replicas("web", *LIVE, revision=1)
+    assert not h.replicas("web", *LIVE, revision=2)
+    statuses = {r.to_revision: r.status for r in h.store.rollouts("web")}
+    assert statuses == {1: "complete", 2: "superseded", 3: "complete"}
+
+
+async def test_abort_returns_to_the_previous_revision(h: Harness) -> None:
+    await serving(h, replicas=1)
+    await h.controller.apply(spec("web", 1, version="v2"))
+    await h.settle()
+    await h.controller.abort("web")
+    await h.settle()
+    assert h.state("web").desired.revision == 1
+    assert not h.replicas("web", *LIVE, revision=2)
+    assert h.ready("web", revision=1) == 1
+    with pytest.raises(Conflict):
+        await h.controller.pause("web") if h.state("web").observed.rollout is None else None
+
+
+async def test_undo_rolls_back_to_the_previous_revision(h: Harness) -> None:
+    await serving(h, replicas=1)
+    await h.controller.apply(spec("web", 1, version="v2"))
+    await h.settle()
+    await h.pass_probes("web", revision=2)
+    await h.settle()
+    assert h.state("web").observed.serving_revision == 2
+    rollout = await h.controller.undo("web")
+    assert (rollout.kind, rollout.to_revision) == ("undo", 1)
+    await h.settle()
+    await h.pass_probes("web", revision=1)
+    await h.settle()
+    assert h.state("web").observed.serving_revision == 1
+    assert h.ready("web", revision=1) == 1
+
+
+async def test_pause_and_resume(h: Harness) -> None:
+    await serving(h, replicas=2)
+    await h.controller.apply(spec("web", 2, version="v2"))
+    await h.controller.pause("web")
+    await h.settle()
+    started = len(h.backend.started)
+    await h.advance(5)
+    assert len(h.backend.started) == started
+    with pytest.raises(Conflict):
+        await h.controller.pause("web")
+    await h.controller.resume("web")
+    for _ in range(20):
+        await h.settle()
+        if h.state("web").observed.rollout is None:
+            break
+        await h.pass_probes("web", revision=2)
+    assert h.ready("web", revision=2) == 2
+
+
+async def test_delete_drains_and_stops_everything_then_forgets(h: Harness) -> None:
+    await serving(h, replicas=2)
+    await h.controller.delete("web")
+    await h.settle()
+    assert "web" not in h.controller.reconciler.services
+    assert "web" not in h.pool.services
+    assert len(h.backend.stopped) == 2
+    assert h.store.service("web") is None
+
+
+async def test_bad_spec_is_refused_and_changes_nothing(h: Harness) -> None:
+    await serving(h, replicas=2)
+    with pytest.raises(SpecError) as error:
+        await h.controller.apply(spec("web", 2, rollout={"max_surge": -1}))
+    assert error.value.errors[0]["field"] == "rollout.max_surge"
+    await h.settle()
+    assert h.state("web").desired.revision == 1
+    assert len(h.backend.started) == 2
+
+
+async def test_start_failure_is_one_replica_failure(h: Harness) -> None:
+    h.backend.fail_next_start(NoCapacity("no capacity: fleet full"))
+    await h.controller.apply(spec("web", 2))
+    await h.settle()
+    assert len(h.replicas("web", ReplicaState.STARTING)) == 1
+    assert len(h.replicas("web", ReplicaState.FAILED)) == 1
+
+
+async def test_restart_restores_services_and_adopts_running_replicas(h: Harness) -> None:
+    await serving(h, replicas=2)
+    running = set(h.backend.running)
+    await h.controller.close()
+    from controller.journal import Journal
+    from controller.operations import Controller
+    from gateway import Pool
+
+    pool = Pool(clock=h.clock)
+    controller = Controller(
+        pool, {"process": h.backend}, h.store, Journal(h.store, h.clock), h.clock, h.clock
+    )
+    controller.restore()
+    h.controller, h.pool = controller, pool
+    await h.settle()
+    assert set(h.backend.adopted) == running
+    assert len(h.backend.started) == 2  # nothing started again
+    await h.pass_probes("web")
+    assert h.ready("web") == 2
+    assert h.state("web").observed.serving_revision == 1
