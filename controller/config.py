@@ -17,7 +17,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from gateway import Duration, ListenerLimits, ProxyConfig
-from gateway.config import Address, Model
+from gateway.config import ListenAddress, Model
 
 from .spec import ServiceSpec
 
@@ -27,7 +27,7 @@ class ConfigError(Exception):
 
 
 class AdminConfig(Model):
-    listen: Address = "127.0.0.1:8081"
+    listen: ListenAddress = "127.0.0.1:8081"
     token_env: str | None = "GATEWAY_ADMIN_TOKEN"
     """The environment variable that holds the bearer token."""
     token_file: str | None = None
@@ -76,7 +76,7 @@ class AccessLogConfig(Model):
 
 
 class GatewayConfig(Model):
-    listen: Address = "0.0.0.0:8080"
+    listen: ListenAddress = "0.0.0.0:8080"
     admin: AdminConfig = AdminConfig()
     state_dir: str = "./state"
     services: tuple[str | dict[str, Any], ...] = ()

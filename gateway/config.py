@@ -33,8 +33,11 @@ Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 """Seconds, as a float; written in config as ``"500ms"``, ``"30s"``, ``"5m"`` or a number."""
 
 
-def parse_address(value: str) -> tuple[str, int]:
-    """``"127.0.0.1:9001"`` or ``"[::1]:9001"`` -> (host, port)."""
+def parse_address(value: str, *, listen: bool = False) -> tuple[str, int]:
+    """``"127.0.0.1:9001"`` or ``"[::1]:9001"`` -> (host, port).
+
+    ``listen``: an address to bind, where port 0 means any free port.
+    """
     host, sep, port = value.rpartition(":")
     if not sep or not (port.isascii() and port.isdigit()) or not host:
         raise ValueError(f"not a host:port address: {value!r}")
@@ -46,7 +49,7 @@ def parse_address(value: str) -> tuple[str, int]:
     if not host or any(c.isspace() for c in host):
         raise ValueError(f"not a host:port address: {value!r}")
     number = int(port)
-    if not 0 < number < 65536:
+    if not (0 if listen else 1) <= number < 65536:
         raise ValueError(f"port out of range in {value!r}")
     return host, number
 
@@ -58,6 +61,15 @@ def _check_address(value: str) -> str:
 
 Address = Annotated[str, BeforeValidator(lambda v: _check_address(str(v)))]
 """``host:port``; IPv6 hosts in brackets."""
+
+
+def _check_listen(value: str) -> str:
+    parse_address(value, listen=True)
+    return value
+
+
+ListenAddress = Annotated[str, BeforeValidator(lambda v: _check_listen(str(v)))]
+"""An address to bind: ``host:port``, where port 0 picks any free port."""
 
 
 class Model(BaseModel):
@@ -211,11 +223,12 @@ class ListenerLimits(Model):
 class ProxyConfig(Model):
     """Settings of the traffic listener and its forwarding."""
 
-    listen: Address = "0.0.0.0:8080"
+    listen: ListenAddress = "0.0.0.0:8080"
     limits: ListenerLimits = ListenerLimits()
     shutdown_timeout: Duration = 30.0
     """On SIGTERM, in-flight requests get this long to finish."""
     upstream_keepalive: int = Field(default=256, ge=0)
-    """Idle keep-alive connections kept per upstream host."""
+    """Reserved: idle keep-alive connections per upstream. Concurrent connections are never
+    capped per upstream (a cap would make a busy upstream look like a failing one)."""
     trust_forwarded: bool = False
     """Keep a client's X-Forwarded-* headers (behind a trusted proxy) instead of replacing them."""

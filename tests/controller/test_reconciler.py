@@ -121,7 +121,8 @@ async def test_rollout_without_capacity_fails_and_the_old_revision_keeps_serving
     assert failed.reason == "no capacity: 1 of 1 slots in use (after 3 failures)"
     assert h.state("web").desired.revision == 1
     assert h.state("web").observed.serving_revision == 1
-    assert rollouts[0].kind == "rollback" and rollouts[0].status == "complete"
+    assert rollouts[0].kind == "rollback"
+    assert rollouts[0].status == "complete"
     assert h.backend.stopped == []
 
 
@@ -167,7 +168,8 @@ async def test_on_failure_pause_keeps_new_replicas_and_old_ones(h: Harness) -> N
     await h.controller.apply(spec("web", 2, version="v2", rollout=strategy))
     await h.advance(5)
     rollout = h.state("web").observed.rollout
-    assert rollout is not None and rollout.status == "paused"
+    assert rollout is not None
+    assert rollout.status == "paused"
     assert h.ready("web", revision=1) == 2
     assert h.store.active_rollout("web").status == "paused"
 
@@ -215,8 +217,9 @@ async def test_abort_returns_to_the_previous_revision(h: Harness) -> None:
     assert h.state("web").desired.revision == 1
     assert not h.replicas("web", *LIVE, revision=2)
     assert h.ready("web", revision=1) == 1
+    assert h.state("web").observed.rollout is None
     with pytest.raises(Conflict):
-        await h.controller.pause("web") if h.state("web").observed.rollout is None else None
+        await h.controller.pause("web")
 
 
 async def test_undo_rolls_back_to_the_previous_revision(h: Harness) -> None:

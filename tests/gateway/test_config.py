@@ -116,10 +116,17 @@ def test_addresses(address, parsed):
 def test_bad_addresses(address):
     with pytest.raises(ValueError, match=r"address|port"):
         parse_address(address)
+    if address == "h:0":
+        return  # a listener may ask for any free port
     with pytest.raises(ValidationError) as exc:
         ProxyConfig(listen=address)
     [(loc, _)] = errors(exc)
     assert loc == ("listen",)
+
+
+def test_a_listener_may_ask_for_any_free_port():
+    assert parse_address("127.0.0.1:0", listen=True) == ("127.0.0.1", 0)
+    assert ProxyConfig(listen="127.0.0.1:0").listen == "127.0.0.1:0"
 
 
 def test_address_of_a_number_is_refused():

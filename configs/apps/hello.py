@@ -1,0 +1,42 @@
+"""The demo replica: a tiny HTTP server (standard library only) that says who answered.
+
+Listens on 127.0.0.1:$PORT. ``GET /`` answers ``hello from <REPLICA_ID> (version $VERSION)``;
+``GET /healthz`` is what the gateway probes. ``STARTUP_DELAY`` seconds of warm-up before it
+listens show health-gated admission: the gateway sends it nothing until the probe passes.
+"""
+
+import json
+import os
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+VERSION = os.environ.get("VERSION", "v1")
+REPLICA = os.environ.get("REPLICA_ID", "?")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        if self.path == "/healthz":
+            body = b'{"status": "ok"}\n'
+            kind = "application/json"
+        else:
+            doc = {"message": f"hello from {REPLICA}", "version": VERSION, "path": self.path}
+            body = (json.dumps(doc) + "\n").encode()
+            kind = "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    time.sleep(float(os.environ.get("STARTUP_DELAY", "0")))
+    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler)
+    print(f"{REPLICA} version {VERSION} listening on {server.server_address}", flush=True)
+    server.serve_forever()

@@ -1,0 +1,183 @@
+"""The composition root: config, store, backends, pool, prober, proxy, apps, uvloop, signals.
+
+``gateway serve -c FILE`` builds both halves on one event loop in this order and stops them
+in reverse: the traffic listener stops accepting first and lets in-flight requests finish,
+then the admin listener, the prober and the controller go (replicas are left running for the
+next start to adopt, unless ``replicas_on_exit: stop``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.proxy import Proxy
+from gateway.server import TrafficServer
+
+from gateway import Pool
+from gateway.prober import Prober
+
+from .admin.app import AdminServer, build_admin_app
+from .backends import ProcessBackend, StaticBackend
+from .backends.base import Backend
+from .config import ConfigError, LoadedConfig, load_config
+from .errors import ControllerError
+from .journal import Journal
+from .operations import Controller
+from .store import Store
+
+log = logging.getLogger("gateway")
+
+
+@dataclass
+class Gateway:
+    """A running gateway, for tests: its ports, controller and pool."""
+
+    controller: Controller
+    pool: Pool
+    traffic: TrafficServer
+    admin: AdminServer
+
+
+async def run_gateway(
+    loaded: LoadedConfig,
+    stop: asyncio.Event,
+    started: Callable[[Gateway], Awaitable[None] | None] | None = None,
+) -> None:
+    """Run until ``stop`` is set, then shut down in order. The trigger is injectable."""
+    config = loaded.config
+    loop = asyncio.get_running_loop()
+    state_dir = Path(loaded.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before serving
+    store = Store(state_dir / "gateway.db")
+    journal = Journal(store, time.time)
+    pool = Pool(clock=loop.time)
+    process = config.backends.process
+    backends: dict[str, Backend] = {
+        "process": ProcessBackend(
+            capacity=process.capacity,
+            port_range=process.ports,
+            log_dir=state_dir / "logs",
+            log_max_bytes=process.log_max_bytes,
+        ),
+        "static": StaticBackend(),
+    }
+    controller = Controller(pool, backends, store, journal, loop.time, time.time)
+    prober = Prober(pool)
+    proxy_config = config.proxy_config()
+    proxy = Proxy(pool, proxy_config)
+    traffic = TrafficServer(proxy, proxy_config)
+    ready = False
+    admin = AdminServer(build_admin_app(controller, lambda: ready), config.admin.listen)
+
+    await prober.start()
+    await proxy.start()
+    try:
+        controller.restore()
+        for spec in loaded.specs:
+            try:
+                result = await controller.apply(spec)
+                log.info("applied %s: %s revision %s", spec.name, result.action, result.revision)
+            except ControllerError as e:
+                log.error("service %s not applied: %s", spec.name, e.message)
+        await traffic.start()
+        await admin.start()
+        ready = True
+        log.info("gateway ready: traffic on %s, admin on %s", config.listen, config.admin.listen)
+        if started is not None:
+            pending = started(Gateway(controller, pool, traffic, admin))
+            if pending is not None:
+                await pending
+        await stop.wait()
+        log.info("shutting down: finishing in-flight requests")
+    finally:
+        ready = False
+        await traffic.stop()
+        await admin.stop()
+        if config.replicas_on_exit == "stop":
+            await _stop_all(controller)
+        await prober.stop()
+        await controller.close()
+        store.close()
+        log.info("gateway stopped")
+
+
+async def _stop_all(controller: Controller) -> None:
+    for name in controller.service_names():
+        state = controller.reconciler.services[name]
+        for replica_id in list(state.running):
+            spec = state.revisions[next(r.revision for r in state.observed.replicas
+                                        if r.id == replica_id)]  # fmt: skip
+            with contextlib.suppress(Exception):
+                await controller.backends[spec.backend].stop(replica_id, spec.rollout.stop_grace)
+
+
+def _install_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.warning("second signal: exiting at once")
+            os._exit(1)
+        log.info("signal %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+
+
+async def _serve(loaded: LoadedConfig) -> None:
+    stop = asyncio.Event()
+    _install_signals(stop)
+    await run_gateway(loaded, stop)
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    try:
+        loaded = load_config(args.config)
+        token = loaded.config.admin_token()
+    except ConfigError as e:
+        print(f"gateway: {e}", file=sys.stderr)
+        return 2
+    level = loaded.config.log_level.upper()
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    del token
+    import uvloop
+
+    try:
+        uvloop.run(_serve(loaded))
+    except OSError as e:
+        print(f"gateway: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("-c", "--config", default="configs/gateway.yaml")
+    serve.set_defaults(func=serve_main)
+    return parser
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

@@ -1,0 +1,211 @@
+"""The traffic listener: catch-all app, shutdown order, header timeout, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from aiohttp import WSMsgType, web
+
+from gateway.config import ListenerLimits
+
+from .conftest import raw_exchange, routing, url
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One response with a Content-Length from a kept-alive raw connection."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return head, await reader.readexactly(length)
+
+
+async def test_every_method_and_path_reaches_the_proxy(pool, upstream, gateway, client):
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "u1")
+    gw = await gateway()
+
+    for method in ("GET", "POST", "PATCH", "DELETE", "OPTIONS", "PROPFIND"):
+        async with client.request(method, url(gw, "/a/b/c?d=e")) as resp:
+            body = await resp.json()
+        assert (resp.status, body["method"], body["path"]) == (200, method, "/a/b/c?d=e")
+
+
+async def test_stop_lets_in_flight_requests_finish(pool, upstream, gateway, client):
+    started, release = asyncio.Event(), asyncio.Event()
+    upstream_closed = asyncio.get_running_loop().create_future()
+
+    async def slow(request):
+        started.set()
+        await release.wait()
+        return web.Response(text="done")
+
+    async def ws_echo(request):
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            await ws.send_str(msg.data)
+        upstream_closed.set_result(ws.close_code)
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/slow", slow)
+    app.router.add_get("/ws", ws_echo)
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "u1", app)
+    gw = await gateway(shutdown_timeout=10)
+
+    async def fetch():
+        async with client.get(url(gw, "/slow")) as resp:
+            return resp.status, await resp.text()
+
+    in_flight = asyncio.create_task(fetch())
+    await started.wait()
+    async with client.ws_connect(url(gw, "/ws")) as ws, asyncio.timeout(5):
+        stopping = asyncio.create_task(gw.stop())
+        # Shutdown closes relayed WebSockets with 1001 once the listener is closed ...
+        msg = await ws.receive()
+        assert (msg.type, msg.data) == (WSMsgType.CLOSE, 1001)
+        assert await upstream_closed == 1001
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection("127.0.0.1", gw.port)
+        # ... and waits for the request in flight.
+        assert not in_flight.done()
+        assert not stopping.done()
+        release.set()
+        assert await in_flight == (200, "done")
+        await stopping
+
+
+async def test_stop_cancels_what_outlives_the_shutdown_timeout(pool, upstream, gateway, client):
+    started, cancelled, never = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def stuck(request):
+        started.set()
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/", stuck)
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "u1", app)
+    gw = await gateway(shutdown_timeout=0.2)
+
+    in_flight = asyncio.create_task(client.get(url(gw)))
+    await started.wait()
+    async with asyncio.timeout(5):
+        await gw.stop()
+        with pytest.raises(aiohttp.ClientError):
+            await in_flight
+        # The gateway's upstream request was cancelled too: its connection is gone.
+        await cancelled.wait()
+
+
+async def test_header_timeout_disconnects_a_slow_client(pool, upstream, gateway, client):
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "u1")
+    gw = await gateway(limits=ListenerLimits(header_timeout=0.3))
+    loop = asyncio.get_running_loop()
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        opened = loop.time()
+        writer.write(b"GET / HTTP/1.1\r\nHost: slow.example\r\nX-Drip: ")
+        await writer.drain()
+        # A normal client is served meanwhile.
+        async with client.get(url(gw)) as resp:
+            assert resp.status == 200
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""
+        # (uvloop's clock has millisecond steps; the timer starts on the gateway's side)
+        assert loop.time() - opened >= 0.25
+    finally:
+        writer.close()
+
+
+async def test_header_timeout_applies_to_each_request_of_a_connection(pool, upstream, gateway):
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "u1")
+    gw = await gateway(limits=ListenerLimits(header_timeout=0.3))
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        async with asyncio.timeout(5):
+            writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            head, _ = await read_response(reader)
+            assert head.startswith(b"HTTP/1.1 200")
+        # Idle between requests is the keep-alive timeout's business, not the header's.
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(reader.read(1), 0.5)
+        async with asyncio.timeout(5):
+            writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            head, _ = await read_response(reader)
+            assert head.startswith(b"HTTP/1.1 200")
+            writer.write(b"GET / HTTP/1.1\r\n")  # and never the rest
+            assert await reader.read() == b""
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("request_head", "status", "code"),
+    [
+        (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: h\r\n\r\n", 414, "uri_too_long"),
+        (b"GET / HTTP/1.1\r\nHost: h\r\nX-Big: " + b"b" * 5000 + b"\r\n\r\n", 431, None),
+        (b"GET / HTTP/1.1\r\nHost: h\r\nX-" + b"n" * 5000 + b": 1\r\n\r\n", 431, None),
+        (
+            b"GET / HTTP/1.1\r\nHost: h\r\n"
+            + b"".join(b"X-%d: 1\r\n" % i for i in range(200))
+            + b"\r\n",
+            431,
+            None,
+        ),
+        (b"GET / HTTP/1.1\r\nHost h\r\n\r\n", 400, "bad_request"),
+    ],
+    ids=["long-uri", "long-value", "long-name", "many-headers", "malformed"],
+)
+async def test_bad_request_heads_get_json_errors(pool, gateway, request_head, status, code):
+    gw = await gateway(limits=ListenerLimits(max_header_size=4096))
+
+    answer = await raw_exchange(gw.port, request_head)
+
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == b"%d" % status
+    assert json.loads(body)["error"] == (code or "header_too_large")
+
+
+async def test_connections_beyond_the_limit_are_refused(pool, upstream, gateway):
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "u1")
+    gw = await gateway(limits=ListenerLimits(max_connections=2))
+
+    first = await asyncio.open_connection("127.0.0.1", gw.port)
+    second = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        answer = await raw_exchange(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503")
+        assert b"too_many_connections" in answer
+        # The connections within the limit are served.
+        reader, writer = first
+        writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        async with asyncio.timeout(5):
+            head, _ = await read_response(reader)
+        assert head.startswith(b"HTTP/1.1 200")
+    finally:
+        first[1].close()
+        second[1].close()
+
+
+async def test_port_is_the_bound_one(gateway):
+    gw = await gateway()
+    assert gw.port > 0
+    assert f"port={gw.port}" in repr(gw)
