@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -20,11 +19,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.proxy import Proxy
-from gateway.server import TrafficServer
-
 from gateway import Pool
 from gateway.prober import Prober
+from gateway.proxy import Proxy
+from gateway.server import TrafficServer
 
 from .admin.app import AdminServer, build_admin_app
 from .backends import ProcessBackend, StaticBackend
@@ -103,22 +101,10 @@ async def run_gateway(
         ready = False
         await traffic.stop()
         await admin.stop()
-        if config.replicas_on_exit == "stop":
-            await _stop_all(controller)
         await prober.stop()
-        await controller.close()
+        await controller.close(stop_replicas=config.replicas_on_exit == "stop")
         store.close()
         log.info("gateway stopped")
-
-
-async def _stop_all(controller: Controller) -> None:
-    for name in controller.service_names():
-        state = controller.reconciler.services[name]
-        for replica_id in list(state.running):
-            spec = state.revisions[next(r.revision for r in state.observed.replicas
-                                        if r.id == replica_id)]  # fmt: skip
-            with contextlib.suppress(Exception):
-                await controller.backends[spec.backend].stop(replica_id, spec.rollout.stop_grace)
 
 
 def _install_signals(stop: asyncio.Event) -> None:

@@ -443,9 +443,22 @@ class Controller:
     def service_names(self) -> list[str]:
         return sorted(n for n, s in self.reconciler.services.items() if not s.forgotten)
 
-    async def close(self) -> None:
+    async def close(self, stop_replicas: bool = False) -> None:
+        """Stop the loops first (so no exit is taken for a crash and replaced), finish the
+        starts and stops in progress, then stop the replicas if asked, then the backends."""
         await self.reconciler.close()
         await self.executor.close()
+        if stop_replicas:
+            stops = []
+            for state in self.reconciler.services.values():
+                for replica_id in list(state.running):
+                    revision = state.replica(replica_id)
+                    spec = state.revisions[revision.revision] if revision else state.spec
+                    backend = self.backends[spec.backend]
+                    stops.append(backend.stop(replica_id, spec.rollout.stop_grace))
+            for result in await asyncio.gather(*stops, return_exceptions=True):
+                if isinstance(result, Exception):
+                    log.warning("a replica did not stop cleanly: %s", result)
         for backend in self.backends.values():
             await backend.close()
 
