@@ -69,8 +69,8 @@ class ProxyOptions(Model):
 
 class AccessLogConfig(Model):
     enabled: bool = True
-    format: str = "plain"
-    """``plain`` or ``json`` (one JSON object a line)."""
+    format: Literal["plain", "json"] = "plain"
+    """``plain``, or ``json`` (one JSON object a line)."""
     path: str | None = None
     """A file; by default standard output."""
 
@@ -184,4 +184,8 @@ def load_config(path: str | Path) -> LoadedConfig:
     state_dir = Path(config.state_dir)
     if not state_dir.is_absolute():
         state_dir = base / state_dir
+    token_file = config.admin.token_file
+    if token_file is not None and not Path(token_file).is_absolute():
+        admin = config.admin.model_copy(update={"token_file": str(base / token_file)})
+        config = config.model_copy(update={"admin": admin})
     return LoadedConfig(path=str(file), config=config, state_dir=str(state_dir), specs=tuple(specs))

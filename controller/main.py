@@ -19,17 +19,23 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway import Pool
+from prometheus_client import CollectorRegistry
+
+from gateway import Pool, RequestObserver
+from gateway.accesslog import AccessLog
+from gateway.metrics import GatewayMetrics, metrics_handler
 from gateway.prober import Prober
 from gateway.proxy import Proxy
 from gateway.server import TrafficServer
 
-from .admin.app import AdminServer, build_admin_app
+from .admin.app import AdminServer, build_admin_app, is_loopback
 from .backends import ProcessBackend, StaticBackend
 from .backends.base import Backend
+from .cli import add_commands as add_client_commands
 from .config import ConfigError, LoadedConfig, load_config
 from .errors import ControllerError
 from .journal import Journal
+from .metrics import register as register_controller_metrics
 from .operations import Controller
 from .store import Store
 
@@ -70,12 +76,31 @@ async def run_gateway(
         "static": StaticBackend(),
     }
     controller = Controller(pool, backends, store, journal, loop.time, time.time)
-    prober = Prober(pool)
+    # -- observability: metrics on one registry (served at the admin /metrics), access log --
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    metrics.attach(pool)
+    register_controller_metrics(registry, controller)
+    request_observers: list[RequestObserver] = [metrics]
+    access_log: AccessLog | None = None
+    if config.access_log.enabled:
+        access_log = AccessLog(config.access_log.format, config.access_log.path, registry=registry)
+        request_observers.append(access_log)
+    # -- end observability --
+    prober = Prober(pool, observers=[metrics])
     proxy_config = config.proxy_config()
-    proxy = Proxy(pool, proxy_config)
+    proxy = Proxy(pool, proxy_config, observers=request_observers)
     traffic = TrafficServer(proxy, proxy_config)
     ready = False
-    admin = AdminServer(build_admin_app(controller, lambda: ready), config.admin.listen)
+    admin = AdminServer(
+        build_admin_app(
+            controller,
+            lambda: ready,
+            config.admin_token(),
+            metrics_handler=metrics_handler(registry),
+        ),
+        config.admin.listen,
+    )
 
     await prober.start()
     await proxy.start()
@@ -87,6 +112,8 @@ async def run_gateway(
                 log.info("applied %s: %s revision %s", spec.name, result.action, result.revision)
             except ControllerError as e:
                 log.error("service %s not applied: %s", spec.name, e.message)
+        if access_log is not None:
+            access_log.start()
         await traffic.start()
         await admin.start()
         ready = True
@@ -100,6 +127,8 @@ async def run_gateway(
     finally:
         ready = False
         await traffic.stop()
+        if access_log is not None:
+            await access_log.stop()
         await admin.stop()
         await prober.stop()
         await controller.close(stop_replicas=config.replicas_on_exit == "stop")
@@ -134,11 +163,21 @@ def serve_main(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
+    listen = loaded.config.admin.listen
+    if token is None and not is_loopback(listen):
+        print(
+            f"gateway: admin.listen {listen} is not a loopback address and no admin token is "
+            "configured (set admin.token_file, or the variable named by admin.token_env)",
+            file=sys.stderr,
+        )
+        return 2
     level = loaded.config.log_level.upper()
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    del token
+    if token is None:
+        log.warning("no admin token configured: the admin API on %s is open to local users", listen)
+    del token  # run_gateway reads it again; it is never logged
     import uvloop
 
     try:
@@ -155,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("-c", "--config", default="configs/gateway.yaml")
     serve.set_defaults(func=serve_main)
+    add_client_commands(sub)
     return parser
 
 

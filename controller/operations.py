@@ -122,20 +122,45 @@ class Controller:
 
     async def apply(self, data: Any) -> ApplyResult:
         spec = validate_spec(data)
+        async with self._lock(spec.name):
+            return self._apply(spec, self.plan_apply(spec))
+
+    def plan_apply(self, data: Any) -> ApplyResult:
+        """What ``apply(data)`` would do now, changing nothing (a dry run).
+
+        Raises as ``apply`` would (SpecError, Conflict). For a new revision, ``revision`` is
+        the number it would get and ``rollout_id`` is None.
+        """
+        spec = validate_spec(data)
         if spec.backend not in self.backends:
             raise SpecError(
                 f"backend: {spec.backend!r} is not configured",
                 [{"field": "backend", "reason": f"{spec.backend!r} is not configured"}],
             )
-        async with self._lock(spec.name):
-            return self._apply(spec)
-
-    def _apply(self, spec: ServiceSpec) -> ApplyResult:
         state = self.reconciler.services.get(spec.name)
         if state is not None and state.desired.deleting:
             raise Conflict(f"service {spec.name!r} is being deleted; apply again once it is gone")
-        key = spec.template_key()
         if state is None:
+            # A deleted service's revisions remain: a re-created one continues their numbers.
+            number = max((r.number for r in self.store.revisions(spec.name)), default=0) + 1
+            return ApplyResult("created", spec.name, number)
+        target_spec = state.revisions[state.desired.revision]
+        changes = diff_fields(target_spec, spec)
+        previous = state.desired.revision
+        if spec.template_key() != target_spec.template_key():
+            number = max(state.revisions) + 1
+            return ApplyResult("rollout", spec.name, number, previous, None, changes)
+        if not changes:
+            return ApplyResult("unchanged", spec.name, previous, previous)
+        action: ApplyAction = "updated"
+        if spec.desired_replicas != state.desired.replicas:
+            action = "scaled"
+        return ApplyResult(action, spec.name, previous, previous, None, changes)
+
+    def _apply(self, spec: ServiceSpec, plan: ApplyResult) -> ApplyResult:
+        state = self.reconciler.services.get(spec.name)
+        key = spec.template_key()
+        if plan.action == "created" or state is None:
             revision, rollout = self.store.apply_revision(
                 spec.name, spec.to_json(), key, spec.desired_replicas, None
             )
@@ -162,10 +187,9 @@ class Controller:
             self.reconciler.add(state)
             return ApplyResult("created", spec.name, revision.number, None, rollout.id)
 
-        target_spec = state.revisions[state.desired.revision]
-        changes = diff_fields(target_spec, spec)
+        changes = plan.changes
         previous = state.desired.revision
-        if key != target_spec.template_key():
+        if plan.action == "rollout":
             serving = state.observed.serving_revision
             revision, rollout = self.store.apply_revision(
                 spec.name, spec.to_json(), key, spec.desired_replicas, serving
@@ -201,11 +225,9 @@ class Controller:
             state.wake.set()
             return ApplyResult("rollout", spec.name, revision.number, previous, rollout.id, changes)
 
-        if not changes:
-            return ApplyResult("unchanged", spec.name, previous, previous)
-        action: ApplyAction = "updated"
-        if spec.desired_replicas != state.desired.replicas:
-            action = "scaled"
+        if plan.action == "unchanged":
+            return plan
+        action = plan.action
         self.store.update_service(
             spec.name, spec_json=spec.to_json(), desired_replicas=spec.desired_replicas
         )

@@ -1,0 +1,401 @@
+"""The admin API's handlers and its route table (``OPERATIONS``).
+
+Handlers are thin: they parse the request into a schema, call one ``Controller`` operation
+and answer with a response model. Refusals are exceptions (``ApiError`` here, the
+controller's ``ControllerError`` tree below it) that the error middleware in ``app.py`` turns
+into JSON; an operation refused raises before it changed anything, so neither does the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import yaml
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from ..config import format_validation_error
+from ..errors import Conflict, NotFound, SpecError
+from ..journal import Entry
+from ..model import LEAVING, Rollout
+from ..operations import Controller
+from .openapi import YAML_TYPES, Operation, Query, build_document
+from .schemas import (
+    ApplyResultBody,
+    DeleteResult,
+    EventView,
+    LogsView,
+    Probe,
+    RevisionList,
+    RolloutList,
+    RolloutView,
+    ScaleRequest,
+    ServiceList,
+    ServiceView,
+    UndoRequest,
+    UpstreamView,
+)
+from .views import revision_view, rollout_record, rollout_view, service_view, upstream_view
+
+CONTROLLER = web.AppKey("controller", Controller)
+READY: web.AppKey[Callable[[], bool]] = web.AppKey("ready")
+STOPPING = web.AppKey("stopping", asyncio.Event)
+"""Set when the admin listener shuts down, so that event streams end instead of holding it."""
+KEEPALIVE = web.AppKey("sse_keepalive", float)
+OPERATIONS: web.AppKey[list[Operation]] = web.AppKey("operations")
+DOCUMENT: web.AppKey[dict[str, str]] = web.AppKey("openapi_document")
+
+DEFAULT_TAIL = 100
+MAX_TAIL = 10_000
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(Exception):
+    """A refusal by the API layer itself (auth, body, query); the middleware renders it."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = dict(headers or {})
+        self.details = details
+
+
+def invalid_request(field: str, reason: str) -> ApiError:
+    return ApiError(
+        422, "invalid_request", f"{field}: {reason}", errors=[{"field": field, "reason": reason}]
+    )
+
+
+def respond(model: BaseModel, status: int = 200) -> web.Response:
+    return web.json_response(text=model.model_dump_json(), status=status)
+
+
+def _controller(request: web.Request) -> Controller:
+    return request.app[CONTROLLER]
+
+
+def _parse(raw: bytes, content_type: str) -> Any:
+    try:
+        text = raw.decode("utf-8")
+        if content_type in YAML_TYPES or content_type == "text/x-yaml":
+            return yaml.safe_load(text)
+        return json.loads(text)
+    except UnicodeDecodeError:
+        raise ApiError(400, "bad_request", "the body is not UTF-8") from None
+    except yaml.YAMLError as e:
+        raise ApiError(400, "bad_request", f"the body is not valid YAML: {e}") from None
+    except ValueError as e:
+        raise ApiError(400, "bad_request", f"the body is not valid JSON: {e}") from None
+
+
+async def read_model(request: web.Request, model: type[M], optional: bool = False) -> M:
+    """The body as ``model``: 400 if it is not JSON, 422 naming each field if it is wrong."""
+    raw = await request.read()  # raises 413 past client_max_size
+    if not raw.strip():
+        if optional:
+            return model()
+        raise ApiError(400, "bad_request", "a JSON body is required")
+    data = _parse(raw, request.content_type)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        errors = format_validation_error(e)
+        message = "; ".join(f"{x['field']}: {x['reason']}" for x in errors)
+        raise ApiError(422, "invalid_request", message, errors=errors) from None
+
+
+def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    value = request.query.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise invalid_request(name, f"not an integer: {value!r}") from None
+    if not low <= number <= high:
+        raise invalid_request(name, f"must be from {low} to {high}")
+    return number
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    return request.query.get(name, "").lower() in ("1", "true", "yes")
+
+
+# -- the gateway itself -------------------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return respond(Probe(status="ok"))
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[READY]():
+        return respond(Probe(status="ready"))
+    return respond(Probe(status="starting"), status=503)
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    cache = request.app[DOCUMENT]
+    if "json" not in cache:  # built on first use: it costs more than building the app
+        cache["json"] = json.dumps(build_document(request.app[OPERATIONS]))
+    return web.json_response(text=cache["json"])
+
+
+# -- services -----------------------------------------------------------------------------------
+
+
+async def list_services(request: web.Request) -> web.Response:
+    controller = _controller(request)
+    views = [service_view(controller, controller.state(n)) for n in controller.service_names()]
+    return respond(ServiceList(services=views))
+
+
+async def get_service(request: web.Request) -> web.Response:
+    controller = _controller(request)
+    state = controller.state(request.match_info["name"])
+    return respond(service_view(controller, state))
+
+
+async def put_service(request: web.Request) -> web.Response:
+    """Apply a spec; ``?dry_run=1`` says what it would do and changes nothing."""
+    controller = _controller(request)
+    name = request.match_info["name"]
+    data = _parse(await request.read(), request.content_type)
+    if isinstance(data, dict):
+        data.setdefault("name", name)
+        if data["name"] != name:
+            reason = f"{data['name']!r} differs from {name!r} in the path"
+            raise SpecError(f"name: {reason}", [{"field": "name", "reason": reason}])
+    dry_run = _flag(request, "dry_run")
+    result = controller.plan_apply(data) if dry_run else await controller.apply(data)
+    return respond(ApplyResultBody.model_validate(result.to_json() | {"dry_run": dry_run}))
+
+
+async def delete_service(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    await _controller(request).delete(name)
+    return respond(DeleteResult(service=name, status="deleting"), status=202)
+
+
+async def scale_service(request: web.Request) -> web.Response:
+    controller = _controller(request)
+    name = request.match_info["name"]
+    controller.state(name)
+    body = await read_model(request, ScaleRequest)
+    result = await controller.scale(name, body.replicas)
+    return respond(ApplyResultBody.model_validate(result.to_json()))
+
+
+# -- rollouts -----------------------------------------------------------------------------------
+
+
+def _rollout_response(request: web.Request, name: str, rollout: Rollout) -> web.Response:
+    controller = _controller(request)
+    return respond(rollout_view(controller, controller.state(name), rollout))
+
+
+async def pause_rollout(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    return _rollout_response(request, name, await _controller(request).pause(name))
+
+
+async def resume_rollout(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    return _rollout_response(request, name, await _controller(request).resume(name))
+
+
+async def abort_rollout(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    return _rollout_response(request, name, await _controller(request).abort(name))
+
+
+async def undo_rollout(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    _controller(request).state(name)
+    body = await read_model(request, UndoRequest, optional=True)
+    rollout = await _controller(request).undo(name, body.revision)
+    return _rollout_response(request, name, rollout)
+
+
+async def list_revisions(request: web.Request) -> web.Response:
+    controller = _controller(request)
+    state = controller.state(request.match_info["name"])
+    rows = controller.store.revisions(state.name)
+    return respond(
+        RevisionList(service=state.name, revisions=[revision_view(state, r) for r in rows])
+    )
+
+
+async def list_rollouts(request: web.Request) -> web.Response:
+    controller = _controller(request)
+    state = controller.state(request.match_info["name"])
+    limit = _int_query(request, "limit", 100, 1, 1000)
+    rows = controller.store.rollouts(state.name, limit)
+    return respond(RolloutList(service=state.name, rollouts=[rollout_record(r) for r in rows]))
+
+
+# -- replicas and upstreams ---------------------------------------------------------------------
+
+
+async def replica_logs(request: web.Request) -> web.Response:
+    controller = _controller(request)
+    state = controller.state(request.match_info["name"])
+    replica_id = request.match_info["replica"]
+    tail = _int_query(request, "tail", DEFAULT_TAIL, 1, MAX_TAIL)
+    replica = state.replica(replica_id)
+    if replica is None:
+        raise NotFound(f"no replica {replica_id!r} in {state.name!r}", service=state.name)
+    spec = state.revisions.get(replica.revision, state.spec)
+    backend = controller.backends.get(spec.backend)
+    # The process backend reads its log files: off the loop.
+    lines = [] if backend is None else await asyncio.to_thread(backend.logs, replica_id, tail)
+    return respond(LogsView(service=state.name, replica=replica_id, lines=lines))
+
+
+def _upstream_response(controller: Controller, name: str, upstream_id: str) -> web.Response:
+    upstream = controller.pool.upstream(name, upstream_id)
+    if upstream is None:
+        raise NotFound(f"no upstream {upstream_id!r} in {name!r}", service=name)
+    return respond(upstream_view(controller, upstream))
+
+
+async def drain_upstream(request: web.Request) -> web.Response:
+    controller = _controller(request)
+    name, upstream_id = request.match_info["name"], request.match_info["upstream"]
+    controller.drain_upstream(name, upstream_id)
+    return _upstream_response(controller, name, upstream_id)
+
+
+async def undrain_upstream(request: web.Request) -> web.Response:
+    controller = _controller(request)
+    name, upstream_id = request.match_info["name"], request.match_info["upstream"]
+    replica = controller.state(name).replica(upstream_id)
+    if replica is not None and replica.state in LEAVING:
+        # The controller drains it to stop it; taking that back would strand the replica.
+        raise Conflict(
+            f"replica {upstream_id} is {replica.state.value}: the controller is stopping it"
+        )
+    controller.undrain_upstream(name, upstream_id)
+    return _upstream_response(controller, name, upstream_id)
+
+
+# -- events -------------------------------------------------------------------------------------
+
+
+def _sse(entry: Entry) -> bytes:
+    data = EventView.model_validate(entry.to_json()).model_dump_json()
+    return f"id: {entry.id}\nevent: {entry.kind}\ndata: {data}\n\n".encode()
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events of every journal entry (of ``?service=NAME``), live, until the
+    client goes away or the admin listener stops. A comment line keeps idle streams open."""
+    controller = _controller(request)
+    service = request.query.get("service") or None
+    keepalive = request.app[KEEPALIVE]
+    stopping = request.app[STOPPING]
+    queue = controller.journal.watch()
+    try:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await response.prepare(request)
+        await response.write(b": watching\n\n")
+        stop = asyncio.ensure_future(stopping.wait())
+        get: asyncio.Future[Entry] | None = None
+        try:
+            while True:
+                get = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait(
+                    {get, stop}, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stop in done:
+                    break
+                if get not in done:
+                    get.cancel()
+                    await response.write(b": keepalive\n\n")
+                    continue
+                entry = get.result()
+                if service is None or entry.service == service:
+                    await response.write(_sse(entry))
+        finally:
+            stop.cancel()
+            if get is not None:
+                get.cancel()
+        return response
+    finally:
+        controller.journal.unwatch(queue)
+
+
+# -- the route table ----------------------------------------------------------------------------
+
+SERVICE = "/api/services/{name}"
+TAIL = Query(
+    "tail",
+    {"type": "integer", "minimum": 1, "maximum": MAX_TAIL, "default": DEFAULT_TAIL},
+    "How many of the last lines",
+)
+
+OPERATIONS_TABLE: list[Operation] = [
+    Operation("GET", "/healthz", healthz, "The gateway process is alive", {200: Probe},
+              auth=False),
+    Operation("GET", "/readyz", readyz, "The gateway is serving", {200: Probe, 503: Probe},
+              auth=False),
+    Operation("GET", "/api/openapi.json", openapi_json, "This document", {200: None}),
+    Operation("GET", "/api/services", list_services, "Every service", {200: ServiceList}),
+    Operation("GET", SERVICE, get_service, "One service: revisions, replicas, rollout",
+              {200: ServiceView}, errors=(404,)),
+    Operation("PUT", SERVICE, put_service, "Apply a spec (JSON or YAML)", {200: ApplyResultBody},
+              errors=(400, 409, 413, 422), body="spec",
+              query=(Query("dry_run", {"type": "string", "enum": ["0", "1", "true", "false"]},
+                           "Say what the apply would do and change nothing"),)),
+    Operation("DELETE", SERVICE, delete_service, "Drain and stop every replica, then forget it",
+              {202: DeleteResult}, errors=(404, 409)),
+    Operation("POST", f"{SERVICE}/scale", scale_service, "Set the desired replica count",
+              {200: ApplyResultBody}, errors=(400, 404, 409, 413, 422), body=ScaleRequest),
+    Operation("POST", f"{SERVICE}/rollout/pause", pause_rollout, "Pause the active rollout",
+              {200: RolloutView}, errors=(404, 409)),
+    Operation("POST", f"{SERVICE}/rollout/resume", resume_rollout, "Resume a paused rollout",
+              {200: RolloutView}, errors=(404, 409)),
+    Operation("POST", f"{SERVICE}/rollout/abort", abort_rollout,
+              "Stop the rollout and return to the revision it started from",
+              {200: RolloutView}, errors=(404, 409)),
+    Operation("POST", f"{SERVICE}/rollout/undo", undo_rollout,
+              "Roll back to the previous revision (or `revision`) as a new rollout",
+              {200: RolloutView}, errors=(400, 404, 409, 413, 422), body=UndoRequest,
+              body_required=False),
+    Operation("GET", f"{SERVICE}/revisions", list_revisions, "Every revision of the service",
+              {200: RevisionList}, errors=(404,)),
+    Operation("GET", f"{SERVICE}/rollouts", list_rollouts, "Rollout history, newest first",
+              {200: RolloutList}, errors=(404, 422),
+              query=(Query("limit", {"type": "integer", "minimum": 1, "maximum": 1000,
+                                     "default": 100}, "How many rollouts"),)),
+    Operation("GET", f"{SERVICE}/replicas/{{replica}}/logs", replica_logs,
+              "The last lines of a replica's output", {200: LogsView}, errors=(404, 422),
+              query=(TAIL,)),
+    Operation("POST", f"{SERVICE}/upstreams/{{upstream}}/drain", drain_upstream,
+              "Send no new requests to an upstream (manual maintenance)", {200: UpstreamView},
+              errors=(404,)),
+    Operation("POST", f"{SERVICE}/upstreams/{{upstream}}/undrain", undrain_upstream,
+              "Take a manual drain back", {200: UpstreamView}, errors=(404, 409)),
+    Operation("GET", "/api/events", events, "Server-sent events of every transition",
+              {200: None}, stream=EventView,
+              query=(Query("service", {"type": "string"}, "Only this service's events"),)),
+]  # fmt: skip

@@ -1,0 +1,181 @@
+"""The OpenAPI 3.1 document of the admin API, generated from its route table and its schemas.
+
+Each route is declared once, as an ``Operation`` (handlers.py): the app mounts it and this
+module describes it, with the JSON schemas pydantic makes of the request and response models
+(``schemas.py``) and of ``ServiceSpec``. So the document says what the routes really accept
+and return; a test sends real requests and checks each response against it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from ..spec import ServiceSpec
+from .schemas import REQUEST_MODELS, RESPONSE_MODELS, SPEC_MARK, ErrorBody
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+REF = "#/components/schemas/{model}"
+JSON = "application/json"
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
+SSE = "text/event-stream"
+
+ERROR_TEXT = {
+    400: "The body is not valid JSON or YAML",
+    401: "Missing or wrong bearer token",
+    404: "No such service, revision, replica or upstream",
+    405: "Method not allowed on this path",
+    409: "The action does not fit the service's current state",
+    413: "The body is larger than the admin API accepts",
+    415: "The body's content type is not accepted",
+    422: "An invalid spec or request: each field path and reason in `errors`",
+    500: "An unexpected error (logged by the gateway; no details are given)",
+    503: "The state store is unavailable",
+}
+SUCCESS_TEXT = {202: "Accepted: it goes on in the background", 503: "Not ready yet"}
+DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h)?\s*$"
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str
+    schema: dict[str, Any]
+    description: str
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One route: what the app mounts and what the document says of it."""
+
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    responses: Mapping[int, type[BaseModel] | None]
+    """Success statuses and their JSON body's model."""
+    errors: tuple[int, ...] = ()
+    """Error statuses this route can answer besides 401, 405, 500 and 503."""
+    body: type[BaseModel] | Literal["spec"] | None = None
+    body_required: bool = True
+    query: tuple[Query, ...] = ()
+    stream: type[BaseModel] | None = None
+    """Server-sent events whose ``data`` is this model's JSON."""
+    auth: bool = True
+
+    @property
+    def operation_id(self) -> str:
+        return self.handler.__name__
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _fix(node: Any) -> Any:
+    """Durations validate from "30s" as well as 30, but pydantic sees only their float core;
+    and a spec in a response refers to the ServiceSpec schema."""
+    if isinstance(node, list):
+        return [_fix(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get(SPEC_MARK):
+        return {"$ref": REF.format(model="ServiceSpec")}
+    node = {k: _fix(v) for k, v in node.items()}
+    if node.get("type") == "number" and "ge" in node:
+        minimum = node.pop("ge")
+        node.pop("type")
+        node["anyOf"] = [
+            {"type": "number", "minimum": minimum},
+            {"type": "string", "pattern": DURATION_PATTERN},
+        ]
+    return node
+
+
+def component_schemas() -> dict[str, Any]:
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(ServiceSpec, "validation")]
+    models += [(m, "validation") for m in REQUEST_MODELS]
+    models += [(m, "serialization") for m in RESPONSE_MODELS]
+    _, defs = models_json_schema(models, ref_template=REF)
+    schemas: dict[str, Any] = _fix(defs.get("$defs", {}))
+    return schemas
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    params: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in re.findall(r"{(\w+)(?::[^}]*)?}", op.path)
+    ]
+    params += [
+        {"name": q.name, "in": "query", "required": False, "schema": q.schema,
+         "description": q.description}
+        for q in op.query
+    ]  # fmt: skip
+    responses: dict[str, Any] = {}
+    for status, model in op.responses.items():
+        response: dict[str, Any] = {"description": SUCCESS_TEXT.get(status, "OK")}
+        if op.stream is not None:
+            response["content"] = {
+                SSE: {
+                    "schema": {"type": "string"},
+                    "x-data-schema": _ref(op.stream),
+                }
+            }
+            response["description"] = (
+                "Server-sent events: `event` is the entry's kind, `id` its id, `data` its JSON; "
+                "comment lines keep the connection alive."
+            )
+        elif model is not None:
+            response["content"] = {JSON: {"schema": _ref(model)}}
+        responses[str(status)] = response
+    errors = {405, 500, *op.errors}
+    if op.auth:
+        errors |= {401, 503}
+    for status in sorted(errors):
+        responses[str(status)] = {
+            "description": ERROR_TEXT[status],
+            "content": {JSON: {"schema": _ref(ErrorBody)}},
+        }
+    out: dict[str, Any] = {
+        "operationId": op.operation_id,
+        "summary": op.summary,
+        "parameters": params,
+        "responses": responses,
+        "security": [{"bearer": []}] if op.auth else [],
+    }
+    if op.body is not None:
+        schema = {"$ref": REF.format(model="ServiceSpec")} if op.body == "spec" else _ref(op.body)
+        types = (JSON, *YAML_TYPES) if op.body == "spec" else (JSON,)
+        out["requestBody"] = {
+            "required": op.body_required,
+            "content": {t: {"schema": schema} for t in types},
+        }
+    return out
+
+
+def build_document(operations: list[Operation]) -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for op in operations:
+        path = re.sub(r"{(\w+):[^}]*}", r"{\1}", op.path)
+        paths.setdefault(path, {})[op.method.lower()] = _operation(op)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "gateway admin API",
+            "version": "1",
+            "description": "Drive and watch services, revisions and rollouts. Every /api/ "
+            "route needs `Authorization: Bearer <token>`; every error is JSON "
+            '`{"error": code, "message": text, ...}`.',
+        },
+        "paths": paths,
+        "components": {
+            "schemas": component_schemas(),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

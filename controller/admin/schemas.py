@@ -1,0 +1,238 @@
+"""The admin API's request and response bodies, as pydantic models.
+
+These models are the contract: handlers build every JSON body through them, and the OpenAPI
+document (``openapi.py``) is generated from their JSON schemas, so the two cannot drift apart.
+Response models forbid unknown fields (``additionalProperties: false``); only the error body
+is open, because errors carry details of their own (``service``, ``reason``...).
+
+Times are wall-clock seconds since the epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from ..spec import MAX_REPLICAS
+
+SPEC_MARK = "x-service-spec"
+"""Marks where the document refers to ServiceSpec (pydantic would resolve a ``$ref`` here)."""
+
+SpecJson = Annotated[dict[str, Any], WithJsonSchema({"type": "object", SPEC_MARK: True})]
+"""A service spec as applied (fields left out of the apply are left out here too)."""
+
+ReplicaStateName = Literal[
+    "requested", "starting", "ready", "unhealthy", "draining", "stopping", "stopped", "failed"
+]
+UpstreamStateName = Literal["unknown", "healthy", "unhealthy", "draining", "ejected"]
+RolloutKindName = Literal["rollout", "rollback", "undo"]
+RolloutStatusName = Literal[
+    "progressing", "paused", "complete", "failed", "aborted", "superseded", "rolled_back"
+]
+ServiceStatus = Literal["ready", "progressing", "paused", "degraded", "deleting"]
+
+
+class Schema(BaseModel):
+    # Attribute docstrings become the fields' descriptions in the OpenAPI document.
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+# -- requests -------------------------------------------------------------------------------
+
+
+class ScaleRequest(Schema):
+    replicas: int = Field(ge=0, le=MAX_REPLICAS)
+
+
+class UndoRequest(Schema):
+    revision: int | None = Field(default=None, ge=1)
+    """The revision to return to; by default the one before the current target."""
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+class FieldError(Schema):
+    field: str
+    """The field's path, dotted (``route.path_prefix``, ``probes.0.interval``)."""
+    reason: str
+
+
+class ErrorBody(BaseModel):
+    """Every error: a stable code, a message for people, and details of the error kind."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", use_attribute_docstrings=True)
+
+    error: str
+    message: str
+    errors: list[FieldError] | None = None
+    """Invalid specs and requests: each field path and what is wrong with it."""
+
+
+# -- services -------------------------------------------------------------------------------
+
+
+class ReplicaView(Schema):
+    id: str
+    revision: int
+    address: str | None
+    state: ReplicaStateName
+    """The controller's view: the replica lifecycle."""
+    health: UpstreamStateName | None
+    """The data plane's view (``None`` once it left the pool)."""
+    inflight: int
+    since: float
+    """When it entered its current state."""
+    failure: str | None = None
+    exit_code: int | None = None
+
+
+class RevisionProgress(Schema):
+    revision: int
+    ready: int
+    live: int
+    """Requested, starting, ready or unhealthy."""
+    desired: int
+    """The desired count for the target revision, 0 for the others."""
+
+
+class RolloutView(Schema):
+    id: int
+    kind: RolloutKindName
+    status: RolloutStatusName
+    from_revision: int | None
+    to_revision: int
+    started: float
+    failures: int
+    """Target-revision replicas that failed during this rollout."""
+    retries: int
+    """How many failures the rollout may take before it fails."""
+    reason: str
+    progress: list[RevisionProgress]
+
+
+class Conditions(Schema):
+    degraded: bool
+    reason: str | None = None
+
+
+class ServiceView(Schema):
+    name: str
+    status: ServiceStatus
+    spec: SpecJson
+    serving_revision: int | None
+    target_revision: int
+    desired: int
+    """The desired replica count (of the target revision)."""
+    ready: int
+    """Replicas ready now, of any revision (per revision: ``rollout.progress``)."""
+    replicas: list[ReplicaView]
+    conditions: Conditions
+    rollout: RolloutView | None
+    """The active rollout, if any."""
+
+
+class ServiceList(Schema):
+    services: list[ServiceView]
+
+
+class ApplyResultBody(Schema):
+    action: Literal["created", "unchanged", "updated", "scaled", "rollout"]
+    service: str
+    revision: int
+    """The revision the service targets after the apply (on a dry run, the one it would)."""
+    previous_revision: int | None
+    rollout_id: int | None
+    """The rollout started (``None`` on a dry run, or when no rollout was needed)."""
+    changes: list[str]
+    """Spec fields that differ from the current target's."""
+    dry_run: bool = False
+
+
+class DeleteResult(Schema):
+    service: str
+    status: Literal["deleting"]
+
+
+class RevisionView(Schema):
+    number: int
+    template_key: str
+    created_at: float
+    spec: SpecJson
+    serving: bool
+    target: bool
+
+
+class RevisionList(Schema):
+    service: str
+    revisions: list[RevisionView]
+
+
+class RolloutRecord(Schema):
+    id: int
+    kind: RolloutKindName
+    status: RolloutStatusName
+    from_revision: int | None
+    to_revision: int
+    reason: str
+    retries_used: int
+    started_at: float
+    finished_at: float | None
+
+
+class RolloutList(Schema):
+    service: str
+    rollouts: list[RolloutRecord]
+    """Newest first."""
+
+
+class LogsView(Schema):
+    service: str
+    replica: str
+    lines: list[str]
+
+
+class UpstreamView(Schema):
+    service: str
+    id: str
+    address: str
+    revision: int
+    state: UpstreamStateName
+    health: Literal["unknown", "healthy", "unhealthy"]
+    admin: Literal["active", "draining"]
+    ejected: bool
+    inflight: int
+
+
+class EventView(Schema):
+    """One journal entry: the ``data`` of a server-sent event (its ``event`` is ``kind``)."""
+
+    id: int
+    at: float
+    service: str
+    kind: str
+    message: str
+    revision: int | None
+    replica: str | None
+
+
+class Probe(Schema):
+    status: Literal["ok", "ready", "starting"]
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (ScaleRequest, UndoRequest)
+RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
+    ErrorBody,
+    ServiceView,
+    ServiceList,
+    ApplyResultBody,
+    DeleteResult,
+    RevisionList,
+    RolloutList,
+    RolloutView,
+    LogsView,
+    UpstreamView,
+    EventView,
+    Probe,
+)

@@ -1,0 +1,176 @@
+"""What the admin API shows of the controller: ServiceState and store rows as response models.
+
+Read-only: nothing here changes a service. Monotonic times of the observed state are turned
+into wall-clock seconds with the controller's two clocks, read once per view.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from gateway import Upstream
+
+from ..model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
+from ..operations import Controller
+from ..reconciler import ServiceState
+from ..store import RevisionRow, RolloutRow
+from .schemas import (
+    Conditions,
+    ReplicaView,
+    RevisionProgress,
+    RevisionView,
+    RolloutRecord,
+    RolloutView,
+    ServiceStatus,
+    ServiceView,
+    UpstreamView,
+)
+
+Wall = Callable[[float], float]
+
+
+def _to_wall(controller: Controller) -> Wall:
+    offset = controller.wall_clock() - controller.clock()
+    return lambda monotonic: round(monotonic + offset, 3)
+
+
+def _inflight(controller: Controller, service: str) -> dict[str, int]:
+    try:
+        return dict(controller.pool.service(service).inflight)
+    except KeyError:  # the pool forgot the service (deleted) before the controller did
+        return {}
+
+
+def replica_view(
+    controller: Controller,
+    state: ServiceState,
+    replica: Replica,
+    inflight: dict[str, int],
+    wall: Wall,
+) -> ReplicaView:
+    upstream = controller.pool.upstream(state.name, replica.id)
+    return ReplicaView(
+        id=replica.id,
+        revision=replica.revision,
+        address=replica.address,
+        state=replica.state.value,
+        health=None if upstream is None else upstream.state,
+        inflight=inflight.get(replica.id, 0),
+        since=wall(replica.since),
+        failure=replica.failure or None,
+        exit_code=replica.exit_code,
+    )
+
+
+def progress(state: ServiceState, rollout: Rollout) -> list[RevisionProgress]:
+    """Ready and live replicas of the target revision (first) and of every other one."""
+    revisions = {rollout.to_revision} | {
+        r.revision for r in state.observed.replicas if not r.terminal
+    }
+    ordered = [rollout.to_revision, *sorted(revisions - {rollout.to_revision}, reverse=True)]
+    out = []
+    for revision in ordered:
+        of = [r for r in state.observed.replicas if r.revision == revision]
+        out.append(
+            RevisionProgress(
+                revision=revision,
+                ready=sum(1 for r in of if r.state is ReplicaState.READY),
+                live=sum(1 for r in of if r.state in LIVE),
+                desired=state.desired.replicas if revision == rollout.to_revision else 0,
+            )
+        )
+    return out
+
+
+def rollout_view(
+    controller: Controller, state: ServiceState, rollout: Rollout, wall: Wall | None = None
+) -> RolloutView:
+    wall = wall or _to_wall(controller)
+    return RolloutView(
+        id=rollout.id,
+        kind=rollout.kind,
+        status=rollout.status.value,
+        from_revision=rollout.from_revision,
+        to_revision=rollout.to_revision,
+        started=wall(rollout.started),
+        failures=rollout.failures,
+        retries=state.desired.strategy.retries,
+        reason=rollout.reason,
+        progress=progress(state, rollout),
+    )
+
+
+def service_status(state: ServiceState) -> ServiceStatus:
+    rollout = state.observed.rollout
+    if state.desired.deleting:
+        return "deleting"
+    if rollout is not None and rollout.active:
+        return "paused" if rollout.status is RolloutStatus.PAUSED else "progressing"
+    if state.observed.degraded:
+        return "degraded"
+    return "ready"
+
+
+def service_view(controller: Controller, state: ServiceState) -> ServiceView:
+    inflight = _inflight(controller, state.name)
+    wall = _to_wall(controller)
+    rollout = state.observed.rollout
+    replicas = sorted(state.observed.replicas, key=lambda r: (r.terminal, r.created, r.id))
+    return ServiceView(
+        name=state.name,
+        status=service_status(state),
+        spec=state.spec.model_dump(mode="json", exclude_unset=True),
+        serving_revision=state.observed.serving_revision,
+        target_revision=state.desired.revision,
+        desired=state.desired.replicas,
+        ready=sum(1 for r in state.observed.replicas if r.state is ReplicaState.READY),
+        replicas=[replica_view(controller, state, r, inflight, wall) for r in replicas],
+        conditions=Conditions(
+            degraded=state.observed.degraded is not None, reason=state.observed.degraded
+        ),
+        rollout=None
+        if rollout is None or not rollout.active
+        else rollout_view(controller, state, rollout, wall),
+    )
+
+
+def upstream_view(controller: Controller, upstream: Upstream) -> UpstreamView:
+    return UpstreamView(
+        service=upstream.service,
+        id=upstream.id,
+        address=upstream.address,
+        revision=upstream.revision,
+        state=upstream.state,
+        health=upstream.health.value,
+        admin=upstream.admin.value,
+        ejected=upstream.ejected,
+        inflight=_inflight(controller, upstream.service).get(upstream.id, 0),
+    )
+
+
+def revision_view(state: ServiceState, row: RevisionRow) -> RevisionView:
+    spec: Any = json.loads(row.spec_json)
+    return RevisionView(
+        number=row.number,
+        template_key=row.template_key,
+        created_at=row.created_at,
+        spec=spec,
+        serving=row.number == state.observed.serving_revision,
+        target=row.number == state.desired.revision,
+    )
+
+
+def rollout_record(row: RolloutRow) -> RolloutRecord:
+    return RolloutRecord(
+        id=row.id,
+        kind=row.kind,
+        status=row.status,
+        from_revision=row.from_revision,
+        to_revision=row.to_revision,
+        reason=row.reason,
+        retries_used=row.retries_used,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )

@@ -1,0 +1,726 @@
+"""The admin API over a controller on the fake backend: every route, and every refusal.
+
+Each refused request (bad token, bad spec, wrong state, too big) is checked to leave the
+services exactly as they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import yaml
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from controller.admin.app import build_admin_app, is_loopback
+from controller.model import ReplicaState
+from gateway import Health
+
+from .conftest import Harness, spec
+
+TOKEN = "s3cret-t0ken-value"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+ClientFactory = Callable[..., Awaitable[TestClient[Any, Any]]]
+
+
+class Api:
+    """A test client that sends the token, and a snapshot of what a refusal must not change."""
+
+    def __init__(self, client: TestClient[Any, Any], h: Harness) -> None:
+        self.client = client
+        self.h = h
+
+    async def call(
+        self, method: str, path: str, body: Any = None, *, status: int = 200, **kwargs: Any
+    ) -> Any:
+        headers = {**AUTH, **kwargs.pop("headers", {})}
+        if body is not None:
+            data = json.dumps(body).encode()
+            kwargs["data"] = io.BytesIO(data) if len(data) > 2**20 else data
+            headers.setdefault("Content-Type", "application/json")
+        response = await self.client.request(method, path, headers=headers, **kwargs)
+        text = await response.text()
+        assert response.status == status, text
+        assert response.content_type == "application/json", text
+        assert "Traceback" not in text
+        return json.loads(text)
+
+    def fingerprint(self) -> Any:
+        """Everything a refused request must leave as it was."""
+        store = self.h.store
+        services = {
+            name: (
+                s.desired,
+                s.spec,
+                s.observed.rollout,
+                tuple(sorted(s.revisions)),
+                len(s.observed.replicas),
+            )
+            for name, s in self.h.controller.reconciler.services.items()
+        }
+        rows = [(r.name, r.spec_json, r.target_revision) for r in store.services()]
+        revisions = {r.name: len(store.revisions(r.name)) for r in store.services()}
+        return services, rows, revisions, len(self.h.backend.attempts)
+
+
+@pytest.fixture
+async def api(h: Harness, aiohttp_client: ClientFactory) -> Api:
+    app = build_admin_app(h.controller, lambda: True, TOKEN, sse_keepalive=0.05)
+    client = await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
+    return Api(client, h)
+
+
+async def serving(api: Api, name: str = "web", replicas: int = 2, **extra: Any) -> None:
+    result = await api.call("PUT", f"/api/services/{name}", spec(name, replicas, **extra))
+    assert result["action"] == "created"
+    await api.h.settle()
+    await api.h.pass_probes(name)
+    assert api.h.state(name).observed.serving_revision == 1
+
+
+# -- auth -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": f"Bearer {TOKEN}x"},
+        {"Authorization": TOKEN},
+    ],
+)
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/api/services"),
+        ("GET", "/api/openapi.json"),
+        ("PUT", "/api/services/web"),
+        ("DELETE", "/api/services/web"),
+        ("GET", "/api/events"),
+        ("GET", "/api/nothing-here"),
+    ],
+)
+async def test_every_api_route_needs_the_token(
+    api: Api, method: str, path: str, headers: dict[str, str]
+) -> None:
+    before = api.fingerprint()
+    response = await api.client.request(method, path, headers=headers, json=spec("web"))
+    assert response.status == 401
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+    body = await response.json()
+    assert body == {"error": "unauthorized", "message": "missing or wrong bearer token"}
+    assert api.fingerprint() == before
+
+
+async def test_health_and_readiness_need_no_token(api: Api) -> None:
+    assert await (await api.client.get("/healthz")).json() == {"status": "ok"}
+    assert await (await api.client.get("/readyz")).json() == {"status": "ready"}
+
+
+async def test_readyz_is_503_while_starting(h: Harness, aiohttp_client: ClientFactory) -> None:
+    client = await aiohttp_client(build_admin_app(h.controller, lambda: False, TOKEN))
+    response = await client.get("/readyz")
+    assert response.status == 503
+    assert await response.json() == {"status": "starting"}
+
+
+async def test_no_token_configured_means_no_auth(h: Harness, aiohttp_client: ClientFactory) -> None:
+    client = await aiohttp_client(build_admin_app(h.controller, lambda: True, None))
+    response = await client.get("/api/services")
+    assert response.status == 200
+
+
+async def test_the_token_is_never_logged(api: Api, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    await serving(api)
+    await api.call("GET", "/api/services/web")
+    await api.client.get("/api/services", headers={"Authorization": "Bearer nope"})
+    await api.call("PUT", "/api/services/web", {"name": "web"}, status=422)
+    assert caplog.records
+    assert TOKEN not in caplog.text
+
+
+def test_loopback_addresses() -> None:
+    assert is_loopback("127.0.0.1:8081")
+    assert is_loopback("127.0.0.2:0")
+    assert is_loopback("[::1]:8081")
+    assert is_loopback("localhost:8081")
+    assert not is_loopback("0.0.0.0:8081")
+    assert not is_loopback("[::]:8081")
+    assert not is_loopback("10.0.0.1:8081")
+    assert not is_loopback("admin.example.com:8081")
+
+
+async def test_metrics_and_extra_routes_plug_in(h: Harness, aiohttp_client: ClientFactory) -> None:
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text="up 1\n")
+
+    async def extra(request: web.Request) -> web.Response:
+        """An extra admin route."""
+        return web.json_response({"extra": True})
+
+    app = build_admin_app(
+        h.controller,
+        lambda: True,
+        TOKEN,
+        metrics_handler=metrics,
+        extra_routes=[web.get("/api/extra", extra)],
+    )
+    client = await aiohttp_client(app)
+    assert await (await client.get("/metrics")).text() == "up 1\n"
+    assert (await client.get("/api/extra")).status == 401
+    assert await (await client.get("/api/extra", headers=AUTH)).json() == {"extra": True}
+    doc = await (await client.get("/api/openapi.json", headers=AUTH)).json()
+    assert doc["paths"]["/metrics"]["get"]["security"] == []
+    assert doc["paths"]["/api/extra"]["get"]["summary"] == "An extra admin route."
+
+
+# -- services ---------------------------------------------------------------------------------
+
+
+async def test_apply_creates_a_service_and_shows_it(api: Api) -> None:
+    result = await api.call("PUT", "/api/services/web", spec("web", 2))
+    assert result == {
+        "action": "created",
+        "service": "web",
+        "revision": 1,
+        "previous_revision": None,
+        "rollout_id": 1,
+        "changes": [],
+        "dry_run": False,
+    }
+    await api.h.settle()
+    view = await api.call("GET", "/api/services/web")
+    assert view["status"] == "progressing"
+    assert view["target_revision"] == 1
+    assert view["serving_revision"] is None
+    assert view["desired"] == 2
+    assert view["ready"] == 0
+    assert view["conditions"] == {"degraded": True, "reason": "0 of 2 replicas ready"}
+    assert view["rollout"]["progress"] == [{"revision": 1, "ready": 0, "live": 2, "desired": 2}]
+    assert {r["state"] for r in view["replicas"]} == {"starting"}
+    assert {r["health"] for r in view["replicas"]} == {"unknown"}
+
+    await api.h.pass_probes("web")
+    view = await api.call("GET", "/api/services/web")
+    assert view["status"] == "ready"
+    assert view["serving_revision"] == 1
+    assert view["rollout"] is None
+    assert view["conditions"] == {"degraded": False, "reason": None}
+    assert view["spec"]["replica"]["env"] == {"VERSION": "v1"}
+    replica = view["replicas"][0]
+    assert replica["state"] == "ready"
+    assert replica["health"] == "healthy"
+    assert replica["inflight"] == 0
+    assert replica["address"].startswith("127.0.0.1:")
+    assert abs(replica["since"] - api.h.clock.now) < 1  # the harness's wall clock is its clock
+
+    listed = await api.call("GET", "/api/services")
+    assert [s["name"] for s in listed["services"]] == ["web"]
+
+
+async def test_inflight_requests_show_per_replica(api: Api) -> None:
+    await serving(api)
+    lease = api.h.pool.service("web").lease()
+    assert lease is not None
+    with lease:
+        view = await api.call("GET", "/api/services/web")
+    inflight = {r["id"]: r["inflight"] for r in view["replicas"]}
+    assert inflight[lease.upstream.id] == 1
+    assert sum(inflight.values()) == 1
+
+
+async def test_apply_accepts_yaml(api: Api) -> None:
+    body = yaml.safe_dump(spec("web", 1, rollout={"drain_timeout": "5s"}))
+    for content_type in ("application/yaml", "application/x-yaml", "text/yaml"):
+        response = await api.client.put(
+            "/api/services/web", data=body, headers={**AUTH, "Content-Type": content_type}
+        )
+        assert response.status == 200, await response.text()
+    assert api.h.state("web").spec.rollout.drain_timeout == 5.0
+
+
+async def test_a_spec_without_a_name_takes_the_paths(api: Api) -> None:
+    body = spec("web", 1)
+    del body["name"]
+    result = await api.call("PUT", "/api/services/web", body)
+    assert result["service"] == "web"
+
+
+async def test_an_invalid_spec_names_every_field_and_changes_nothing(api: Api) -> None:
+    await serving(api)
+    before = api.fingerprint()
+    bad = spec("web", 2, rollout={"drain_timeout": "soon"})
+    bad["replicas"] = -1
+    bad["route"] = {"path_prefix": 5}
+    bad["surprise"] = True
+    body = await api.call("PUT", "/api/services/web", bad, status=422)
+    assert body["error"] == "invalid_spec"
+    fields = {e["field"] for e in body["errors"]}
+    assert {"replicas", "rollout.drain_timeout", "route.path_prefix", "surprise"} <= fields
+    assert all(e["reason"] for e in body["errors"])
+    assert api.fingerprint() == before
+
+
+@pytest.mark.parametrize(
+    "body",
+    [[1, 2], "web", None, {"name": "web", "replica": {"commands": ["x"]}}],
+    ids=["list", "string", "null", "no-route"],
+)
+async def test_specs_that_are_not_specs_are_422(api: Api, body: Any) -> None:
+    before = api.fingerprint()
+    response = await api.client.put(
+        "/api/services/web",
+        data=json.dumps(body),
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    assert response.status == 422
+    assert (await response.json())["error"] == "invalid_spec"
+    assert api.fingerprint() == before
+
+
+async def test_a_name_that_differs_from_the_path_is_422(api: Api) -> None:
+    await serving(api)
+    before = api.fingerprint()
+    body = await api.call("PUT", "/api/services/web", spec("api", 2), status=422)
+    assert body["errors"] == [{"field": "name", "reason": "'api' differs from 'web' in the path"}]
+    assert api.fingerprint() == before
+    assert "api" not in api.h.controller.service_names()
+
+
+async def test_an_unconfigured_backend_is_422(api: Api) -> None:
+    body = spec("web", 1)
+    body["backend"] = "static"
+    body["replica"] = {"addresses": ["127.0.0.1:9"]}
+    before = api.fingerprint()
+    result = await api.call("PUT", "/api/services/web", body, status=422)
+    assert result["errors"] == [{"field": "backend", "reason": "'static' is not configured"}]
+    assert api.fingerprint() == before
+
+
+@pytest.mark.parametrize(
+    ("data", "content_type"),
+    [("{not json", "application/json"), ("a: [b", "application/yaml"), (b"\xff\xfe", "")],
+)
+async def test_a_body_that_does_not_parse_is_400(api: Api, data: Any, content_type: str) -> None:
+    before = api.fingerprint()
+    headers = {**AUTH, "Content-Type": content_type} if content_type else AUTH
+    response = await api.client.put("/api/services/web", data=data, headers=headers)
+    assert response.status == 400
+    assert (await response.json())["error"] == "bad_request"
+    assert api.fingerprint() == before
+
+
+async def test_an_oversized_body_is_413(api: Api) -> None:
+    await serving(api)
+    before = api.fingerprint()
+    big = spec("web", 2)
+    big["replica"]["env"]["BIG"] = "x" * (2 * 1024 * 1024)
+    body = await api.call("PUT", "/api/services/web", big, status=413)
+    assert body["error"] == "payload_too_large"
+    assert body["message"] == "the body is larger than the 1048576 bytes accepted"
+    huge = {"replicas": 3, "x": "y" * 2**21}
+    await api.call("POST", "/api/services/web/scale", huge, status=413)
+    assert api.fingerprint() == before
+
+
+async def test_wrong_method_is_405_with_allow(api: Api) -> None:
+    response = await api.client.patch("/api/services/web", headers=AUTH, json={})
+    assert response.status == 405
+    body = await response.json()
+    assert body["error"] == "method_not_allowed"
+    assert {"GET", "PUT", "DELETE"} <= {m.strip() for m in response.headers["Allow"].split(",")}
+    response = await api.client.get("/api/services/web/scale", headers=AUTH)
+    assert response.status == 405
+    assert (await response.json())["error"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/api/services/nope"),
+        ("DELETE", "/api/services/nope"),
+        ("POST", "/api/services/nope/scale"),
+        ("POST", "/api/services/nope/rollout/pause"),
+        ("POST", "/api/services/nope/rollout/resume"),
+        ("POST", "/api/services/nope/rollout/abort"),
+        ("POST", "/api/services/nope/rollout/undo"),
+        ("GET", "/api/services/nope/revisions"),
+        ("GET", "/api/services/nope/rollouts"),
+        ("GET", "/api/services/nope/replicas/x/logs"),
+        ("POST", "/api/services/nope/upstreams/x/drain"),
+        ("POST", "/api/services/nope/upstreams/x/undrain"),
+        ("GET", "/api/services/web/replicas/nope/logs"),
+        ("POST", "/api/services/web/upstreams/nope/drain"),
+        ("POST", "/api/services/web/upstreams/nope/undrain"),
+        ("POST", "/api/services/web/rollout/sideways"),
+        ("GET", "/api/no-such-route"),
+    ],
+)
+async def test_unknown_things_are_404(api: Api, method: str, path: str) -> None:
+    await serving(api)
+    before = api.fingerprint()
+    body = await api.call(method, path, {"replicas": 1}, status=404)
+    assert body["error"] == "not_found"
+    assert body["message"]
+    assert api.fingerprint() == before
+
+
+async def test_dry_run_says_what_would_happen_and_changes_nothing(api: Api) -> None:
+    result = await api.call("PUT", "/api/services/web?dry_run=1", spec("web", 2))
+    assert (result["action"], result["revision"], result["dry_run"]) == ("created", 1, True)
+    assert api.h.controller.service_names() == []
+    assert api.h.store.services() == []
+
+    await serving(api)
+    before = api.fingerprint()
+    result = await api.call("PUT", "/api/services/web?dry_run=1", spec("web", 2, "v2"))
+    assert result == {
+        "action": "rollout",
+        "service": "web",
+        "revision": 2,
+        "previous_revision": 1,
+        "rollout_id": None,
+        "changes": ["replica.env"],
+        "dry_run": True,
+    }
+    result = await api.call("PUT", "/api/services/web?dry_run=true", spec("web", 5))
+    assert (result["action"], result["changes"]) == ("scaled", ["replicas"])
+    result = await api.call("PUT", "/api/services/web?dry_run=1", spec("web", 2))
+    assert result["action"] == "unchanged"
+    bad = await api.call("PUT", "/api/services/web?dry_run=1", spec("web", -2), status=422)
+    assert bad["errors"][0]["field"] == "replicas"
+    await api.h.settle()
+    assert api.fingerprint() == before
+    # And the real thing agrees with the dry run.
+    result = await api.call("PUT", "/api/services/web", spec("web", 2, "v2"))
+    assert (result["action"], result["revision"], result["rollout_id"]) == ("rollout", 2, 2)
+
+
+async def test_dry_run_of_a_recreated_service_continues_its_revision_numbers(api: Api) -> None:
+    await serving(api)
+    await api.call("PUT", "/api/services/web", spec("web", 2, "v2"))
+    await api.call("DELETE", "/api/services/web", status=202)
+    for _ in range(20):
+        if "web" not in api.h.controller.reconciler.services:
+            break
+        await api.h.advance(31)  # drains time out; the fake backend stops at once
+    assert "web" not in api.h.controller.service_names()
+    await api.call("GET", "/api/services/web", status=404)
+    planned = await api.call("PUT", "/api/services/web?dry_run=1", spec("web", 1))
+    applied = await api.call("PUT", "/api/services/web", spec("web", 1))
+    assert planned["revision"] == applied["revision"] == 3
+
+
+async def test_delete_drains_then_forgets(api: Api) -> None:
+    await serving(api)
+    lease = api.h.pool.service("web").lease()  # holds one drain open
+    assert lease is not None
+    with lease:
+        body = await api.call("DELETE", "/api/services/web", status=202)
+        assert body == {"service": "web", "status": "deleting"}
+        await api.h.settle()
+        view = await api.call("GET", "/api/services/web")
+        assert view["status"] == "deleting"
+        assert {r["state"] for r in view["replicas"]} == {"draining", "stopped"}
+        before = api.fingerprint()
+        conflict = await api.call("PUT", "/api/services/web", spec("web", 3), status=409)
+        assert conflict["error"] == "conflict"
+        assert "being deleted" in conflict["message"]
+        assert api.fingerprint() == before
+    await api.h.settle()
+    await api.call("GET", "/api/services/web", status=404)
+    assert (await api.call("GET", "/api/services"))["services"] == []
+
+
+async def test_scale(api: Api) -> None:
+    await serving(api)
+    result = await api.call("POST", "/api/services/web/scale", {"replicas": 3})
+    assert (result["action"], result["changes"]) == ("scaled", ["replicas"])
+    await api.h.settle()
+    assert api.h.state("web").desired.replicas == 3
+    assert len(api.h.backend.started) == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({"replicas": -1}, 422, "replicas"),
+        ({"replicas": "many"}, 422, "replicas"),
+        ({"replicas": 101}, 422, "replicas"),
+        ({"replicas": 2, "extra": 1}, 422, "extra"),
+        ({}, 422, "replicas"),
+        (None, 400, None),
+    ],
+)
+async def test_a_bad_scale_request_is_refused(
+    api: Api, body: Any, status: int, field: str | None
+) -> None:
+    await serving(api)
+    before = api.fingerprint()
+    result = await api.call("POST", "/api/services/web/scale", body, status=status)
+    if field is not None:
+        assert result["error"] == "invalid_request"
+        assert field in {e["field"] for e in result["errors"]}
+    assert api.fingerprint() == before
+
+
+# -- rollouts ---------------------------------------------------------------------------------
+
+
+async def test_pause_resume_abort_and_their_conflicts(api: Api) -> None:
+    await serving(api)
+    before = api.fingerprint()
+    for action in ("pause", "resume", "abort"):
+        body = await api.call("POST", f"/api/services/web/rollout/{action}", status=409)
+        assert body == {"error": "conflict", "message": "service 'web' has no rollout in progress"}
+    assert api.fingerprint() == before
+
+    await api.call("PUT", "/api/services/web", spec("web", 2, "v2"))
+    await api.h.settle()
+    paused = await api.call("POST", "/api/services/web/rollout/pause")
+    assert (paused["id"], paused["status"], paused["to_revision"]) == (2, "paused", 2)
+    assert paused["reason"] == "paused by request"
+    body = await api.call("POST", "/api/services/web/rollout/pause", status=409)
+    assert body["message"] == "rollout 2 is paused"
+    assert (await api.call("GET", "/api/services/web"))["status"] == "paused"
+
+    resumed = await api.call("POST", "/api/services/web/rollout/resume")
+    assert resumed["status"] == "progressing"
+    assert resumed["progress"][0]["revision"] == 2
+    assert {p["revision"] for p in resumed["progress"]} == {1, 2}
+
+    rollback = await api.call("POST", "/api/services/web/rollout/abort")
+    assert (rollback["kind"], rollback["from_revision"], rollback["to_revision"]) == (
+        "rollback",
+        2,
+        1,
+    )
+    history = await api.call("GET", "/api/services/web/rollouts")
+    assert [(r["id"], r["status"]) for r in history["rollouts"]] == [
+        (3, "progressing"),
+        (2, "aborted"),
+        (1, "complete"),
+    ]
+    assert history["rollouts"][1]["reason"] == "aborted by request"
+
+
+async def test_undo_to_the_previous_or_a_given_revision(api: Api) -> None:
+    await serving(api)
+    body = await api.call("POST", "/api/services/web/rollout/undo", status=409)
+    assert body["message"] == "service 'web' has no revision before 1"
+    await api.call("PUT", "/api/services/web", spec("web", 2, "v2"))
+    for _ in range(5):
+        await api.h.settle()
+        await api.h.pass_probes("web", revision=2)
+    assert api.h.state("web").observed.serving_revision == 2
+    body = await api.call("POST", "/api/services/web/rollout/undo", {"revision": 9}, status=404)
+    assert body["message"] == "service 'web' has no revision 9"
+    body = await api.call("POST", "/api/services/web/rollout/undo", {"revision": 0}, status=422)
+    assert body["errors"][0]["field"] == "revision"
+    undo = await api.call("POST", "/api/services/web/rollout/undo")
+    assert (undo["kind"], undo["from_revision"], undo["to_revision"]) == ("undo", 2, 1)
+    again = await api.call("POST", "/api/services/web/rollout/undo", {"revision": 2})
+    assert again["to_revision"] == 2
+
+
+async def test_revisions_and_rollout_history(api: Api) -> None:
+    await serving(api)
+    await api.call("PUT", "/api/services/web", spec("web", 2, "v2"))
+    revisions = await api.call("GET", "/api/services/web/revisions")
+    assert revisions["service"] == "web"
+    assert [(r["number"], r["serving"], r["target"]) for r in revisions["revisions"]] == [
+        (1, True, False),
+        (2, False, True),
+    ]
+    assert revisions["revisions"][1]["spec"]["replica"]["env"] == {"VERSION": "v2"}
+    rollouts = await api.call("GET", "/api/services/web/rollouts?limit=1")
+    assert [r["id"] for r in rollouts["rollouts"]] == [2]
+    body = await api.call("GET", "/api/services/web/rollouts?limit=0", status=422)
+    assert body["errors"] == [{"field": "limit", "reason": "must be from 1 to 1000"}]
+
+
+async def test_a_failed_rollout_shows_its_reason(api: Api) -> None:
+    await serving(api, rollout={"retries": 0})
+    api.h.backend.exit_on_start(3)
+    await api.call("PUT", "/api/services/web", spec("web", 2, "v2", rollout={"retries": 0}))
+    await api.h.settle()
+    history = await api.call("GET", "/api/services/web/rollouts")
+    failed = next(r for r in history["rollouts"] if r["id"] == 2)
+    assert failed["status"] == "failed"
+    assert failed["reason"] == "replica exited with code 3 (after 1 failures)"
+    assert failed["finished_at"] is not None
+    view = await api.call("GET", "/api/services/web")
+    assert (view["serving_revision"], view["target_revision"], view["ready"]) == (1, 1, 2)
+    failures = [r for r in view["replicas"] if r["state"] == "failed"]
+    assert [(r["revision"], r["exit_code"], r["failure"]) for r in failures] == [
+        (2, 3, "replica exited with code 3")
+    ]
+
+
+# -- replicas and upstreams -------------------------------------------------------------------
+
+
+async def test_replica_logs(api: Api) -> None:
+    await serving(api)
+    replica = api.h.replicas("web")[0]
+    api.h.backend.set_logs(replica.id, [f"line {i}" for i in range(10)])
+    body = await api.call("GET", f"/api/services/web/replicas/{replica.id}/logs?tail=3")
+    assert body == {
+        "service": "web",
+        "replica": replica.id,
+        "lines": ["line 7", "line 8", "line 9"],
+    }
+    body = await api.call("GET", f"/api/services/web/replicas/{replica.id}/logs")
+    assert len(body["lines"]) == 10
+    for tail in ("0", "x", "100001"):
+        path = f"/api/services/web/replicas/{replica.id}/logs?tail={tail}"
+        body = await api.call("GET", path, status=422)
+        assert body["errors"][0]["field"] == "tail"
+
+
+async def test_drain_and_undrain_an_upstream(api: Api) -> None:
+    await serving(api)
+    replica = api.h.replicas("web")[0]
+    drained = await api.call("POST", f"/api/services/web/upstreams/{replica.id}/drain")
+    assert (drained["id"], drained["state"], drained["admin"]) == (
+        replica.id,
+        "draining",
+        "draining",
+    )
+    assert replica.id not in {u.id for u in api.h.pool.service("web").snapshot.routable}
+    undrained = await api.call("POST", f"/api/services/web/upstreams/{replica.id}/undrain")
+    assert (undrained["state"], undrained["admin"]) == ("healthy", "active")
+    assert replica.id in {u.id for u in api.h.pool.service("web").snapshot.routable}
+
+
+async def test_undrain_of_a_replica_the_controller_is_stopping_is_409(api: Api) -> None:
+    await serving(api)
+    pool = api.h.pool.service("web")
+    first, second = pool.lease(), pool.lease()  # hold the drain open, whichever it takes
+    assert first is not None
+    assert second is not None
+    with first, second:
+        await api.call("POST", "/api/services/web/scale", {"replicas": 1})
+        await api.h.settle()
+        leaving = api.h.replicas("web", ReplicaState.DRAINING)
+        assert len(leaving) == 1
+        before = api.fingerprint()
+        path = f"/api/services/web/upstreams/{leaving[0].id}/undrain"
+        body = await api.call("POST", path, status=409)
+        assert body["error"] == "conflict"
+        assert api.fingerprint() == before
+
+
+async def test_an_unhealthy_replica_shows_in_the_view(api: Api) -> None:
+    await serving(api)
+    replica = api.h.replicas("web")[0]
+    api.h.pool.set_health("web", replica.id, Health.UNHEALTHY, "probe failed")
+    await api.h.settle()
+    view = await api.call("GET", "/api/services/web")
+    states = {r["id"]: (r["state"], r["health"]) for r in view["replicas"]}
+    assert states[replica.id] == ("unhealthy", "unhealthy")
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+async def read_events(response: Any, until: str) -> list[dict[str, Any]]:
+    """Events of a stream as {id, event, data} up to one of kind ``until``; comments skipped."""
+    events: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    while not events or events[-1]["event"] != until:
+        line = (await asyncio.wait_for(response.content.readline(), 5)).decode().rstrip("\n")
+        if not line:
+            if current:
+                events.append(current)
+                current = {}
+        elif not line.startswith(":"):
+            key, _, value = line.partition(": ")
+            current[key] = json.loads(value) if key == "data" else value
+    return events
+
+
+async def test_events_stream_the_transitions_of_one_service(api: Api) -> None:
+    response = await api.client.get("/api/events?service=web", headers=AUTH)
+    assert response.status == 200
+    assert response.content_type == "text/event-stream"
+    assert await response.content.readline() == b": watching\n"
+    await api.call("PUT", "/api/services/api", spec("api", 1))
+    await api.call("PUT", "/api/services/web", spec("web", 1))
+    await api.h.settle()
+    await api.h.pass_probes("web")
+    events = await read_events(response, until="rollout_complete")
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "service_created"
+    assert kinds.index("replica_started") < kinds.index("replica_ready")
+    assert {e["data"]["service"] for e in events} == {"web"}
+    assert all(e["id"] == str(e["data"]["id"]) for e in events)
+    assert all(e["event"] == e["data"]["kind"] for e in events)
+    response.close()
+
+
+async def test_events_send_keepalives_and_end_when_the_client_goes(api: Api) -> None:
+    journal = api.h.controller.journal
+    response = await api.client.get("/api/events", headers=AUTH)
+    assert await response.content.readline() == b": watching\n"
+    assert await response.content.readline() == b"\n"
+    assert await asyncio.wait_for(response.content.readline(), 5) == b": keepalive\n"
+    assert len(journal._watchers) == 1
+    response.close()
+    for _ in range(100):  # the handler is cancelled on the server's next turn
+        if not journal._watchers:
+            break
+        await asyncio.sleep(0.01)
+    assert not journal._watchers
+
+
+async def test_events_end_when_the_admin_app_shuts_down(
+    h: Harness, aiohttp_client: ClientFactory
+) -> None:
+    app = build_admin_app(h.controller, lambda: True, TOKEN, sse_keepalive=30)
+    client = await aiohttp_client(app)
+    response = await client.get("/api/events", headers=AUTH)
+    assert await response.content.readline() == b": watching\n"
+    await app.shutdown()
+    assert await asyncio.wait_for(response.content.read(), 5) == b"\n"
+    assert not h.controller.journal._watchers
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+async def test_an_unavailable_store_is_503_with_the_reason(api: Api) -> None:
+    await serving(api)
+    api.h.store.close()
+    body = await api.call("GET", "/api/services/web/revisions", status=503)
+    assert body["error"] == "store_unavailable"
+    assert body["message"] == "the store is closed"
+    assert body["reason"] == "closed"
+    body = await api.call("PUT", "/api/services/web", spec("web", 2, "v2"), status=503)
+    assert body["error"] == "store_unavailable"
+    assert api.h.state("web").desired.revision == 1
+    response = await api.client.get("/api/services/web/rollouts", headers=AUTH)
+    assert response.headers["Retry-After"] == "1"
+
+
+async def test_an_unexpected_error_is_a_bare_500(
+    api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def boom() -> list[str]:
+        raise RuntimeError("internal detail /etc/secret")
+
+    monkeypatch.setattr(api.h.controller, "service_names", boom)
+    with caplog.at_level(logging.ERROR):
+        body = await api.call("GET", "/api/services", status=500)
+    assert body == {"error": "internal_error", "message": "internal error (see the gateway log)"}
+    assert "internal detail" in caplog.text  # for the operator, not for the client

@@ -1,0 +1,378 @@
+"""The ``gateway`` CLI against a real gateway run in-process, with real replica processes.
+
+The gateway runs ``python -m http.server`` replicas on loopback, probed every 50 ms, so a
+rollout takes a fraction of a second; the CLI's commands are awaited on the same loop (the
+console script wraps the same coroutine in ``asyncio.run``). One test runs the console
+script itself as a process, to see its exit code and its one-line errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import random
+import socket
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller import cli
+from controller.config import load_config
+from controller.main import Gateway, build_parser, cli_main, run_gateway
+from controller.model import ReplicaState
+
+TOKEN = "cli-test-token"
+SERVER = f"exec {sys.executable} -m http.server $PORT --bind 127.0.0.1"
+
+
+@dataclass
+class Running:
+    gateway: Gateway
+    url: str
+    tmp: Path
+
+    @property
+    def controller(self) -> Any:
+        return self.gateway.controller
+
+    async def gw(self, *argv: str, token: str | None = TOKEN) -> tuple[int, str, str]:
+        """Run one CLI command; returns (exit code, stdout, stderr)."""
+        extra = ["--admin", self.url] + (["--token", token] if token is not None else [])
+        args = build_parser().parse_args([*argv, *extra])
+        out, err = io.StringIO(), io.StringIO()
+        code = await cli.run_command(args.client_command, args, out, err)
+        return code, out.getvalue(), err.getvalue()
+
+    def spec_file(self, version: str, replicas: int = 2, **changes: Any) -> str:
+        site = self.tmp / "sites" / version
+        site.mkdir(parents=True, exist_ok=True)
+        (site / "index.html").write_text(version)
+        data: dict[str, Any] = {
+            "name": "web",
+            "route": {"path_prefix": "/web"},
+            "replicas": replicas,
+            "replica": {"commands": [SERVER], "working_dir": str(site), "env": {"V": version}},
+            "probes": [
+                {"type": "http", "path": "/", "interval": "50ms", "timeout": "500ms",
+                 "healthy_threshold": 1, "unhealthy_threshold": 2}
+            ],
+            "rollout": {"retries": 0, "retry_backoff": "100ms", "max_retry_backoff": "200ms",
+                        "start_timeout": 10, "drain_timeout": 1, "stop_grace": 1},
+        }  # fmt: skip
+        for key, value in changes.items():
+            data[key] = value
+        path = self.tmp / f"web-{version}-{replicas}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return str(path)
+
+
+@pytest.fixture
+async def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Running]:
+    monkeypatch.delenv(cli.URL_ENV, raising=False)
+    monkeypatch.delenv(cli.TOKEN_ENV, raising=False)
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    base = 24000 + random.randrange(40) * 25
+    config = {
+        "listen": "127.0.0.1:0",
+        "admin": {
+            "listen": "127.0.0.1:0",
+            "token_env": None,
+            "token_file": str(tmp_path / "token"),
+        },
+        "state_dir": "state",
+        "backends": {"process": {"capacity": 8, "port_range": f"{base}-{base + 24}"}},
+        "proxy": {"shutdown_timeout": 2},
+        "access_log": {"enabled": False},
+        "replicas_on_exit": "stop",
+    }
+    path = tmp_path / "gateway.json"
+    path.write_text(json.dumps(config))
+    loaded = load_config(path)
+    stop = asyncio.Event()
+    started: asyncio.Future[Gateway] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(run_gateway(loaded, stop, started=started.set_result))
+    waiting: set[asyncio.Future[Any]] = {task, started}
+    done, _ = await asyncio.wait(waiting, timeout=10, return_when="FIRST_COMPLETED")
+    if started not in done:
+        stop.set()
+        await task
+        raise AssertionError("the gateway did not start")
+    gateway = started.result()
+    try:
+        yield Running(gateway, f"http://127.0.0.1:{gateway.admin.port}", tmp_path)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+# -- finding the admin API --------------------------------------------------------------------
+
+
+def args_of(*argv: str) -> Any:
+    return build_parser().parse_args(["status", *argv])
+
+
+def test_flags_then_environment_then_config_then_default(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("from-file\n")
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        f"admin: {{listen: '0.0.0.0:18081', token_env: null, token_file: {tmp_path / 'token'}}}\n"
+    )
+    env = {"GATEWAY_ADMIN_URL": "http://env:1", "GATEWAY_ADMIN_TOKEN": "from-env"}
+    assert cli.resolve_target(args_of(), {}) == cli.Target("http://127.0.0.1:8081", None)
+    assert cli.resolve_target(args_of(), env) == cli.Target("http://env:1", "from-env")
+    flags = args_of("--admin", "http://flag:2/", "--token", "from-flag", "-c", str(config))
+    assert cli.resolve_target(flags, env) == cli.Target("http://flag:2", "from-flag")
+    from_config = cli.resolve_target(args_of("-c", str(config)), {})
+    assert from_config == cli.Target("http://127.0.0.1:18081", "from-file")
+    mixed = cli.resolve_target(args_of("-c", str(config)), {"GATEWAY_ADMIN_URL": "http://env:1"})
+    assert mixed == cli.Target("http://env:1", "from-file")
+
+
+@pytest.mark.parametrize("url", ["notaurl", "http://", "ftp://host:1"])
+def test_an_admin_url_that_is_not_one_is_refused(url: str) -> None:
+    with pytest.raises(cli.CliError, match="not an admin API URL") as caught:
+        cli.resolve_target(args_of("--admin", url), {})
+    assert caught.value.code == 2
+
+
+def test_serve_refuses_a_non_loopback_admin_listener_without_a_token(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("admin: {listen: '0.0.0.0:0', token_env: null}\nstate_dir: state\n")
+    assert cli_main(["serve", "-c", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gateway: admin.listen 0.0.0.0:0 is not a loopback address")
+    assert err.count("\n") == 1
+    assert not (tmp_path / "state").exists()  # refused before anything started
+
+
+def test_admin_urls_from_listen_addresses() -> None:
+    assert cli.admin_url("127.0.0.1:8081") == "http://127.0.0.1:8081"
+    assert cli.admin_url("0.0.0.0:9") == "http://127.0.0.1:9"
+    assert cli.admin_url("[::]:9") == "http://[::1]:9"
+    assert cli.admin_url("[::1]:9") == "http://[::1]:9"
+    with pytest.raises(cli.CliError, match="no fixed port"):
+        cli.admin_url("127.0.0.1:0")
+
+
+async def test_a_bad_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("admin: {listen: nowhere}\n")
+    args = build_parser().parse_args(["status", "-c", str(config)])
+    out, err = io.StringIO(), io.StringIO()
+    assert await cli.run_command(args.client_command, args, out, err) == 2
+    assert err.getvalue().count("\n") == 1
+    assert "admin.listen" in err.getvalue()
+
+
+async def run_script(*argv: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "controller.main", *argv,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_the_console_script_gives_one_line_errors(running: Running) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    code, out, err = await run_script("status", "--admin", url, "--token", TOKEN)
+    assert code == 2
+    assert out == ""
+    assert err.startswith(f"gateway: cannot reach the gateway at {url}")
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+
+    code, out, err = await run_script("status", "--admin", running.url, "--token", "wrong")
+    assert (code, out) == (2, "")
+    assert err == f"gateway: the gateway at {running.url} refused the token\n"
+
+
+# -- against a running gateway ----------------------------------------------------------------
+
+
+async def test_apply_follows_rollouts_and_status_shows_them(running: Running) -> None:
+    code, out, err = await running.gw("status")
+    assert (code, out, err) == (0, "no services\n", "")
+
+    code, out, err = await running.gw("apply", "-f", running.spec_file("v1"))
+    assert (code, err) == (0, ""), out
+    lines = out.splitlines()
+    assert lines[0] == "web: created at revision 1; rollout 1 started"
+    assert lines[-1] == "rollout 1 complete: revision 1 serving"
+    assert any("r1 1/2 ready" in line or "r1 0/2 ready" in line for line in lines[1:-1])
+
+    code, out, _ = await running.gw("status")
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split() == ["NAME", "REVISION", "READY", "STATUS", "ROLLOUT"]
+    assert row.split() == ["web", "1", "2/2", "ready", "-"]
+
+    code, out, _ = await running.gw("status", "web")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "web: ready, revision 1, 2/2 ready"
+    assert lines[1].split()[:5] == ["REPLICA", "REVISION", "STATE", "HEALTH", "IN-FLIGHT"]
+    assert [line.split()[1:5] for line in lines[2:]] == [["1", "ready", "healthy", "0"]] * 2
+
+    spec_v2 = running.spec_file("v2")
+    code, out, _ = await running.gw("apply", "-f", spec_v2, "--dry-run")
+    assert code == 0
+    assert out == "(dry run) web: revision 1 -> 2: replica.env, replica.working_dir\n"
+    assert running.controller.state("web").desired.revision == 1
+
+    code, out, _ = await running.gw("apply", "-f", spec_v2)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "web: revision 1 -> 2: replica.env, replica.working_dir; rollout 2 started"
+    assert lines[1].startswith("rollout 2: revision 1 -> 2, progressing: r2 0/2 ready, r1 2 ready")
+    assert lines[-1] == "rollout 2 complete: revision 2 serving"
+
+    code, out, _ = await running.gw("apply", "-f", spec_v2)
+    assert (code, out) == (0, "web: unchanged (revision 2)\n")
+
+    code, out, _ = await running.gw("rollout", "status", "web")
+    assert out == "web: no rollout in progress; last: rollout 2 to revision 2 complete\n"
+    code, out, _ = await running.gw("rollout", "history", "web")
+    rows = [line.split()[:5] for line in out.splitlines()]
+    assert rows == [
+        ["ID", "KIND", "FROM", "TO", "STATUS"],
+        ["2", "rollout", "1", "2", "complete"],
+        ["1", "rollout", "-", "1", "complete"],
+    ]
+
+    code, out, _ = await running.gw("status", "web", "--json")
+    view = json.loads(out)
+    assert (view["name"], view["serving_revision"], view["ready"]) == ("web", 2, 2)
+    code, out, _ = await running.gw("rollout", "history", "web", "--json")
+    assert [r["status"] for r in json.loads(out)["rollouts"]] == ["complete", "complete"]
+
+
+async def test_rollout_control(running: Running) -> None:
+    code, out, _ = await running.gw("apply", "-f", running.spec_file("v1"))
+    assert code == 0, out
+    code, out, _ = await running.gw("apply", "-f", running.spec_file("v2"))
+    assert code == 0, out
+    # Revision 3 never passes its probe (http.server answers 404): its rollout stays open.
+    probe = {"type": "http", "path": "/missing", "interval": "50ms", "healthy_threshold": 1}
+    stuck = running.spec_file("v3", probes=[probe])
+    code, out, _ = await running.gw("apply", "-f", stuck, "--no-wait")
+    assert (code, out) == (0, "web: revision 2 -> 3: replica.env, replica.working_dir, probes; "
+                              "rollout 3 started\n")  # fmt: skip
+
+    code, out, _ = await running.gw("rollout", "pause", "web")
+    assert (code, out.splitlines()[0].split(", ")[1]) == (0, "paused: r3 0/2 ready")
+    code, out, _ = await running.gw("rollout", "status", "web")
+    assert out.startswith("rollout 3: revision 2 -> 3, paused: r3 0/2 ready, r2 2 ready")
+    assert out.endswith("(paused by request)\n")
+    code, out, _ = await running.gw("status")
+    assert out.splitlines()[1].split() == ["web", "2", "->", "3", "2/2", "paused", "3", "paused"]
+    code, out, err = await running.gw("rollout", "pause", "web")
+    assert (code, out, err) == (1, "", "gateway: rollout 3 is paused\n")
+    code, out, _ = await running.gw("rollout", "resume", "web")
+    assert (code, out.startswith("web: rollout 3: revision 2 -> 3, progressing")) == (0, True)
+
+    code, out, _ = await running.gw("rollout", "abort", "web")
+    assert (code, out.startswith("web: aborted; rollback 4: revision 3 -> 2")) == (0, True)
+    code, out, _ = await running.gw("rollout", "undo", "web", "--to-revision", "1")
+    assert (code, out.startswith("web: undo 5: revision 2 -> 1, progressing")) == (0, True)
+    code, out, _ = await running.gw("rollout", "history", "web")
+    rows = [line.split()[:5] for line in out.splitlines()[1:]]
+    assert [r[0] for r in rows] == ["5", "4", "3", "2", "1"]
+    assert rows[2] == ["3", "rollout", "2", "3", "aborted"]
+    assert rows[0][:4] == ["5", "undo", "2", "1"]
+
+
+async def test_a_failed_rollout_exits_non_zero_with_the_reason(running: Running) -> None:
+    code, out, _ = await running.gw("apply", "-f", running.spec_file("v1"))
+    assert code == 0, out
+    broken = running.spec_file("v2", replica={"commands": ["exit 3"], "env": {"V": "broken"}})
+    code, out, err = await running.gw("apply", "-f", broken)
+    assert code == 1, out
+    assert err == ""
+    lines = out.splitlines()
+    changes = "replica.commands, replica.env, replica.working_dir"
+    assert lines[0] == f"web: revision 1 -> 2: {changes}; rollout 2 started"
+    assert "rollout 2 failed: replica exited with code 3 (after 1 failures)" in lines
+    assert lines[-1] in ("revision 1 serving", "rolling back to revision 1 (rollback 3)")
+    state = running.controller.state("web")
+    assert state.observed.serving_revision == 1
+    assert sum(1 for r in state.observed.replicas if r.state is ReplicaState.READY) == 2
+
+    code, out, _ = await running.gw("apply", "-f", broken, "--json", "--no-wait")
+    assert code == 0
+    result = json.loads(out)
+    assert (result["result"]["action"], result["rollout"]) == ("rollout", None)
+
+
+async def test_scale_logs_drain_and_undrain(running: Running) -> None:
+    code, out, _ = await running.gw("apply", "-f", running.spec_file("v1", replicas=1))
+    assert code == 0, out
+    code, out, _ = await running.gw("apply", "-f", running.spec_file("v1", replicas=2))
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "web: scale 1 -> 2 replicas (revision 1)"
+    assert lines[-1] == "web: 2/2 ready"
+
+    code, out, _ = await running.gw("scale", "web", "3")
+    assert (code, out) == (0, "web: scale 2 -> 3 replicas (revision 1)\n")
+
+    replica = next(
+        r.id for r in running.controller.state("web").observed.replicas
+        if r.state is ReplicaState.READY
+    )  # fmt: skip
+    code, out, _ = await running.gw("logs", "web", "--replica", replica, "--tail", "2")
+    assert code == 0
+    assert 1 <= len(out.splitlines()) <= 2
+    assert "GET / HTTP/1.1" in out  # http.server logs each probe
+    code, out, _ = await running.gw("logs", "web", "--tail", "1")
+    assert code == 0
+    assert all(line.startswith("[web-1-") for line in out.splitlines())
+
+    code, out, _ = await running.gw("drain", "web", replica)
+    assert code == 0
+    assert out.startswith(f"web: upstream {replica} (127.0.0.1:")
+    assert "draining" in out
+    code, out, _ = await running.gw("undrain", "web", replica, "--json")
+    assert json.loads(out)["admin"] == "active"
+
+
+async def test_refusals_are_one_line_errors(running: Running) -> None:
+    code, out, err = await running.gw("status", "nope")
+    assert (code, out, err) == (1, "", "gateway: no service 'nope'\n")
+    code, out, err = await running.gw("status", token=None)
+    assert (code, out) == (2, "")
+    assert err == (
+        f"gateway: the gateway at {running.url} refused the token "
+        "(no token given: --token or $GATEWAY_ADMIN_TOKEN)\n"
+    )
+    bad = running.tmp / "bad.yaml"
+    bad.write_text("name: web\nroute: {path_prefix: 5}\nreplicas: -1\nreplica: {commands: [x]}\n")
+    code, out, err = await running.gw("apply", "-f", str(bad))
+    assert (code, out) == (1, "")
+    assert err.startswith("gateway: invalid spec: ")
+    assert "replicas:" in err
+    assert "route.path_prefix:" in err
+    assert err.count("\n") == 1
+    assert running.controller.service_names() == []
+    missing = running.tmp / "missing.yaml"
+    code, _, err = await running.gw("apply", "-f", str(missing))
+    assert code == 2
+    assert err.startswith("gateway: ")
+    assert err.count("\n") == 1
