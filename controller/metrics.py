@@ -1,0 +1,179 @@
+"""Prometheus metrics of the control plane: services, their replicas and their rollouts.
+
+``ControllerMetrics`` is a custom collector: at every scrape it reads the reconciler's
+services as they are, so a deleted service's series are gone by construction. Rollout ends
+(``Executor.rollout_listeners``) are counted in plain dicts, emitted the same way and
+forgotten with their service.
+
+    gateway_service_replicas{service,revision,state}   replicas not yet stopped or failed
+    gateway_service_desired_replicas{service}
+    gateway_service_degraded{service}                  1 while the service reports degraded
+    gateway_rollout_in_progress{service}               1 while a rollout is progressing or paused
+    gateway_rollouts_total{service,outcome}            complete, failed, aborted, rolled_back
+    gateway_rollout_duration_seconds{service}          histogram, from start to end
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from .model import LEAVING, LIVE, ReplicaState
+from .operations import Controller
+from .reconciler import Reconciler
+
+REPLICA_STATES: tuple[ReplicaState, ...] = tuple(s for s in ReplicaState if s in LIVE | LEAVING)
+"""The states ``gateway_service_replicas`` reports (each as 0 when no replica is in it).
+
+Stopped and failed replicas are left out: the controller keeps only the latest few of them,
+so a count would say nothing."""
+
+OUTCOMES = ("complete", "failed", "aborted", "rolled_back")
+ROLLOUT_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+
+
+class _Durations:
+    """One service's rollout durations, as a histogram's cumulative counts are built from."""
+
+    __slots__ = ("buckets", "count", "sum")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * len(ROLLOUT_BUCKETS)  # not cumulative; +Inf is ``count``
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        i = bisect.bisect_left(ROLLOUT_BUCKETS, seconds)
+        if i < len(self.buckets):
+            self.buckets[i] += 1
+        self.count += 1
+        self.sum += seconds
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        total = 0
+        for bound, n in zip(ROLLOUT_BUCKETS, self.buckets, strict=True):
+            total += n
+            out.append((_le(bound), total))
+        out.append(("+Inf", self.count))
+        return out
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class ControllerMetrics(Collector):
+    """The service and rollout metrics of ``reconciler``'s services, read at scrape time."""
+
+    def __init__(self, reconciler: Reconciler) -> None:
+        self._reconciler = reconciler
+        self._rollouts: dict[tuple[str, str], int] = {}
+        self._durations: dict[str, _Durations] = {}
+
+    def on_rollout(self, service: str, outcome: str, duration: float) -> None:
+        """A ``RolloutListener``: a rollout of ``service`` ended with ``outcome``."""
+        key = (service, outcome)
+        self._rollouts[key] = self._rollouts.get(key, 0) + 1
+        durations = self._durations.get(service)
+        if durations is None:
+            durations = self._durations[service] = _Durations()
+        durations.observe(max(0.0, duration))
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        replicas, desired, degraded, in_progress, rollouts, durations = self._families()
+        services = {
+            name: state
+            for name, state in list(self._reconciler.services.items())
+            if not state.forgotten
+        }
+        for name, state in services.items():
+            counts: dict[tuple[int, str], int] = {}
+            revisions = {state.desired.revision}
+            for replica in state.observed.replicas:
+                if replica.state in REPLICA_STATES:
+                    revisions.add(replica.revision)
+                    key = (replica.revision, replica.state.value)
+                    counts[key] = counts.get(key, 0) + 1
+            for revision in sorted(revisions):
+                for s in REPLICA_STATES:
+                    replicas.add_metric(
+                        (name, str(revision), s.value), counts.get((revision, s.value), 0)
+                    )
+            desired.add_metric((name,), state.desired.replicas)
+            degraded.add_metric((name,), 1 if state.observed.degraded else 0)
+            rollout = state.observed.rollout
+            in_progress.add_metric((name,), 1 if rollout is not None and rollout.active else 0)
+            for outcome in OUTCOMES:
+                rollouts.add_metric((name, outcome), self._rollouts.get((name, outcome), 0))
+            d = self._durations.get(name) or _Durations()
+            durations.add_metric((name,), d.cumulative(), d.sum)
+        # Forget the rollouts of services that are gone (their series went with them).
+        for ended in [k for k in self._rollouts if k[0] not in services]:
+            del self._rollouts[ended]
+        for gone in [s for s in self._durations if s not in services]:
+            del self._durations[gone]
+        yield from (replicas, desired, degraded, in_progress, rollouts)
+        yield durations
+
+    @staticmethod
+    def _families() -> tuple[
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        CounterMetricFamily,
+        HistogramMetricFamily,
+    ]:
+        return (
+            GaugeMetricFamily(
+                "gateway_service_replicas",
+                "Replicas of the service by revision and state (stopped and failed left out).",
+                labels=("service", "revision", "state"),
+            ),
+            GaugeMetricFamily(
+                "gateway_service_desired_replicas",
+                "The replica count the service's spec asks for.",
+                labels=("service",),
+            ),
+            GaugeMetricFamily(
+                "gateway_service_degraded",
+                "1 while the service is degraded (fewer ready replicas than desired), else 0.",
+                labels=("service",),
+            ),
+            GaugeMetricFamily(
+                "gateway_rollout_in_progress",
+                "1 while a rollout of the service is progressing or paused, else 0.",
+                labels=("service",),
+            ),
+            CounterMetricFamily(
+                "gateway_rollouts",
+                "Rollouts ended, by outcome (complete, failed, aborted, rolled_back).",
+                labels=("service", "outcome"),
+            ),
+            HistogramMetricFamily(
+                "gateway_rollout_duration_seconds",
+                "Time from a rollout's start to its end, whatever the outcome.",
+                labels=("service",),
+            ),
+        )
+
+
+def register(registry: CollectorRegistry, controller: Controller) -> ControllerMetrics:
+    """Register the controller's metrics on ``registry`` and hear its rollouts end."""
+    metrics = ControllerMetrics(controller.reconciler)
+    registry.register(metrics)
+    controller.executor.rollout_listeners.append(metrics.on_rollout)
+    return metrics

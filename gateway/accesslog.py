@@ -1,0 +1,214 @@
+"""The access log: one line per request, plain or JSON, written off the event loop.
+
+``AccessLog`` is a ``RequestObserver``. ``on_request`` only stamps the record with the wall
+clock and puts it on a bounded queue; a writer thread formats the lines and writes them,
+flushing whenever the queue runs empty. So the event loop never waits on the disk: when the
+writer falls behind and the queue is full, the record is dropped and counted (``dropped``),
+never waited for.
+
+A line holds: time (the end of the request, UTC), request id, service, revision, upstream,
+method, path, status, duration, bytes in and out, retries (and the error, if any). The path
+is percent-encoded in plain lines and JSON-escaped in JSON lines, so a request can never
+forge a line of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import IO, Literal, TypeAlias
+from urllib.parse import quote
+
+from prometheus_client import CollectorRegistry, Counter
+
+from .events import RequestRecord
+
+log = logging.getLogger(__name__)
+
+Format: TypeAlias = Literal["plain", "json"]
+FORMATS: tuple[Format, ...] = ("plain", "json")
+QUEUE_SIZE = 8192
+"""Records held for the writer before new ones are dropped."""
+_BATCH = 512
+_STOP = None
+_Item: TypeAlias = "tuple[float, RequestRecord] | None"
+
+
+def _stamp(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def fields(at: float, r: RequestRecord) -> dict[str, object]:
+    """A record as the JSON line's object (the names the plain line uses too)."""
+    return {
+        "time": _stamp(at),
+        "request_id": r.request_id,
+        "service": r.service,
+        "revision": r.revision,
+        "upstream": r.upstream_id,
+        "method": r.method,
+        "path": r.path,
+        "status": r.status,
+        "duration_ms": round(r.duration * 1000, 3),
+        "bytes_in": r.bytes_in,
+        "bytes_out": r.bytes_out,
+        "retries": r.retries,
+        "error": r.error,
+    }
+
+
+def format_json(at: float, r: RequestRecord) -> str:
+    return json.dumps(fields(at, r), separators=(",", ":"))
+
+
+def format_plain(at: float, r: RequestRecord) -> str:
+    revision = "-" if r.revision is None else r.revision
+    return (
+        f"{_stamp(at)} {r.request_id} {r.service or '-'} {revision} {r.upstream_id or '-'} "
+        f'"{r.method} {quote(r.path, safe="/:@!$&()*+,;=-._~")}" {r.status} '
+        f"{r.duration * 1000:.1f}ms in={r.bytes_in} out={r.bytes_out} retries={r.retries}"
+        f" error={r.error or '-'}"
+    )
+
+
+FORMATTERS: dict[str, Callable[[float, RequestRecord], str]] = {
+    "plain": format_plain,
+    "json": format_json,
+}
+
+
+class AccessLog:
+    """Writes request lines to ``path`` (appended) or to ``stream`` (default: stdout).
+
+    ``start()`` starts the writer thread; ``await stop()`` writes what is queued and ends it.
+    Records that arrive before ``start`` wait in the queue (up to ``queue_size``).
+    """
+
+    def __init__(
+        self,
+        format: str = "plain",
+        path: str | None = None,
+        *,
+        stream: IO[str] | None = None,
+        queue_size: int = QUEUE_SIZE,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if format not in FORMATTERS:
+            raise ValueError(f"access log format must be one of {FORMATS}, not {format!r}")
+        self.format = format
+        self.path = path
+        self._format = FORMATTERS[format]
+        self._stream = stream
+        self._clock = clock
+        # A SimpleQueue (C, lock-free put) bounded by its size: a fraction of the cost of a
+        # ``queue.Queue(maxsize)`` put, which takes a lock and notifies a condition.
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._limit = queue_size
+        self._thread: threading.Thread | None = None
+        self.written = 0
+        """Lines written (by the writer thread)."""
+        self.dropped = 0
+        """Records dropped because the queue was full (counted on the event loop)."""
+        self.lost = 0
+        """Records lost to a write error (counted by the writer thread)."""
+        self._dropped_metric = (
+            Counter(
+                "gateway_access_log_dropped",
+                "Access log lines dropped because the writer fell behind or could not write.",
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
+
+    # -- the hot path -------------------------------------------------------------------------
+
+    def on_request(self, record: RequestRecord) -> None:
+        if self._queue.qsize() < self._limit:
+            self._queue.put((self._clock(), record))
+        else:
+            self._drop(1)
+
+    def _drop(self, n: int) -> None:
+        self.dropped += n
+        if self._dropped_metric is not None:
+            self._dropped_metric.inc(n)
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        out, close = self._stream, False
+        if out is None and self.path:
+            # Opened here, once, before traffic: the only blocking open of the log.
+            out, close = open(self.path, "a", encoding="utf-8"), True
+        elif out is None:
+            out = sys.stdout
+        self._thread = threading.Thread(
+            target=self._write_loop, args=(out, close), name="access-log", daemon=True
+        )
+        self._thread.start()
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Write what is queued (for up to ``grace`` seconds) and end the writer."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            # In a thread: waiting for the writer must not block the event loop, even here.
+            await asyncio.to_thread(self._finish, thread, grace)
+
+    def _finish(self, thread: threading.Thread, timeout: float) -> None:
+        self._queue.put(_STOP)  # never blocks (the bound is the hot path's)
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning(
+                "access log: writer did not finish within %gs; %d lines not written",
+                timeout,
+                self._queue.qsize(),
+            )
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def _write_loop(self, out: IO[str], close: bool) -> None:
+        failing = False
+        try:
+            while True:
+                items = [self._queue.get()]
+                while len(items) < _BATCH:
+                    try:
+                        items.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                records = [item for item in items if item is not None]
+                try:
+                    out.write("".join(self._format(*item) + "\n" for item in records))
+                    out.flush()
+                    self.written += len(records)
+                    failing = False
+                except Exception:
+                    # Logged once per streak of failures: a full disk must not flood the log.
+                    if not failing:
+                        log.exception("access log: write failed; lines are being lost")
+                    failing = True
+                    self.lost += len(records)
+                    if self._dropped_metric is not None:
+                        self._dropped_metric.inc(len(records))
+                if len(records) < len(items):
+                    return
+        finally:
+            if close:
+                out.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<AccessLog {self.format} to {self.path or 'stdout'} queued={self._queue.qsize()} "
+            f"written={self.written} dropped={self.dropped} lost={self.lost}>"
+        )

@@ -1,0 +1,459 @@
+"""Prometheus metrics of the data plane, on an injected ``CollectorRegistry``.
+
+``GatewayMetrics`` is a ``PoolSubscriber`` (upstream health and state, ejections), a
+``ProbeObserver`` (probe outcomes and durations) and a ``RequestObserver`` (requests,
+latencies, retries). ``metrics_handler`` serves a registry on the admin listener.
+
+Invariants:
+- Label sets are bounded: service, revision, upstream id, a state, a probe result, a retry
+  reason or a status class / gateway error code. Never a path, a host or a client address.
+- No stale series: an upstream's series go when it leaves the pool, a service's when the
+  service is removed, a revision's request series when its last upstream leaves. Results for
+  an upstream or a service the metrics do not know (already removed) are not recorded, so
+  they cannot bring a series back.
+- The hot path (``on_request``) resolves no label: label children are created once per
+  service, revision and upstream, cached, and only ``inc``/``observe`` run per request.
+- In-flight counts are read from the pool at scrape time, so requests pay nothing for them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from .errors import GatewayError
+from .events import PoolEvent, ProbeResult, RequestRecord
+from .pool import Pool
+from .upstream import Upstream
+
+UPSTREAM_STATES = ("unknown", "healthy", "unhealthy", "draining", "ejected")
+"""The values of ``Upstream.state``: the one-hot ``gateway_upstream_state``."""
+
+PROBE_RESULTS = ("success", "failure", "timeout")
+RETRY_REASONS = frozenset({"connect", "disconnect", "status"})
+"""What the proxy puts in ``RequestRecord.retry_reasons``; anything else counts as ``other``."""
+
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def _gateway_statuses() -> dict[str, int]:
+    """Error code -> status of every answer the gateway makes itself."""
+    out: dict[str, int] = {}
+    todo: list[type[GatewayError]] = [GatewayError]
+    while todo:
+        cls = todo.pop()
+        out[cls.code] = cls.status
+        todo.extend(cls.__subclasses__())
+    out["cancelled"] = 499  # the client went away before an answer (proxy.handle)
+    return out
+
+
+_GATEWAY_STATUS = _gateway_statuses()
+_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
+
+
+def code_label(status: int, error: str | None) -> str:
+    """The ``code`` label: the exact status of an answer the gateway made, else its class.
+
+    An error code alone does not make the answer the gateway's: a body that broke off after
+    the upstream's status line keeps the upstream's status (and so its class).
+    """
+    if error is not None and _GATEWAY_STATUS.get(error) == status:
+        return str(status)
+    if status < 100:
+        return "500"  # the handler raised before any status: aiohttp answered 500
+    return _CLASS.get(status // 100) or str(status)
+
+
+class _UpstreamSeries:
+    """The cached label children of one upstream."""
+
+    __slots__ = ("ejections", "labels", "probes", "revision", "state", "states", "up")
+
+    def __init__(self, m: GatewayMetrics, upstream: Upstream) -> None:
+        service, uid, rev = upstream.service, upstream.id, str(upstream.revision)
+        self.labels = (service, rev, uid)
+        self.revision = upstream.revision
+        self.up = m.upstream_up.labels(service, rev, uid)
+        self.states = {s: m.upstream_state.labels(service, rev, uid, s) for s in UPSTREAM_STATES}
+        self.probes = {r: m.probes.labels(service, uid, r) for r in PROBE_RESULTS}
+        self.ejections = m.ejections.labels(service, uid)
+        self.state = ""
+        self.set(upstream)
+
+    def set(self, upstream: Upstream) -> None:
+        self.up.set(1 if upstream.routable else 0)
+        state = upstream.state
+        if state != self.state:
+            self.state = state
+            for name, child in self.states.items():
+                child.set(1 if name == state else 0)
+
+    def remove(self, m: GatewayMetrics) -> None:
+        service, rev, uid = self.labels
+        m.upstream_up.remove(service, rev, uid)
+        for state in self.states:
+            m.upstream_state.remove(service, rev, uid, state)
+        for result in self.probes:
+            m.probes.remove(service, uid, result)
+        m.ejections.remove(service, uid)
+
+
+class _ServiceSeries:
+    """The cached per-service children; per-revision ones live in ``revisions``.
+
+    Children are ``cached_property``s: after the first use they are plain instance
+    attributes (as fast as a slot). A pool service makes them all at once, so its counters
+    show 0 before the first event; the no-route entry (``""``) only makes what it uses.
+    """
+
+    def __init__(self, m: GatewayMetrics, name: str) -> None:
+        self._m = m
+        self.name = name
+        self.retries: dict[str, Counter] = {}
+        self.revisions: dict[int | None, _RevisionSeries] = {}
+        if name:
+            for child in _SERVICE_CHILDREN:
+                getattr(self, child)
+
+    @functools.cached_property
+    def ttfb(self) -> Histogram:
+        return self._m.ttfb.labels(self.name)
+
+    @functools.cached_property
+    def probe_duration(self) -> Histogram:
+        return self._m.probe_duration.labels(self.name)
+
+    @functools.cached_property
+    def no_routable(self) -> Counter:
+        return self._m.no_routable.labels(self.name)
+
+    @functools.cached_property
+    def connect_failures(self) -> Counter:
+        return self._m.connect_failures.labels(self.name)
+
+    def retry(self, reason: str) -> Counter:
+        reason = reason if reason in RETRY_REASONS else "other"
+        child = self.retries.get(reason)
+        if child is None:
+            child = self.retries[reason] = self._m.retries.labels(self.name, reason)
+        return child
+
+    def remove(self) -> None:
+        m, name = self._m, self.name
+        for revision in list(self.revisions.values()):
+            revision.remove(m)
+        self.revisions.clear()
+        for child in _SERVICE_CHILDREN:
+            if child in self.__dict__:
+                getattr(m, child).remove(name)
+        for reason in self.retries:
+            m.retries.remove(name, reason)
+
+
+_SERVICE_CHILDREN = ("ttfb", "probe_duration", "no_routable", "connect_failures")
+"""The per-service children, each named as its metric's attribute on ``GatewayMetrics``."""
+
+
+class _RevisionSeries:
+    __slots__ = ("codes", "duration", "label", "service")
+
+    def __init__(self, m: GatewayMetrics, service: _ServiceSeries, revision: int | None) -> None:
+        self.service = service
+        self.label = "" if revision is None else str(revision)
+        self.duration = m.request_duration.labels(service.name, self.label)
+        self.codes: dict[str, Counter] = {}
+
+    def code(self, m: GatewayMetrics, code: str) -> Counter:
+        child = self.codes[code] = m.requests.labels(self.service.name, self.label, code)
+        return child
+
+    def remove(self, m: GatewayMetrics) -> None:
+        name = self.service.name
+        m.request_duration.remove(name, self.label)
+        for code in self.codes:
+            m.requests.remove(name, self.label, code)
+
+
+class GatewayMetrics:
+    """The data plane's metrics on ``registry``; call ``attach(pool)`` to follow a pool.
+
+    Requests that matched no route are counted under ``service=""``.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+        self.upstream_up = Gauge(
+            "gateway_upstream_up",
+            "1 if the upstream is routable (healthy, active, not ejected), else 0.",
+            ("service", "revision", "upstream"),
+            registry=r,
+        )
+        self.upstream_state = Gauge(
+            "gateway_upstream_state",
+            "The upstream's state, one-hot: " + ", ".join(UPSTREAM_STATES) + ".",
+            ("service", "revision", "upstream", "state"),
+            registry=r,
+        )
+        self.probes = Counter(
+            "gateway_probe",
+            "Active probe rounds by result (success, failure, timeout).",
+            ("service", "upstream", "result"),
+            registry=r,
+        )
+        self.probe_duration = Histogram(
+            "gateway_probe_duration_seconds",
+            "Time one probe round took.",
+            ("service",),
+            buckets=PROBE_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests answered, by status class (2xx...) or exact status of a gateway error.",
+            ("service", "revision", "code"),
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Time from the request's arrival to the end of its answer.",
+            ("service", "revision"),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttfb = Histogram(
+            "gateway_upstream_ttfb_seconds",
+            "Time from the request's arrival to the upstream's response headers.",
+            ("service",),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter(
+            "gateway_retries",
+            "Attempts retried on another upstream, by reason (connect, disconnect, status).",
+            ("service", "reason"),
+            registry=r,
+        )
+        self.no_routable = Counter(
+            "gateway_no_routable_upstream",
+            "Requests answered 503 because no upstream was routable.",
+            ("service",),
+            registry=r,
+        )
+        self.ejections = Counter(
+            "gateway_ejections",
+            "Passive ejections of an upstream (failure streaks on real traffic).",
+            ("service", "upstream"),
+            registry=r,
+        )
+        self.connect_failures = Counter(
+            "gateway_upstream_connect_failures",
+            "Attempts that could not connect to an upstream or were reset before an answer.",
+            ("service",),
+            registry=r,
+        )
+        self._pool: Pool | None = None
+        self._upstreams: dict[tuple[str, str], _UpstreamSeries] = {}
+        self._services: dict[str, _ServiceSeries] = {"": _ServiceSeries(self, "")}
+        self._live: dict[tuple[str, int], int] = {}
+        """(service, revision) -> upstreams of it in the pool."""
+        self._requests: dict[tuple[str, int | None], _RevisionSeries] = {}
+        self._sweep: set[str] = set()
+        """Services with a revision series but no upstream of that revision left."""
+        self.unrecorded = 0
+        """Records of services no longer in the pool, not recorded (they would be stale)."""
+        registry.register(_InflightCollector(self))
+
+    def attach(self, pool: Pool) -> None:
+        """Follow ``pool``: take in what is in it now, subscribe, report its in-flight counts."""
+        self._pool = pool
+        for name, service in pool.services.items():
+            self._service(name)
+            for upstream in service.snapshot.upstreams:
+                self._add(upstream)
+        pool.subscribe(self)
+
+    # -- the pool -----------------------------------------------------------------------------
+
+    def on_pool_event(self, event: PoolEvent) -> None:
+        kind, upstream = event.kind, event.upstream
+        if kind == "changed" and upstream is not None:
+            series = self._upstreams.get((event.service, upstream.id))
+            if series is not None:
+                series.set(upstream)
+                if upstream.ejected and event.previous is not None and not event.previous.ejected:
+                    series.ejections.inc()
+        elif kind == "added" and upstream is not None:
+            self._service(event.service)
+            self._add(upstream)
+        elif kind == "removed" and upstream is not None:
+            self._remove(event.service, upstream.id)
+        elif kind == "service_set":
+            self._service(event.service)
+        elif kind == "service_removed":
+            service = self._services.pop(event.service, None)
+            if service is not None:
+                service.remove()
+                for revision in list(service.revisions):
+                    self._requests.pop((event.service, revision), None)
+            self._sweep.discard(event.service)
+            for key in [k for k in self._upstreams if k[0] == event.service]:
+                self._remove(*key)
+        if event.service in self._sweep:
+            self._sweep_revisions(event.service)
+
+    def _service(self, name: str) -> _ServiceSeries:
+        service = self._services.get(name)
+        if service is None:
+            service = self._services[name] = _ServiceSeries(self, name)
+        return service
+
+    def _add(self, upstream: Upstream) -> None:
+        key = (upstream.service, upstream.id)
+        if key in self._upstreams:
+            return
+        self._upstreams[key] = _UpstreamSeries(self, upstream)
+        live = (upstream.service, upstream.revision)
+        self._live[live] = self._live.get(live, 0) + 1
+
+    def _remove(self, service: str, upstream_id: str) -> None:
+        series = self._upstreams.pop((service, upstream_id), None)
+        if series is None:
+            return
+        series.remove(self)
+        live = (service, series.revision)
+        left = self._live.get(live, 0) - 1
+        if left > 0:
+            self._live[live] = left
+            return
+        self._live.pop(live, None)
+        self._drop_revision(service, series.revision)
+
+    def _drop_revision(self, service: str, revision: int) -> None:
+        entry = self._requests.pop((service, revision), None)
+        if entry is not None:
+            entry.remove(self)
+            entry.service.revisions.pop(revision, None)
+
+    def _sweep_revisions(self, service: str) -> None:
+        """Drop revision series recreated by requests that ended after their upstream left."""
+        self._sweep.discard(service)
+        entry = self._services.get(service)
+        if entry is None:
+            return
+        for revision in list(entry.revisions):
+            if revision is not None and (service, revision) not in self._live:
+                self._drop_revision(service, revision)
+
+    # -- probes -------------------------------------------------------------------------------
+
+    def on_probe(self, result: ProbeResult) -> None:
+        series = self._upstreams.get((result.service, result.upstream_id))
+        if series is None:
+            return  # not (or no longer) in the pool
+        series.probes[result.outcome].inc()
+        service = self._services.get(result.service)
+        if service is not None:
+            service.probe_duration.observe(result.duration)
+
+    # -- requests (hot path) ------------------------------------------------------------------
+
+    def on_request(self, record: RequestRecord) -> None:
+        entry = self._requests.get((record.service, record.revision))
+        if entry is None:
+            entry = self._revision(record.service, record.revision)
+            if entry is None:
+                self.unrecorded += 1
+                return
+        status, error = record.status, record.error
+        if error is not None and _GATEWAY_STATUS.get(error) == status:
+            code = str(status)
+        else:
+            code = _CLASS.get(status // 100) or code_label(status, error)
+        child = entry.codes.get(code)
+        if child is None:
+            child = entry.code(self, code)
+        child.inc()
+        entry.duration.observe(record.duration)
+        service = entry.service
+        if record.ttfb is not None:
+            service.ttfb.observe(record.ttfb)
+        if record.retries:
+            for reason in record.retry_reasons:
+                service.retry(reason).inc()
+                if reason == "connect" or reason == "disconnect":
+                    service.connect_failures.inc()
+        if error is not None:
+            if error == "no_routable_upstream":
+                service.no_routable.inc()
+            elif error == "upstream_connect_error":
+                service.connect_failures.inc()
+
+    def _revision(self, name: str, revision: int | None) -> _RevisionSeries | None:
+        service = self._services.get(name)
+        if service is None:
+            return None
+        entry = service.revisions.get(revision)
+        if entry is None:
+            entry = service.revisions[revision] = _RevisionSeries(self, service, revision)
+            if revision is not None and (name, revision) not in self._live:
+                self._sweep.add(name)
+        self._requests[(name, revision)] = entry
+        return entry
+
+    def __repr__(self) -> str:
+        return (
+            f"<GatewayMetrics services={len(self._services) - 1} "
+            f"upstreams={len(self._upstreams)} revisions={len(self._requests)} "
+            f"unrecorded={self.unrecorded}>"
+        )
+
+
+class _InflightCollector(Collector):
+    """``gateway_inflight_requests``, read from the pool's lease counts at scrape time."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        pool = self._metrics._pool
+        if pool is not None:
+            for name, service in list(pool.services.items()):
+                inflight = service.inflight
+                for upstream in service.snapshot.upstreams:
+                    family.add_metric((name, upstream.id), inflight.get(upstream.id, 0))
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "gateway_inflight_requests",
+            "Requests (and streams, WebSockets) in flight on the upstream.",
+            labels=("service", "upstream"),
+        )
+
+
+def metrics_handler(
+    registry: CollectorRegistry,
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An aiohttp handler serving ``registry`` (text format, or OpenMetrics if asked for)."""
+
+    async def handle(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(registry), headers={"Content-Type": content_type})
+
+    return handle

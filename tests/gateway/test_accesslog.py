@@ -1,0 +1,144 @@
+"""The access log: its lines, and that the event loop never waits for the writer."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.accesslog import AccessLog, format_json, format_plain
+from gateway.events import RequestRecord
+
+AT = 1_700_000_000.25  # 2023-11-14T22:13:20.250Z
+
+
+def record(**fields: object) -> RequestRecord:
+    base: dict = {
+        "request_id": "abc123",
+        "service": "web",
+        "revision": 2,
+        "upstream_id": "web-2-aa",
+        "method": "GET",
+        "path": '/a b/"x"\n',
+        "status": 200,
+        "duration": 0.0123,
+        "ttfb": 0.01,
+        "bytes_in": 5,
+        "bytes_out": 42,
+        "retries": 1,
+        "retry_reasons": ("connect",),
+    }
+    return RequestRecord(**{**base, **fields})
+
+
+def test_plain_line_has_every_field_and_cannot_be_forged() -> None:
+    line = format_plain(AT, record())
+    assert line == (
+        '2023-11-14T22:13:20.250Z abc123 web 2 web-2-aa "GET /a%20b/%22x%22%0A" 200 12.3ms '
+        "in=5 out=42 retries=1 error=-"
+    )
+    assert "\n" not in line
+
+
+def test_plain_line_of_a_gateway_error() -> None:
+    line = format_plain(
+        AT, record(service="", revision=None, upstream_id=None, status=404, error="no_route")
+    )
+    assert ' - - - "GET ' in line
+    assert line.endswith("error=no_route")
+
+
+def test_json_line() -> None:
+    line = format_json(AT, record())
+    assert "\n" not in line
+    assert json.loads(line) == {
+        "time": "2023-11-14T22:13:20.250Z",
+        "request_id": "abc123",
+        "service": "web",
+        "revision": 2,
+        "upstream": "web-2-aa",
+        "method": "GET",
+        "path": '/a b/"x"\n',
+        "status": 200,
+        "duration_ms": 12.3,
+        "bytes_in": 5,
+        "bytes_out": 42,
+        "retries": 1,
+        "error": None,
+    }
+
+
+def test_unknown_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="plain"):
+        AccessLog("xml")
+
+
+@pytest.mark.parametrize("fmt", ["plain", "json"])
+async def test_lines_reach_the_file_in_order(tmp_path, fmt) -> None:
+    path = tmp_path / "access.log"
+    log = AccessLog(fmt, str(path), clock=lambda: AT)
+    log.start()
+    for i in range(100):
+        log.on_request(record(request_id=f"r{i}"))
+    await log.stop()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 100
+    assert log.written == 100
+    if fmt == "json":
+        assert [json.loads(line)["request_id"] for line in lines] == [f"r{i}" for i in range(100)]
+    else:
+        assert [line.split()[1] for line in lines] == [f"r{i}" for i in range(100)]
+
+
+class BlockedStream(io.StringIO):
+    """A stream whose writes wait until the test lets them go: a disk that hangs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, s: str) -> int:
+        self.entered.set()
+        assert self.release.wait(10)
+        return super().write(s)
+
+
+async def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
+    stream = BlockedStream()
+    registry = CollectorRegistry()
+    log = AccessLog("plain", stream=stream, queue_size=3, registry=registry)
+    log.start()
+    log.on_request(record(request_id="first"))
+    # The writer has taken the first record and hangs in write(); the queue fills behind it.
+    assert stream.entered.wait(10)
+    for i in range(10):
+        log.on_request(record(request_id=f"r{i}"))  # returns at once: never waits
+    assert log.dropped == 7
+    assert registry.get_sample_value("gateway_access_log_dropped_total") == 7
+    stream.release.set()
+    await log.stop()
+    assert log.written == 4
+    assert [line.split()[1] for line in stream.getvalue().splitlines()] == [
+        "first",
+        "r0",
+        "r1",
+        "r2",
+    ]
+
+
+class BrokenStream(io.StringIO):
+    def write(self, s: str) -> int:
+        raise OSError(28, "No space left on device")
+
+
+async def test_a_write_error_loses_lines_but_not_the_writer(caplog) -> None:
+    log = AccessLog("json", stream=BrokenStream())
+    log.start()
+    log.on_request(record())
+    await log.stop()
+    assert (log.written, log.lost) == (0, 1)
+    assert "write failed" in caplog.text

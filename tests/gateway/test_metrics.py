@@ -1,0 +1,379 @@
+"""The data plane's metrics change as the things they measure happen, and go when they go."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from collections.abc import Callable
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import unused_port
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gateway.config import ProbeConfig, ProxyConfig
+from gateway.events import PoolEvent, ProbeResult, RequestRecord
+from gateway.metrics import UPSTREAM_STATES, GatewayMetrics, code_label, metrics_handler
+from gateway.pool import Pool
+from gateway.prober import Prober
+from gateway.proxy import Proxy
+from gateway.server import TrafficServer
+from gateway.upstream import Health, Upstream
+
+from .conftest import Recorder, add, routing, url
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry: CollectorRegistry, pool: Pool) -> GatewayMetrics:
+    m = GatewayMetrics(registry)
+    m.attach(pool)
+    return m
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def states(registry: CollectorRegistry, service: str, upstream: str, rev: str = "0") -> dict:
+    return {
+        s: value(
+            registry,
+            "gateway_upstream_state",
+            service=service,
+            revision=rev,
+            upstream=upstream,
+            state=s,
+        )
+        for s in UPSTREAM_STATES
+    }
+
+
+def one_hot(state: str) -> dict:
+    return {s: 1.0 if s == state else 0.0 for s in UPSTREAM_STATES}
+
+
+def series_of(registry: CollectorRegistry, service: str) -> list[str]:
+    text = generate_latest(registry).decode()
+    return [line for line in text.splitlines() if f'service="{service}"' in line]
+
+
+def record(service: str = "web", revision: int | None = 0, **fields: object) -> RequestRecord:
+    base: dict = {
+        "request_id": "r",
+        "service": service,
+        "revision": revision,
+        "upstream_id": "a" if revision is not None else None,
+        "method": "GET",
+        "path": "/",
+        "status": 200,
+        "duration": 0.01,
+        "ttfb": 0.005,
+        "bytes_in": 0,
+        "bytes_out": 10,
+        "retries": 0,
+    }
+    return RequestRecord(**{**base, **fields})
+
+
+# -- upstream health ---------------------------------------------------------------------
+
+
+async def test_upstream_up_and_state_follow_the_pool(pool, metrics, registry) -> None:
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "a", 1, health=Health.UNKNOWN)
+    labels = {"service": "web", "revision": "0", "upstream": "a"}
+    assert value(registry, "gateway_upstream_up", **labels) == 0
+    assert states(registry, "web", "a") == one_hot("unknown")
+
+    pool.set_health("web", "a", Health.HEALTHY)
+    assert value(registry, "gateway_upstream_up", **labels) == 1
+    assert states(registry, "web", "a") == one_hot("healthy")
+
+    pool.set_health("web", "a", Health.UNHEALTHY)
+    assert value(registry, "gateway_upstream_up", **labels) == 0
+    assert states(registry, "web", "a") == one_hot("unhealthy")
+
+    pool.set_health("web", "a", Health.HEALTHY)
+    pool.drain("web", "a", timeout=1)
+    assert value(registry, "gateway_upstream_up", **labels) == 0
+    assert states(registry, "web", "a") == one_hot("draining")
+
+    pool.remove_upstream("web", "a")
+    assert value(registry, "gateway_upstream_up", **labels) is None
+    assert states(registry, "web", "a") == dict.fromkeys(UPSTREAM_STATES)
+    assert not [line for line in series_of(registry, "web") if 'upstream="a"' in line]
+
+
+async def test_attach_takes_in_upstreams_already_in_the_pool(pool, registry) -> None:
+    pool.set_service(routing("web", prefix="/"))
+    pool.add_upstream(Upstream("b", "web", "127.0.0.1", 1, revision=3))
+    pool.set_health("web", "b", Health.HEALTHY)
+    GatewayMetrics(registry).attach(pool)
+    labels = {"service": "web", "revision": "3", "upstream": "b"}
+    assert value(registry, "gateway_upstream_up", **labels) == 1
+
+
+async def test_a_real_probe_failure_turns_the_upstream_down(aiohttp_server, pool, registry):
+    healthy = True
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(status=200 if healthy else 503)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    server = await aiohttp_server(app)
+    probe = ProbeConfig(
+        type="http", path="/health", interval=0.05, jitter=0.0, timeout=1.0, unhealthy_threshold=1
+    )
+    pool.set_service(routing("web", prefix="/", probes=(probe,)))
+    metrics = GatewayMetrics(registry)
+    metrics.attach(pool)
+
+    health_changes: asyncio.Queue[Health] = asyncio.Queue()
+
+    class Waiter:
+        def on_pool_event(self, event: PoolEvent) -> None:
+            if event.kind == "changed" and event.upstream and event.previous:
+                if event.upstream.health is not event.previous.health:
+                    health_changes.put_nowait(event.upstream.health)
+
+    pool.subscribe(Waiter())  # after the metrics: they are up to date when it hears
+    prober = Prober(pool, observers=[metrics])
+    await prober.start()
+    try:
+        add(pool, "web", "a", server.port, health=Health.UNKNOWN)
+        assert await asyncio.wait_for(health_changes.get(), 10) is Health.HEALTHY
+        labels = {"service": "web", "revision": "0", "upstream": "a"}
+        assert value(registry, "gateway_upstream_up", **labels) == 1
+        successes = value(
+            registry, "gateway_probe_total", service="web", upstream="a", result="success"
+        )
+        assert successes is not None
+        assert successes >= 1
+
+        healthy = False
+        assert await asyncio.wait_for(health_changes.get(), 10) is Health.UNHEALTHY
+        assert value(registry, "gateway_upstream_up", **labels) == 0
+        assert states(registry, "web", "a") == one_hot("unhealthy")
+        failures = value(
+            registry, "gateway_probe_total", service="web", upstream="a", result="failure"
+        )
+        assert failures is not None
+        assert failures >= 1
+        count = value(registry, "gateway_probe_duration_seconds_count", service="web")
+        assert count is not None
+        assert count >= 2
+    finally:
+        await prober.stop()
+
+
+async def test_probe_of_an_unknown_upstream_makes_no_series(metrics, registry) -> None:
+    metrics.on_probe(ProbeResult("ghost", "x", "failure", 0.1))
+    assert series_of(registry, "ghost") == []
+
+
+# -- requests ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def traffic(pool, metrics, recorder):
+    """A TrafficServer whose proxy reports to the metrics and the recorder."""
+    servers: list[TrafficServer] = []
+
+    async def start() -> TrafficServer:
+        settings = ProxyConfig(listen="127.0.0.1:0")
+        server = TrafficServer(Proxy(pool, settings, [metrics, recorder]), settings)
+        await server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+async def test_a_retried_request_counts_its_retry_and_the_ejection(
+    pool, upstream, traffic, client, registry, recorder: Recorder
+) -> None:
+    pool.set_service(routing("web", prefix="/", load_balancing="round_robin"))
+    add(pool, "web", "dead", unused_port())
+    await upstream("web", "live")
+    gw = await traffic()
+
+    for _ in range(6):
+        async with client.get(url(gw)) as resp:
+            assert resp.status == 200
+
+    retried = sum(r.retries for r in recorder.records)
+    assert retried >= 1
+    assert value(registry, "gateway_retries_total", service="web", reason="connect") == retried
+    assert value(registry, "gateway_upstream_connect_failures_total", service="web") == retried
+    assert value(registry, "gateway_requests_total", service="web", revision="0", code="2xx") == 6
+    assert value(registry, "gateway_request_duration_seconds_count", service="web", revision="0")
+    assert value(registry, "gateway_upstream_ttfb_seconds_count", service="web") == 6
+    # Passive detection ejected the dead upstream; the metrics saw it.
+    assert pool.upstream("web", "dead").ejected
+    assert value(registry, "gateway_ejections_total", service="web", upstream="dead") == 1
+    assert states(registry, "web", "dead") == one_hot("ejected")
+
+
+async def test_gateway_errors_count_their_exact_code(pool, traffic, client, registry) -> None:
+    pool.set_service(routing("web", prefix="/web"))
+    gw = await traffic()
+
+    async with client.get(url(gw, "/web/x")) as resp:
+        assert resp.status == 503
+    async with client.get(url(gw, "/elsewhere")) as resp:
+        assert resp.status == 404
+
+    assert value(registry, "gateway_requests_total", service="web", revision="", code="503") == 1
+    assert value(registry, "gateway_no_routable_upstream_total", service="web") == 1
+    # No route: counted under service "", never under the path.
+    assert value(registry, "gateway_requests_total", service="", revision="", code="404") == 1
+    assert "/elsewhere" not in generate_latest(registry).decode()
+
+
+async def test_inflight_requests_are_read_from_the_pool(pool, metrics, registry) -> None:
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "a", 1)
+    labels = {"service": "web", "upstream": "a"}
+    assert value(registry, "gateway_inflight_requests", **labels) == 0
+    lease = pool.service("web").lease()
+    assert lease is not None
+    assert value(registry, "gateway_inflight_requests", **labels) == 1
+    lease.release()
+    assert value(registry, "gateway_inflight_requests", **labels) == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "code"),
+    [
+        (200, None, "2xx"),
+        (101, None, "1xx"),
+        (304, None, "3xx"),
+        (404, None, "4xx"),  # the upstream's 404
+        (503, None, "5xx"),  # the upstream's 503
+        (503, "no_routable_upstream", "503"),
+        (502, "upstream_connect_error", "502"),
+        (504, "upstream_timeout", "504"),
+        (404, "no_route", "404"),
+        (413, "request_too_large", "413"),
+        (499, "cancelled", "499"),
+        (200, "upstream_protocol_error", "2xx"),  # the body broke off after a 200
+        (200, "client_disconnected", "2xx"),
+        (0, None, "500"),
+    ],
+)
+def test_code_label(status: int, error: str | None, code: str) -> None:
+    assert code_label(status, error) == code
+
+
+async def test_label_children_are_resolved_once_not_per_request(
+    pool, metrics: GatewayMetrics, registry, monkeypatch
+) -> None:
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "a", 1)
+    retried = record(retries=1, retry_reasons=("connect",))
+    metrics.on_request(retried)
+
+    def no_labels(*args: object) -> None:
+        raise AssertionError("labels() on the hot path")
+
+    for metric in (metrics.requests, metrics.request_duration, metrics.ttfb, metrics.retries):
+        monkeypatch.setattr(metric, "labels", no_labels)
+    for _ in range(3):
+        metrics.on_request(retried)
+    assert value(registry, "gateway_requests_total", service="web", revision="0", code="2xx") == 4
+    assert value(registry, "gateway_retries_total", service="web", reason="connect") == 4
+
+
+# -- no stale series ---------------------------------------------------------------------
+
+
+async def test_removing_a_service_removes_all_its_series(pool, metrics, registry) -> None:
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "a", 1)
+    metrics.on_request(record(retries=1, retry_reasons=("status",)))
+    metrics.on_request(record(revision=None, status=503, error="no_routable_upstream"))
+    metrics.on_probe(ProbeResult("web", "a", "success", 0.01))
+    assert len(series_of(registry, "web")) > 20
+
+    pool.remove_service("web")
+    assert series_of(registry, "web") == []
+
+    # A request that ends after its service went brings nothing back.
+    metrics.on_request(record())
+    assert series_of(registry, "web") == []
+    assert metrics.unrecorded == 1
+
+
+async def test_a_revision_goes_with_its_last_upstream(pool, metrics, registry) -> None:
+    pool.set_service(routing("web", prefix="/"))
+    pool.add_upstream(Upstream("old", "web", "127.0.0.1", 1, revision=1))
+    pool.add_upstream(Upstream("new", "web", "127.0.0.1", 2, revision=2))
+    metrics.on_request(record(revision=1, upstream_id="old"))
+    metrics.on_request(record(revision=2, upstream_id="new"))
+
+    def revisions() -> set[str]:
+        lines = [line for line in series_of(registry, "web") if "gateway_requests_total" in line]
+        return {line.split('revision="')[1].split('"')[0] for line in lines}
+
+    assert revisions() == {"1", "2"}
+    pool.remove_upstream("web", "old")
+    assert revisions() == {"2"}
+    # A request that ended after its upstream left is counted, then swept at the next event.
+    metrics.on_request(record(revision=1, upstream_id="old"))
+    assert revisions() == {"1", "2"}
+    pool.set_health("web", "new", Health.HEALTHY)
+    assert revisions() == {"2"}
+
+
+# -- exposition --------------------------------------------------------------------------
+
+
+def populated(pool: Pool, metrics: GatewayMetrics) -> None:
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "a", 1)
+    metrics.on_request(record(retries=1, retry_reasons=("connect",)))
+    metrics.on_request(record(status=502, error="upstream_connect_error"))
+    metrics.on_probe(ProbeResult("web", "a", "timeout", 1.0))
+
+
+async def test_promtool_accepts_the_exposition(pool, metrics, registry) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package 'prometheus')")
+    populated(pool, metrics)
+    result = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=generate_latest(registry),
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+async def test_metrics_handler_serves_the_registry(
+    pool, metrics, registry, aiohttp_client: Callable
+) -> None:
+    populated(pool, metrics)
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler(registry))
+    client = await aiohttp_client(app)
+
+    resp = await client.get("/metrics")
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    text = await resp.text()
+    assert 'gateway_upstream_up{revision="0",service="web",upstream="a"} 1.0' in text
+
+    resp = await client.get("/metrics", headers={"Accept": "application/openmetrics-text"})
+    assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert (await resp.text()).endswith("# EOF\n")
