@@ -8,13 +8,14 @@ Invariants:
 - A slot (counted against ``capacity``) and a port are held from the moment ``start`` accepts a
   launch until the replica's exit has been reported. Two replicas of one backend never share a
   port.
-- A replica is over when its group is over. When its main process ends on its own, the rest of
-  the group gets SIGTERM and, after ``stop_grace_default``, SIGKILL; on ``stop`` the whole group
-  gets SIGTERM and, after ``grace``, SIGKILL. The exit is reported once the output pipe is
-  closed (every writer in the group is gone) or SIGKILL went out, then a last SIGKILL sweeps the
-  group so nothing of the replica survives it.
-- Each exit is reported exactly once, to the exit handler, after the replica's output has been
-  written to its log; ``stop`` returns only after that report.
+- A replica is over when its group is over. When its main process ends (on its own or on
+  ``stop``), the exit is reported as soon as no live member of its group is left: at once in
+  the common case; otherwise the rest of the group gets SIGTERM (on ``stop`` it already had
+  it) and, after the grace (``stop_grace_default``, or the one ``stop`` gave), SIGKILL. If
+  members outlast SIGKILL by ``GROUP_GONE_AFTER_KILL``, the exit is reported anyway after a
+  last SIGKILL to the group.
+- Each exit is reported exactly once, to the exit handler; ``stop`` returns only after that
+  report. The replica's log is size-checked before the report.
 
 Environment: a replica does not inherit the gateway's environment (which may hold the admin
 token or cloud credentials). It starts from ``base_env`` (by default ``PATH``, ``HOME``,
@@ -22,26 +23,21 @@ token or cloud credentials). It starts from ``base_env`` (by default ``PATH``, `
 template's ``env``, then what the backend sets and the template cannot override: ``PORT``,
 ``HOST``, ``REPLICA_ID``, ``SERVICE`` and ``REVISION``.
 
-Spawning: ``loop.subprocess_exec`` with a protocol of our own rather than
-``create_subprocess_exec``, because on Python 3.11 ``Process.wait()`` does not return while any
-process (a leftover child of the replica) still holds the output pipe: the protocol's
-``process_exited`` tells of the exit at once, and the end of the pipe tells when the group is done.
+Exit detection: no pipe joins a replica to the gateway, so what is watched is its main
+process: through the child watcher of ``asyncio.create_subprocess_exec`` for a replica we
+spawned (its exit status is known), through a pidfd (or ``/proc`` every 0.5 s where pidfds are
+missing) for an adopted one (not our child: ``code`` is None). The rest of the group is then
+polled (``procfs.group_gone``), every 10 ms at first and 100 ms at most, until it is gone.
 
-Logs: stdout and stderr go through one pipe to ``<log_dir>/<replica_id>.log``; when that file
-is full (``log_max_bytes``) it becomes ``<replica_id>.log.1`` (one rotation kept), so a replica
-holds at most twice ``log_max_bytes`` on disk. Logs stay after the replica ends. Writes are
-small synchronous appends on the event loop, as output arrives.
+Logs: stdout and stderr are a descriptor of ``<log_dir>/<replica_id>.log`` opened for
+appending, so a replica writes its log itself and needs no gateway process to do so (see
+``proclog``). One timer per backend (every ``log_check_interval``), ``logs()`` and each exit
+report copy-and-truncate a log over ``log_max_bytes`` into ``<replica_id>.log.1``. Logs stay
+after the replica ends.
 
 Adoption (after a gateway restart): a replica is taken back when ``/proc/<pid>/stat`` still
 shows the start time and process group of its handle, so a reused pid is never mistaken for
-it. It is watched through a pidfd (or by reading ``/proc`` every 0.5 s where pidfds are
-missing), and its exit status is unknown (it is not our child): ``code`` is None. No pipe
-tells when the rest of its group is done, so that is killed as soon as its main process ends.
-Known gap:
-its output went to a pipe of the previous gateway process, which is gone; what it writes after
-the restart is lost, and a program that does not ignore SIGPIPE dies on its next write to
-stdout or stderr. Writing replica output straight to the log file (and rotating by
-copy-and-truncate) would close the gap.
+it. It has written to its log file all along, and keeps doing so.
 """
 
 from __future__ import annotations
@@ -57,9 +53,10 @@ import socket
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendError, NoCapacity, StartFailed
+from . import procfs, proclog
 from .base import Exit, ExitHandler, Launch, Running
 
 if TYPE_CHECKING:
@@ -72,10 +69,9 @@ INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 """Names a replica's environment takes from the gateway's (when ``base_env`` is not given)."""
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 NO_CAPACITY_RETRY_AFTER = 5.0
-PIPE_DRAIN_AFTER_KILL = 1.0
-"""After SIGKILL, how long the output pipe may stay open (held by a process outside the group)
+GROUP_GONE_AFTER_KILL = 1.0
+"""After SIGKILL, how long members of the group (in uninterruptible sleep, say) may linger
 before the exit is reported anyway."""
-ADOPTED_POLL_INTERVAL = 0.5
 _REPLICA_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _NOT_EXEC_SAFE = frozenset(";&|\n")
 _SHELL_WORDS = frozenset(
@@ -103,6 +99,7 @@ class ProcessBackend:
         stop_grace_default: float = 10.0,
         host: str = "127.0.0.1",
         base_env: Mapping[str, str] | None = None,
+        log_check_interval: float = 1.0,
     ) -> None:
         low, high = port_range
         if not 0 < low <= high < 65536:
@@ -111,10 +108,13 @@ class ProcessBackend:
             raise ValueError("capacity must be at least 0")
         if log_max_bytes < 1:
             raise ValueError("log_max_bytes must be at least 1")
+        if log_check_interval <= 0:
+            raise ValueError("log_check_interval must be more than 0")
         self._capacity = capacity
         self._port_range = (low, high)
         self._log_dir = Path(log_dir)
         self._log_max_bytes = log_max_bytes
+        self._log_check_interval = log_check_interval
         self._stop_grace_default = stop_grace_default
         self._host = host
         if base_env is None:
@@ -123,6 +123,7 @@ class ProcessBackend:
         self._base_env = dict(base_env)
         self._replicas: dict[str, _Replica] = {}
         self._exit_handler: ExitHandler | None = None
+        self._log_timer: asyncio.TimerHandle | None = None
         self._closed = False
 
     # -- the Backend protocol -------------------------------------------------------------
@@ -144,39 +145,43 @@ class ProcessBackend:
         plan = self._prepare(launch)
         rid = launch.replica_id
         loop = asyncio.get_running_loop()
-        # Reserve the slot and the port before the first await: concurrent starts must not
-        # both pass the capacity check or pick the same port.
-        replica = _Replica(
-            launch=launch, port=plan.port, log_path=plan.log_file.path, done=loop.create_future()
-        )
-        self._replicas[rid] = replica
-        protocol = _ReplicaProtocol(plan.log_file, loop)
         try:
-            transport, _ = await loop.subprocess_exec(
-                lambda: protocol,
-                "/bin/sh",
-                "-c",
-                plan.script,
-                start_new_session=True,
-                env=plan.env,
-                cwd=plan.cwd,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
+            # Reserve the slot and the port before the first await: concurrent starts must not
+            # both pass the capacity check or pick the same port.
+            replica = _Replica(
+                launch=launch, port=plan.port, log_path=plan.log_path, done=loop.create_future()
             )
-        except BaseException as exc:
-            # On cancellation asyncio itself kills and reaps a process it had spawned.
-            del self._replicas[rid]
-            plan.log_file.close()
-            replica.done.set_result(None)  # a stop() that came meanwhile has nothing to wait for
-            if isinstance(exc, OSError):
-                raise StartFailed(f"cannot start replica {rid}: {exc}") from exc
-            raise
-        pid = transport.get_pid()
+            self._replicas[rid] = replica
+            try:
+                # No pipe: the replica writes its log itself and outlives this process. Hazard:
+                # asyncio kills a child whose transport is closed while it runs; nothing here
+                # closes one (it closes itself once the child has exited).
+                process = await asyncio.create_subprocess_exec(
+                    "/bin/sh",
+                    "-c",
+                    plan.script,
+                    start_new_session=True,
+                    env=plan.env,
+                    cwd=plan.cwd,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=plan.log_fd,
+                    stderr=plan.log_fd,
+                )
+            except BaseException as exc:
+                # On cancellation asyncio itself kills and reaps a process it had spawned.
+                del self._replicas[rid]
+                replica.done.set_result(None)  # a stop() that came meanwhile has nothing to wait
+                if isinstance(exc, OSError):
+                    raise StartFailed(f"cannot start replica {rid}: {exc}") from exc
+                raise
+        finally:
+            os.close(plan.log_fd)  # the replica has its own copies
+        pid = process.pid
         replica.pid = replica.pgid = pid
-        stat = _read_stat(pid)
+        stat = procfs.read_stat(pid)
         replica.start_time = stat.start_time if stat is not None else None
-        replica.watcher = _guarded_task(self._watch_child(replica, protocol), f"replica:{rid}")
+        replica.watcher = _guarded_task(self._watch_child(replica, process), f"replica:{rid}")
+        self._watch_logs()
         if replica.terminating:  # stop() came while we were spawning
             self._signal(replica, signal.SIGKILL if replica.killed.is_set() else signal.SIGTERM)
         log.info("started replica %s (pid %d, port %d)", rid, pid, plan.port)
@@ -209,10 +214,10 @@ class ProcessBackend:
         log_path = self._log_path(rid)
         try:
             self._log_dir.mkdir(parents=True, exist_ok=True)
-            log_file = _LogFile(log_path, self._log_max_bytes)
+            log_fd = proclog.open_for_replica(log_path)
         except OSError as exc:
             raise StartFailed(f"cannot open the log file {log_path}: {exc}") from exc
-        return _Plan(port=port, env=env, script=script, cwd=cwd, log_file=log_file)
+        return _Plan(port=port, env=env, script=script, cwd=cwd, log_path=log_path, log_fd=log_fd)
 
     async def stop(self, replica_id: str, grace: float) -> None:
         """SIGTERM to the replica's group, SIGKILL after ``grace``; returns once its exit was
@@ -237,22 +242,7 @@ class ProcessBackend:
         )
         if pid is None or pgid is None or port is None or start_time is None:
             return None
-        if pgid <= 1 or pgid == os.getpgrp() or not _REPLICA_ID.match(rid):
-            return None
-        if not _is_alive(pid, pgid, start_time):
-            return None
-        pidfd: int | None = None
-        if hasattr(os, "pidfd_open"):
-            try:
-                pidfd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                return None
-            except OSError:
-                pidfd = None  # no pidfds in this kernel: poll /proc instead
-        # Checked again now that a pidfd pins the process: it is still the one of the handle.
-        if not _is_alive(pid, pgid, start_time):
-            if pidfd is not None:
-                os.close(pidfd)
+        if not procfs.signalable(pgid) or not _REPLICA_ID.match(rid):
             return None
         loop = asyncio.get_running_loop()
         replica = _Replica(
@@ -263,51 +253,45 @@ class ProcessBackend:
             pid=pid,
             pgid=pgid,
             start_time=start_time,
-            adopted=True,
         )
+        replica.exit_watch = procfs.watch_exit(
+            pid, pgid, start_time, lambda: self._adopted_exited(replica)
+        )
+        if replica.exit_watch is None:
+            return None  # gone, or its pid now names another process
         self._replicas[rid] = replica
-        if pidfd is not None:
-            replica.pidfd = pidfd
-            loop.add_reader(pidfd, self._adopted_exited, replica)
-        else:
-            replica.poll = loop.call_later(ADOPTED_POLL_INTERVAL, self._poll_adopted, replica)
+        self._watch_logs()
         log.info("adopted replica %s (pid %d, port %d)", rid, pid, port)
         return self._running(replica)
 
     def logs(self, replica_id: str, tail: int) -> list[str]:
-        """The last ``tail`` lines of the replica's log and its rotation; kept after it ends."""
+        """The last ``tail`` lines of the replica's log and its rotation; kept after it ends.
+        A log over ``log_max_bytes`` is rotated first."""
         if tail <= 0 or not _REPLICA_ID.match(replica_id):
             return []
         path = self._log_path(replica_id)
-        data = b""
-        for part in (_rotated(path), path):
-            try:
-                data += part.read_bytes()
-            except OSError:  # not written yet, or rotated away under us
-                continue
-        return data.decode("utf-8", "replace").splitlines()[-tail:]
+        proclog.rotate_if_over(path, self._log_max_bytes)
+        return proclog.tail(path, tail)
 
     async def close(self) -> None:
         """Stop watching; leave every replica running for the next gateway process to adopt.
 
-        A ``stop`` still waiting gets a BackendError. The output of a replica we spawned is
-        still drained into its log until this process ends, so the replica never blocks on a
-        full pipe.
+        A ``stop`` still waiting gets a BackendError. Replicas keep writing their logs (no
+        longer size-checked until a gateway adopts them).
         """
         self._closed = True
+        if self._log_timer is not None:
+            self._log_timer.cancel()
+            self._log_timer = None
         tasks: list[asyncio.Task[None]] = []
-        loop = asyncio.get_running_loop()
         for replica in self._replicas.values():
             if replica.watcher is not None and not replica.watcher.done():
                 replica.watcher.cancel()
                 tasks.append(replica.watcher)
-            for timer in (replica.kill_timer, replica.poll):
-                if timer is not None:
-                    timer.cancel()
-            if replica.pidfd is not None:
-                loop.remove_reader(replica.pidfd)
-                os.close(replica.pidfd)
-                replica.pidfd = None
+            if replica.kill_timer is not None:
+                replica.kill_timer.cancel()
+            if replica.exit_watch is not None:
+                replica.exit_watch.cancel()
             if not replica.done.done():
                 if replica.stop_requested:
                     rid = replica.launch.replica_id
@@ -325,6 +309,31 @@ class ProcessBackend:
             f"<ProcessBackend in_use={self.in_use} capacity={self._capacity} "
             f"ports={low}-{high}{' closed' if self._closed else ''}>"
         )
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def rotate_logs(self) -> list[str]:
+        """The periodic check: copy-and-truncate each current replica's log that is over
+        ``log_max_bytes``. Returns the ids of the replicas whose log was rotated."""
+        return [
+            rid
+            for rid, replica in list(self._replicas.items())
+            if proclog.rotate_if_over(replica.log_path, self._log_max_bytes)
+        ]
+
+    def _watch_logs(self) -> None:
+        """Run the periodic check while there are replicas (one timer for all of them)."""
+        if self._log_timer is None and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._log_timer = loop.call_later(self._log_check_interval, self._on_log_timer)
+
+    def _on_log_timer(self) -> None:
+        self._log_timer = None
+        try:
+            self.rotate_logs()
+        finally:
+            if self._replicas:
+                self._watch_logs()
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -377,63 +386,45 @@ class ProcessBackend:
 
     # -- watching ---------------------------------------------------------------------------
 
-    async def _watch_child(self, replica: _Replica, protocol: _ReplicaProtocol) -> None:
-        code = await asyncio.shield(protocol.exited)
-        replica.leader_exited = True
-        try:
-            await self._wind_down(replica, protocol)
-        except Exception:  # a bug here must not lose the exit report
-            log.exception("winding down replica %s", replica.launch.replica_id)
-        protocol.close()
-        self._report(replica, code)
-
-    async def _wind_down(self, replica: _Replica, protocol: _ReplicaProtocol) -> None:
-        """The main process ended: let the rest of the group end, within the grace period.
-
-        The group is done when the output pipe closes: every member holds it unless it
-        redirected its output away (and those the final sweep of ``_report`` kills).
-        """
-        if not replica.terminating:
-            self._terminate(replica, self._stop_grace_default)
-        output = protocol.output_closed
-        if output.done():
-            return
-        killed: asyncio.Future[Any] = asyncio.ensure_future(replica.killed.wait())
-        try:
-            await asyncio.wait({output, killed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            killed.cancel()
-        if not output.done():
-            await asyncio.wait({output}, timeout=PIPE_DRAIN_AFTER_KILL)
+    async def _watch_child(self, replica: _Replica, process: asyncio.subprocess.Process) -> None:
+        code = await asyncio.shield(process.wait())
+        await self._finish(replica, code)
 
     def _adopted_exited(self, replica: _Replica) -> None:
-        loop = asyncio.get_running_loop()
-        if replica.pidfd is not None:
-            loop.remove_reader(replica.pidfd)
-            os.close(replica.pidfd)
-            replica.pidfd = None
+        rid = replica.launch.replica_id
+        replica.watcher = _guarded_task(self._finish(replica, None), f"replica:{rid}")
+
+    async def _finish(self, replica: _Replica, code: int | None) -> None:
+        """The main process ended: wind the group down, then report the exit."""
         replica.leader_exited = True
-        self._report(replica, None)
+        try:
+            gone = await self._wind_down(replica)
+        except Exception:  # a bug here must not lose the exit report
+            log.exception("winding down replica %s", replica.launch.replica_id)
+            gone = False
+        self._report(replica, code, sweep=not gone)
 
-    def _poll_adopted(self, replica: _Replica) -> None:
-        if _is_alive(replica.pid, replica.pgid, replica.start_time):
-            loop = asyncio.get_running_loop()
-            replica.poll = loop.call_later(ADOPTED_POLL_INTERVAL, self._poll_adopted, replica)
-        else:
-            replica.poll = None
-            self._adopted_exited(replica)
+    async def _wind_down(self, replica: _Replica) -> bool:
+        """Let the rest of the group end, within the grace period; True once none is left,
+        False when some outlasted SIGKILL by ``GROUP_GONE_AFTER_KILL``."""
+        if not procfs.group_alive(replica.pgid):
+            return True  # the common case: nothing to signal (the group id may be free now)
+        if not replica.terminating:
+            self._terminate(replica, self._stop_grace_default)
+        return await procfs.group_gone(replica.pgid, replica.killed, GROUP_GONE_AFTER_KILL)
 
-    def _report(self, replica: _Replica, code: int | None) -> None:
-        # Nothing of the replica outlives its report. A group id stays taken while any member
-        # lives; it could only name another group if it had been freed and taken by a new
-        # group leader in the moments since the last member ended.
-        self._signal(replica, signal.SIGKILL)
+    def _report(self, replica: _Replica, code: int | None, sweep: bool) -> None:
+        if sweep:
+            # Nothing of the replica outlives its report. Only when members were seen alive:
+            # a group id seen empty may already name another group.
+            self._signal(replica, signal.SIGKILL)
         if replica.kill_timer is not None:
             replica.kill_timer.cancel()
             replica.kill_timer = None
         rid = replica.launch.replica_id
         if self._replicas.get(rid) is replica:
             del self._replicas[rid]
+        proclog.rotate_if_over(replica.log_path, self._log_max_bytes)
         requested = replica.stop_requested
         if requested:
             reason = "stopped"
@@ -476,16 +467,7 @@ class ProcessBackend:
         self._signal(replica, signal.SIGKILL)
 
     def _signal(self, replica: _Replica, sig: signal.Signals) -> None:
-        pgid = replica.pgid
-        # pgid 0 is "our own group" to killpg and is also the value before spawn completes.
-        if pgid <= 1 or pgid == os.getpgrp():
-            return
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            log.warning("not allowed to signal process group %d", pgid)
+        procfs.signal_group(replica.pgid, sig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,7 +476,9 @@ class _Plan:
     env: dict[str, str]
     script: str
     cwd: str | None
-    log_file: _LogFile
+    log_path: Path
+    log_fd: int
+    """Ours to close once the replica was spawned (or was not)."""
 
 
 @dataclass(eq=False)
@@ -507,10 +491,10 @@ class _Replica:
     pid: int = 0
     pgid: int = 0
     start_time: int | None = None
-    adopted: bool = False
     watcher: asyncio.Task[None] | None = None
-    pidfd: int | None = None
-    poll: asyncio.TimerHandle | None = None
+    """Spawned: waits for the exit and reports it. Adopted: reports it, once told of it."""
+    exit_watch: procfs.ExitWatch | None = None
+    """Adopted only: tells of the main process's exit."""
     stop_requested: bool = False
     leader_exited: bool = False
     terminating: bool = False
@@ -518,76 +502,6 @@ class _Replica:
     kill_deadline: float = 0.0
     kill_grace: float = 0.0
     killed: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-class _ReplicaProtocol(asyncio.SubprocessProtocol):
-    """Copies the replica's output into its log; tells of its exit and of the pipe's end."""
-
-    def __init__(self, log_file: _LogFile, loop: asyncio.AbstractEventLoop) -> None:
-        self.log_file = log_file
-        self.exited: asyncio.Future[int] = loop.create_future()
-        self.output_closed: asyncio.Future[None] = loop.create_future()
-        self.transport: asyncio.SubprocessTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's process transport does not derive from asyncio.SubprocessTransport.
-        self.transport = cast(asyncio.SubprocessTransport, transport)
-
-    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        self.log_file.write(data.encode() if isinstance(data, str) else data)
-
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        self.log_file.close()
-        if not self.output_closed.done():
-            self.output_closed.set_result(None)
-
-    def process_exited(self) -> None:
-        assert self.transport is not None
-        code = self.transport.get_returncode()
-        if not self.exited.done() and code is not None:
-            self.exited.set_result(code)
-
-    def close(self) -> None:
-        """After the exit: release the pipe (if a process outside the group still holds it,
-        that one now gets EPIPE) and the transport."""
-        if self.transport is not None:
-            self.transport.close()
-
-
-class _LogFile:
-    """An append-only log capped at ``max_bytes`` per file, with one rotation kept."""
-
-    def __init__(self, path: Path, max_bytes: int) -> None:
-        self.path = path
-        self.max_bytes = max_bytes
-        self._file = open(path, "ab", buffering=0)
-        self._size = self._file.tell()
-        self._failed = False
-
-    def write(self, data: bytes) -> None:
-        if self._failed or self._file.closed:
-            return  # keep draining the pipe so the replica never blocks on a full one
-        try:
-            while data:
-                room = self.max_bytes - self._size
-                if room <= 0:
-                    self._rotate()
-                    room = self.max_bytes
-                part, data = data[:room], data[room:]
-                self._file.write(part)
-                self._size += len(part)
-        except OSError as exc:
-            self._failed = True
-            log.warning("log %s: %s; dropping further output", self.path, exc)
-
-    def _rotate(self) -> None:
-        self._file.close()
-        os.replace(self.path, _rotated(self.path))
-        self._file = open(self.path, "wb", buffering=0)
-        self._size = 0
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def shell_script(commands: Iterable[str], path: str, cwd: str | None) -> str:
@@ -645,42 +559,6 @@ def _bindable(host: str, port: int) -> bool:
                 return False
             raise StartFailed(f"cannot bind {host}:{port}: {exc}") from exc
     return True
-
-
-def _rotated(path: Path) -> Path:
-    return path.with_name(path.name + ".1")
-
-
-@dataclass(frozen=True, slots=True)
-class _Stat:
-    state: str
-    pgrp: int
-    start_time: int
-    """Clock ticks after boot (field 22)."""
-
-
-def _read_stat(pid: int) -> _Stat | None:
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    try:
-        # The command name (field 2) is in parentheses and may hold spaces and ')'.
-        fields = data[data.rindex(b")") + 2 :].split()
-        return _Stat(state=fields[0].decode(), pgrp=int(fields[2]), start_time=int(fields[19]))
-    except (ValueError, IndexError):
-        return None
-
-
-def _is_alive(pid: int, pgid: int, start_time: int | None) -> bool:
-    stat = _read_stat(pid)
-    return (
-        stat is not None
-        and start_time is not None
-        and stat.start_time == start_time
-        and stat.pgrp == pgid
-        and stat.state not in ("Z", "X")
-    )
 
 
 def _int(handle: Mapping[str, Any], key: str) -> int | None:

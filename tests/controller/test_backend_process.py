@@ -2,7 +2,8 @@
 
 A replica tells the test that it got somewhere by connecting to the test's ``Notifier`` (its
 port in ``$NOTIFY_PORT``); tests await that, exits (through the exit handler) and the end of
-processes (through pidfds). Nothing here sleeps to let something happen.
+processes (through pidfds). Nothing here sleeps to let something happen, except ``until``
+polling a log file (the one thing a replica tells of only by writing it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import inspect
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -64,8 +66,21 @@ async def main():
     print(json.dumps(running.handle), flush=True)
     await backend.close()
 
-asyncio.run(main())
+if sys.argv[5:] == ["uvloop"]:  # as the gateway runs in production
+    import uvloop
+    uvloop.run(main())
+else:
+    asyncio.run(main())
 """
+
+TICKER_PY = """
+import itertools, os, time
+for i in itertools.count():
+    os.write(1, f"tick-{i}\\n".encode())  # one write per line, never a partial one
+    time.sleep(0.05)
+"""
+
+WRITE_300 = 'i=0; while [ $i -lt 300 ]; do echo "line-$i"; i=$((i+1)); done'
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -200,6 +215,23 @@ def pgid_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
 
 
+async def until(condition: Callable[[], object], what: str) -> None:
+    """Returns once ``condition()`` is true; fails after 10 s. For what only a file shows."""
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ticks(lines: list[str]) -> list[int]:
+    return [int(line.removeprefix("tick-")) for line in lines if line.startswith("tick-")]
+
+
+def last_tick(backend: ProcessBackend, replica_id: str) -> int:
+    return max(ticks(backend.logs(replica_id, 1)), default=-1)
+
+
 Make = Callable[..., Harness]
 
 
@@ -217,6 +249,7 @@ def scripts(tmp_path: Path) -> Path:
     folder.mkdir()
     (folder / "notify.py").write_text(NOTIFY_PY)
     (folder / "server.py").write_text(SERVER_PY)
+    (folder / "ticker.py").write_text(TICKER_PY)
     return folder
 
 
@@ -423,6 +456,19 @@ async def test_leftovers_of_an_exited_replica_are_ended(make: Make) -> None:
     await gone(int(leftover))
 
 
+async def test_leftovers_that_ignore_sigterm_get_sigkill_after_the_grace(make: Make) -> None:
+    h = make(stop_grace_default=0.2)
+    began = time.monotonic()
+    # The trap is set before the fork: the leftover inherits SIGTERM ignored, with no race.
+    running = await h.start(f"trap '' TERM; sleep 1000 & {h.notify} $!; exit 3")
+    (leftover,) = (await h.notifier.next())["args"]
+    assert await h.exit_of(running.replica_id) == Exit(
+        running.replica_id, code=3, reason="exited with code 3", requested=False
+    )
+    assert time.monotonic() - began >= 0.2
+    await gone(int(leftover))
+
+
 # -- stop -----------------------------------------------------------------------------------
 
 
@@ -491,8 +537,8 @@ async def test_a_failing_exit_handler_does_not_lose_the_stop(make: Make) -> None
 
 async def test_logs_are_captured_and_capped_with_one_rotation(make: Make, tmp_path: Path) -> None:
     h = make(log_max_bytes=1000)
-    running = await h.start('i=0; while [ $i -lt 300 ]; do echo "line-$i"; i=$((i+1)); done')
-    await h.exit_of(running.replica_id)  # reported after the output was written
+    running = await h.start(WRITE_300)
+    await h.exit_of(running.replica_id)  # reported after a last check of the log's size
 
     log = tmp_path / "logs" / f"{running.replica_id}.log"
     rotated = log.with_name(log.name + ".1")
@@ -507,11 +553,61 @@ async def test_logs_are_captured_and_capped_with_one_rotation(make: Make, tmp_pa
     assert h.backend.logs("unknown", 5) == []
 
 
+async def test_rotation_copies_the_tail_and_the_writer_appends_after_the_truncation(
+    make: Make, tmp_path: Path, scripts: Path
+) -> None:
+    h = make(log_max_bytes=200, log_check_interval=3600)  # the timer stays out of the way
+    ticker = f"{PY} {shlex.quote(str(scripts / 'ticker.py'))}"
+    running = await h.start(f"{WRITE_300}; {h.notify}; exec {ticker}")
+    await h.notifier.next()
+    rid = running.replica_id
+    log = tmp_path / "logs" / f"{rid}.log"
+    rotated = log.with_name(log.name + ".1")
+    assert log.stat().st_size > 200
+
+    assert h.backend.rotate_logs() == [rid]  # what the periodic check does
+    assert rotated.stat().st_size == 200
+    assert b"line-299\n" in rotated.read_bytes()
+    assert h.backend.rotate_logs() == []  # under the cap now
+
+    # Its stdout is O_APPEND: the next writes land at the new end, not after a hole of NULs
+    # as long as the file was before.
+    await until(lambda: log.read_bytes().count(b"\n") >= 3, "ticks after the truncation")
+    assert re.fullmatch(rb"(tick-\d+\n)+", log.read_bytes())
+    assert "line-299" in h.backend.logs(rid, 10_000)
+    assert h.backend.in_use == 1
+
+
+async def test_logs_rotate_an_oversized_log_first(make: Make, tmp_path: Path) -> None:
+    h = make(log_max_bytes=1000, log_check_interval=3600)
+    running = await h.start(f"{WRITE_300}; {h.notify}; exec sleep 1000")
+    await h.notifier.next()
+    log = tmp_path / "logs" / f"{running.replica_id}.log"
+    assert log.stat().st_size > 1000
+
+    assert h.backend.logs(running.replica_id, 2) == ["line-298", "line-299"]
+    assert log.stat().st_size == 0
+    assert log.with_name(log.name + ".1").stat().st_size == 1000
+
+
+async def test_the_log_check_runs_periodically(make: Make, tmp_path: Path) -> None:
+    h = make(log_max_bytes=1000, log_check_interval=0.05)
+    running = await h.start(f"{WRITE_300}; {h.notify}; exec sleep 1000")
+    await h.notifier.next()
+    log = tmp_path / "logs" / f"{running.replica_id}.log"
+    rotated = log.with_name(log.name + ".1")
+    await until(lambda: rotated.exists() and log.stat().st_size <= 1000, "the periodic check")
+    assert h.backend.logs(running.replica_id, 1) == ["line-299"]
+
+
 # -- adoption -------------------------------------------------------------------------------
 
 
-async def old_gateway(tmp_path: Path, port: int, command: str) -> dict[str, Any]:
-    """Start a replica from another gateway process that then exits; its handle."""
+async def old_gateway(
+    tmp_path: Path, port: int, command: str, loop: str = "asyncio"
+) -> dict[str, Any]:
+    """Start a replica from another gateway process (on ``loop``) that then exits; its
+    handle."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-W",
@@ -522,6 +618,7 @@ async def old_gateway(tmp_path: Path, port: int, command: str) -> dict[str, Any]
         str(port),
         str(tmp_path / "logs"),
         command,
+        loop,
         cwd=REPO,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -547,6 +644,46 @@ async def test_adopt_after_restart_then_stop(make: Make, tmp_path: Path) -> None
     with pytest.raises(StartFailed, match="exhausted"):  # and its port is held
         await h.backend.start(h.launch("sleep 1000"))
     assert h.backend.logs("svc-1-old", 5) == ["before-restart"]
+
+    await h.backend.stop("svc-1-old", grace=5)
+    assert h.reports_of("svc-1-old") == [
+        Exit("svc-1-old", code=None, reason="stopped", requested=True)
+    ]
+    await gone(pid)
+    assert h.backend.in_use == 0
+
+
+@pytest.mark.parametrize("restart", ["in-process", "asyncio-gateway", "uvloop-gateway"])
+async def test_a_restart_leaves_the_replica_running_and_writing_its_log(
+    make: Make, tmp_path: Path, scripts: Path, restart: str
+) -> None:
+    """The old gateway closes its backend (and, but in-process, exits: its end of any pipe to
+    the replica is gone); the new one adopts the replica, which keeps running and logging
+    (no SIGPIPE, no BrokenPipeError)."""
+    ticker = f"{PY} {shlex.quote(str(scripts / 'ticker.py'))}"
+    port = free_port()
+    if restart == "in-process":
+        old = make(port_range=(port, port))
+        running = await old.backend.start(old.launch(ticker, replica_id="svc-1-old"))
+        await until(lambda: last_tick(old.backend, "svc-1-old") >= 0, "a first tick")
+        await old.backend.close()
+        handle = running.handle
+    else:
+        handle = await old_gateway(tmp_path, port, ticker, restart.removesuffix("-gateway"))
+    pid = handle["pid"]
+
+    h = make(port_range=(port, port))
+    adopted = h.backend.adopt(h.launch(ticker, replica_id="svc-1-old"), handle)
+    assert adopted is not None
+    assert adopted.pid == pid
+    h.ids.append("svc-1-old")
+    before = last_tick(h.backend, "svc-1-old")
+    # Ten more ticks: at least half a second of writing after the restart.
+    await until(lambda: last_tick(h.backend, "svc-1-old") >= before + 10, "new ticks")
+    assert alive(pid)
+    assert h.reports_of("svc-1-old") == []
+    numbers = ticks(h.backend.logs("svc-1-old", 10_000))
+    assert numbers == list(range(len(numbers)))  # one process all along, no line lost
 
     await h.backend.stop("svc-1-old", grace=5)
     assert h.reports_of("svc-1-old") == [
@@ -643,11 +780,15 @@ ON_UVLOOP = [
     test_exit_is_reported,
     test_commands_run_in_order_while_they_succeed,
     test_leftovers_of_an_exited_replica_are_ended,
+    test_leftovers_that_ignore_sigterm_get_sigkill_after_the_grace,
     test_stop_ends_the_whole_process_group,
     test_sigkill_after_grace_when_sigterm_is_ignored,
     test_stop_is_idempotent_and_reports_once,
     test_logs_are_captured_and_capped_with_one_rotation,
+    test_rotation_copies_the_tail_and_the_writer_appends_after_the_truncation,
+    test_the_log_check_runs_periodically,
     test_adopt_after_restart_then_stop,
+    test_a_restart_leaves_the_replica_running_and_writing_its_log,
     test_adopted_replica_exit_is_reported,
     test_adopt_refuses_a_process_that_is_not_the_replica,
 ]
@@ -664,6 +805,7 @@ def test_on_uvloop(case: Callable[..., Any], tmp_path: Path, scripts: Path) -> N
         make, made = maker(tmp_path, notifier, scripts)
         given: dict[str, Any] = {"make": make, "tmp_path": tmp_path, "scripts": scripts}
         given |= {"command": "exit 3", "code": 3, "reason": "exited with code 3"}
+        given |= {"restart": "in-process"}
         wanted = inspect.signature(case).parameters
         try:
             await case(**{name: given[name] for name in wanted})

@@ -1,0 +1,151 @@
+"""What must never take a service down (issue 3, e2e (b)-(d); the background reports).
+
+Each test keeps continuous traffic on the service while a scale-up or a rollout fails, and
+counts every failed request: there must be none, and the revision that served before serves
+throughout.
+"""
+
+from __future__ import annotations
+
+from controller.model import ReplicaState
+
+from .conftest import PROBE, Gateways, Load, Watch, alive, serving, spec, until
+
+LIVE = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY)
+
+
+async def test_scale_up_without_capacity_keeps_serving_degraded(gateways: Gateways, site) -> None:
+    """Background report "Service is terminated if scaling fails": here it degrades."""
+    gw = await gateways.start(capacity=1)
+    await serving(gw, spec(site("v1"), 1))
+    ((first_id, first_pid),) = gw.pids().items()
+
+    async with Load(gw.url) as load, Watch(lambda: alive(first_pid), "replica alive") as kept:
+        result = await gw.controller.scale("web", 2)
+        assert result.action == "scaled"
+        degraded = await until(lambda: gw.state().observed.degraded, 5, "a degraded report")
+        assert "1 of 2 replicas ready" in degraded
+        assert "no capacity" in degraded
+        # Placement is retried with backoff, and each retry fails alone.
+        await until(lambda: gw.state().observed.backoff.failures >= 3, 5, "placement retries")
+        await load.more()
+
+    assert not load.failures, load.summary()
+    kept.assert_held()
+    assert load.bodies() == {"v1"}
+    assert gw.pids() == {first_id: first_pid}
+    assert [r.id for r in gw.replicas(ReplicaState.READY)] == [first_id]
+    assert "no capacity: 1 of 1 slots in use" in (gw.state().observed.degraded or "")
+    assert gw.state().desired.replicas == 2
+    assert gw.started_pids == [first_pid]  # nothing else was ever spawned
+    others = [r for r in gw.replicas() if r.id != first_id]
+    assert others, "no placement was attempted"
+    for r in others:  # every other attempt failed alone; nothing was drained or stopped
+        assert r.state is ReplicaState.FAILED
+        assert r.failure == "no capacity: 1 of 1 slots in use"
+
+
+async def test_rollout_without_capacity_fails_and_revision_1_keeps_serving(
+    gateways: Gateways, site
+) -> None:
+    """Background report "A rolling deployment whose new replica cannot start terminates the
+    healthy service": here the rollout fails and the old revision serves on."""
+    gw = await gateways.start(capacity=1)
+    await serving(gw, spec(site("v1"), 1, retries=1))
+    ((first_id, first_pid),) = gw.pids().items()
+
+    async with Load(gw.url) as load, Watch(lambda: alive(first_pid), "replica alive") as kept:
+        result = await gw.controller.apply(spec(site("v2"), 1, retries=1))
+        assert (result.action, result.revision) == ("rollout", 2)
+        failed = await until(
+            lambda: next((r for r in gw.rollouts() if r.to_revision == 2 and not r.active), None),
+            10,
+            "the rollout to revision 2 to end",
+        )
+        await until(lambda: gw.state().observed.rollout is None, 5, "the rollback to complete")
+        await load.more()
+
+    assert not load.failures, load.summary()
+    kept.assert_held()
+    assert (failed.status, failed.reason) == (
+        "failed",
+        "no capacity: 1 of 1 slots in use (after 2 failures)",
+    )
+    assert load.bodies() == {"v1"}
+    latest = gw.rollouts()[0]
+    assert (latest.kind, latest.to_revision, latest.status) == ("rollback", 1, "complete")
+    assert gw.state().desired.revision == 1
+    assert gw.state().observed.serving_revision == 1
+    assert gw.pids() == {first_id: first_pid}
+    assert gw.started_pids == [first_pid]
+
+
+async def test_new_revision_that_exits_at_once_fails_the_rollout_only(
+    gateways: Gateways, site
+) -> None:
+    gw = await gateways.start()
+    await serving(gw, spec(site("v1"), 2, retries=1))
+    old = gw.pids(revision=1)
+
+    async with Load(gw.url) as load:
+        bad = spec(site("v1"), 2, commands=["exit 3"], retries=1)
+        result = await gw.controller.apply(bad)
+        assert (result.action, result.revision) == ("rollout", 2)
+        failed = await until(
+            lambda: next((r for r in gw.rollouts() if r.to_revision == 2 and not r.active), None),
+            10,
+            "the rollout to revision 2 to end",
+        )
+        await until(lambda: gw.state().observed.rollout is None, 5, "the rollback to complete")
+        await load.more()
+
+    assert not load.failures, load.summary()
+    assert (failed.status, failed.reason) == (
+        "failed",
+        "replica exited with code 3 (after 2 failures)",
+    )
+    assert load.bodies() == {"v1"}
+    assert gw.pids() == old
+    assert gw.ready(1) == 2
+    assert not gw.replicas(*LIVE, revision=2)
+    assert gw.state().observed.serving_revision == 1
+    new_pids = gw.started_pids[2:]
+    assert len(new_pids) == 2  # the first try and one retry
+    assert not any(alive(p) for p in new_pids)
+
+
+async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeout(
+    gateways: Gateways, site
+) -> None:
+    gw = await gateways.start()
+    await serving(gw, spec(site("v1"), 2))
+    old = gw.pids(revision=1)
+
+    async with Load(gw.url) as load:
+        # Revision 2 runs and answers, but 404 on its probe path: it never becomes ready.
+        probe = PROBE | {"path": "/ready.txt"}
+        bad = spec(site("v2"), 2, probes=[probe], retries=1, start_timeout=1.5)
+        result = await gw.controller.apply(bad)
+        assert (result.action, result.revision) == ("rollout", 2)
+        await until(lambda: gw.replicas(ReplicaState.STARTING, revision=2), 5, "a v2 replica")
+        failed = await until(
+            lambda: next((r for r in gw.rollouts() if r.to_revision == 2 and not r.active), None),
+            10,
+            "the rollout to revision 2 to end",
+        )
+        await until(lambda: gw.state().observed.rollout is None, 5, "the rollback to complete")
+        await load.more()
+
+    assert not load.failures, load.summary()
+    assert (failed.status, failed.reason) == (
+        "failed",
+        "not ready within 1.5s (after 2 failures)",
+    )
+    assert load.bodies() == {"v1"}
+    assert gw.pids() == old
+    assert gw.ready(1) == 2
+    assert not gw.replicas(*LIVE, revision=2)
+    assert gw.state().observed.serving_revision == 1
+    new_pids = gw.started_pids[2:]
+    assert len(new_pids) == 2
+    await until(lambda: not any(alive(p) for p in new_pids), 5, "revision-2 processes to end")

@@ -1,0 +1,138 @@
+"""A gateway restart adopts the replicas that kept running (issue 3, State)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from controller.store import Store
+
+from .conftest import Gateways, Load, alive, serving, spec, until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_restart_adopts_running_replicas_at_the_serving_revision(
+    gateways: Gateways, site
+) -> None:
+    first = await gateways.start(on_exit="keep")
+    await serving(first, spec(site("v1"), 1))
+    await first.controller.apply(spec(site("v2"), 2))
+    await until(
+        lambda: (
+            first.state().observed.serving_revision == 2
+            and first.state().observed.rollout is None
+            and first.ready(2) == 2
+            and not first.pids(revision=1)
+        ),
+        15,
+        "revision 2 serving alone",
+    )
+    kept = first.pids()
+    assert len(kept) == 2
+    await first.stop()
+    assert all(alive(pid) for pid in kept.values()), "replicas_on_exit: keep stopped a replica"
+
+    second = await gateways.start(on_exit="stop")
+    state = second.state()
+    assert state.desired.revision == 2
+    assert state.observed.serving_revision == 2
+    assert second.pids() == kept  # adopted: the same replicas, the same processes
+    await until(lambda: second.ready(2) == 2, 5, "the adopted replicas to pass their probes")
+    async with Load(second.url) as load:
+        await load.more(100)
+    assert not load.failures, load.summary()
+    assert load.bodies() == {"v2"}
+    assert second.started_pids == []  # nothing was started again
+    assert [r.status for r in second.rollouts()] == ["complete", "complete"]
+
+    await second.controller.delete("web")
+    await until(lambda: "web" not in second.controller.service_names(), 10, "the delete")
+    await until(lambda: not any(alive(p) for p in kept.values()), 5, "the replicas to end")
+    assert second.controller.store.service("web") is None
+    # The first backend spawned these replicas: let it take in their exits, and collect now
+    # so that a resource it leaked (an unclosed transport) is reported against this test.
+    await asyncio.sleep(0.1)
+    gc.collect()
+
+
+def _stored(db: Path) -> tuple[list[Any], dict[str, int]]:
+    """The service's rollouts and its stored replicas (id -> pid), empty if not there yet."""
+    if not db.exists():
+        return [], {}
+    try:
+        store = Store(db, readonly=True)
+    except Exception:  # the first gateway has not created it yet
+        return [], {}
+    try:
+        rollouts = store.rollouts("web")
+        replicas = store.replicas("web")
+    finally:
+        store.close()
+    return rollouts, {r.replica_id: json.loads(r.handle_json)["pid"] for r in replicas}
+
+
+def _serving_pids(db: Path) -> dict[str, int] | None:
+    """Replica id -> pid once the service is serving revision 1 with two replicas."""
+    rollouts, pids = _stored(db)
+    if not rollouts or rollouts[0].status != "complete" or len(pids) != 2:
+        return None
+    return pids
+
+
+async def test_restart_of_the_gateway_process_keeps_adopted_replicas_serving(
+    gateways: Gateways, site, tmp_path: Path
+) -> None:
+    """The first gateway is a process of its own, as in production, and it ends.
+
+    Regression: replicas once wrote their output into a pipe to the gateway process; after it
+    ended, every write failed (EPIPE) and http.server dropped each connection, so adopted
+    replicas never passed a probe and the service was down after every restart.
+    """
+    config = gateways.config(on_exit="keep", services=[spec(site("v1"), 2)], log_level="warning")
+    path = gateways.write_config(config)
+    with open(tmp_path / "first-gateway.log", "wb") as output:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "controller.main",
+            "serve",
+            "-c",
+            str(path),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=output,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    db = gateways.state_dir / "gateway.db"
+    try:
+        kept = await until(lambda: _serving_pids(db), 15, "the first gateway")
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 10)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+        # Whatever happened, teardown makes sure the replicas it left behind end.
+        gateways.other_pids |= set(_stored(db)[1].values())
+    assert process.returncode == 0
+    assert all(alive(pid) for pid in kept.values()), "replicas_on_exit: keep stopped a replica"
+
+    second = await gateways.start(on_exit="stop")
+    assert second.pids() == kept  # adopted
+    assert second.state().observed.serving_revision == 1
+    await until(lambda: second.ready(1) == 2, 3, "the adopted replicas to pass their probes")
+    async with Load(second.url) as load:
+        await load.more(100)
+    assert not load.failures, load.summary()
+    assert load.bodies() == {"v1"}
+    assert second.started_pids == []
