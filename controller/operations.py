@@ -148,6 +148,14 @@ class Controller:
         changes = diff_fields(target_spec, spec)
         previous = state.desired.revision
         if spec.template_key() != target_spec.template_key():
+            serving = state.observed.serving_revision
+            if (
+                serving is not None
+                and spec.template_key() == state.revisions[serving].template_key()
+            ):
+                # Back to what serves (a rollout abandoned by re-applying the old spec): keep
+                # its replicas rather than replacing them all with an identical revision.
+                return ApplyResult("rollout", spec.name, serving, previous, None, changes)
             number = max(state.revisions) + 1
             return ApplyResult("rollout", spec.name, number, previous, None, changes)
         if not changes:
@@ -189,6 +197,14 @@ class Controller:
 
         changes = plan.changes
         previous = state.desired.revision
+        if plan.action == "rollout" and plan.revision == state.observed.serving_revision:
+            self.store.update_service(
+                spec.name, spec_json=spec.to_json(), desired_replicas=spec.desired_replicas
+            )
+            state.revisions[plan.revision] = spec
+            self._set_spec(state, spec, previous)
+            back = self.executor.begin_rollout(state, plan.revision, "rollback", previous)
+            return ApplyResult("rollout", spec.name, plan.revision, previous, back.id, changes)
         if plan.action == "rollout":
             serving = state.observed.serving_revision
             revision, rollout = self.store.apply_revision(

@@ -305,3 +305,18 @@ async def test_restart_restores_services_and_adopts_running_replicas(h: Harness)
     await h.pass_probes("web")
     assert h.ready("web") == 2
     assert h.state("web").observed.serving_revision == 1
+
+
+async def test_reapplying_the_serving_spec_mid_rollout_keeps_its_replicas(h: Harness) -> None:
+    await serving(h, replicas=2)
+    old = {r.id for r in h.replicas("web", ReplicaState.READY)}
+    await h.controller.apply(spec("web", 2, version="v2"))
+    await h.settle()
+    result = await h.controller.apply(spec("web", 2, version="v1"))
+    assert (result.action, result.revision) == ("rollout", 1)
+    await h.settle()
+    await h.pass_probes("web")
+    assert {r.id for r in h.replicas("web", ReplicaState.READY)} == old
+    assert not h.replicas("web", *LIVE, revision=2)
+    assert [r.number for r in h.store.revisions("web")] == [1, 2]
+    assert h.state("web").observed.rollout is None
