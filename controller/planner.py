@@ -132,7 +132,10 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
             wake.append(r.ready_since + s.min_ready)
 
     if not paused:
-        actions.extend(_starts(observed, desired, now, len(new), len(live) + len(leaving), wake))
+        pending = sum(1 for r in new if r.state is ReplicaState.REQUESTED)
+        actions.extend(
+            _starts(observed, desired, now, len(new), len(live) + len(leaving), pending, wake)
+        )
         actions.extend(_drains(desired, old, new, available_new))
 
     if (
@@ -178,6 +181,7 @@ def _starts(
     now: float,
     new_count: int,
     occupied: int,
+    pending: int,
     wake: list[float],
 ) -> list[Action]:
     s = desired.strategy
@@ -191,7 +195,10 @@ def _starts(
         if now < retry_at:
             wake.append(retry_at)
             return []
-        # After a failure, probe the backend with one start, not a burst of them.
+        # After a failure, probe the backend with one start at a time, not a burst: a replan
+        # while that start is still with the backend must not add another.
+        if pending:
+            return []
         count = 1
     return [Start(desired.revision) for _ in range(count)]
 
