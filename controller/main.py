@@ -189,7 +189,10 @@ def serve_main(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gateway", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="gateway",
+        description="A load-balancing gateway: health-gated routing, zero-downtime rollouts.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("-c", "--config", default="configs/gateway.yaml")
