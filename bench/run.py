@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+import results
+
 REPO = Path(__file__).resolve().parent.parent
 BODY = b"Hello, world\n"
 BIG_SIZE = 10 * 1024 * 1024
@@ -701,7 +703,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     report = render(args, order, figures, started_at, sources, load)
-    args.output.write_text(report)
+    # Other benches own marked sections of the same file: keep them.
+    kept = results.sections(args.output.read_text()) if args.output.exists() else ""
+    args.output.write_text(report.rstrip("\n") + "\n" + ("\n" + kept if kept else ""))
     print(table(figures, order, not args.no_stream))
     print()
     print(ratios(figures, order, not args.no_stream))
