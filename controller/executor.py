@@ -159,13 +159,7 @@ class Executor:
         state.put(replica.replace(state=ReplicaState.FAILED, since=now, failure=failure))
         if not replica.failure and replica.state is ReplicaState.REQUESTED:
             self.reconciler.note_failure(state, replica, reason)
-        self.journal.record(
-            state.name,
-            "replica_failed",
-            f"replica {replica_id} failed: {reason}",
-            replica.revision,
-            replica_id,
-        )
+        self.journal.replica(state.name, "replica_failed", replica, f"failed: {reason}")
         state.wake.set()
 
     def _drain(self, state: ServiceState, replica_id: str, reason: str) -> None:
@@ -174,13 +168,7 @@ class Executor:
             return
         now = self.clock()
         state.put(replica.replace(state=ReplicaState.DRAINING, since=now))
-        self.journal.record(
-            state.name,
-            "replica_draining",
-            f"replica {replica_id} draining: {reason}",
-            replica.revision,
-            replica_id,
-        )
+        self.journal.replica(state.name, "replica_draining", replica, f"draining: {reason}")
         if replica.state is ReplicaState.REQUESTED:
             return  # _do_start marks it drained when the backend returns
         timeout = state.revisions[replica.revision].rollout.drain_timeout
@@ -194,12 +182,11 @@ class Executor:
         clean = not fut.cancelled() and fut.result()
         state.put(replica.replace(drained=True))
         if not clean:
-            self.journal.record(
+            self.journal.replica(
                 state.name,
                 "replica_drain_timeout",
-                f"replica {replica_id}: drain timeout, in-flight requests were cut off",
-                replica.revision,
-                replica_id,
+                replica,
+                "drain timeout, in-flight requests were cut off",
             )
         state.wake.set()
 
@@ -209,13 +196,7 @@ class Executor:
             return
         self.reconciler.note_failure(state, replica, reason)
         state.put(replica.replace(failure=reason))
-        self.journal.record(
-            state.name,
-            "replica_failed",
-            f"replica {replica_id} failed: {reason}",
-            replica.revision,
-            replica_id,
-        )
+        self.journal.replica(state.name, "replica_failed", replica, f"failed: {reason}")
         self._drain(state, replica_id, reason)
 
     def _stop(self, state: ServiceState, replica_id: str) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import StoreUnavailable
+from .model import Replica
 from .store import Store
 
 log = logging.getLogger("gateway.events")
@@ -70,6 +71,12 @@ class Journal:
                 queue.get_nowait()
             queue.put_nowait(entry)
         return entry
+
+    def replica(self, service: str, kind: str, replica: Replica, message: str) -> Entry:
+        """An entry about one replica: ``message`` follows ``replica <id>``."""
+        return self.record(
+            service, kind, f"replica {replica.id} {message}", replica.revision, replica.id
+        )
 
     def watch(self, maxsize: int = 1000) -> asyncio.Queue[Entry]:
         queue: asyncio.Queue[Entry] = asyncio.Queue(maxsize)

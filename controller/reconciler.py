@@ -179,21 +179,13 @@ class Reconciler:
             state.put(replica.replace(state=ReplicaState.READY, since=now, ready_since=now))
             if replica.revision == state.desired.revision:
                 state.observed = state.observed.replace(backoff=Backoff())
-            self.journal.record(
-                state.name,
-                "replica_ready",
-                f"replica {replica.id} ready at {replica.address}",
-                replica.revision,
-                replica.id,
+            self.journal.replica(
+                state.name, "replica_ready", replica, f"ready at {replica.address}"
             )
         elif health is Health.UNHEALTHY and replica.state is ReplicaState.READY:
             state.put(replica.replace(state=ReplicaState.UNHEALTHY, since=now))
-            self.journal.record(
-                state.name,
-                "replica_unhealthy",
-                f"replica {replica.id} unhealthy: {event.reason}",
-                replica.revision,
-                replica.id,
+            self.journal.replica(
+                state.name, "replica_unhealthy", replica, f"unhealthy: {event.reason}"
             )
         else:
             return
@@ -214,13 +206,7 @@ class Reconciler:
         if replica.state is ReplicaState.STOPPING or exit.requested:
             final = ReplicaState.FAILED if replica.failure else ReplicaState.STOPPED
             state.put(replica.replace(state=final, since=now, exit_code=exit.code))
-            self.journal.record(
-                state.name,
-                "replica_stopped",
-                f"replica {replica.id} stopped",
-                replica.revision,
-                replica.id,
-            )
+            self.journal.replica(state.name, "replica_stopped", replica, "stopped")
         else:
             reason = f"replica {exit.reason}"
             state.put(
@@ -229,13 +215,7 @@ class Reconciler:
                 )
             )
             self.note_failure(state, replica, reason)
-            self.journal.record(
-                state.name,
-                "replica_failed",
-                f"replica {replica.id} failed: {reason}",
-                replica.revision,
-                replica.id,
-            )
+            self.journal.replica(state.name, "replica_failed", replica, f"failed: {reason}")
         state.wake.set()
 
     def __repr__(self) -> str:
