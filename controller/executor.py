@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from gateway import Pool, Upstream
+from gateway import Health, Pool, Upstream
 
 from .actions import (
     Action,
@@ -291,8 +291,42 @@ class Executor:
             f"{kind} {row.id}: revision {from_revision} -> {to_revision}",
             to_revision,
         )
+        self._reclaim(state, to_revision)
         state.wake.set()
         return rollout
+
+    def _reclaim(self, state: ServiceState, revision: int) -> None:
+        """Back to ``revision``: its replicas still draining (the rollout being undone was
+        replacing them) serve again, up to the desired count, instead of being stopped while
+        fresh ones start. Otherwise a failed rollout could leave no routable replica: the
+        last old one draining, the new ones crashing (the zero-downtime harness, 3c)."""
+        wanted = state.desired.replicas - sum(
+            1 for r in state.observed.replicas if r.live and r.revision == revision
+        )
+        draining = [
+            r
+            for r in state.observed.replicas
+            if r.state is ReplicaState.DRAINING
+            and r.revision == revision
+            and not r.drained
+            and not r.failure
+            and r.id in state.running
+        ]
+        now = self.clock()
+        for replica in sorted(draining, key=lambda r: r.since, reverse=True)[: max(wanted, 0)]:
+            upstream = self.pool.upstream(state.name, replica.id)
+            if upstream is None:
+                continue
+            healthy = upstream.health is Health.HEALTHY
+            back = ReplicaState.READY if healthy else ReplicaState.UNHEALTHY
+            state.put(replica.replace(state=back, since=now))
+            self.pool.undrain(state.name, replica.id)  # cancels the drain: _drained ignores it
+            self.journal.replica(
+                state.name,
+                "replica_undrained",
+                replica,
+                f"serves again: back to revision {revision}",
+            )
 
     def _rollout_ended(self, state: ServiceState, rollout: Rollout, outcome: str) -> None:
         duration = self.clock() - rollout.started

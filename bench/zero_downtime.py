@@ -1,0 +1,1354 @@
+"""The zero-downtime harness: rollouts and faults under continuous load, every request counted.
+
+    .venv/bin/python bench/zero_downtime.py [--scenario N ...] [--duration S] [--concurrency C]
+
+Each scenario starts the real gateway as a process of its own (``python -m controller.main
+serve``: process backend, traffic and admin listeners on free loopback ports, a temporary
+state directory, an admin token), drives it through the admin API, runs replicas of
+``bench/replica_app.py`` (which say which revision and replica answered, and take
+``startup_delay`` seconds to start) and keeps ``bench/loadgen.py`` busy against it: short
+requests, slow requests, SSE streams and uploads on kept-alive and fresh connections, and a
+few WebSockets that echo a message every 100 ms. Every request's outcome is recorded.
+
+Scenarios (issue 6):
+
+1. rolling update of 4 replicas r1 -> r2, 2 s start-up;
+2. the same with ``max_surge: 2`` (2a), and with ``max_unavailable: 1`` (2b);
+3. a new revision that exits at once (3a), never passes its probe (3b), passes and crashes
+   after 3 s (3c): each rollout fails and is rolled back, revision 1 serves throughout;
+4. capacity exhausted: a scale-up (4a) and a new revision (4b) that cannot be placed;
+5. SIGKILL of a serving replica every few seconds while traffic flows;
+6. an apply that supersedes a rollout in progress (6a), an undo in the middle of one (6b);
+7. a slow request and an SSE stream in flight on an old replica when its drain starts
+   complete; a WebSocket open past ``drain_timeout`` is closed with 1001 (expected);
+8. SIGTERM to the gateway process with requests in flight: they complete, it exits 0.
+
+A request failed when it got a non-2xx answer the replica did not produce itself, a
+connection error, a timeout, a short or wrong body, a broken SSE stream, a wrong or missing
+WebSocket echo, or a WebSocket closed under it (1001 too, except where scenarios 7 and 8 say
+it is the expected behaviour). Failures of streams, uploads and WebSockets that were in
+flight on a replica at the moment it crashed or was SIGKILLed are reported as such in the
+notes: they still count as failed.
+
+Each scenario is bounded (every wait has a deadline), stops by itself and, in a ``finally``,
+stops the gateway (SIGTERM, then SIGKILL of its process group) and SIGKILLs the process group
+of any replica still alive (replicas write ``<id>.pid`` into the scenario's directory; a pid
+is signalled only while ``/proc`` shows it is that replica). The table goes to stdout and,
+when every scenario ran, to the marked section of ``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import platform
+import random
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.loadgen import KiB, LoadGen, LoadMix, MiB, Outcome, Summary, summarize  # noqa: E402
+
+APP = ROOT / "bench" / "replica_app.py"
+RESULTS = ROOT / "bench" / "RESULTS.md"
+START_MARK = "<!-- zero-downtime:start -->"
+END_MARK = "<!-- zero-downtime:end -->"
+SERVICE = "web"
+LIVE = frozenset({"requested", "starting", "ready", "unhealthy"})
+LEAVING = frozenset({"draining", "stopping"})
+WALL_OFFSET = time.time() - time.monotonic()
+"""Journal times are wall-clock; outcomes are monotonic."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Timings and sizes of one run of the scenarios (``FULL``, or ``SHORT`` for CI)."""
+
+    replicas: int = 4
+    startup_delay: float = 2.0
+    probe_interval: float = 0.2
+    start_timeout: float = 10.0
+    drain_timeout: float = 10.0
+    retries: int = 2
+    """Failed target replicas replaced before a rollout fails."""
+    retry_backoff: float = 0.3
+    bad_start_timeout: float = 4.0
+    """3b: how long a replica that never passes its probe gets."""
+    crash_after: float = 3.0
+    """3c: seconds after binding."""
+    crash_min_ready: float | None = None
+    """3c: ``min_ready`` of the crashing revision. None (the default strategy): the crashes
+    must come before the rollout can complete, which 4 replicas with 2 s start-ups ensure;
+    a short run (2 fast replicas) could complete it first, so it holds new replicas back."""
+    warmup: float = 2.0
+    """Load before the action of a scenario."""
+    settle: float = 2.0
+    """Load after its outcome."""
+    hold: float = 8.0
+    """4a: how long the unplaceable scale-up is held under load."""
+    kill_every: float = 3.0
+    kill_for: float = 20.0
+    """5: how long replicas are SIGKILLed."""
+    held_drain_timeout: float = 8.0
+    """7: the drain timeout the held WebSocket outlasts."""
+    held_seconds: float = 6.0
+    """7: the slow request and the SSE stream held across the drain."""
+    shutdown_timeout: float = 10.0
+    """8: the gateway's ``proxy.shutdown_timeout``."""
+    deadline: float = 90.0
+    """The longest any one wait may take."""
+    mix: LoadMix = field(default_factory=LoadMix)
+    crash_mix: LoadMix | None = None
+    """3c with only requests a proxy can replay (CI: it must end with no failure); None: the
+    full mix, whose streams in flight on the crashing replica are lost (and reported)."""
+
+
+FULL = Profile()
+SHORT = Profile(
+    replicas=2,
+    startup_delay=0.2,
+    probe_interval=0.1,
+    start_timeout=5.0,
+    drain_timeout=5.0,
+    retries=0,
+    retry_backoff=0.1,
+    bad_start_timeout=0.6,
+    crash_after=0.5,
+    crash_min_ready=1.0,
+    warmup=0.15,
+    settle=0.15,
+    hold=1.0,
+    kill_every=1.0,
+    kill_for=3.0,
+    held_drain_timeout=2.0,
+    held_seconds=1.5,
+    shutdown_timeout=5.0,
+    deadline=20.0,
+    mix=LoadMix(
+        concurrency=8,
+        websockets=2,
+        slow=(0.1, 0.4),
+        sse_events=(3, 6),
+        sse_interval=0.05,
+        upload=(64 * KiB, 512 * KiB),
+        ws_session=(0.2, 0.5),
+        timeout=15.0,
+    ),
+    crash_mix=LoadMix(
+        concurrency=8,
+        websockets=0,
+        slow=(0.1, 0.4),
+        long_weights=(1.0, 0.0, 0.0),
+        timeout=15.0,
+    ),
+)
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def replica_process(pid: int, piddir: Path) -> bool:
+    """``pid`` is alive (not a zombie) and is a replica app that writes into ``piddir``."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        stat = (proc / "stat").read_bytes()
+        cmdline = (proc / "cmdline").read_bytes()
+        environ = (proc / "environ").read_bytes()
+    except OSError:
+        return False
+    if stat[stat.rindex(b")") + 2 :].split()[0] in (b"Z", b"X"):
+        return False
+    return APP.name.encode() in cmdline and f"PIDDIR={piddir}".encode() in environ.split(b"\0")
+
+
+class AdminError(Exception):
+    pass
+
+
+@dataclass
+class Track:
+    """Samples of the service while something happens: ready and running replicas."""
+
+    samples: list[tuple[float, int, int, dict[int, int]]] = field(default_factory=list)
+    serving: set[int] = field(default_factory=set)
+    """Every revision the controller called serving meanwhile."""
+
+    def add(self, view: dict[str, Any]) -> None:
+        if view["serving_revision"] is not None:
+            self.serving.add(view["serving_revision"])
+        ready: dict[int, int] = {}
+        running = 0
+        for r in view["replicas"]:
+            if r["state"] == "ready":
+                ready[r["revision"]] = ready.get(r["revision"], 0) + 1
+            if r["state"] in LIVE or r["state"] in LEAVING:
+                running += 1
+        self.samples.append((time.monotonic(), sum(ready.values()), running, ready))
+
+    @property
+    def min_ready(self) -> int:
+        return min((s[1] for s in self.samples), default=0)
+
+    @property
+    def max_running(self) -> int:
+        return max((s[2] for s in self.samples), default=0)
+
+    def min_ready_of(self, revision: int) -> int:
+        return min((s[3].get(revision, 0) for s in self.samples), default=0)
+
+
+class Gateway:
+    """The gateway as a process of its own, its admin API, and the replicas it started."""
+
+    def __init__(
+        self, workdir: Path, *, capacity: int | None = 16, shutdown_timeout: float = 10.0
+    ) -> None:
+        self.dir = workdir
+        self.piddir = workdir / "pids"
+        self.piddir.mkdir(parents=True)
+        self.capacity = capacity
+        self.shutdown_timeout = shutdown_timeout
+        self.port = free_port()
+        self.admin_port = free_port()
+        base = 26000 + random.randrange(80) * 25
+        self.port_range = f"{base}-{base + 24}"
+        self.token = secrets.token_urlsafe(24)
+        self.process: asyncio.subprocess.Process | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.views: dict[str, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.tracks: list[Track] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "gateway.log"
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "listen": f"127.0.0.1:{self.port}",
+            "admin": {"listen": f"127.0.0.1:{self.admin_port}", "token_env": "GATEWAY_ADMIN_TOKEN"},
+            "state_dir": str(self.dir / "state"),
+            "backends": {"process": {"capacity": self.capacity, "port_range": self.port_range}},
+            "proxy": {"shutdown_timeout": self.shutdown_timeout},
+            "access_log": {"enabled": False},
+            "replicas_on_exit": "stop",
+            "log_level": "info",
+        }
+
+    async def start(self) -> None:
+        path = self.dir / "gateway.json"
+        path.write_text(json.dumps(self.config(), indent=2))
+        env = {**os.environ, "GATEWAY_ADMIN_TOKEN": self.token, "PYTHONPATH": str(ROOT)}
+        with open(self.log_path, "wb") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "controller.main",
+                "serve",
+                "-c",
+                str(path),
+                cwd=ROOT,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.session = aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=aiohttp.ClientTimeout(total=10),
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            if self.process.returncode is not None:
+                raise RuntimeError(f"the gateway exited at start-up:\n{self.log_tail()}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with self.session.get(f"{self.admin_url}/readyz") as response:
+                    if response.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway was not ready within 20 s:\n{self.log_tail()}")
+            await asyncio.sleep(0.05)
+        self._tasks = [asyncio.create_task(self._poll()), asyncio.create_task(self._follow())]
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    # -- the admin API ------------------------------------------------------------------------
+
+    async def call(self, method: str, path: str, body: Any = None) -> Any:
+        assert self.session is not None
+        async with self.session.request(method, self.admin_url + path, json=body) as response:
+            data = await response.json(content_type=None)
+            if response.status >= 300:
+                raise AdminError(f"{method} {path}: {response.status} {data}")
+            return data
+
+    async def apply(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call("PUT", f"/api/services/{spec['name']}", spec)
+        return result
+
+    async def scale(self, replicas: int, name: str = SERVICE) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call(
+            "POST", f"/api/services/{name}/scale", {"replicas": replicas}
+        )
+        return result
+
+    async def undo(self, name: str = SERVICE) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call("POST", f"/api/services/{name}/rollout/undo", {})
+        return result
+
+    async def rollouts(self, name: str = SERVICE) -> list[dict[str, Any]]:
+        data = await self.call("GET", f"/api/services/{name}/rollouts")
+        rows: list[dict[str, Any]] = data["rollouts"]
+        return rows
+
+    async def last_rollout_id(self, name: str = SERVICE) -> int:
+        return max((r["id"] for r in await self.rollouts(name)), default=0)
+
+    async def rollouts_since(self, rollout_id: int, name: str = SERVICE) -> list[dict[str, Any]]:
+        return sorted((r for r in await self.rollouts(name) if r["id"] > rollout_id),
+                      key=lambda r: r["id"])  # fmt: skip
+
+    async def _poll(self) -> None:
+        """The services' views every 100 ms, into ``views`` and every active ``Track``."""
+        while True:
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, AdminError):
+                data = await self.call("GET", "/api/services")
+                self.views = {v["name"]: v for v in data["services"]}
+                view = self.views.get(SERVICE)
+                if view is not None:
+                    for track in self.tracks:
+                        track.add(view)
+            await asyncio.sleep(0.1)
+
+    async def _follow(self) -> None:
+        """The journal as server-sent events, into ``events`` (with a monotonic ``mono``)."""
+        assert self.session is not None
+        while True:
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                async with self.session.get(
+                    f"{self.admin_url}/api/events", timeout=aiohttp.ClientTimeout(total=None)
+                ) as response:
+                    async for raw in response.content:
+                        line = raw.decode(errors="replace").rstrip("\n")
+                        if line.startswith("data: "):
+                            event = json.loads(line[6:])
+                            event["mono"] = event["at"] - WALL_OFFSET
+                            self.events.append(event)
+            await asyncio.sleep(0.2)
+
+    def view(self, name: str = SERVICE) -> dict[str, Any] | None:
+        return self.views.get(name)
+
+    async def fresh_view(self, name: str = SERVICE) -> dict[str, Any]:
+        view: dict[str, Any] = await self.call("GET", f"/api/services/{name}")
+        return view
+
+    async def wait(
+        self,
+        predicate: Callable[[dict[str, Any]], bool],
+        timeout: float,
+        what: str,
+        name: str = SERVICE,
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, AdminError):
+                view = await self.fresh_view(name)
+                if predicate(view):
+                    return view
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+            await asyncio.sleep(0.05)
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[Track]:
+        track = Track()
+        self.tracks.append(track)
+        try:
+            yield track
+        finally:
+            self.tracks.remove(track)
+
+    def pid(self, replica_id: str) -> int | None:
+        try:
+            return int((self.piddir / f"{replica_id}.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def replica_pids(self) -> list[int]:
+        pids = []
+        for path in self.piddir.glob("*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.append(int(path.read_text()))
+        return pids
+
+    def events_of(self, kind: str, since: float = 0.0) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["kind"] == kind and e["mono"] >= since]
+
+    # -- the end --------------------------------------------------------------------------
+
+    def stop_watching(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+
+    async def close(self) -> list[int]:
+        """Stop the gateway and end every replica left; returns the pids that were left."""
+        self.stop_watching()
+        process = self.process
+        if process is not None and process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), self.shutdown_timeout + 15)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+        # With replicas_on_exit: stop, the gateway stopped its replicas before it exited.
+        deadline = time.monotonic() + 3
+        left = [p for p in self.replica_pids() if replica_process(p, self.piddir)]
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            left = [p for p in left if replica_process(p, self.piddir)]
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # each replica leads a process group of its own
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+        return left
+
+
+# -- specs and states -------------------------------------------------------------------------
+
+
+def make_spec(
+    p: Profile,
+    gw: Gateway,
+    version: str,
+    *,
+    replicas: int | None = None,
+    env: dict[str, str] | None = None,
+    **rollout: Any,
+) -> dict[str, Any]:
+    """The service spec of one revision of the replica app (``version`` makes it distinct)."""
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(APP))}"
+    return {
+        "name": SERVICE,
+        "route": {"path_prefix": "/"},
+        "replicas": p.replicas if replicas is None else replicas,
+        "replica": {
+            "commands": [command],
+            "env": {
+                "VERSION": version,
+                "STARTUP_DELAY": f"{p.startup_delay:g}",
+                "PIDDIR": str(gw.piddir),
+                **(env or {}),
+            },
+        },
+        "probes": [
+            {
+                "type": "http",
+                "path": "/healthz",
+                "interval": p.probe_interval,
+                "timeout": 1.0,
+                "healthy_threshold": 2,
+                "unhealthy_threshold": 3,
+            }
+        ],
+        "retries": {"attempts": 2},
+        "rollout": {
+            "retry_backoff": p.retry_backoff,
+            "max_retry_backoff": 2.0,
+            "start_timeout": p.start_timeout,
+            "drain_timeout": p.drain_timeout,
+            "stop_grace": 2.0,
+            "retries": p.retries,
+        }
+        | rollout,
+    }
+
+
+def live(view: dict[str, Any], revision: int | None = None) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in view["replicas"]
+        if r["state"] in LIVE and (revision is None or r["revision"] == revision)
+    ]
+
+
+def ready(view: dict[str, Any], revision: int | None = None) -> list[dict[str, Any]]:
+    return [r for r in live(view, revision) if r["state"] == "ready"]
+
+
+def settled(view: dict[str, Any], revision: int, replicas: int) -> bool:
+    """No rollout; ``replicas`` ready replicas of ``revision``, nothing else running."""
+    if view["rollout"] is not None:
+        return False
+    if view["serving_revision"] != revision or view["target_revision"] != revision:
+        return False
+    if any(r["state"] in LEAVING for r in view["replicas"]):
+        return False
+    running = live(view)
+    return len(running) == replicas and len(ready(view, revision)) == replicas
+
+
+def describe_rollouts(rows: list[dict[str, Any]]) -> str:
+    parts = []
+    for r in rows:
+        end = r["finished_at"] if r["finished_at"] is not None else time.time()
+        text = (
+            f"{r['kind']} r{r['from_revision']}→r{r['to_revision']} {r['status']} "
+            f"in {end - r['started_at']:.1f} s"
+        )
+        if r["status"] == "failed" and r["reason"]:
+            text += f" ({r['reason']})"
+        parts.append(text)
+    return "; ".join(parts) or "no rollout"
+
+
+# -- rows -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One scenario (or part of one): its load's outcomes and what the harness saw."""
+
+    key: str
+    title: str
+    started: float = field(default_factory=time.monotonic)
+    outcomes: list[Outcome] = field(default_factory=list)
+    rollout: str = "-"
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """Checks that did not hold (other than failed requests)."""
+    crashes: list[tuple[float, str]] = field(default_factory=list)
+    """(monotonic time, replica id) of each replica that crashed or was killed."""
+    expected: Callable[[Outcome], bool] | None = None
+    """Failed outcomes that are the scenario's expected behaviour (a 1001 close)."""
+    expected_note: str = ""
+    summary: Summary = field(default_factory=Summary)
+
+    def check(self, condition: object, what: str) -> bool:
+        if not condition:
+            self.problems.append(what)
+        return bool(condition)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def finish(self, outcomes: list[Outcome]) -> None:
+        self.outcomes = list(outcomes)
+        self.summary = summarize(self.outcomes, self.expected)
+
+    @property
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.failed and not (self.expected and self.expected(o))]
+
+    def on_crashed(self, o: Outcome) -> bool:
+        """In flight on a replica at the moment it crashed or was killed."""
+        for at, replica in self.crashes:
+            if o.start <= at <= o.end + 0.05 and o.end <= at + 3.0:
+                if o.replica is None or o.replica == replica:
+                    return True
+        return False
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and not self.problems
+
+    def failure_note(self) -> str:
+        failures = self.failures
+        if not failures:
+            return ""
+        kinds = ", ".join(
+            f"{k} {n}" for k, n in sorted(self.summary.failed_by_kind.items(), key=lambda x: -x[1])
+        )
+        text = f"failed: {kinds}"
+        if self.crashes:
+            crashed = sum(1 for o in failures if self.on_crashed(o))
+            other = len(failures) - crashed
+            text += (
+                f"; {crashed} of {len(failures)} were in flight on a replica at the moment it "
+                f"died, {other} other"
+            )
+        return text
+
+
+class Ctx:
+    """What the scenarios share: the profile, a work directory, the gateways they start."""
+
+    def __init__(self, profile: Profile, workroot: Path, verbose: bool = True) -> None:
+        self.profile = profile
+        self.workroot = workroot
+        self.verbose = verbose
+        self.rows: list[Row] = []
+        self._count = 0
+
+    def log(self, text: str) -> None:
+        if self.verbose:
+            print(f"  {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+    def row(self, key: str, title: str) -> Row:
+        row = Row(key, title)
+        self.rows.append(row)
+        self.log(f"[{key}] {title}")
+        return row
+
+    @contextlib.asynccontextmanager
+    async def gateway(self, **kwargs: Any) -> AsyncIterator[Gateway]:
+        self._count += 1
+        gw = Gateway(self.workroot / f"gateway-{self._count}", **kwargs)
+        first = len(self.rows)
+        try:
+            await gw.start()
+            yield gw
+        except BaseException:
+            self.log(f"gateway log tail:\n{gw.log_tail()}")
+            raise
+        finally:
+            left = await gw.close()
+            if left:
+                problem = f"replicas left running after the gateway exited: {left}"
+                for row in self.rows[first:] or self.rows[-1:]:
+                    row.problems.append(problem)
+
+    @contextlib.asynccontextmanager
+    async def loaded(
+        self, gw: Gateway, row: Row, mix: LoadMix | None = None, settle: bool = True
+    ) -> AsyncIterator[LoadGen]:
+        """Load on the gateway while the block runs (after a warm-up, and a settle after)."""
+        p = self.profile
+        load = LoadGen(gw.url, mix or p.mix, seed=sum(map(ord, row.key)), limit=p.deadline * 4)
+        await load.start()
+        row.started = time.monotonic()
+        try:
+            await asyncio.sleep(p.warmup)
+            yield load
+            if settle:
+                await asyncio.sleep(p.settle)
+        finally:
+            await load.stop()
+            row.finish(load.outcomes)
+            s = row.summary
+            self.log(f"[{row.key}] {s.requests} requests, {s.failed} failed")
+
+
+async def serve(ctx: Ctx, gw: Gateway, spec: dict[str, Any], revision: int = 1) -> dict[str, Any]:
+    """Apply ``spec`` and wait until it serves at full strength."""
+    await gw.apply(spec)
+    return await gw.wait(
+        lambda v: settled(v, revision, spec["replicas"]),
+        ctx.profile.deadline,
+        f"revision {revision} to serve with {spec['replicas']} replicas",
+    )
+
+
+def only_revision_after(row: Row, at: float, revision: int) -> None:
+    after = [o for o in row.outcomes if o.kind == "short" and not o.failed and o.start > at + 0.05]
+    seen = sorted({o.revision for o in after if o.revision is not None})
+    row.check(
+        after and seen == [revision],
+        f"after the rollout, short requests answered by revisions {seen}, not only r{revision}",
+    )
+
+
+# -- scenarios 1 and 2: rolling updates ---------------------------------------------------------
+
+
+async def rolling(
+    ctx: Ctx, gw: Gateway, key: str, title: str, version: str, revision: int, **strategy: Any
+) -> Row:
+    p = ctx.profile
+    row = ctx.row(key, title)
+    floor = p.replicas - strategy.get("max_unavailable", 0)
+    ceiling = p.replicas + strategy.get("max_surge", 1)
+    before = await gw.last_rollout_id()
+    with gw.track() as track:
+        async with ctx.loaded(gw, row):
+            result = await gw.apply(make_spec(p, gw, version, **strategy))
+            row.check(
+                (result["action"], result["revision"]) == ("rollout", revision),
+                f"apply answered {result['action']} revision {result['revision']}",
+            )
+            await gw.wait(
+                lambda v: settled(v, revision, p.replicas),
+                p.deadline,
+                f"{p.replicas} ready replicas of revision {revision} only",
+            )
+            done = time.monotonic()
+    rollouts = await gw.rollouts_since(before)
+    row.rollout = describe_rollouts(rollouts)
+    row.check(
+        [r["status"] for r in rollouts] == ["complete"], f"rollouts: {row.rollout} (not complete)"
+    )
+    row.check(track.min_ready >= floor, f"ready replicas fell to {track.min_ready} (floor {floor})")
+    row.check(
+        track.max_running <= ceiling,
+        f"{track.max_running} replicas running at once (ceiling {ceiling})",
+    )
+    row.note(
+        f"ready ≥ {track.min_ready} throughout (floor {floor}); at most {track.max_running} "
+        f"replicas running (ceiling {ceiling})"
+    )
+    only_revision_after(row, done, revision)
+    return row
+
+
+async def scenario_1(ctx: Ctx) -> None:
+    p = ctx.profile
+    async with ctx.gateway() as gw:
+        await serve(ctx, gw, make_spec(p, gw, "v1"))
+        title = f"rolling update of {p.replicas} replicas r1→r2, {p.startup_delay:g} s start-up"
+        await rolling(ctx, gw, "1", title, "v2", 2)
+
+
+async def scenario_2(ctx: Ctx) -> None:
+    p = ctx.profile
+    async with ctx.gateway() as gw:
+        await serve(ctx, gw, make_spec(p, gw, "v1"))
+        await rolling(ctx, gw, "2a", "the same, max_surge 2 (r1→r2)", "v2", 2, max_surge=2)
+        await rolling(
+            ctx, gw, "2b", "the same, max_unavailable 1 (r2→r3)", "v3", 3, max_unavailable=1
+        )
+
+
+# -- scenarios 3 and 4: rollouts that fail ------------------------------------------------------
+
+
+async def failing_rollout(
+    ctx: Ctx,
+    gw: Gateway,
+    key: str,
+    title: str,
+    version: str,
+    revision: int,
+    *,
+    env: dict[str, str] | None = None,
+    untouched: bool = True,
+    crash: bool = False,
+    mix: LoadMix | None = None,
+    **strategy: Any,
+) -> Row:
+    """Apply a revision that cannot serve; it must fail, roll back, and r1 serve throughout."""
+    p = ctx.profile
+    row = ctx.row(key, title)
+    view = await gw.fresh_view()
+    serving = view["serving_revision"]
+    before_ids = {r["id"] for r in ready(view, serving)}
+    before = await gw.last_rollout_id()
+    with gw.track() as track:
+        async with ctx.loaded(gw, row, mix=mix):
+            since = time.monotonic()
+            result = await gw.apply(make_spec(p, gw, version, env=env, **strategy))
+            row.check(
+                (result["action"], result["revision"]) == ("rollout", revision),
+                f"apply answered {result['action']} revision {result['revision']}",
+            )
+            await gw.wait(
+                lambda v: v["target_revision"] == serving and settled(v, serving, p.replicas),
+                p.deadline,
+                f"the rollback to revision {serving} to complete",
+            )
+    if crash:
+        row.crashes = [
+            (e["mono"], e["replica"])
+            for e in gw.events_of("replica_failed", since)
+            if e["revision"] == revision and "exited" in e["message"]
+        ]
+    rollouts = await gw.rollouts_since(before)
+    row.rollout = describe_rollouts(rollouts)
+    statuses = [(r["kind"], r["to_revision"], r["status"]) for r in rollouts]
+    row.check(
+        statuses == [("rollout", revision, "failed"), ("rollback", serving, "complete")],
+        f"rollouts were {statuses}",
+    )
+    low = track.min_ready_of(serving)
+    if crash:
+        # The rollout moves on while new replicas are up (old ones drained for them), then
+        # those crash, each taking one replica away: only "never none" is the controller's.
+        row.note(f"ready ≥ {track.min_ready} throughout (r{serving} ≥ {low})")
+        row.check(track.min_ready >= 1, "no replica was ready at some point")
+        reclaimed = gw.events_of("replica_undrained", since)
+        if reclaimed:
+            row.note(f"the rollback took back {len(reclaimed)} draining r{serving} replicas")
+    else:
+        row.note(f"ready r{serving} replicas ≥ {low} throughout")
+        row.check(low >= p.replicas, f"ready r{serving} replicas fell to {low}")
+    row.check(track.serving == {serving}, f"the serving revision was {sorted(track.serving)}")
+    after = await gw.fresh_view()
+    if untouched:
+        row.check(
+            {r["id"] for r in ready(after, serving)} == before_ids,
+            f"the r{serving} replicas were not left alone",
+        )
+        row.note(f"the {len(before_ids)} r{serving} replicas were left untouched")
+    failed = [e for e in gw.events_of("replica_failed", since) if e["revision"] == revision]
+    if failed:
+        row.note(f"{len(failed)} r{revision} replica failures: {failed[-1]['message'][-70:]}")
+    if crash and row.crashes:
+        row.note(f"{len(row.crashes)} r{revision} replicas crashed while serving")
+    return row
+
+
+async def scenario_3(ctx: Ctx) -> None:
+    p = ctx.profile
+    async with ctx.gateway() as gw:
+        await serve(ctx, gw, make_spec(p, gw, "v1"))
+        await failing_rollout(
+            ctx, gw, "3a", "new revision exits at once", "v2-exit", 2, env={"CRASH_AFTER": "0"}
+        )
+        await failing_rollout(
+            ctx,
+            gw,
+            "3b",
+            f"new revision never passes its probe (start_timeout {p.bad_start_timeout:g} s)",
+            "v3-probe",
+            3,
+            env={"FAIL_PROBE": "1"},
+            start_timeout=p.bad_start_timeout,
+        )
+        extra: dict[str, Any] = {}
+        title = f"new revision passes, then crashes after {p.crash_after:g} s"
+        if p.crash_min_ready is not None:
+            extra["min_ready"] = p.crash_min_ready
+            title += f" (min_ready {p.crash_min_ready:g} s)"
+        if p.crash_mix is not None:
+            title += ", replayable requests only"
+        await failing_rollout(
+            ctx,
+            gw,
+            "3c",
+            title,
+            "v4-crash",
+            4,
+            env={"CRASH_AFTER": f"{p.crash_after:g}"},
+            untouched=False,
+            crash=True,
+            mix=p.crash_mix,
+            **extra,
+        )
+
+
+async def scenario_4(ctx: Ctx) -> None:
+    p = ctx.profile
+    async with ctx.gateway(capacity=p.replicas) as gw:
+        await serve(ctx, gw, make_spec(p, gw, "v1"))
+        row = ctx.row("4a", f"scale-up {p.replicas}→{p.replicas + 2} beyond capacity {p.replicas}")
+        view = await gw.fresh_view()
+        ids = {r["id"] for r in ready(view)}
+        with gw.track() as track:
+            async with ctx.loaded(gw, row):
+                since = time.monotonic()
+                result = await gw.scale(p.replicas + 2)
+                row.check(result["action"] == "scaled", f"scale answered {result['action']}")
+                view = await gw.wait(
+                    lambda v: "no capacity" in (v["conditions"]["reason"] or ""),
+                    p.deadline,
+                    "the service to report itself degraded for lack of capacity",
+                )
+                reason = view["conditions"]["reason"]
+                await asyncio.sleep(p.hold)
+                view = await gw.fresh_view()
+                held = time.monotonic() - since
+                row.check(view["status"] == "degraded", f"status {view['status']}, not degraded")
+                row.check({r["id"] for r in ready(view)} == ids, "the serving replicas changed")
+                await gw.scale(p.replicas)
+                await gw.wait(
+                    lambda v: v["status"] == "ready" and settled(v, 1, p.replicas),
+                    p.deadline,
+                    "the service to be ready again after scaling back",
+                )
+        attempts = [
+            e for e in gw.events_of("replica_failed", since) if "no capacity" in e["message"]
+        ]
+        row.rollout = (
+            f"no rollout (a scale): degraded for {held:.1f} s, {len(attempts)} placements "
+            f"failed alone, then scaled back to {p.replicas}"
+        )
+        row.note(f"reported: {reason!r}")
+        row.note(f"ready ≥ {track.min_ready} throughout; the {len(ids)} replicas untouched")
+        row.check(track.min_ready >= p.replicas, f"ready fell to {track.min_ready}")
+        row.check(attempts, "no placement was attempted")
+        await failing_rollout(
+            ctx, gw, "4b", f"new revision that cannot be placed (capacity {p.replicas})", "v2", 2
+        )
+
+
+# -- scenario 5: SIGKILL of serving replicas ----------------------------------------------------
+
+
+async def scenario_5(ctx: Ctx) -> None:
+    p = ctx.profile
+    rng = random.Random(5)
+    async with ctx.gateway() as gw:
+        await serve(ctx, gw, make_spec(p, gw, "v1"))
+        row = ctx.row("5", f"SIGKILL of a serving replica every {p.kill_every:g} s")
+        seen: list[float] = []
+        with gw.track() as track:
+            async with ctx.loaded(gw, row, mix=p.crash_mix):
+                since = time.monotonic()
+                end = since + p.kill_for
+                while time.monotonic() + p.kill_every <= end:
+                    await asyncio.sleep(p.kill_every)
+                    view = await gw.fresh_view()
+                    victims = [
+                        (r["id"], pid)
+                        for r in ready(view)
+                        if (pid := gw.pid(r["id"])) and replica_process(pid, gw.piddir)
+                    ]
+                    if not victims:
+                        row.problems.append("no ready replica to kill")
+                        continue
+                    replica_id, pid = rng.choice(victims)
+                    os.kill(pid, signal.SIGKILL)
+                    killed = time.monotonic()
+                    row.crashes.append((killed, replica_id))
+                    await gw.wait(
+                        lambda v, rid=replica_id: all(
+                            r["id"] != rid or r["state"] not in LIVE for r in v["replicas"]
+                        ),
+                        p.deadline,
+                        f"the controller to see {replica_id} gone",
+                    )
+                    seen.append(time.monotonic() - killed)
+                last = time.monotonic()
+                await gw.wait(
+                    lambda v: settled(v, 1, p.replicas),
+                    p.deadline,
+                    f"{p.replicas} ready replicas again after the last kill",
+                )
+                back = time.monotonic() - last
+        started = [e for e in gw.events_of("replica_started", since)]
+        row.rollout = (
+            f"no rollout: {len(row.crashes)} SIGKILLs, {len(started)} replacements; "
+            f"{p.replicas} ready {back:.1f} s after the last"
+        )
+        row.note(
+            f"ready ≥ {track.min_ready} throughout; each kill seen by the controller within "
+            f"{max(seen, default=0) * 1000:.0f} ms"
+        )
+        row.check(len(started) >= len(row.crashes), "not every killed replica was replaced")
+
+
+# -- scenario 6: superseding apply, undo --------------------------------------------------------
+
+
+def halfway(new: int, old: int, replicas: int) -> Callable[[dict[str, Any]], bool]:
+    """A rollout in progress: a new replica ready, an old one already taken away."""
+    return lambda v: len(ready(v, new)) >= 1 and len(live(v, old)) < replicas
+
+
+async def scenario_6(ctx: Ctx) -> None:
+    p = ctx.profile
+    async with ctx.gateway() as gw:
+        await serve(ctx, gw, make_spec(p, gw, "v1"))
+        row = ctx.row("6a", "an apply (r3) supersedes the rollout r1→r2 half-way")
+        before = await gw.last_rollout_id()
+        async with ctx.loaded(gw, row):
+            await gw.apply(make_spec(p, gw, "v2"))
+            view = await gw.wait(halfway(2, 1, p.replicas), p.deadline, "the rollout half-way")
+            row.note(
+                f"superseded with {len(ready(view, 2))} r2 ready, {len(live(view, 1))} r1 live"
+            )
+            result = await gw.apply(make_spec(p, gw, "v3"))
+            row.check(result["revision"] == 3, f"apply answered revision {result['revision']}")
+            await gw.wait(lambda v: settled(v, 3, p.replicas), p.deadline, "r3 at full strength")
+            done = time.monotonic()
+        rollouts = await gw.rollouts_since(before)
+        row.rollout = describe_rollouts(rollouts)
+        statuses = [(r["to_revision"], r["status"]) for r in rollouts]
+        row.check(statuses == [(2, "superseded"), (3, "complete")], f"rollouts were {statuses}")
+        only_revision_after(row, done, 3)
+
+        row = ctx.row("6b", "an undo in the middle of the rollout r3→r4")
+        before = await gw.last_rollout_id()
+        async with ctx.loaded(gw, row):
+            await gw.apply(make_spec(p, gw, "v4"))
+            view = await gw.wait(halfway(4, 3, p.replicas), p.deadline, "the rollout half-way")
+            row.note(f"undone with {len(ready(view, 4))} r4 ready, {len(live(view, 3))} r3 live")
+            await gw.undo()
+            await gw.wait(lambda v: settled(v, 3, p.replicas), p.deadline, "r3 at full strength")
+            done = time.monotonic()
+        rollouts = await gw.rollouts_since(before)
+        row.rollout = describe_rollouts(rollouts)
+        kinds = [(r["kind"], r["to_revision"], r["status"]) for r in rollouts]
+        row.check(
+            kinds == [("rollout", 4, "superseded"), ("undo", 3, "complete")],
+            f"rollouts were {kinds}",
+        )
+        only_revision_after(row, done, 3)
+
+
+# -- scenario 7: drains -------------------------------------------------------------------------
+
+
+async def scenario_7(ctx: Ctx) -> None:
+    p = ctx.profile
+    timeout = p.held_drain_timeout
+    async with ctx.gateway() as gw:
+        await serve(ctx, gw, make_spec(p, gw, "v1", replicas=1, drain_timeout=timeout))
+        row = ctx.row(
+            "7",
+            f"slow request and SSE stream across a drain; a WebSocket past drain_timeout "
+            f"{timeout:g} s",
+        )
+        held: dict[str, asyncio.Task[Outcome]] = {}
+        async with ctx.loaded(gw, row) as load:
+            events = max(1, round(p.held_seconds / 0.1))
+            held["slow"] = asyncio.create_task(load.slow(p.held_seconds))
+            held["sse"] = asyncio.create_task(load.sse(events, p.held_seconds / events))
+            held["ws"] = asyncio.create_task(load.websocket(timeout * 4))
+            await asyncio.sleep(0.3)
+            since = time.monotonic()
+            await gw.apply(make_spec(p, gw, "v2", replicas=1, drain_timeout=timeout))
+            await asyncio.wait(held.values(), timeout=p.deadline)
+            if held["ws"].done():
+                expected = held["ws"].result()
+                row.expected = lambda o: o is expected and o.going_away
+            await gw.wait(lambda v: settled(v, 2, 1), p.deadline, "r2 serving alone")
+        slow, sse, ws = (held[k].result() for k in ("slow", "sse", "ws"))
+        draining = [e for e in gw.events_of("replica_draining", since) if e["revision"] == 1]
+        timeouts = [e for e in gw.events_of("replica_drain_timeout", since) if e["revision"] == 1]
+        rollouts = await gw.rollouts_since(0)
+        row.rollout = describe_rollouts(rollouts[-1:])
+        if not row.check(draining, "no drain of the r1 replica was seen"):
+            return
+        drain_at = draining[0]["mono"]
+        for name, o in (("slow request", slow), ("SSE stream", sse)):
+            row.check(not o.failed, f"the held {name} failed: {o.error}")
+            row.check(o.revision == 1, f"the held {name} was answered by r{o.revision}")
+            row.check(
+                o.start < drain_at < o.end,
+                f"the held {name} was not in flight when the drain began",
+            )
+        row.check(ws.going_away, f"the held WebSocket was not closed with 1001: {ws.error or 'ok'}")
+        row.check(timeouts, "no drain timeout was recorded")
+        row.note(
+            f"drain began {drain_at - slow.start:.1f} s into the held requests: the slow "
+            f"request ({slow.status}, r{slow.revision}) and the SSE stream ({events} events) "
+            f"finished {slow.end - drain_at:.1f} s and {sse.end - drain_at:.1f} s after it"
+        )
+        row.note(
+            f"the WebSocket (r{ws.revision}, {ws.messages} echoes) closed with {ws.status} "
+            f"{ws.end - drain_at:.1f} s after the drain began (expected, not counted)"
+        )
+
+
+# -- scenario 8: SIGTERM to the gateway ---------------------------------------------------------
+
+
+async def scenario_8(ctx: Ctx) -> None:
+    p = ctx.profile
+    async with ctx.gateway(shutdown_timeout=p.shutdown_timeout) as gw:
+        await serve(ctx, gw, make_spec(p, gw, "v1"))
+        row = ctx.row("8", "SIGTERM to the gateway process with requests in flight")
+        row.expected = lambda o: o.kind == "ws" and o.going_away
+        process = gw.process
+        assert process is not None
+        async with ctx.loaded(gw, row, settle=False) as load:
+            held = [
+                asyncio.create_task(load.slow(p.held_seconds / 2)),
+                asyncio.create_task(load.sse(20, p.held_seconds / 2 / 20)),
+                asyncio.create_task(load.upload(p.mix.upload[1])),
+                asyncio.create_task(load.websocket(p.shutdown_timeout * 4)),
+            ]
+            await asyncio.sleep(0.3)
+            # New requests stop (a gateway that stops listening refuses them: that is the
+            # point of draining it at a load balancer first); what is in flight must finish.
+            load.stop_new()
+            await asyncio.sleep(0.1)
+            inflight = load.pending()
+            gw.stop_watching()
+            sent = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            try:
+                code: int | None = await asyncio.wait_for(process.wait(), p.shutdown_timeout + 10)
+            except TimeoutError:
+                code = None
+            took = time.monotonic() - sent
+            await asyncio.wait(held, timeout=p.deadline)
+        kinds: dict[str, int] = {}
+        for o in inflight:
+            kinds[o.kind] = kinds.get(o.kind, 0) + 1
+        row.rollout = f"no rollout: exit status {code} {took:.1f} s after SIGTERM"
+        row.check(code == 0, f"the gateway exited with {code}")
+        row.check(len(inflight) >= 3, f"only {len(inflight)} requests were in flight at SIGTERM")
+        bad = [o for o in inflight if o.failed and not (o.kind == "ws" and o.going_away)]
+        row.check(not bad, f"{len(bad)} requests in flight at SIGTERM failed")
+        closed = [o for o in inflight if o.kind == "ws" and o.going_away]
+        row.note(
+            "in flight at SIGTERM: "
+            + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+            + f"; all HTTP ones completed; {len(closed)} WebSocket closed with 1001 "
+            "at shutdown (expected, not counted)"
+        )
+
+
+SCENARIOS: dict[int, Callable[[Ctx], Awaitable[None]]] = {
+    1: scenario_1,
+    2: scenario_2,
+    3: scenario_3,
+    4: scenario_4,
+    5: scenario_5,
+    6: scenario_6,
+    7: scenario_7,
+    8: scenario_8,
+}
+
+
+async def run_scenarios(
+    numbers: Iterable[int], profile: Profile, workroot: Path, verbose: bool = True
+) -> list[Row]:
+    """Run scenarios; an error in one becomes a problem of its row and the next one runs."""
+    ctx = Ctx(profile, workroot, verbose)
+    for number in numbers:
+        first = len(ctx.rows)
+        try:
+            await asyncio.wait_for(SCENARIOS[number](ctx), profile.deadline * 6)
+        except Exception as e:
+            if len(ctx.rows) == first:
+                ctx.row(str(number), f"scenario {number}")
+            ctx.rows[-1].problems.append(f"did not finish: {type(e).__name__}: {e}")
+            ctx.log(f"[{number}] did not finish: {e!r}")
+    return ctx.rows
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def table(rows: list[Row]) -> list[str]:
+    out = [
+        "| # | scenario | requests | failed | p50 ms | p99 ms | rollout: outcome, duration "
+        "| revisions seen | result | notes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        s = row.summary
+        notes = [*row.notes]
+        if row.failure_note():
+            notes.append(row.failure_note())
+        notes += [f"CHECK FAILED: {p}" for p in row.problems]
+        result = "pass" if row.passed else "FAIL"
+        revisions = ", ".join(f"r{r}" for r in s.revisions) or "-"
+        out.append(
+            f"| {row.key} | {_cell(row.title)} | {s.requests:,} | {s.failed:,} | {_ms(s.p50)} "
+            f"| {_ms(s.p99)} | {_cell(row.rollout)} | {revisions} | {result} "
+            f"| {_cell('; '.join(notes))} |"
+        )
+    return out
+
+
+def mix_table(rows: list[Row]) -> list[str]:
+    out = [
+        "| # | short | slow | SSE | upload | WebSocket sessions (echoes) | failed by kind |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        s = row.summary
+        k = s.by_kind
+        failed = ", ".join(f"{a} {n}" for a, n in sorted(s.failed_by_kind.items())) or "-"
+        out.append(
+            f"| {row.key} | {k.get('short', 0):,} | {k.get('slow', 0):,} | {k.get('sse', 0):,} "
+            f"| {k.get('upload', 0):,} | {k.get('ws', 0):,} ({s.ws_messages:,}) | {failed} |"
+        )
+    return out
+
+
+def failure_lines(rows: list[Row], limit: int = 6) -> list[str]:
+    out = []
+    for row in rows:
+        failures = row.failures
+        if not failures:
+            continue
+        out.append(f"- **{row.key}** ({len(failures)}):")
+        for o in failures[:limit]:
+            where = f"r{o.revision} {o.replica}" if o.replica else "replica unknown"
+            crashed = " [in flight on a replica when it died]" if row.on_crashed(o) else ""
+            conn = "keep-alive" if o.keepalive else "fresh"
+            out.append(
+                f"  - {o.kind} ({conn}, {where}, +{o.start - row.started:.2f} s, "
+                f"{o.took:.2f} s): {o.error}{crashed}"
+            )
+        if len(failures) > limit:
+            out.append(f"  - ... {len(failures) - limit} more")
+    return out
+
+
+def report(rows: list[Row], command: str, took: float, profile: Profile) -> str:
+    mix = profile.mix
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "## Zero downtime: rollouts and faults under load",
+        "",
+        f"Run {now} with `{command}` ({took:.0f} s in all).",
+        "",
+        f"Each scenario: the gateway as a process of its own (process backend, loopback, "
+        f"`replicas_on_exit: stop`), replicas of `bench/replica_app.py` "
+        f"({profile.startup_delay:g} s start-up, HTTP probe every {profile.probe_interval:g} s), "
+        f"and `bench/loadgen.py`: {mix.concurrency} HTTP clients, half sending short GETs back "
+        f"to back, half slow requests ({mix.slow[0]:g}-{mix.slow[1]:g} s), SSE streams "
+        f"({mix.sse_events[0]}-{mix.sse_events[1]} events, {mix.sse_interval:g} s apart) and "
+        f"uploads ({mix.upload[0] // KiB} KiB-{mix.upload[1] / MiB:g} MiB, half chunked), in "
+        f"pairs on kept-alive and fresh connections; and {mix.websockets} WebSockets, a message "
+        f"every {mix.ws_interval * 1000:.0f} ms, each echo checked, sessions of "
+        f"{mix.ws_session[0]:g}-{mix.ws_session[1]:g} s. Rollouts: max_surge 1, "
+        f"max_unavailable 0 unless said, drain_timeout {profile.drain_timeout:g} s, "
+        f"{profile.retries} retries.",
+        "",
+        "Failed: a non-2xx answer the replica did not produce itself, a connection error or "
+        "timeout, a short or wrong body, an SSE stream cut before its last event, an upload the "
+        "replica did not receive whole, a wrong or missing echo, a WebSocket closed under its "
+        "client (1001 included, except the closes scenarios 7 and 8 name). p50/p99: short "
+        "requests. Rollout: from the rollout records (start to finish).",
+        "",
+        *table(rows),
+        "",
+        "Requests by kind:",
+        "",
+        *mix_table(rows),
+        "",
+    ]
+    failures = failure_lines(rows)
+    if failures:
+        lines += ["Failed requests (the first few of each scenario):", "", *failures, ""]
+    lines += [
+        f"Machine: nproc {os.cpu_count()}, {platform.machine()}, kernel {platform.release()}; "
+        f"Python {platform.python_version()}, aiohttp {aiohttp.__version__}; "
+        f"gateway at git {git_revision()}.",
+    ]
+    return "\n".join(lines)
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "gateway", "controller"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return f"{rev}{'-dirty' if dirty else ''}" if rev else "unknown"
+
+
+def write_results(section: str, path: Path = RESULTS) -> None:
+    """Replace the marked section of ``path`` (appending the markers at the end if absent)."""
+    text = path.read_text() if path.exists() else ""
+    block = f"{START_MARK}\n{section}\n{END_MARK}"
+    start, end = text.find(START_MARK), text.find(END_MARK)
+    if start != -1 and end > start:
+        text = text[:start] + block + text[end + len(END_MARK) :]
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text.strip() else "") + block + "\n"
+    path.write_text(text)
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--scenario", type=int, action="append", choices=sorted(SCENARIOS), help="repeatable"
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=FULL.kill_for,
+        help="seconds of the open-ended phases: scenario 5 kills for this long, scenario 4 "
+        "holds its scale-up for 0.4 of it (default %(default)s)",
+    )
+    parser.add_argument("--concurrency", type=int, default=FULL.mix.concurrency)
+    parser.add_argument("--websockets", type=int, default=FULL.mix.websockets)
+    parser.add_argument(
+        "--results",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="write bench/RESULTS.md: auto = when every scenario ran",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    args = parser.parse_args(argv)
+    numbers = args.scenario or sorted(SCENARIOS)
+    profile = replace(
+        FULL,
+        kill_for=args.duration,
+        hold=args.duration * 0.4,
+        mix=replace(FULL.mix, concurrency=args.concurrency, websockets=args.websockets),
+    )
+    workroot = Path(tempfile.mkdtemp(prefix="zero-downtime-"))
+    started = time.monotonic()
+    try:
+        rows = asyncio.run(run_scenarios(numbers, profile, workroot))
+    finally:
+        if args.keep:
+            print(f"work directory kept: {workroot}", file=sys.stderr)
+        else:
+            shutil.rmtree(workroot, ignore_errors=True)
+    took = time.monotonic() - started
+    command = " ".join([".venv/bin/python bench/zero_downtime.py", *(argv or sys.argv[1:])])
+    section = report(rows, command.strip(), took, profile)
+    print(section)
+    if args.results == "yes" or (args.results == "auto" and set(numbers) == set(SCENARIOS)):
+        write_results(section)
+        print(f"\nwritten to {RESULTS.relative_to(ROOT)}", file=sys.stderr)
+    return 0 if all(row.passed for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
