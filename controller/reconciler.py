@@ -121,8 +121,11 @@ class Reconciler:
             if state.forgotten:
                 break
             timeout = None if state.wake_at is None else max(0.0, state.wake_at - self.clock())
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+            # arrives as the wait ends (CPython gh-86296), and close() would never return.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await state.wake.wait()
         self.services.pop(state.name, None)
         for rid in [rid for rid, svc in self._owner.items() if svc == state.name]:
             del self._owner[rid]

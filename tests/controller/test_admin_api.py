@@ -506,8 +506,10 @@ async def test_pause_resume_abort_and_their_conflicts(api: Api) -> None:
         1,
     )
     history = await api.call("GET", "/api/services/web/rollouts")
-    assert [(r["id"], r["status"]) for r in history["rollouts"]] == [
-        (3, "progressing"),
+    # Revision 1 is still at full strength, so its rollback may complete before this read.
+    assert history["rollouts"][0]["id"] == 3
+    assert history["rollouts"][0]["status"] in ("progressing", "complete")
+    assert [(r["id"], r["status"]) for r in history["rollouts"][1:]] == [
         (2, "aborted"),
         (1, "complete"),
     ]
