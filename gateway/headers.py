@@ -9,13 +9,6 @@ X-Forwarded-For carries the peer address: appended to the client's value when th
 a trusted proxy (``trust_forwarded``), replacing it otherwise, so a client cannot forge it.
 X-Request-Id is the client's when it is well formed, else a new one; it goes upstream and
 comes back on every response. (The one impurity: a new id comes from ``uuid4``.)
-
-``head_problem`` is the edge's refusal of request heads that the parser lets through but that
-an upstream could read differently from the gateway: a transfer coding other than chunked
-(the gateway would drop it and re-chunk), Transfer-Encoding in HTTP/1.0 (RFC 9112 6.1: faulty
-framing), HTTP/0.9, a Host that is not ``host[:port]`` (RFC 9112 3.2: 400), and a header value
-that is not UTF-8 (aiohttp's writer would drop those bytes, so the upstream would see another
-value than the one routed on).
 """
 
 from __future__ import annotations
@@ -40,41 +33,16 @@ HOP_BY_HOP = frozenset(
 )
 """Lower-cased names that never cross the proxy (RFC 9110 7.6.1, and the old Proxy-*)."""
 
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-"""Matched whole (``fullmatch``): ``$`` would also accept a trailing newline."""
-_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]*)(:[0-9]{0,5})?")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 Headers = MultiMapping[str] | CIMultiDictProxy[str] | CIMultiDict[str]
 
 
 def request_id(candidate: str | None) -> str:
     """The client's X-Request-Id if it is well formed, else a new random one."""
-    if candidate is not None and _REQUEST_ID.fullmatch(candidate):
+    if candidate is not None and _REQUEST_ID.match(candidate):
         return candidate
     return uuid.uuid4().hex
-
-
-def head_problem(version: tuple[int, int], headers: Headers) -> str | None:
-    """Why a parsed request head must be refused with 400 (see the module docstring), or None."""
-    if version < (1, 0):
-        return "HTTP/0.9 requests are not served"
-    codings = [
-        c.strip().lower() for v in headers.getall("Transfer-Encoding", ()) for c in v.split(",")
-    ]
-    if codings and version < (1, 1):
-        return "Transfer-Encoding in an HTTP/1.0 request"
-    if codings and codings != ["chunked"]:
-        return "a transfer coding other than chunked"
-    host = headers.get("Host")
-    if host is not None and not _HOST.fullmatch(host):
-        return "the Host header is not host[:port]"
-    for name, value in headers.items():
-        if not value.isascii():
-            try:
-                value.encode()
-            except UnicodeEncodeError:  # the parser's surrogateescape of non-UTF-8 bytes
-                return f"the value of {name} is not UTF-8"
-    return None
 
 
 def end_to_end(headers: Headers) -> CIMultiDict[str]:

@@ -18,20 +18,13 @@ Invariants:
 - every error the gateway makes itself is JSON ``{"error", "message", "request_id", ...}``
   and carries X-Request-Id; library exceptions become ``GatewayError``s in ``_translate``;
 - a response whose upstream body breaks off is aborted (the connection dropped without the
-  last chunk), never completed short, and counts against the upstream in passive detection
-  (a 2xx-4xx answer is reported "ok" only once its body arrived whole);
-- a slow client is the client's fault, never the upstream's: a request body that pauses past
-  ``limits.body_timeout`` (or trickles below ``limits.body_min_rate``) gets 408 and the
-  connection closed; a client that leaves the response unread for ``limits.send_timeout`` is
-  cut off; neither is reported to passive detection. Memory per connection stays bounded
-  either way: each write waits for the client's socket to drain before the next upstream read;
+  last chunk), never completed short;
 - cancellation (the client went away) is never swallowed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +40,6 @@ from .errors import (
     GatewayError,
     NoRoutableUpstream,
     NoRoute,
-    RequestTimeout,
     RequestTooLarge,
     UpstreamConnectError,
     UpstreamError,
@@ -90,11 +82,7 @@ class _Exchange:
     response_started: bool = False
     """Response headers went to the client: no other answer is possible."""
     too_large: bool = False
-    body_timeout: bool = False
-    """The client's request body paused or trickled too long (408)."""
     complete: bool = False
-    upstream_outcome: str | None = None
-    """What passive detection hears of a streamed answer (see ``Proxy._stream``)."""
     """The answer was delivered in full (a cancellation after that is no error)."""
 
 
@@ -132,22 +120,6 @@ def _translate(exc: BaseException) -> tuple[GatewayError, str]:
     if isinstance(exc, aiohttp.ClientConnectionError | OSError):
         return UpstreamConnectError(f"connection to upstream failed: {exc}"), "disconnect"
     return UpstreamError(f"forwarding failed: {exc!r}"), "other"
-
-
-def body_deadline(
-    started: float, last: float, received: int, timeout: float, min_rate: int
-) -> float | None:
-    """When the next read of a request body must have returned (loop time), or None.
-
-    ``timeout`` after the last read; with ``min_rate``, also by ``started + timeout +
-    received / min_rate``, so the body must average that rate after its first ``timeout``.
-    """
-    if not timeout:
-        return None
-    deadline = last + timeout
-    if min_rate:
-        deadline = min(deadline, started + timeout + received / min_rate)
-    return deadline
 
 
 def _subprotocols(request: web.Request) -> list[str]:
@@ -222,15 +194,7 @@ class Proxy:
         try:
             return await self._route(request, ex, path)
         except GatewayError as exc:
-            response = self._error_response(exc, ex)
-            if isinstance(exc, RequestTimeout):
-                # Send it and drop the connection: aiohttp would otherwise read the rest of
-                # the stalled body (its lingering close) for the very client that is too slow.
-                with contextlib.suppress(ConnectionError):
-                    await response.prepare(request)
-                    await response.write_eof()
-                request.protocol.force_close()
-            return response
+            return self._error_response(exc, ex)
         except asyncio.CancelledError:
             ex.status = ex.status or 499
             if not ex.complete:
@@ -314,8 +278,6 @@ class Proxy:
                 f"request body is over the limit of {limit} bytes", limit=limit
             )
             return _Failed(error, "other")
-        if ex.body_timeout:
-            return _Failed(_body_timeout(self.config), "other")
         error, kind = _translate(exc)
         error.details.update(service=sp.routing.name, upstream=upstream.id)
         outcome = "connect_failure" if kind == "connect" else "5xx"
@@ -348,22 +310,7 @@ class Proxy:
 
     async def _body(self, request: web.Request, ex: _Exchange, limit: int) -> AsyncIterator[bytes]:
         ex.body_started = True
-        limits = self.config.limits
-        loop = asyncio.get_running_loop()
-        started = last = loop.time()
-        while True:
-            deadline = body_deadline(
-                started, last, ex.bytes_in, limits.body_timeout, limits.body_min_rate
-            )
-            try:
-                async with asyncio.timeout_at(deadline):
-                    chunk = await request.content.read(_CHUNK)
-            except TimeoutError:
-                ex.body_timeout = True
-                raise _body_timeout(self.config) from None
-            if not chunk:
-                return
-            last = loop.time()
+        async for chunk in request.content.iter_chunked(_CHUNK):
             ex.bytes_in += len(chunk)
             if limit and ex.bytes_in > limit:
                 ex.too_large = True
@@ -407,33 +354,20 @@ class Proxy:
         try:
             status = upstream_response.status
             ex.ttfb = asyncio.get_running_loop().time() - ex.started
-            if status >= 500:
-                self.pool.report(sp.routing.name, upstream.id, "5xx")
+            self.pool.report(sp.routing.name, upstream.id, "5xx" if status >= 500 else "ok")
             if status in RETRY_STATUSES and self._may_retry("status", request, ex, sp, tried):
                 error = UpstreamError(
                     f"upstream answered {status}", service=sp.routing.name, upstream=upstream.id
                 )
                 raise _Failed(error, "status")
-            response = await self._stream(request, ex, upstream_response, timeouts.read)
-            if status < 500 and ex.upstream_outcome is not None:
-                self.pool.report(sp.routing.name, upstream.id, ex.upstream_outcome)
-            return response
+            return await self._stream(request, ex, upstream_response)
         finally:
             upstream_response.close()
 
     async def _stream(
-        self,
-        request: web.Request,
-        ex: _Exchange,
-        upstream_response: aiohttp.ClientResponse,
-        read_timeout: float = 0.0,
+        self, request: web.Request, ex: _Exchange, upstream_response: aiohttp.ClientResponse
     ) -> web.StreamResponse:
-        """Send the upstream's answer to the client as it arrives.
-
-        Sets ``ex.upstream_outcome``: "ok" once the upstream's body arrived whole, "5xx" if
-        it broke off by the upstream's doing, None if the client ended it first.
-        """
-        send_timeout = self.config.limits.send_timeout or None
+        """Send the upstream's answer to the client as it arrives."""
         response = web.StreamResponse(
             status=upstream_response.status,
             reason=upstream_response.reason,
@@ -446,38 +380,22 @@ class Proxy:
             await response.prepare(request)
             while True:
                 try:
-                    # aiohttp's own sock_read does not fire once its parser rejected a chunk
-                    # header mid-body (the read would wait forever): time the read here too.
-                    async with asyncio.timeout(read_timeout or None):
-                        chunk = await reader.readany()
+                    chunk = await reader.readany()
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     # Cut the client off without the last chunk: a short body must never
                     # look complete. ``force_close`` makes aiohttp's own write_eof fail
                     # quietly instead of writing the terminating chunk.
-                    if ex.too_large:
-                        ex.error = "request_too_large"
-                    elif ex.body_timeout:
-                        ex.error = "request_timeout"
-                    else:
-                        ex.error = _translate(exc)[0].code
-                        ex.upstream_outcome = "5xx"
+                    ex.error = "request_too_large" if ex.too_large else _translate(exc)[0].code
                     request.protocol.force_close()
                     return response
                 if not chunk:
                     break
                 ex.bytes_out += len(chunk)
-                async with asyncio.timeout(send_timeout):
-                    await response.write(chunk)
-            ex.upstream_outcome = "ok"
-            async with asyncio.timeout(send_timeout):
-                await response.write_eof()
+                await response.write(chunk)
+            await response.write_eof()
             ex.complete = True
         except ConnectionError:
             ex.error = "client_disconnected"
-        except TimeoutError:
-            # Only the writes above are timed: the client left its response unread.
-            ex.error = "client_too_slow"
-            request.protocol.force_close()
         return response
 
     # -- WebSocket ---------------------------------------------------------------------------
@@ -580,12 +498,3 @@ class Proxy:
                 observer.on_request(record)
             except Exception:
                 log.exception("request observer %r failed", observer)
-
-
-def _body_timeout(config: ProxyConfig) -> RequestTimeout:
-    limits = config.limits
-    rate = f" or averaged under {limits.body_min_rate} B/s" if limits.body_min_rate else ""
-    return RequestTimeout(
-        f"the request body paused for over {limits.body_timeout:g} s{rate}",
-        body_timeout=limits.body_timeout,
-    )

@@ -7,22 +7,13 @@ wildcard beats a shorter one, a host match beats a route with no hosts, and then
 path prefix wins. Paths are normalised (``.``/``..`` segments resolved, ``//`` folded) before
 matching, and the same normalised path is what ``forward_path`` forwards, so a prefix can
 never be escaped with ``/svc/../admin``.
-
-Encoded slashes and dots (``%2F``, ``%2e%2e``) are decoded before normalising, so they
-separate and climb segments exactly as their plain forms do, and what is forwarded is that
-decoded, normalised path. ``path_problem`` names the paths refused at the edge because
-upstreams would read them differently from the gateway: a ``%`` not followed by two hex
-digits, percent-encoded bytes that are not UTF-8 (both would be forwarded as ``%25..``),
-backslashes (a separator to some servers), and control characters.
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from urllib.parse import unquote_to_bytes
 
 from .config import RouteConfig
 
@@ -40,25 +31,6 @@ class RouteTable:
     @classmethod
     def build(cls, routes: Iterable[Route]) -> RouteTable:
         return cls(tuple(routes))
-
-
-_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
-
-
-def path_problem(raw_path: str) -> str | None:
-    """Why the raw request target's path must be refused with 400, or None."""
-    path = raw_path.partition("?")[0].partition("#")[0]
-    if _BAD_PERCENT.search(path):
-        return "a '%' in the path is not followed by two hex digits"
-    try:
-        decoded = unquote_to_bytes(path).decode()
-    except UnicodeDecodeError:
-        return "the path's percent-encoded bytes are not UTF-8"
-    if "\\" in decoded:
-        return "the path holds a backslash"
-    if any(c < " " or c == "\x7f" for c in decoded):
-        return "the path holds a control character"
-    return None
 
 
 def normalize_path(path: str) -> str:

@@ -8,10 +8,7 @@ three additions that aiohttp has no setting for:
   request on a kept-alive connection), else it is closed; this is what stops slowloris;
 - ``limits.max_connections``: a connection beyond it is answered 503 and closed at once;
 - an oversized request line is answered 414 and an oversized header field 431 (aiohttp says
-  400 to both), as JSON like every error the gateway makes;
-- heads the parser accepts but an upstream could read differently (``headers.head_problem``,
-  ``router.path_problem``) are answered 400, and CONNECT 405, before the proxy sees them; the
-  connection is closed, so nothing after such a head is read as another request.
+  400 to both), as JSON like every error the gateway makes.
 
 Shutdown (``TrafficServer.stop``) runs in aiohttp's order, which is the drain order:
 stop accepting, close idle keep-alive connections, close relayed WebSockets with 1001, let
@@ -25,7 +22,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from aiohttp import web
@@ -33,7 +30,6 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_request import BaseRequest
 from yarl import URL
 
-from . import headers, router
 from .config import ListenerLimits, ProxyConfig, parse_address
 from .proxy import Proxy
 
@@ -72,9 +68,7 @@ def build_app(proxy: Proxy) -> web.Application:
     ``client_max_size`` is left alone: it only limits ``request.read()``, which the proxy
     never calls (bodies are streamed; the limit is each service's ``max_body_size``).
     """
-    app = web.Application(
-        handler_args=handler_args(proxy.config.limits), middlewares=[_refuse_ambiguous]
-    )
+    app = web.Application(handler_args=handler_args(proxy.config.limits))
     app[PROXY] = proxy
     app.router.add_route("*", "/{tail:.*}", proxy.handle)
     app.cleanup_ctx.append(_proxy_session)
@@ -97,24 +91,6 @@ def _error(status: int, code: str, message: str) -> web.Response:
     response = web.json_response({"error": code, "message": message}, status=status)
     response.force_close()
     return response
-
-
-@web.middleware
-async def _refuse_ambiguous(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    # Runs before routing's 404 too: a CONNECT target ("host:443") matches no route.
-    if request.method == "CONNECT":
-        response = _error(405, "method_not_allowed", "CONNECT is not served by this gateway")
-        response.headers["Allow"] = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
-        return response
-    problem = headers.head_problem(request.version, request.headers) or router.path_problem(
-        request.raw_path
-    )
-    if problem is not None:
-        log.debug("ambiguous request from %s: %s", request.remote, problem)
-        return _error(400, "bad_request", f"the request is refused: {problem}")
-    return await handler(request)
 
 
 class _ConnectionGate:
