@@ -117,7 +117,8 @@ class Executor:
             await backend.stop(launch.replica_id, spec.rollout.stop_grace)
             return
         state.running[launch.replica_id] = running
-        address = Upstream("", "", running.host, running.port).address
+        upstream = self.upstream_of(state, launch.replica_id, launch.revision, running)
+        address = upstream.address
         try:
             self.store.put_replica(
                 state.name, launch.replica_id, launch.revision, backend_name, _json(running)
@@ -127,16 +128,7 @@ class Executor:
         now = self.clock()
         if replica.state is ReplicaState.REQUESTED:
             state.put(replica.replace(state=ReplicaState.STARTING, since=now, address=address))
-            self.pool.add_upstream(
-                Upstream(
-                    id=launch.replica_id,
-                    service=state.name,
-                    host=running.host,
-                    port=running.port,
-                    revision=launch.revision,
-                    probes=spec.effective_probes,
-                )
-            )
+            self.pool.add_upstream(upstream)
             self.journal.record(
                 state.name,
                 "replica_started",
@@ -149,6 +141,20 @@ class Executor:
             # routed to it, so it may be stopped at once.
             state.put(replica.replace(address=address, drained=True))
         state.wake.set()
+
+    @staticmethod
+    def upstream_of(
+        state: ServiceState, replica_id: str, revision: int, running: Running
+    ) -> Upstream:
+        """The data plane's view of a running replica, probed as its revision says."""
+        return Upstream(
+            id=replica_id,
+            service=state.name,
+            host=running.host,
+            port=running.port,
+            revision=revision,
+            probes=state.revisions[revision].effective_probes,
+        )
 
     def _start_failed(self, state: ServiceState, replica_id: str, reason: str) -> None:
         replica = state.replica(replica_id)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from gateway import Pool, Upstream
+from gateway import Pool
 
 from .backends.base import Backend, Launch, Running
 from .config import format_validation_error
@@ -435,7 +435,7 @@ class Controller:
             if running is None or spec_of is None:
                 self.store.remove_replica(name, stored.replica_id)
                 continue
-            self._adopt(state, stored.replica_id, stored.revision, running, spec_of, now)
+            self._adopt(state, stored.replica_id, stored.revision, running, now)
             adopted += 1
         self.journal.record(
             name,
@@ -452,17 +452,9 @@ class Controller:
         replica_id: str,
         revision: int,
         running: Running,
-        spec: ServiceSpec,
         now: float,
     ) -> None:
-        upstream = Upstream(
-            id=replica_id,
-            service=state.name,
-            host=running.host,
-            port=running.port,
-            revision=revision,
-            probes=spec.effective_probes,
-        )
+        upstream = self.executor.upstream_of(state, replica_id, revision, running)
         state.running[replica_id] = running
         state.put(
             Replica(
