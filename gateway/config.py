@@ -80,6 +80,8 @@ class Model(BaseModel):
 
 LoadBalancing = Literal["round_robin", "least_outstanding", "p2c"]
 
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
+"""An HTTP header name (RFC 9110 5.1)."""
 _HOST = re.compile(
     r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
 )
@@ -153,6 +155,16 @@ class ProbeConfig(Model):
             raise ValueError("must start with '/' and hold no space or line break")
         return path
 
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name, value in headers.items():
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(f"not a header name: {name!r}")
+            if any((c < " " and c != "\t") or c == "\x7f" for c in value):
+                raise ValueError(f"the value of {name} holds a control character")
+        return headers
+
     @model_validator(mode="after")
     def _positive(self) -> ProbeConfig:
         if self.interval <= 0 or self.timeout <= 0:
@@ -218,6 +230,15 @@ class ListenerLimits(Model):
     keepalive_timeout: Duration = 75.0
     max_connections: int = Field(default=10_000, ge=1)
     """Open client connections beyond this are refused at accept."""
+    body_timeout: Duration = 30.0
+    """The longest a request body may pause between two reads (408 and close); 0: none."""
+    body_min_rate: int = Field(default=0, ge=0)
+    """Bytes per second a request body must average once ``body_timeout`` has passed since it
+    began, so a body trickled a byte at a time cannot hold a connection (Apache's
+    mod_reqtimeout ``MinRate``); 0: no minimum."""
+    send_timeout: Duration = 60.0
+    """The longest a client may leave the response unread (its socket buffer full) before it
+    is cut off; bounds how long a client that never reads holds an upstream; 0: none."""
 
 
 class ProxyConfig(Model):

@@ -1,6 +1,7 @@
 """Errors of the data plane, each carrying the HTTP status the gateway answers with.
 
     GatewayError
+    ├── RequestTimeout          408  the request body paused or trickled too long
     ├── NoRoute                 404  no service matches the request
     ├── NoRoutableUpstream      503  the service has no upstream that may take the request
     ├── RequestTooLarge         413  the body is larger than the service allows
@@ -23,6 +24,11 @@ class GatewayError(Exception):
         super().__init__(message)
         self.message = message
         self.details = details
+
+
+class RequestTimeout(GatewayError, TimeoutError):
+    status = 408
+    code = "request_timeout"
 
 
 class NoRoute(GatewayError):

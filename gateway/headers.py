@@ -2,105 +2,146 @@
 
 Hop-by-hop headers describe one connection, not the message, so they never cross the proxy
 in either direction: the fixed set below plus every header the ``Connection`` header names.
-``Expect`` is answered by the gateway itself and is not passed on, and on a WebSocket
-upgrade the ``Sec-WebSocket-*`` headers are left to the upstream handshake the gateway makes.
+``Expect`` is answered by the gateway itself and is not passed on. A WebSocket upgrade keeps
+``Upgrade`` and ``Connection: Upgrade`` (the relay is transparent: the upstream does the
+handshake with the client's own ``Sec-WebSocket-*`` fields). Framing (Content-Length,
+Transfer-Encoding) is the caller's: each leg is framed on its own.
 
 X-Forwarded-For carries the peer address: appended to the client's value when the client is
 a trusted proxy (``trust_forwarded``), replacing it otherwise, so a client cannot forge it.
 X-Request-Id is the client's when it is well formed, else a new one; it goes upstream and
-comes back on every response. (The one impurity: a new id comes from ``uuid4``.)
+comes back on every response. (The one impurity: a new id comes from a random generator.)
+
+Fields are bytes as they came off the wire: a value crosses exactly as it arrived.
 """
 
 from __future__ import annotations
 
+import random
 import re
-import uuid
+from collections.abc import Iterable
 
-from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
+Fields = list[tuple[bytes, bytes]]
 
 HOP_BY_HOP = frozenset(
     {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
     }
 )
 """Lower-cased names that never cross the proxy (RFC 9110 7.6.1, and the old Proxy-*)."""
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+_REQUEST_REWRITTEN = (
+    HOP_BY_HOP
+    | _FRAMING
+    | {b"expect", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"x-request-id"}
+)
+_RESPONSE_DROPPED = HOP_BY_HOP | _FRAMING | {b"x-request-id"}
+_UPGRADE = frozenset({b"connection", b"upgrade"})
 
-Headers = MultiMapping[str] | CIMultiDictProxy[str] | CIMultiDict[str]
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+"""Matched whole (``fullmatch``): ``$`` would also accept a trailing newline."""
+_ids = random.Random()  # seeded from os.urandom; ids must be unique, not secret
 
 
 def request_id(candidate: str | None) -> str:
     """The client's X-Request-Id if it is well formed, else a new random one."""
-    if candidate is not None and _REQUEST_ID.match(candidate):
+    if candidate is not None and _REQUEST_ID.fullmatch(candidate):
         return candidate
-    return uuid.uuid4().hex
+    return f"{_ids.getrandbits(128):032x}"
 
 
-def end_to_end(headers: Headers) -> CIMultiDict[str]:
-    """A copy of ``headers`` without the hop-by-hop ones (repeated headers kept in order)."""
-    drop = set(HOP_BY_HOP)
-    for value in headers.getall("Connection", ()):
-        drop.update(token.strip().lower() for token in value.split(","))
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        if name.lower() not in drop:
-            out.add(name, value)
-    return out
+def connection_tokens(fields: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """The lower-cased tokens of every Connection header."""
+    tokens: set[bytes] = set()
+    for name, value in fields:
+        if name.lower() == b"connection":
+            tokens.update(t.strip().lower() for t in value.split(b","))
+    return frozenset(tokens)
 
 
 def upstream_request(
-    headers: Headers,
+    fields: Fields,
     *,
+    host: bytes,
     peer: str | None,
-    scheme: str,
     request_id: str,
     trust_forwarded: bool,
     websocket: bool = False,
-) -> CIMultiDict[str]:
-    """The headers sent upstream for a client request with ``headers``.
+) -> list[bytes]:
+    """The header lines sent upstream for a client request with ``fields``.
 
-    Host stays the client's. ``peer`` is the client's IP address (None on a Unix socket).
+    ``host`` is the client's Host (empty if it sent none: the caller adds one). ``peer`` is
+    the client's IP address (None on a Unix socket).
     """
-    out = end_to_end(headers)
-    out.popall("Expect", None)
+    lines: list[bytes] = []
+    tokens: frozenset[bytes] = frozenset()
+    prior: list[bytes] = []
+    proto = forwarded_host = False
+    for name, value in fields:
+        lower = name.lower()
+        if lower in _REQUEST_REWRITTEN:
+            if lower == b"connection":
+                tokens = connection_tokens(fields) - (_UPGRADE if websocket else frozenset())
+            elif websocket and lower == b"upgrade":
+                lines.append(name + b": " + value)
+            elif trust_forwarded:
+                if lower == b"x-forwarded-for":
+                    prior.append(value)
+                elif lower == b"x-forwarded-proto":
+                    proto = True
+                    lines.append(name + b": " + value)
+                elif lower == b"x-forwarded-host":
+                    forwarded_host = True
+                    lines.append(name + b": " + value)
+            continue
+        lines.append(name + b": " + value)
+    if tokens:
+        # Connection may come after the fields it names: filter once all are known.
+        lines = [line for line in lines if line.partition(b":")[0].lower() not in tokens]
+    if peer is not None:
+        forwarded_for = peer.encode()
+        if prior:
+            forwarded_for = b", ".join(prior) + b", " + forwarded_for
+        lines.append(b"X-Forwarded-For: " + forwarded_for)
+    elif prior:
+        lines.append(b"X-Forwarded-For: " + b", ".join(prior))
+    if not proto:
+        lines.append(b"X-Forwarded-Proto: http")
+    if not forwarded_host and host:
+        lines.append(b"X-Forwarded-Host: " + host)
+    lines.append(b"X-Request-Id: " + request_id.encode())
     if websocket:
-        for name in [n for n in out if n.lower().startswith("sec-websocket-")]:
-            out.popall(name, None)
-    host = headers.get("Host")
-    if trust_forwarded:
-        prior = ", ".join(headers.getall("X-Forwarded-For", ()))
-        if peer is not None:
-            out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
-        out.setdefault("X-Forwarded-Proto", scheme)
-        if host is not None:
-            out.setdefault("X-Forwarded-Host", host)
-    else:
-        out.popall("X-Forwarded-For", None)
-        out.popall("X-Forwarded-Host", None)
-        if peer is not None:
-            out["X-Forwarded-For"] = peer
-        out["X-Forwarded-Proto"] = scheme
-        if host is not None:
-            out["X-Forwarded-Host"] = host
-    out["X-Request-Id"] = request_id
-    return out
+        lines.append(b"Connection: Upgrade")
+    return lines
 
 
-def client_response(headers: Headers, request_id: str) -> CIMultiDict[str]:
-    """The headers returned to the client for an upstream response with ``headers``.
+def client_response(fields: Fields, request_id: str, *, upgrade: bool = False) -> Fields:
+    """The header fields returned to the client for an upstream answer with ``fields``.
 
-    Content-Length is kept, so a response the upstream framed by length is framed the same
-    way; a chunked one is re-chunked by the gateway's own writer.
+    Framing is left out (the caller frames the body for its client); ``upgrade`` keeps
+    ``Upgrade`` and ``Connection`` (a 101).
     """
-    out = end_to_end(headers)
-    out["X-Request-Id"] = request_id
+    out: Fields = []
+    tokens: frozenset[bytes] = frozenset()
+    for name, value in fields:
+        lower = name.lower()
+        if lower in _RESPONSE_DROPPED:
+            if upgrade and lower in _UPGRADE:
+                out.append((name, value))
+            elif lower == b"connection":
+                tokens = connection_tokens(fields)
+            continue
+        out.append((name, value))
+    if tokens and not upgrade:
+        out = [(n, v) for n, v in out if n.lower() not in tokens]
+    out.append((b"X-Request-Id", request_id.encode()))
     return out

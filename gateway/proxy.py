@@ -1,10 +1,11 @@
 """The request handler of the data plane: route, lease, forward and stream both ways.
 
 One request:  route (404)  ->  lease a routable upstream (wait up to ``queue_timeout``, else
-503)  ->  forward with rewritten headers (``headers``), the body streamed from the client as
-it arrives  ->  response headers  ->  body streamed back chunk by chunk (SSE flushes per
-event)  ->  one ``RequestRecord`` to each observer. A WebSocket upgrade is relayed instead
-(``websocket``), holding its lease while open.
+503)  ->  an upstream connection (``connector``)  ->  the request head with rewritten headers,
+the body spliced from the client as it arrives  ->  the answer's head  ->  its body spliced
+back to the client  ->  one ``RequestRecord`` to each observer. A WebSocket upgrade that the
+upstream accepts turns both connections into a relay (``websocket``), holding its lease
+while open.
 
 Retries go to a different routable upstream, within ``retries.attempts`` and
 ``retries.timeout``, and only while nothing is lost by them: no response byte sent to the
@@ -16,32 +17,37 @@ answer to such a request too.
 Invariants:
 - every lease is released, on every path, cancellation included;
 - every error the gateway makes itself is JSON ``{"error", "message", "request_id", ...}``
-  and carries X-Request-Id; library exceptions become ``GatewayError``s in ``_translate``;
+  and carries X-Request-Id;
 - a response whose upstream body breaks off is aborted (the connection dropped without the
-  last chunk), never completed short;
-- cancellation (the client went away) is never swallowed.
+  last chunk), never completed short, and counts against the upstream in passive detection
+  (a 2xx-4xx answer is reported "ok" only once its body arrived whole);
+- a slow client is the client's fault, never the upstream's: a request body that pauses past
+  ``limits.body_timeout`` gets 408, a client that leaves its answer unread for
+  ``limits.send_timeout`` is cut off; neither is reported to passive detection;
+- cancellation (the client went away, a drain timed out) is never swallowed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict
-from yarl import URL
-
-from . import headers, router
+from . import headers, http1, router
 from .config import ProxyConfig
+from .connector import Connector, ResponseHead, UpstreamConnection, failure, kind_of
+from .downstream import (
+    ClientConnection,
+    IncomingRequest,
+    ResponseStream,
+    gateway_error_response,
+)
 from .errors import (
     GatewayError,
-    NoRoutableUpstream,
     NoRoute,
+    RequestTimeout,
     RequestTooLarge,
-    UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeout,
@@ -55,11 +61,7 @@ log = logging.getLogger(__name__)
 
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 RETRY_STATUSES = frozenset({502, 503, 504})
-UPSTREAM_KEEPALIVE_TIMEOUT = 30.0
-"""Idle keep-alive connections to upstreams are closed after this long."""
-WS_CLOSE_TIMEOUT = 10.0
-"""How long a WebSocket close handshake with an upstream may take."""
-_CHUNK = 64 * 1024
+NO_BODY_STATUSES = frozenset({204, 304})
 
 
 @dataclass(slots=True)
@@ -68,6 +70,7 @@ class _Exchange:
 
     request_id: str
     started: float
+    path: str = ""
     service: str = ""
     upstream: Upstream | None = None
     status: int = 0
@@ -77,11 +80,8 @@ class _Exchange:
     retries: int = 0
     retry_reasons: list[str] = field(default_factory=list)
     error: str | None = None
-    body_started: bool = False
-    """The request body was touched: an attempt can no longer be replayed."""
     response_started: bool = False
     """Response headers went to the client: no other answer is possible."""
-    too_large: bool = False
     complete: bool = False
     """The answer was delivered in full (a cancellation after that is no error)."""
 
@@ -95,49 +95,8 @@ class _Failed(Exception):
         self.kind = kind
 
 
-def _translate(exc: BaseException) -> tuple[GatewayError, str]:
-    """An aiohttp or OS error of an upstream exchange -> (GatewayError, kind of failure).
-
-    kind: ``connect`` (nothing reached the upstream), ``disconnect`` (closed or reset before
-    an answer), ``timeout``, ``protocol`` (not HTTP) or ``other``.
-    """
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return UpstreamConnectError(f"cannot connect to upstream: {exc.os_error}"), "connect"
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return UpstreamTimeout("timed out connecting to upstream"), "connect"
-    if isinstance(exc, TimeoutError):
-        return UpstreamTimeout("upstream did not answer in time"), "timeout"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return UpstreamConnectError("upstream closed the connection before answering"), (
-            "disconnect"
-        )
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return UpstreamProtocolError(f"upstream sent an invalid response: {exc.message}"), (
-            "protocol"
-        )
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return UpstreamProtocolError(f"upstream response body broke off: {exc}"), "protocol"
-    if isinstance(exc, aiohttp.ClientConnectionError | OSError):
-        return UpstreamConnectError(f"connection to upstream failed: {exc}"), "disconnect"
-    return UpstreamError(f"forwarding failed: {exc!r}"), "other"
-
-
-def _subprotocols(request: web.Request) -> list[str]:
-    offered = ",".join(request.headers.getall("Sec-WebSocket-Protocol", ()))
-    return [p.strip() for p in offered.split(",") if p.strip()]
-
-
-def _is_websocket(request: web.Request) -> bool:
-    """A valid WebSocket upgrade; an invalid one is forwarded as a plain request."""
-    return (
-        request.method == "GET"
-        and request.headers.get("Upgrade", "").lower() == "websocket"
-        and web.WebSocketResponse(protocols=_subprotocols(request)).can_prepare(request).ok
-    )
-
-
 class Proxy:
-    """Forwards requests to the routable upstreams of ``pool`` over one client session."""
+    """Forwards requests to the routable upstreams of ``pool``."""
 
     def __init__(
         self, pool: Pool, config: ProxyConfig, observers: Sequence[RequestObserver] = ()
@@ -145,40 +104,25 @@ class Proxy:
         self.pool = pool
         self.config = config
         self.observers = tuple(observers)
-        self._session: aiohttp.ClientSession | None = None
+        self._connector: Connector | None = None
         self._relays: set[Relay] = set()
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def connector(self) -> Connector:
+        if self._connector is None:
             raise RuntimeError("Proxy.start() was not called")
-        return self._session
+        return self._connector
 
     async def start(self) -> None:
-        """Open the shared upstream session (idempotent)."""
-        if self._session is not None:
-            return
-        connector = aiohttp.TCPConnector(
-            limit=0,
-            limit_per_host=0,
-            keepalive_timeout=UPSTREAM_KEEPALIVE_TIMEOUT,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-            timeout=aiohttp.ClientTimeout(total=None),
-            trust_env=False,
-            max_line_size=self.config.limits.max_header_size,
-            max_field_size=self.config.limits.max_header_size,
-        )
+        """Open the upstream connection pool (idempotent)."""
+        if self._connector is None:
+            self._connector = Connector(max_idle=self.config.upstream_keepalive)
 
     async def close(self) -> None:
-        """Close the upstream session and its connections (idempotent)."""
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        """Close the upstream connections (idempotent)."""
+        connector, self._connector = self._connector, None
+        if connector is not None:
+            connector.close()
 
     def going_away(self) -> None:
         """Close every relayed WebSocket with 1001 (the gateway is shutting down)."""
@@ -187,24 +131,33 @@ class Proxy:
 
     # -- the handler -------------------------------------------------------------------------
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: IncomingRequest) -> None:
+        """Answer ``request`` (run as its own task by its ``ClientConnection``)."""
         loop = asyncio.get_running_loop()
-        ex = _Exchange(headers.request_id(request.headers.get("X-Request-Id")), loop.time())
-        path = router.normalize_path(request.path)
+        candidate = request.request_id
+        ex = _Exchange(
+            headers.request_id(candidate.decode("latin-1") if candidate else None), loop.time()
+        )
         try:
-            return await self._route(request, ex, path)
+            await self._route(request, ex)
         except GatewayError as exc:
-            return self._error_response(exc, ex)
+            self._error_response(request, exc, ex)
         except asyncio.CancelledError:
             ex.status = ex.status or 499
             if not ex.complete:
                 ex.error = ex.error or "cancelled"
             raise
         finally:
-            self._record(request, ex, path, loop.time())
+            self._record(request, ex, loop.time())
 
-    async def _route(self, request: web.Request, ex: _Exchange, path: str) -> web.StreamResponse:
-        host = request.headers.get("Host", "")
+    async def _route(self, request: IncomingRequest, ex: _Exchange) -> None:
+        target = request.target.decode("latin-1")
+        path, query, plain = router.split_target(target)
+        ex.path = path
+        problem = None if plain else router.path_problem(target)
+        if problem is not None:
+            raise _BadRequest(f"the request is refused: {problem}")
+        host = request.host.decode("latin-1")
         route = router.resolve(self.pool.routes, host, path)
         sp = self.pool.services.get(route.service) if route is not None else None
         if route is None or sp is None:
@@ -216,9 +169,13 @@ class Proxy:
             raise RequestTooLarge(
                 f"request body of {length} bytes is over the limit of {limit}", limit=limit
             )
-        target = URL.build(path=router.forward_path(route, path)).raw_path
-        query = request.rel_url.raw_query_string
-        websocket = _is_websocket(request)
+        body = request.body
+        if body is not None:
+            body.set_limit(limit)
+        forward = router.forward_path(route, path)
+        if not plain:
+            forward = router.quote_path(forward)
+        wire_target = (f"{forward}?{query}" if query else forward).encode("latin-1")
 
         lease = sp.lease()
         if lease is None:
@@ -227,6 +184,7 @@ class Proxy:
             lease = sp.lease()
             if lease is None:
                 raise sp.unavailable()
+        websocket = request.is_websocket
         tried: set[str] = set()
         while True:
             tried.add(lease.upstream.id)
@@ -234,8 +192,8 @@ class Proxy:
             try:
                 with lease:
                     if websocket:
-                        return await self._websocket(request, ex, sp, lease, target, query)
-                    return await self._http(request, ex, sp, lease, target, query, tried)
+                        return await self._websocket(request, ex, sp, lease, wire_target)
+                    return await self._http(request, ex, sp, lease, wire_target, tried)
             except _Failed as failed:
                 if not self._may_retry(failed.kind, request, ex, sp, tried):
                     raise failed.error from None
@@ -249,17 +207,20 @@ class Proxy:
     def _may_retry(
         self,
         kind: str,
-        request: web.Request,
+        request: IncomingRequest,
         ex: _Exchange,
         sp: ServicePool,
         tried: Collection[str],
     ) -> bool:
         retries = sp.routing.retries
-        if ex.retries >= retries.attempts or ex.body_started or ex.response_started:
+        body = request.body
+        if ex.retries >= retries.attempts or ex.response_started:
+            return False
+        if body is not None and (body.started or body.error is not None):
             return False
         if asyncio.get_running_loop().time() - ex.started >= retries.timeout:
             return False
-        replayable = request.method in IDEMPOTENT and not request.body_exists
+        replayable = request.method in IDEMPOTENT and body is None
         if kind == "disconnect" and not replayable:
             return False
         if kind == "status" and not (retries.on_status and replayable):
@@ -268,212 +229,297 @@ class Proxy:
             return False
         return any(u.id not in tried for u in sp.snapshot.routable)
 
-    def _failed(
-        self, exc: BaseException, ex: _Exchange, sp: ServicePool, upstream: Upstream
-    ) -> _Failed:
-        """Translate an attempt's failure and report it to passive detection."""
-        if ex.too_large:
-            limit = sp.routing.limits.max_body_size
-            error: GatewayError = RequestTooLarge(
-                f"request body is over the limit of {limit} bytes", limit=limit
-            )
-            return _Failed(error, "other")
-        error, kind = _translate(exc)
+    def _failed(self, error: GatewayError, ex: _Exchange, sp: ServicePool) -> _Failed:
+        """An attempt's failure, reported to passive detection unless the client caused it."""
+        kind = kind_of(error)
+        error.details.pop("kind", None)
+        if kind == "client" or isinstance(error, RequestTooLarge | RequestTimeout):
+            return _Failed(error, "client")
+        upstream = ex.upstream
+        assert upstream is not None
         error.details.update(service=sp.routing.name, upstream=upstream.id)
         outcome = "connect_failure" if kind == "connect" else "5xx"
         self.pool.report(sp.routing.name, upstream.id, outcome)
         return _Failed(error, kind)
 
-    def _url(self, upstream: Upstream, path: str, query: str) -> URL:
-        return URL.build(
-            scheme="http",
-            host=upstream.host,
-            port=upstream.port,
-            path=path,
-            query_string=query,
-            encoded=True,
-        )
-
-    def _upstream_headers(
-        self, request: web.Request, ex: _Exchange, websocket: bool = False
-    ) -> CIMultiDict[str]:
-        return headers.upstream_request(
-            request.headers,
-            peer=request.remote,
-            scheme=request.scheme,
-            request_id=ex.request_id,
-            trust_forwarded=self.config.trust_forwarded,
-            websocket=websocket,
-        )
-
     # -- HTTP --------------------------------------------------------------------------------
 
-    async def _body(self, request: web.Request, ex: _Exchange, limit: int) -> AsyncIterator[bytes]:
-        ex.body_started = True
-        async for chunk in request.content.iter_chunked(_CHUNK):
-            ex.bytes_in += len(chunk)
-            if limit and ex.bytes_in > limit:
-                ex.too_large = True
-                raise RequestTooLarge(f"request body is over the limit of {limit} bytes")
-            yield chunk
+    def _request_head(
+        self, request: IncomingRequest, ex: _Exchange, target: bytes, upstream: Upstream
+    ) -> list[bytes]:
+        """The request line and header lines sent upstream (framing not included)."""
+        lines = headers.upstream_request(
+            request.headers,
+            host=request.host,
+            peer=request.peer,
+            request_id=ex.request_id,
+            trust_forwarded=self.config.trust_forwarded,
+            websocket=request.is_websocket,
+        )
+        lines.insert(0, request.method.encode() + b" " + target + b" HTTP/1.1")
+        if not request.host:
+            lines.append(b"Host: " + upstream.address.encode())
+        return lines
 
     async def _http(
         self,
-        request: web.Request,
+        request: IncomingRequest,
         ex: _Exchange,
         sp: ServicePool,
         lease: Lease,
-        path: str,
-        query: str,
+        target: bytes,
         tried: Collection[str],
-    ) -> web.StreamResponse:
+    ) -> None:
         upstream = lease.upstream
         timeouts = sp.routing.timeouts
-        body = (
-            self._body(request, ex, sp.routing.limits.max_body_size)
-            if request.body_exists
-            else None
-        )
+        connector = self.connector
         try:
-            upstream_response = await self.session.request(
-                request.method,
-                self._url(upstream, path, query),
-                headers=self._upstream_headers(request, ex),
-                data=body,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(
-                    total=timeouts.total or None,
-                    connect=timeouts.connect or None,
-                    sock_connect=timeouts.connect or None,
-                    sock_read=timeouts.read or None,
-                ),
-            )
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise self._failed(exc, ex, sp, upstream) from exc
+            conn = await connector.acquire(upstream.host, upstream.port, timeouts.connect)
+        except GatewayError as exc:
+            raise self._failed(exc, ex, sp) from None
+        try:
+            if timeouts.total:
+                async with asyncio.timeout(timeouts.total):
+                    await self._exchange(request, ex, sp, conn, target, tried)
+            else:
+                await self._exchange(request, ex, sp, conn, target, tried)
+        except TimeoutError:
+            connector.discard(conn)
+            if ex.response_started:
+                ex.error = "upstream_timeout"
+                request.conn.abort()
+                return
+            error = failure(UpstreamTimeout("upstream did not answer in time"), "timeout")
+            raise self._failed(error, ex, sp) from None
+        except BaseException:
+            connector.discard(conn)
+            raise
 
-        try:
-            status = upstream_response.status
-            ex.ttfb = asyncio.get_running_loop().time() - ex.started
-            self.pool.report(sp.routing.name, upstream.id, "5xx" if status >= 500 else "ok")
-            if status in RETRY_STATUSES and self._may_retry("status", request, ex, sp, tried):
-                error = UpstreamError(
-                    f"upstream answered {status}", service=sp.routing.name, upstream=upstream.id
-                )
-                raise _Failed(error, "status")
-            return await self._stream(request, ex, upstream_response)
-        finally:
-            upstream_response.close()
-
-    async def _stream(
-        self, request: web.Request, ex: _Exchange, upstream_response: aiohttp.ClientResponse
-    ) -> web.StreamResponse:
-        """Send the upstream's answer to the client as it arrives."""
-        response = web.StreamResponse(
-            status=upstream_response.status,
-            reason=upstream_response.reason,
-            headers=headers.client_response(upstream_response.headers, ex.request_id),
+    async def _exchange(
+        self,
+        request: IncomingRequest,
+        ex: _Exchange,
+        sp: ServicePool,
+        conn: UpstreamConnection,
+        target: bytes,
+        tried: Collection[str],
+    ) -> None:
+        upstream = ex.upstream
+        assert upstream is not None
+        body = request.body
+        lines = self._request_head(request, ex, target, upstream)
+        payload = b""
+        if body is None:
+            if request.content_length is not None:
+                lines.append(b"Content-Length: 0")
+        elif body.complete and not body.started and body.error is None:
+            payload = body.take()  # whole already: framed by length, one write
+            lines.append(b"Content-Length: %d" % len(payload))
+        elif request.chunked:
+            lines.append(b"Transfer-Encoding: chunked")
+        else:
+            lines.append(b"Content-Length: %d" % (request.content_length or 0))
+        lines.append(http1.CRLF)
+        streamed = body is not None and not payload and body.error is None
+        head_future = conn.send(
+            http1.CRLF.join(lines) + payload,
+            body=streamed,
+            chunked=request.chunked,
+            head_only=request.method == "HEAD",
+            read_timeout=sp.routing.timeouts.read,
         )
-        ex.status = upstream_response.status
-        ex.response_started = True
-        reader = upstream_response.content
-        try:
-            await response.prepare(request)
-            while True:
+        if body is not None:
+            ex.bytes_in = body.received
+            if streamed:
+                conn.body_producer = request.conn
                 try:
-                    chunk = await reader.readany()
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    # Cut the client off without the last chunk: a short body must never
-                    # look complete. ``force_close`` makes aiohttp's own write_eof fail
-                    # quietly instead of writing the terminating chunk.
-                    ex.error = "request_too_large" if ex.too_large else _translate(exc)[0].code
-                    request.protocol.force_close()
-                    return response
-                if not chunk:
-                    break
-                ex.bytes_out += len(chunk)
-                await response.write(chunk)
-            await response.write_eof()
-            ex.complete = True
-        except ConnectionError:
-            ex.error = "client_disconnected"
-        return response
+                    body.attach(conn)
+                except GatewayError as exc:
+                    raise self._failed(exc, ex, sp) from None
+        try:
+            head = await head_future
+        except GatewayError as exc:
+            if body is not None:
+                body.detach()
+            raise self._failed(exc, ex, sp) from None
+        status = head.status
+        ex.ttfb = asyncio.get_running_loop().time() - ex.started
+        if status >= 500:
+            self.pool.report(sp.routing.name, upstream.id, "5xx")
+        if status in RETRY_STATUSES and self._may_retry("status", request, ex, sp, tried):
+            self.connector.discard(conn)
+            error = UpstreamError(
+                f"upstream answered {status}", service=sp.routing.name, upstream=upstream.id
+            )
+            raise _Failed(error, "status")
+        await self._respond(request, ex, sp, conn, head)
+
+    async def _respond(
+        self,
+        request: IncomingRequest,
+        ex: _Exchange,
+        sp: ServicePool,
+        conn: UpstreamConnection,
+        head: ResponseHead,
+    ) -> None:
+        """Send the upstream's answer to the client as it arrives."""
+        client = request.conn
+        body = request.body
+        status = head.status
+        keep_alive = request.keep_alive and not client.closing
+        if body is not None and not body.complete:
+            keep_alive = False  # the rest of the body would have to be read first
+        chunked = False
+        fields = headers.client_response(head.headers, ex.request_id)
+        if request.method == "HEAD" or status in NO_BODY_STATUSES:
+            # No body follows; a Content-Length still tells the size of the one not sent.
+            if head.content_length is not None and status != 204:
+                fields.append((b"Content-Length", b"%d" % head.content_length))
+        elif head.content_length is not None:
+            fields.append((b"Content-Length", b"%d" % head.content_length))
+        elif request.version == "1.1":
+            chunked = True
+            fields.append((b"Transfer-Encoding", b"chunked"))
+        else:
+            keep_alive = False  # framed by the close, as the upstream did
+        if not keep_alive:
+            fields.append((b"Connection", b"close"))
+        elif request.version == "1.0":
+            fields.append((b"Connection", b"keep-alive"))
+        request.keep_alive = keep_alive
+        ex.status = status
+        ex.response_started = True
+        sink = ResponseStream(client, chunked)
+        client.producer = conn
+        try:
+            done = conn.stream_to(sink, http1.response_head(status, head.phrase, fields))
+            if done is not None:
+                await done
+        except GatewayError as exc:
+            # Cut the client off without the end of the body: it must never look complete.
+            ex.bytes_out = sink.bytes_out
+            ex.error = exc.code
+            client.abort()
+            self.connector.discard(conn)
+            if kind_of(exc) != "client":
+                self.pool.report(sp.routing.name, ex.upstream.id if ex.upstream else "", "5xx")
+            return
+        ex.bytes_out = sink.bytes_out
+        if body is not None:
+            ex.bytes_in = body.received
+        ex.complete = True
+        if status < 500 and ex.upstream is not None:
+            self.pool.report(sp.routing.name, ex.upstream.id, "ok")
+        self.connector.release(conn)
 
     # -- WebSocket ---------------------------------------------------------------------------
 
     async def _websocket(
         self,
-        request: web.Request,
+        request: IncomingRequest,
         ex: _Exchange,
         sp: ServicePool,
         lease: Lease,
-        path: str,
-        query: str,
-    ) -> web.StreamResponse:
+        target: bytes,
+    ) -> None:
         upstream = lease.upstream
         timeouts = sp.routing.timeouts
-        protocols = _subprotocols(request)
+        connector = self.connector
         try:
-            async with asyncio.timeout((timeouts.connect + timeouts.read) or None):
-                upstream_ws = await self.session.ws_connect(
-                    self._url(upstream, path, query),
-                    headers=self._upstream_headers(request, ex, websocket=True),
-                    protocols=protocols,
-                    autoping=False,
-                    autoclose=False,
-                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=WS_CLOSE_TIMEOUT),
-                )
-        except aiohttp.WSServerHandshakeError as exc:
-            self.pool.report(sp.routing.name, upstream.id, "5xx" if exc.status >= 500 else "ok")
-            error = UpstreamProtocolError(
-                f"upstream refused the WebSocket upgrade with status {exc.status}",
-                service=sp.routing.name,
-                upstream=upstream.id,
-                upstream_status=exc.status,
-            )
-            raise _Failed(error, "protocol") from exc
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise self._failed(exc, ex, sp, upstream) from exc
-
+            conn = await connector.acquire(upstream.host, upstream.port, timeouts.connect)
+        except GatewayError as exc:
+            raise self._failed(exc, ex, sp) from None
         try:
-            self.pool.report(sp.routing.name, upstream.id, "ok")
-            client_ws = web.WebSocketResponse(
-                protocols=(upstream_ws.protocol,) if upstream_ws.protocol else (),
-                autoping=False,
-                autoclose=False,
-                timeout=WS_CLOSE_TIMEOUT,
+            lines = self._request_head(request, ex, target, upstream)
+            lines.append(http1.CRLF)
+            future = conn.send(
+                http1.CRLF.join(lines),
+                body=False,
+                chunked=False,
+                head_only=False,
+                read_timeout=timeouts.connect + timeouts.read,
             )
-            client_ws.headers["X-Request-Id"] = ex.request_id
-            ex.response_started = True
-            ex.status = 101
-            await client_ws.prepare(request)
-            relay = Relay(client_ws, upstream_ws)
-            self._relays.add(relay)
-            # A drain timeout (or a shutdown) closes with 1001 instead of cancelling.
-            lease.abort = relay.going_away
             try:
-                await relay.run()
-            finally:
-                self._relays.discard(relay)
-                ex.bytes_in, ex.bytes_out = relay.bytes_in, relay.bytes_out
-                ex.complete = relay.closed
-            return client_ws
+                head = await future
+            except GatewayError as exc:
+                raise self._failed(exc, ex, sp) from None
+            if head.status != 101:
+                outcome = "5xx" if head.status >= 500 else "ok"
+                self.pool.report(sp.routing.name, upstream.id, outcome)
+                error = UpstreamProtocolError(
+                    f"upstream refused the WebSocket upgrade with status {head.status}",
+                    service=sp.routing.name,
+                    upstream=upstream.id,
+                    upstream_status=head.status,
+                )
+                raise _Failed(error, "protocol")
+            self.pool.report(sp.routing.name, upstream.id, "ok")
+            await self._relay(request, ex, lease, conn, head)
         finally:
-            if not upstream_ws.closed:
-                await upstream_ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
+            if conn.transport is not None and conn.tunnel is None:
+                connector.discard(conn)
+
+    async def _relay(
+        self,
+        request: IncomingRequest,
+        ex: _Exchange,
+        lease: Lease,
+        conn: UpstreamConnection,
+        head: ResponseHead,
+    ) -> None:
+        client = request.conn
+        fields = headers.client_response(head.headers, ex.request_id, upgrade=True)
+        ex.status = 101
+        ex.response_started = True
+        client.write(http1.response_head(101, head.phrase, fields))
+        relay = Relay(_ClientSide(client), _UpstreamSide(conn))
+        client.producer = conn
+        conn.body_producer = client
+        client.tunnel = relay.from_client
+        client.on_lost = relay.client_lost
+        conn.tunnel = relay.from_upstream
+        conn.on_lost = relay.upstream_lost
+        if client.transport is None:
+            relay.client_lost()
+        if conn.transport is None:
+            relay.upstream_lost()
+        if conn.tunnel_data:
+            relay.from_upstream(conn.tunnel_data)
+        early = client.take_tunnel_data()
+        if early:
+            relay.from_client(early)
+        conn.resume_reading()
+        client.start_tunnel()
+        self._relays.add(relay)
+        # A drain timeout (or a shutdown) closes with 1001 instead of cancelling.
+        lease.abort = relay.going_away
+        try:
+            await relay.done
+        finally:
+            self._relays.discard(relay)
+            ex.bytes_in, ex.bytes_out = relay.bytes_in, relay.bytes_out
+            ex.complete = relay.closed_cleanly
+            if not relay.done.done():
+                client.abort()
+                conn.abort()
 
     # -- answers and records -----------------------------------------------------------------
 
-    def _error_response(self, exc: GatewayError, ex: _Exchange) -> web.Response:
+    def _error_response(self, request: IncomingRequest, exc: GatewayError, ex: _Exchange) -> None:
         ex.status = exc.status
         ex.error = exc.code
-        body = {**exc.details, "error": exc.code, "message": exc.message}
-        body["request_id"] = ex.request_id
-        extra = {"X-Request-Id": ex.request_id}
-        if isinstance(exc, NoRoutableUpstream):
-            extra["Retry-After"] = str(exc.retry_after)
-        return web.json_response(body, status=exc.status, headers=extra)
+        body = request.body
+        close = (
+            not request.keep_alive
+            or request.conn.closing
+            or (body is not None and not body.complete)
+            or isinstance(exc, RequestTimeout | _BadRequest)
+        )
+        if close:
+            request.keep_alive = False
+        request.conn.write(gateway_error_response(exc, ex.request_id, close))
 
-    def _record(self, request: web.Request, ex: _Exchange, path: str, now: float) -> None:
+    def _record(self, request: IncomingRequest, ex: _Exchange, now: float) -> None:
         if not self.observers:
             return
         upstream = ex.upstream
@@ -483,7 +529,7 @@ class Proxy:
             revision=upstream.revision if upstream is not None else None,
             upstream_id=upstream.id if upstream is not None else None,
             method=request.method,
-            path=path,
+            path=ex.path,
             status=ex.status,
             duration=now - ex.started,
             ttfb=ex.ttfb,
@@ -498,3 +544,61 @@ class Proxy:
                 observer.on_request(record)
             except Exception:
                 log.exception("request observer %r failed", observer)
+
+
+class _BadRequest(GatewayError):
+    status = 400
+    code = "bad_request"
+
+
+class _ClientSide:
+    """The relay's view of the client connection."""
+
+    __slots__ = ("conn", "transport")
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self.conn = conn
+        self.transport: object = conn.transport
+
+    def write(self, data: bytes) -> None:
+        self.conn.write(data)
+
+    def close_transport(self) -> None:
+        if self.conn.transport is not None:
+            self.conn.transport.close()
+
+    def abort(self) -> None:
+        self.conn.abort()
+
+    def pause_reading(self) -> None:
+        self.conn.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.conn.resume_reading()
+
+
+class _UpstreamSide:
+    """The relay's view of the upstream connection."""
+
+    __slots__ = ("conn", "transport")
+
+    def __init__(self, conn: UpstreamConnection) -> None:
+        self.conn = conn
+        self.transport: object = conn.transport
+
+    def write(self, data: bytes) -> None:
+        if self.conn.transport is not None:
+            self.conn.transport.write(data)
+
+    def close_transport(self) -> None:
+        if self.conn.transport is not None:
+            self.conn.transport.close()
+
+    def abort(self) -> None:
+        self.conn.abort()
+
+    def pause_reading(self) -> None:
+        self.conn.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.conn.resume_reading()

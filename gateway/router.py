@@ -12,8 +12,10 @@ never be escaped with ``/svc/../admin``.
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from urllib.parse import quote, unquote, unquote_to_bytes
 
 from .config import RouteConfig
 
@@ -31,6 +33,59 @@ class RouteTable:
     @classmethod
     def build(cls, routes: Iterable[Route]) -> RouteTable:
         return cls(tuple(routes))
+
+
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def path_problem(raw_path: str) -> str | None:
+    """Why the raw request target's path must be refused with 400, or None."""
+    path = raw_path.partition("?")[0].partition("#")[0]
+    if _BAD_PERCENT.search(path):
+        return "a '%' in the path is not followed by two hex digits"
+    try:
+        decoded = unquote_to_bytes(path).decode()
+    except UnicodeDecodeError:
+        return "the path's percent-encoded bytes are not UTF-8"
+    if "\\" in decoded:
+        return "the path holds a backslash"
+    if any(c < " " or c == "\x7f" for c in decoded):
+        return "the path holds a control character"
+    return None
+
+
+_SAFE = "/:@!$&'()*+,;=~"
+"""Kept as they are when a decoded path is quoted again (yarl's choice for paths)."""
+
+
+def split_target(target: str) -> tuple[str, str, bool]:
+    """A request target -> (normalised, percent-decoded path; raw query; ``plain``).
+
+    ``plain``: the raw path was already normal and held no escape, so it can be forwarded as
+    it came (the hot path skips decoding and quoting). An absolute-form target
+    (``http://host/path``) is reduced to its path.
+    """
+    if not target.startswith("/"):
+        if "://" in target:
+            rest = target.partition("://")[2]
+            slash = rest.find("/")
+            target = rest[slash:] if slash != -1 else "/"
+    path, _, query = target.partition("?")
+    path = path.partition("#")[0]
+    if (
+        path.startswith("/")
+        and "%" not in path
+        and "/." not in path
+        and "//" not in path
+        and "\\" not in path
+    ):
+        return path, query, True
+    return normalize_path(unquote(path)), query, False
+
+
+def quote_path(path: str) -> str:
+    """A decoded path as it goes on the wire."""
+    return quote(path, safe=_SAFE)
 
 
 def normalize_path(path: str) -> str:

@@ -1,119 +1,230 @@
-"""WebSocket relay: two connected WebSockets pumped into each other until one side closes.
+"""WebSocket relay: after the upstream's 101, the two connections are spliced byte for byte.
 
-Every frame crosses as it is: text, binary, ping and pong (neither side answers pings on its
-own, so a ping measures the whole path). A close crosses with its code and reason: when one
-side closes with code X, the other side is closed with X and the first close is answered
-with X as well. The upstream's side is always closed first: closing the client's side ends
-its connection, and aiohttp's ``handler_cancellation`` then cancels the handler. A side that
-vanishes without a close frame closes the other with 1014 (bad gateway) towards the client
-or 1001 (going away) towards the upstream. ``going_away()`` (a drain timeout, a shutdown)
-closes both sides with 1001.
+Frames cross untouched, both ways, close frames included, so a close code and reason, pings
+and pongs mean the same on both sides. The relay only follows the frame boundaries
+(``FrameCursor``, no unmasking) to count payload bytes and to know where a frame of its own
+may go in:
 
-Invariant: the relay ends only when both sides are closed, and it never swallows the
-cancellation of the task that runs it.
+- a side that vanishes without a close handshake closes the other: 1001 (going away)
+  towards the upstream, 1014 (bad gateway) towards the client;
+- ``going_away()`` (a drain timeout, a shutdown) sends 1001 to both sides; each side's
+  connection is closed once it answered with its close frame, or after
+  ``WS_CLOSE_TIMEOUT``. A side in the middle of a frame at that moment is cut off instead
+  (a frame cannot be interrupted).
+
+Invariant: ``done`` resolves once both connections are closed; what crossed is in
+``bytes_in`` (client to upstream) and ``bytes_out`` (upstream to client), payload bytes of
+data frames.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from typing import Literal
+import os
+import struct
+from typing import Protocol
 
-import aiohttp
-from aiohttp import WSCloseCode, WSMsgType, web
+WS_CLOSE_TIMEOUT = 10.0
+"""How long a side may take to answer the relay's own close frame."""
+GOING_AWAY = 1001
+BAD_GATEWAY = 1014
 
-log = logging.getLogger(__name__)
-
-ClientSide = web.WebSocketResponse[Literal[True]]
-UpstreamSide = aiohttp.ClientWebSocketResponse[Literal[True]]
-Side = ClientSide | UpstreamSide
-
-_UNSENDABLE = frozenset({1004, 1005, 1006, 1015})
+_DATA_OPCODES = frozenset({0, 1, 2})
+_CLOSE = 8
 
 
-def sendable(code: int | None) -> int:
-    """``code`` if it may be sent in a close frame, else 1000 (RFC 6455 7.4)."""
-    if code is None or not 1000 <= code <= 4999 or code in _UNSENDABLE:
-        return WSCloseCode.OK
-    return code
+class Side(Protocol):
+    transport: object
+
+    def write(self, data: bytes) -> None: ...
+    def close_transport(self) -> None: ...
+    def abort(self) -> None: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+
+
+class FrameCursor:
+    """Where one direction of a WebSocket stream is: in a header, a payload, or between."""
+
+    __slots__ = ("_header", "_opcode", "_remaining", "closed", "payload")
+
+    def __init__(self) -> None:
+        self._header = b""
+        self._remaining = 0
+        self._opcode = 0
+        self.payload = 0
+        """Payload bytes of data frames seen so far."""
+        self.closed = False
+        """A close frame was seen whole."""
+
+    @property
+    def at_boundary(self) -> bool:
+        return not self._header and not self._remaining
+
+    def feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self._remaining:
+                n = min(self._remaining, len(view))
+                self._remaining -= n
+                if self._opcode in _DATA_OPCODES:
+                    self.payload += n
+                view = view[n:]
+                if not self._remaining and self._opcode == _CLOSE:
+                    self.closed = True
+                continue
+            header = self._header + bytes(view[:14])
+            size = _header_size(header)
+            if size is None or len(header) < size:
+                self._header = header
+                return
+            taken = size - len(self._header)
+            self._header = b""
+            view = view[taken:]
+            self._opcode = header[0] & 0x0F
+            self._remaining = _payload_length(header)
+            if not self._remaining and self._opcode == _CLOSE:
+                self.closed = True
+
+
+def _header_size(header: bytes) -> int | None:
+    if len(header) < 2:
+        return None
+    length = header[1] & 0x7F
+    size = 2 + (2 if length == 126 else 8 if length == 127 else 0)
+    return size + (4 if header[1] & 0x80 else 0)
+
+
+def _payload_length(header: bytes) -> int:
+    length = header[1] & 0x7F
+    if length == 126:
+        return int(struct.unpack_from("!H", header, 2)[0])
+    if length == 127:
+        return int(struct.unpack_from("!Q", header, 2)[0])
+    return length
+
+
+def close_frame(code: int, *, masked: bool) -> bytes:
+    """A close frame with ``code`` (masked: as a client must send it)."""
+    payload = struct.pack("!H", code)
+    if not masked:
+        return bytes((0x88, len(payload))) + payload
+    mask = os.urandom(4)
+    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return bytes((0x88, 0x80 | len(payload))) + mask + body
 
 
 class Relay:
-    """Pumps ``client`` and ``upstream`` into each other; ``run()`` until both are closed."""
+    """Splices a client connection and an upstream connection after a 101."""
 
-    def __init__(self, client: ClientSide, upstream: UpstreamSide) -> None:
+    def __init__(self, client: Side, upstream: Side) -> None:
         self.client = client
         self.upstream = upstream
-        self.bytes_in = 0
-        """Payload bytes of data messages from the client."""
-        self.bytes_out = 0
-        """Payload bytes of data messages to the client."""
-        self.closed = False
-        """Both sides were closed by the relay (a cancellation after that is the end)."""
-        self._closing = False
-        self._group: asyncio.TaskGroup | None = None
+        self._to_upstream = FrameCursor()
+        self._to_client = FrameCursor()
+        self._client_open = True
+        self._upstream_open = True
+        self._going_away = False
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._timer: asyncio.TimerHandle | None = None
+        self.closed_cleanly = False
+        """Both sides closed with a close handshake the relay saw or made."""
 
-    async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            self._group = group
-            group.create_task(self._pump(self.client, self.upstream, to_client=False))
-            group.create_task(self._pump(self.upstream, self.client, to_client=True))
-        self._group = None
+    @property
+    def bytes_in(self) -> int:
+        return self._to_upstream.payload
+
+    @property
+    def bytes_out(self) -> int:
+        return self._to_client.payload
+
+    # -- data ---------------------------------------------------------------------------------
+
+    def from_client(self, data: bytes) -> None:
+        self._to_upstream.feed(data)
+        if self._going_away:
+            if self._to_upstream.closed:
+                self._close_client()
+            return
+        if self._upstream_open:
+            self.upstream.write(data)
+
+    def from_upstream(self, data: bytes) -> None:
+        self._to_client.feed(data)
+        if self._going_away:
+            if self._to_client.closed:
+                self._close_upstream()
+            return
+        if self._client_open:
+            self.client.write(data)
+
+    # -- ends ---------------------------------------------------------------------------------
+
+    def client_lost(self) -> None:
+        self._client_open = False
+        if self._upstream_open:
+            if not self._to_upstream.closed and not self._going_away:
+                # The client vanished without a close frame: tell the upstream it went away.
+                if self._to_upstream.at_boundary:
+                    self.upstream.write(close_frame(GOING_AWAY, masked=True))
+            self._close_upstream()
+        self._check_done()
+
+    def upstream_lost(self) -> None:
+        self._upstream_open = False
+        if self._client_open:
+            if not self._to_client.closed and not self._going_away:
+                if self._to_client.at_boundary:
+                    self.client.write(close_frame(BAD_GATEWAY, masked=False))
+            self._close_client()
+        self._check_done()
 
     def going_away(self) -> None:
-        """Close both sides with 1001, in the background (a drain timeout, a shutdown)."""
-        if self._closing or self._group is None:
+        """Close both sides with 1001 (a drain timeout, a shutdown)."""
+        if self._going_away or self.done.done():
             return
-        self._closing = True
-        self._group.create_task(self._close_both(WSCloseCode.GOING_AWAY, b"going away"))
-
-    async def _close_both(self, code: int, reason: bytes) -> None:
-        # The upstream first: closing the client's side ends its connection, and with
-        # ``handler_cancellation`` that cancels the task this relay runs in.
-        await self.upstream.close(code=code, message=reason)
-        await self.client.close(code=code, message=reason)
-        self.closed = True
-
-    async def _pump(self, src: Side, dst: Side, *, to_client: bool) -> None:
-        # What the far side hears when ``src`` vanishes without a close frame.
-        abnormal = WSCloseCode.BAD_GATEWAY if to_client else WSCloseCode.GOING_AWAY
-        while True:
-            msg = await src.receive()
-            kind = msg.type
-            try:
-                if kind is WSMsgType.TEXT:
-                    await dst.send_str(msg.data)
-                elif kind is WSMsgType.BINARY:
-                    await dst.send_bytes(msg.data)
-                elif kind is WSMsgType.PING:
-                    await dst.ping(msg.data)
-                    continue
-                elif kind is WSMsgType.PONG:
-                    await dst.pong(msg.data)
-                    continue
-                elif kind is WSMsgType.CLOSE:
-                    await self._propagate(src, dst, msg.data, msg.extra or "")
-                    return
-                else:
-                    # CLOSING/CLOSED: closed by us (the other pump, going_away) or by a lost
-                    # connection; ERROR: a broken frame, already answered on ``src``.
-                    await self._propagate(src, dst, abnormal, "")
-                    return
-            except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
-                # ``dst`` went away under us: close ``src`` for the reason it did.
-                log.debug("websocket relay: send failed: %r", exc)
-                other = WSCloseCode.GOING_AWAY if to_client else WSCloseCode.BAD_GATEWAY
-                await self._propagate(dst, src, other, "")
-                return
-            if to_client:
-                self.bytes_out += len(msg.data)
+        self._going_away = True
+        for open_, cursor, side, masked in (
+            (self._upstream_open, self._to_upstream, self.upstream, True),
+            (self._client_open, self._to_client, self.client, False),
+        ):
+            if not open_:
+                continue
+            if cursor.at_boundary and not cursor.closed:
+                side.write(close_frame(GOING_AWAY, masked=masked))
             else:
-                self.bytes_in += len(msg.data)
+                side.abort()
+        self._timer = asyncio.get_running_loop().call_later(WS_CLOSE_TIMEOUT, self._give_up)
 
-    async def _propagate(self, src: Side, dst: Side, code: int, reason: str) -> None:
-        """``src`` ended with ``code``: close ``dst`` with it, then answer ``src``'s close."""
-        if self._closing:
+    def _give_up(self) -> None:
+        self._timer = None
+        if self._client_open:
+            self.client.abort()
+        if self._upstream_open:
+            self.upstream.abort()
+
+    def _close_client(self) -> None:
+        if self._client_open:
+            self.client.close_transport()
+
+    def _close_upstream(self) -> None:
+        if self._upstream_open:
+            self.upstream.close_transport()
+
+    def _check_done(self) -> None:
+        if self._client_open or self._upstream_open:
             return
-        self._closing = True
-        code = sendable(code)
-        await self._close_both(code, reason.encode()[:123])
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.closed_cleanly = self._going_away or (
+            self._to_client.closed and self._to_upstream.closed
+        )
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Relay client_open={self._client_open} upstream_open={self._upstream_open} "
+            f"in={self.bytes_in} out={self.bytes_out}>"
+        )

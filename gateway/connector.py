@@ -1,0 +1,460 @@
+"""The upstream's side of the proxy: connections to upstreams and their keep-alive pool.
+
+``UpstreamConnection`` is an asyncio protocol that sends one request at a time and parses the
+answer with llhttp (``httptools``). The answer's head resolves a future; its body goes
+straight into the client's ``ResponseStream`` once the proxy attached it, with back-pressure:
+a client that cannot take more pauses reading from the upstream.
+
+``Connector`` keeps idle keep-alive connections per upstream address, newest first, closes
+those idle for longer than ``keepalive_timeout``, and opens new ones within the connect
+timeout. A connection goes back to the pool only after a complete exchange whose answer
+allows keep-alive; any failure closes it.
+
+Failures are ``GatewayError``s with a ``kind`` that says whether a retry can help:
+``connect`` (nothing reached the upstream), ``disconnect`` (closed before any answer),
+``timeout``, ``protocol`` (not HTTP, or a body that broke off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import cast
+
+import httptools
+
+from .downstream import Producer, ResponseStream
+from .errors import (
+    GatewayError,
+    UpstreamConnectError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_TIMEOUT = 30.0
+"""Idle keep-alive connections to upstreams are closed after this long."""
+
+
+class ResponseHead:
+    """The status line and header fields of an upstream's answer."""
+
+    __slots__ = ("chunked", "content_length", "headers", "keep_alive", "phrase", "status")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.phrase = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.content_length: int | None = None
+        self.chunked = False
+        self.keep_alive = True
+
+
+def failure(error: GatewayError, kind: str) -> GatewayError:
+    error.details.setdefault("kind", kind)
+    return error
+
+
+def kind_of(error: GatewayError) -> str:
+    return str(error.details.get("kind", "other"))
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One connection to one upstream: one exchange at a time."""
+
+    def __init__(self, connector: Connector, key: tuple[str, int]) -> None:
+        self._connector = connector
+        self.key = key
+        self._loop = asyncio.get_running_loop()
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.idle_since = 0.0
+        self._head: ResponseHead | None = None
+        self._head_future: asyncio.Future[ResponseHead] | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._interim = False
+        self._head_only = False
+        self._sink: ResponseStream | None = None
+        self._buffer: list[bytes] = []
+        self.complete = False
+        self.failed = False
+        self.body_producer: Producer | None = None
+        self._body_chunked = False
+        self.request_sent = True
+        self._read_timeout = 0.0
+        self._last_read = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._reading_paused = False
+        self.tunnel: Callable[[bytes], None] | None = None
+        self.tunnel_data = b""
+        self.on_lost: Callable[[], None] | None = None
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.transport = None
+        self._connector._forget(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.on_lost is not None:
+            self.on_lost()
+            return
+        head = self._head
+        if self._head_future is not None and not self._head_future.done():
+            self._fail(
+                failure(
+                    UpstreamConnectError("upstream closed the connection before answering"),
+                    "disconnect",
+                )
+            )
+        elif head is not None and not self.complete:
+            if head.content_length is None and not head.chunked and not self._head_only:
+                self._message_done()  # the body was delimited by the close
+            else:
+                self._fail(
+                    failure(UpstreamProtocolError("upstream response body broke off"), "protocol")
+                )
+
+    def data_received(self, data: bytes) -> None:
+        if self.tunnel is not None:
+            self.tunnel(data)
+            return
+        head = self._head
+        if head is not None and head.status == 101:
+            self.tunnel_data += data  # the relay is not installed yet
+            return
+        if self._head_future is None:
+            # Nothing was asked: an idle connection must stay silent.
+            self.abort()
+            return
+        self._last_read = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            self.tunnel_data += data[upgrade.args[0] :]
+        except httptools.HttpParserError as exc:
+            self._fail(
+                failure(
+                    UpstreamProtocolError(f"upstream sent an invalid response: {exc}"),
+                    "protocol",
+                )
+            )
+            self.abort()
+
+    def eof_received(self) -> bool | None:
+        return None  # close: half-closed upstreams are not kept
+
+    def pause_writing(self) -> None:
+        if self.body_producer is not None:
+            self.body_producer.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.body_producer is not None:
+            self.body_producer.resume_reading()
+
+    # -- parser callbacks ---------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._head = ResponseHead()
+
+    def on_status(self, phrase: bytes) -> None:
+        assert self._head is not None
+        self._head.phrase += phrase
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        head = self._head
+        assert head is not None
+        head.headers.append((name, value))
+        lower = name.lower()
+        if lower == b"content-length":
+            head.content_length = int(value)
+        elif lower == b"transfer-encoding":
+            head.chunked = True
+
+    def on_headers_complete(self) -> None:
+        head = self._head
+        assert head is not None
+        parser = self._parser
+        status = parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            self._interim = True  # 100 Continue, 103 Early Hints: not passed on
+            return
+        self._interim = False
+        head.status = status
+        head.keep_alive = parser.should_keep_alive()
+        future = self._head_future
+        if future is not None and not future.done():
+            future.set_result(head)
+        if status == 101:
+            self.pause_reading()  # until the relay is in place
+        if self._head_only or status == 101:
+            # A HEAD answer's Content-Length describes a body that is not sent; llhttp
+            # cannot be told, so the exchange ends here and the connection is not reused.
+            head.keep_alive = False
+            self._message_done()
+
+    def on_body(self, data: bytes) -> None:
+        sink = self._sink
+        if sink is not None:
+            sink.response_data(data)
+        else:
+            self._buffer.append(data)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        if not self.complete:
+            self._message_done()
+
+    # -- the exchange -------------------------------------------------------------------------
+
+    def send(
+        self, head: bytes, *, body: bool, chunked: bool, head_only: bool, read_timeout: float
+    ) -> asyncio.Future[ResponseHead]:
+        """Write a request head; the future resolves with the answer's head."""
+        assert self.transport is not None
+        loop = self._loop
+        self._head = None
+        self._head_future = loop.create_future()
+        self._done = None
+        self._head_only = head_only
+        self._sink = None
+        self._buffer = []
+        self.complete = False
+        self._body_chunked = chunked
+        self.request_sent = not body
+        self._read_timeout = read_timeout
+        self._last_read = loop.time()
+        if read_timeout and self._timer is None:
+            self._timer = loop.call_at(self._last_read + read_timeout, self._on_timer)
+        self.transport.write(head)
+        return self._head_future
+
+    def stream_to(self, sink: ResponseStream, head: bytes) -> asyncio.Future[None] | None:
+        """Write ``head`` and then the answer's body to ``sink``'s client.
+
+        Returns None if the body is complete already (then head and body went in one write),
+        else a future that resolves when it is.
+        """
+        buffer = self._buffer
+        self._buffer = []
+        if self.complete and not sink.chunked:
+            data = b"".join(buffer)
+            sink.bytes_out += len(data)
+            sink.conn.write(head + data)
+            return None
+        sink.conn.write(head)
+        for data in buffer:
+            sink.response_data(data)
+        if self.complete:
+            sink.response_end()
+            return None
+        if self.failed:
+            raise self._error
+        self._sink = sink
+        self._done = self._loop.create_future()
+        return self._done
+
+    def _message_done(self) -> None:
+        self.complete = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._sink is not None:
+            self._sink.response_end()
+        done = self._done
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    _error: GatewayError = UpstreamProtocolError("upstream exchange failed")
+
+    def _fail(self, error: GatewayError) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        self._error = error
+        for future in (self._head_future, self._done):
+            if future is not None and not future.done():
+                future.set_exception(error)
+                # The proxy may be past waiting on it: no "never retrieved" warning.
+                future.exception()
+
+    # -- the request body (BodySink) ----------------------------------------------------------
+
+    def body_data(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        if not self._body_chunked:
+            transport.write(data)
+        elif len(data) < 4096:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+
+    def body_end(self) -> None:
+        self.request_sent = True
+        if self._body_chunked and self.transport is not None:
+            self.transport.write(b"0\r\n\r\n")
+
+    def body_error(self, exc: BaseException) -> None:
+        error = exc if isinstance(exc, GatewayError) else UpstreamConnectError(str(exc))
+        self._fail(failure(error, "client"))
+        self.abort()
+
+    # -- reading, pausing, timing -------------------------------------------------------------
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused:
+            self._reading_paused = False
+            self._last_read = self._loop.time()
+            if self.transport is not None:
+                self.transport.resume_reading()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.complete or self.failed or self.transport is None or not self._read_timeout:
+            return
+        now = self._loop.time()
+        deadline = self._last_read + self._read_timeout
+        if self._reading_paused or now < deadline:
+            # A paused read is the client's doing: the upstream is not late.
+            self._timer = self._loop.call_at(
+                max(deadline, now + self._read_timeout * 0.5), self._on_timer
+            )
+            return
+        self._fail(failure(UpstreamTimeout("upstream did not answer in time"), "timeout"))
+        self.abort()
+
+    @property
+    def reusable(self) -> bool:
+        head = self._head
+        return (
+            self.transport is not None
+            and self.complete
+            and not self.failed
+            and self.request_sent
+            and self.tunnel is None
+            and head is not None
+            and head.keep_alive
+        )
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def __repr__(self) -> str:
+        return f"<UpstreamConnection {self.key[0]}:{self.key[1]} complete={self.complete}>"
+
+
+class Connector:
+    """Idle keep-alive connections per upstream address, and new ones on demand."""
+
+    def __init__(self, max_idle: int = 256, keepalive_timeout: float = KEEPALIVE_TIMEOUT) -> None:
+        self.max_idle = max_idle
+        self.keepalive_timeout = keepalive_timeout
+        self._idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
+        self._busy: set[UpstreamConnection] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    async def acquire(self, host: str, port: int, within: float) -> UpstreamConnection:
+        """An idle connection to ``host:port``, or a new one opened ``within`` seconds."""
+        key = (host, port)
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if conn.transport is not None and not conn.transport.is_closing():
+                self._busy.add(conn)
+                return conn
+        loop = asyncio.get_running_loop()
+        conn = UpstreamConnection(self, key)
+        try:
+            async with asyncio.timeout(within or None):
+                await loop.create_connection(lambda: conn, host, port)
+        except TimeoutError:
+            raise failure(UpstreamTimeout("timed out connecting to upstream"), "connect") from None
+        except OSError as exc:
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            raise failure(
+                UpstreamConnectError(f"cannot connect to upstream {host}:{port}: {reason}"),
+                "connect",
+            ) from None
+        self._busy.add(conn)
+        return conn
+
+    def release(self, conn: UpstreamConnection) -> None:
+        """Back to the idle pool if the exchange ended cleanly, else closed."""
+        self._busy.discard(conn)
+        conn.body_producer = None
+        conn._sink = None
+        conn._head_future = None
+        conn._done = None
+        if self._closed or not conn.reusable:
+            conn.abort()
+            return
+        idle = self._idle.setdefault(conn.key, [])
+        if len(idle) >= self.max_idle:
+            conn.abort()
+            return
+        conn.idle_since = asyncio.get_running_loop().time()
+        idle.append(conn)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().call_later(
+                self.keepalive_timeout / 2, self._sweep
+            )
+
+    def discard(self, conn: UpstreamConnection) -> None:
+        """Close ``conn``: its exchange failed or was cut off."""
+        self._busy.discard(conn)
+        conn.abort()
+
+    def _forget(self, conn: UpstreamConnection) -> None:
+        self._busy.discard(conn)
+        idle = self._idle.get(conn.key)
+        if idle is not None and conn in idle:
+            idle.remove(conn)
+            if not idle:
+                del self._idle[conn.key]
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = asyncio.get_running_loop().time()
+        for idle in list(self._idle.values()):
+            for conn in [c for c in idle if now - c.idle_since >= self.keepalive_timeout]:
+                conn.abort()
+        if any(self._idle.values()):
+            self._sweeper = asyncio.get_running_loop().call_later(
+                self.keepalive_timeout / 2, self._sweep
+            )
+
+    def idle_count(self) -> int:
+        return sum(len(idle) for idle in self._idle.values())
+
+    def close(self) -> None:
+        """Close every idle connection and refuse to keep more (shutdown)."""
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for idle in list(self._idle.values()):
+            for conn in list(idle):
+                conn.abort()
+        self._idle.clear()
+        for conn in list(self._busy):
+            conn.abort()
+
+    def __repr__(self) -> str:
+        return f"<Connector idle={self.idle_count()} busy={len(self._busy)}>"

@@ -1,0 +1,766 @@
+"""The client's side of the proxy: one ``ClientConnection`` (an asyncio protocol) per client.
+
+It parses requests with llhttp (``httptools``), strict: every smuggling shape llhttp knows
+(Content-Length with Transfer-Encoding, duplicate Content-Length, bad chunk sizes, obs-fold,
+bare LF, control characters) is a 400 and the connection is closed. On top of the parser:
+
+- limits: a request line over ``max_header_size`` is 414, a header field over it, more than
+  ``MAX_HEADERS`` fields, or a head over ``HEAD_LIMIT_FACTOR`` times it is 431;
+- deadlines, one lazily re-armed timer per connection: the request head within
+  ``header_timeout`` (from the connection, or from a later request's first byte), the next
+  request within ``keepalive_timeout`` while idle, each read of a body within
+  ``body_timeout`` (and at ``body_min_rate``), and a client that leaves its response unread
+  for ``send_timeout`` is cut off;
+- ``max_connections``: a connection beyond it is answered 503 and closed at once.
+
+Each request runs as one task of ``handler`` (the proxy), started when its head is complete,
+so a body streams to the upstream while it arrives. Pipelined requests wait their turn. The
+body (``RequestBody``) and the answer (``ResponseStream``) are spliced straight between the
+two legs' transports, with back-pressure both ways: a full socket buffer on one side pauses
+reading on the other. A client that goes away cancels its request's task.
+
+Invariants: a request is handled only once its head parsed cleanly; nothing after a refused
+head is read as another request; a response is either complete or its connection is
+dropped (never a short body presented as complete).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, cast
+
+import httptools
+
+from . import http1
+from .config import ListenerLimits
+from .errors import GatewayError, RequestTimeout, RequestTooLarge
+
+log = logging.getLogger(__name__)
+
+MAX_HEADERS = 128
+"""Header fields per request beyond which it is refused with 431 (aiohttp's default too)."""
+HEAD_LIMIT_FACTOR = 4
+"""A whole request head may hold at most this many times ``max_header_size`` bytes."""
+BODY_HIGH_WATER = 256 * 1024
+"""Request body bytes buffered before the client is paused (no upstream took them yet)."""
+
+# Why reading from the client is paused (a bit each; reading resumes when none is left).
+_PAUSE_PIPELINE = 1
+_PAUSE_BODY = 2
+_PAUSE_UPSTREAM = 4
+
+# What the connection's one deadline is for.
+_NONE, _HEAD, _KEEPALIVE, _BODY = 0, 1, 2, 3
+
+Handler = Callable[["IncomingRequest"], Coroutine[Any, Any, None]]
+
+
+class BodySink(Protocol):
+    """Where a request body goes: the upstream connection of the current attempt."""
+
+    def body_data(self, data: bytes) -> None: ...
+    def body_end(self) -> None: ...
+    def body_error(self, exc: BaseException) -> None: ...
+
+
+class Producer(Protocol):
+    """The other leg, paused while this one cannot take more."""
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+
+
+class ClientGone(ConnectionError):
+    """The client closed its connection before its request body was complete."""
+
+
+class RequestBody:
+    """The body of one request, from the client to the upstream of the current attempt.
+
+    Buffered (up to ``BODY_HIGH_WATER``, then the client is paused) until an attempt
+    ``attach``es its upstream connection; from then on each piece goes straight through.
+    ``started`` tells whether any byte left for an upstream, after which no retry can
+    replay it.
+    """
+
+    __slots__ = (
+        "_buffer",
+        "_buffered",
+        "_conn",
+        "_sink",
+        "complete",
+        "error",
+        "expect_continue",
+        "limit",
+        "received",
+        "started",
+    )
+
+    def __init__(self, conn: ClientConnection, limit: int, expect_continue: bool) -> None:
+        self._conn = conn
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self._sink: BodySink | None = None
+        self.limit = limit
+        self.expect_continue = expect_continue
+        self.received = 0
+        self.started = False
+        self.complete = False
+        self.error: BaseException | None = None
+
+    def feed(self, data: bytes) -> None:
+        if self.error is not None:
+            return
+        self.received += len(data)
+        if self.limit and self.received > self.limit:
+            self.fail(
+                RequestTooLarge(
+                    f"request body is over the limit of {self.limit} bytes", limit=self.limit
+                )
+            )
+            return
+        sink = self._sink
+        if sink is not None:
+            sink.body_data(data)
+            return
+        self._buffer.append(data)
+        self._buffered += len(data)
+        if self._buffered > BODY_HIGH_WATER:
+            self._conn._pause(_PAUSE_BODY)
+
+    def finish(self) -> None:
+        self.complete = True
+        if self._sink is not None and self.error is None:
+            self._sink.body_end()
+
+    def fail(self, exc: BaseException) -> None:
+        """The body cannot be delivered (too large, too slow, the client left)."""
+        if self.error is not None or self.complete:
+            return
+        self.error = exc
+        self._buffer.clear()
+        if self._sink is not None:
+            self._sink.body_error(exc)
+
+    def attach(self, sink: BodySink) -> None:
+        """Send the body to ``sink``: what is buffered now, the rest as it arrives."""
+        if self.error is not None:
+            raise self.error
+        self._sink = sink
+        if self._buffer:
+            self.started = True
+            for data in self._buffer:
+                sink.body_data(data)
+            self._buffer.clear()
+            self._buffered = 0
+            self._conn._resume(_PAUSE_BODY)
+        elif self.expect_continue and not self.complete:
+            self._conn.write(http1.CONTINUE)
+        self.expect_continue = False
+        if self.complete:
+            sink.body_end()
+        else:
+            self.started = True
+
+    def detach(self) -> None:
+        self._sink = None
+
+    def set_limit(self, limit: int) -> None:
+        """The service's ``max_body_size`` (known once routed); 0 is no limit."""
+        self.limit = limit
+        if limit and self.received > limit:
+            self._buffer.clear()
+            self.error = RequestTooLarge(
+                f"request body is over the limit of {limit} bytes", limit=limit
+            )
+            raise self.error
+
+    def take(self) -> bytes:
+        """The whole body, already received and buffered; it counts as sent."""
+        data = b"".join(self._buffer)
+        self._buffer.clear()
+        self._buffered = 0
+        self.started = True
+        self._conn._resume(_PAUSE_BODY)
+        return data
+
+
+class ResponseStream:
+    """The body of one answer on its way to the client, framed as its head said."""
+
+    __slots__ = ("bytes_out", "chunked", "conn")
+
+    def __init__(self, conn: ClientConnection, chunked: bool) -> None:
+        self.conn = conn
+        self.chunked = chunked
+        self.bytes_out = 0
+
+    def response_data(self, data: bytes) -> None:
+        transport = self.conn.transport
+        if transport is None:
+            return
+        self.bytes_out += len(data)
+        if not self.chunked:
+            transport.write(data)
+        elif len(data) < 4096:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        else:
+            transport.writelines((b"%x\r\n" % len(data), data, http1.CRLF))
+
+    def response_end(self) -> None:
+        if self.chunked and self.conn.transport is not None:
+            self.conn.transport.write(http1.LAST_CHUNK)
+
+
+class IncomingRequest:
+    """One parsed request head, its body, and the connection it came on."""
+
+    __slots__ = (
+        "body",
+        "chunked",
+        "conn",
+        "content_length",
+        "headers",
+        "host",
+        "keep_alive",
+        "method",
+        "request_id",
+        "target",
+        "upgrade",
+        "version",
+        "websocket_key",
+    )
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self.conn = conn
+        self.method = ""
+        self.target = b""
+        self.version = "1.1"
+        self.headers: http1.RawHeaders = []
+        self.host = b""
+        self.content_length: int | None = None
+        self.chunked = False
+        self.upgrade = b""
+        self.websocket_key = False
+        self.request_id: bytes | None = None
+        self.keep_alive = True
+        self.body: RequestBody | None = None
+
+    @property
+    def peer(self) -> str | None:
+        return self.conn.peer
+
+    @property
+    def is_websocket(self) -> bool:
+        """A WebSocket upgrade the proxy may relay (anything else is a plain request)."""
+        return (
+            self.method == "GET"
+            and self.upgrade.lower() == b"websocket"
+            and self.websocket_key
+            and self.version == "1.1"
+        )
+
+    def __repr__(self) -> str:
+        return f"<IncomingRequest {self.method} {self.target!r} HTTP/{self.version}>"
+
+
+class ConnectionGate:
+    """Counts open client connections against ``limit``."""
+
+    __slots__ = ("limit", "open")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+
+_TOO_MANY = http1.json_response(
+    503,
+    {"error": "too_many_connections", "message": "the gateway is at its connection limit"},
+    close=True,
+)
+
+
+class ClientConnection(asyncio.Protocol):
+    """One client connection: parse, limit, time out, run each request, splice bodies."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        limits: ListenerLimits,
+        gate: ConnectionGate,
+        connections: set[ClientConnection],
+    ) -> None:
+        self._handler = handler
+        self._limits = limits
+        self._gate = gate
+        self._connections = connections
+        self._loop = asyncio.get_running_loop()
+        self._parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.peer: str | None = None
+        self._refused = False
+        self._closing = False
+        self._parsing: IncomingRequest | None = None
+        self._head_bytes = 0
+        self._pipeline: deque[IncomingRequest] = deque()
+        self.active: IncomingRequest | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._paused = 0
+        self._writing_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.producer: Producer | None = None
+        """The upstream connection whose answer is being written here (paused with us)."""
+        self.tunnel: Callable[[bytes], None] | None = None
+        self.on_lost: Callable[[], None] | None = None
+        self._deadline = 0.0
+        self._deadline_kind = _NONE
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._body_started = 0.0
+        self._last: IncomingRequest | None = None
+        self._tunnel_data = b""
+        self.send_timed_out = False
+        """The client left its answer unread for ``send_timeout`` and was cut off."""
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        tcp = cast(asyncio.Transport, transport)  # uvloop's is no asyncio.Transport subclass
+        if self._gate.open >= self._gate.limit:
+            self._refused = True
+            log.debug("connection refused: %d open", self._gate.open)
+            tcp.write(_TOO_MANY)
+            tcp.close()
+            return
+        self._gate.open += 1
+        self._connections.add(self)
+        self.transport = tcp
+        peer = tcp.get_extra_info("peername")
+        self.peer = peer[0] if isinstance(peer, tuple) else None
+        self._set_deadline(self._limits.header_timeout, _HEAD)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._refused:
+            return
+        self._gate.open -= 1
+        self._connections.discard(self)
+        self.transport = None
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("the client closed the connection"))
+        self._drain_waiters.clear()
+        for request in (self._parsing, self.active, *self._pipeline):
+            if request is not None and request.body is not None:
+                request.body.fail(ClientGone("the client closed the connection"))
+        self._pipeline.clear()
+        if self.on_lost is not None:
+            self.on_lost()
+        elif self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if self.tunnel is not None:
+            self.tunnel(data)
+            return
+        if self._closing:
+            return
+        if self._parsing is None and self._deadline_kind == _KEEPALIVE:
+            self._set_deadline(self._limits.header_timeout, _HEAD)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            self._upgraded(data[upgrade.args[0] :])
+        except httptools.HttpParserError as exc:
+            refused = exc.__context__
+            if isinstance(refused, _Refused):  # raised by one of our callbacks
+                self._refuse(refused.status, refused.code, refused.message)
+                return
+            log.debug("bad request head from %s: %s", self.peer, exc)
+            self._refuse(400, "bad_request", f"the request is not valid HTTP/1.1: {exc}")
+        else:
+            if self._parsing is not None and self._parsing.body is None:
+                # Still in the head: bound it (llhttp keeps a partial field to itself).
+                self._head_bytes += len(data)
+                if self._head_bytes > HEAD_LIMIT_FACTOR * self._limits.max_header_size:
+                    self._refuse(431, "header_too_large", "the request head is too large")
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        if self.producer is not None:
+            self.producer.pause_reading()
+        timeout = self._limits.send_timeout
+        if timeout and self._send_timer is None:
+            self._send_timer = self._loop.call_later(timeout, self._send_timeout)
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        if self.producer is not None:
+            self.producer.resume_reading()
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    # -- parser callbacks (httptools) ---------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._parsing = IncomingRequest(self)
+        self._head_bytes = 0
+        if self._deadline_kind != _HEAD:
+            self._set_deadline(self._limits.header_timeout, _HEAD)
+
+    def on_url(self, url: bytes) -> None:
+        request = self._parsing
+        assert request is not None
+        request.target += url
+        if len(request.target) > self._limits.max_header_size:
+            raise _Refused(414, "uri_too_long", "the request line is too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self._parsing
+        assert request is not None
+        if len(name) + len(value) > self._limits.max_header_size:
+            raise _Refused(431, "header_too_large", "a request header field is too large")
+        headers = request.headers
+        if len(headers) >= MAX_HEADERS:
+            raise _Refused(431, "header_too_large", "too many request header fields")
+        headers.append((name, value))
+        lower = name.lower()
+        if lower == b"host":
+            if request.host:
+                raise _Refused(400, "bad_request", "more than one Host header")
+            request.host = value
+        elif lower == b"content-length":
+            request.content_length = int(value)  # llhttp checked it is a number, and one
+        elif lower == b"transfer-encoding":
+            request.chunked = True
+        elif lower == b"upgrade":
+            request.upgrade = value
+        elif lower == b"sec-websocket-key":
+            request.websocket_key = True
+        elif lower == b"x-request-id":
+            request.request_id = value
+
+    def on_headers_complete(self) -> None:
+        request = self._parsing
+        assert request is not None
+        parser = self._parser
+        request.method = parser.get_method().decode("ascii")
+        request.version = parser.get_http_version()
+        request.keep_alive = parser.should_keep_alive() and not self._closing
+        problem = _head_problem(request)
+        if problem is not None:
+            raise _Refused(*problem)
+        if request.chunked or request.content_length:
+            expect = any(
+                n.lower() == b"expect" and v.lower() == b"100-continue" for n, v in request.headers
+            )
+            request.body = RequestBody(self, 0, expect and request.version == "1.1")
+            timeout = self._limits.body_timeout
+            self._body_started = self._loop.time()
+            if timeout:
+                self._set_deadline(timeout, _BODY)
+            else:
+                self._clear_deadline()
+        else:
+            self._clear_deadline()
+        self._last = request
+        if self.active is None:
+            self._start(request)
+        else:
+            self._pipeline.append(request)
+            self._pause(_PAUSE_PIPELINE)
+
+    def on_body(self, data: bytes) -> None:
+        request = self._parsing
+        assert request is not None
+        assert request.body is not None
+        request.body.feed(data)
+        if self._deadline_kind == _BODY:
+            body = request.body
+            timeout = self._limits.body_timeout
+            deadline = self._loop.time() + timeout
+            rate = self._limits.body_min_rate
+            if rate:
+                deadline = min(deadline, self._body_started + timeout + body.received / rate)
+            self._deadline = deadline
+
+    def on_message_complete(self) -> None:
+        request = self._parsing
+        assert request is not None
+        self._parsing = None
+        if request.body is not None:
+            request.body.finish()
+        if self._deadline_kind == _BODY:
+            self._clear_deadline()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _start(self, request: IncomingRequest) -> None:
+        self.active = request
+        self.task = self._loop.create_task(self._run(request))
+
+    async def _run(self, request: IncomingRequest) -> None:
+        try:
+            await self._handler(request)
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        except Exception:
+            log.exception("request handler failed for %r", request)
+            self.abort()
+            return
+        self._finished(request)
+
+    def _finished(self, request: IncomingRequest) -> None:
+        """The answer to ``request`` was written: next request, keep-alive or close."""
+        self.active = None
+        self.task = None
+        self.producer = None
+        transport = self.transport
+        if transport is None or self.tunnel is not None:
+            return
+        body = request.body
+        if not request.keep_alive or self._closing or (body is not None and not body.complete):
+            self._closing = True
+            transport.close()
+            return
+        if self._pipeline:
+            self._start(self._pipeline.popleft())
+            if not self._pipeline:
+                self._resume(_PAUSE_PIPELINE)
+        elif self._parsing is None:
+            self._set_deadline(self._limits.keepalive_timeout, _KEEPALIVE)
+
+    def _upgraded(self, rest: bytes) -> None:
+        """llhttp stopped after an upgrade request's head: what follows is not HTTP/1.1.
+
+        A WebSocket upgrade may become a relay (``start_tunnel``); any other one is served
+        as a plain request. Either way the connection closes after it, as llhttp cannot go
+        back to parsing requests.
+        """
+        request = self._last
+        if request is not None:
+            request.keep_alive = False
+            if request.is_websocket:
+                self._tunnel_data = rest
+        self._pause(_PAUSE_PIPELINE)
+
+    def take_tunnel_data(self) -> bytes:
+        """Bytes that followed the upgrade request's head (the first frames), once."""
+        data, self._tunnel_data = self._tunnel_data, b""
+        return data
+
+    def start_tunnel(self) -> None:
+        """The relay took the connection over (``tunnel`` is set): read again."""
+        self._clear_deadline()
+        self._resume(_PAUSE_PIPELINE)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    @property
+    def writing_paused(self) -> bool:
+        return self._writing_paused
+
+    async def drain(self) -> None:
+        """Wait until the client's socket buffer is below its high-water mark."""
+        if self.transport is None:
+            raise ConnectionResetError("the client closed the connection")
+        if not self._writing_paused:
+            return
+        waiter = self._loop.create_future()
+        self._drain_waiters.append(waiter)
+        await waiter
+
+    def respond(self, data: bytes, *, close: bool = False) -> None:
+        """Write a whole response the gateway made itself."""
+        self.write(data)
+        if close and self.active is not None:
+            self.active.keep_alive = False
+
+    def abort(self) -> None:
+        """Drop the connection at once: whatever response was under way is cut off."""
+        self._closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close(self) -> None:
+        """Close now if idle, else after the answer under way (shutdown)."""
+        self._closing = True
+        if self.transport is not None and self.active is None and self.tunnel is None:
+            self.transport.close()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def _refuse(self, status: int, code: str, message: str) -> None:
+        """Answer a head that cannot be served, and stop reading: nothing after it counts."""
+        self._closing = True
+        self._clear_deadline()
+        self._parsing = None
+        self._pipeline.clear()
+        if self.transport is None:
+            return
+        if self.active is None:
+            self.transport.write(
+                http1.json_response(status, {"error": code, "message": message}, close=True)
+            )
+            self.transport.close()
+        # else: the answer under way finishes, then ``_finished`` closes (``_closing``).
+        self.transport.pause_reading()
+
+    # -- flow control -------------------------------------------------------------------------
+
+    def _pause(self, reason: int) -> None:
+        if not self._paused and self.transport is not None:
+            self.transport.pause_reading()
+            if self._deadline_kind == _BODY:
+                self._clear_deadline()  # the client is not to blame for our pause
+        self._paused |= reason
+
+    def _resume(self, reason: int) -> None:
+        if not self._paused & reason:
+            return
+        self._paused &= ~reason
+        if not self._paused and self.transport is not None and not self._closing:
+            self.transport.resume_reading()
+            parsing = self._parsing
+            if parsing is not None and parsing.body is not None and self._limits.body_timeout:
+                self._set_deadline(self._limits.body_timeout, _BODY)
+
+    def pause_reading(self) -> None:
+        """The upstream cannot take more of the body (its socket buffer is full)."""
+        self._pause(_PAUSE_UPSTREAM)
+
+    def resume_reading(self) -> None:
+        self._resume(_PAUSE_UPSTREAM)
+
+    # -- deadlines (one lazily re-armed timer) -----------------------------------------------
+
+    def _set_deadline(self, timeout: float, kind: int) -> None:
+        if not timeout:
+            self._clear_deadline()
+            return
+        when = self._loop.time() + timeout
+        self._deadline = when
+        self._deadline_kind = kind
+        timer = self._timer
+        if timer is None or self._timer_at > when:
+            if timer is not None:
+                timer.cancel()
+            self._timer_at = when
+            self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _clear_deadline(self) -> None:
+        self._deadline = 0.0
+        self._deadline_kind = _NONE
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._deadline_kind == _NONE or self.transport is None:
+            return
+        if self._loop.time() < self._deadline:
+            self._timer_at = self._deadline
+            self._timer = self._loop.call_at(self._deadline, self._on_timer)
+            return
+        kind = self._deadline_kind
+        self._clear_deadline()
+        if kind == _HEAD:
+            log.debug("request head not received within %ss: closing", self._limits.header_timeout)
+            self.abort()
+        elif kind == _KEEPALIVE:
+            self._closing = True
+            self.transport.close()
+        elif kind == _BODY:
+            self._body_timed_out()
+
+    def _body_timed_out(self) -> None:
+        request = self._parsing
+        if request is None or request.body is None:
+            return
+        limits = self._limits
+        rate = f" or averaged under {limits.body_min_rate} B/s" if limits.body_min_rate else ""
+        request.body.fail(
+            RequestTimeout(
+                f"the request body paused for over {limits.body_timeout:g} s{rate}",
+                body_timeout=limits.body_timeout,
+            )
+        )
+        self._closing = True
+        if self.active is not request and self.transport is not None:
+            # Queued behind another answer: nobody will answer it; drop the connection.
+            self.abort()
+
+    def _send_timeout(self) -> None:
+        self._send_timer = None
+        if self._writing_paused:
+            log.debug("client left its response unread for %ss", self._limits.send_timeout)
+            self.send_timed_out = True
+            self.abort()
+
+    def __repr__(self) -> str:
+        return (
+            f"<ClientConnection peer={self.peer} active={self.active!r} "
+            f"queued={len(self._pipeline)} closing={self._closing}>"
+        )
+
+
+class _Refused(Exception):
+    """Raised from a parser callback: the head is refused with ``status``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _head_problem(request: IncomingRequest) -> tuple[int, str, str] | None:
+    """Heads llhttp accepts but an upstream could read differently: (status, code, message)."""
+    if request.version == "0.9":
+        return 400, "bad_request", "the request is refused: HTTP/0.9 requests are not served"
+    if request.method == "CONNECT":
+        return 405, "method_not_allowed", "CONNECT is not served by this gateway"
+    if request.chunked:
+        if request.version != "1.1":
+            return 400, "bad_request", "the request is refused: Transfer-Encoding in HTTP/1.0"
+        codings = [
+            c.strip().lower()
+            for n, v in request.headers
+            if n.lower() == b"transfer-encoding"
+            for c in v.split(b",")
+        ]
+        if codings != [b"chunked"]:
+            return 400, "bad_request", "the request is refused: a transfer coding not chunked"
+    return None
+
+
+def gateway_error_response(exc: GatewayError, request_id: str, close: bool) -> bytes:
+    """The JSON answer for a ``GatewayError``."""
+    body: dict[str, object] = {**exc.details, "error": exc.code, "message": exc.message}
+    body["request_id"] = request_id
+    extra = {"X-Request-Id": request_id}
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        extra["Retry-After"] = str(retry_after)
+    return http1.json_response(exc.status, body, extra, close=close)
