@@ -24,7 +24,7 @@ from typing import cast
 
 import httptools
 
-from .downstream import Producer, ResponseStream
+from .downstream import HEAD_LIMIT_FACTOR, MAX_HEADERS, Producer, ResponseStream
 from .errors import (
     GatewayError,
     UpstreamConnectError,
@@ -52,6 +52,10 @@ class ResponseHead:
         self.keep_alive = True
 
 
+class _TooLarge(Exception):
+    """Raised from a parser callback: the answer's head is over the limits."""
+
+
 def failure(error: GatewayError, kind: str) -> GatewayError:
     error.details.setdefault("kind", kind)
     return error
@@ -75,6 +79,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_future: asyncio.Future[ResponseHead] | None = None
         self._done: asyncio.Future[None] | None = None
         self._interim = False
+        self._head_bytes = 0
         self._head_only = False
         self._sink: ResponseStream | None = None
         self._buffer: list[bytes] = []
@@ -139,13 +144,27 @@ class UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade as upgrade:
             self.tunnel_data += data[upgrade.args[0] :]
         except httptools.HttpParserError as exc:
+            reason = exc.__context__ if isinstance(exc.__context__, _TooLarge) else exc
             self._fail(
                 failure(
-                    UpstreamProtocolError(f"upstream sent an invalid response: {exc}"),
+                    UpstreamProtocolError(f"upstream sent an invalid response: {reason}"),
                     "protocol",
                 )
             )
             self.abort()
+            return
+        head = self._head
+        if head is not None and not head.status and not self._interim:
+            # Still in the head: bound it (llhttp keeps a partial field to itself).
+            self._head_bytes += len(data)
+            if self._head_bytes > HEAD_LIMIT_FACTOR * self._connector.max_header_size:
+                self._fail(
+                    failure(
+                        UpstreamProtocolError("upstream sent a response head that is too large"),
+                        "protocol",
+                    )
+                )
+                self.abort()
 
     def eof_received(self) -> bool | None:
         return None  # close: half-closed upstreams are not kept
@@ -162,6 +181,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._head = ResponseHead()
+        self._head_bytes = 0
 
     def on_status(self, phrase: bytes) -> None:
         assert self._head is not None
@@ -170,6 +190,10 @@ class UpstreamConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         head = self._head
         assert head is not None
+        if len(name) + len(value) > self._connector.max_header_size:
+            raise _TooLarge("upstream sent a response header field that is too large")
+        if len(head.headers) >= MAX_HEADERS:
+            raise _TooLarge("upstream sent too many response header fields")
         head.headers.append((name, value))
         lower = name.lower()
         if lower == b"content-length":
@@ -232,8 +256,12 @@ class UpstreamConnection(asyncio.Protocol):
         self.request_sent = not body
         self._read_timeout = read_timeout
         self._last_read = loop.time()
-        if read_timeout and self._timer is None:
-            self._timer = loop.call_at(self._last_read + read_timeout, self._on_timer)
+        if read_timeout:
+            deadline = self._last_read + read_timeout
+            if self._timer is None or self._timer.when() > deadline:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = loop.call_at(deadline, self._on_timer)
         self.transport.write(head)
         return self._head_future
 
@@ -264,9 +292,6 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _message_done(self) -> None:
         self.complete = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         if self._sink is not None:
             self._sink.response_end()
         done = self._done
@@ -324,6 +349,7 @@ class UpstreamConnection(asyncio.Protocol):
                 self.transport.resume_reading()
 
     def _on_timer(self) -> None:
+        # Armed once and re-armed while exchanges go on: no timer per request.
         self._timer = None
         if self.complete or self.failed or self.transport is None or not self._read_timeout:
             return
@@ -362,23 +388,40 @@ class UpstreamConnection(asyncio.Protocol):
 class Connector:
     """Idle keep-alive connections per upstream address, and new ones on demand."""
 
-    def __init__(self, max_idle: int = 256, keepalive_timeout: float = KEEPALIVE_TIMEOUT) -> None:
+    def __init__(
+        self,
+        max_idle: int = 256,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+        max_header_size: int = 16 * 1024,
+    ) -> None:
         self.max_idle = max_idle
+        self.max_header_size = max_header_size
         self.keepalive_timeout = keepalive_timeout
         self._idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
         self._busy: set[UpstreamConnection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
 
-    async def acquire(self, host: str, port: int, within: float) -> UpstreamConnection:
-        """An idle connection to ``host:port``, or a new one opened ``within`` seconds."""
-        key = (host, port)
-        idle = self._idle.get(key)
+    def idle(self, host: str, port: int) -> UpstreamConnection | None:
+        """The newest idle connection to ``host:port`` that is still open, taken, or None."""
+        idle = self._idle.get((host, port))
         while idle:
             conn = idle.pop()
             if conn.transport is not None and not conn.transport.is_closing():
                 self._busy.add(conn)
                 return conn
+        return None
+
+    async def acquire(self, host: str, port: int, within: float) -> UpstreamConnection:
+        """An idle connection to ``host:port``, or a new one opened ``within`` seconds."""
+        conn = self.idle(host, port)
+        if conn is not None:
+            return conn
+        return await self.connect(host, port, within)
+
+    async def connect(self, host: str, port: int, within: float) -> UpstreamConnection:
+        """A new connection to ``host:port``, opened ``within`` seconds."""
+        key = (host, port)
         loop = asyncio.get_running_loop()
         conn = UpstreamConnection(self, key)
         try:
@@ -409,12 +452,10 @@ class Connector:
         if len(idle) >= self.max_idle:
             conn.abort()
             return
-        conn.idle_since = asyncio.get_running_loop().time()
+        conn.idle_since = conn._loop.time()
         idle.append(conn)
         if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().call_later(
-                self.keepalive_timeout / 2, self._sweep
-            )
+            self._sweeper = conn._loop.call_later(self.keepalive_timeout / 2, self._sweep)
 
     def discard(self, conn: UpstreamConnection) -> None:
         """Close ``conn``: its exchange failed or was cut off."""

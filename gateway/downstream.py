@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, cast
@@ -40,6 +41,8 @@ from .errors import GatewayError, RequestTimeout, RequestTooLarge
 
 log = logging.getLogger(__name__)
 
+_HOST = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]*)(:[0-9]{0,5})?")
+"""What a Host header may be (RFC 9112 3.2: anything else is a 400)."""
 MAX_HEADERS = 128
 """Header fields per request beyond which it is refused with 431 (aiohttp's default too)."""
 HEAD_LIMIT_FACTOR = 4
@@ -53,7 +56,15 @@ _PAUSE_BODY = 2
 _PAUSE_UPSTREAM = 4
 
 # What the connection's one deadline is for.
-_NONE, _HEAD, _KEEPALIVE, _BODY = 0, 1, 2, 3
+_NONE, _HEAD, _KEEPALIVE, _BODY, _LINGER = 0, 1, 2, 3, 4
+
+LINGER_TIMEOUT = 2.0
+"""Closing after an answer while the client may still be sending (an unread body, a refused
+head): the gateway shuts its side, then reads and discards for up to this long between
+reads (nginx's ``lingering_timeout``), so the client's socket is not reset before it read
+the answer."""
+LINGER_BYTES = 64 * 1024 * 1024
+"""At most this much is discarded while lingering; then the connection is dropped."""
 
 Handler = Callable[["IncomingRequest"], Coroutine[Any, Any, None]]
 
@@ -324,6 +335,8 @@ class ClientConnection(asyncio.Protocol):
         self._body_started = 0.0
         self._last: IncomingRequest | None = None
         self._tunnel_data = b""
+        self._lingered = -1
+        """Bytes discarded while lingering before the close; -1 while not lingering."""
         self.send_timed_out = False
         """The client left its answer unread for ``send_timeout`` and was cut off."""
 
@@ -374,6 +387,13 @@ class ClientConnection(asyncio.Protocol):
         if self.tunnel is not None:
             self.tunnel(data)
             return
+        if self._lingered >= 0:
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES:
+                self.abort()
+            else:
+                self._deadline = self._loop.time() + LINGER_TIMEOUT
+            return
         if self._closing:
             return
         if self._parsing is None and self._deadline_kind == _KEEPALIVE:
@@ -386,6 +406,21 @@ class ClientConnection(asyncio.Protocol):
             refused = exc.__context__
             if isinstance(refused, _Refused):  # raised by one of our callbacks
                 self._refuse(refused.status, refused.code, refused.message)
+                return
+            parsing = self._parsing
+            if parsing is not None and parsing.body is not None:
+                # The head was fine, the body's framing is not (a bad chunk size): the
+                # request fails with 400 if nothing was answered yet, and nothing after it
+                # is read.
+                log.debug("bad request body from %s: %s", self.peer, exc)
+                parsing.body.fail(BadRequest(f"the request body is not valid HTTP/1.1: {exc}"))
+                self._closing = True
+                self._parsing = None
+                self._clear_deadline()
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                    if parsing is not self.active:
+                        self.abort()
                 return
             log.debug("bad request head from %s: %s", self.peer, exc)
             self._refuse(400, "bad_request", f"the request is not valid HTTP/1.1: {exc}")
@@ -440,10 +475,21 @@ class ClientConnection(asyncio.Protocol):
         if len(headers) >= MAX_HEADERS:
             raise _Refused(431, "header_too_large", "too many request header fields")
         headers.append((name, value))
+        if not value.isascii():
+            try:
+                value.decode()
+            except UnicodeDecodeError:
+                raise _Refused(
+                    400, "bad_request", f"the request is refused: {name!r} is not UTF-8"
+                ) from None
         lower = name.lower()
         if lower == b"host":
             if request.host:
                 raise _Refused(400, "bad_request", "more than one Host header")
+            if not _HOST.fullmatch(value):
+                raise _Refused(
+                    400, "bad_request", "the request is refused: the Host header is not host[:port]"
+                )
             request.host = value
         elif lower == b"content-length":
             request.content_length = int(value)  # llhttp checked it is a number, and one
@@ -537,8 +583,7 @@ class ClientConnection(asyncio.Protocol):
             return
         body = request.body
         if not request.keep_alive or self._closing or (body is not None and not body.complete):
-            self._closing = True
-            transport.close()
+            self._linger()
             return
         if self._pipeline:
             self._start(self._pipeline.popleft())
@@ -625,9 +670,29 @@ class ClientConnection(asyncio.Protocol):
             self.transport.write(
                 http1.json_response(status, {"error": code, "message": message}, close=True)
             )
-            self.transport.close()
+            self._linger()
+            return
         # else: the answer under way finishes, then ``_finished`` closes (``_closing``).
         self.transport.pause_reading()
+
+    def _linger(self) -> None:
+        """Close after what was written: shut our side, discard what still comes, then close."""
+        transport = self.transport
+        self._closing = True
+        if transport is None:
+            return
+        if self._lingered >= 0:
+            return  # already lingering
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        self._lingered = 0
+        self._pipeline.clear()
+        self._parsing = None
+        transport.write_eof()
+        self._paused = 0
+        transport.resume_reading()
+        self._set_deadline(LINGER_TIMEOUT, _LINGER)
 
     # -- flow control -------------------------------------------------------------------------
 
@@ -693,6 +758,8 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
         elif kind == _BODY:
             self._body_timed_out()
+        elif kind == _LINGER:
+            self.transport.close()
 
     def _body_timed_out(self) -> None:
         request = self._parsing
@@ -723,6 +790,13 @@ class ClientConnection(asyncio.Protocol):
             f"<ClientConnection peer={self.peer} active={self.active!r} "
             f"queued={len(self._pipeline)} closing={self._closing}>"
         )
+
+
+class BadRequest(GatewayError):
+    """A request that cannot be served as it was sent (400)."""
+
+    status = 400
+    code = "bad_request"
 
 
 class _Refused(Exception):

@@ -17,6 +17,7 @@ Fields are bytes as they came off the wire: a value crosses exactly as it arrive
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections.abc import Iterable
@@ -46,17 +47,22 @@ _REQUEST_REWRITTEN = (
 )
 _RESPONSE_DROPPED = HOP_BY_HOP | _FRAMING | {b"x-request-id"}
 _UPGRADE = frozenset({b"connection", b"upgrade"})
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
+"""Connection values that name no other field: the common case needs no token parsing."""
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 """Matched whole (``fullmatch``): ``$`` would also accept a trailing newline."""
-_ids = random.Random()  # seeded from os.urandom; ids must be unique, not secret
+# New ids: a random 64-bit prefix per process and a counter, 32 hex digits like a UUID's.
+# They must be unique, not secret, and the counter is a fraction of the cost of uuid4.
+_PREFIX = f"{random.SystemRandom().getrandbits(64):016x}"
+_counter = itertools.count(random.SystemRandom().getrandbits(32))
 
 
 def request_id(candidate: str | None) -> str:
-    """The client's X-Request-Id if it is well formed, else a new random one."""
+    """The client's X-Request-Id if it is well formed, else a new unique one."""
     if candidate is not None and _REQUEST_ID.fullmatch(candidate):
         return candidate
-    return f"{_ids.getrandbits(128):032x}"
+    return f"{_PREFIX}{next(_counter) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def connection_tokens(fields: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
@@ -137,7 +143,7 @@ def client_response(fields: Fields, request_id: str, *, upgrade: bool = False) -
         if lower in _RESPONSE_DROPPED:
             if upgrade and lower in _UPGRADE:
                 out.append((name, value))
-            elif lower == b"connection":
+            elif lower == b"connection" and value.lower() not in _PLAIN_CONNECTION:
                 tokens = connection_tokens(fields)
             continue
         out.append((name, value))

@@ -47,7 +47,8 @@ def chunk(data: bytes) -> bytes:
 
 def response_head(status: int, phrase: bytes, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
     lines = [b"HTTP/1.1 %d %b" % (status, phrase)]
-    lines.extend(name + b": " + value for name, value in headers)
+    for name, value in headers:
+        lines.append(name + b": " + value)
     lines.append(CRLF)
     return CRLF.join(lines)
 

@@ -75,7 +75,7 @@ class Lease:
         self._released = False
         self.service = pool.routing.name
         self.upstream = upstream
-        self.task = asyncio.current_task()
+        self.task = asyncio.current_task(pool._owner.loop)
         self.abort: Callable[[], object] = self._cancel
 
     def _cancel(self) -> None:
@@ -221,11 +221,23 @@ class Pool:
     def __init__(
         self, clock: Callable[[], float] | None = None, rng: random.Random | None = None
     ) -> None:
-        self.clock = clock or (lambda: asyncio.get_running_loop().time())
+        self.clock = clock or self._loop_time
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.rng = rng or random.Random()
         self.services: dict[str, ServicePool] = {}
         self.routes = RouteTable()
         self._subscribers: list[PoolSubscriber] = []
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, looked up once (each lookup costs a ``getpid`` on 3.11)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def _loop_time(self) -> float:
+        return self.loop.time()
 
     def subscribe(self, subscriber: PoolSubscriber) -> None:
         self._subscribers.append(subscriber)

@@ -38,6 +38,7 @@ from . import headers, http1, router
 from .config import ProxyConfig
 from .connector import Connector, ResponseHead, UpstreamConnection, failure, kind_of
 from .downstream import (
+    BadRequest,
     ClientConnection,
     IncomingRequest,
     ResponseStream,
@@ -106,6 +107,7 @@ class Proxy:
         self.observers = tuple(observers)
         self._connector: Connector | None = None
         self._relays: set[Relay] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def connector(self) -> Connector:
@@ -115,8 +117,12 @@ class Proxy:
 
     async def start(self) -> None:
         """Open the upstream connection pool (idempotent)."""
+        self._loop = asyncio.get_running_loop()
         if self._connector is None:
-            self._connector = Connector(max_idle=self.config.upstream_keepalive)
+            self._connector = Connector(
+                max_idle=self.config.upstream_keepalive,
+                max_header_size=self.config.limits.max_header_size,
+            )
 
     async def close(self) -> None:
         """Close the upstream connections (idempotent)."""
@@ -133,7 +139,7 @@ class Proxy:
 
     async def handle(self, request: IncomingRequest) -> None:
         """Answer ``request`` (run as its own task by its ``ClientConnection``)."""
-        loop = asyncio.get_running_loop()
+        loop = self.pool.loop
         candidate = request.request_id
         ex = _Exchange(
             headers.request_id(candidate.decode("latin-1") if candidate else None), loop.time()
@@ -144,7 +150,9 @@ class Proxy:
             self._error_response(request, exc, ex)
         except asyncio.CancelledError:
             ex.status = ex.status or 499
-            if not ex.complete:
+            if request.conn.send_timed_out:
+                ex.error = "client_too_slow"
+            elif not ex.complete:
                 ex.error = ex.error or "cancelled"
             raise
         finally:
@@ -156,7 +164,7 @@ class Proxy:
         ex.path = path
         problem = None if plain else router.path_problem(target)
         if problem is not None:
-            raise _BadRequest(f"the request is refused: {problem}")
+            raise BadRequest(f"the request is refused: {problem}")
         host = request.host.decode("latin-1")
         route = router.resolve(self.pool.routes, host, path)
         sp = self.pool.services.get(route.service) if route is not None else None
@@ -172,6 +180,8 @@ class Proxy:
         body = request.body
         if body is not None:
             body.set_limit(limit)
+            if isinstance(body.error, GatewayError):
+                raise body.error  # a broken body is refused before any upstream sees it
         forward = router.forward_path(route, path)
         if not plain:
             forward = router.quote_path(forward)
@@ -218,7 +228,7 @@ class Proxy:
             return False
         if body is not None and (body.started or body.error is not None):
             return False
-        if asyncio.get_running_loop().time() - ex.started >= retries.timeout:
+        if self.pool.loop.time() - ex.started >= retries.timeout:
             return False
         replayable = request.method in IDEMPOTENT and body is None
         if kind == "disconnect" and not replayable:
@@ -233,7 +243,7 @@ class Proxy:
         """An attempt's failure, reported to passive detection unless the client caused it."""
         kind = kind_of(error)
         error.details.pop("kind", None)
-        if kind == "client" or isinstance(error, RequestTooLarge | RequestTimeout):
+        if kind == "client" or isinstance(error, RequestTooLarge | RequestTimeout | BadRequest):
             return _Failed(error, "client")
         upstream = ex.upstream
         assert upstream is not None
@@ -273,10 +283,12 @@ class Proxy:
         upstream = lease.upstream
         timeouts = sp.routing.timeouts
         connector = self.connector
-        try:
-            conn = await connector.acquire(upstream.host, upstream.port, timeouts.connect)
-        except GatewayError as exc:
-            raise self._failed(exc, ex, sp) from None
+        conn = connector.idle(upstream.host, upstream.port)
+        if conn is None:
+            try:
+                conn = await connector.connect(upstream.host, upstream.port, timeouts.connect)
+            except GatewayError as exc:
+                raise self._failed(exc, ex, sp) from None
         try:
             if timeouts.total:
                 async with asyncio.timeout(timeouts.total):
@@ -307,6 +319,9 @@ class Proxy:
         upstream = ex.upstream
         assert upstream is not None
         body = request.body
+        if body is not None and body.error is not None:
+            error = body.error
+            raise _Failed(error, "client") if isinstance(error, GatewayError) else error
         lines = self._request_head(request, ex, target, upstream)
         payload = b""
         if body is None:
@@ -320,7 +335,7 @@ class Proxy:
         else:
             lines.append(b"Content-Length: %d" % (request.content_length or 0))
         lines.append(http1.CRLF)
-        streamed = body is not None and not payload and body.error is None
+        streamed = body is not None and not payload
         head_future = conn.send(
             http1.CRLF.join(lines) + payload,
             body=streamed,
@@ -343,7 +358,7 @@ class Proxy:
                 body.detach()
             raise self._failed(exc, ex, sp) from None
         status = head.status
-        ex.ttfb = asyncio.get_running_loop().time() - ex.started
+        ex.ttfb = self.pool.loop.time() - ex.started
         if status >= 500:
             self.pool.report(sp.routing.name, upstream.id, "5xx")
         if status in RETRY_STATUSES and self._may_retry("status", request, ex, sp, tried):
@@ -513,7 +528,7 @@ class Proxy:
             not request.keep_alive
             or request.conn.closing
             or (body is not None and not body.complete)
-            or isinstance(exc, RequestTimeout | _BadRequest)
+            or isinstance(exc, RequestTimeout | BadRequest)
         )
         if close:
             request.keep_alive = False
@@ -544,11 +559,6 @@ class Proxy:
                 observer.on_request(record)
             except Exception:
                 log.exception("request observer %r failed", observer)
-
-
-class _BadRequest(GatewayError):
-    status = 400
-    code = "bad_request"
 
 
 class _ClientSide:

@@ -250,12 +250,20 @@ async def gateways(tmp_path: Path) -> AsyncIterator[Gateways]:
 
 @pytest.fixture
 def site(tmp_path: Path) -> Callable[[str], str]:
-    """``site("v1")``: a directory whose index.html says ``v1``, for one revision."""
+    """``site("v1")``: a directory whose index.html says ``v1``, for one revision.
+
+    Written once: naming a site again leaves it as it is, since its replicas may be serving
+    it. ``http.server`` takes Content-Length from ``fstat`` and then reads the file, so a
+    rewrite in place (truncate, then write) under traffic answers 200 with an empty body, or
+    a length of 0 followed by the body (a 502 from the gateway).
+    """
 
     def make(version: str) -> str:
         directory = tmp_path / "sites" / version
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "index.html").write_text(version)
+        index = directory / "index.html"
+        if not index.exists():
+            directory.mkdir(parents=True, exist_ok=True)
+            index.write_text(version)
         return str(directory)
 
     return make

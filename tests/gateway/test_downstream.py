@@ -1,0 +1,203 @@
+"""The client's leg on the wire: pipelining, HTTP/1.0, framing, upgrades, keep-alive."""
+
+from __future__ import annotations
+
+import asyncio
+
+from .conftest import add, raw_exchange, routing
+from .test_server import read_response
+
+
+async def _raw_upstream_answering(raw_upstream, answer: bytes, heads=None) -> int:
+    """An upstream that answers every request on a connection with ``answer``."""
+
+    async def serve(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if heads is not None:
+                    heads.append(head)
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    return await raw_upstream(serve)
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+async def test_pipelined_requests_are_answered_in_order(pool, upstream, gateway):
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "u1")
+    gw = await gateway()
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        writer.write(
+            b"GET /one HTTP/1.1\r\nHost: h\r\n\r\n"
+            b"POST /two HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
+            b"GET /three HTTP/1.1\r\nHost: h\r\n\r\n"
+        )
+        async with asyncio.timeout(5):
+            paths = []
+            for _ in range(3):
+                head, body = await read_response(reader)
+                assert head.startswith(b"HTTP/1.1 200")
+                paths.append(body.split(b'"path": "')[1].split(b'"')[0])
+    finally:
+        writer.close()
+
+    assert paths == [b"/one", b"/two", b"/three"]
+
+
+async def test_upstream_connections_are_kept_alive_and_reused(pool, raw_upstream, gateway):
+    heads: list[bytes] = []
+    connections = 0
+
+    async def serve(reader, writer):
+        nonlocal connections
+        connections += 1
+        try:
+            while True:
+                heads.append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(OK)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", await raw_upstream(serve))
+    gw = await gateway()
+
+    for _ in range(5):
+        answer = await raw_exchange(
+            gw.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+        )
+        assert answer.endswith(b"\r\n\r\nok")
+
+    assert len(heads) == 5
+    assert connections == 1
+    assert gw.proxy.connector.idle_count() == 1
+
+
+async def test_http10_client_gets_a_close_delimited_answer_to_a_chunked_one(
+    pool, raw_upstream, gateway
+):
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", await _raw_upstream_answering(raw_upstream, chunked))
+    gw = await gateway()
+
+    answer = await raw_exchange(gw.port, b"GET / HTTP/1.0\r\nHost: h\r\n\r\n")
+
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"transfer-encoding" not in head.lower()
+    assert b"Connection: close" in head
+    assert body == b"hello"
+
+
+async def test_http10_keep_alive_is_honoured(pool, raw_upstream, gateway):
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", await _raw_upstream_answering(raw_upstream, OK))
+    gw = await gateway()
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        async with asyncio.timeout(5):
+            for _ in range(2):
+                writer.write(b"GET / HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n\r\n")
+                head, body = await read_response(reader)
+                assert b"Connection: keep-alive" in head
+                assert body == b"ok"
+    finally:
+        writer.close()
+
+
+async def test_close_delimited_upstream_answer_is_rechunked_for_the_client(
+    pool, raw_upstream, gateway
+):
+    async def until_close(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
+        await writer.drain()
+        writer.close()
+
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", await raw_upstream(until_close))
+    gw = await gateway()
+
+    answer = await raw_exchange(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding: chunked" in head
+    assert body == b"9\r\nall of it\r\n0\r\n\r\n"
+
+
+async def test_interim_answers_are_not_passed_on(pool, raw_upstream, gateway):
+    early = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n" + OK
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", await _raw_upstream_answering(raw_upstream, early))
+    gw = await gateway()
+
+    answer = await raw_exchange(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert answer.count(b"HTTP/1.1") == 1
+    assert answer.endswith(b"ok")
+
+
+async def test_absolute_form_target_is_routed_on_its_path(pool, raw_upstream, gateway):
+    heads: list[bytes] = []
+    pool.set_service(routing("api", prefix="/api"))
+    add(pool, "api", "u1", await _raw_upstream_answering(raw_upstream, OK, heads))
+    gw = await gateway()
+
+    answer = await raw_exchange(
+        gw.port,
+        b"GET http://h.example/api/x?y=1 HTTP/1.1\r\nHost: h.example\r\nConnection: close\r\n\r\n",
+    )
+
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert heads[0].startswith(b"GET /api/x?y=1 HTTP/1.1\r\n")
+
+
+async def test_connect_is_refused_with_405(pool, gateway):
+    gw = await gateway()
+
+    answer = await raw_exchange(
+        gw.port, b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n"
+    )
+
+    assert answer.startswith(b"HTTP/1.1 405")
+    assert b"Connection: close" in answer
+
+
+async def test_a_chunked_body_already_received_is_forwarded_with_a_length(
+    pool, raw_upstream, gateway
+):
+    received: list[bytes] = []
+
+    async def record(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        received.append(head)
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        received.append(await reader.readexactly(length))
+        writer.write(OK)
+        await writer.drain()
+        writer.close()
+
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", await raw_upstream(record))
+    gw = await gateway()
+
+    answer = await raw_exchange(
+        gw.port,
+        b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+    )
+
+    assert answer.endswith(b"ok")
+    assert b"transfer-encoding" not in received[0].lower()
+    assert received[1] == b"abcde"

@@ -1,0 +1,270 @@
+"""The admin API under attack: auth on every route, no admin route on the traffic listener,
+spec size limits, a fuzz from its own OpenAPI document, and racing applies.
+
+The fuzz uses schemathesis: it derives requests (valid and invalid) for every operation from
+the document the API serves, so the cases are those the document promises to handle, and
+checks each response for a 5xx and against the document (status, content type, schema).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from controller.admin.app import OPEN_PATHS, build_admin_app
+from controller.backends import FakeBackend
+from controller.journal import Journal
+from controller.operations import Controller
+from controller.spec import MAX_COMMANDS, MAX_ENV, MAX_REPLICAS
+from controller.store import Store
+from gateway import Pool
+from tests.controller.conftest import h, spec  # noqa: F401 - the controller harness fixture
+
+TOKEN = "hostile-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+async def admin(h, aiohttp_client):  # noqa: F811
+    app = build_admin_app(h.controller, lambda: True, TOKEN, sse_keepalive=0.05)
+    return await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
+
+
+def _concrete(path: str) -> str:
+    return re.sub(r"{\w+(:[^}]*)?}", "web", path)
+
+
+async def test_every_route_of_the_route_table_needs_the_token(h, admin):  # noqa: F811
+    await admin.put("/api/services/web", json=spec("web"), headers=AUTH)
+    routes = [
+        (r.method, r.resource.canonical)
+        for r in admin.app.router.routes()
+        if r.method != "HEAD" and r.resource is not None
+    ]
+    assert len(routes) >= 15
+    for method, path in routes:
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": f"Basic {TOKEN}"},
+            {"Authorization": f"Bearer {TOKEN} "[:-2]},
+        ):
+            response = await admin.request(method, _concrete(path), headers=headers)
+            if path in OPEN_PATHS:
+                assert response.status < 400 or path == "/readyz", (method, path)
+                continue
+            assert response.status == 401, (method, path, headers)
+            assert (await response.json())["error"] == "unauthorized"
+            response.close()
+
+
+async def test_the_token_compare_is_constant_time():
+    source = (Path(__file__).parents[2] / "controller/admin/app.py").read_text()
+    assert "hmac.compare_digest" in source
+    assert "== expected" not in source
+
+
+async def test_no_admin_route_is_reachable_from_the_traffic_listener(tmp_path, aiohttp_server):
+    from controller.config import load_config
+    from controller.main import run_gateway
+
+    config = {
+        "listen": "127.0.0.1:0",
+        "admin": {"listen": "127.0.0.1:0", "token_env": None},
+        "state_dir": str(tmp_path / "state"),
+        "access_log": {"enabled": False},
+    }
+    path = tmp_path / "gateway.json"
+    path.write_text(json.dumps(config))
+    stop = asyncio.Event()
+    ports: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        run_gateway(
+            load_config(path), stop, lambda g: ports.set_result((g.traffic.port, g.admin.port))
+        )
+    )
+    try:
+        traffic, admin_port = await asyncio.wait_for(ports, 10)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{admin_port}/api/services") as r:
+                assert r.status == 200  # no token configured, loopback: the admin API is there
+            for method, target in [("GET", "/api/services"), ("PUT", "/api/services/x"),
+                                   ("GET", "/api/openapi.json"), ("GET", "/healthz"),
+                                   ("GET", "/metrics"), ("GET", "/svc/../api/services"),
+                                   ("GET", "/%2e%2e/api/services")]:  # fmt: skip
+                async with session.request(method, f"http://127.0.0.1:{traffic}{target}") as r:
+                    body = await r.json()
+                    assert (r.status, body["error"]) == (404, "no_route"), target
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+LIMITS = {
+    "name_too_long": {"name": "a" * 64},
+    "name_not_a_label": {"name": "Web_1"},
+    "too_many_replicas": {"replicas": MAX_REPLICAS + 1},
+    "too_many_commands": {"replica": {"commands": ["serve"] * (MAX_COMMANDS + 1)}},
+    "command_too_long": {"replica": {"commands": ["x" * 8193]}},
+    "command_with_nul": {"replica": {"commands": ["serve\x00 --evil"]}},
+    "too_many_env": {
+        "replica": {"commands": ["serve"], "env": {f"V{i}": "x" for i in range(MAX_ENV + 1)}}
+    },
+    "env_value_too_long": {"replica": {"commands": ["serve"], "env": {"V": "x" * 32769}}},
+    "env_bad_name": {"replica": {"commands": ["serve"], "env": {"A=B": "x"}}},
+    "env_sets_port": {"replica": {"commands": ["serve"], "env": {"PORT": "1"}}},
+    "too_many_probes": {"probes": [{"type": "tcp"}] * 9},
+    "probe_header_injection": {"probes": [{"headers": {"X-A": "b\r\nX-Evil: 1"}}]},
+    "prefix_with_dots": {"route": {"path_prefix": "/a/../b"}},
+    "host_not_a_name": {"route": {"hosts": ["evil.com/x"]}},
+}
+
+
+@pytest.mark.parametrize("change", LIMITS.values(), ids=LIMITS.keys())
+async def test_specs_over_their_limits_are_refused_with_422(h, admin, change):  # noqa: F811
+    data = {**spec("web"), **change}
+    if "name" in change:
+        target = f"/api/services/{change['name']}"
+    else:
+        target = "/api/services/web"
+    response = await admin.put(target, data=json.dumps(data), headers=AUTH)
+    assert response.status in (404, 422), await response.text()
+    body = await response.json()
+    assert body["error"] in ("invalid_spec", "not_found")
+    assert h.controller.service_names() == []
+    assert h.store.services() == []
+
+
+async def test_a_body_over_a_mebibyte_is_413(h, admin):  # noqa: F811
+    data = io.BytesIO(json.dumps({**spec("web"), "x": "y" * (1 << 20)}).encode())
+    response = await admin.put("/api/services/web", data=data, headers=AUTH)
+    assert response.status == 413
+
+
+async def test_twenty_racing_applies_to_one_service_are_serialised(h, admin):  # noqa: F811
+    await admin.put("/api/services/web", json=spec("web", 2, "v0"), headers=AUTH)
+    await h.settle()
+    versions = [f"v{i}" for i in range(1, 21)]
+
+    async def put(version: str) -> dict[str, Any]:
+        response = await admin.put("/api/services/web", json=spec("web", 2, version), headers=AUTH)
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+    results = await asyncio.gather(*(put(v) for v in versions))
+    await h.settle()
+    revisions = h.store.revisions("web")
+    assert [r.number for r in revisions] == list(range(1, 22))  # contiguous, none lost
+    assert sorted(r["revision"] for r in results) == list(range(2, 22))
+    rollouts = h.store.rollouts("web", limit=100)
+    assert sum(r.active for r in rollouts) == 1
+    active = h.store.active_rollout("web")
+    service = h.store.service("web")
+    state = h.state("web")
+    # The final target is one of the applied specs, the same in the store and in memory.
+    assert service.target_revision == active.to_revision == state.desired.revision
+    target_env = json.loads(h.store.revision("web", service.target_revision).spec_json)
+    assert target_env["replica"]["env"]["VERSION"] in versions
+    assert state.observed.rollout.id == active.id
+    assert {r.status for r in rollouts if not r.active} <= {"superseded", "complete"}
+
+
+# -- the fuzz ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def admin_in_thread(tmp_path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The admin API on the fake backend, served by a loop in a thread of its own (the fuzz
+    is synchronous: schemathesis drives it with requests)."""
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def serve() -> None:
+        from aiohttp import web
+
+        store = Store(tmp_path / "fuzz.db")
+        pool = Pool()
+        journal = Journal(store, time.time)
+        loop = asyncio.get_running_loop()
+        controller = Controller(
+            pool, {"process": FakeBackend()}, store, journal, loop.time, time.time
+        )
+        app = build_admin_app(controller, lambda: True, TOKEN)
+        runner = web.AppRunner(app, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        box["port"] = site._server.sockets[0].getsockname()[1]
+        box["stop"] = stop = asyncio.Event()
+        box["loop"] = loop
+        started.set()
+        await stop.wait()
+        await runner.cleanup()
+        await controller.close()
+        store.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    base = f"http://127.0.0.1:{box['port']}"
+    import requests
+
+    document = requests.get(f"{base}/api/openapi.json", headers=AUTH, timeout=5).json()
+    try:
+        yield base, document
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(10)
+
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+
+
+def test_the_api_fuzzed_from_its_own_openapi_document(admin_in_thread):
+    base, document = admin_in_thread
+    schema = schemathesis.openapi.from_dict(document)
+    calls = 0
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        if operation.path == "/api/events":  # an endless stream: no response to check
+            continue
+
+        @settings(
+            max_examples=25,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(case=operation.as_strategy())
+        def fuzz(case):
+            nonlocal calls
+            calls += 1
+            response = case.call(base_url=base, headers=AUTH, timeout=10)
+            case.validate_response(response, checks=CHECKS)
+
+        fuzz()
+    print(f"\nfuzz: {calls} requests, none answered 5xx or off the document")
+    assert calls > 100
