@@ -26,7 +26,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # bench/ holds scripts, not a package
-from run import free_ports
+from system import free_ports
 
 CHUNK = 256 * 1024
 UPSTREAM = """

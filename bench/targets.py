@@ -1,0 +1,302 @@
+"""The targets of the benchmark, and wrk against them.
+
+- the upstream: nginx (1 worker) answering ``/`` with a 13-byte body and ``/big`` with a
+  10 MiB file (sendfile); measured on its own as ``direct``;
+- nginx as a reverse proxy (1 worker, upstream keepalive 64);
+- HAProxy (1 thread, ``http-reuse always``);
+- the gateway (1 process) as users run it: a generated config with one ``static`` service,
+  an http probe, and every other setting at its default (access log, metrics, retries,
+  passive outlier detection), except that it accepts enough connections for the idle step.
+
+``wrk`` runs one at a time; while it runs, the target's CPU time is read before and after and
+its RSS is sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from interpreter import Interpreter
+from system import Failure, Proc, Procs, RssSampler, cpu_seconds, process_tree
+
+BIG_SIZE = 10 * 1024 * 1024
+
+UPSTREAM_NGINX = """\
+worker_processes 1;
+worker_rlimit_nofile {nofile};
+daemon off;
+pid {tmp}/upstream.pid;
+error_log {tmp}/upstream.error.log warn;
+events {{ worker_connections {max_connections}; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/upstream-body;
+    keepalive_requests 100000000;
+    keepalive_timeout 75s;
+    sendfile on;
+    tcp_nopush on;
+    server {{
+        listen 127.0.0.1:{port} reuseport backlog=4096;
+        location = / {{ default_type text/plain; return 200 "Hello, world\\n"; }}
+        location = /big {{ root {tmp}/www; default_type application/octet-stream; }}
+    }}
+}}
+"""
+
+PROXY_NGINX = """\
+worker_processes 1;
+worker_rlimit_nofile {nofile};
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx.error.log warn;
+events {{ worker_connections {max_connections}; }}
+http {{
+    access_log {access_log};
+    client_body_temp_path {tmp}/nginx-body;
+    proxy_temp_path {tmp}/nginx-proxy;
+    keepalive_requests 100000000;
+    keepalive_timeout 75s;
+    upstream up {{
+        server 127.0.0.1:{upstream};
+        keepalive 64;
+        keepalive_requests 100000000;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://up;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $http_host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_buffer_size 64k;
+            proxy_buffers 16 64k;
+            proxy_busy_buffers_size 128k;
+            proxy_max_temp_file_size 0;
+        }}
+    }}
+}}
+"""
+
+# HAProxy reserves two descriptors per connection (client and server side) and, by default,
+# refuses to start when the open-file limit is below that; with `http-reuse always` the server
+# side is a few shared connections, so `no strict-limits` lets maxconn match the others.
+PROXY_HAPROXY = """\
+global
+    nbthread 1
+    maxconn {max_connections}
+    no strict-limits
+defaults
+    mode http
+    {log}
+    timeout connect 5s
+    timeout client 75s
+    timeout server 60s
+    timeout http-keep-alive 75s
+    option http-keep-alive
+    option forwardfor
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:{port}
+    default_backend be
+backend be
+    server up 127.0.0.1:{upstream}
+"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What every target is configured to accept: enough for the idle connections step."""
+
+    max_connections: int
+    nofile: int
+    access_log: bool
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    proc: Proc
+    kind: str = ""
+    """``direct``, ``nginx``, ``haproxy`` or ``gateway`` (several gateways may run)."""
+    interpreter: Interpreter | None = None
+
+    def url(self, path: str = "/") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+def start_upstream(procs: Procs, port: int, cpu: int, limits: Limits) -> Target:
+    (procs.tmp / "www").mkdir()
+    with (procs.tmp / "www" / "big").open("wb") as f:
+        f.write(os.urandom(BIG_SIZE))
+    conf = procs.tmp / "upstream.conf"
+    conf.write_text(
+        UPSTREAM_NGINX.format(
+            tmp=procs.tmp, port=port, max_connections=limits.max_connections, nofile=limits.nofile
+        )
+    )
+    argv = ["nginx", "-e", str(procs.tmp / "upstream.error.log"), "-p", str(procs.tmp)]
+    proc = procs.start("upstream", [*argv, "-c", str(conf)], cpu)
+    return Target("direct", port, proc, "direct")
+
+
+def start_nginx(procs: Procs, port: int, upstream: int, cpu: int, limits: Limits) -> Target:
+    conf = procs.tmp / "nginx.conf"
+    log = f"{procs.tmp}/nginx.access.log" if limits.access_log else "off"
+    conf.write_text(
+        PROXY_NGINX.format(
+            tmp=procs.tmp,
+            port=port,
+            upstream=upstream,
+            access_log=log,
+            max_connections=limits.max_connections,
+            nofile=limits.nofile,
+        )
+    )
+    argv = ["nginx", "-e", str(procs.tmp / "nginx.error.log"), "-p", str(procs.tmp)]
+    return Target("nginx", port, procs.start("nginx", [*argv, "-c", str(conf)], cpu), "nginx")
+
+
+def start_haproxy(procs: Procs, port: int, upstream: int, cpu: int, limits: Limits) -> Target:
+    conf = procs.tmp / "haproxy.cfg"  # its access log goes to stdout, i.e. haproxy.log
+    log = "log stdout format raw local0\n    option httplog" if limits.access_log else ""
+    conf.write_text(
+        PROXY_HAPROXY.format(
+            port=port, upstream=upstream, log=log, max_connections=limits.max_connections
+        )
+    )
+    proc = procs.start("haproxy", ["haproxy", "-db", "-f", str(conf)], cpu)
+    return Target("haproxy", port, proc, "haproxy")
+
+
+def gateway_config(
+    tmp: Path, name: str, port: int, admin: int, upstream: int, limits: Limits
+) -> dict:
+    """The gateway's config: defaults everywhere but the addresses, the probe's pace and the
+    connection limit (raised, as for nginx and HAProxy, for the idle connections step)."""
+    return {
+        "listen": f"127.0.0.1:{port}",
+        "admin": {"listen": f"127.0.0.1:{admin}", "token_file": str(tmp / "admin-token")},
+        "state_dir": str(tmp / f"{name}-state"),
+        "access_log": (
+            {"enabled": True, "path": str(tmp / f"{name}.access.log")}
+            if limits.access_log
+            else {"enabled": False}
+        ),
+        "proxy": {"limits": {"max_connections": limits.max_connections}},
+        "replicas_on_exit": "stop",
+        "services": [
+            {
+                "name": "bench",
+                "route": {"path_prefix": "/"},
+                "backend": "static",
+                "replica": {"addresses": [f"127.0.0.1:{upstream}"]},
+                "probes": [
+                    {
+                        "type": "http",
+                        "path": "/",
+                        "interval": "1s",
+                        "timeout": "1s",
+                        "healthy_threshold": 1,
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def start_gateway(
+    procs: Procs,
+    name: str,
+    interpreter: Interpreter,
+    ports: tuple[int, int, int],
+    cpu: int,
+    limits: Limits,
+) -> Target:
+    """The gateway ``name`` run by ``interpreter``; ``ports`` are (traffic, admin, upstream)."""
+    port, admin, upstream = ports
+    conf = procs.tmp / f"{name}.yaml"  # JSON is YAML
+    token = procs.tmp / "admin-token"
+    if not token.exists():
+        token.write_text(os.urandom(16).hex())
+        token.chmod(0o600)
+    conf.write_text(json.dumps(gateway_config(procs.tmp, name, port, admin, upstream, limits)))
+    argv = [str(interpreter.gateway), "serve", "-c", str(conf)]
+    proc = procs.start(name, argv, cpu)
+    return Target(name, port, proc, "gateway", interpreter)
+
+
+# ---------------------------------------------------------------------------------------------
+# wrk
+
+_UNITS_TIME = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
+_UNITS_SIZE = {"B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "TB": 1024**4}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One wrk run and what the target's process tree did meanwhile."""
+
+    requests: int
+    seconds: float
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    bytes_per_s: float
+    errors: int
+    cpu_us: float | None = None
+    """The target process tree's user+sys CPU per completed request, in microseconds."""
+    rss_mib: float | None = None
+    """The largest VmRSS of the target's process tree sampled during the run."""
+
+
+def parse_wrk(text: str) -> Run:
+    def latency(pct: str) -> float:
+        m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s|m|h)\s*$", text, re.M)
+        return float(m.group(1)) * _UNITS_TIME[m.group(2)] if m else float("nan")
+
+    done = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m|h)", text)
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    transfer = re.search(r"Transfer/sec:\s+([\d.]+)([KMGT]?B)", text)
+    if not (done and rps and transfer):
+        raise Failure(f"cannot read wrk's output:\n{text}")
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", text))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    errors += int(non2xx.group(1)) if non2xx else 0
+    seconds = float(done.group(2)) * _UNITS_TIME[done.group(3)] / 1e3
+    per_s = float(transfer.group(1)) * _UNITS_SIZE[transfer.group(2)]
+    return Run(
+        int(done.group(1)), seconds, float(rps.group(1)), latency("50"), latency("99"), per_s,
+        errors,
+    )  # fmt: skip
+
+
+def wrk(
+    procs: Procs, target: Target, path: str, connections: int, duration: float, cpu: int
+) -> Run:
+    """``wrk -t1 -c<connections> -d<duration> --latency`` on ``target``, bounded in time."""
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", target.url(path)]
+    pids = process_tree(target.proc.pid)
+    before = cpu_seconds(pids)
+    with RssSampler(pids) as rss:
+        proc = procs.start(f"wrk-{target.name}", argv, cpu)
+        try:
+            proc.popen.wait(duration + 30)
+        except subprocess.TimeoutExpired:
+            raise Failure(f"wrk did not finish within {duration + 30:g}s") from None
+        finally:
+            procs.finish(proc)
+    used = cpu_seconds(pids) - before
+    text = proc.log.read_text()
+    if proc.popen.returncode != 0:
+        raise Failure(f"wrk exited with {proc.popen.returncode}:\n{text}")
+    run = parse_wrk(text)
+    cpu_us = used / run.requests * 1e6 if run.requests else None
+    return dataclasses.replace(run, cpu_us=cpu_us, rss_mib=rss.max)
