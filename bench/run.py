@@ -227,7 +227,7 @@ def raw(figures: Figures, targets: list[str]) -> str:
                 rows.append([
                     name, kind, str(i), f"{r.rps:,.0f}", f"{r.p50_ms:.3f}", f"{r.p99_ms:.3f}",
                     f"{r.bytes_per_s / 1024**2:,.1f}", _fmt(r.cpu_us, 1), _fmt(r.rss_mib, 1),
-                    str(r.errors),
+                    f"{r.errors} ({r.error_kinds})" if r.errors else "0",
                 ])  # fmt: skip
     return _markdown(head, rows)
 

@@ -255,6 +255,8 @@ class Run:
     """The target process tree's user+sys CPU per completed request, in microseconds."""
     rss_mib: float | None = None
     """The largest VmRSS of the target's process tree sampled during the run."""
+    error_kinds: str = ""
+    """What ``errors`` counts, as wrk says it: ``timeout 74``, ``non-2xx 3``."""
 
 
 def parse_wrk(text: str) -> Run:
@@ -267,14 +269,17 @@ def parse_wrk(text: str) -> Run:
     transfer = re.search(r"Transfer/sec:\s+([\d.]+)([KMGT]?B)", text)
     if not (done and rps and transfer):
         raise Failure(f"cannot read wrk's output:\n{text}")
-    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", text))
+    # wrk's timeout is its default, 2 s: a slower answer counts as a timeout error
+    kinds = [(k, int(n)) for k, n in re.findall(r"(connect|read|write|timeout) (\d+)", text)]
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    errors += int(non2xx.group(1)) if non2xx else 0
+    if non2xx:
+        kinds.append(("non-2xx", int(non2xx.group(1))))
+    errors = sum(n for _, n in kinds)
     seconds = float(done.group(2)) * _UNITS_TIME[done.group(3)] / 1e3
     per_s = float(transfer.group(1)) * _UNITS_SIZE[transfer.group(2)]
     return Run(
         int(done.group(1)), seconds, float(rps.group(1)), latency("50"), latency("99"), per_s,
-        errors,
+        errors, error_kinds=", ".join(f"{k} {n}" for k, n in kinds if n),
     )  # fmt: skip
 
 
