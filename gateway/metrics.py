@@ -11,19 +11,29 @@ Invariants:
   service is removed, a revision's request series when its last upstream leaves. Results for
   an upstream or a service the metrics do not know (already removed) are not recorded, so
   they cannot bring a series back.
-- The hot path (``on_request``) resolves no label: label children are created once per
-  service, revision and upstream, cached, and only ``inc``/``observe`` run per request.
+- The hot path (``on_request``) resolves no label and takes no lock: the request series
+  (``gateway_requests``, ``gateway_request_duration_seconds``, ``gateway_upstream_ttfb_seconds``)
+  are plain counts in ``_Histogram``s and dicts, per service and revision, that
+  ``_RequestCollector`` turns into metric families at scrape time; ``prometheus_client``'s
+  own children (a lock and a Python loop over the buckets per ``observe``) cost several
+  times more per request. Other label children are created once and cached.
 - In-flight counts are read from the pool at scrape time, so requests pay nothing for them.
 """
 
 from __future__ import annotations
 
 import functools
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
@@ -72,6 +82,33 @@ def code_label(status: int, error: str | None) -> str:
     if status < 100:
         return "500"  # the handler raised before any status: aiohttp answered 500
     return _CLASS.get(status // 100) or str(status)
+
+
+class _Histogram:
+    """Observations counted per bucket, read at scrape time (see the module docstring).
+
+    Only the event loop writes it; a scrape on the same loop reads a consistent state.
+    """
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative counts per ``le``, +Inf last, as HistogramMetricFamily wants them."""
+        out: list[tuple[str, float]] = []
+        total = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += count
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+        return out
 
 
 class _UpstreamSeries:
@@ -126,8 +163,8 @@ class _ServiceSeries:
                 getattr(self, child)
 
     @functools.cached_property
-    def ttfb(self) -> Histogram:
-        return self._m.ttfb.labels(self.name)
+    def ttfb(self) -> _Histogram:
+        return _Histogram(LATENCY_BUCKETS)
 
     @functools.cached_property
     def probe_duration(self) -> Histogram:
@@ -150,11 +187,9 @@ class _ServiceSeries:
 
     def remove(self) -> None:
         m, name = self._m, self.name
-        for revision in list(self.revisions.values()):
-            revision.remove(m)
         self.revisions.clear()
         for child in _SERVICE_CHILDREN:
-            if child in self.__dict__:
+            if child in self.__dict__ and child != "ttfb":
                 getattr(m, child).remove(name)
         for reason in self.retries:
             m.retries.remove(name, reason)
@@ -165,23 +200,15 @@ _SERVICE_CHILDREN = ("ttfb", "probe_duration", "no_routable", "connect_failures"
 
 
 class _RevisionSeries:
+    """The request counts of one revision of a service; its series go with it."""
+
     __slots__ = ("codes", "duration", "label", "service")
 
-    def __init__(self, m: GatewayMetrics, service: _ServiceSeries, revision: int | None) -> None:
+    def __init__(self, service: _ServiceSeries, revision: int | None) -> None:
         self.service = service
         self.label = "" if revision is None else str(revision)
-        self.duration = m.request_duration.labels(service.name, self.label)
-        self.codes: dict[str, Counter] = {}
-
-    def code(self, m: GatewayMetrics, code: str) -> Counter:
-        child = self.codes[code] = m.requests.labels(self.service.name, self.label, code)
-        return child
-
-    def remove(self, m: GatewayMetrics) -> None:
-        name = self.service.name
-        m.request_duration.remove(name, self.label)
-        for code in self.codes:
-            m.requests.remove(name, self.label, code)
+        self.duration = _Histogram(LATENCY_BUCKETS)
+        self.codes: dict[str, int] = {}
 
 
 class GatewayMetrics:
@@ -193,6 +220,7 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         r = registry
+        registry.register(_RequestCollector(self))
         self.upstream_up = Gauge(
             "gateway_upstream_up",
             "1 if the upstream is routable (healthy, active, not ejected), else 0.",
@@ -216,26 +244,6 @@ class GatewayMetrics:
             "Time one probe round took.",
             ("service",),
             buckets=PROBE_BUCKETS,
-            registry=r,
-        )
-        self.requests = Counter(
-            "gateway_requests",
-            "Requests answered, by status class (2xx...) or exact status of a gateway error.",
-            ("service", "revision", "code"),
-            registry=r,
-        )
-        self.request_duration = Histogram(
-            "gateway_request_duration_seconds",
-            "Time from the request's arrival to the end of its answer.",
-            ("service", "revision"),
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.ttfb = Histogram(
-            "gateway_upstream_ttfb_seconds",
-            "Time from the request's arrival to the upstream's response headers.",
-            ("service",),
-            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.retries = Counter(
@@ -342,7 +350,6 @@ class GatewayMetrics:
     def _drop_revision(self, service: str, revision: int) -> None:
         entry = self._requests.pop((service, revision), None)
         if entry is not None:
-            entry.remove(self)
             entry.service.revisions.pop(revision, None)
 
     def _sweep_revisions(self, service: str) -> None:
@@ -380,10 +387,8 @@ class GatewayMetrics:
             code = str(status)
         else:
             code = _CLASS.get(status // 100) or code_label(status, error)
-        child = entry.codes.get(code)
-        if child is None:
-            child = entry.code(self, code)
-        child.inc()
+        codes = entry.codes
+        codes[code] = codes.get(code, 0) + 1
         entry.duration.observe(record.duration)
         service = entry.service
         if record.ttfb is not None:
@@ -405,7 +410,7 @@ class GatewayMetrics:
             return None
         entry = service.revisions.get(revision)
         if entry is None:
-            entry = service.revisions[revision] = _RevisionSeries(self, service, revision)
+            entry = service.revisions[revision] = _RevisionSeries(service, revision)
             if revision is not None and (name, revision) not in self._live:
                 self._sweep.add(name)
         self._requests[(name, revision)] = entry
@@ -416,6 +421,48 @@ class GatewayMetrics:
             f"<GatewayMetrics services={len(self._services) - 1} "
             f"upstreams={len(self._upstreams)} revisions={len(self._requests)} "
             f"unrecorded={self.unrecorded}>"
+        )
+
+
+class _RequestCollector(Collector):
+    """The request series, made from the plain counts of ``on_request`` at scrape time."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        requests, duration, ttfb = self._families()
+        for name, service in list(self._metrics._services.items()):
+            for entry in list(service.revisions.values()):
+                labels = (name, entry.label)
+                for code, count in list(entry.codes.items()):
+                    requests.add_metric((*labels, code), count)
+                duration.add_metric(labels, entry.duration.buckets(), entry.duration.sum)
+            if name and "ttfb" in service.__dict__:
+                ttfb.add_metric((name,), service.ttfb.buckets(), service.ttfb.sum)
+        yield from (requests, duration, ttfb)
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, HistogramMetricFamily]:
+        return (
+            CounterMetricFamily(
+                "gateway_requests",
+                "Requests answered, by status class (2xx...) or exact status of a gateway error.",
+                labels=("service", "revision", "code"),
+            ),
+            HistogramMetricFamily(
+                "gateway_request_duration_seconds",
+                "Time from the request's arrival to the end of its answer.",
+                labels=("service", "revision"),
+            ),
+            HistogramMetricFamily(
+                "gateway_upstream_ttfb_seconds",
+                "Time from the request's arrival to the upstream's response headers.",
+                labels=("service",),
+            ),
         )
 
 

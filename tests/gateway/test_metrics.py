@@ -285,7 +285,7 @@ async def test_label_children_are_resolved_once_not_per_request(
     def no_labels(*args: object) -> None:
         raise AssertionError("labels() on the hot path")
 
-    for metric in (metrics.requests, metrics.request_duration, metrics.ttfb, metrics.retries):
+    for metric in (metrics.retries, metrics.connect_failures, metrics.no_routable):
         monkeypatch.setattr(metric, "labels", no_labels)
     for _ in range(3):
         metrics.on_request(retried)
