@@ -194,7 +194,7 @@ class Proxy:
             lease = sp.lease()
             if lease is None:
                 raise sp.unavailable()
-        websocket = request.is_websocket
+        websocket = bool(request.upgrade) and request.is_websocket
         tried: set[str] = set()
         while True:
             tried.add(lease.upstream.id)
@@ -264,7 +264,7 @@ class Proxy:
             peer=request.peer,
             request_id=ex.request_id,
             trust_forwarded=self.config.trust_forwarded,
-            websocket=request.is_websocket,
+            websocket=bool(request.upgrade) and request.is_websocket,
         )
         lines.insert(0, request.method.encode() + b" " + target + b" HTTP/1.1")
         if not request.host:
