@@ -24,7 +24,13 @@ from typing import cast
 
 import httptools
 
-from .downstream import HEAD_LIMIT_FACTOR, MAX_HEADERS, Producer, ResponseStream
+from .downstream import (
+    HEAD_LIMIT_FACTOR,
+    MAX_HEADERS,
+    WRITE_HIGH_WATER,
+    Producer,
+    ResponseStream,
+)
 from .errors import (
     GatewayError,
     UpstreamConnectError,
@@ -34,6 +40,8 @@ from .errors import (
 
 log = logging.getLogger(__name__)
 
+RAW_BODY_MIN = 64 * 1024
+"""Bodies framed by a Content-Length above this skip llhttp once their head is parsed."""
 KEEPALIVE_TIMEOUT = 30.0
 """Idle keep-alive connections to upstreams are closed after this long."""
 
@@ -80,6 +88,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._done: asyncio.Future[None] | None = None
         self._interim = False
         self._head_bytes = 0
+        self._raw_remaining = 0
+        self._raw_started = False
         self._head_only = False
         self._sink: ResponseStream | None = None
         self._buffer: list[bytes] = []
@@ -100,6 +110,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.transport = None
@@ -139,6 +150,9 @@ class UpstreamConnection(asyncio.Protocol):
             self.abort()
             return
         self._last_read = self._loop.time()
+        if self._raw_remaining and self._raw_started:
+            self._raw_body(data)
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -153,6 +167,8 @@ class UpstreamConnection(asyncio.Protocol):
             )
             self.abort()
             return
+        if self._raw_remaining:
+            self._raw_started = True  # what comes next skips the parser (``_raw_body``)
         head = self._head
         if head is not None and not head.status and not self._interim:
             # Still in the head: bound it (llhttp keeps a partial field to itself).
@@ -222,15 +238,47 @@ class UpstreamConnection(asyncio.Protocol):
             # cannot be told, so the exchange ends here and the connection is not reused.
             head.keep_alive = False
             self._message_done()
+        elif head.content_length is not None and head.content_length > RAW_BODY_MIN:
+            self._raw_remaining = head.content_length
 
     def on_body(self, data: bytes) -> None:
+        if self._raw_remaining:
+            self._raw_remaining -= len(data)
         sink = self._sink
         if sink is not None:
             sink.response_data(data)
         else:
             self._buffer.append(data)
 
+    def _raw_body(self, data: bytes) -> None:
+        """A large body framed by Content-Length, past llhttp (which would copy each piece).
+
+        llhttp is left mid-message, so the connection gets a new parser for its next
+        exchange; bytes beyond the length are a broken answer.
+        """
+        remaining = self._raw_remaining
+        if len(data) > remaining:
+            self._fail(
+                failure(
+                    UpstreamProtocolError("upstream sent more than its Content-Length"),
+                    "protocol",
+                )
+            )
+            self.abort()
+            return
+        self._raw_remaining = remaining - len(data)
+        sink = self._sink
+        if sink is not None:
+            sink.response_data(data)
+        else:
+            self._buffer.append(data)
+        if not self._raw_remaining:
+            self._raw_started = False
+            self._parser = httptools.HttpResponseParser(self)
+            self._message_done()
+
     def on_message_complete(self) -> None:
+        self._raw_remaining = 0
         if self._interim:
             self._interim = False
             return
@@ -246,6 +294,8 @@ class UpstreamConnection(asyncio.Protocol):
         assert self.transport is not None
         loop = self._loop
         self._head = None
+        self._raw_remaining = 0
+        self._raw_started = False
         self._head_future = loop.create_future()
         self._done = None
         self._head_only = head_only

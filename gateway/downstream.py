@@ -47,6 +47,9 @@ MAX_HEADERS = 128
 """Header fields per request beyond which it is refused with 431 (aiohttp's default too)."""
 HEAD_LIMIT_FACTOR = 4
 """A whole request head may hold at most this many times ``max_header_size`` bytes."""
+WRITE_HIGH_WATER = 512 * 1024
+"""Bytes queued for a socket before the other leg is paused (asyncio's default is 64 KiB:
+streaming a large body then pauses and resumes the other side every few dozen KiB)."""
 BODY_HIGH_WATER = 256 * 1024
 """Request body bytes buffered before the client is paused (no upstream took them yet)."""
 
@@ -352,6 +355,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self._gate.open += 1
         self._connections.add(self)
+        tcp.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.transport = tcp
         peer = tcp.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else None
@@ -394,9 +398,10 @@ class ClientConnection(asyncio.Protocol):
             else:
                 self._deadline = self._loop.time() + LINGER_TIMEOUT
             return
-        if self._closing:
-            return
-        if self._parsing is None and self._deadline_kind == _KEEPALIVE:
+        parsing = self._parsing
+        if self._closing and (parsing is None or parsing.body is None):
+            return  # closing: a body under way is still read, nothing new is begun
+        if parsing is None and self._deadline_kind == _KEEPALIVE:
             self._set_deadline(self._limits.header_timeout, _HEAD)
         try:
             self._parser.feed_data(data)

@@ -201,3 +201,80 @@ async def test_a_chunked_body_already_received_is_forwarded_with_a_length(
     assert answer.endswith(b"ok")
     assert b"transfer-encoding" not in received[0].lower()
     assert received[1] == b"abcde"
+
+
+async def test_a_large_body_then_another_answer_on_the_same_upstream_connection(
+    pool, raw_upstream, gateway
+):
+    big = bytes(range(256)) * 1024  # 256 KiB: past the parser once its head is read
+    answers = [
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(big), big),
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nsmall",
+    ]
+    connections = 0
+
+    async def serve(reader, writer):
+        nonlocal connections
+        connections += 1
+        for answer in answers:
+            await reader.readuntil(b"\r\n\r\n")
+            # Split so that the body arrives over several reads after its head.
+            for i in range(0, len(answer), 50_000):
+                writer.write(answer[i : i + 50_000])
+                await writer.drain()
+        await reader.read()
+        writer.close()
+
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", await raw_upstream(serve))
+    gw = await gateway()
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        async with asyncio.timeout(5):
+            writer.write(b"GET /1 HTTP/1.1\r\nHost: h\r\n\r\n")
+            _, body = await read_response(reader)
+            assert body == big
+            writer.write(b"GET /2 HTTP/1.1\r\nHost: h\r\n\r\n")
+            _, body = await read_response(reader)
+            assert body == b"small"
+    finally:
+        writer.close()
+    assert connections == 1
+
+
+async def test_an_upstream_sending_past_its_content_length_is_cut_off(
+    pool, raw_upstream, gateway, recorder
+):
+    first_part_seen = asyncio.Event()
+
+    async def overflow(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"a" * 1000)
+        await writer.drain()
+        await first_part_seen.wait()  # the rest arrives apart, past the parser
+        writer.write(b"a" * 200_000)  # more than it announced
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", await raw_upstream(overflow))
+    gw = await gateway()
+    finished = recorder.next()
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        async with asyncio.timeout(5):
+            writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            body = await reader.readexactly(1000)
+            first_part_seen.set()
+            body += await reader.read()  # until the gateway drops the connection
+            record = await finished
+    finally:
+        writer.close()
+
+    assert head.startswith(b"HTTP/1.1 200")
+    assert len(body) < 100_000  # cut off short of its length: never shown complete
+    assert record.error == "upstream_protocol_error"
