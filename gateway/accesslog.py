@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import queue
+import re
 import sys
 import threading
 import time
@@ -80,11 +81,17 @@ def format_json(at: float, r: RequestRecord) -> str:
     return json.dumps(fields(at, r), separators=(",", ":"))
 
 
+_PATH_SAFE = "/:@!$&()*+,;=-._~"
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/:@!$&()*+,;=._~-]*")
+"""A path that ``quote`` would leave as it is (most): checked in C instead of quoted."""
+
+
 def format_plain(at: float, r: RequestRecord) -> str:
     revision = "-" if r.revision is None else r.revision
+    path = r.path if _PLAIN_PATH.fullmatch(r.path) else quote(r.path, safe=_PATH_SAFE)
     return (
         f"{_stamp(at)} {r.request_id} {r.service or '-'} {revision} {r.upstream_id or '-'} "
-        f'"{r.method} {quote(r.path, safe="/:@!$&()*+,;=-._~")}" {r.status} '
+        f'"{r.method} {path}" {r.status} '
         f"{r.duration * 1000:.1f}ms in={r.bytes_in} out={r.bytes_out} retries={r.retries}"
         f" error={r.error or '-'}"
     )

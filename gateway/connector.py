@@ -37,6 +37,7 @@ from .errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
+from .headers import RESPONSE_DROPPED
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,23 @@ KEEPALIVE_TIMEOUT = 30.0
 class ResponseHead:
     """The status line and header fields of an upstream's answer."""
 
-    __slots__ = ("chunked", "content_length", "headers", "keep_alive", "phrase", "status")
+    __slots__ = (
+        "chunked",
+        "content_length",
+        "headers",
+        "hop",
+        "keep_alive",
+        "phrase",
+        "status",
+    )
 
     def __init__(self) -> None:
         self.status = 0
         self.phrase = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        """The end-to-end fields, as they came (``headers.RESPONSE_DROPPED`` sorted out)."""
+        self.hop: list[tuple[bytes, bytes]] = []
+        """Connection and Upgrade fields (what a 101 passes on, and what Connection names)."""
         self.content_length: int | None = None
         self.chunked = False
         self.keep_alive = True
@@ -208,14 +220,17 @@ class UpstreamConnection(asyncio.Protocol):
         assert head is not None
         if len(name) + len(value) > self._connector.max_header_size:
             raise _TooLarge("upstream sent a response header field that is too large")
-        if len(head.headers) >= MAX_HEADERS:
+        if len(head.headers) + len(head.hop) >= MAX_HEADERS:
             raise _TooLarge("upstream sent too many response header fields")
-        head.headers.append((name, value))
         lower = name.lower()
-        if lower == b"content-length":
+        if lower not in RESPONSE_DROPPED:
+            head.headers.append((name, value))
+        elif lower == b"content-length":
             head.content_length = int(value)
         elif lower == b"transfer-encoding":
             head.chunked = True
+        elif lower == b"connection" or lower == b"upgrade":
+            head.hop.append((name, value))
 
     def on_headers_complete(self) -> None:
         head = self._head

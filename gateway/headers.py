@@ -45,7 +45,8 @@ _REQUEST_REWRITTEN = (
     | _FRAMING
     | {b"expect", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"x-request-id"}
 )
-_RESPONSE_DROPPED = HOP_BY_HOP | _FRAMING | {b"x-request-id"}
+RESPONSE_DROPPED = HOP_BY_HOP | _FRAMING | {b"x-request-id"}
+"""Lower-cased names of an upstream's answer that the client never gets as they are."""
 _UPGRADE = frozenset({b"connection", b"upgrade"})
 _PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
 """Connection values that name no other field: the common case needs no token parsing."""
@@ -130,24 +131,22 @@ def upstream_request(
     return lines
 
 
-def client_response(fields: Fields, request_id: str, *, upgrade: bool = False) -> Fields:
-    """The header fields returned to the client for an upstream answer with ``fields``.
+def client_response(
+    fields: Fields, hop: Fields, request_id: str, *, upgrade: bool = False
+) -> Fields:
+    """The header fields returned to the client for an upstream answer.
 
-    Framing is left out (the caller frames the body for its client); ``upgrade`` keeps
-    ``Upgrade`` and ``Connection`` (a 101).
+    ``fields`` are the answer's end-to-end fields (``RESPONSE_DROPPED`` already sorted out
+    as they were parsed), ``hop`` its Connection and Upgrade fields. Fields the Connection
+    header names are dropped; ``upgrade`` (a 101) keeps Connection and Upgrade. Framing is
+    the caller's. The list returned may be ``fields`` itself, extended.
     """
-    out: Fields = []
-    tokens: frozenset[bytes] = frozenset()
-    for name, value in fields:
-        lower = name.lower()
-        if lower in _RESPONSE_DROPPED:
-            if upgrade and lower in _UPGRADE:
-                out.append((name, value))
-            elif lower == b"connection" and value.lower() not in _PLAIN_CONNECTION:
-                tokens = connection_tokens(fields)
-            continue
-        out.append((name, value))
-    if tokens and not upgrade:
-        out = [(n, v) for n, v in out if n.lower() not in tokens]
+    if upgrade:
+        out = [*fields, *hop]
+    elif hop and any(value.lower() not in _PLAIN_CONNECTION for _, value in hop):
+        tokens = connection_tokens(hop)
+        out = [(n, v) for n, v in fields if n.lower() not in tokens]
+    else:
+        out = fields
     out.append((b"X-Request-Id", request_id.encode()))
     return out

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import headers, http1, router
 from .config import ProxyConfig
@@ -79,7 +79,7 @@ class _Exchange:
     bytes_in: int = 0
     bytes_out: int = 0
     retries: int = 0
-    retry_reasons: list[str] = field(default_factory=list)
+    retry_reasons: tuple[str, ...] = ()
     error: str | None = None
     response_started: bool = False
     """Response headers went to the client: no other answer is possible."""
@@ -208,7 +208,7 @@ class Proxy:
                 if not self._may_retry(failed.kind, request, ex, sp, tried):
                     raise failed.error from None
                 ex.retries += 1
-                ex.retry_reasons.append(failed.kind)
+                ex.retry_reasons += (failed.kind,)
                 next_lease = sp.lease(frozenset(tried))
                 if next_lease is None:
                     raise failed.error from None
@@ -385,7 +385,7 @@ class Proxy:
         if body is not None and not body.complete:
             keep_alive = False  # the rest of the body would have to be read first
         chunked = False
-        fields = headers.client_response(head.headers, ex.request_id)
+        fields = headers.client_response(head.headers, head.hop, ex.request_id)
         if request.method == "HEAD" or status in NO_BODY_STATUSES:
             # No body follows; a Content-Length still tells the size of the one not sent.
             if head.content_length is not None and status != 204:
@@ -483,7 +483,7 @@ class Proxy:
         head: ResponseHead,
     ) -> None:
         client = request.conn
-        fields = headers.client_response(head.headers, ex.request_id, upgrade=True)
+        fields = headers.client_response(head.headers, head.hop, ex.request_id, upgrade=True)
         ex.status = 101
         ex.response_started = True
         client.write(http1.response_head(101, head.phrase, fields))
@@ -551,7 +551,7 @@ class Proxy:
             bytes_in=ex.bytes_in,
             bytes_out=ex.bytes_out,
             retries=ex.retries,
-            retry_reasons=tuple(ex.retry_reasons),
+            retry_reasons=ex.retry_reasons,
             error=ex.error,
         )
         for observer in self.observers:
