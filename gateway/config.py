@@ -249,7 +249,8 @@ class ProxyConfig(Model):
     shutdown_timeout: Duration = 30.0
     """On SIGTERM, in-flight requests get this long to finish."""
     upstream_keepalive: int = Field(default=256, ge=0)
-    """Reserved: idle keep-alive connections per upstream. Concurrent connections are never
-    capped per upstream (a cap would make a busy upstream look like a failing one)."""
+    """Idle keep-alive connections kept per upstream address; one more is closed after its
+    exchange. Concurrent connections are never capped per upstream (a cap would make a busy
+    upstream look like a failing one)."""
     trust_forwarded: bool = False
     """Keep a client's X-Forwarded-* headers (behind a trusted proxy) instead of replacing them."""

@@ -514,6 +514,8 @@ class Proxy:
             self._relays.discard(relay)
             ex.bytes_in, ex.bytes_out = relay.bytes_in, relay.bytes_out
             ex.complete = relay.closed_cleanly
+            if client.send_timed_out:
+                ex.error = "client_too_slow"
             if not relay.done.done():
                 client.abort()
                 conn.abort()

@@ -167,3 +167,45 @@ async def test_a_client_that_never_reads_is_cut_off_with_bounded_buffers(
     assert record.error == "client_too_slow"
     assert sent < 64 * MiB
     assert not pool.upstream("web", "u1").ejected
+
+
+async def test_a_websocket_client_that_never_reads_is_cut_off(pool, upstream, gateway, recorder):
+    upstream_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    sent = 0
+
+    async def flood(request: web.Request) -> web.WebSocketResponse:
+        nonlocal sent
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.receive()  # "go"
+        chunk = b"z" * 65536
+        try:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                while not ws.closed:
+                    await ws.send_bytes(chunk)
+                    sent += len(chunk)
+        finally:  # the gateway closed the connection: a reset, or this handler cancelled
+            upstream_done.set_result(None)
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/ws", flood)
+    pool.set_service(routing("web", prefix="/", outlier=OUTLIER))
+    await upstream("web", "u1", app)
+    gw = await gateway(limits=ListenerLimits(send_timeout=1.0))
+
+    async with aiohttp.ClientSession() as session:
+        # aiohttp's client stops reading its socket once it holds ~64 KiB it was not asked
+        # for: this client never calls receive(), so the gateway's writes back up.
+        ws = await session.ws_connect(url(gw, "/ws"))
+        await ws.send_str("go")
+        record = await asyncio.wait_for(recorder.next(), 10)
+        await asyncio.wait_for(upstream_done, 5)
+        await ws.close()
+
+    print(f"\nnever-reading WebSocket client: cut off after {record.duration:.2f} s;"
+          f" the upstream wrote {sent / MiB:.1f} MiB before back-pressure held it")  # fmt: skip
+    assert record.status == 101
+    assert record.error == "client_too_slow"
+    assert sent < 64 * MiB
+    assert pool.service("web").inflight == {}
