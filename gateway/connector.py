@@ -507,12 +507,12 @@ class Connector:
         """Back to the idle pool if the exchange ended cleanly, else closed."""
         self._busy.discard(conn)
         conn.body_producer = None
+        if self._closed or not conn.reusable:
+            conn.abort()  # an exchange still waited on fails as its connection goes
+            return
         conn._sink = None
         conn._head_future = None
         conn._done = None
-        if self._closed or not conn.reusable:
-            conn.abort()
-            return
         idle = self._idle.setdefault(conn.key, [])
         if len(idle) >= self.max_idle:
             conn.abort()

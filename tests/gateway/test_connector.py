@@ -1,0 +1,99 @@
+"""The upstream connection pool: reuse after a clean exchange, its cap, connect failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.connector import Connector, UpstreamConnection, kind_of
+from gateway.downstream import ResponseStream
+from gateway.errors import UpstreamConnectError
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+GET = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
+
+
+class _Client:
+    """What a ResponseStream writes to (a ClientConnection's ``write`` and ``transport``)."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.transport = self
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+
+async def run(conn: UpstreamConnection) -> bytes:
+    """One GET on ``conn``; the answer as the client would get it (after a head of b"")."""
+    head = await conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5)
+    assert head.status == 200
+    client = _Client()
+    done = conn.stream_to(ResponseStream(client, chunked=False), b"")  # type: ignore[arg-type]
+    if done is not None:
+        await done
+    return client.written
+
+
+@pytest.fixture
+async def counting_upstream(raw_upstream):
+    """An upstream answering OK to every request; ``connections`` counts its connections."""
+
+    class Upstream:
+        connections = 0
+        port = 0
+
+    async def serve(reader, writer):
+        Upstream.connections += 1
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(OK)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    Upstream.port = await raw_upstream(serve)
+    return Upstream
+
+
+async def test_a_connection_is_reused_after_a_clean_exchange(counting_upstream):
+    connector = Connector()
+    for _ in range(3):
+        conn = await connector.acquire("127.0.0.1", counting_upstream.port, 1.0)
+        assert await run(conn) == b"ok"
+        connector.release(conn)
+    assert counting_upstream.connections == 1
+    assert connector.idle_count() == 1
+    connector.close()
+
+
+async def test_idle_connections_beyond_max_idle_are_closed(counting_upstream):
+    connector = Connector(max_idle=1)
+    first = await connector.acquire("127.0.0.1", counting_upstream.port, 1.0)
+    second = await connector.acquire("127.0.0.1", counting_upstream.port, 1.0)
+    assert await asyncio.gather(run(first), run(second)) == [b"ok", b"ok"]
+    connector.release(first)
+    connector.release(second)
+    assert counting_upstream.connections == 2
+    assert connector.idle_count() == 1
+    connector.close()
+
+
+async def test_a_connection_whose_exchange_failed_is_not_reused(counting_upstream):
+    connector = Connector()
+    conn = await connector.acquire("127.0.0.1", counting_upstream.port, 1.0)
+    future = conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5)
+    connector.release(conn)  # before its answer: the exchange is not complete
+    assert connector.idle_count() == 0
+    with pytest.raises(UpstreamConnectError):
+        await future
+    connector.close()
+
+
+async def test_a_refused_connection_is_a_connect_failure(unused_tcp_port):
+    connector = Connector()
+    with pytest.raises(UpstreamConnectError) as refused:
+        await connector.acquire("127.0.0.1", unused_tcp_port, 1.0)
+    assert kind_of(refused.value) == "connect"
