@@ -442,6 +442,15 @@ class UpstreamConnection(asyncio.Protocol):
             and head.keep_alive
         )
 
+    def write(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def close_transport(self) -> None:
+        """Close once what was written is sent (the WebSocket relay's end)."""
+        if self.transport is not None:
+            self.transport.close()
+
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()

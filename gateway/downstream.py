@@ -647,6 +647,11 @@ class ClientConnection(asyncio.Protocol):
         if close and self.active is not None:
             self.active.keep_alive = False
 
+    def close_transport(self) -> None:
+        """Close once what was written is sent (the WebSocket relay's end)."""
+        if self.transport is not None:
+            self.transport.close()
+
     def abort(self) -> None:
         """Drop the connection at once: whatever response was under way is cut off."""
         self._closing = True

@@ -39,7 +39,6 @@ from .config import ProxyConfig
 from .connector import Connector, ResponseHead, UpstreamConnection, failure, kind_of
 from .downstream import (
     BadRequest,
-    ClientConnection,
     IncomingRequest,
     ResponseStream,
     gateway_error_response,
@@ -487,7 +486,7 @@ class Proxy:
         ex.status = 101
         ex.response_started = True
         client.write(http1.response_head(101, head.phrase, fields))
-        relay = Relay(_ClientSide(client), _UpstreamSide(conn))
+        relay = Relay(client, conn)
         client.producer = conn
         conn.body_producer = client
         client.tunnel = relay.from_client
@@ -561,56 +560,3 @@ class Proxy:
                 observer.on_request(record)
             except Exception:
                 log.exception("request observer %r failed", observer)
-
-
-class _ClientSide:
-    """The relay's view of the client connection."""
-
-    __slots__ = ("conn", "transport")
-
-    def __init__(self, conn: ClientConnection) -> None:
-        self.conn = conn
-        self.transport: object = conn.transport
-
-    def write(self, data: bytes) -> None:
-        self.conn.write(data)
-
-    def close_transport(self) -> None:
-        if self.conn.transport is not None:
-            self.conn.transport.close()
-
-    def abort(self) -> None:
-        self.conn.abort()
-
-    def pause_reading(self) -> None:
-        self.conn.pause_reading()
-
-    def resume_reading(self) -> None:
-        self.conn.resume_reading()
-
-
-class _UpstreamSide:
-    """The relay's view of the upstream connection."""
-
-    __slots__ = ("conn", "transport")
-
-    def __init__(self, conn: UpstreamConnection) -> None:
-        self.conn = conn
-        self.transport: object = conn.transport
-
-    def write(self, data: bytes) -> None:
-        if self.conn.transport is not None:
-            self.conn.transport.write(data)
-
-    def close_transport(self) -> None:
-        if self.conn.transport is not None:
-            self.conn.transport.close()
-
-    def abort(self) -> None:
-        self.conn.abort()
-
-    def pause_reading(self) -> None:
-        self.conn.pause_reading()
-
-    def resume_reading(self) -> None:
-        self.conn.resume_reading()

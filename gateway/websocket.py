@@ -34,13 +34,13 @@ _CLOSE = 8
 
 
 class Side(Protocol):
-    transport: object
+    """One of the two connections (``ClientConnection``, ``UpstreamConnection``)."""
 
     def write(self, data: bytes) -> None: ...
-    def close_transport(self) -> None: ...
+    def close_transport(self) -> None:
+        """Close once what was written is sent."""
+
     def abort(self) -> None: ...
-    def pause_reading(self) -> None: ...
-    def resume_reading(self) -> None: ...
 
 
 class FrameCursor:
