@@ -460,11 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: interrupted; stopping everything", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut this short
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        procs.stop_all()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        procs.stop_all_uninterrupted()
         if args.keep_tmp:
             print(f"bench: configs and logs kept in {tmp}", file=sys.stderr)
         else:

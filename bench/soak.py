@@ -160,11 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print("soak: interrupted; stopping everything", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut this short
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        procs.stop_all()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        procs.stop_all_uninterrupted()
         shutil.rmtree(tmp, ignore_errors=True)
     text = report(args, python, samples, runs, at)
     print(text)

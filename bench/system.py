@@ -108,6 +108,17 @@ class Procs:
                 proc.popen.stdin.close()
             self.started.remove(proc)
 
+    def stop_all_uninterrupted(self) -> None:
+        """``stop_all`` with SIGTERM and SIGINT ignored meanwhile: a second signal must not
+        cut the clean-up short."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.stop_all()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
     def stop_all(self) -> None:
         for proc in reversed(self.started):
             try:
