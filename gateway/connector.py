@@ -27,6 +27,7 @@ import httptools
 from .downstream import (
     HEAD_LIMIT_FACTOR,
     MAX_HEADERS,
+    RAW_BODY_MIN,
     WRITE_HIGH_WATER,
     Producer,
     ResponseStream,
@@ -41,8 +42,6 @@ from .headers import RESPONSE_DROPPED
 
 log = logging.getLogger(__name__)
 
-RAW_BODY_MIN = 64 * 1024
-"""Bodies framed by a Content-Length above this skip llhttp once their head is parsed."""
 KEEPALIVE_TIMEOUT = 30.0
 """Idle keep-alive connections to upstreams are closed after this long."""
 

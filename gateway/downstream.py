@@ -51,6 +51,9 @@ WRITE_HIGH_WATER = 512 * 1024
 """Bytes queued for a socket before the other leg is paused (asyncio's default is 64 KiB:
 streaming a large body then pauses and resumes the other side every few dozen KiB)."""
 BODY_HIGH_WATER = 256 * 1024
+RAW_BODY_MIN = 64 * 1024
+"""Request bodies framed by a Content-Length above this skip llhttp once their head is
+parsed (see ``ClientConnection._raw_body``; ``connector`` does the same for answers)."""
 """Request body bytes buffered before the client is paused (no upstream took them yet)."""
 
 # Why reading from the client is paused (a bit each; reading resumes when none is left).
@@ -338,6 +341,8 @@ class ClientConnection(asyncio.Protocol):
         self._body_started = 0.0
         self._last: IncomingRequest | None = None
         self._tunnel_data = b""
+        self._raw_remaining = 0
+        self._raw_started = False
         self._lingered = -1
         """Bytes discarded while lingering before the close; -1 while not lingering."""
         self.send_timed_out = False
@@ -401,6 +406,9 @@ class ClientConnection(asyncio.Protocol):
         parsing = self._parsing
         if self._closing and (parsing is None or parsing.body is None):
             return  # closing: a body under way is still read, nothing new is begun
+        if self._raw_started:
+            self._raw_body(data)
+            return
         if parsing is None and self._deadline_kind == _KEEPALIVE:
             self._set_deadline(self._limits.header_timeout, _HEAD)
         try:
@@ -430,11 +438,36 @@ class ClientConnection(asyncio.Protocol):
             log.debug("bad request head from %s: %s", self.peer, exc)
             self._refuse(400, "bad_request", f"the request is not valid HTTP/1.1: {exc}")
         else:
-            if self._parsing is not None and self._parsing.body is None:
+            if self._raw_remaining:
+                self._raw_started = True  # what comes next skips the parser (``_raw_body``)
+            elif self._parsing is not None and self._parsing.body is None:
                 # Still in the head: bound it (llhttp keeps a partial field to itself).
                 self._head_bytes += len(data)
                 if self._head_bytes > HEAD_LIMIT_FACTOR * self._limits.max_header_size:
                     self._refuse(431, "header_too_large", "the request head is too large")
+
+    def _raw_body(self, data: bytes) -> None:
+        """A large body framed by Content-Length, past llhttp (which would copy each piece).
+
+        llhttp is left mid-message, so the connection gets a new parser, which reads what
+        follows the body (a pipelined request) as the next request.
+        """
+        if self._parsing is None:  # the request was given up meanwhile
+            self._raw_started = False
+            self._raw_remaining = 0
+            return
+        remaining = self._raw_remaining
+        rest = b""
+        if len(data) > remaining:
+            data, rest = data[:remaining], data[remaining:]
+        self.on_body(data)
+        if self._raw_remaining:
+            return
+        self._raw_started = False
+        self._parser = httptools.HttpRequestParser(self)
+        self.on_message_complete()
+        if rest:
+            self.data_received(rest)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -528,6 +561,9 @@ class ClientConnection(asyncio.Protocol):
                 self._set_deadline(timeout, _BODY)
             else:
                 self._clear_deadline()
+            length = request.content_length
+            if not request.chunked and length is not None and length > RAW_BODY_MIN:
+                self._raw_remaining = length
         else:
             self._clear_deadline()
         self._last = request
@@ -538,6 +574,8 @@ class ClientConnection(asyncio.Protocol):
             self._pause(_PAUSE_PIPELINE)
 
     def on_body(self, data: bytes) -> None:
+        if self._raw_remaining:
+            self._raw_remaining -= len(data)
         request = self._parsing
         assert request is not None
         assert request.body is not None
@@ -552,6 +590,7 @@ class ClientConnection(asyncio.Protocol):
             self._deadline = deadline
 
     def on_message_complete(self) -> None:
+        self._raw_remaining = 0
         request = self._parsing
         assert request is not None
         self._parsing = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway.config import LimitsConfig
+
 from .conftest import add, raw_exchange, routing
 from .test_server import read_response
 
@@ -278,3 +280,29 @@ async def test_an_upstream_sending_past_its_content_length_is_cut_off(
     assert head.startswith(b"HTTP/1.1 200")
     assert len(body) < 100_000  # cut off short of its length: never shown complete
     assert record.error == "upstream_protocol_error"
+
+
+async def test_a_large_upload_then_a_pipelined_request(pool, upstream, gateway):
+    pool.set_service(routing("web", prefix="/", limits=LimitsConfig(max_body_size=0)))
+    await upstream("web", "u1")
+    gw = await gateway()
+    body = bytes(range(256)) * 800  # 200 KiB: past the parser once its head is read
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        async with asyncio.timeout(5):
+            head = b"POST /up HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % len(body)
+            writer.write(head + body[:1000])
+            await writer.drain()
+            # The rest in pieces, the last one followed at once by the next request.
+            for i in range(1000, len(body) - 5000, 50_000):
+                writer.write(body[i : min(i + 50_000, len(body) - 5000)])
+                await writer.drain()
+            writer.write(body[-5000:] + b"GET /next HTTP/1.1\r\nHost: h\r\n\r\n")
+            _, first = await read_response(reader)
+            _, second = await read_response(reader)
+    finally:
+        writer.close()
+
+    assert b'"body": %d' % len(body) in first
+    assert b'"path": "/next"' in second
