@@ -304,6 +304,43 @@ _TOO_MANY = http1.json_response(
 class ClientConnection(asyncio.Protocol):
     """One client connection: parse, limit, time out, run each request, splice bodies."""
 
+    # Slots: ten thousand idle connections each save a __dict__.
+    __slots__ = (
+        "_body_started",
+        "_closing",
+        "_connections",
+        "_deadline",
+        "_deadline_kind",
+        "_drain_waiters",
+        "_gate",
+        "_handler",
+        "_head_bytes",
+        "_last",
+        "_limits",
+        "_lingered",
+        "_loop",
+        "_parser",
+        "_parsing",
+        "_paused",
+        "_pipeline",
+        "_raw_remaining",
+        "_raw_started",
+        "_refused",
+        "_send_timer",
+        "_timer",
+        "_timer_at",
+        "_tunnel_data",
+        "_writing_paused",
+        "active",
+        "on_lost",
+        "peer",
+        "producer",
+        "send_timed_out",
+        "task",
+        "transport",
+        "tunnel",
+    )
+
     def __init__(
         self,
         handler: Handler,
@@ -622,6 +659,8 @@ class ClientConnection(asyncio.Protocol):
         self.active = None
         self.task = None
         self.producer = None
+        if self._last is request:
+            self._last = None  # an idle connection holds no finished request
         transport = self.transport
         if transport is None or self.tunnel is not None:
             return
