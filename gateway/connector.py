@@ -24,6 +24,7 @@ from typing import cast
 
 import httptools
 
+from . import http1
 from .downstream import (
     HEAD_LIMIT_FACTOR,
     MAX_HEADERS,
@@ -73,15 +74,6 @@ class ResponseHead:
 
 class _TooLarge(Exception):
     """Raised from a parser callback: the answer's head is over the limits."""
-
-
-def failure(error: GatewayError, kind: str) -> GatewayError:
-    error.details.setdefault("kind", kind)
-    return error
-
-
-def kind_of(error: GatewayError) -> str:
-    return str(error.details.get("kind", "other"))
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -135,9 +127,8 @@ class UpstreamConnection(asyncio.Protocol):
         head = self._head
         if self._head_future is not None and not self._head_future.done():
             self._fail(
-                failure(
-                    UpstreamConnectError("upstream closed the connection before answering"),
-                    "disconnect",
+                UpstreamConnectError(
+                    "upstream closed the connection before answering", kind="disconnect"
                 )
             )
         elif head is not None and not self.complete:
@@ -145,7 +136,7 @@ class UpstreamConnection(asyncio.Protocol):
                 self._message_done()  # the body was delimited by the close
             else:
                 self._fail(
-                    failure(UpstreamProtocolError("upstream response body broke off"), "protocol")
+                    UpstreamProtocolError("upstream response body broke off", kind="protocol")
                 )
 
     def data_received(self, data: bytes) -> None:
@@ -170,13 +161,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.tunnel_data += data[upgrade.args[0] :]
         except httptools.HttpParserError as exc:
             reason = exc.__context__ if isinstance(exc.__context__, _TooLarge) else exc
-            self._fail(
-                failure(
-                    UpstreamProtocolError(f"upstream sent an invalid response: {reason}"),
-                    "protocol",
-                )
-            )
-            self.abort()
+            self._broken(f"upstream sent an invalid response: {reason}")
             return
         if self._raw_remaining:
             self._raw_started = True  # what comes next skips the parser (``_raw_body``)
@@ -185,13 +170,7 @@ class UpstreamConnection(asyncio.Protocol):
             # Still in the head: bound it (llhttp keeps a partial field to itself).
             self._head_bytes += len(data)
             if self._head_bytes > HEAD_LIMIT_FACTOR * self._connector.max_header_size:
-                self._fail(
-                    failure(
-                        UpstreamProtocolError("upstream sent a response head that is too large"),
-                        "protocol",
-                    )
-                )
-                self.abort()
+                self._broken("upstream sent a response head that is too large")
 
     def eof_received(self) -> bool | None:
         return None  # close: half-closed upstreams are not kept
@@ -270,22 +249,10 @@ class UpstreamConnection(asyncio.Protocol):
         llhttp is left mid-message, so the connection gets a new parser for its next
         exchange; bytes beyond the length are a broken answer.
         """
-        remaining = self._raw_remaining
-        if len(data) > remaining:
-            self._fail(
-                failure(
-                    UpstreamProtocolError("upstream sent more than its Content-Length"),
-                    "protocol",
-                )
-            )
-            self.abort()
+        if len(data) > self._raw_remaining:
+            self._broken("upstream sent more than its Content-Length")
             return
-        self._raw_remaining = remaining - len(data)
-        sink = self._sink
-        if sink is not None:
-            sink.response_data(data)
-        else:
-            self._buffer.append(data)
+        self.on_body(data)
         if not self._raw_remaining:
             self._raw_started = False
             self._parser = httptools.HttpResponseParser(self)
@@ -364,6 +331,11 @@ class UpstreamConnection(asyncio.Protocol):
 
     _error: GatewayError = UpstreamProtocolError("upstream exchange failed")
 
+    def _broken(self, message: str) -> None:
+        """The answer is not HTTP (any more): fail the exchange, drop the connection."""
+        self._fail(UpstreamProtocolError(message, kind="protocol"))
+        self.abort()
+
     def _fail(self, error: GatewayError) -> None:
         if self.failed:
             return
@@ -378,24 +350,18 @@ class UpstreamConnection(asyncio.Protocol):
     # -- the request body (BodySink) ----------------------------------------------------------
 
     def body_data(self, data: bytes) -> None:
-        transport = self.transport
-        if transport is None:
-            return
-        if not self._body_chunked:
-            transport.write(data)
-        elif len(data) < 4096:
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-        else:
-            transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+        if self.transport is not None:
+            http1.write_body(self.transport, data, chunked=self._body_chunked)
 
     def body_end(self) -> None:
         self.request_sent = True
         if self._body_chunked and self.transport is not None:
-            self.transport.write(b"0\r\n\r\n")
+            self.transport.write(http1.LAST_CHUNK)
 
     def body_error(self, exc: BaseException) -> None:
         error = exc if isinstance(exc, GatewayError) else UpstreamConnectError(str(exc))
-        self._fail(failure(error, "client"))
+        error.kind = "client"
+        self._fail(error)
         self.abort()
 
     # -- reading, pausing, timing -------------------------------------------------------------
@@ -425,7 +391,7 @@ class UpstreamConnection(asyncio.Protocol):
                 max(deadline, now + self._read_timeout * 0.5), self._on_timer
             )
             return
-        self._fail(failure(UpstreamTimeout("upstream did not answer in time"), "timeout"))
+        self._fail(UpstreamTimeout("upstream did not answer in time", kind="timeout"))
         self.abort()
 
     @property
@@ -501,12 +467,11 @@ class Connector:
             async with asyncio.timeout(within or None):
                 await loop.create_connection(lambda: conn, host, port)
         except TimeoutError:
-            raise failure(UpstreamTimeout("timed out connecting to upstream"), "connect") from None
+            raise UpstreamTimeout("timed out connecting to upstream", kind="connect") from None
         except OSError as exc:
             reason = exc.strerror or str(exc) or type(exc).__name__
-            raise failure(
-                UpstreamConnectError(f"cannot connect to upstream {host}:{port}: {reason}"),
-                "connect",
+            raise UpstreamConnectError(
+                f"cannot connect to upstream {host}:{port}: {reason}", kind="connect"
             ) from None
         self._busy.add(conn)
         return conn

@@ -37,7 +37,8 @@ import httptools
 
 from . import http1
 from .config import ListenerLimits
-from .errors import GatewayError, RequestTimeout, RequestTooLarge
+from .errors import BadRequest, GatewayError, RequestTimeout, RequestTooLarge
+from .headers import Fields
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +117,13 @@ class RequestBody:
         "started",
     )
 
-    def __init__(self, conn: ClientConnection, limit: int, expect_continue: bool) -> None:
+    def __init__(self, conn: ClientConnection, expect_continue: bool) -> None:
         self._conn = conn
         self._buffer: list[bytes] = []
         self._buffered = 0
         self._sink: BodySink | None = None
-        self.limit = limit
+        self.limit = 0
+        """The service's ``max_body_size``, known once routed (``set_limit``); 0: none."""
         self.expect_continue = expect_continue
         self.received = 0
         self.started = False
@@ -133,11 +135,7 @@ class RequestBody:
             return
         self.received += len(data)
         if self.limit and self.received > self.limit:
-            self.fail(
-                RequestTooLarge(
-                    f"request body is over the limit of {self.limit} bytes", limit=self.limit
-                )
-            )
+            self.fail(self._too_large())
             return
         sink = self._sink
         if sink is not None:
@@ -190,10 +188,13 @@ class RequestBody:
         self.limit = limit
         if limit and self.received > limit:
             self._buffer.clear()
-            self.error = RequestTooLarge(
-                f"request body is over the limit of {limit} bytes", limit=limit
-            )
+            self.error = self._too_large()
             raise self.error
+
+    def _too_large(self) -> RequestTooLarge:
+        return RequestTooLarge(
+            f"request body is over the limit of {self.limit} bytes", limit=self.limit
+        )
 
     def take(self) -> bytes:
         """The whole body, already received and buffered; it counts as sent."""
@@ -220,12 +221,7 @@ class ResponseStream:
         if transport is None:
             return
         self.bytes_out += len(data)
-        if not self.chunked:
-            transport.write(data)
-        elif len(data) < 4096:
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-        else:
-            transport.writelines((b"%x\r\n" % len(data), data, http1.CRLF))
+        http1.write_body(transport, data, chunked=self.chunked)
 
     def response_end(self) -> None:
         if self.chunked and self.conn.transport is not None:
@@ -256,7 +252,7 @@ class IncomingRequest:
         self.method = ""
         self.target = b""
         self.version = "1.1"
-        self.headers: http1.RawHeaders = []
+        self.headers: Fields = []
         self.host = b""
         self.content_length: int | None = None
         self.chunked = False
@@ -311,7 +307,6 @@ class ClientConnection(asyncio.Protocol):
         "_connections",
         "_deadline",
         "_deadline_kind",
-        "_drain_waiters",
         "_gate",
         "_handler",
         "_head_bytes",
@@ -365,7 +360,6 @@ class ClientConnection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self._paused = 0
         self._writing_paused = False
-        self._drain_waiters: list[asyncio.Future[None]] = []
         self.producer: Producer | None = None
         """The upstream connection whose answer is being written here (paused with us)."""
         self.tunnel: Callable[[bytes], None] | None = None
@@ -416,10 +410,6 @@ class ClientConnection(asyncio.Protocol):
         if self._send_timer is not None:
             self._send_timer.cancel()
             self._send_timer = None
-        for waiter in self._drain_waiters:
-            if not waiter.done():
-                waiter.set_exception(ConnectionResetError("the client closed the connection"))
-        self._drain_waiters.clear()
         for request in (self._parsing, self.active, *self._pipeline):
             if request is not None and request.body is not None:
                 request.body.fail(ClientGone("the client closed the connection"))
@@ -521,10 +511,6 @@ class ClientConnection(asyncio.Protocol):
             self._send_timer = None
         if self.producer is not None:
             self.producer.resume_reading()
-        for waiter in self._drain_waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        self._drain_waiters.clear()
 
     # -- parser callbacks (httptools) ---------------------------------------------------------
 
@@ -591,7 +577,7 @@ class ClientConnection(asyncio.Protocol):
             expect = any(
                 n.lower() == b"expect" and v.lower() == b"100-continue" for n, v in request.headers
             )
-            request.body = RequestBody(self, 0, expect and request.version == "1.1")
+            request.body = RequestBody(self, expect and request.version == "1.1")
             timeout = self._limits.body_timeout
             self._body_started = self._loop.time()
             if timeout:
@@ -704,26 +690,6 @@ class ClientConnection(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         if self.transport is not None:
             self.transport.write(data)
-
-    @property
-    def writing_paused(self) -> bool:
-        return self._writing_paused
-
-    async def drain(self) -> None:
-        """Wait until the client's socket buffer is below its high-water mark."""
-        if self.transport is None:
-            raise ConnectionResetError("the client closed the connection")
-        if not self._writing_paused:
-            return
-        waiter = self._loop.create_future()
-        self._drain_waiters.append(waiter)
-        await waiter
-
-    def respond(self, data: bytes, *, close: bool = False) -> None:
-        """Write a whole response the gateway made itself."""
-        self.write(data)
-        if close and self.active is not None:
-            self.active.keep_alive = False
 
     def close_transport(self) -> None:
         """Close once what was written is sent (the WebSocket relay's end)."""
@@ -878,13 +844,6 @@ class ClientConnection(asyncio.Protocol):
             f"<ClientConnection peer={self.peer} active={self.active!r} "
             f"queued={len(self._pipeline)} closing={self._closing}>"
         )
-
-
-class BadRequest(GatewayError):
-    """A request that cannot be served as it was sent (400)."""
-
-    status = 400
-    code = "bad_request"
 
 
 class _Refused(Exception):

@@ -1,6 +1,7 @@
 """Errors of the data plane, each carrying the HTTP status the gateway answers with.
 
     GatewayError
+    ├── BadRequest              400  a request that cannot be served as it was sent
     ├── RequestTimeout          408  the request body paused or trickled too long
     ├── NoRoute                 404  no service matches the request
     ├── NoRoutableUpstream      503  the service has no upstream that may take the request
@@ -10,7 +11,9 @@
         ├── UpstreamProtocolError    the upstream answered something that is not HTTP
         └── UpstreamTimeout     504  (also a TimeoutError) connect, read or total timeout
 
-Library exceptions (aiohttp, OSError) are translated into these once, in ``proxy``.
+Library exceptions (OSError, llhttp's) are translated into these once, where they happen
+(``connector``, ``downstream``). An error of an attempt also says what kind of failure it
+was (``kind``), which decides whether a retry may help and what passive detection hears.
 """
 
 from __future__ import annotations
@@ -20,10 +23,19 @@ class GatewayError(Exception):
     status = 500
     code = "gateway_error"
 
-    def __init__(self, message: str, **details: object) -> None:
+    def __init__(self, message: str, *, kind: str = "other", **details: object) -> None:
         super().__init__(message)
         self.message = message
+        self.kind = kind
+        """``connect`` (nothing reached the upstream), ``disconnect`` (closed before any
+        answer), ``timeout``, ``protocol`` (not HTTP, or a body that broke off), ``client``
+        (the client's doing: too large, too slow, gone) or ``other``."""
         self.details = details
+
+
+class BadRequest(GatewayError):
+    status = 400
+    code = "bad_request"
 
 
 class RequestTimeout(GatewayError, TimeoutError):
@@ -40,8 +52,10 @@ class NoRoutableUpstream(GatewayError):
     status = 503
     code = "no_routable_upstream"
 
-    def __init__(self, message: str, retry_after: int = 1, **details: object) -> None:
-        super().__init__(message, **details)
+    def __init__(
+        self, message: str, retry_after: int = 1, *, kind: str = "other", **details: object
+    ) -> None:
+        super().__init__(message, kind=kind, **details)
         self.retry_after = retry_after
 
 

@@ -1,9 +1,9 @@
-"""HTTP/1.1 on the wire: message heads, body framing and the gateway's own answers. PURE.
+"""HTTP/1.1 on the wire: message heads, body framing and the gateway's own answers.
 
 The proxy speaks HTTP/1.1 on both legs over asyncio protocols (``downstream`` towards
 clients, ``connector`` towards upstreams), parsed by llhttp through ``httptools``. This module
-holds what both legs share: header names as lower-cased bytes, the hop-by-hop set, chunk
-framing and the serialisation of a response the gateway makes itself (an error, a refusal).
+holds what both legs share: body framing and the serialisation of response heads, including
+whole answers the gateway makes itself (an error, a refusal). Header rules are ``headers``.
 
 Headers stay bytes from the parser to the other leg: a value crosses exactly as it arrived,
 so an upstream never sees another value than the one the gateway routed on.
@@ -11,13 +11,11 @@ so an upstream never sees another value than the one the gateway routed on.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterable, Mapping
 from http import HTTPStatus
-
-RawHeaders = list[tuple[bytes, bytes]]
-"""Header fields in arrival order, names as sent (case kept), values as sent."""
 
 CRLF = b"\r\n"
 LAST_CHUNK = b"0\r\n\r\n"
@@ -40,9 +38,16 @@ def http_date() -> bytes:
     return _date_cache[1]
 
 
-def chunk(data: bytes) -> bytes:
-    """``data`` as one chunk of a chunked body (never the empty last chunk)."""
-    return b"%x\r\n%b\r\n" % (len(data), data)
+def write_body(transport: asyncio.WriteTransport, data: bytes, *, chunked: bool) -> None:
+    """Write a piece of a body to ``transport``, as one chunk if ``chunked`` (``data`` is
+    never empty: the empty chunk is ``LAST_CHUNK``). A large piece is not copied into a
+    chunk: its framing goes around it with ``writelines``."""
+    if not chunked:
+        transport.write(data)
+    elif len(data) < 4096:
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+    else:
+        transport.writelines((b"%x\r\n" % len(data), data, CRLF))
 
 
 def response_head(status: int, phrase: bytes, headers: Iterable[tuple[bytes, bytes]]) -> bytes:

@@ -36,14 +36,14 @@ from dataclasses import dataclass
 
 from . import headers, http1, router
 from .config import ProxyConfig
-from .connector import Connector, ResponseHead, UpstreamConnection, failure, kind_of
+from .connector import Connector, ResponseHead, UpstreamConnection
 from .downstream import (
-    BadRequest,
     IncomingRequest,
     ResponseStream,
     gateway_error_response,
 )
 from .errors import (
+    BadRequest,
     GatewayError,
     NoRoute,
     RequestTimeout,
@@ -106,7 +106,6 @@ class Proxy:
         self.observers = tuple(observers)
         self._connector: Connector | None = None
         self._relays: set[Relay] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def connector(self) -> Connector:
@@ -116,7 +115,6 @@ class Proxy:
 
     async def start(self) -> None:
         """Open the upstream connection pool (idempotent)."""
-        self._loop = asyncio.get_running_loop()
         if self._connector is None:
             self._connector = Connector(
                 max_idle=self.config.upstream_keepalive,
@@ -240,8 +238,7 @@ class Proxy:
 
     def _failed(self, error: GatewayError, ex: _Exchange, sp: ServicePool) -> _Failed:
         """An attempt's failure, reported to passive detection unless the client caused it."""
-        kind = kind_of(error)
-        error.details.pop("kind", None)
+        kind = error.kind
         if kind == "client" or isinstance(error, RequestTooLarge | RequestTimeout | BadRequest):
             return _Failed(error, "client")
         upstream = ex.upstream
@@ -300,7 +297,7 @@ class Proxy:
                 ex.error = "upstream_timeout"
                 request.conn.abort()
                 return
-            error = failure(UpstreamTimeout("upstream did not answer in time"), "timeout")
+            error = UpstreamTimeout("upstream did not answer in time", kind="timeout")
             raise self._failed(error, ex, sp) from None
         except BaseException:
             connector.discard(conn)
@@ -385,12 +382,11 @@ class Proxy:
             keep_alive = False  # the rest of the body would have to be read first
         chunked = False
         fields = headers.client_response(head.headers, head.hop, ex.request_id)
-        if request.method == "HEAD" or status in NO_BODY_STATUSES:
-            # No body follows; a Content-Length still tells the size of the one not sent.
-            if head.content_length is not None and status != 204:
-                fields.append((b"Content-Length", b"%d" % head.content_length))
-        elif head.content_length is not None:
+        if head.content_length is not None and status != 204:
+            # Also on a HEAD or 304 answer: the size of the body that is not sent.
             fields.append((b"Content-Length", b"%d" % head.content_length))
+        elif request.method == "HEAD" or status in NO_BODY_STATUSES:
+            pass  # no body follows
         elif request.version == "1.1":
             chunked = True
             fields.append((b"Transfer-Encoding", b"chunked"))
@@ -415,7 +411,7 @@ class Proxy:
             ex.error = exc.code
             client.abort()
             self.connector.discard(conn)
-            if kind_of(exc) != "client":
+            if exc.kind != "client":
                 self.pool.report(sp.routing.name, ex.upstream.id if ex.upstream else "", "5xx")
             return
         ex.bytes_out = sink.bytes_out

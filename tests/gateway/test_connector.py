@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.connector import Connector, UpstreamConnection, kind_of
+from gateway.connector import Connector, UpstreamConnection
 from gateway.downstream import ResponseStream
 from gateway.errors import UpstreamConnectError
 
@@ -96,4 +96,4 @@ async def test_a_refused_connection_is_a_connect_failure(unused_tcp_port):
     connector = Connector()
     with pytest.raises(UpstreamConnectError) as refused:
         await connector.acquire("127.0.0.1", unused_tcp_port, 1.0)
-    assert kind_of(refused.value) == "connect"
+    assert refused.value.kind == "connect"
