@@ -77,6 +77,9 @@ class AccessLogConfig(Model):
 
 class GatewayConfig(Model):
     listen: ListenAddress = "0.0.0.0:8080"
+    workers: int = Field(default=1, ge=1, le=64)
+    """Processes that serve traffic. 1: the gateway's own process; N > 1: N worker processes
+    sharing ``listen`` (SO_REUSEPORT), fed by the one controller (``gateway.supervisor``)."""
     admin: AdminConfig = AdminConfig()
     state_dir: str = "./state"
     services: tuple[str | dict[str, Any], ...] = ()
@@ -157,14 +160,19 @@ def parse_spec(data: Any, source: str, base_dir: Path | None = None) -> ServiceS
     return spec
 
 
-def load_config(path: str | Path) -> LoadedConfig:
-    """Read, validate and resolve a gateway config file; raises ConfigError."""
+def load_config(path: str | Path, *, workers: int | None = None) -> LoadedConfig:
+    """Read, validate and resolve a gateway config file; raises ConfigError.
+
+    ``workers`` (the command line's ``--workers``) takes the place of the file's.
+    """
     file = Path(path)
     data = read_document(file)
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the config must be a mapping")
+    if workers is not None:
+        data = {**data, "workers": workers}
     try:
         config = GatewayConfig.model_validate(data)
     except ValidationError as e:

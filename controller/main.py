@@ -28,6 +28,7 @@ from gateway.metrics import GatewayMetrics, metrics_handler
 from gateway.prober import Prober
 from gateway.proxy import Proxy
 from gateway.server import TrafficServer
+from gateway.supervisor import Supervisor, WorkerSettings
 
 from .admin.app import AdminServer, build_admin_app, is_loopback
 from .backends import ProcessBackend, StaticBackend
@@ -49,7 +50,7 @@ class Gateway:
 
     controller: Controller
     pool: Pool
-    traffic: TrafficServer
+    traffic: TrafficServer | Supervisor
     admin: AdminServer
 
 
@@ -84,14 +85,25 @@ async def run_gateway(
     register_controller_metrics(registry, controller)
     request_observers: list[RequestObserver] = [metrics]
     access_log: AccessLog | None = None
-    if config.access_log.enabled:
+    if config.access_log.enabled and config.workers == 1:
         access_log = AccessLog(config.access_log.format, config.access_log.path, registry=registry)
         request_observers.append(access_log)
     # -- end observability --
     prober = Prober(pool, observers=[metrics])
     proxy_config = config.proxy_config()
-    proxy = Proxy(pool, proxy_config, observers=request_observers)
-    traffic = TrafficServer(proxy, proxy_config)
+    traffic: TrafficServer | Supervisor
+    if config.workers == 1:
+        proxy = Proxy(pool, proxy_config, observers=request_observers)
+        traffic = TrafficServer(proxy, proxy_config)
+    else:
+        settings = WorkerSettings(
+            count=config.workers,
+            access_log=(config.access_log.format, config.access_log.path)
+            if config.access_log.enabled
+            else None,
+            log_level=config.log_level,
+        )
+        traffic = Supervisor(pool, proxy_config, settings, metrics=metrics, registry=registry)
     ready = False
     admin = AdminServer(
         build_admin_app(
@@ -104,7 +116,6 @@ async def run_gateway(
     )
 
     await prober.start()
-    await proxy.start()
     try:
         controller.restore()
         for spec in loaded.specs:
@@ -163,7 +174,7 @@ async def _serve(loaded: LoadedConfig) -> None:
 
 def serve_main(args: argparse.Namespace) -> int:
     try:
-        loaded = load_config(args.config)
+        loaded = load_config(args.config, workers=args.workers)
         token = loaded.config.admin_token()
     except ConfigError as e:
         print(f"gateway: {e}", file=sys.stderr)
@@ -201,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("-c", "--config", default="configs/gateway.yaml")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="processes serving traffic (overrides the config's workers; 1 = this process)",
+    )
     serve.set_defaults(func=serve_main)
     add_client_commands(sub)
     return parser

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -100,6 +101,21 @@ class _Histogram:
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1  # le: value <= bound
         self.sum += value
+
+    def take(self) -> tuple[tuple[int, ...], float]:
+        """The counts and sum so far, as plain data; the histogram starts again from zero."""
+        out = (tuple(self.counts), self.sum)
+        self.counts = [0] * len(self.counts)
+        self.sum = 0.0
+        return out
+
+    def merge(self, taken: tuple[tuple[int, ...], float]) -> None:
+        """Add counts ``take`` returned (from a histogram with the same bounds)."""
+        counts, total = taken
+        mine = self.counts
+        for i, count in enumerate(counts):
+            mine[i] += count
+        self.sum += total
 
     def buckets(self) -> list[tuple[str, float]]:
         """Cumulative counts per ``le``, +Inf last, as HistogramMetricFamily wants them."""
@@ -382,27 +398,54 @@ class GatewayMetrics:
             if entry is None:
                 self.unrecorded += 1
                 return
-        status, error = record.status, record.error
+        self._count(entry, record.status, record.error, record.retry_reasons, 1)
+        entry.duration.observe(record.duration)
+        if record.ttfb is not None:
+            entry.service.ttfb.observe(record.ttfb)
+
+    def _count(
+        self,
+        entry: _RevisionSeries,
+        status: int,
+        error: str | None,
+        retry_reasons: tuple[str, ...],
+        n: int,
+    ) -> None:
+        """Count ``n`` answers of one kind: their code, retries and gateway errors."""
         if error is not None and _GATEWAY_STATUS.get(error) == status:
             code = str(status)
         else:
             code = _CLASS.get(status // 100) or code_label(status, error)
         codes = entry.codes
-        codes[code] = codes.get(code, 0) + 1
-        entry.duration.observe(record.duration)
+        codes[code] = codes.get(code, 0) + n
         service = entry.service
-        if record.ttfb is not None:
-            service.ttfb.observe(record.ttfb)
-        if record.retries:
-            for reason in record.retry_reasons:
-                service.retry(reason).inc()
+        if retry_reasons:
+            for reason in retry_reasons:
+                service.retry(reason).inc(n)
                 if reason == "connect" or reason == "disconnect":
-                    service.connect_failures.inc()
+                    service.connect_failures.inc(n)
         if error is not None:
             if error == "no_routable_upstream":
-                service.no_routable.inc()
+                service.no_routable.inc(n)
             elif error == "upstream_connect_error":
-                service.connect_failures.inc()
+                service.connect_failures.inc(n)
+
+    def merge(self, tally: Tally) -> None:
+        """Add a worker's counts (``RequestTally.take``) as if its requests were served here."""
+        for (name, revision, status, error, reasons), n in tally.outcomes.items():
+            entry = self._requests.get((name, revision)) or self._revision(name, revision)
+            if entry is None:
+                self.unrecorded += n
+                continue
+            self._count(entry, status, error, reasons, n)
+        for (name, revision), counts in tally.durations.items():
+            entry = self._requests.get((name, revision)) or self._revision(name, revision)
+            if entry is not None:
+                entry.duration.merge(counts)
+        for name, counts in tally.ttfb.items():
+            service = self._services.get(name)
+            if service is not None and name:
+                service.ttfb.merge(counts)
 
     def _revision(self, name: str, revision: int | None) -> _RevisionSeries | None:
         service = self._services.get(name)
@@ -422,6 +465,68 @@ class GatewayMetrics:
             f"upstreams={len(self._upstreams)} revisions={len(self._requests)} "
             f"unrecorded={self.unrecorded}>"
         )
+
+
+Outcome = tuple[str, int | None, int, str | None, tuple[str, ...]]
+"""(service, revision, status, error, retry reasons): requests alike for every series."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """A worker's request counts since its last report, as plain data to send."""
+
+    outcomes: dict[Outcome, int]
+    durations: dict[tuple[str, int | None], tuple[tuple[int, ...], float]]
+    ttfb: dict[str, tuple[tuple[int, ...], float]]
+
+    def __bool__(self) -> bool:
+        return bool(self.outcomes)
+
+
+class RequestTally:
+    """A ``RequestObserver`` for a worker process: counts what ``GatewayMetrics`` would.
+
+    The controller's process serves ``/metrics``; each worker counts its requests here and
+    sends ``take()`` to it now and then, where ``GatewayMetrics.merge`` adds them. The series
+    rules (no stale series, no series brought back) are applied there, once.
+    """
+
+    __slots__ = ("durations", "outcomes", "ttfb")
+
+    def __init__(self) -> None:
+        self.outcomes: dict[Outcome, int] = {}
+        self.durations: dict[tuple[str, int | None], _Histogram] = {}
+        self.ttfb: dict[str, _Histogram] = {}
+
+    def on_request(self, record: RequestRecord) -> None:
+        key = (record.service, record.revision, record.status, record.error, record.retry_reasons)
+        outcomes = self.outcomes
+        outcomes[key] = outcomes.get(key, 0) + 1
+        series = (record.service, record.revision)
+        duration = self.durations.get(series)
+        if duration is None:
+            duration = self.durations[series] = _Histogram(LATENCY_BUCKETS)
+        duration.observe(record.duration)
+        if record.ttfb is not None:
+            ttfb = self.ttfb.get(record.service)
+            if ttfb is None:
+                ttfb = self.ttfb[record.service] = _Histogram(LATENCY_BUCKETS)
+            ttfb.observe(record.ttfb)
+
+    def take(self) -> Tally:
+        """The counts since the last ``take``; counting starts again from zero."""
+        tally = Tally(
+            self.outcomes,
+            {key: h.take() for key, h in self.durations.items() if h.sum or any(h.counts)},
+            {key: h.take() for key, h in self.ttfb.items() if h.sum or any(h.counts)},
+        )
+        self.outcomes = {}
+        if len(self.durations) > 64:
+            self.durations.clear()  # series of revisions long gone do not pile up
+        return tally
+
+    def __repr__(self) -> str:
+        return f"<RequestTally outcomes={len(self.outcomes)}>"
 
 
 class _RequestCollector(Collector):
@@ -480,7 +585,7 @@ class _InflightCollector(Collector):
         pool = self._metrics._pool
         if pool is not None:
             for name, service in list(pool.services.items()):
-                inflight = service.inflight
+                inflight = service.inflight_all()
                 for upstream in service.snapshot.upstreams:
                     family.add_metric((name, upstream.id), inflight.get(upstream.id, 0))
         yield family

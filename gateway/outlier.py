@@ -48,14 +48,14 @@ class OutlierState:
         if outcome == "connect_failure":
             self.connect_failures += 1
             if self.connect_failures >= self.config.consecutive_connect_failures:
-                return self._proposed(now, f"{self.connect_failures} connect failures in a row")
+                return self.proposed(now, f"{self.connect_failures} connect failures in a row")
         elif outcome == "5xx":
             self.errors_5xx += 1
             if self.errors_5xx >= self.config.consecutive_5xx:
-                return self._proposed(now, f"{self.errors_5xx} 5xx responses in a row")
+                return self.proposed(now, f"{self.errors_5xx} 5xx responses in a row")
         return None
 
-    def _proposed(self, now: float, reason: str) -> Ejection:
+    def proposed(self, now: float, reason: str) -> Ejection:
         duration = min(
             self.config.base_ejection_time * (self.ejections + 1), self.config.max_ejection_time
         )

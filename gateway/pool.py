@@ -11,6 +11,14 @@ Invariants:
   or when its timeout passes, at which point the remaining leases are aborted.
 - Every change is published to subscribers as a ``PoolEvent``, after the new snapshot is in
   place, so a subscriber that reads the pool sees the state the event describes.
+- Snapshot versions come from one counter per ``Pool``, so they only ever grow, across
+  services and a service removed and set again alike.
+
+With several worker processes (``gateway.supervisor``) the controller's pool is the one that
+decides, and each worker serves from a mirror of it (``install``). The leases are then in the
+workers: they are the pool's *peers*. A drain completes only when every peer said that it holds
+no lease of the upstream any more (``peer_idle``) or went away (``peer_left``); a worker's
+passive detection proposes ejections (``eject``) that the deciding pool takes or refuses.
 """
 
 from __future__ import annotations
@@ -100,6 +108,10 @@ class Lease:
 @dataclass(slots=True)
 class _Drain:
     done: asyncio.Future[bool]
+    version: int
+    """The snapshot version that made the upstream draining; older peer reports are stale."""
+    waiting: set[int]
+    """Peers that may still hold leases of the upstream."""
     timer: asyncio.TimerHandle | None = None
 
 
@@ -115,6 +127,7 @@ class ServicePool:
         self.outliers: dict[str, OutlierState] = {}
         self.cursor = 0
         self._drains: dict[str, _Drain] = {}
+        self._idle: dict[str, list[Callable[[], object]]] = {}
         self._routable_waiters: list[asyncio.Future[None]] = []
 
     # -- picks and leases (hot path) --------------------------------------------------------
@@ -149,9 +162,42 @@ class ServicePool:
             return
         self.inflight.pop(uid, None)
         self.leases.pop(uid, None)
+        self._settle(uid)
+        callbacks = self._idle.pop(uid, None)
+        if callbacks:
+            for callback in callbacks:
+                callback()
+
+    def when_idle(self, upstream_id: str, callback: Callable[[], object]) -> None:
+        """Call ``callback`` once no lease of the upstream is held here (now, if none is)."""
+        if self.inflight.get(upstream_id):
+            self._idle.setdefault(upstream_id, []).append(callback)
+        else:
+            callback()
+
+    def _settle(self, uid: str) -> None:
+        """Complete the upstream's drain if nothing here or in a peer holds it any more."""
         drain = self._drains.get(uid)
-        if drain is not None and not drain.done.done():
+        if (
+            drain is not None
+            and not drain.done.done()
+            and not drain.waiting
+            and not self.inflight.get(uid)
+        ):
             drain.done.set_result(True)
+
+    def inflight_all(self) -> dict[str, int]:
+        """In-flight counts per upstream, this process's and its peers' last reports summed."""
+        peers = self._owner.peer_inflight
+        if not peers:
+            return dict(self.inflight)
+        out = dict(self.inflight)
+        name = self.routing.name
+        for counts in peers.values():
+            for (service, uid), count in counts.items():
+                if service == name:
+                    out[uid] = out.get(uid, 0) + count
+        return out
 
     async def wait_routable(self, within: float) -> bool:
         """Wait up to ``within`` seconds for a routable upstream; True if there is one."""
@@ -184,8 +230,10 @@ class ServicePool:
 
     # -- changes ------------------------------------------------------------------------------
 
-    def _publish(self, upstreams: Iterable[Upstream]) -> None:
-        self.snapshot = PoolSnapshot.of(self.routing.name, self.snapshot.version + 1, upstreams)
+    def _publish(self, upstreams: Iterable[Upstream], version: int | None = None) -> None:
+        if version is None:
+            version = self._owner._next_version()
+        self.snapshot = PoolSnapshot.of(self.routing.name, version, upstreams)
         if self.snapshot.routable and self._routable_waiters:
             for waiter in self._routable_waiters:
                 if not waiter.done():
@@ -219,7 +267,10 @@ class Pool:
     """
 
     def __init__(
-        self, clock: Callable[[], float] | None = None, rng: random.Random | None = None
+        self,
+        clock: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+        propose_ejection: Callable[[str, str, str], object] | None = None,
     ) -> None:
         self.clock = clock or self._loop_time
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -227,6 +278,17 @@ class Pool:
         self.services: dict[str, ServicePool] = {}
         self.routes = RouteTable()
         self._subscribers: list[PoolSubscriber] = []
+        self._version = 0
+        self.propose_ejection = propose_ejection
+        """A mirror's: where passive detection sends ejections (service, upstream, reason),
+        for the deciding pool to take or refuse, instead of ejecting here."""
+        self.peers: set[int] = set()
+        self.peer_inflight: dict[int, dict[tuple[str, str], int]] = {}
+        """Each peer's last reported in-flight counts, (service, upstream) -> count."""
+
+    def _next_version(self) -> int:
+        self._version += 1
+        return self._version
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -328,7 +390,7 @@ class Pool:
                 drain.timer.cancel()
             if not drain.done.done():
                 # Nothing would resolve it any more: clean only if nothing was in flight.
-                drain.done.set_result(not pool.inflight.get(upstream_id))
+                drain.done.set_result(not pool.inflight.get(upstream_id) and not drain.waiting)
         self._emit("removed", service, old, old, reason)
 
     def set_health(self, service: str, upstream_id: str, health: Health, reason: str = "") -> None:
@@ -356,6 +418,28 @@ class Pool:
         ejection = outlier.record(outcome, self.clock())
         if ejection is None:
             return None
+        if self.propose_ejection is not None:
+            # A mirror: the deciding pool ejects (or refuses to) and publishes the result.
+            self.propose_ejection(service, upstream_id, ejection.reason)
+            return None
+        return self._eject(pool, upstream_id, outlier, ejection)
+
+    def eject(self, service: str, upstream_id: str, reason: str) -> Ejection | None:
+        """A peer's passive detection proposes an ejection; take it unless it is refused.
+
+        Refused when the upstream is already ejected (peers see the same failures) or when
+        it would take more than ``max_ejection_percent`` of the pool. The duration is this
+        pool's: it grows with this upstream's earlier ejections.
+        """
+        pool = self.services.get(service)
+        outlier = pool.outliers.get(upstream_id) if pool is not None else None
+        if pool is None or outlier is None or outlier.ejected_until is not None:
+            return None
+        return self._eject(pool, upstream_id, outlier, outlier.proposed(self.clock(), reason))
+
+    def _eject(
+        self, pool: ServicePool, upstream_id: str, outlier: OutlierState, ejection: Ejection
+    ) -> Ejection | None:
         ejected = sum(1 for u in pool.snapshot.upstreams if u.ejected)
         if not may_eject(
             ejected, len(pool.snapshot.upstreams), pool.routing.outlier.max_ejection_percent
@@ -364,6 +448,62 @@ class Pool:
         outlier.eject(ejection)
         pool._update(upstream_id, f"ejected: {ejection.reason}", ejected=True)
         return ejection
+
+    # -- mirrors and peers --------------------------------------------------------------------
+
+    def install(self, routing: ServiceRouting, snapshot: PoolSnapshot) -> ServicePool:
+        """A mirror takes the deciding pool's snapshot of a service as it is.
+
+        Leases held here keep running; passive-detection streaks carry over for upstreams
+        that stay. Subscribers hear ``service_set`` and the upstreams added, changed and
+        removed, as they would from the deciding pool.
+        """
+        pool = self.services.get(routing.name)
+        if pool is None or pool.routing != routing:
+            pool = self.set_service(routing)
+        old = {u.id: u for u in pool.snapshot.upstreams}
+        new = {u.id: u for u in snapshot.upstreams}
+        for uid in old.keys() - new.keys():
+            pool.outliers.pop(uid, None)
+        for uid in new.keys() - old.keys():
+            pool.outliers[uid] = OutlierState(routing.outlier)
+        pool._publish(snapshot.upstreams, snapshot.version)
+        for uid, upstream in new.items():
+            previous = old.get(uid)
+            if previous is None:
+                self._emit("added", routing.name, upstream, None, "installed")
+            elif previous != upstream:
+                self._emit("changed", routing.name, upstream, previous, "installed")
+        for uid in old.keys() - new.keys():
+            self._emit("removed", routing.name, old[uid], old[uid], "installed")
+        return pool
+
+    def peer_joined(self, peer: int) -> None:
+        """A process that takes leases of its own from a mirror of this pool (a worker)."""
+        self.peers.add(peer)
+
+    def peer_left(self, peer: int) -> None:
+        """A peer is gone: its leases went with it, so no drain waits for it any more."""
+        self.peers.discard(peer)
+        self.peer_inflight.pop(peer, None)
+        for pool in list(self.services.values()):
+            for uid, drain in list(pool._drains.items()):
+                drain.waiting.discard(peer)
+                pool._settle(uid)
+
+    def peer_idle(self, peer: int, service: str, upstream_id: str, version: int) -> None:
+        """A peer holds no lease of a draining upstream, as of its snapshot ``version``."""
+        pool = self.services.get(service)
+        drain = pool._drains.get(upstream_id) if pool is not None else None
+        if pool is None or drain is None or version < drain.version:
+            return  # no drain, or a report about an earlier one
+        drain.waiting.discard(peer)
+        pool._settle(upstream_id)
+
+    def peer_report(self, peer: int, inflight: dict[tuple[str, str], int]) -> None:
+        """A peer's in-flight counts, for status and metrics (drains use ``peer_idle``)."""
+        if peer in self.peers:
+            self.peer_inflight[peer] = inflight
 
     # -- drain --------------------------------------------------------------------------------
 
@@ -383,12 +523,12 @@ class Pool:
         existing = pool._drains.get(upstream_id)
         if existing is not None:
             return existing.done
-        drain = _Drain(loop.create_future())
+        drain = _Drain(loop.create_future(), 0, set(self.peers))
         pool._drains[upstream_id] = drain
         pool._update(upstream_id, "draining", admin=AdminState.DRAINING)
-        if not pool.inflight.get(upstream_id):
-            drain.done.set_result(True)
-        else:
+        drain.version = pool.snapshot.version
+        pool._settle(upstream_id)
+        if not drain.done.done():
             drain.timer = loop.call_later(timeout, self._drain_timeout, pool, upstream_id)
         drain.done.add_done_callback(lambda fut: self._drained(pool, upstream_id, fut))
         return drain.done

@@ -26,9 +26,20 @@ BACKLOG = 1024
 class TrafficServer:
     """The traffic listener on ``config.listen``, serving ``proxy``."""
 
-    def __init__(self, proxy: Proxy, config: ProxyConfig) -> None:
+    def __init__(
+        self,
+        proxy: Proxy,
+        config: ProxyConfig,
+        *,
+        address: tuple[str, int] | None = None,
+        reuse_port: bool = False,
+    ) -> None:
         self.proxy = proxy
         self.config = config
+        self.address = address or parse_address(config.listen, listen=True)
+        """Where to listen: ``config.listen`` unless a worker is given the reserved port."""
+        self.reuse_port = reuse_port
+        """Bind with SO_REUSEPORT, beside the other workers' listeners on the same port."""
         self._server: asyncio.Server | None = None
         self._port = 0
         self._connections: set[ClientConnection] = set()
@@ -56,9 +67,16 @@ class TrafficServer:
         def protocol() -> ClientConnection:
             return ClientConnection(handle, limits, gate, connections)
 
-        host, port = parse_address(self.config.listen, listen=True)
+        host, port = self.address
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(protocol, host, port, backlog=BACKLOG, reuse_address=True)
+        server = await loop.create_server(
+            protocol,
+            host,
+            port,
+            backlog=BACKLOG,
+            reuse_address=True,
+            reuse_port=self.reuse_port or None,
+        )
         if server.sockets:
             self._port = server.sockets[0].getsockname()[1]
         self._server = server

@@ -38,7 +38,7 @@ def _to_wall(controller: Controller) -> Wall:
 
 def _inflight(controller: Controller, service: str) -> dict[str, int]:
     try:
-        return dict(controller.pool.service(service).inflight)
+        return controller.pool.service(service).inflight_all()
     except KeyError:  # the pool forgot the service (deleted) before the controller did
         return {}
 

@@ -1,0 +1,140 @@
+"""The channel between the controller's process and its workers: messages and their framing.
+
+One Unix stream socketpair per worker, made by the supervisor and inherited by the worker
+(no other process holds either end, so either side's exit is the other's end of file). A
+message is a frozen record, pickled, after its length as 4 bytes big-endian. Pickle is safe
+here: both ends run the same code from the same checkout and nothing else can write to the
+pair. Nothing on the request path sends a message: snapshots go out when the pool changes,
+reports come back every ``Setup.report_interval`` and when a draining upstream goes idle.
+
+controller's process -> worker: ``Setup`` (once, first), ``Install``, ``Forget``, ``Abort``,
+``Stop``. worker -> controller's process: ``Ready`` (once, listening), ``Idle``, ``Eject``,
+``Report``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+from dataclasses import dataclass
+
+from .config import ProxyConfig, ServiceRouting
+from .metrics import Tally
+from .pool import PoolSnapshot
+
+_LENGTH = struct.Struct("!I")
+MAX_MESSAGE = 64 * 1024 * 1024
+"""A bound on one message, so a corrupt length cannot make a reader allocate without end."""
+
+
+# -- to a worker ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What a worker serves with: the proxy settings, its listener, its logs."""
+
+    worker: int
+    proxy: ProxyConfig
+    host: str
+    port: int
+    """The port the supervisor reserved; each worker binds it with SO_REUSEPORT."""
+    access_log: tuple[str, str | None] | None
+    """(format, path) of the access log, or None when it is off."""
+    log_level: str
+    report_interval: float
+    services: tuple[Install, ...]
+    """Every service as it is now: installed before the worker starts listening."""
+
+
+@dataclass(frozen=True, slots=True)
+class Install:
+    """A service's routing and its pool snapshot, to serve from as they are."""
+
+    routing: ServiceRouting
+    snapshot: PoolSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """A service was removed."""
+
+    service: str
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """A drain timed out: cut off what is still in flight on the upstream."""
+
+    service: str
+    upstream_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop accepting, finish what is in flight (up to the shutdown timeout), report, exit."""
+
+
+# -- from a worker ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The worker listens and serves."""
+
+    worker: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """The worker holds no lease of a draining upstream, as of its snapshot ``version``."""
+
+    service: str
+    upstream_id: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Eject:
+    """The worker's passive detection proposes an ejection."""
+
+    service: str
+    upstream_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """In-flight counts now, and the request counts since the previous report."""
+
+    inflight: dict[tuple[str, str], int]
+    tally: Tally
+    connections: int
+
+
+ToWorker = Setup | Install | Forget | Abort | Stop
+FromWorker = Ready | Idle | Eject | Report
+_MESSAGES = (Setup, Install, Forget, Abort, Stop, Ready, Idle, Eject, Report)
+
+
+def encode(message: ToWorker | FromWorker) -> bytes:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LENGTH.pack(len(data)) + data
+
+
+async def receive(reader: asyncio.StreamReader) -> ToWorker | FromWorker | None:
+    """The next message, or None at the end of the stream (the other side is gone)."""
+    try:
+        head = await reader.readexactly(_LENGTH.size)
+        (length,) = _LENGTH.unpack(head)
+        if length > MAX_MESSAGE:
+            raise ValueError(f"ipc message of {length} bytes exceeds {MAX_MESSAGE}")
+        data = await reader.readexactly(length)
+    except asyncio.IncompleteReadError:
+        return None
+    message = pickle.loads(data)
+    if not isinstance(message, _MESSAGES):
+        raise TypeError(f"not an ipc message: {type(message).__name__}")
+    return message

@@ -1,0 +1,189 @@
+"""A worker process: serves traffic from a mirror of the controller's pool.
+
+``gateway serve --workers N`` (N > 1) starts N of these (``gateway.supervisor``), each as
+``python -m gateway.worker FD`` with one end of a socketpair (``gateway.ipc``) at ``FD``. A
+worker runs the data plane alone: a ``TrafficServer`` bound with SO_REUSEPORT to the port the
+supervisor reserved (the kernel spreads connections over the workers), a ``Proxy``, and a
+``Pool`` that is a mirror: it installs the snapshots the controller's pool publishes, and
+never decides health, drains or ejections itself.
+
+What goes back: ``Idle`` when an upstream the snapshot says is draining has no lease left
+here (the controller's drain waits for that from every worker), ``Eject`` when passive
+detection sees a failure streak, and every ``report_interval`` a ``Report`` of in-flight
+counts and request counts (``RequestTally``) for ``/metrics``.
+
+A worker stops as the gateway does (stop accepting, finish in flight, close) on ``Stop``, on
+SIGTERM, or when the channel ends because the controller's process is gone. SIGINT is
+ignored: Ctrl-C reaches the whole process group, and the controller's process decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+
+from . import ipc
+from .accesslog import AccessLog
+from .events import RequestObserver
+from .metrics import RequestTally
+from .pool import Pool
+from .proxy import Proxy
+from .server import TrafficServer
+from .upstream import AdminState
+
+log = logging.getLogger(__name__)
+
+
+class Mirror:
+    """Installs the controller's snapshots into ``pool`` and says when drains are done here."""
+
+    def __init__(self, pool: Pool, send: Callable[[ipc.FromWorker], None]) -> None:
+        self.pool = pool
+        self.send = send
+        self._watching: set[tuple[str, str]] = set()
+
+    def install(self, message: ipc.Install) -> None:
+        service = message.routing.name
+        sp = self.pool.install(message.routing, message.snapshot)
+        for upstream in sp.snapshot.upstreams:
+            key = (service, upstream.id)
+            if upstream.admin is AdminState.DRAINING and key not in self._watching:
+                self._watching.add(key)
+                sp.when_idle(upstream.id, lambda key=key: self._idle(key))  # type: ignore[misc]
+
+    def _idle(self, key: tuple[str, str]) -> None:
+        self._watching.discard(key)
+        service, upstream_id = key
+        sp = self.pool.services.get(service)
+        upstream = sp.snapshot.get(upstream_id) if sp is not None else None
+        if sp is not None and upstream is not None and upstream.admin is AdminState.DRAINING:
+            self.send(ipc.Idle(service, upstream_id, sp.snapshot.version))
+
+    def abort(self, message: ipc.Abort) -> None:
+        sp = self.pool.services.get(message.service)
+        leases = list(sp.leases.get(message.upstream_id, ())) if sp is not None else []
+        if leases:
+            log.warning(
+                "drain timeout for %s/%s: aborting %d in flight",
+                message.service,
+                message.upstream_id,
+                len(leases),
+            )
+        for lease in leases:
+            try:
+                lease.abort()
+            except Exception:
+                log.exception("abort of %r failed", lease)
+
+    def inflight(self) -> dict[tuple[str, str], int]:
+        return {
+            (name, uid): count
+            for name, sp in self.pool.services.items()
+            for uid, count in sp.inflight.items()
+        }
+
+
+async def serve(channel: socket.socket) -> None:
+    """Serve until told to stop (or the controller's process is gone)."""
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_unix_connection(sock=channel)
+    setup = await ipc.receive(reader)
+    if not isinstance(setup, ipc.Setup):
+        raise RuntimeError(f"expected Setup first on the channel, got {setup!r}")
+    logging.basicConfig(
+        level=setup.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s worker-{setup.worker} %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+    def send(message: ipc.FromWorker) -> None:
+        if not writer.is_closing():
+            writer.write(ipc.encode(message))
+
+    pool = Pool(clock=loop.time, propose_ejection=lambda s, u, r: send(ipc.Eject(s, u, r)))
+    mirror = Mirror(pool, send)
+    for install in setup.services:
+        mirror.install(install)
+    tally = RequestTally()
+    observers: list[RequestObserver] = [tally]
+    access_log = None
+    if setup.access_log is not None:
+        access_log = AccessLog(*setup.access_log)
+        observers.append(access_log)
+        access_log.start()
+    proxy = Proxy(pool, setup.proxy, observers=observers)
+    traffic = TrafficServer(proxy, setup.proxy, address=(setup.host, setup.port), reuse_port=True)
+
+    def report() -> None:
+        send(ipc.Report(mirror.inflight(), tally.take(), traffic.connections))
+
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    async def listen() -> None:
+        while True:
+            message = await ipc.receive(reader)
+            if message is None or isinstance(message, ipc.Stop):
+                return
+            if isinstance(message, ipc.Install):
+                mirror.install(message)
+            elif isinstance(message, ipc.Forget):
+                pool.remove_service(message.service)
+            elif isinstance(message, ipc.Abort):
+                mirror.abort(message)
+
+    async def reporting() -> None:
+        while True:
+            await asyncio.sleep(setup.report_interval)
+            report()
+
+    await traffic.start()
+    gc.collect()
+    gc.freeze()
+    send(ipc.Ready(setup.worker, os.getpid()))
+    tasks = [
+        asyncio.create_task(listen(), name="worker-channel"),
+        asyncio.create_task(stop.wait(), name="worker-sigterm"),
+    ]
+    reporter = asyncio.create_task(reporting(), name="worker-report")
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()  # a broken channel is an error worth its traceback
+    finally:
+        for task in tasks:
+            task.cancel()
+        await traffic.stop()
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporter
+        if access_log is not None:
+            await access_log.stop()
+        report()  # what was counted since the last report
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print("usage: python -m gateway.worker FD (started by the gateway itself)", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    channel = socket.socket(fileno=int(args[0]))
+    import uvloop
+
+    uvloop.run(serve(channel))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
