@@ -58,6 +58,8 @@ class _Worker:
     ready: asyncio.Future[None]
     task: asyncio.Task[None] | None = None
     connections: int = 0
+    served: int = 0
+    """Requests answered, as of its last report."""
 
     @property
     def pid(self) -> int:
@@ -254,6 +256,7 @@ class Supervisor:
     def _take(self, worker: _Worker, message: ipc.ToWorker | ipc.FromWorker) -> None:
         if isinstance(message, ipc.Report):
             worker.connections = message.connections
+            worker.served += sum(message.tally.outcomes.values())
             self.pool.peer_report(worker.pid, message.inflight)
             if self.metrics is not None and message.tally:
                 self.metrics.merge(message.tally)

@@ -161,6 +161,20 @@ def test_serve_refuses_a_non_loopback_admin_listener_without_a_token(
     assert not (tmp_path / "state").exists()  # refused before anything started
 
 
+def test_workers_from_the_command_line_win_and_bad_counts_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("workers: 3\nstate_dir: state\n")
+    assert load_config(config).config.workers == 3
+    assert load_config(config, workers=2).config.workers == 2
+    assert cli_main(["serve", "-c", str(config), "--workers", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "workers" in err
+    assert "greater than or equal to 1" in err
+    assert not (tmp_path / "state").exists()
+
+
 def test_admin_urls_from_listen_addresses() -> None:
     assert cli.admin_url("127.0.0.1:8081") == "http://127.0.0.1:8081"
     assert cli.admin_url("0.0.0.0:9") == "http://127.0.0.1:9"

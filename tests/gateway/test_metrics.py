@@ -14,7 +14,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.config import ProbeConfig, ProxyConfig
 from gateway.events import PoolEvent, ProbeResult, RequestRecord
-from gateway.metrics import UPSTREAM_STATES, GatewayMetrics, code_label, metrics_handler
+from gateway.metrics import (
+    UPSTREAM_STATES,
+    GatewayMetrics,
+    RequestTally,
+    code_label,
+    metrics_handler,
+)
 from gateway.pool import Pool
 from gateway.prober import Prober
 from gateway.proxy import Proxy
@@ -377,3 +383,49 @@ async def test_metrics_handler_serves_the_registry(
     resp = await client.get("/metrics", headers={"Accept": "application/openmetrics-text"})
     assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
     assert (await resp.text()).endswith("# EOF\n")
+
+
+# -- worker processes ----------------------------------------------------------------------
+
+
+def exposition(registry: CollectorRegistry) -> list[str]:
+    """The samples, without the ``_created`` stamps (when a child was made, not what it counts)."""
+    text = generate_latest(registry).decode()
+    return [line for line in text.splitlines() if "_created{" not in line]
+
+
+async def test_a_workers_tally_merged_shows_what_direct_counting_shows(pool) -> None:
+    """``RequestTally`` in a worker + ``merge`` here = ``on_request`` here, series for series."""
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "a", 1)
+    records = [
+        record(),
+        record(status=404, duration=0.2, ttfb=0.1),
+        record(retries=1, retry_reasons=("connect",)),
+        record(status=502, error="upstream_connect_error", ttfb=None),
+        record(revision=None, status=503, error="no_routable_upstream", ttfb=None),
+        record(service="", revision=None, status=404, error="no_route", ttfb=None),
+        record(service="gone", revision=7),
+    ]
+    direct_registry, merged_registry = CollectorRegistry(), CollectorRegistry()
+    direct, merged = GatewayMetrics(direct_registry), GatewayMetrics(merged_registry)
+    direct.attach(pool)
+    merged.attach(pool)
+    tally = RequestTally()
+    for r in records:
+        direct.on_request(r)
+        tally.on_request(r)
+    taken = tally.take()
+    assert taken
+    merged.merge(taken)
+    assert not tally.take()  # counting starts again from zero
+    assert exposition(merged_registry) == exposition(direct_registry)
+    assert merged.unrecorded == direct.unrecorded == 1
+
+    # A second report adds to the first.
+    tally.on_request(record())
+    merged.merge(tally.take())
+    assert (
+        value(merged_registry, "gateway_requests_total", service="web", revision="0", code="2xx")
+        == 3
+    )

@@ -1,0 +1,222 @@
+"""Worker processes: real ``gateway.worker`` processes serving one port from this pool.
+
+Each test starts a ``Supervisor`` with two workers (real subprocesses, SO_REUSEPORT) in front
+of real aiohttp upstreams in this process, and drives the pool as the controller would.
+Reports come every 50 ms; a test waits for what a report brings with ``until``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from gateway.config import ProxyConfig
+from gateway.metrics import GatewayMetrics
+from gateway.pool import Pool
+from gateway.supervisor import Supervisor, WorkerSettings
+from gateway.upstream import AdminState
+
+from .conftest import routing
+
+T = TypeVar("T")
+
+
+async def until(condition: Callable[[], T], timeout: float = 10.0, what: str = "it") -> T:
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+    return value
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+async def workers(pool: Pool) -> AsyncIterator[Callable[..., Awaitable[Supervisor]]]:
+    started: list[Supervisor] = []
+
+    async def start(count: int = 2, **proxy: Any) -> Supervisor:
+        config = ProxyConfig(listen="127.0.0.1:0", shutdown_timeout=2, **proxy)
+        registry = CollectorRegistry()
+        metrics = GatewayMetrics(registry)
+        metrics.attach(pool)
+        supervisor = Supervisor(
+            pool,
+            config,
+            WorkerSettings(count, report_interval=0.05, log_level="warning"),
+            metrics=metrics,
+            registry=registry,
+        )
+        await supervisor.start()
+        started.append(supervisor)
+        return supervisor
+
+    yield start
+    for supervisor in started:
+        pids = [w.pid for w in supervisor.workers.values()]
+        await supervisor.stop()
+        assert not [pid for pid in pids if alive(pid)], "a worker outlived the supervisor"
+
+
+async def get(port: int, path: str = "/") -> tuple[int, str]:
+    """One request on a connection of its own (so SO_REUSEPORT spreads them)."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.get(f"http://127.0.0.1:{port}{path}") as response,
+    ):
+        return response.status, await response.text()
+
+
+async def test_workers_serve_from_the_pool_and_report_to_its_metrics(pool, upstream, workers):
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "a")
+    supervisor = await workers()
+    assert len({w.pid for w in supervisor.workers.values()}) == 2
+    results = await asyncio.gather(*(get(supervisor.port) for _ in range(40)))
+    assert {status for status, _ in results} == {200}
+    await until(lambda: sum(w.served for w in supervisor.workers.values()) == 40, what="reports")
+    assert all(w.served for w in supervisor.workers.values()), "one worker served everything"
+    metrics = supervisor.metrics
+    assert metrics is not None
+    sample = metrics.registry.get_sample_value(
+        "gateway_requests_total", {"service": "web", "revision": "0", "code": "2xx"}
+    )
+    assert sample == 40
+    assert metrics.registry.get_sample_value("gateway_workers") == 2
+
+
+async def answers(port: int, status: int, tries: int = 100) -> None:
+    """Requests until one is answered ``status`` (a change reaches the workers in a moment)."""
+    seen = []
+    for _ in range(tries):
+        seen.append((await get(port))[0])
+        if seen[-1] == status:
+            return
+    raise AssertionError(f"never answered {status}: {seen[-5:]}")
+
+
+async def test_a_pool_change_reaches_the_workers(pool, upstream, workers):
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "a")
+    supervisor = await workers()
+    assert (await get(supervisor.port))[0] == 200
+    pool.remove_service("web")
+    await answers(supervisor.port, 404)
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "b")
+    await answers(supervisor.port, 200)
+    results = await asyncio.gather(*(get(supervisor.port) for _ in range(10)))
+    assert all('"upstream": "b"' in text for _, text in results)
+
+
+async def test_a_drain_waits_for_a_request_in_flight_in_a_worker(pool, upstream, workers):
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        entered.set()
+        await release.wait()
+        return web.Response(text="late but whole")
+
+    app = web.Application()
+    app.router.add_get("/", slow)
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "a", app=app)
+    supervisor = await workers()
+    request = asyncio.create_task(get(supervisor.port))
+    await asyncio.wait_for(entered.wait(), 10)
+
+    done = pool.drain("web", "a", timeout=30)
+    assert pool.upstream("web", "a").admin is AdminState.DRAINING  # type: ignore[union-attr]
+    await until(lambda: pool.service("web").inflight_all() == {"a": 1}, what="a report")
+    assert not done.done()  # a worker still holds a lease of it
+    release.set()
+    assert await request == (200, "late but whole")
+    assert await asyncio.wait_for(done, 10) is True
+
+
+async def test_a_drain_timeout_cuts_off_what_workers_hold(pool, upstream, workers):
+    entered = asyncio.Event()
+
+    async def stuck(request: web.Request) -> web.Response:
+        entered.set()
+        await asyncio.sleep(30)
+        return web.Response(text="never")
+
+    app = web.Application()
+    app.router.add_get("/", stuck)
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "a", app=app)
+    supervisor = await workers()
+    request = asyncio.create_task(get(supervisor.port))
+    await asyncio.wait_for(entered.wait(), 10)
+    assert await pool.drain("web", "a", timeout=0.2) is False
+    try:
+        status, _ = await asyncio.wait_for(request, 10)
+    except aiohttp.ClientError:
+        return  # cut off
+    assert status != 200
+    await until(lambda: not pool.service("web").inflight_all().get("a"), what="the abort")
+
+
+async def test_a_worker_proposes_an_ejection_and_the_pool_takes_it(pool, upstream, workers):
+    async def broken(request: web.Request) -> web.Response:
+        return web.Response(status=500)
+
+    app = web.Application()
+    app.router.add_get("/", broken)
+    pool.set_service(routing("web", prefix="/", outlier={"consecutive_5xx": 2}))
+    await upstream("web", "a", app=app)
+    await upstream("web", "b")
+    supervisor = await workers(1)
+    for _ in range(8):
+        await get(supervisor.port)
+    await until(lambda: pool.upstream("web", "a").ejected, what="the ejection")  # type: ignore[union-attr]
+    assert not pool.upstream("web", "b").ejected  # type: ignore[union-attr]
+
+
+async def test_a_worker_that_dies_is_started_again_and_the_other_serves_on(pool, upstream, workers):
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "a")
+    supervisor = await workers()
+    victim = supervisor.workers[0].pid
+    os.kill(victim, signal.SIGKILL)  # a worker this test's supervisor started
+    await until(lambda: victim not in {w.pid for w in supervisor.workers.values()}, what="exit")
+    results = await asyncio.gather(*(get(supervisor.port) for _ in range(20)))
+    assert {status for status, _ in results} == {200}
+    await until(
+        lambda: (
+            len(supervisor.workers) == 2
+            and all(w.ready.done() for w in supervisor.workers.values())
+        ),
+        what="the restart",
+    )
+    assert victim not in {w.pid for w in supervisor.workers.values()}
+    assert supervisor.metrics is not None
+    assert supervisor.metrics.registry.get_sample_value("gateway_worker_restarts_total") == 1
+
+
+async def test_the_port_is_taken_before_any_worker_and_freed_after(pool, workers):
+    supervisor = await workers(1)
+    port = supervisor.port
+    assert port > 0
+    assert (await get(port))[0] == 404  # no service: routed nowhere, answered by a worker
+    await supervisor.stop()
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await get(port)
