@@ -125,14 +125,15 @@ def encode(message: ToWorker | FromWorker) -> bytes:
 
 
 async def receive(reader: asyncio.StreamReader) -> ToWorker | FromWorker | None:
-    """The next message, or None at the end of the stream (the other side is gone)."""
+    """The next message, or None when the other side is gone (end of stream, or a write to
+    it found the pair broken)."""
     try:
         head = await reader.readexactly(_LENGTH.size)
         (length,) = _LENGTH.unpack(head)
         if length > MAX_MESSAGE:
             raise ValueError(f"ipc message of {length} bytes exceeds {MAX_MESSAGE}")
         data = await reader.readexactly(length)
-    except asyncio.IncompleteReadError:
+    except (asyncio.IncompleteReadError, ConnectionError):
         return None
     message = pickle.loads(data)
     if not isinstance(message, _MESSAGES):

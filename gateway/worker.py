@@ -130,7 +130,10 @@ async def serve(channel: socket.socket) -> None:
     async def listen() -> None:
         while True:
             message = await ipc.receive(reader)
-            if message is None or isinstance(message, ipc.Stop):
+            if message is None:
+                log.warning("the gateway's main process is gone: stopping")
+                return
+            if isinstance(message, ipc.Stop):
                 return
             if isinstance(message, ipc.Install):
                 mirror.install(message)
@@ -156,7 +159,7 @@ async def serve(channel: socket.socket) -> None:
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            task.result()  # a broken channel is an error worth its traceback
+            task.result()  # a corrupt message is an error worth its traceback
     finally:
         for task in tasks:
             task.cancel()
@@ -168,7 +171,7 @@ async def serve(channel: socket.socket) -> None:
             await access_log.stop()
         report()  # what was counted since the last report
         with contextlib.suppress(ConnectionError):
-            await writer.drain()
+            await writer.drain()  # nobody to tell when the main process is gone
         writer.close()
 
 
