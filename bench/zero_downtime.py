@@ -115,6 +115,8 @@ class Profile:
     """7: the slow request and the SSE stream held across the drain."""
     shutdown_timeout: float = 10.0
     """8: the gateway's ``proxy.shutdown_timeout``."""
+    workers: int = 1
+    """The gateway's ``workers``: processes serving traffic (``--workers``)."""
     deadline: float = 90.0
     """The longest any one wait may take."""
     mix: LoadMix = field(default_factory=LoadMix)
@@ -228,9 +230,15 @@ class Gateway:
     """The gateway as a process of its own, its admin API, and the replicas it started."""
 
     def __init__(
-        self, workdir: Path, *, capacity: int | None = 16, shutdown_timeout: float = 10.0
+        self,
+        workdir: Path,
+        *,
+        capacity: int | None = 16,
+        shutdown_timeout: float = 10.0,
+        workers: int = 1,
     ) -> None:
         self.dir = workdir
+        self.workers = workers
         self.piddir = workdir / "pids"
         self.piddir.mkdir(parents=True)
         self.capacity = capacity
@@ -269,6 +277,7 @@ class Gateway:
             "access_log": {"enabled": False},
             "replicas_on_exit": "stop",
             "log_level": "info",
+            "workers": self.workers,
         }
 
     async def start(self) -> None:
@@ -639,6 +648,7 @@ class Ctx:
     @contextlib.asynccontextmanager
     async def gateway(self, **kwargs: Any) -> AsyncIterator[Gateway]:
         self._count += 1
+        kwargs.setdefault("workers", self.profile.workers)
         gw = Gateway(self.workroot / f"gateway-{self._count}", **kwargs)
         first = len(self.rows)
         try:
@@ -1228,12 +1238,14 @@ def report(rows: list[Row], command: str, took: float, profile: Profile) -> str:
     mix = profile.mix
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
-        "## Zero downtime: rollouts and faults under load",
+        "## Zero downtime: rollouts and faults under load"
+        + (f", {profile.workers} workers" if profile.workers > 1 else ""),
         "",
         f"Run {now} with `{command}` ({took:.0f} s in all).",
         "",
         f"Each scenario: the gateway as a process of its own (process backend, loopback, "
-        f"`replicas_on_exit: stop`), replicas of `bench/replica_app.py` "
+        f"`replicas_on_exit: stop`, {workers_text(profile.workers)}), "
+        f"replicas of `bench/replica_app.py` "
         f"({profile.startup_delay:g} s start-up, HTTP probe every {profile.probe_interval:g} s), "
         f"and `bench/loadgen.py`: {mix.concurrency} HTTP clients, half sending short GETs back "
         f"to back, half slow requests ({mix.slow[0]:g}-{mix.slow[1]:g} s), SSE streams "
@@ -1285,13 +1297,26 @@ def git_revision() -> str:
     return f"{rev}{'-dirty' if dirty else ''}" if rev else "unknown"
 
 
-def write_results(section: str, path: Path = RESULTS) -> None:
-    """Replace the marked section of ``path`` (appending the markers at the end if absent)."""
+def workers_text(workers: int) -> str:
+    if workers == 1:
+        return "traffic served by the gateway's own process"
+    return f"traffic served by {workers} worker processes (`--workers {workers}`)"
+
+
+def write_results(section: str, path: Path = RESULTS, workers: int = 1) -> None:
+    """Replace the marked section of ``path`` (appending the markers at the end if absent).
+
+    A run with worker processes has a section of its own.
+    """
+    start_mark, end_mark = START_MARK, END_MARK
+    if workers > 1:
+        start_mark = START_MARK.replace("zero-downtime", f"zero-downtime-workers-{workers}")
+        end_mark = END_MARK.replace("zero-downtime", f"zero-downtime-workers-{workers}")
     text = path.read_text() if path.exists() else ""
-    block = f"{START_MARK}\n{section}\n{END_MARK}"
-    start, end = text.find(START_MARK), text.find(END_MARK)
+    block = f"{start_mark}\n{section}\n{end_mark}"
+    start, end = text.find(start_mark), text.find(end_mark)
     if start != -1 and end > start:
-        text = text[:start] + block + text[end + len(END_MARK) :]
+        text = text[:start] + block + text[end + len(end_mark) :]
     else:
         text = text.rstrip("\n") + ("\n\n" if text.strip() else "") + block + "\n"
     path.write_text(text)
@@ -1322,6 +1347,9 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="write bench/RESULTS.md: auto = when every scenario ran",
     )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="the gateway's worker processes (default 1)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args(argv)
     numbers = args.scenario or sorted(SCENARIOS)
@@ -1329,6 +1357,7 @@ def main(argv: list[str] | None = None) -> int:
         FULL,
         kill_for=args.duration,
         hold=args.duration * 0.4,
+        workers=args.workers,
         mix=replace(FULL.mix, concurrency=args.concurrency, websockets=args.websockets),
     )
     workroot = Path(tempfile.mkdtemp(prefix="zero-downtime-"))
@@ -1345,7 +1374,7 @@ def main(argv: list[str] | None = None) -> int:
     section = report(rows, command.strip(), took, profile)
     print(section)
     if args.results == "yes" or (args.results == "auto" and set(numbers) == set(SCENARIOS)):
-        write_results(section)
+        write_results(section, workers=args.workers)
         print(f"\nwritten to {RESULTS.relative_to(ROOT)}", file=sys.stderr)
     return 0 if all(row.passed for row in rows) else 1
 
