@@ -168,6 +168,23 @@ class ServicePool:
             for callback in callbacks:
                 callback()
 
+    def abort(self, upstream_id: str) -> None:
+        """A drain timed out: cut off every lease of the upstream held here (``Lease.abort``)."""
+        leases = list(self.leases.get(upstream_id, ()))
+        if not leases:
+            return
+        log.warning(
+            "drain timeout for %s/%s: aborting %d in flight",
+            self.routing.name,
+            upstream_id,
+            len(leases),
+        )
+        for lease in leases:
+            try:
+                lease.abort()
+            except Exception:
+                log.exception("abort of %r failed", lease)
+
     def when_idle(self, upstream_id: str, callback: Callable[[], object]) -> None:
         """Call ``callback`` once no lease of the upstream is held here (now, if none is)."""
         if self.inflight.get(upstream_id):
@@ -537,18 +554,7 @@ class Pool:
         drain = pool._drains.get(upstream_id)
         if drain is None or drain.done.done():
             return
-        leases = list(pool.leases.get(upstream_id, ()))
-        log.warning(
-            "drain timeout for %s/%s: aborting %d in-flight",
-            pool.routing.name,
-            upstream_id,
-            len(leases),
-        )
-        for lease in leases:
-            try:
-                lease.abort()
-            except Exception:
-                log.exception("abort of %r failed", lease)
+        pool.abort(upstream_id)
         drain.done.set_result(False)
 
     def _drained(self, pool: ServicePool, upstream_id: str, fut: asyncio.Future[bool]) -> None:

@@ -60,6 +60,7 @@ class _Worker:
     connections: int = 0
     served: int = 0
     """Requests answered, as of its last report."""
+    reports: int = 0
 
     @property
     def pid(self) -> int:
@@ -255,6 +256,7 @@ class Supervisor:
 
     def _take(self, worker: _Worker, message: ipc.ToWorker | ipc.FromWorker) -> None:
         if isinstance(message, ipc.Report):
+            worker.reports += 1
             worker.connections = message.connections
             worker.served += sum(message.tally.outcomes.values())
             self.pool.peer_report(worker.pid, message.inflight)

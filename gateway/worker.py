@@ -68,19 +68,8 @@ class Mirror:
 
     def abort(self, message: ipc.Abort) -> None:
         sp = self.pool.services.get(message.service)
-        leases = list(sp.leases.get(message.upstream_id, ())) if sp is not None else []
-        if leases:
-            log.warning(
-                "drain timeout for %s/%s: aborting %d in flight",
-                message.service,
-                message.upstream_id,
-                len(leases),
-            )
-        for lease in leases:
-            try:
-                lease.abort()
-            except Exception:
-                log.exception("abort of %r failed", lease)
+        if sp is not None:
+            sp.abort(message.upstream_id)
 
     def inflight(self) -> dict[tuple[str, str], int]:
         return {

@@ -126,8 +126,11 @@ async def test_a_pool_change_reaches_the_workers(pool, upstream, workers):
     assert all('"upstream": "b"' in text for _, text in results)
 
 
-async def test_a_drain_waits_for_a_request_in_flight_in_a_worker(pool, upstream, workers):
-    entered, release = asyncio.Event(), asyncio.Event()
+async def held_request(
+    pool: Pool, upstream: Any, workers: Any, release: asyncio.Event
+) -> tuple[Supervisor, asyncio.Task[tuple[int, str]]]:
+    """Workers in front of one upstream, "a", and a request that it holds until ``release``."""
+    entered = asyncio.Event()
 
     async def slow(request: web.Request) -> web.Response:
         entered.set()
@@ -141,36 +144,35 @@ async def test_a_drain_waits_for_a_request_in_flight_in_a_worker(pool, upstream,
     supervisor = await workers()
     request = asyncio.create_task(get(supervisor.port))
     await asyncio.wait_for(entered.wait(), 10)
+    await until(lambda: pool.service("web").inflight_all() == {"a": 1}, what="a report")
+    return supervisor, request
 
+
+async def test_a_drain_waits_for_a_request_in_flight_in_a_worker(pool, upstream, workers):
+    release = asyncio.Event()
+    supervisor, request = await held_request(pool, upstream, workers, release)
     done = pool.drain("web", "a", timeout=30)
     assert pool.upstream("web", "a").admin is AdminState.DRAINING  # type: ignore[union-attr]
-    await until(lambda: pool.service("web").inflight_all() == {"a": 1}, what="a report")
-    assert not done.done()  # a worker still holds a lease of it
+    assert pool.service("web").inflight == {}  # nothing here: the lease is in a worker
+    seen = {w.pid: w.reports for w in supervisor.workers.values()}
+    await until(
+        lambda: all(w.reports >= seen[w.pid] + 2 for w in supervisor.workers.values()),
+        what="two more reports from each worker (both have the draining snapshot by then)",
+    )
+    assert not done.done()
     release.set()
     assert await request == (200, "late but whole")
     assert await asyncio.wait_for(done, 10) is True
 
 
 async def test_a_drain_timeout_cuts_off_what_workers_hold(pool, upstream, workers):
-    entered = asyncio.Event()
-
-    async def stuck(request: web.Request) -> web.Response:
-        entered.set()
-        await asyncio.sleep(30)
-        return web.Response(text="never")
-
-    app = web.Application()
-    app.router.add_get("/", stuck)
-    pool.set_service(routing("web", prefix="/"))
-    await upstream("web", "a", app=app)
-    supervisor = await workers()
-    request = asyncio.create_task(get(supervisor.port))
-    await asyncio.wait_for(entered.wait(), 10)
+    release = asyncio.Event()  # never set: the upstream would hold the request for good
+    _, request = await held_request(pool, upstream, workers, release)
     assert await pool.drain("web", "a", timeout=0.2) is False
     try:
         status, _ = await asyncio.wait_for(request, 10)
     except aiohttp.ClientError:
-        return  # cut off
+        status = 0  # cut off
     assert status != 200
     await until(lambda: not pool.service("web").inflight_all().get("a"), what="the abort")
 
