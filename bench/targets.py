@@ -217,10 +217,14 @@ def start_gateway(
     name: str,
     interpreter: Interpreter,
     ports: tuple[int, int, int],
-    cpu: int,
+    cpu: int | None,
     limits: Limits,
+    workers: int = 1,
 ) -> Target:
-    """The gateway ``name`` run by ``interpreter``; ``ports`` are (traffic, admin, upstream)."""
+    """The gateway ``name`` run by ``interpreter``; ``ports`` are (traffic, admin, upstream).
+
+    ``cpu`` None leaves it unpinned; ``workers`` > 1 adds ``--workers N`` (worker processes,
+    children of the gateway's process, so ``process_tree`` of its pid covers them)."""
     port, admin, upstream = ports
     conf = procs.tmp / f"{name}.yaml"  # JSON is YAML
     token = procs.tmp / "admin-token"
@@ -229,6 +233,8 @@ def start_gateway(
         token.chmod(0o600)
     conf.write_text(json.dumps(gateway_config(procs.tmp, name, port, admin, upstream, limits)))
     argv = [str(interpreter.gateway), "serve", "-c", str(conf)]
+    if workers != 1:
+        argv += ["--workers", str(workers)]
     proc = procs.start(name, argv, cpu)
     return Target(name, port, proc, "gateway", interpreter)
 
