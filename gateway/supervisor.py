@@ -15,7 +15,9 @@ while workers come and go), starts the workers (``gateway.worker``) and then:
   ``GatewayMetrics.merge`` adds so that ``/metrics`` shows the whole gateway;
 - restarts a worker that exits, with a growing delay (0.5 s doubling up to 30 s, reset once a
   worker has served for a minute). Connections the dead worker had accepted are lost with it;
-  the others serve on.
+  the others serve on. A worker whose reports stop for ``hang_after`` seconds (its event loop
+  is stuck, or it was stopped) gets SIGKILL and so is started again: a hung worker would
+  otherwise keep taking its share of new connections and answer none of them.
 
 Stop: ``ipc.Stop`` to every worker (each stops accepting and finishes what is in flight, up
 to ``shutdown_timeout``), then SIGKILL for any that has not exited 5 s after that.
@@ -61,6 +63,8 @@ class _Worker:
     served: int = 0
     """Requests answered, as of its last report."""
     reports: int = 0
+    heard: float = 0.0
+    """Loop time of its last message."""
 
     @property
     def pid(self) -> int:
@@ -79,6 +83,8 @@ class WorkerSettings:
     access_log: tuple[str, str | None] | None = None
     log_level: str = "info"
     report_interval: float = 1.0
+    hang_after: float = 10.0
+    """No report for this long: the worker is hung, killed and started again."""
     python: str = field(default_factory=lambda: sys.executable)
 
 
@@ -108,6 +114,7 @@ class Supervisor:
         self._flush: asyncio.Handle | None = None
         self._failures = [0] * settings.count
         self._restarts: set[asyncio.Task[None]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
         self._restart_metric = Counter(
             "gateway_worker_restarts",
             "Worker processes started again after one exited.",
@@ -153,6 +160,7 @@ class Supervisor:
         except BaseException:
             await self.stop()
             raise
+        self._watchdog = asyncio.create_task(self._watch(), name="worker-watchdog")
         log.info(
             "%d workers serving %s:%d: pids %s",
             len(workers),
@@ -164,8 +172,9 @@ class Supervisor:
     async def stop(self) -> None:
         """Stop every worker (in-flight requests finish), then release the port."""
         self._stopping = True
-        for task in list(self._restarts):
-            task.cancel()
+        for task in [*self._restarts, self._watchdog]:
+            if task is not None:
+                task.cancel()
         workers = list(self.workers.values())
         for worker in workers:
             worker.send(ipc.Stop())
@@ -254,7 +263,31 @@ class Supervisor:
             if not self._stopping:
                 self._restart_later(worker, code)
 
+    async def _watch(self) -> None:
+        """Kill a worker that stopped reporting; ``_run`` then starts it again."""
+        loop = asyncio.get_running_loop()
+        hang_after = self.settings.hang_after
+        while True:
+            await asyncio.sleep(min(1.0, hang_after / 4))
+            now = loop.time()
+            for worker in list(self.workers.values()):
+                if (
+                    worker.ready.done()
+                    and worker.process.returncode is None
+                    and now - worker.heard > hang_after
+                ):
+                    log.error(
+                        "worker %d (pid %d) has not reported for %.1fs: killing it",
+                        worker.index,
+                        worker.pid,
+                        now - worker.heard,
+                    )
+                    worker.heard = now  # once: the kill is on its way
+                    with contextlib.suppress(ProcessLookupError):
+                        worker.process.send_signal(signal.SIGKILL)
+
     def _take(self, worker: _Worker, message: ipc.ToWorker | ipc.FromWorker) -> None:
+        worker.heard = asyncio.get_running_loop().time()
         if isinstance(message, ipc.Report):
             worker.reports += 1
             worker.connections = message.connections

@@ -51,7 +51,7 @@ def alive(pid: int) -> bool:
 async def workers(pool: Pool) -> AsyncIterator[Callable[..., Awaitable[Supervisor]]]:
     started: list[Supervisor] = []
 
-    async def start(count: int = 2, **proxy: Any) -> Supervisor:
+    async def start(count: int = 2, hang_after: float = 10.0, **proxy: Any) -> Supervisor:
         config = ProxyConfig(listen="127.0.0.1:0", shutdown_timeout=2, **proxy)
         registry = CollectorRegistry()
         metrics = GatewayMetrics(registry)
@@ -59,7 +59,7 @@ async def workers(pool: Pool) -> AsyncIterator[Callable[..., Awaitable[Superviso
         supervisor = Supervisor(
             pool,
             config,
-            WorkerSettings(count, report_interval=0.05, log_level="warning"),
+            WorkerSettings(count, report_interval=0.05, hang_after=hang_after, log_level="warning"),
             metrics=metrics,
             registry=registry,
         )
@@ -212,6 +212,31 @@ async def test_a_worker_that_dies_is_started_again_and_the_other_serves_on(pool,
     assert victim not in {w.pid for w in supervisor.workers.values()}
     assert supervisor.metrics is not None
     assert supervisor.metrics.registry.get_sample_value("gateway_worker_restarts_total") == 1
+
+
+async def test_a_hung_worker_is_killed_and_started_again(pool, upstream, workers):
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "a")
+    supervisor = await workers(hang_after=0.5)
+    victim = supervisor.workers[1].pid
+    os.kill(victim, signal.SIGSTOP)  # hung: alive, holding its listener, answering nothing
+    try:
+        await until(
+            lambda: victim not in {w.pid for w in supervisor.workers.values()},
+            what="the hung worker to be killed",
+        )
+    finally:
+        if alive(victim):
+            os.kill(victim, signal.SIGKILL)
+    await until(
+        lambda: (
+            len(supervisor.workers) == 2
+            and all(w.ready.done() for w in supervisor.workers.values())
+        ),
+        what="the restart",
+    )
+    results = await asyncio.gather(*(get(supervisor.port) for _ in range(20)))
+    assert {status for status, _ in results} == {200}
 
 
 async def test_the_port_is_taken_before_any_worker_and_freed_after(pool, workers):
