@@ -20,4 +20,5 @@ EXPOSE 8080 8081
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
   CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8081/healthz', timeout=2).status != 200)"
 ENTRYPOINT ["gateway"]
-CMD ["serve", "-c", "configs/gateway.yaml"]
+# One worker process per CPU the container may use (docs/workers.md).
+CMD ["serve", "-c", "configs/gateway.yaml", "--workers", "auto"]

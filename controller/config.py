@@ -77,9 +77,24 @@ class AccessLogConfig(Model):
 
 class GatewayConfig(Model):
     listen: ListenAddress = "0.0.0.0:8080"
-    workers: int = Field(default=1, ge=1, le=64)
+    workers: int | Literal["auto"] = 1
     """Processes that serve traffic. 1: the gateway's own process; N > 1: N worker processes
-    sharing ``listen`` (SO_REUSEPORT), fed by the one controller (``gateway.supervisor``)."""
+    sharing ``listen`` (SO_REUSEPORT), fed by the one controller (``gateway.supervisor``);
+    ``auto``: one per CPU this process may run on."""
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: object) -> object:
+        if value == "auto" or (type(value) is int and 1 <= value <= 64):
+            return value
+        raise ValueError("must be a number of processes from 1 to 64, or 'auto'")
+
+    @property
+    def worker_count(self) -> int:
+        if self.workers == "auto":
+            return max(1, min(64, len(os.sched_getaffinity(0))))
+        return self.workers
+
     admin: AdminConfig = AdminConfig()
     state_dir: str = "./state"
     services: tuple[str | dict[str, Any], ...] = ()
@@ -160,7 +175,7 @@ def parse_spec(data: Any, source: str, base_dir: Path | None = None) -> ServiceS
     return spec
 
 
-def load_config(path: str | Path, *, workers: int | None = None) -> LoadedConfig:
+def load_config(path: str | Path, *, workers: int | str | None = None) -> LoadedConfig:
     """Read, validate and resolve a gateway config file; raises ConfigError.
 
     ``workers`` (the command line's ``--workers``) takes the place of the file's.

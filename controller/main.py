@@ -85,19 +85,20 @@ async def run_gateway(
     register_controller_metrics(registry, controller)
     request_observers: list[RequestObserver] = [metrics]
     access_log: AccessLog | None = None
-    if config.access_log.enabled and config.workers == 1:
+    workers = config.worker_count
+    if config.access_log.enabled and workers == 1:
         access_log = AccessLog(config.access_log.format, config.access_log.path, registry=registry)
         request_observers.append(access_log)
     # -- end observability --
     prober = Prober(pool, observers=[metrics])
     proxy_config = config.proxy_config()
     traffic: TrafficServer | Supervisor
-    if config.workers == 1:
+    if workers == 1:
         proxy = Proxy(pool, proxy_config, observers=request_observers)
         traffic = TrafficServer(proxy, proxy_config)
     else:
         settings = WorkerSettings(
-            count=config.workers,
+            count=workers,
             access_log=(config.access_log.format, config.access_log.path)
             if config.access_log.enabled
             else None,
@@ -204,6 +205,15 @@ def serve_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workers_arg(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of workers or 'auto': {value!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gateway",
@@ -214,9 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("-c", "--config", default="configs/gateway.yaml")
     serve.add_argument(
         "--workers",
-        type=int,
+        type=_workers_arg,
         metavar="N",
-        help="processes serving traffic (overrides the config's workers; 1 = this process)",
+        help="processes serving traffic (overrides the config's workers): 1 = this process, "
+        "N > 1 worker processes, auto = one per CPU",
     )
     serve.set_defaults(func=serve_main)
     add_client_commands(sub)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import random
 import socket
 import sys
@@ -168,10 +169,11 @@ def test_workers_from_the_command_line_win_and_bad_counts_are_refused(
     config.write_text("workers: 3\nstate_dir: state\n")
     assert load_config(config).config.workers == 3
     assert load_config(config, workers=2).config.workers == 2
+    assert load_config(config, workers="auto").config.worker_count == len(os.sched_getaffinity(0))
     assert cli_main(["serve", "-c", str(config), "--workers", "0"]) == 2
     err = capsys.readouterr().err
     assert "workers" in err
-    assert "greater than or equal to 1" in err
+    assert "from 1 to 64, or 'auto'" in err
     assert not (tmp_path / "state").exists()
 
 
