@@ -1,6 +1,7 @@
 """The zero-downtime harness: rollouts and faults under continuous load, every request counted.
 
     .venv/bin/python bench/zero_downtime.py [--scenario N ...] [--duration S] [--concurrency C]
+                                            [--workers N]
 
 Each scenario starts the real gateway as a process of its own (``python -m controller.main
 serve``: process backend, traffic and admin listeners on free loopback ports, a temporary
@@ -22,6 +23,9 @@ Scenarios (issue 6):
 7. a slow request and an SSE stream in flight on an old replica when its drain starts
    complete; a WebSocket open past ``drain_timeout`` is closed with 1001 (expected);
 8. SIGTERM to the gateway process with requests in flight: they complete, it exits 0.
+
+``--workers N`` runs every scenario against a gateway with N worker processes (its results
+go to a section of their own).
 
 A request failed when it got a non-2xx answer the replica did not produce itself, a
 connection error, a timeout, a short or wrong body, a broken SSE stream, a wrong or missing
