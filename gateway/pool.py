@@ -162,10 +162,10 @@ class ServicePool:
             return
         self.inflight.pop(uid, None)
         self.leases.pop(uid, None)
-        self._settle(uid)
-        callbacks = self._idle.pop(uid, None)
-        if callbacks:
-            for callback in callbacks:
+        if self._drains:
+            self._settle(uid)
+        if self._idle:
+            for callback in self._idle.pop(uid, ()):
                 callback()
 
     def abort(self, upstream_id: str) -> None:
