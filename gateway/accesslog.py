@@ -6,6 +6,10 @@ flushing whenever the queue runs empty. So the event loop never waits on the dis
 writer falls behind and the queue is full, the record is dropped and counted (``dropped``),
 never waited for.
 
+Lines are written in whole-line chunks of at most ``PIPE_BUF`` (4 KiB) bytes, one ``write``
+each: to a pipe (standard output under a container runtime) a write that small is atomic, so
+the lines of several worker processes sharing the same output never cut into each other.
+
 A line holds: time (the end of the request, UTC), request id, service, revision, upstream,
 method, path, status, duration, bytes in and out, retries (and the error, if any). The path
 is percent-encoded in plain lines and JSON-escaped in JSON lines, so a request can never
@@ -19,10 +23,11 @@ import json
 import logging
 import queue
 import re
+import select
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import IO, Literal, TypeAlias
 from urllib.parse import quote
@@ -42,6 +47,8 @@ GATHER = 0.02
 """Once a record arrives, the writer waits this long for more before it writes them: one
 wake-up of its thread per batch, not one per request (each costs the event loop the GIL)."""
 _STOP = None
+ATOMIC = select.PIPE_BUF
+"""The largest write a pipe takes whole: a chunk of lines is at most this many bytes."""
 _Item: TypeAlias = "tuple[float, RequestRecord] | None"
 
 
@@ -101,6 +108,24 @@ FORMATTERS: dict[str, Callable[[float, RequestRecord], str]] = {
     "plain": format_plain,
     "json": format_json,
 }
+
+
+def whole_lines(lines: Iterable[str], limit: int = ATOMIC) -> Iterator[str]:
+    """``lines`` joined into chunks of at most ``limit`` bytes, each made of whole lines.
+
+    A line longer than ``limit`` is a chunk of its own.
+    """
+    chunk: list[str] = []
+    size = 0
+    for line in lines:
+        n = len(line) if line.isascii() else len(line.encode())
+        if chunk and size + n > limit:
+            yield "".join(chunk)
+            chunk, size = [], 0
+        chunk.append(line)
+        size += n
+    if chunk:
+        yield "".join(chunk)
 
 
 class AccessLog:
@@ -210,8 +235,9 @@ class AccessLog:
                         break
                 records = [item for item in items if item is not None]
                 try:
-                    out.write("".join(self._format(*item) + "\n" for item in records))
-                    out.flush()
+                    for chunk in whole_lines(self._format(*item) + "\n" for item in records):
+                        out.write(chunk)
+                        out.flush()
                     self.written += len(records)
                     failing = False
                 except Exception:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import os
+import sys
 import threading
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.accesslog import AccessLog, format_json, format_plain
+from gateway.accesslog import AccessLog, format_json, format_plain, whole_lines
 from gateway.events import RequestRecord
 
 AT = 1_700_000_000.25  # 2023-11-14T22:13:20.250Z
@@ -142,3 +146,62 @@ async def test_a_write_error_loses_lines_but_not_the_writer(caplog) -> None:
     await log.stop()
     assert (log.written, log.lost) == (0, 1)
     assert "write failed" in caplog.text
+
+
+# -- several processes, one output --------------------------------------------------------------
+
+
+def test_whole_lines_makes_chunks_of_whole_lines_within_the_limit() -> None:
+    lines = [f"{'x' * (i % 90)}é{i}\n" for i in range(500)]
+    chunks = list(whole_lines(lines, limit=512))
+    assert "".join(chunks) == "".join(lines)
+    assert all(len(c.encode()) <= 512 and c.endswith("\n") for c in chunks)
+    long = "y" * 2000 + "\n"
+    assert list(whole_lines(["a\n", long, "b\n"], limit=512)) == ["a\n", long, "b\n"]
+
+
+WRITER = """
+import asyncio, sys, time
+from gateway.accesslog import AccessLog
+from gateway.events import RequestRecord
+
+async def main(tag, start):
+    log = AccessLog("json")
+    log.start()
+    await asyncio.sleep(max(0.0, start - time.time()))  # both writers at once
+    for i in range(8000):
+        log.on_request(RequestRecord(f"{tag}-{i}", "web", 1, "u", "GET", "/" + "p" * (i % 500),
+                                     200, 0.001, 0.001, 0, 10, 0))
+        if i % 400 == 399:
+            await asyncio.sleep(0.03)  # batches of ~400 lines, ~200 KB: over a pipe's 64 KiB
+    await log.stop()
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+async def test_workers_writing_to_one_pipe_never_cut_into_each_others_lines() -> None:
+    """Two processes log to the same pipe (a container's stdout) at once: every line whole."""
+    read, write = os.pipe()
+    start = time.time() + 1.0
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            WRITER,
+            tag,
+            str(start),
+            stdout=write,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for tag in ("a", "b")
+    ]
+    os.close(write)
+    loop = asyncio.get_running_loop()
+    with open(read, "rb") as pipe:
+        data = await loop.run_in_executor(None, pipe.read)
+    for proc in procs:
+        _, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+    ids = [json.loads(line)["request_id"] for line in data.decode().splitlines()]
+    assert sorted(ids) == sorted(f"{t}-{i}" for t in "ab" for i in range(8000))
