@@ -72,11 +72,15 @@ class Lease:
     """One request (or stream, or WebSocket) in flight on one upstream.
 
     Released exactly once, by ``release()`` or as a context manager. ``abort`` is what a drain
-    timeout calls to cut the work off: by default it cancels the task that took the lease; a
-    WebSocket sets it to close with 1001 instead.
+    timeout calls to cut the work off: it cancels the task that took the lease, unless
+    ``on_abort`` says otherwise (a WebSocket closes with 1001 instead).
+
+    A lease holds no reference to itself (no bound method of its own in an attribute), so it
+    is freed by reference counting when its request ends: one made per request must not wait
+    for the cyclic garbage collector, whose every pass costs the event loop time.
     """
 
-    __slots__ = ("_pool", "_released", "abort", "service", "task", "upstream")
+    __slots__ = ("_pool", "_released", "on_abort", "service", "task", "upstream")
 
     def __init__(self, pool: ServicePool, upstream: Upstream) -> None:
         self._pool = pool
@@ -84,10 +88,12 @@ class Lease:
         self.service = pool.routing.name
         self.upstream = upstream
         self.task = asyncio.current_task(pool._owner.loop)
-        self.abort: Callable[[], object] = self._cancel
+        self.on_abort: Callable[[], object] | None = None
 
-    def _cancel(self) -> None:
-        if self.task is not None and not self.task.done():
+    def abort(self) -> None:
+        if self.on_abort is not None:
+            self.on_abort()
+        elif self.task is not None and not self.task.done():
             self.task.cancel()
 
     def release(self) -> None:

@@ -502,7 +502,7 @@ class Proxy:
         client.start_tunnel()
         self._relays.add(relay)
         # A drain timeout (or a shutdown) closes with 1001 instead of cancelling.
-        lease.abort = relay.going_away
+        lease.on_abort = relay.going_away
         try:
             await relay.done
         finally:

@@ -280,7 +280,7 @@ async def test_drain_timeout_aborts_leases_and_resolves_false():
     aborted: list[Lease] = []
     other = pool.service("svc").lease()
     assert other is not None
-    other.abort = lambda: aborted.append(other)  # a WebSocket would close with 1001
+    other.on_abort = lambda: aborted.append(other)  # a WebSocket would close with 1001
 
     done = pool.drain("svc", "a", timeout=0)
     assert await done is False
@@ -314,7 +314,7 @@ async def test_redrain_after_undrain_keeps_its_own_timeout():
     pool = make_pool("a")
     lease = pool.service("svc").lease()
     assert lease is not None
-    lease.abort = lambda: None
+    lease.on_abort = lambda: None
     pool.drain("svc", "a", timeout=30)
     pool.undrain("svc", "a")
     again = pool.drain("svc", "a", timeout=0)

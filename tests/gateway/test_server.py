@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+from collections.abc import Coroutine
 
 import aiohttp
 import pytest
@@ -209,3 +211,32 @@ async def test_port_is_the_bound_one(gateway):
     gw = await gateway()
     assert gw.port > 0
     assert f"port={gw.port}" in repr(gw)
+
+
+async def test_a_finished_request_leaves_no_cyclic_garbage(pool, upstream, gateway, client):
+    """What a request makes is freed by reference counting when it ends, not by the cyclic
+    collector: a cycle per request (a lease that held a bound method of itself did) made
+    the collector run every ~100 requests and cost about 5 us of CPU per request."""
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "a")
+    server = await gateway()
+    for _ in range(5):  # warm: connections made, caches filled
+        async with client.get(url(server)) as response:
+            await response.read()
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(50):
+            async with client.get(url(server)) as response:
+                assert response.status == 200
+                await response.read()
+        gc.collect()
+        kinds = {type(o).__qualname__ for o in gc.garbage}
+        coroutines = {o.__qualname__ for o in gc.garbage if isinstance(o, Coroutine)}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not kinds & {"Lease", "IncomingRequest", "_Exchange", "RequestBody", "ResponseHead"}
+    assert not {c for c in coroutines if c.startswith(("Proxy.", "ClientConnection."))}
