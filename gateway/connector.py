@@ -166,6 +166,10 @@ class UpstreamConnection(asyncio.Protocol):
         if self._raw_remaining:
             self._raw_started = True  # what comes next skips the parser (``_raw_body``)
         head = self._head
+        if head is not None and head.status and self._sink is None and not self.complete:
+            # The body has nowhere to go until the proxy calls ``stream_to``: uvloop would
+            # read on (up to 32 reads a wakeup) into memory meanwhile.
+            self.pause_reading()
         if head is not None and not head.status and not self._interim:
             # Still in the head: bound it (llhttp keeps a partial field to itself).
             self._head_bytes += len(data)
@@ -319,6 +323,8 @@ class UpstreamConnection(asyncio.Protocol):
             raise self._error
         self._sink = sink
         self._done = self._loop.create_future()
+        if not sink.conn.writing_paused:
+            self.resume_reading()  # else once the client took what it was sent before
         return self._done
 
     def _message_done(self) -> None:
@@ -491,6 +497,7 @@ class Connector:
             conn.abort()
             return
         conn.idle_since = conn._loop.time()
+        conn.resume_reading()  # paused by the last client, perhaps: an idle one must read
         idle.append(conn)
         if self._sweeper is None:
             self._sweeper = conn._loop.call_later(self.keepalive_timeout / 2, self._sweep)

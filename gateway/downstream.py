@@ -712,6 +712,11 @@ class ClientConnection(asyncio.Protocol):
     def closing(self) -> bool:
         return self._closing
 
+    @property
+    def writing_paused(self) -> bool:
+        """The transport holds more than its high-water mark (``producer`` is paused)."""
+        return self._writing_paused
+
     def _refuse(self, status: int, code: str, message: str) -> None:
         """Answer a head that cannot be served, and stop reading: nothing after it counts."""
         self._closing = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -97,3 +98,30 @@ async def test_a_refused_connection_is_a_connect_failure(unused_tcp_port):
     with pytest.raises(UpstreamConnectError) as refused:
         await connector.acquire("127.0.0.1", unused_tcp_port, 1.0)
     assert refused.value.kind == "connect"
+
+
+async def test_a_body_is_not_read_before_the_proxy_takes_it(raw_upstream):
+    """uvloop reads up to 32 times a wakeup: the body would pile up in memory meanwhile."""
+    body = b"x" * (4 * 1024 * 1024)
+
+    async def serve(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+
+    port = await raw_upstream(serve)
+    connector = Connector()
+    conn = await connector.acquire("127.0.0.1", port, 1.0)
+    await conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5)
+    assert conn.transport is not None
+    assert not conn.transport.is_reading()
+    client = _Client()
+    client.writing_paused = False
+    done = conn.stream_to(ResponseStream(client, chunked=False), b"")  # type: ignore[arg-type]
+    assert conn.transport.is_reading()
+    assert done is not None
+    await done
+    assert client.written == body
+    connector.close()
