@@ -216,7 +216,7 @@ class ResponseStream:
         self.chunked = chunked
         self.bytes_out = 0
 
-    def response_data(self, data: bytes) -> None:
+    def response_data(self, data: bytes | memoryview) -> None:
         transport = self.conn.transport
         if transport is None:
             return
