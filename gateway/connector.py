@@ -368,7 +368,8 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self._head = None
         self._raw_remaining = 0
         self._raw_started = False
-        self._splice = []
+        if self._splice:
+            self._splice = []
         self._head_future = loop.create_future()
         self._done = None
         self._head_only = head_only
