@@ -5,10 +5,8 @@ answer with llhttp (``httptools``). The answer's head resolves a future; its bod
 straight into the client's ``ResponseStream`` once the proxy attached it, with back-pressure:
 a client that cannot take more pauses reading from the upstream.
 
-A large body framed by Content-Length is spliced without copying it: the connection is an
-``asyncio.BufferedProtocol``, and such a body is read into buffers of its own that are written
-to the client as they are (see ``UpstreamConnection.get_buffer``). Everything else is read
-into one scratch buffer per ``Connector`` and copied out at once, as uvloop would.
+A large body framed by Content-Length is spliced to the client without copying it: the
+connection is an ``asyncio.BufferedProtocol`` (``splice``).
 
 ``Connector`` keeps idle keep-alive connections per upstream address, newest first, closes
 those idle for longer than ``keepalive_timeout``, and opens new ones within the connect
@@ -45,15 +43,12 @@ from .errors import (
     UpstreamTimeout,
 )
 from .headers import RESPONSE_DROPPED
+from .splice import Buffers, Splice
 
 log = logging.getLogger(__name__)
 
 KEEPALIVE_TIMEOUT = 30.0
 """Idle keep-alive connections to upstreams are closed after this long."""
-READ_SIZE = 256 * 1024
-"""Bytes read from an upstream at once (uvloop's own read buffer is as large)."""
-SPARE_BUFFERS = 16
-"""Splice buffers a ``Connector`` keeps for the next large body (each ``READ_SIZE``)."""
 
 
 class ResponseHead:
@@ -79,17 +74,6 @@ class ResponseHead:
         self.content_length: int | None = None
         self.chunked = False
         self.keep_alive = True
-
-
-class _SpliceBuffer:
-    """A buffer a large body is read into and written to the client from, as it is."""
-
-    __slots__ = ("until", "view")
-
-    def __init__(self, view: memoryview) -> None:
-        self.view = view
-        self.until = 0
-        """The count of bytes spliced once the last ones written from here were."""
 
 
 class _TooLarge(Exception):
@@ -128,49 +112,31 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self.tunnel: Callable[[bytes], None] | None = None
         self.tunnel_data = b""
         self.on_lost: Callable[[], None] | None = None
-        self._read_into: _SpliceBuffer | None = None
-        """The splice buffer ``get_buffer`` gave out (None: the connector's scratch)."""
-        self._splice: list[_SpliceBuffer] = []
-        """This exchange's splice buffers."""
-        self._spliced = 0
-        """Bytes written to the client's transport while splicing, counting those it still
-        held when splicing began: what it still holds is the end of this count."""
+        self._splice: Splice | None = None
+        """The large body's way to the client, once it began."""
+        self._splicing = False
+        """The last ``get_buffer`` gave out a splice buffer (not the scratch one)."""
 
     # -- asyncio.BufferedProtocol -------------------------------------------------------------
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        """Where the next read goes: a splice buffer while a large body is spliced to a
-        client, else the connector's scratch buffer (copied out in ``buffer_updated``).
-
-        uvloop's ``write`` keeps a reference to what it cannot send at once, without
-        copying it; so a splice buffer is read into again only once the client's transport
-        holds nothing written from it (its queue is a FIFO: what it holds is the last
-        ``get_write_buffer_size()`` bytes written to it).
-        """
+        """A splice buffer while a large body goes to a client, else the scratch buffer."""
         sink = self._sink
         transport = sink.conn.transport if sink is not None and self._raw_started else None
         if transport is None:
-            self._read_into = None
-            return self._connector.scratch
-        splice = self._splice
-        if not splice:
-            self._spliced = transport.get_write_buffer_size()
-        sent = self._spliced - transport.get_write_buffer_size()
-        for buffer in splice:
-            if buffer.until <= sent:
-                break
-        else:
-            buffer = _SpliceBuffer(self._connector.take_buffer())
-            splice.append(buffer)
-        self._read_into = buffer
-        return buffer.view
+            self._splicing = False
+            return self._connector.buffers.scratch
+        if self._splice is None:
+            self._splice = Splice(self._connector.buffers)
+        self._splicing = True
+        return self._splice.buffer(transport)
 
     def buffer_updated(self, nbytes: int) -> None:
-        buffer = self._read_into
-        if buffer is None:
-            self.data_received(self._connector.scratch[:nbytes].tobytes())
+        splice = self._splice
+        if not self._splicing or splice is None:
+            self.data_received(self._connector.buffers.scratch[:nbytes].tobytes())
             return
-        self._read_into = None
+        self._splicing = False
         self._last_read = self._loop.time()
         if nbytes > self._raw_remaining:
             self._broken("upstream sent more than its Content-Length")
@@ -178,24 +144,18 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self._raw_remaining -= nbytes
         sink = self._sink
         assert sink is not None
-        sink.response_data(buffer.view[:nbytes])
-        self._spliced += nbytes
-        buffer.until = self._spliced
+        sink.response_data(splice.view(nbytes))
+        splice.wrote(nbytes)
         if not self._raw_remaining:
             self._raw_done()
 
     def _raw_done(self) -> None:
-        """The large body ended: a new parser (see ``_raw_body``), spare buffers back."""
+        """The large body ended: a new parser (see ``_raw_body``), the splice closed."""
         self._raw_started = False
         self._parser = httptools.HttpResponseParser(self)
-        transport = self._sink.conn.transport if self._sink is not None else None
-        if self._splice and transport is not None:
-            sent = self._spliced - transport.get_write_buffer_size()
-            for buffer in self._splice:
-                if buffer.until <= sent:
-                    self._connector.give_buffer(buffer.view)
-        # Buffers the client's transport still holds are left to it (and then freed).
-        self._splice = []
+        if self._splice is not None:
+            self._splice.close(self._sink.conn.transport if self._sink is not None else None)
+            self._splice = None
         self._message_done()
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
@@ -368,8 +328,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self._head = None
         self._raw_remaining = 0
         self._raw_started = False
-        if self._splice:
-            self._splice = []
+        self._splice = None
         self._head_future = loop.create_future()
         self._done = None
         self._head_only = head_only
@@ -444,7 +403,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
 
     # -- the request body (BodySink) ----------------------------------------------------------
 
-    def body_data(self, data: bytes) -> None:
+    def body_data(self, data: bytes | memoryview) -> None:
         if self.transport is not None:
             http1.write_body(self.transport, data, chunked=self._body_chunked)
 
@@ -535,21 +494,8 @@ class Connector:
         self._busy: set[UpstreamConnection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
-        self.scratch = memoryview(bytearray(READ_SIZE))
-        """Where every connection reads what is copied out at once (one loop, one reader
-        at a time: a read and its ``buffer_updated`` are one step)."""
-        self._spare: list[memoryview] = []
-
-    def take_buffer(self) -> memoryview:
-        """A splice buffer: a spare one, or a new one."""
-        if self._spare:
-            return self._spare.pop()
-        return memoryview(bytearray(READ_SIZE))
-
-    def give_buffer(self, view: memoryview) -> None:
-        """A splice buffer nothing refers to any more, for the next large body."""
-        if len(self._spare) < SPARE_BUFFERS:
-            self._spare.append(view)
+        self.buffers = Buffers()
+        """The read buffers of its connections (``splice``)."""
 
     def idle(self, host: str, port: int) -> UpstreamConnection | None:
         """The newest idle connection to ``host:port`` that is still open, taken, or None."""
