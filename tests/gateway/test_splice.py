@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.splice import READ_SIZE, Buffers, Splice
+from gateway.splice import SPLICE_SIZE, Buffers, Splice
 
 
 class _Transport:
@@ -54,11 +54,11 @@ def test_buffers_are_reused_and_go_back_to_the_pool() -> None:
     splice = Splice(pool)
     seen = set()
     for n in range(10):
-        _read(splice, transport, bytes([n]) * READ_SIZE)
+        _read(splice, transport, bytes([n]) * SPLICE_SIZE)
         seen.add(id(transport.held[-1].obj))
-        transport.send(READ_SIZE if n else 0)  # the transport lags one write behind
+        transport.send(SPLICE_SIZE if n else 0)  # the transport lags one write behind
     assert len(seen) == 2
-    transport.send(READ_SIZE)
+    transport.send(SPLICE_SIZE)
     splice.close(transport)  # type: ignore[arg-type]
     assert id(pool.take().obj) in seen
 
