@@ -5,6 +5,9 @@ answer with llhttp (``httptools``). The answer's head resolves a future; its bod
 straight into the client's ``ResponseStream`` once the proxy attached it, with back-pressure:
 a client that cannot take more pauses reading from the upstream.
 
+A large body framed by Content-Length is spliced to the client without copying it: the
+connection is an ``asyncio.BufferedProtocol`` (``splice``).
+
 ``Connector`` keeps idle keep-alive connections per upstream address, newest first, closes
 those idle for longer than ``keepalive_timeout``, and opens new ones within the connect
 timeout. A connection goes back to the pool only after a complete exchange whose answer
@@ -40,6 +43,7 @@ from .errors import (
     UpstreamTimeout,
 )
 from .headers import RESPONSE_DROPPED
+from .splice import Buffers, Splice
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +80,7 @@ class _TooLarge(Exception):
     """Raised from a parser callback: the answer's head is over the limits."""
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(asyncio.BufferedProtocol):
     """One connection to one upstream: one exchange at a time."""
 
     def __init__(self, connector: Connector, key: tuple[str, int]) -> None:
@@ -108,6 +112,51 @@ class UpstreamConnection(asyncio.Protocol):
         self.tunnel: Callable[[bytes], None] | None = None
         self.tunnel_data = b""
         self.on_lost: Callable[[], None] | None = None
+        self._splice: Splice | None = None
+        """The large body's way to the client, once it began."""
+        self._splicing = False
+        """The last ``get_buffer`` gave out a splice buffer (not the scratch one)."""
+
+    # -- asyncio.BufferedProtocol -------------------------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """A splice buffer while a large body goes to a client, else the scratch buffer."""
+        sink = self._sink
+        transport = sink.conn.transport if sink is not None and self._raw_started else None
+        if transport is None:
+            self._splicing = False
+            return self._connector.buffers.scratch
+        if self._splice is None:
+            self._splice = Splice(self._connector.buffers)
+        self._splicing = True
+        return self._splice.buffer(transport)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        splice = self._splice
+        if not self._splicing or splice is None:
+            self.data_received(self._connector.buffers.scratch[:nbytes].tobytes())
+            return
+        self._splicing = False
+        self._last_read = self._loop.time()
+        if nbytes > self._raw_remaining:
+            self._broken("upstream sent more than its Content-Length")
+            return
+        self._raw_remaining -= nbytes
+        sink = self._sink
+        assert sink is not None
+        sink.response_data(splice.view(nbytes))
+        splice.wrote(nbytes)
+        if not self._raw_remaining:
+            self._raw_done()
+
+    def _raw_done(self) -> None:
+        """The large body ended: a new parser (see ``_raw_body``), the splice closed."""
+        self._raw_started = False
+        self._parser = httptools.HttpResponseParser(self)
+        if self._splice is not None:
+            self._splice.close(self._sink.conn.transport if self._sink is not None else None)
+            self._splice = None
+        self._message_done()
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -166,6 +215,10 @@ class UpstreamConnection(asyncio.Protocol):
         if self._raw_remaining:
             self._raw_started = True  # what comes next skips the parser (``_raw_body``)
         head = self._head
+        if head is not None and head.status and self._sink is None and not self.complete:
+            # The body has nowhere to go until the proxy calls ``stream_to``: uvloop would
+            # read on (up to 32 reads a wakeup) into memory meanwhile.
+            self.pause_reading()
         if head is not None and not head.status and not self._interim:
             # Still in the head: bound it (llhttp keeps a partial field to itself).
             self._head_bytes += len(data)
@@ -254,9 +307,7 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self.on_body(data)
         if not self._raw_remaining:
-            self._raw_started = False
-            self._parser = httptools.HttpResponseParser(self)
-            self._message_done()
+            self._raw_done()
 
     def on_message_complete(self) -> None:
         self._raw_remaining = 0
@@ -277,6 +328,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._head = None
         self._raw_remaining = 0
         self._raw_started = False
+        self._splice = None
         self._head_future = loop.create_future()
         self._done = None
         self._head_only = head_only
@@ -319,6 +371,8 @@ class UpstreamConnection(asyncio.Protocol):
             raise self._error
         self._sink = sink
         self._done = self._loop.create_future()
+        if not sink.conn.writing_paused:
+            self.resume_reading()  # else once the client took what it was sent before
         return self._done
 
     def _message_done(self) -> None:
@@ -349,7 +403,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- the request body (BodySink) ----------------------------------------------------------
 
-    def body_data(self, data: bytes) -> None:
+    def body_data(self, data: bytes | memoryview) -> None:
         if self.transport is not None:
             http1.write_body(self.transport, data, chunked=self._body_chunked)
 
@@ -440,6 +494,8 @@ class Connector:
         self._busy: set[UpstreamConnection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
+        self.buffers = Buffers()
+        """The read buffers of its connections (``splice``)."""
 
     def idle(self, host: str, port: int) -> UpstreamConnection | None:
         """The newest idle connection to ``host:port`` that is still open, taken, or None."""
@@ -491,6 +547,7 @@ class Connector:
             conn.abort()
             return
         conn.idle_since = conn._loop.time()
+        conn.resume_reading()  # paused by the last client, perhaps: an idle one must read
         idle.append(conn)
         if self._sweeper is None:
             self._sweeper = conn._loop.call_later(self.keepalive_timeout / 2, self._sweep)

@@ -13,6 +13,9 @@ bare LF, control characters) is a 400 and the connection is closed. On top of th
   for ``send_timeout`` is cut off;
 - ``max_connections``: a connection beyond it is answered 503 and closed at once.
 
+A large request body framed by a Content-Length is spliced to the upstream without copying
+it (``splice``): the connection is an ``asyncio.BufferedProtocol``.
+
 Each request runs as one task of ``handler`` (the proxy), started when its head is complete,
 so a body streams to the upstream while it arrives. Pipelined requests wait their turn. The
 body (``RequestBody``) and the answer (``ResponseStream``) are spliced straight between the
@@ -39,6 +42,7 @@ from . import http1
 from .config import ListenerLimits
 from .errors import BadRequest, GatewayError, RequestTimeout, RequestTooLarge
 from .headers import Fields
+from .splice import Buffers, Splice
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +83,10 @@ Handler = Callable[["IncomingRequest"], Coroutine[Any, Any, None]]
 class BodySink(Protocol):
     """Where a request body goes: the upstream connection of the current attempt."""
 
-    def body_data(self, data: bytes) -> None: ...
+    transport: asyncio.Transport | None
+    """What ``body_data`` writes to (a spliced body's buffers wait until it sent them)."""
+
+    def body_data(self, data: bytes | memoryview) -> None: ...
     def body_end(self) -> None: ...
     def body_error(self, exc: BaseException) -> None: ...
 
@@ -130,7 +137,8 @@ class RequestBody:
         self.complete = False
         self.error: BaseException | None = None
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
+        """A piece of the body (a memoryview only while ``sink_transport`` is not None)."""
         if self.error is not None:
             return
         self.received += len(data)
@@ -141,7 +149,7 @@ class RequestBody:
         if sink is not None:
             sink.body_data(data)
             return
-        self._buffer.append(data)
+        self._buffer.append(bytes(data))  # kept: never a view of a buffer read into again
         self._buffered += len(data)
         if self._buffered > BODY_HIGH_WATER:
             self._conn._pause(_PAUSE_BODY)
@@ -183,6 +191,12 @@ class RequestBody:
     def detach(self) -> None:
         self._sink = None
 
+    def sink_transport(self) -> asyncio.Transport | None:
+        """The transport each piece ``feed`` takes now is written to as it is, if any."""
+        if self._sink is None or self.error is not None:
+            return None
+        return self._sink.transport
+
     def set_limit(self, limit: int) -> None:
         """The service's ``max_body_size`` (known once routed); 0 is no limit."""
         self.limit = limit
@@ -216,7 +230,7 @@ class ResponseStream:
         self.chunked = chunked
         self.bytes_out = 0
 
-    def response_data(self, data: bytes) -> None:
+    def response_data(self, data: bytes | memoryview) -> None:
         transport = self.conn.transport
         if transport is None:
             return
@@ -281,13 +295,14 @@ class IncomingRequest:
 
 
 class ConnectionGate:
-    """Counts open client connections against ``limit``."""
+    """Counts open client connections against ``limit``; holds the read buffers they share."""
 
-    __slots__ = ("limit", "open")
+    __slots__ = ("buffers", "limit", "open")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
+        self.buffers = Buffers()
 
 
 _TOO_MANY = http1.json_response(
@@ -297,7 +312,7 @@ _TOO_MANY = http1.json_response(
 )
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(asyncio.BufferedProtocol):
     """One client connection: parse, limit, time out, run each request, splice bodies."""
 
     # Slots: ten thousand idle connections each save a __dict__.
@@ -322,6 +337,8 @@ class ClientConnection(asyncio.Protocol):
         "_raw_started",
         "_refused",
         "_send_timer",
+        "_splice",
+        "_splicing",
         "_timer",
         "_timer_at",
         "_tunnel_data",
@@ -376,8 +393,47 @@ class ClientConnection(asyncio.Protocol):
         self._raw_started = False
         self._lingered = -1
         """Bytes discarded while lingering before the close; -1 while not lingering."""
+        self._splice: Splice | None = None
+        """The large body's way to the upstream, once it began."""
+        self._splicing = False
+        """The last ``get_buffer`` gave out a splice buffer (not the scratch one)."""
         self.send_timed_out = False
         """The client left its answer unread for ``send_timeout`` and was cut off."""
+
+    # -- asyncio.BufferedProtocol -------------------------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """A splice buffer while a large body goes to an upstream, else the scratch buffer."""
+        transport = None
+        parsing = self._parsing
+        if self._raw_started and self._lingered < 0 and self.tunnel is None:
+            if parsing is not None and parsing.body is not None:
+                transport = parsing.body.sink_transport()
+        if transport is None:
+            self._splicing = False
+            return self._gate.buffers.scratch
+        if self._splice is None:
+            self._splice = Splice(self._gate.buffers)
+        self._splicing = True
+        return self._splice.buffer(transport)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        splice = self._splice
+        if not self._splicing or splice is None:
+            self.data_received(self._gate.buffers.scratch[:nbytes].tobytes())
+            return
+        self._splicing = False
+        rest = b""
+        if nbytes > self._raw_remaining:
+            rest = splice.view(nbytes)[self._raw_remaining :].tobytes()  # what follows
+            nbytes = self._raw_remaining
+        body = self._parsing.body if self._parsing is not None else None
+        assert body is not None
+        self.on_body(splice.view(nbytes))
+        if body.error is None:
+            splice.wrote(nbytes)
+        if not self._raw_remaining:
+            self._raw_end(rest)
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -482,14 +538,25 @@ class ClientConnection(asyncio.Protocol):
         if self._parsing is None:  # the request was given up meanwhile
             self._raw_started = False
             self._raw_remaining = 0
+            self._splice = None  # what the upstream's transport still holds is left to it
             return
         remaining = self._raw_remaining
         rest = b""
         if len(data) > remaining:
             data, rest = data[:remaining], data[remaining:]
         self.on_body(data)
-        if self._raw_remaining:
-            return
+        if not self._raw_remaining:
+            self._raw_end(rest)
+
+    def _raw_end(self, rest: bytes) -> None:
+        """The large body is complete: the splice closed, and ``rest`` (what followed it)
+        parsed by a new parser."""
+        splice = self._splice
+        if splice is not None:
+            self._splice = None
+            parsing = self._parsing
+            body = parsing.body if parsing is not None else None
+            splice.close(body.sink_transport() if body is not None else None)
         self._raw_started = False
         self._parser = httptools.HttpRequestParser(self)
         self.on_message_complete()
@@ -596,7 +663,7 @@ class ClientConnection(asyncio.Protocol):
             self._pipeline.append(request)
             self._pause(_PAUSE_PIPELINE)
 
-    def on_body(self, data: bytes) -> None:
+    def on_body(self, data: bytes | memoryview) -> None:
         if self._raw_remaining:
             self._raw_remaining -= len(data)
         request = self._parsing
@@ -711,6 +778,11 @@ class ClientConnection(asyncio.Protocol):
     @property
     def closing(self) -> bool:
         return self._closing
+
+    @property
+    def writing_paused(self) -> bool:
+        """The transport holds more than its high-water mark (``producer`` is paused)."""
+        return self._writing_paused
 
     def _refuse(self, status: int, code: str, message: str) -> None:
         """Answer a head that cannot be served, and stop reading: nothing after it counts."""

@@ -38,14 +38,16 @@ def http_date() -> bytes:
     return _date_cache[1]
 
 
-def write_body(transport: asyncio.WriteTransport, data: bytes, *, chunked: bool) -> None:
+def write_body(
+    transport: asyncio.WriteTransport, data: bytes | memoryview, *, chunked: bool
+) -> None:
     """Write a piece of a body to ``transport``, as one chunk if ``chunked`` (``data`` is
     never empty: the empty chunk is ``LAST_CHUNK``). A large piece is not copied into a
     chunk: its framing goes around it with ``writelines``."""
     if not chunked:
         transport.write(data)
     elif len(data) < 4096:
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        transport.write(b"%x\r\n%b\r\n" % (len(data), bytes(data)))
     else:
         transport.writelines((b"%x\r\n" % len(data), data, CRLF))
 

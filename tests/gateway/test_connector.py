@@ -1,8 +1,11 @@
-"""The upstream connection pool: reuse after a clean exchange, its cap, connect failures."""
+"""The upstream connection pool: reuse after a clean exchange, its cap, connect failures;
+an answer's body, read only once the proxy takes it, and spliced from reused buffers."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 
 import pytest
 
@@ -21,8 +24,11 @@ class _Client:
         self.written = b""
         self.transport = self
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self.written += data
+
+    def get_write_buffer_size(self) -> int:
+        return 0  # all sent at once
 
 
 async def run(conn: UpstreamConnection) -> bytes:
@@ -97,3 +103,88 @@ async def test_a_refused_connection_is_a_connect_failure(unused_tcp_port):
     with pytest.raises(UpstreamConnectError) as refused:
         await connector.acquire("127.0.0.1", unused_tcp_port, 1.0)
     assert refused.value.kind == "connect"
+
+
+async def test_a_body_is_not_read_before_the_proxy_takes_it(raw_upstream):
+    """uvloop reads up to 32 times a wakeup: the body would pile up in memory meanwhile."""
+    body = b"x" * (4 * 1024 * 1024)
+
+    async def serve(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+
+    port = await raw_upstream(serve)
+    connector = Connector()
+    conn = await connector.acquire("127.0.0.1", port, 1.0)
+    await conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5)
+    assert conn.transport is not None
+    assert not conn.transport.is_reading()
+    client = _Client()
+    client.writing_paused = False
+    done = conn.stream_to(ResponseStream(client, chunked=False), b"")  # type: ignore[arg-type]
+    assert conn.transport.is_reading()
+    assert done is not None
+    await done
+    assert client.written == body
+    connector.close()
+
+
+class _HoldingClient:
+    """A client whose transport keeps the two newest writes unsent, without copying them, as
+    uvloop does with the part of a memoryview it cannot send at once."""
+
+    writing_paused = False
+
+    def __init__(self) -> None:
+        self.transport = self
+        self.held: list[bytes | memoryview] = []
+        self.sent = bytearray()
+        self.buffers: set[int] = set()
+
+    def write(self, data: bytes | memoryview) -> None:
+        if isinstance(data, memoryview):
+            self.buffers.add(id(data.obj))
+        self.held.append(data)
+        while len(self.held) > 2:
+            self.sent += self.held.pop(0)
+
+    def get_write_buffer_size(self) -> int:
+        return sum(len(data) for data in self.held)
+
+    def flush(self) -> bytes:
+        for data in self.held:
+            self.sent += data
+        self.held.clear()
+        return bytes(self.sent)
+
+
+async def test_a_large_body_is_not_overwritten_while_the_client_holds_it(raw_upstream):
+    body = random.Random(8).randbytes(3 * 1024 * 1024 + 1)
+
+    async def serve(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+        for at in range(0, len(body), 100_000):
+            writer.write(body[at : at + 100_000])
+            await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    port = await raw_upstream(serve)
+    connector = Connector()
+    conn = await connector.acquire("127.0.0.1", port, 1.0)
+    head = await conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5)
+    assert head.content_length == len(body)
+    client = _HoldingClient()
+    done = conn.stream_to(ResponseStream(client, chunked=False), b"")  # type: ignore[arg-type]
+    assert done is not None
+    await done
+    assert client.flush() == body
+    # Read into again once sent: two held, one being read into.
+    assert len(client.buffers) <= 3
+    connector.release(conn)
+    connector.close()

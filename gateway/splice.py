@@ -1,0 +1,114 @@
+"""Splicing a large body from one leg's socket to the other's without copying it in Python.
+
+uvloop reads into a buffer of its own and copies each read into a new bytes object (up to
+256 KiB: a memcpy and a malloc per read). A protocol that is an ``asyncio.BufferedProtocol``
+names the buffer instead. Both legs are: a large body framed by a Content-Length (the
+raw-body bypasses of ``downstream`` and ``connector``) is read into buffers of its own,
+and a memoryview of each read is written to the other leg's transport as it is. Any other
+read goes into one scratch buffer (``Buffers.scratch``) and is copied out at once, as
+uvloop does: a read and its ``buffer_updated`` are one step of one loop.
+
+Invariant: uvloop's ``write`` keeps a memoryview of what it cannot send at once, without
+copying it, so a buffer is read into again only once the transport holds nothing written
+from it. The transport's queue is a FIFO: with the count of bytes written to it, what it
+still holds (``get_write_buffer_size()``) tells which buffers are free. Back-pressure (the
+other leg's high-water mark) bounds the buffers one body holds to a few.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+READ_SIZE = 256 * 1024
+"""The scratch buffer: bytes read at once outside a splice (uvloop's own is as large)."""
+SPLICE_SIZE = 1024 * 1024
+"""A splice buffer: bytes read at once while splicing. Fewer, larger reads and writes cost
+less CPU than 256 KiB ones (about 12% less per 10 MiB body, measured against nginx)."""
+SPARE_BUFFERS = 4
+"""Splice buffers kept for the next large body."""
+
+
+class Buffers:
+    """The read buffers of one event loop's connections: the scratch one, spare ones."""
+
+    __slots__ = ("_spare", "scratch")
+
+    def __init__(self) -> None:
+        self.scratch = memoryview(bytearray(READ_SIZE))
+        """Where reads that are copied out at once go."""
+        self._spare: list[memoryview] = []
+
+    def take(self) -> memoryview:
+        if self._spare:
+            return self._spare.pop()
+        return memoryview(bytearray(SPLICE_SIZE))
+
+    def give(self, view: memoryview) -> None:
+        if len(self._spare) < SPARE_BUFFERS:
+            self._spare.append(view)
+
+
+class _Buffer:
+    __slots__ = ("until", "view")
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+        self.until = 0
+        """The count of bytes written once the last ones written from here were."""
+
+
+class Splice:
+    """One body on its way to one transport: the buffers it is read into.
+
+    ``buffer(transport)`` before each read; once read, ``view(n)`` is what to write and
+    ``wrote(n)`` counts what was written from it; ``close`` at the end of the body.
+    """
+
+    __slots__ = ("_buffers", "_pool", "_reading", "_written")
+
+    def __init__(self, pool: Buffers) -> None:
+        self._pool = pool
+        self._buffers: list[_Buffer] = []
+        self._reading: _Buffer | None = None
+        self._written = 0
+        """Bytes written to the transport, counting those it held when the splice began:
+        what it still holds is the end of this count."""
+
+    def buffer(self, transport: asyncio.WriteTransport) -> memoryview:
+        """A buffer the transport holds nothing from, to read into."""
+        if not self._buffers:
+            self._written = transport.get_write_buffer_size()
+        sent = self._written - transport.get_write_buffer_size()
+        for buffer in self._buffers:
+            if buffer.until <= sent:
+                break
+        else:
+            buffer = _Buffer(self._pool.take())
+            self._buffers.append(buffer)
+        self._reading = buffer
+        return buffer.view
+
+    def view(self, nbytes: int) -> memoryview:
+        """The first ``nbytes`` of what was read into the last ``buffer()``."""
+        assert self._reading is not None
+        return self._reading.view[:nbytes]
+
+    def wrote(self, nbytes: int) -> None:
+        """``nbytes`` of the last read went to the transport."""
+        assert self._reading is not None
+        self._written += nbytes
+        self._reading.until = self._written
+
+    def close(self, transport: asyncio.WriteTransport | None) -> None:
+        """The body ended: buffers the transport holds nothing from go back to the pool
+        (the others are left to it, and freed once sent). None: the transport is gone."""
+        if transport is not None:
+            sent = self._written - transport.get_write_buffer_size()
+            for buffer in self._buffers:
+                if buffer.until <= sent:
+                    self._pool.give(buffer.view)
+        self._buffers = []
+        self._reading = None
+
+    def __repr__(self) -> str:
+        return f"<Splice buffers={len(self._buffers)} written={self._written}>"
