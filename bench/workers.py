@@ -11,7 +11,12 @@ probe every second, retries), each its own process with its own port:
 - ``gateway-1-pinned``: ``--workers 1`` pinned to the proxy core, as ``run.py`` runs it;
 - ``gateway-1``: ``--workers 1``, not pinned;
 - ``gateway-2``: ``--workers 2`` (``--workers N`` to change it), not pinned: its workers are
-  free to use both cores, which they share with wrk and the upstream.
+  free to use both cores, which they share with wrk and the upstream;
+- ``gateway-2-pinned``: ``--workers 2`` with the main process and both workers pinned to the
+  proxy core: the same placement as ``gateway-1-pinned``, so the two differ only in the
+  design (worker processes, snapshots, reports), not in contention for the cores. On a
+  machine with no core to spare for the workers (2 cores, one taken by wrk and the upstream)
+  this is the fair measure of what workers cost per request.
 
 ``gateway-1`` is the control for ``gateway-2``: the same placement (none), one worker count
 apart. Then, interleaved (the order rotates each repetition), for each target: a warm-up
@@ -162,6 +167,12 @@ def variants(args: argparse.Namespace) -> list[Variant]:
         Variant("gateway-1", "gateway --workers 1", 1, False),
         Variant(
             f"gateway-{args.workers}", f"gateway --workers {args.workers}", args.workers, False
+        ),
+        Variant(
+            f"gateway-{args.workers}-pinned",
+            f"gateway --workers {args.workers}",
+            args.workers,
+            True,
         ),
     ]
 
@@ -322,8 +333,10 @@ def report(
             table,
             "",
             f"CPU per request, {args.workers} workers over 1 worker: "
-            f"**{_ratio(cpu(many), cpu('gateway-1'))}** against `gateway-1` (both unpinned), "
-            f"{_ratio(cpu(many), cpu('gateway-1-pinned'))} against `gateway-1-pinned`.",
+            f"**{_ratio(cpu(many + '-pinned'), cpu('gateway-1-pinned'))}** with both pinned to "
+            f"CPU {args.proxy_cpu} (the same placement), "
+            f"{_ratio(cpu(many), cpu('gateway-1'))} with neither pinned (the workers then "
+            "compete with wrk and the upstream for the cores).",
             "",
             "Every run:",
             "",
