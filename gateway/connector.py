@@ -43,7 +43,7 @@ from .errors import (
     UpstreamTimeout,
 )
 from .headers import RESPONSE_DROPPED
-from .splice import Buffers, Splice
+from .splice import Buffers, Reader
 
 log = logging.getLogger(__name__)
 
@@ -112,31 +112,25 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self.tunnel: Callable[[bytes], None] | None = None
         self.tunnel_data = b""
         self.on_lost: Callable[[], None] | None = None
-        self._splice: Splice | None = None
-        """The large body's way to the client, once it began."""
-        self._splicing = False
-        """The last ``get_buffer`` gave out a splice buffer (not the scratch one)."""
+        self._reads = Reader(connector.buffers)
+        """Where reads go: the scratch buffer, or the splice of a large body to the client."""
 
     # -- asyncio.BufferedProtocol -------------------------------------------------------------
 
     def get_buffer(self, sizehint: int) -> memoryview:
         """A splice buffer while a large body goes to a client, else the scratch buffer."""
         sink = self._sink
-        transport = sink.conn.transport if sink is not None and self._raw_started else None
-        if transport is None:
-            self._splicing = False
-            return self._connector.buffers.scratch
-        if self._splice is None:
-            self._splice = Splice(self._connector.buffers)
-        self._splicing = True
-        return self._splice.buffer(transport)
+        return self._reads.buffer(
+            sink.conn.transport if sink is not None and self._raw_started else None
+        )
 
     def buffer_updated(self, nbytes: int) -> None:
-        splice = self._splice
-        if not self._splicing or splice is None:
-            self.data_received(self._connector.buffers.scratch[:nbytes].tobytes())
+        data = self._reads.copied(nbytes)
+        if data is not None:
+            self.data_received(data)
             return
-        self._splicing = False
+        splice = self._reads.splice
+        assert splice is not None
         self._last_read = self._loop.time()
         if nbytes > self._raw_remaining:
             self._broken("upstream sent more than its Content-Length")
@@ -153,9 +147,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         """The large body ended: a new parser (see ``_raw_body``), the splice closed."""
         self._raw_started = False
         self._parser = httptools.HttpResponseParser(self)
-        if self._splice is not None:
-            self._splice.close(self._sink.conn.transport if self._sink is not None else None)
-            self._splice = None
+        self._reads.end(self._sink.conn.transport if self._sink is not None else None)
         self._message_done()
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
@@ -328,7 +320,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self._head = None
         self._raw_remaining = 0
         self._raw_started = False
-        self._splice = None
+        self._reads.splice = None
         self._head_future = loop.create_future()
         self._done = None
         self._head_only = head_only

@@ -42,7 +42,7 @@ from . import http1
 from .config import ListenerLimits
 from .errors import BadRequest, GatewayError, RequestTimeout, RequestTooLarge
 from .headers import Fields
-from .splice import Buffers, Splice
+from .splice import Buffers, Reader
 
 log = logging.getLogger(__name__)
 
@@ -335,10 +335,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         "_pipeline",
         "_raw_remaining",
         "_raw_started",
+        "_reads",
         "_refused",
         "_send_timer",
-        "_splice",
-        "_splicing",
         "_timer",
         "_timer_at",
         "_tunnel_data",
@@ -393,10 +392,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._raw_started = False
         self._lingered = -1
         """Bytes discarded while lingering before the close; -1 while not lingering."""
-        self._splice: Splice | None = None
-        """The large body's way to the upstream, once it began."""
-        self._splicing = False
-        """The last ``get_buffer`` gave out a splice buffer (not the scratch one)."""
+        self._reads = Reader(gate.buffers)
+        """Where reads go: the scratch buffer, or the splice of a large body upstream."""
         self.send_timed_out = False
         """The client left its answer unread for ``send_timeout`` and was cut off."""
 
@@ -409,20 +406,15 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self._raw_started and self._lingered < 0 and self.tunnel is None:
             if parsing is not None and parsing.body is not None:
                 transport = parsing.body.sink_transport()
-        if transport is None:
-            self._splicing = False
-            return self._gate.buffers.scratch
-        if self._splice is None:
-            self._splice = Splice(self._gate.buffers)
-        self._splicing = True
-        return self._splice.buffer(transport)
+        return self._reads.buffer(transport)
 
     def buffer_updated(self, nbytes: int) -> None:
-        splice = self._splice
-        if not self._splicing or splice is None:
-            self.data_received(self._gate.buffers.scratch[:nbytes].tobytes())
+        data = self._reads.copied(nbytes)
+        if data is not None:
+            self.data_received(data)
             return
-        self._splicing = False
+        splice = self._reads.splice
+        assert splice is not None
         rest = b""
         if nbytes > self._raw_remaining:
             rest = splice.view(nbytes)[self._raw_remaining :].tobytes()  # what follows
@@ -538,7 +530,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self._parsing is None:  # the request was given up meanwhile
             self._raw_started = False
             self._raw_remaining = 0
-            self._splice = None  # what the upstream's transport still holds is left to it
+            self._reads.splice = None  # what the upstream's transport holds is left to it
             return
         remaining = self._raw_remaining
         rest = b""
@@ -551,12 +543,9 @@ class ClientConnection(asyncio.BufferedProtocol):
     def _raw_end(self, rest: bytes) -> None:
         """The large body is complete: the splice closed, and ``rest`` (what followed it)
         parsed by a new parser."""
-        splice = self._splice
-        if splice is not None:
-            self._splice = None
-            parsing = self._parsing
-            body = parsing.body if parsing is not None else None
-            splice.close(body.sink_transport() if body is not None else None)
+        if self._reads.splice is not None:
+            body = self._parsing.body if self._parsing is not None else None
+            self._reads.end(body.sink_transport() if body is not None else None)
         self._raw_started = False
         self._parser = httptools.HttpRequestParser(self)
         self.on_message_complete()

@@ -48,6 +48,44 @@ class Buffers:
             self._spare.append(view)
 
 
+class Reader:
+    """Where one connection's reads go: the loop's scratch buffer, or the splice of the body
+    under way. Both legs' ``get_buffer`` and ``buffer_updated`` are these two steps."""
+
+    __slots__ = ("_buffers", "_splicing", "splice")
+
+    def __init__(self, buffers: Buffers) -> None:
+        self._buffers = buffers
+        self.splice: Splice | None = None
+        """The large body's splice, once it began; None between bodies."""
+        self._splicing = False
+        """The last ``buffer`` gave out a splice buffer (not the scratch one)."""
+
+    def buffer(self, transport: asyncio.WriteTransport | None) -> memoryview:
+        """Where the next read goes: the splice to ``transport``, or (None) the scratch."""
+        if transport is None:
+            self._splicing = False
+            return self._buffers.scratch
+        if self.splice is None:
+            self.splice = Splice(self._buffers)
+        self._splicing = True
+        return self.splice.buffer(transport)
+
+    def copied(self, nbytes: int) -> bytes | None:
+        """A read of ``nbytes`` into the scratch buffer, copied out (the next read reuses
+        it); None when the read went into the splice (``splice.view(nbytes)``)."""
+        if self._splicing and self.splice is not None:
+            self._splicing = False
+            return None
+        return self._buffers.scratch[:nbytes].tobytes()
+
+    def end(self, transport: asyncio.WriteTransport | None) -> None:
+        """The body ended: its splice closed (see ``Splice.close``)."""
+        if self.splice is not None:
+            self.splice.close(transport)
+            self.splice = None
+
+
 class _Buffer:
     __slots__ = ("until", "view")
 
