@@ -102,15 +102,12 @@ class _Histogram:
         self.counts[bisect_left(self.bounds, value)] += 1  # le: value <= bound
         self.sum += value
 
-    def take(self) -> tuple[tuple[int, ...], float]:
-        """The counts and sum so far, as plain data; the histogram starts again from zero."""
-        out = (tuple(self.counts), self.sum)
-        self.counts = [0] * len(self.counts)
-        self.sum = 0.0
-        return out
+    def counted(self) -> tuple[tuple[int, ...], float]:
+        """The counts per bucket and the sum, as plain data to send."""
+        return tuple(self.counts), self.sum
 
     def merge(self, taken: tuple[tuple[int, ...], float]) -> None:
-        """Add counts ``take`` returned (from a histogram with the same bounds)."""
+        """Add what ``counted`` gave (from a histogram with the same bounds)."""
         counts, total = taken
         mine = self.counts
         for i, count in enumerate(counts):
@@ -433,19 +430,23 @@ class GatewayMetrics:
     def merge(self, tally: Tally) -> None:
         """Add a worker's counts (``RequestTally.take``) as if its requests were served here."""
         for (name, revision, status, error, reasons), n in tally.outcomes.items():
-            entry = self._requests.get((name, revision)) or self._revision(name, revision)
+            entry = self._entry(name, revision)
             if entry is None:
                 self.unrecorded += n
                 continue
             self._count(entry, status, error, reasons, n)
         for (name, revision), counts in tally.durations.items():
-            entry = self._requests.get((name, revision)) or self._revision(name, revision)
+            entry = self._entry(name, revision)
             if entry is not None:
                 entry.duration.merge(counts)
         for name, counts in tally.ttfb.items():
             service = self._services.get(name)
             if service is not None and name:
                 service.ttfb.merge(counts)
+
+    def _entry(self, name: str, revision: int | None) -> _RevisionSeries | None:
+        """A revision's request series (made on first use), or None for an unknown service."""
+        return self._requests.get((name, revision)) or self._revision(name, revision)
 
     def _revision(self, name: str, revision: int | None) -> _RevisionSeries | None:
         service = self._services.get(name)
@@ -517,12 +518,10 @@ class RequestTally:
         """The counts since the last ``take``; counting starts again from zero."""
         tally = Tally(
             self.outcomes,
-            {key: h.take() for key, h in self.durations.items() if h.sum or any(h.counts)},
-            {key: h.take() for key, h in self.ttfb.items() if h.sum or any(h.counts)},
+            {key: h.counted() for key, h in self.durations.items()},
+            {key: h.counted() for key, h in self.ttfb.items()},
         )
-        self.outcomes = {}
-        if len(self.durations) > 64:
-            self.durations.clear()  # series of revisions long gone do not pile up
+        self.outcomes, self.durations, self.ttfb = {}, {}, {}
         return tally
 
     def __repr__(self) -> str:

@@ -486,18 +486,18 @@ class Pool:
             pool = self.set_service(routing)
         old = {u.id: u for u in pool.snapshot.upstreams}
         new = {u.id: u for u in snapshot.upstreams}
-        for uid in old.keys() - new.keys():
+        gone = old.keys() - new.keys()
+        for uid in gone:
             pool.outliers.pop(uid, None)
-        for uid in new.keys() - old.keys():
-            pool.outliers[uid] = OutlierState(routing.outlier)
         pool._publish(snapshot.upstreams, snapshot.version)
         for uid, upstream in new.items():
             previous = old.get(uid)
             if previous is None:
+                pool.outliers[uid] = OutlierState(routing.outlier)
                 self._emit("added", routing.name, upstream, None, "installed")
             elif previous != upstream:
                 self._emit("changed", routing.name, upstream, previous, "installed")
-        for uid in old.keys() - new.keys():
+        for uid in gone:
             self._emit("removed", routing.name, old[uid], old[uid], "installed")
         return pool
 
