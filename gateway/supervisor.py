@@ -178,9 +178,10 @@ class Supervisor:
         workers = list(self.workers.values())
         for worker in workers:
             worker.send(ipc.Stop())
-        waits = [asyncio.ensure_future(w.process.wait()) for w in workers]
-        if waits:
-            _, pending = await asyncio.wait(waits, timeout=self.config.shutdown_timeout + 5)
+        # Each worker's _run ends once the worker has exited (and was reaped).
+        tasks = [w.task for w in workers if w.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.config.shutdown_timeout + 5)
             for worker in workers:
                 if worker.process.returncode is None:
                     log.warning("worker %d (pid %d) did not stop: kill", worker.index, worker.pid)
@@ -188,9 +189,6 @@ class Supervisor:
                         worker.process.send_signal(signal.SIGKILL)
             if pending:
                 await asyncio.wait(pending, timeout=5)
-        tasks = [w.task for w in workers if w.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=5)
         self.pool.unsubscribe(self)
         if self._flush is not None:
             self._flush.cancel()

@@ -7,7 +7,6 @@ Drain timeouts use a zero timeout so that they fire on the next loop iteration; 
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 from gateway import router
@@ -173,4 +172,3 @@ async def test_a_mirror_says_when_a_draining_upstream_is_idle_there():
     assert idle == [pool.service("svc").snapshot.version]
     sp.when_idle("a", lambda: idle.append(0))  # nothing in flight: at once
     assert idle[-1] == 0
-    await asyncio.sleep(0)
