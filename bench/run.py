@@ -34,11 +34,9 @@ import os
 import platform
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -53,9 +51,12 @@ from system import (
     free_ports,
     get,
     memory_mib,
+    missing_tool,
     process_tree,
     raise_nofile,
+    stop_on_signals,
     wait_serving,
+    work_dir,
 )
 from targets import (
     BIG_SIZE,
@@ -353,10 +354,6 @@ def command_line() -> str:
     return shlex.join([str(exe), str(script), *sys.argv[1:]])
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def start_targets(
     procs: Procs, args: argparse.Namespace, lim: Limits, pythons: list[interpreter.Interpreter]
 ) -> dict[str, Target]:
@@ -428,10 +425,10 @@ def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for tool in ("wrk", "nginx", "taskset"):
-        if shutil.which(tool) is None:
-            print(f"bench: {tool} not found (apt-get install wrk nginx-light)", file=sys.stderr)
-            return 2
+    tool = missing_tool()
+    if tool is not None:
+        print(f"bench: {tool} not found (apt-get install wrk nginx-light)", file=sys.stderr)
+        return 2
     if "haproxy" in args.targets and shutil.which("haproxy") is None:
         print("bench: haproxy not installed; skipping it", file=sys.stderr)
         args.targets.remove("haproxy")
@@ -441,12 +438,10 @@ def main(argv: list[str] | None = None) -> int:
     except Failure as e:
         print(f"bench: {e}", file=sys.stderr)
         return 1
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGINT, _raise_interrupt)  # even when started in the background
+    stop_on_signals()
     started_at = datetime.datetime.now(datetime.UTC)
     load = os.getloadavg()
-    tmp = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-    tmp.chmod(0o755)  # nginx workers run as nobody when started by root
+    tmp = work_dir("bench")
     procs = Procs(tmp)
     sources = source_digest()
     try:

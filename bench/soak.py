@@ -17,15 +17,23 @@ from __future__ import annotations
 import argparse
 import datetime
 import shutil
-import signal
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import interpreter
 import results
-from system import Failure, Procs, RssSampler, free_ports, raise_nofile, wait_serving
+from system import (
+    Failure,
+    Procs,
+    RssSampler,
+    free_ports,
+    missing_tool,
+    raise_nofile,
+    stop_on_signals,
+    wait_serving,
+    work_dir,
+)
 from targets import Limits, Run, start_gateway, start_upstream, wrk
 
 FLAT_MIB = 2.0
@@ -57,10 +65,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 0 < args.minutes <= 120 or not 1 <= args.segment <= 600 or args.sample <= 0:
         p.error("--minutes in (0, 120], --segment in [1, 600], --sample above 0")
     return args
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def soak(
@@ -140,15 +144,13 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for tool in ("wrk", "nginx", "taskset"):
-        if shutil.which(tool) is None:
-            print(f"soak: {tool} not found (apt-get install wrk nginx-light)", file=sys.stderr)
-            return 2
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGINT, _raise_interrupt)
+    tool = missing_tool()
+    if tool is not None:
+        print(f"soak: {tool} not found (apt-get install wrk nginx-light)", file=sys.stderr)
+        return 2
+    stop_on_signals()
     at = datetime.datetime.now(datetime.UTC)
-    tmp = Path(tempfile.mkdtemp(prefix="gateway-soak-"))
-    tmp.chmod(0o755)  # nginx workers run as nobody when started by root
+    tmp = work_dir("soak")
     procs = Procs(tmp)
     try:
         python = interpreter.resolve(args.python)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -266,3 +268,31 @@ def wait_serving(proc: Proc, url: str, deadline: float = 30.0) -> None:
             last = str(e)
         time.sleep(0.1)
     raise Failure(f"{proc.name} not serving {url} after {deadline:.0f}s ({last}):\n{proc.tail()}")
+
+
+# -- what every load benchmark does first -----------------------------------------------------
+
+LOAD_TOOLS = ("wrk", "nginx", "taskset")
+
+
+def missing_tool(tools: tuple[str, ...] = LOAD_TOOLS) -> str | None:
+    """The first of ``tools`` not on PATH, or None."""
+    return next((tool for tool in tools if shutil.which(tool) is None), None)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGINT (even when started in the background) end the run through the
+    ``finally`` blocks that stop every process started."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
+
+
+def work_dir(name: str) -> Path:
+    """A fresh temporary directory for one run's configs and logs."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"gateway-{name}-"))
+    tmp.chmod(0o755)  # nginx workers run as nobody when started by root
+    return tmp

@@ -42,10 +42,8 @@ import datetime
 import os
 import resource
 import shutil
-import signal
 import statistics
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,9 +56,12 @@ from system import (
     Procs,
     cpu_seconds,
     free_ports,
+    missing_tool,
     process_tree,
     raise_nofile,
+    stop_on_signals,
     wait_serving,
+    work_dir,
 )
 from targets import Limits, Run, Target, start_gateway, start_nginx, start_upstream, wrk
 
@@ -371,23 +372,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for tool in ("wrk", "nginx", "taskset"):
-        if shutil.which(tool) is None:
-            print(f"workers: {tool} not found (apt-get install wrk nginx-light)", file=sys.stderr)
-            return 2
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGINT, _raise_interrupt)
+    tool = missing_tool()
+    if tool is not None:
+        print(f"workers: {tool} not found (apt-get install wrk nginx-light)", file=sys.stderr)
+        return 2
+    stop_on_signals()
     at = datetime.datetime.now(datetime.UTC)
     load_start = os.getloadavg()[0]
     sources = source_digest()  # as the run starts, as run.py does
-    tmp = Path(tempfile.mkdtemp(prefix="gateway-workers-"))
-    tmp.chmod(0o755)  # nginx workers run as nobody when started by root
+    tmp = work_dir("workers")
     procs = Procs(tmp)
     try:
         python = interpreter.resolve(args.python)
