@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 
 import httptools
 
@@ -76,6 +76,16 @@ class ResponseHead:
         self.keep_alive = True
 
 
+class Waiter(Protocol):
+    """Who waits for an exchange's answer without a future (``Proxy.begin``)."""
+
+    def answered(self, conn: UpstreamConnection, head: ResponseHead) -> None:
+        """The answer's final head arrived, and its whole body if ``conn.complete``."""
+
+    def failed(self, conn: UpstreamConnection, error: GatewayError) -> None:
+        """The exchange failed before the answer's head arrived."""
+
+
 class _TooLarge(Exception):
     """Raised from a parser callback: the answer's head is over the limits."""
 
@@ -92,6 +102,10 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self.idle_since = 0.0
         self._head: ResponseHead | None = None
         self._head_future: asyncio.Future[ResponseHead] | None = None
+        self.waiter: Waiter | None = None
+        """Told of the answer's head instead of ``_head_future`` (see ``Waiter``)."""
+        self._asked = False
+        """A request was sent and its exchange is not over: the upstream may speak."""
         self._done: asyncio.Future[None] | None = None
         self._interim = False
         self._head_bytes = 0
@@ -166,7 +180,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
             self.on_lost()
             return
         head = self._head
-        if self._head_future is not None and not self._head_future.done():
+        if self._asked and (head is None or not head.status):
             self._fail(
                 UpstreamConnectError(
                     "upstream closed the connection before answering", kind="disconnect"
@@ -188,7 +202,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         if head is not None and head.status == 101:
             self.tunnel_data += data  # the relay is not installed yet
             return
-        if self._head_future is None:
+        if not self._asked:
             # Nothing was asked: an idle connection must stay silent.
             self.abort()
             return
@@ -207,11 +221,16 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         if self._raw_remaining:
             self._raw_started = True  # what comes next skips the parser (``_raw_body``)
         head = self._head
-        if head is not None and head.status and self._sink is None and not self.complete:
-            # The body has nowhere to go until the proxy calls ``stream_to``: uvloop would
-            # read on (up to 32 reads a wakeup) into memory meanwhile.
-            self.pause_reading()
-        if head is not None and not head.status and not self._interim:
+        if head is not None and head.status:
+            if self._sink is None and not self.complete:
+                # The body has nowhere to go until the proxy calls ``stream_to``: uvloop
+                # would read on (up to 32 reads a wakeup) into memory meanwhile.
+                self.pause_reading()
+            waiter = self.waiter
+            if waiter is not None:
+                self.waiter = None
+                waiter.answered(self, head)  # last: it may hand this connection on
+        elif head is not None and not self._interim:
             # Still in the head: bound it (llhttp keeps a partial field to itself).
             self._head_bytes += len(data)
             if self._head_bytes > HEAD_LIMIT_FACTOR * self._connector.max_header_size:
@@ -312,16 +331,29 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     # -- the exchange -------------------------------------------------------------------------
 
     def send(
-        self, head: bytes, *, body: bool, chunked: bool, head_only: bool, read_timeout: float
-    ) -> asyncio.Future[ResponseHead]:
-        """Write a request head; the future resolves with the answer's head."""
+        self,
+        head: bytes,
+        *,
+        body: bool,
+        chunked: bool,
+        head_only: bool,
+        read_timeout: float,
+        waiter: Waiter | None = None,
+    ) -> asyncio.Future[ResponseHead] | None:
+        """Write a request head; the future resolves with the answer's head.
+
+        With a ``waiter``, no future: the waiter is told instead, from this connection's
+        callbacks (once the answer's head, or all of the answer that was read with it, is in).
+        """
         assert self.transport is not None
         loop = self._loop
         self._head = None
         self._raw_remaining = 0
         self._raw_started = False
         self._reads.splice = None
-        self._head_future = loop.create_future()
+        self._asked = True
+        self.waiter = waiter
+        self._head_future = loop.create_future() if waiter is None else None
         self._done = None
         self._head_only = head_only
         self._sink = None
@@ -387,6 +419,10 @@ class UpstreamConnection(asyncio.BufferedProtocol):
             return
         self.failed = True
         self._error = error
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            waiter.failed(self, error)
         for future in (self._head_future, self._done):
             if future is not None and not future.done():
                 future.set_exception(error)
@@ -534,6 +570,7 @@ class Connector:
         conn._sink = None
         conn._head_future = None
         conn._done = None
+        conn._asked = False
         idle = self._idle.setdefault(conn.key, [])
         if len(idle) >= self.max_idle:
             conn.abort()

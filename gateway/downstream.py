@@ -78,6 +78,14 @@ LINGER_BYTES = 64 * 1024 * 1024
 """At most this much is discarded while lingering; then the connection is dropped."""
 
 Handler = Callable[["IncomingRequest"], Coroutine[Any, Any, None]]
+Begin = Callable[["IncomingRequest"], bool]
+"""Serves a request without a task of its own if it can (``Proxy.begin``); False if not."""
+
+
+class Exchange(Protocol):
+    """A request served without a task (``Begin``): cut off when the client goes away."""
+
+    def cancel(self) -> None: ...
 
 
 class BodySink(Protocol):
@@ -317,6 +325,7 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     # Slots: ten thousand idle connections each save a __dict__.
     __slots__ = (
+        "_begin",
         "_body_started",
         "_closing",
         "_connections",
@@ -343,6 +352,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         "_tunnel_data",
         "_writing_paused",
         "active",
+        "exchange",
         "on_lost",
         "peer",
         "producer",
@@ -358,8 +368,10 @@ class ClientConnection(asyncio.BufferedProtocol):
         limits: ListenerLimits,
         gate: ConnectionGate,
         connections: set[ClientConnection],
+        begin: Begin | None = None,
     ) -> None:
         self._handler = handler
+        self._begin = begin
         self._limits = limits
         self._gate = gate
         self._connections = connections
@@ -374,6 +386,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._pipeline: deque[IncomingRequest] = deque()
         self.active: IncomingRequest | None = None
         self.task: asyncio.Task[None] | None = None
+        self.exchange: Exchange | None = None
+        """The active request's exchange while it runs without a task (``Begin``)."""
         self._paused = 0
         self._writing_paused = False
         self.producer: Producer | None = None
@@ -466,6 +480,8 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.on_lost()
         elif self.task is not None and not self.task.done():
             self.task.cancel()
+        elif self.exchange is not None:
+            self.exchange.cancel()
 
     def data_received(self, data: bytes) -> None:
         if self.tunnel is not None:
@@ -682,11 +698,23 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def _start(self, request: IncomingRequest) -> None:
         self.active = request
-        self.task = self._loop.create_task(self._run(request))
+        if self._begin is None or not self._begin(request):
+            self.task = self._loop.create_task(self._run(request, self._handler(request)))
 
-    async def _run(self, request: IncomingRequest) -> None:
+    def run(self, request: IncomingRequest, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Go on with the active request in a task of its own, running ``work``."""
+        self.exchange = None
+        self.task = task = self._loop.create_task(self._run(request, work))
+        return task
+
+    def finished(self, request: IncomingRequest) -> None:
+        """The active request, served without a task, was answered."""
+        self.exchange = None
+        self._finished(request)
+
+    async def _run(self, request: IncomingRequest, work: Coroutine[Any, Any, None]) -> None:
         try:
-            await self._handler(request)
+            await work
         except asyncio.CancelledError:
             self.abort()
             raise
@@ -700,6 +728,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         """The answer to ``request`` was written: next request, keep-alive or close."""
         self.active = None
         self.task = None
+        self.exchange = None
         self.producer = None
         if self._last is request:
             self._last = None  # an idle connection holds no finished request

@@ -152,6 +152,10 @@ class ServicePool:
         upstream = self.pick(exclude)
         if upstream is None:
             return None
+        return self.lease_of(upstream)
+
+    def lease_of(self, upstream: Upstream) -> Lease:
+        """Count a request in flight on ``upstream``, picked already."""
         lease = Lease(self, upstream)
         self.inflight[upstream.id] = self.inflight.get(upstream.id, 0) + 1
         self.leases.setdefault(upstream.id, set()).add(lease)

@@ -84,6 +84,14 @@ class _Exchange:
     """Response headers went to the client: no other answer is possible."""
     complete: bool = False
     """The answer was delivered in full (a cancellation after that is no error)."""
+    sp: ServicePool | None = None
+    """The service, once routed."""
+    target: bytes = b""
+    """The request target sent upstream, once routed."""
+    lease: Lease | None = None
+    """The lease of ``begin``'s attempt (held until its answer is complete)."""
+    conn: UpstreamConnection | None = None
+    """The upstream connection of ``begin``'s attempt."""
 
 
 class _Failed(Exception):
@@ -95,8 +103,114 @@ class _Failed(Exception):
         self.kind = kind
 
 
+class _Fast:
+    """An exchange ``Proxy.begin`` started: told of its answer by the upstream connection
+    (``connector.Waiter``), cancelled by the client connection (the client went away) or the
+    lease (a drain timed out). Exactly one of ``answered``, ``failed`` and ``cancel`` ends
+    it, or hands it on to the request's task; each clears the references to it."""
+
+    __slots__ = ("ex", "proxy", "request", "sink")
+
+    def __init__(self, proxy: Proxy, request: IncomingRequest, ex: _Exchange) -> None:
+        self.proxy = proxy
+        self.request = request
+        self.ex = ex
+        self.sink: ResponseStream | None = None
+        """Where the answer's body goes while it streams."""
+
+    def answered(self, conn: UpstreamConnection, head: ResponseHead) -> None:
+        proxy, request, ex = self.proxy, self.request, self.ex
+        sp, upstream = ex.sp, ex.upstream
+        assert sp is not None
+        assert upstream is not None
+        failed = proxy._answered(request, ex, sp, conn, head, (upstream.id,))
+        if failed is not None:
+            self._retry(failed)
+            return
+        sink, data = proxy._client_head(request, ex, conn, head)
+        done = conn.stream_to(sink, data)  # never raises: the connection has not failed
+        if done is None:  # the whole answer went at once
+            self._delivered(sink)
+        else:
+            self.sink = sink
+            done.add_done_callback(self._streamed)
+
+    def _streamed(self, done: asyncio.Future[None]) -> None:
+        """The body of the answer ended, whole or broken off (unless cut off before)."""
+        sink = self.sink
+        if self.request.conn.exchange is not self or sink is None:
+            return  # cancelled meanwhile
+        self.sink = None
+        error = None if done.cancelled() else done.exception()
+        if error is None:
+            self._delivered(sink)
+            return
+        proxy, request, ex = self.proxy, self.request, self.ex
+        assert ex.sp is not None
+        assert ex.conn is not None
+        if not isinstance(error, GatewayError):
+            error = UpstreamProtocolError(f"upstream response failed: {error!r}")
+        proxy._broke_off(request, ex, ex.sp, ex.conn, sink, error)
+        self._end()
+        proxy._record(request, ex, proxy._loop.time())
+
+    def _delivered(self, sink: ResponseStream) -> None:
+        proxy, request, ex = self.proxy, self.request, self.ex
+        assert ex.sp is not None
+        assert ex.conn is not None
+        proxy._delivered(request, ex, ex.sp, ex.conn, sink)
+        self._end()
+        proxy._record(request, ex, proxy._loop.time())
+        request.conn.finished(request)
+
+    def failed(self, conn: UpstreamConnection, error: GatewayError) -> None:
+        proxy, ex = self.proxy, self.ex
+        assert ex.sp is not None
+        proxy.connector.discard(conn)
+        self._retry(proxy._failed(error, ex, ex.sp))
+
+    def cancel(self) -> None:
+        """Cut the exchange off: the client went away, or a drain timed out."""
+        proxy, request, ex = self.proxy, self.request, self.ex
+        client = request.conn
+        if client.exchange is not self:
+            return  # over already
+        conn = ex.conn
+        self.sink = None
+        if conn is not None:
+            conn.waiter = None
+            proxy.connector.discard(conn)
+        self._end()
+        ex.status = ex.status or 499
+        ex.error = "client_too_slow" if client.send_timed_out else ex.error or "cancelled"
+        proxy._record(request, ex, proxy._loop.time())
+        client.abort()
+
+    def _retry(self, failed: _Failed) -> None:
+        """The attempt failed (its connection is gone): retry it, or answer, in a task.
+
+        Nothing is held across: if the task is cancelled before it starts, nothing leaks.
+        """
+        self._end()
+        self.request.conn.run(self.request, self.proxy.handle(self.request, self.ex, failed))
+
+    def _end(self) -> None:
+        """Release the lease; drop the references that made this a cycle."""
+        ex = self.ex
+        lease = ex.lease
+        if lease is not None:
+            lease.on_abort = None
+            lease.release()
+        ex.lease = None
+        ex.conn = None
+        self.request.conn.exchange = None
+
+
 class Proxy:
     """Forwards requests to the routable upstreams of ``pool``."""
+
+    _loop: asyncio.AbstractEventLoop
+    """The running loop (from ``start``)."""
 
     def __init__(
         self, pool: Pool, config: ProxyConfig, observers: Sequence[RequestObserver] = ()
@@ -115,6 +229,7 @@ class Proxy:
 
     async def start(self) -> None:
         """Open the upstream connection pool (idempotent)."""
+        self._loop = asyncio.get_running_loop()
         if self._connector is None:
             self._connector = Connector(
                 max_idle=self.config.upstream_keepalive,
@@ -134,15 +249,80 @@ class Proxy:
 
     # -- the handler -------------------------------------------------------------------------
 
-    async def handle(self, request: IncomingRequest) -> None:
-        """Answer ``request`` (run as its own task by its ``ClientConnection``)."""
-        loop = self.pool.loop
-        candidate = request.request_id
-        ex = _Exchange(
-            headers.request_id(candidate.decode("latin-1") if candidate else None), loop.time()
-        )
+    def begin(self, request: IncomingRequest) -> bool:
+        """Serve ``request`` without a task of its own if it can start at once; else False.
+
+        The common request (no body, no upgrade, an upstream routable now and an idle
+        keep-alive connection to it, no ``timeouts.total``) is sent from the parser's
+        callback, and its answer written from the upstream's: no task, no future, no
+        coroutine. Anything else, or anything unusual on the way (a failed attempt to retry,
+        an answer still streaming), goes on in ``handle`` as the request's task, from where
+        this left off. Errors the gateway answers itself (404, 400) are written here.
+        """
+        if request.body is not None or request.upgrade:
+            return False
+        ex = self._exchange_for(request)
         try:
-            await self._route(request, ex)
+            sp, target = self._prepare(request, ex)
+        except GatewayError as exc:
+            self._error_response(request, exc, ex)
+            self._record(request, ex, self._loop.time())
+            request.conn.finished(request)
+            return True
+        upstream = None if sp.routing.timeouts.total else sp.pick()
+        conn = None
+        if upstream is not None:
+            conn = self.connector.idle(upstream.host, upstream.port)
+        if conn is None:
+            # The task connects (to the upstream picked: a pick is not undone) or waits.
+            ex.upstream = upstream
+            request.conn.run(request, self.handle(request, ex))
+            return True
+        assert upstream is not None
+        ex.upstream = upstream
+        ex.lease = lease = sp.lease_of(upstream)
+        ex.conn = conn
+        fast = _Fast(self, request, ex)
+        lease.on_abort = fast.cancel
+        request.conn.exchange = fast
+        head = self._request_head(request, ex, target, upstream)
+        if request.content_length is not None:
+            head.append(b"Content-Length: 0")
+        head.append(http1.CRLF)
+        conn.send(
+            http1.CRLF.join(head),
+            body=False,
+            chunked=False,
+            head_only=request.method == "HEAD",
+            read_timeout=sp.routing.timeouts.read,
+            waiter=fast,
+        )
+        return True
+
+    def _exchange_for(self, request: IncomingRequest) -> _Exchange:
+        candidate = request.request_id
+        return _Exchange(
+            headers.request_id(candidate.decode("latin-1") if candidate else None),
+            self._loop.time(),
+        )
+
+    async def handle(
+        self, request: IncomingRequest, ex: _Exchange | None = None, failed: _Failed | None = None
+    ) -> None:
+        """Answer ``request`` (run as its own task by its ``ClientConnection``).
+
+        ``ex`` is given when ``begin`` started the request: it is routed (``ex.sp``), and
+        ``ex.upstream`` is the upstream it picked, if any; with ``failed``, the attempt on it
+        failed (retry, or answer the error).
+        """
+        if ex is None:
+            ex = self._exchange_for(request)
+        try:
+            if ex.sp is None:
+                sp, ex.target = self._prepare(request, ex)
+                await self._attempts(request, ex, sp, None)
+            else:
+                await self._attempts(request, ex, ex.sp, failed)
         except GatewayError as exc:
             self._error_response(request, exc, ex)
         except asyncio.CancelledError:
@@ -153,9 +333,10 @@ class Proxy:
                 ex.error = ex.error or "cancelled"
             raise
         finally:
-            self._record(request, ex, loop.time())
+            self._record(request, ex, self._loop.time())
 
-    async def _route(self, request: IncomingRequest, ex: _Exchange) -> None:
+    def _prepare(self, request: IncomingRequest, ex: _Exchange) -> tuple[ServicePool, bytes]:
+        """Route ``request`` and check its limits: its service and the target sent upstream."""
         target = request.target.decode("latin-1")
         path, query, plain = router.split_target(target)
         ex.path = path
@@ -182,34 +363,55 @@ class Proxy:
         forward = router.forward_path(route, path)
         if not plain:
             forward = router.quote_path(forward)
-        wire_target = (f"{forward}?{query}" if query else forward).encode("latin-1")
+        ex.sp = sp
+        ex.target = (f"{forward}?{query}" if query else forward).encode("latin-1")
+        return sp, ex.target
 
-        lease = sp.lease()
-        if lease is None:
-            if not await sp.wait_routable(sp.routing.queue_timeout):
-                raise sp.unavailable()
-            lease = sp.lease()
-            if lease is None:
-                raise sp.unavailable()
-        websocket = bool(request.upgrade) and request.is_websocket
+    async def _attempts(
+        self, request: IncomingRequest, ex: _Exchange, sp: ServicePool, failed: _Failed | None
+    ) -> None:
+        """Lease an upstream and forward, retrying while ``_may_retry`` allows.
+
+        ``ex.upstream``: the upstream ``begin`` picked; ``failed``: its attempt failed already.
+        """
         tried: set[str] = set()
+        lease = None
+        picked = ex.upstream
+        if failed is not None:
+            assert picked is not None
+            tried.add(picked.id)
+        else:
+            if picked is not None and picked in sp.snapshot.routable:
+                lease = sp.lease_of(picked)  # still routable since ``begin`` picked it
+            else:
+                lease = sp.lease()
+            if lease is None:
+                if not await sp.wait_routable(sp.routing.queue_timeout):
+                    raise sp.unavailable()
+                lease = sp.lease()
+                if lease is None:
+                    raise sp.unavailable()
+        websocket = bool(request.upgrade) and request.is_websocket
         while True:
+            if failed is not None:
+                if not self._may_retry(failed.kind, request, ex, sp, tried):
+                    raise failed.error from None
+                ex.retries += 1
+                ex.retry_reasons += (failed.kind,)
+                lease = sp.lease(frozenset(tried))
+                if lease is None:
+                    raise failed.error from None
+                failed = None
+            assert lease is not None
             tried.add(lease.upstream.id)
             ex.upstream = lease.upstream
             try:
                 with lease:
                     if websocket:
-                        return await self._websocket(request, ex, sp, lease, wire_target)
-                    return await self._http(request, ex, sp, lease, wire_target, tried)
-            except _Failed as failed:
-                if not self._may_retry(failed.kind, request, ex, sp, tried):
-                    raise failed.error from None
-                ex.retries += 1
-                ex.retry_reasons += (failed.kind,)
-                next_lease = sp.lease(frozenset(tried))
-                if next_lease is None:
-                    raise failed.error from None
-                lease = next_lease
+                        return await self._websocket(request, ex, sp, lease, ex.target)
+                    return await self._http(request, ex, sp, lease, ex.target, tried)
+            except _Failed as exc:
+                failed = exc
 
     def _may_retry(
         self,
@@ -225,7 +427,7 @@ class Proxy:
             return False
         if body is not None and (body.started or body.error is not None):
             return False
-        if self.pool.loop.time() - ex.started >= retries.timeout:
+        if self._loop.time() - ex.started >= retries.timeout:
             return False
         replayable = request.method in IDEMPOTENT and body is None
         if kind == "disconnect" and not replayable:
@@ -347,23 +549,41 @@ class Proxy:
                     body.attach(conn)
                 except GatewayError as exc:
                     raise self._failed(exc, ex, sp) from None
+        assert head_future is not None
         try:
             head = await head_future
         except GatewayError as exc:
             if body is not None:
                 body.detach()
             raise self._failed(exc, ex, sp) from None
+        failed = self._answered(request, ex, sp, conn, head, tried)
+        if failed is not None:
+            raise failed
+        await self._respond(request, ex, sp, conn, head)
+
+    def _answered(
+        self,
+        request: IncomingRequest,
+        ex: _Exchange,
+        sp: ServicePool,
+        conn: UpstreamConnection,
+        head: ResponseHead,
+        tried: Collection[str],
+    ) -> _Failed | None:
+        """The answer's head arrived: passive detection, and the failure if it is retried."""
+        upstream = ex.upstream
+        assert upstream is not None
         status = head.status
-        ex.ttfb = self.pool.loop.time() - ex.started
+        ex.ttfb = self._loop.time() - ex.started
         if status >= 500:
             self.pool.report(sp.routing.name, upstream.id, "5xx")
-        if status in RETRY_STATUSES and self._may_retry("status", request, ex, sp, tried):
-            self.connector.discard(conn)
-            error = UpstreamError(
-                f"upstream answered {status}", service=sp.routing.name, upstream=upstream.id
-            )
-            raise _Failed(error, "status")
-        await self._respond(request, ex, sp, conn, head)
+            if status in RETRY_STATUSES and self._may_retry("status", request, ex, sp, tried):
+                self.connector.discard(conn)
+                error = UpstreamError(
+                    f"upstream answered {status}", service=sp.routing.name, upstream=upstream.id
+                )
+                return _Failed(error, "status")
+        return None
 
     async def _respond(
         self,
@@ -374,6 +594,20 @@ class Proxy:
         head: ResponseHead,
     ) -> None:
         """Send the upstream's answer to the client as it arrives."""
+        sink, data = self._client_head(request, ex, conn, head)
+        try:
+            done = conn.stream_to(sink, data)
+            if done is not None:
+                await done
+        except GatewayError as exc:
+            self._broke_off(request, ex, sp, conn, sink, exc)
+            return
+        self._delivered(request, ex, sp, conn, sink)
+
+    def _client_head(
+        self, request: IncomingRequest, ex: _Exchange, conn: UpstreamConnection, head: ResponseHead
+    ) -> tuple[ResponseStream, bytes]:
+        """The head of the answer as the client gets it, and the stream its body goes to."""
         client = request.conn
         body = request.body
         status = head.status
@@ -399,26 +633,42 @@ class Proxy:
         request.keep_alive = keep_alive
         ex.status = status
         ex.response_started = True
-        sink = ResponseStream(client, chunked)
         client.producer = conn
-        try:
-            done = conn.stream_to(sink, http1.response_head(status, head.phrase, fields))
-            if done is not None:
-                await done
-        except GatewayError as exc:
-            # Cut the client off without the end of the body: it must never look complete.
-            ex.bytes_out = sink.bytes_out
-            ex.error = exc.code
-            client.abort()
-            self.connector.discard(conn)
-            if exc.kind != "client":
-                self.pool.report(sp.routing.name, ex.upstream.id if ex.upstream else "", "5xx")
-            return
+        return ResponseStream(client, chunked), http1.response_head(status, head.phrase, fields)
+
+    def _broke_off(
+        self,
+        request: IncomingRequest,
+        ex: _Exchange,
+        sp: ServicePool,
+        conn: UpstreamConnection,
+        sink: ResponseStream,
+        exc: GatewayError,
+    ) -> None:
+        """The answer's body broke off: cut the client off without its end, so it must never
+        look complete."""
         ex.bytes_out = sink.bytes_out
+        ex.error = exc.code
+        request.conn.abort()
+        self.connector.discard(conn)
+        if exc.kind != "client":
+            self.pool.report(sp.routing.name, ex.upstream.id if ex.upstream else "", "5xx")
+
+    def _delivered(
+        self,
+        request: IncomingRequest,
+        ex: _Exchange,
+        sp: ServicePool,
+        conn: UpstreamConnection,
+        sink: ResponseStream,
+    ) -> None:
+        """The answer went to the client whole: the upstream connection is free again."""
+        ex.bytes_out = sink.bytes_out
+        body = request.body
         if body is not None:
             ex.bytes_in = body.received
         ex.complete = True
-        if status < 500 and ex.upstream is not None:
+        if ex.status < 500 and ex.upstream is not None:
             self.pool.report(sp.routing.name, ex.upstream.id, "ok")
         self.connector.release(conn)
 
@@ -449,6 +699,7 @@ class Proxy:
                 head_only=False,
                 read_timeout=timeouts.connect + timeouts.read,
             )
+            assert future is not None
             try:
                 head = await future
             except GatewayError as exc:

@@ -63,9 +63,10 @@ class TrafficServer:
         gate = ConnectionGate(limits.max_connections)
         connections = self._connections
         handle = self.proxy.handle
+        begin = self.proxy.begin
 
         def protocol() -> ClientConnection:
-            return ClientConnection(handle, limits, gate, connections)
+            return ClientConnection(handle, limits, gate, connections, begin)
 
         host, port = self.address
         loop = asyncio.get_running_loop()
