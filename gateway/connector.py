@@ -57,9 +57,9 @@ class ResponseHead:
     __slots__ = (
         "chunked",
         "content_length",
-        "headers",
         "hop",
         "keep_alive",
+        "lines",
         "phrase",
         "status",
     )
@@ -67,8 +67,9 @@ class ResponseHead:
     def __init__(self) -> None:
         self.status = 0
         self.phrase = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        """The end-to-end fields, as they came (``headers.RESPONSE_DROPPED`` sorted out)."""
+        self.lines: list[bytes] = []
+        """The end-to-end fields as ``Name: value`` lines, as they came
+        (``headers.RESPONSE_DROPPED`` sorted out)."""
         self.hop: list[tuple[bytes, bytes]] = []
         """Connection and Upgrade fields (what a 101 passes on, and what Connection names)."""
         self.content_length: int | None = None
@@ -101,6 +102,9 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
         self._head: ResponseHead | None = None
+        self._lines: list[bytes] = []
+        """The lines of ``_head`` (``on_header`` appends to them)."""
+        self._max_field = connector.max_header_size
         self._head_future: asyncio.Future[ResponseHead] | None = None
         self.waiter: Waiter | None = None
         """Told of the answer's head instead of ``_head_future`` (see ``Waiter``)."""
@@ -127,18 +131,24 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self.tunnel_data = b""
         self.on_lost: Callable[[], None] | None = None
         self._reads = Reader(connector.buffers)
+        self._scratch = connector.buffers.scratch
         """Where reads go: the scratch buffer, or the splice of a large body to the client."""
 
     # -- asyncio.BufferedProtocol -------------------------------------------------------------
 
     def get_buffer(self, sizehint: int) -> memoryview:
         """A splice buffer while a large body goes to a client, else the scratch buffer."""
+        if not self._raw_started:
+            return self._scratch  # every read but a large body's: the short way
         sink = self._sink
         return self._reads.buffer(
             sink.conn.transport if sink is not None and self._raw_started else None
         )
 
     def buffer_updated(self, nbytes: int) -> None:
+        if not self._raw_started:  # as in ``get_buffer``, which this read followed
+            self.data_received(self._scratch[:nbytes].tobytes())
+            return
         data = self._reads.copied(nbytes)
         if data is not None:
             self.data_received(data)
@@ -250,7 +260,8 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     # -- parser callbacks ---------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._head = ResponseHead()
+        self._head = head = ResponseHead()
+        self._lines = head.lines
         self._head_bytes = 0
 
     def on_status(self, phrase: bytes) -> None:
@@ -258,16 +269,17 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self._head.phrase += phrase
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        head = self._head
-        assert head is not None
-        if len(name) + len(value) > self._connector.max_header_size:
+        # Called for every field of every answer: kept to the least (the count of fields
+        # is bounded in ``on_headers_complete``; one read holds only so many).
+        if len(name) + len(value) > self._max_field:
             raise _TooLarge("upstream sent a response header field that is too large")
-        if len(head.headers) + len(head.hop) >= MAX_HEADERS:
-            raise _TooLarge("upstream sent too many response header fields")
         lower = name.lower()
         if lower not in RESPONSE_DROPPED:
-            head.headers.append((name, value))
-        elif lower == b"content-length":
+            self._lines.append(name + b": " + value)
+            return
+        head = self._head
+        assert head is not None
+        if lower == b"content-length":
             head.content_length = int(value)
         elif lower == b"transfer-encoding":
             head.chunked = True
@@ -277,6 +289,8 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     def on_headers_complete(self) -> None:
         head = self._head
         assert head is not None
+        if len(head.lines) + len(head.hop) > MAX_HEADERS:
+            raise _TooLarge("upstream sent too many response header fields")
         parser = self._parser
         status = parser.get_status_code()
         if 100 <= status < 200 and status != 101:
@@ -575,8 +589,9 @@ class Connector:
         if len(idle) >= self.max_idle:
             conn.abort()
             return
-        conn.idle_since = conn._loop.time()
-        conn.resume_reading()  # paused by the last client, perhaps: an idle one must read
+        conn.idle_since = conn._last_read  # the answer's last read: now, or as good as
+        if conn._reading_paused:
+            conn.resume_reading()  # paused by the last client: an idle one must read
         idle.append(conn)
         if self._sweeper is None:
             self._sweeper = conn._loop.call_later(self.keepalive_timeout / 2, self._sweep)

@@ -346,6 +346,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         "_raw_started",
         "_reads",
         "_refused",
+        "_scratch",
         "_send_timer",
         "_timer",
         "_timer_at",
@@ -407,6 +408,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._lingered = -1
         """Bytes discarded while lingering before the close; -1 while not lingering."""
         self._reads = Reader(gate.buffers)
+        self._scratch = gate.buffers.scratch
         """Where reads go: the scratch buffer, or the splice of a large body upstream."""
         self.send_timed_out = False
         """The client left its answer unread for ``send_timeout`` and was cut off."""
@@ -415,6 +417,8 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         """A splice buffer while a large body goes to an upstream, else the scratch buffer."""
+        if not self._raw_started:
+            return self._scratch  # every read but a large body's: the short way
         transport = None
         parsing = self._parsing
         if self._raw_started and self._lingered < 0 and self.tunnel is None:
@@ -423,6 +427,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         return self._reads.buffer(transport)
 
     def buffer_updated(self, nbytes: int) -> None:
+        if not self._raw_started:  # as in ``get_buffer``, which this read followed
+            self.data_received(self._scratch[:nbytes].tobytes())
+            return
         data = self._reads.copied(nbytes)
         if data is not None:
             self.data_received(data)

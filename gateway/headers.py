@@ -111,8 +111,9 @@ def upstream_request(
                     lines.append(name + b": " + value)
             continue
         lines.append(name + b": " + value)
-    if tokens:
-        # Connection may come after the fields it names: filter once all are known.
+    if tokens and not tokens <= HOP_BY_HOP:
+        # Connection may come after the fields it names: filter once all are known (those
+        # in HOP_BY_HOP are gone already: "Connection: keep-alive" needs no pass).
         lines = [line for line in lines if line.partition(b":")[0].lower() not in tokens]
     if peer is not None:
         forwarded_for = peer.encode()
@@ -132,21 +133,22 @@ def upstream_request(
 
 
 def client_response(
-    fields: Fields, hop: Fields, request_id: str, *, upgrade: bool = False
-) -> Fields:
-    """The header fields returned to the client for an upstream answer.
+    lines: list[bytes], hop: Fields, request_id: str, *, upgrade: bool = False
+) -> list[bytes]:
+    """The header lines returned to the client for an upstream answer.
 
-    ``fields`` are the answer's end-to-end fields (``RESPONSE_DROPPED`` already sorted out
-    as they were parsed), ``hop`` its Connection and Upgrade fields. Fields the Connection
-    header names are dropped; ``upgrade`` (a 101) keeps Connection and Upgrade. Framing is
-    the caller's. The list returned may be ``fields`` itself, extended.
+    ``lines`` are the answer's end-to-end fields as ``Name: value`` lines
+    (``RESPONSE_DROPPED`` already sorted out as they were parsed), ``hop`` its Connection
+    and Upgrade fields. Fields the Connection header names are dropped; ``upgrade`` (a 101)
+    keeps Connection and Upgrade. Framing is the caller's. The list returned may be
+    ``lines`` itself, extended.
     """
     if upgrade:
-        out = [*fields, *hop]
+        out = [*lines, *(name + b": " + value for name, value in hop)]
     elif hop and any(value.lower() not in _PLAIN_CONNECTION for _, value in hop):
         tokens = connection_tokens(hop)
-        out = [(n, v) for n, v in fields if n.lower() not in tokens]
+        out = [line for line in lines if line.partition(b":")[0].lower() not in tokens]
     else:
-        out = fields
-    out.append((b"X-Request-Id", request_id.encode()))
+        out = lines
+    out.append(b"X-Request-Id: " + request_id.encode())
     return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 
 CRLF = b"\r\n"
@@ -52,12 +52,12 @@ def write_body(
         transport.writelines((b"%x\r\n" % len(data), data, CRLF))
 
 
-def response_head(status: int, phrase: bytes, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
-    lines = [b"HTTP/1.1 %d %b" % (status, phrase)]
-    for name, value in headers:
-        lines.append(name + b": " + value)
-    lines.append(CRLF)
-    return CRLF.join(lines)
+def response_head(status: int, phrase: bytes, lines: Sequence[bytes]) -> bytes:
+    """A response head: the status line, then ``lines`` (each ``Name: value``)."""
+    head = b"HTTP/1.1 %d %b\r\n" % (status, phrase)
+    if lines:
+        return head + CRLF.join(lines) + b"\r\n\r\n"
+    return head + CRLF
 
 
 def json_response(
@@ -69,13 +69,13 @@ def json_response(
 ) -> bytes:
     """A complete response the gateway makes itself, with a JSON body."""
     payload = json.dumps(body, default=str).encode()
-    fields: list[tuple[bytes, bytes]] = [
-        (b"Content-Type", b"application/json; charset=utf-8"),
-        (b"Content-Length", b"%d" % len(payload)),
-        (b"Date", http_date()),
+    lines = [
+        b"Content-Type: application/json; charset=utf-8",
+        b"Content-Length: %d" % len(payload),
+        b"Date: " + http_date(),
     ]
     if headers:
-        fields.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
+        lines.extend(f"{k}: {v}".encode("latin-1") for k, v in headers.items())
     if close:
-        fields.append((b"Connection", b"close"))
-    return response_head(status, reason(status), fields) + payload
+        lines.append(b"Connection: close")
+    return response_head(status, reason(status), lines) + payload

@@ -140,9 +140,11 @@ class ServicePool:
 
     def pick(self, exclude: frozenset[str] = frozenset()) -> Upstream | None:
         candidates = self.snapshot.routable
+        self.cursor += 1
         if exclude:
             candidates = tuple(u for u in candidates if u.id not in exclude)
-        self.cursor += 1
+        elif len(candidates) == 1:
+            return candidates[0]  # every policy's choice
         return balancer.pick(
             self.routing.load_balancing, candidates, self.inflight, self._owner.rng, self.cursor
         )
@@ -442,7 +444,8 @@ class Pool:
         outlier = pool.outliers.get(upstream_id)
         if outlier is None:
             return None
-        ejection = outlier.record(outcome, self.clock())
+        # Nearly every request is "ok", which only ends a streak: it needs no clock.
+        ejection = outlier.record(outcome, 0.0 if outcome == "ok" else self.clock())
         if ejection is None:
             return None
         if self.propose_ejection is not None:

@@ -615,26 +615,26 @@ class Proxy:
         if body is not None and not body.complete:
             keep_alive = False  # the rest of the body would have to be read first
         chunked = False
-        fields = headers.client_response(head.headers, head.hop, ex.request_id)
+        lines = headers.client_response(head.lines, head.hop, ex.request_id)
         if head.content_length is not None and status != 204:
             # Also on a HEAD or 304 answer: the size of the body that is not sent.
-            fields.append((b"Content-Length", b"%d" % head.content_length))
+            lines.append(b"Content-Length: %d" % head.content_length)
         elif request.method == "HEAD" or status in NO_BODY_STATUSES:
             pass  # no body follows
         elif request.version == "1.1":
             chunked = True
-            fields.append((b"Transfer-Encoding", b"chunked"))
+            lines.append(b"Transfer-Encoding: chunked")
         else:
             keep_alive = False  # framed by the close, as the upstream did
         if not keep_alive:
-            fields.append((b"Connection", b"close"))
+            lines.append(b"Connection: close")
         elif request.version == "1.0":
-            fields.append((b"Connection", b"keep-alive"))
+            lines.append(b"Connection: keep-alive")
         request.keep_alive = keep_alive
         ex.status = status
         ex.response_started = True
         client.producer = conn
-        return ResponseStream(client, chunked), http1.response_head(status, head.phrase, fields)
+        return ResponseStream(client, chunked), http1.response_head(status, head.phrase, lines)
 
     def _broke_off(
         self,
@@ -729,10 +729,10 @@ class Proxy:
         head: ResponseHead,
     ) -> None:
         client = request.conn
-        fields = headers.client_response(head.headers, head.hop, ex.request_id, upgrade=True)
+        lines = headers.client_response(head.lines, head.hop, ex.request_id, upgrade=True)
         ex.status = 101
         ex.response_started = True
-        client.write(http1.response_head(101, head.phrase, fields))
+        client.write(http1.response_head(101, head.phrase, lines))
         relay = Relay(client, conn)
         client.producer = conn
         conn.body_producer = client

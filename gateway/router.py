@@ -14,7 +14,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, unquote_to_bytes
 
 from .config import RouteConfig
@@ -26,13 +26,43 @@ class Route:
     config: RouteConfig
 
 
+_Candidates = tuple[tuple[str | None, Route], ...]
+"""The routes a host matches, best first, each with the path prefix it asks for."""
+HOSTS_CACHED = 1024
+"""Host header values whose candidate routes a table keeps (then it starts over)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RouteTable:
     routes: tuple[Route, ...] = ()
+    _by_host: dict[str, _Candidates] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """Candidates per Host header value as it came: a table is immutable (a change makes a
+    new one), so what a host matches is worked out once, not per request."""
 
     @classmethod
     def build(cls, routes: Iterable[Route]) -> RouteTable:
         return cls(tuple(routes))
+
+    def candidates(self, host: str) -> _Candidates:
+        """The routes ``host`` (a Host header value) matches, best first; ties in table
+        order. A route matches a path if it has no prefix or ``prefix_matches`` it."""
+        found = self._by_host.get(host)
+        if found is None:
+            name = strip_host(host)
+            ranked = []
+            for route in self.routes:
+                rank = _host_rank(route.config.hosts, name)
+                if rank is not None:
+                    prefix = route.config.path_prefix
+                    ranked.append(((rank, len(prefix) if prefix else 0), prefix, route))
+            ranked.sort(key=lambda item: item[0], reverse=True)  # stable: ties keep order
+            found = tuple((prefix, route) for _, prefix, route in ranked)
+            if len(self._by_host) >= HOSTS_CACHED:
+                self._by_host.clear()
+            self._by_host[host] = found
+        return found
 
 
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
@@ -131,23 +161,10 @@ def strip_host(host: str) -> str:
 
 def resolve(table: RouteTable, host: str, path: str) -> Route | None:
     """The best route for ``host`` and the normalised ``path``, or None."""
-    host = strip_host(host)
-    best: Route | None = None
-    best_key: tuple[int, int] = (-1, -1)
-    for route in table.routes:
-        config = route.config
-        rank = _host_rank(config.hosts, host)
-        if rank is None:
-            continue
-        prefix_len = 0
-        if config.path_prefix is not None:
-            if not _prefix_matches(config.path_prefix, path):
-                continue
-            prefix_len = len(config.path_prefix)
-        key = (rank, prefix_len)
-        if key > best_key:
-            best, best_key = route, key
-    return best
+    for prefix, route in table.candidates(host):
+        if prefix is None or _prefix_matches(prefix, path):
+            return route
+    return None
 
 
 def forward_path(route: Route, path: str) -> str:
