@@ -42,7 +42,7 @@ from .errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from .headers import RESPONSE_DROPPED
+from .headers import response_fields
 from .splice import Buffers, Reader
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,9 @@ class ResponseHead:
     __slots__ = (
         "chunked",
         "content_length",
+        "fields",
         "hop",
         "keep_alive",
-        "lines",
         "phrase",
         "status",
     )
@@ -67,9 +67,9 @@ class ResponseHead:
     def __init__(self) -> None:
         self.status = 0
         self.phrase = b""
-        self.lines: list[bytes] = []
-        """The end-to-end fields as ``Name: value`` lines, as they came
-        (``headers.RESPONSE_DROPPED`` sorted out)."""
+        self.fields = b""
+        """The end-to-end fields, a block of lines as they came (``headers.RESPONSE_DROPPED``
+        sorted out)."""
         self.hop: list[tuple[bytes, bytes]] = []
         """Connection and Upgrade fields (what a 101 passes on, and what Connection names)."""
         self.content_length: int | None = None
@@ -102,9 +102,12 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
         self._head: ResponseHead | None = None
-        self._lines: list[bytes] = []
-        """The lines of ``_head`` (``on_header`` appends to them)."""
         self._max_field = connector.max_header_size
+        self._head_buf = b""
+        """What the upstream sent of this exchange while its answer's head is not complete."""
+        self._head_at = 0
+        """Where in ``_head_buf`` the head being parsed begins (after interim answers)."""
+        self._in_head = False
         self._head_future: asyncio.Future[ResponseHead] | None = None
         self.waiter: Waiter | None = None
         """Told of the answer's head instead of ``_head_future`` (see ``Waiter``)."""
@@ -220,6 +223,8 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         if self._raw_remaining and self._raw_started:
             self._raw_body(data)
             return
+        if self._in_head:
+            self._head_buf += data  # the head is read whole from here (``_read_head``)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -259,44 +264,42 @@ class UpstreamConnection(asyncio.BufferedProtocol):
 
     # -- parser callbacks ---------------------------------------------------------------------
 
+    # No ``on_status`` or ``on_header``: llhttp checks the head, then ``_read_head`` takes
+    # its fields from the bytes at once (a callback per field cost more than the rest of
+    # the answer's handling).
+
     def on_message_begin(self) -> None:
-        self._head = head = ResponseHead()
-        self._lines = head.lines
+        self._head = ResponseHead()
         self._head_bytes = 0
 
-    def on_status(self, phrase: bytes) -> None:
-        assert self._head is not None
-        self._head.phrase += phrase
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        # Called for every field of every answer: kept to the least (the count of fields
-        # is bounded in ``on_headers_complete``; one read holds only so many).
-        if len(name) + len(value) > self._max_field:
+    def _read_head(self, head: ResponseHead) -> None:
+        """Fill ``head`` from the bytes of the head llhttp has just accepted."""
+        buf, at = self._head_buf, self._head_at
+        end = buf.find(b"\r\n\r\n", at)  # llhttp saw it: the head's first blank line
+        status_line, _, block = buf[at:end].partition(b"\r\n")
+        self._head_at = end + 4
+        head.phrase = status_line[13:]  # after "HTTP/1.1 200 " (llhttp checked the shape)
+        if block.count(b"\n") >= MAX_HEADERS:
+            raise _TooLarge("upstream sent too many response header fields")
+        if len(block) > self._max_field and any(
+            len(name) + len(value.strip(b" \t")) > self._max_field
+            for name, _, value in (line.partition(b":") for line in block.split(b"\r\n"))
+        ):
             raise _TooLarge("upstream sent a response header field that is too large")
-        lower = name.lower()
-        if lower not in RESPONSE_DROPPED:
-            self._lines.append(name + b": " + value)
-            return
-        head = self._head
-        assert head is not None
-        if lower == b"content-length":
-            head.content_length = int(value)
-        elif lower == b"transfer-encoding":
-            head.chunked = True
-        elif lower == b"connection" or lower == b"upgrade":
-            head.hop.append((name, value))
+        head.fields, head.content_length, head.chunked, head.hop = response_fields(block)
 
     def on_headers_complete(self) -> None:
         head = self._head
         assert head is not None
-        if len(head.lines) + len(head.hop) > MAX_HEADERS:
-            raise _TooLarge("upstream sent too many response header fields")
+        self._read_head(head)
         parser = self._parser
         status = parser.get_status_code()
         if 100 <= status < 200 and status != 101:
             self._interim = True  # 100 Continue, 103 Early Hints: not passed on
             return
         self._interim = False
+        self._in_head = False
+        self._head_buf = b""
         head.status = status
         head.keep_alive = parser.should_keep_alive()
         future = self._head_future
@@ -365,6 +368,9 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self._raw_remaining = 0
         self._raw_started = False
         self._reads.splice = None
+        self._head_buf = b""
+        self._head_at = 0
+        self._in_head = True
         self._asked = True
         self.waiter = waiter
         self._head_future = loop.create_future() if waiter is None else None

@@ -615,7 +615,7 @@ class Proxy:
         if body is not None and not body.complete:
             keep_alive = False  # the rest of the body would have to be read first
         chunked = False
-        lines = headers.client_response(head.lines, head.hop, ex.request_id)
+        lines = headers.client_response(head.fields, head.hop, ex.request_id)
         if head.content_length is not None and status != 204:
             # Also on a HEAD or 304 answer: the size of the body that is not sent.
             lines.append(b"Content-Length: %d" % head.content_length)
@@ -729,7 +729,7 @@ class Proxy:
         head: ResponseHead,
     ) -> None:
         client = request.conn
-        lines = headers.client_response(head.lines, head.hop, ex.request_id, upgrade=True)
+        lines = headers.client_response(head.fields, head.hop, ex.request_id, upgrade=True)
         ex.status = 101
         ex.response_started = True
         client.write(http1.response_head(101, head.phrase, lines))

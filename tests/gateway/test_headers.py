@@ -1,0 +1,110 @@
+"""The header block of an upstream's answer, sorted out in one pass (``headers.response_fields``).
+
+The one-pass regular expression must see exactly the fields a per-line reading sees: a
+dropped field that slipped through would reach the client (a second framing, a hop-by-hop
+field), a kept one taken out would be lost. The reference below reads line by line.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.headers import RESPONSE_DROPPED, client_response, response_fields
+
+
+def reference(block: bytes) -> tuple[bytes, int | None, bool, list[tuple[bytes, bytes]]]:
+    kept, length, chunked, hop = [], None, False, []
+    for line in block.split(b"\r\n") if block else []:
+        name, _, value = line.partition(b":")
+        value = value.strip(b" \t")
+        lower = name.lower()
+        if lower not in RESPONSE_DROPPED:
+            kept.append(line)
+        elif lower == b"content-length":
+            length = int(value)
+        elif lower == b"transfer-encoding":
+            chunked = True
+        elif lower in (b"connection", b"upgrade"):
+            hop.append((name, value))
+    return b"\r\n".join(kept), length, chunked, hop
+
+
+def test_a_typical_answer_keeps_its_end_to_end_fields_in_order() -> None:
+    block = (
+        b"Server: nginx\r\nDate: Thu, 03 Dec 2026 12:00:00 GMT\r\nContent-Type: text/plain\r\n"
+        b"Content-Length: 13\r\nConnection: keep-alive"
+    )
+
+    kept, length, chunked, hop = response_fields(block)
+
+    assert kept == (
+        b"Server: nginx\r\nDate: Thu, 03 Dec 2026 12:00:00 GMT\r\nContent-Type: text/plain"
+    )
+    assert length == 13
+    assert not chunked
+    assert hop == [(b"Connection", b"keep-alive")]
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        b"",
+        b"Content-Length: 0",
+        b"content-LENGTH:7\r\nX-A: 1",
+        b"X-A: 1\r\nTransfer-Encoding:  chunked \r\nX-B: 2",
+        b"X-Request-Id: forged\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nTrailer: X",
+        b"Tee: kept\r\nConnection-Id: kept\r\nUpgraded: kept\r\nX-Content-Length: kept",
+        b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: x",
+        b"Set-Cookie: a=1\r\nSet-Cookie: b=2\r\nProxy-Authenticate: Basic\r\nX-Empty:",
+        b"X-Value: Content-Length: 5",
+    ],
+)
+def test_it_agrees_with_a_reading_line_by_line(block: bytes) -> None:
+    assert response_fields(block) == reference(block)
+
+
+def test_it_agrees_on_random_blocks() -> None:
+    rng = random.Random(8)
+    names = [
+        *(name.decode() for name in RESPONSE_DROPPED),
+        "server",
+        "x-a",
+        "tee",
+        "connectionx",
+        "content-lengths",
+        "set-cookie",
+    ]
+    for _ in range(500):
+        lines = []
+        for _ in range(rng.randrange(0, 8)):
+            name = "".join(c.upper() if rng.random() < 0.3 else c for c in rng.choice(names))
+            value = str(rng.randrange(100)) if name.lower() == "content-length" else "v x"
+            lines.append(f"{name}:{rng.choice(['', ' ', '  '])}{value}".encode())
+        if sum(line.lower().startswith(b"content-length:") for line in lines) > 1:
+            continue  # llhttp refuses the head before it is read
+        block = b"\r\n".join(lines)
+        assert response_fields(block) == reference(block), block
+
+
+def test_client_response_drops_what_connection_names_and_adds_the_request_id() -> None:
+    kept, _, _, hop = response_fields(b"X-Hop: 1\r\nX-End: 2\r\nConnection: close, X-Hop")
+
+    lines = client_response(kept, hop, "id-1")
+
+    assert lines == [b"X-End: 2", b"X-Request-Id: id-1"]
+
+
+def test_client_response_keeps_connection_and_upgrade_on_a_101() -> None:
+    block = b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: a"
+    kept, _, _, hop = response_fields(block)
+
+    lines = client_response(kept, hop, "id-2", upgrade=True)
+
+    assert lines == [
+        b"Sec-WebSocket-Accept: a",
+        b"Upgrade: websocket",
+        b"Connection: Upgrade",
+        b"X-Request-Id: id-2",
+    ]
