@@ -338,6 +338,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         "_limits",
         "_lingered",
         "_loop",
+        "_over",
         "_parser",
         "_parsing",
         "_paused",
@@ -388,6 +389,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.active: IncomingRequest | None = None
         self.task: asyncio.Task[None] | None = None
         self.exchange: Exchange | None = None
+        self._over: list[asyncio.Future[None]] | None = None
+        """``request_over`` futures to resolve once no request is active."""
         """The active request's exchange while it runs without a task (``Begin``)."""
         self._paused = 0
         self._writing_paused = False
@@ -489,6 +492,8 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.task.cancel()
         elif self.exchange is not None:
             self.exchange.cancel()
+        if self._over is not None:
+            self._resolve_over()
 
     def data_received(self, data: bytes) -> None:
         if self.tunnel is not None:
@@ -731,8 +736,28 @@ class ClientConnection(asyncio.BufferedProtocol):
             return
         self._finished(request)
 
+    def request_over(self) -> asyncio.Future[None]:
+        """A future resolved once no request is active here: the active one was answered
+        or cut off, with a task of its own or without (shutdown waits for it)."""
+        future = self._loop.create_future()
+        if self.active is None or self.transport is None:
+            future.set_result(None)
+        else:
+            if self._over is None:
+                self._over = []
+            self._over.append(future)
+        return future
+
+    def _resolve_over(self) -> None:
+        waiting, self._over = self._over, None
+        for future in waiting or ():
+            if not future.done():
+                future.set_result(None)
+
     def _finished(self, request: IncomingRequest) -> None:
         """The answer to ``request`` was written: next request, keep-alive or close."""
+        if self._over is not None:
+            self._resolve_over()
         self.active = None
         self.task = None
         self.exchange = None

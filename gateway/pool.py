@@ -567,8 +567,10 @@ class Pool:
         drain = pool._drains.get(upstream_id)
         if drain is None or drain.done.done():
             return
-        pool.abort(upstream_id)
+        # Resolved first: a lease cut off at once (``Lease.abort`` of a task-free exchange)
+        # is released within ``abort``, and the drain must not read as clean then.
         drain.done.set_result(False)
+        pool.abort(upstream_id)
 
     def _drained(self, pool: ServicePool, upstream_id: str, fut: asyncio.Future[bool]) -> None:
         drain = pool._drains.get(upstream_id)

@@ -166,7 +166,7 @@ class _Fast:
     def failed(self, conn: UpstreamConnection, error: GatewayError) -> None:
         proxy, ex = self.proxy, self.ex
         assert ex.sp is not None
-        proxy.connector.discard(conn)
+        conn.abort()
         self._retry(proxy._failed(error, ex, ex.sp))
 
     def cancel(self) -> None:
@@ -179,7 +179,7 @@ class _Fast:
         self.sink = None
         if conn is not None:
             conn.waiter = None
-            proxy.connector.discard(conn)
+            conn.abort()  # not through the connector, which is gone when the gateway stops
         self._end()
         ex.status = ex.status or 499
         ex.error = "client_too_slow" if client.send_timed_out else ex.error or "cancelled"

@@ -90,14 +90,25 @@ class TrafficServer:
             for conn in list(self._connections):
                 conn.close()
             self.proxy.going_away()
-            tasks = {c.task for c in self._connections if c.task is not None}
-            if tasks:
-                _, pending = await asyncio.wait(tasks, timeout=self.config.shutdown_timeout)
+            # A request with a task of its own, or one served without (``Proxy.begin``).
+            waits = {
+                c.task if c.task is not None else c.request_over()
+                for c in self._connections
+                if c.task is not None or c.exchange is not None
+            }
+            if waits:
+                _, pending = await asyncio.wait(waits, timeout=self.config.shutdown_timeout)
                 if pending:
                     log.warning("shutdown: cancelling %d requests still in flight", len(pending))
-                    for task in pending:
-                        task.cancel()
-                    await asyncio.wait(pending, timeout=5)
+                    tasks = set()
+                    for conn in list(self._connections):
+                        if conn.task is not None and not conn.task.done():
+                            conn.task.cancel()
+                            tasks.add(conn.task)
+                        elif conn.exchange is not None:
+                            conn.exchange.cancel()
+                    if tasks:
+                        await asyncio.wait(tasks, timeout=5)
             for conn in list(self._connections):
                 conn.abort()
             await server.wait_closed()

@@ -550,11 +550,6 @@ async def test_drain_timeout_cuts_off_a_task_free_exchange(
     assert gw.proxy.connector.idle_count() == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_Fast.cancel releases the lease inside ServicePool.abort: the drain resolves True "
-    "(clean) from _settle, then Pool._drain_timeout's set_result(False) raises InvalidStateError",
-)
 async def test_drain_timeout_of_a_task_free_exchange_resolves_false(
     pool, raw_upstream, gateway, client, recorder, paths, caplog
 ):
@@ -661,11 +656,6 @@ async def test_other_requests_go_to_a_task_and_are_served(
 # -- shutdown --------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TrafficServer.stop waits only for the connections' tasks: a task-free exchange "
-    "in flight is aborted at once instead of getting shutdown_timeout to finish",
-)
 async def test_stop_lets_a_task_free_exchange_finish(
     pool, upstream, gateway, client, recorder, paths
 ):
@@ -709,12 +699,6 @@ async def test_stop_lets_a_task_free_exchange_finish(
             await asyncio.gather(in_flight, return_exceptions=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TrafficServer.stop aborts the client connections and closes the proxy before their "
-    "connection_lost runs: _Fast.cancel then raises RuntimeError from Proxy.connector, "
-    "so the exchange is never recorded and its lease never released",
-)
 async def test_stop_records_and_releases_a_task_free_exchange_it_cuts_off(
     pool, raw_upstream, gateway, client, recorder, paths, caplog
 ):
