@@ -52,29 +52,23 @@ KEEPALIVE_TIMEOUT = 30.0
 
 
 class ResponseHead:
-    """The status line and header fields of an upstream's answer."""
+    """The status line and header fields of an upstream's answer.
 
-    __slots__ = (
-        "chunked",
-        "content_length",
-        "fields",
-        "hop",
-        "keep_alive",
-        "phrase",
-        "status",
-    )
+    Class defaults until the head is read: one is made per answer, and an ``__init__``
+    setting each cost more than the rest of its making.
+    """
 
-    def __init__(self) -> None:
-        self.status = 0
-        self.phrase = b""
-        self.fields = b""
-        """The end-to-end fields, a block of lines as they came (``headers.RESPONSE_DROPPED``
-        sorted out)."""
-        self.hop: list[tuple[bytes, bytes]] = []
-        """Connection and Upgrade fields (what a 101 passes on, and what Connection names)."""
-        self.content_length: int | None = None
-        self.chunked = False
-        self.keep_alive = True
+    status = 0
+    """0 until the final head is complete."""
+    phrase = b""
+    fields = b""
+    """The end-to-end fields, a block of lines as they came (``headers.RESPONSE_DROPPED``
+    sorted out)."""
+    hop: list[tuple[bytes, bytes]] = []  # noqa: RUF012 (replaced, never changed in place)
+    """Connection and Upgrade fields (what a 101 passes on, and what Connection names)."""
+    content_length: int | None = None
+    chunked = False
+    keep_alive = True
 
 
 class Waiter(Protocol):
@@ -224,7 +218,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
             self._raw_body(data)
             return
         if self._in_head:
-            self._head_buf += data  # the head is read whole from here (``_read_head``)
+            self._head_buf += data  # the head is read whole from here (``on_headers_complete``)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -272,8 +266,10 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self._head = ResponseHead()
         self._head_bytes = 0
 
-    def _read_head(self, head: ResponseHead) -> None:
-        """Fill ``head`` from the bytes of the head llhttp has just accepted."""
+    def on_headers_complete(self) -> None:
+        head = self._head
+        assert head is not None
+        # The head's fields, from its bytes (llhttp accepted them).
         buf, at = self._head_buf, self._head_at
         end = buf.find(b"\r\n\r\n", at)  # llhttp saw it: the head's first blank line
         status_line, _, block = buf[at:end].partition(b"\r\n")
@@ -287,11 +283,6 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         ):
             raise _TooLarge("upstream sent a response header field that is too large")
         head.fields, head.content_length, head.chunked, head.hop = response_fields(block)
-
-    def on_headers_complete(self) -> None:
-        head = self._head
-        assert head is not None
-        self._read_head(head)
         parser = self._parser
         status = parser.get_status_code()
         if 100 <= status < 200 and status != 101:
@@ -418,6 +409,12 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         if not sink.conn.writing_paused:
             self.resume_reading()  # else once the client took what it was sent before
         return self._done
+
+    def take_body(self) -> bytes:
+        """The whole body of a complete answer, read already (instead of ``stream_to``)."""
+        buffer = self._buffer
+        self._buffer = []
+        return b"".join(buffer)
 
     def _message_done(self) -> None:
         self.complete = True
@@ -591,8 +588,10 @@ class Connector:
         conn._head_future = None
         conn._done = None
         conn._asked = False
-        idle = self._idle.setdefault(conn.key, [])
-        if len(idle) >= self.max_idle:
+        idle = self._idle.get(conn.key)
+        if idle is None:
+            idle = self._idle[conn.key] = []
+        elif len(idle) >= self.max_idle:
             conn.abort()
             return
         conn.idle_since = conn._last_read  # the answer's last read: now, or as good as

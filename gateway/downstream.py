@@ -251,38 +251,27 @@ class ResponseStream:
 
 
 class IncomingRequest:
-    """One parsed request head, its body, and the connection it came on."""
+    """One parsed request head, its body, and the connection it came on.
 
-    __slots__ = (
-        "body",
-        "chunked",
-        "conn",
-        "content_length",
-        "headers",
-        "host",
-        "keep_alive",
-        "method",
-        "request_id",
-        "target",
-        "upgrade",
-        "version",
-        "websocket_key",
-    )
+    Attributes read their class defaults until the parser sets them: one is made per
+    request, and setting each in ``__init__`` cost more than the rest of its making.
+    """
+
+    method = ""
+    target = b""
+    version = "1.1"
+    host = b""
+    content_length: int | None = None
+    chunked = False
+    upgrade = b""
+    websocket_key = False
+    request_id: bytes | None = None
+    keep_alive = True
+    body: RequestBody | None = None
 
     def __init__(self, conn: ClientConnection) -> None:
         self.conn = conn
-        self.method = ""
-        self.target = b""
-        self.version = "1.1"
         self.headers: Fields = []
-        self.host = b""
-        self.content_length: int | None = None
-        self.chunked = False
-        self.upgrade = b""
-        self.websocket_key = False
-        self.request_id: bytes | None = None
-        self.keep_alive = True
-        self.body: RequestBody | None = None
 
     @property
     def peer(self) -> str | None:
@@ -512,8 +501,6 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self._raw_started:
             self._raw_body(data)
             return
-        if parsing is None and self._deadline_kind == _KEEPALIVE:
-            self._set_deadline(self._limits.header_timeout, _HEAD)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -544,10 +531,13 @@ class ClientConnection(asyncio.BufferedProtocol):
             if self._raw_remaining:
                 self._raw_started = True  # what comes next skips the parser (``_raw_body``)
             elif self._parsing is not None and self._parsing.body is None:
-                # Still in the head: bound it (llhttp keeps a partial field to itself).
+                # Still in the head: bound it (llhttp keeps a partial field to itself), and
+                # time it from now, its first read (unless an earlier read began it).
                 self._head_bytes += len(data)
                 if self._head_bytes > HEAD_LIMIT_FACTOR * self._limits.max_header_size:
                     self._refuse(431, "header_too_large", "the request head is too large")
+                elif self._deadline_kind != _HEAD:
+                    self._set_deadline(self._limits.header_timeout, _HEAD)
 
     def _raw_body(self, data: bytes) -> None:
         """A large body framed by Content-Length, past llhttp (which would copy each piece).
@@ -599,10 +589,10 @@ class ClientConnection(asyncio.BufferedProtocol):
     # -- parser callbacks (httptools) ---------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        # The head's deadline is set only if a read leaves it incomplete (``data_received``):
+        # most heads come whole in one read.
         self._parsing = IncomingRequest(self)
         self._head_bytes = 0
-        if self._deadline_kind != _HEAD:
-            self._set_deadline(self._limits.header_timeout, _HEAD)
 
     def on_url(self, url: bytes) -> None:
         request = self._parsing
@@ -654,9 +644,10 @@ class ClientConnection(asyncio.BufferedProtocol):
         request.method = parser.get_method().decode("ascii")
         request.version = parser.get_http_version()
         request.keep_alive = parser.should_keep_alive() and not self._closing
-        problem = _head_problem(request)
-        if problem is not None:
-            raise _Refused(*problem)
+        if request.chunked or request.version != "1.1" or request.method == "CONNECT":
+            problem = _head_problem(request)
+            if problem is not None:
+                raise _Refused(*problem)
         if request.chunked or request.content_length:
             expect = any(
                 n.lower() == b"expect" and v.lower() == b"100-continue" for n, v in request.headers

@@ -48,7 +48,7 @@ _REQUEST_REWRITTEN = (
 RESPONSE_DROPPED = HOP_BY_HOP | _FRAMING | {b"x-request-id"}
 """Lower-cased names of an upstream's answer that the client never gets as they are."""
 _UPGRADE = frozenset({b"connection", b"upgrade"})
-_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
+PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
 """Connection values that name no other field: the common case needs no token parsing."""
 
 
@@ -187,7 +187,7 @@ def client_response(
     if (
         hop
         and not upgrade
-        and (len(hop) > 1 or hop[0][1].lower() not in _PLAIN_CONNECTION)  # the common case
+        and (len(hop) > 1 or hop[0][1].lower() not in PLAIN_CONNECTION)  # the common case
     ):
         tokens = connection_tokens(hop)
         out = [

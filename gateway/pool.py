@@ -28,6 +28,7 @@ import logging
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from . import balancer
 from .config import ServiceRouting
@@ -82,12 +83,14 @@ class Lease:
 
     __slots__ = ("_pool", "_released", "on_abort", "service", "task", "upstream")
 
-    def __init__(self, pool: ServicePool, upstream: Upstream) -> None:
+    def __init__(
+        self, pool: ServicePool, upstream: Upstream, task: asyncio.Task[Any] | None
+    ) -> None:
         self._pool = pool
         self._released = False
         self.service = pool.routing.name
         self.upstream = upstream
-        self.task = asyncio.current_task(pool._owner.loop)
+        self.task = task
         self.on_abort: Callable[[], object] | None = None
 
     def abort(self) -> None:
@@ -154,13 +157,19 @@ class ServicePool:
         upstream = self.pick(exclude)
         if upstream is None:
             return None
-        return self.lease_of(upstream)
+        return self.lease_of(upstream, asyncio.current_task(self._owner.loop))
 
-    def lease_of(self, upstream: Upstream) -> Lease:
-        """Count a request in flight on ``upstream``, picked already."""
-        lease = Lease(self, upstream)
-        self.inflight[upstream.id] = self.inflight.get(upstream.id, 0) + 1
-        self.leases.setdefault(upstream.id, set()).add(lease)
+    def lease_of(self, upstream: Upstream, task: asyncio.Task[Any] | None = None) -> Lease:
+        """Count a request in flight on ``upstream``, picked already, for ``task`` (what a
+        drain timeout cancels; None: the lease's ``on_abort`` is set)."""
+        lease = Lease(self, upstream, task)
+        uid = upstream.id
+        inflight = self.inflight
+        inflight[uid] = inflight.get(uid, 0) + 1
+        leases = self.leases.get(uid)
+        if leases is None:
+            leases = self.leases[uid] = set()
+        leases.add(lease)
         return lease
 
     def _release(self, lease: Lease) -> None:

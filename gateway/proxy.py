@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 from . import headers, http1, router
 from .config import ProxyConfig
@@ -62,14 +61,17 @@ log = logging.getLogger(__name__)
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 RETRY_STATUSES = frozenset({502, 503, 504})
 NO_BODY_STATUSES = frozenset({204, 304})
+_PLAIN_HEAD = b"HTTP/1.1 %d %b\r\n%b%bX-Request-Id: %b\r\nContent-Length: %d\r\n\r\n"
+"""The head of most answers (see ``Proxy._client_head``)."""
 
 
-@dataclass(slots=True)
 class _Exchange:
-    """What one request has done so far, across its attempts."""
+    """What one request has done so far, across its attempts.
 
-    request_id: str
-    started: float
+    Attributes read their class defaults until set: one is made per request, and setting
+    each in ``__init__`` cost more than the rest of its making.
+    """
+
     path: str = ""
     service: str = ""
     upstream: Upstream | None = None
@@ -92,6 +94,10 @@ class _Exchange:
     """The lease of ``begin``'s attempt (held until its answer is complete)."""
     conn: UpstreamConnection | None = None
     """The upstream connection of ``begin``'s attempt."""
+
+    def __init__(self, request_id: str, started: float) -> None:
+        self.request_id = request_id
+        self.started = started
 
 
 class _Failed(Exception):
@@ -127,10 +133,16 @@ class _Fast:
         if failed is not None:
             self._retry(failed)
             return
-        sink, data = proxy._client_head(request, ex, conn, head)
+        chunked, data = proxy._client_head(request, ex, conn, head)
+        if conn.complete and not chunked:  # the whole answer, at once
+            body = conn.take_body()
+            request.conn.write(data + body)
+            self._delivered(len(body))
+            return
+        sink = ResponseStream(request.conn, chunked)
         done = conn.stream_to(sink, data)  # never raises: the connection has not failed
-        if done is None:  # the whole answer went at once
-            self._delivered(sink)
+        if done is None:
+            self._delivered(sink.bytes_out)
         else:
             self.sink = sink
             done.add_done_callback(self._streamed)
@@ -143,7 +155,7 @@ class _Fast:
         self.sink = None
         error = None if done.cancelled() else done.exception()
         if error is None:
-            self._delivered(sink)
+            self._delivered(sink.bytes_out)
             return
         proxy, request, ex = self.proxy, self.request, self.ex
         assert ex.sp is not None
@@ -154,11 +166,11 @@ class _Fast:
         self._end()
         proxy._record(request, ex, proxy._loop.time())
 
-    def _delivered(self, sink: ResponseStream) -> None:
+    def _delivered(self, bytes_out: int) -> None:
         proxy, request, ex = self.proxy, self.request, self.ex
         assert ex.sp is not None
         assert ex.conn is not None
-        proxy._delivered(request, ex, ex.sp, ex.conn, sink)
+        proxy._delivered(request, ex, ex.sp, ex.conn, bytes_out)
         self._end()
         proxy._record(request, ex, proxy._loop.time())
         request.conn.finished(request)
@@ -272,7 +284,9 @@ class Proxy:
         upstream = None if sp.routing.timeouts.total else sp.pick()
         conn = None
         if upstream is not None:
-            conn = self.connector.idle(upstream.host, upstream.port)
+            connector = self._connector
+            assert connector is not None
+            conn = connector.idle(upstream.host, upstream.port)
         if conn is None:
             # The task connects (to the upstream picked: a pick is not undone) or waits.
             ex.upstream = upstream
@@ -382,7 +396,8 @@ class Proxy:
             tried.add(picked.id)
         else:
             if picked is not None and picked in sp.snapshot.routable:
-                lease = sp.lease_of(picked)  # still routable since ``begin`` picked it
+                # Still routable since ``begin`` picked it.
+                lease = sp.lease_of(picked, asyncio.current_task())
             else:
                 lease = sp.lease()
             if lease is None:
@@ -594,7 +609,8 @@ class Proxy:
         head: ResponseHead,
     ) -> None:
         """Send the upstream's answer to the client as it arrives."""
-        sink, data = self._client_head(request, ex, conn, head)
+        chunked, data = self._client_head(request, ex, conn, head)
+        sink = ResponseStream(request.conn, chunked)
         try:
             done = conn.stream_to(sink, data)
             if done is not None:
@@ -602,18 +618,44 @@ class Proxy:
         except GatewayError as exc:
             self._broke_off(request, ex, sp, conn, sink, exc)
             return
-        self._delivered(request, ex, sp, conn, sink)
+        self._delivered(request, ex, sp, conn, sink.bytes_out)
 
     def _client_head(
         self, request: IncomingRequest, ex: _Exchange, conn: UpstreamConnection, head: ResponseHead
-    ) -> tuple[ResponseStream, bytes]:
-        """The head of the answer as the client gets it, and the stream its body goes to."""
+    ) -> tuple[bool, bytes]:
+        """The head of the answer as the client gets it, and whether its body is chunked."""
         client = request.conn
         body = request.body
         status = head.status
         keep_alive = request.keep_alive and not client.closing
         if body is not None and not body.complete:
             keep_alive = False  # the rest of the body would have to be read first
+        ex.status = status
+        ex.response_started = True
+        client.producer = conn
+        hop = head.hop
+        length = head.content_length
+        if (
+            keep_alive
+            and length is not None
+            and status != 204
+            and request.version == "1.1"
+            and (not hop or (len(hop) == 1 and hop[0][1].lower() in headers.PLAIN_CONNECTION))
+        ):
+            # Most answers: what the steps below make of them, in one step.
+            fields = head.fields
+            return (
+                False,
+                b"HTTP/1.1 %d %b\r\n%b%bX-Request-Id: %b\r\nContent-Length: %d\r\n\r\n"
+                % (
+                    status,
+                    head.phrase,
+                    fields,
+                    b"\r\n" if fields else b"",
+                    ex.request_id.encode(),
+                    length,
+                ),
+            )
         chunked = False
         lines = headers.client_response(head.fields, head.hop, ex.request_id)
         if head.content_length is not None and status != 204:
@@ -631,10 +673,7 @@ class Proxy:
         elif request.version == "1.0":
             lines.append(b"Connection: keep-alive")
         request.keep_alive = keep_alive
-        ex.status = status
-        ex.response_started = True
-        client.producer = conn
-        return ResponseStream(client, chunked), http1.response_head(status, head.phrase, lines)
+        return chunked, http1.response_head(status, head.phrase, lines)
 
     def _broke_off(
         self,
@@ -660,17 +699,19 @@ class Proxy:
         ex: _Exchange,
         sp: ServicePool,
         conn: UpstreamConnection,
-        sink: ResponseStream,
+        bytes_out: int,
     ) -> None:
         """The answer went to the client whole: the upstream connection is free again."""
-        ex.bytes_out = sink.bytes_out
+        ex.bytes_out = bytes_out
         body = request.body
         if body is not None:
             ex.bytes_in = body.received
         ex.complete = True
         if ex.status < 500 and ex.upstream is not None:
             self.pool.report(sp.routing.name, ex.upstream.id, "ok")
-        self.connector.release(conn)
+        connector = self._connector
+        assert connector is not None
+        connector.release(conn)
 
     # -- WebSocket ---------------------------------------------------------------------------
 
