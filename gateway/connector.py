@@ -493,19 +493,6 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self._fail(UpstreamTimeout("upstream did not answer in time", kind="timeout"))
         self.abort()
 
-    @property
-    def reusable(self) -> bool:
-        head = self._head
-        return (
-            self.transport is not None
-            and self.complete
-            and not self.failed
-            and self.request_sent
-            and self.tunnel is None
-            and head is not None
-            and head.keep_alive
-        )
-
     def write(self, data: bytes) -> None:
         if self.transport is not None:
             self.transport.write(data)
@@ -581,7 +568,17 @@ class Connector:
         """Back to the idle pool if the exchange ended cleanly, else closed."""
         self._busy.discard(conn)
         conn.body_producer = None
-        if self._closed or not conn.reusable:
+        head = conn._head
+        if (  # not reusable
+            self._closed
+            or conn.transport is None
+            or not conn.complete
+            or conn.failed
+            or not conn.request_sent
+            or conn.tunnel is not None
+            or head is None
+            or not head.keep_alive
+        ):
             conn.abort()  # an exchange still waited on fails as its connection goes
             return
         conn._sink = None

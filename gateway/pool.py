@@ -463,6 +463,13 @@ class Pool:
             return None
         return self._eject(pool, upstream_id, outlier, ejection)
 
+    def succeeded(self, pool: ServicePool, upstream_id: str) -> None:
+        """``report(..., "ok")`` for a request of ``pool``: it only ends a failure streak
+        (looked at first: nearly every request is one, with no streak to end)."""
+        outlier = pool.outliers.get(upstream_id)
+        if outlier is not None and (outlier.connect_failures or outlier.errors_5xx):
+            outlier.record("ok", 0.0)
+
     def eject(self, service: str, upstream_id: str, reason: str) -> Ejection | None:
         """A peer's passive detection proposes an ejection; take it unless it is refused.
 

@@ -129,15 +129,35 @@ class _Fast:
         sp, upstream = ex.sp, ex.upstream
         assert sp is not None
         assert upstream is not None
-        failed = proxy._answered(request, ex, sp, conn, head, (upstream.id,))
-        if failed is not None:
-            self._retry(failed)
-            return
+        if head.status >= 500:
+            failed = proxy._answered(request, ex, sp, conn, head, (upstream.id,))
+            if failed is not None:
+                self._retry(failed)
+                return
+        now = ex.ttfb = proxy._loop.time()
+        ex.ttfb -= ex.started
         chunked, data = proxy._client_head(request, ex, conn, head)
-        if conn.complete and not chunked:  # the whole answer, at once
+        if conn.complete and not chunked:
+            # The whole answer, at once (most): ``_delivered`` and ``_end`` in one step.
             body = conn.take_body()
-            request.conn.write(data + body)
-            self._delivered(len(body))
+            client = request.conn
+            client.write(data + body)
+            ex.bytes_out = len(body)
+            ex.complete = True
+            if ex.status < 500:
+                proxy.pool.succeeded(sp, upstream.id)
+            connector = proxy._connector
+            assert connector is not None
+            connector.release(conn)
+            lease = ex.lease
+            assert lease is not None
+            lease.on_abort = None
+            lease.release()
+            ex.lease = None
+            ex.conn = None
+            client.exchange = None
+            proxy._record(request, ex, now)
+            client.finished(request)
             return
         sink = ResponseStream(request.conn, chunked)
         done = conn.stream_to(sink, data)  # never raises: the connection has not failed
@@ -708,7 +728,7 @@ class Proxy:
             ex.bytes_in = body.received
         ex.complete = True
         if ex.status < 500 and ex.upstream is not None:
-            self.pool.report(sp.routing.name, ex.upstream.id, "ok")
+            self.pool.succeeded(sp, ex.upstream.id)
         connector = self._connector
         assert connector is not None
         connector.release(conn)
