@@ -354,21 +354,16 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         callbacks (once the answer's head, or all of the answer that was read with it, is in).
         """
         assert self.transport is not None
+        # A connection is new, or back from ``Connector.release`` after a complete exchange:
+        # the body's state (splice, raw body, buffer, sink) is reset already.
         loop = self._loop
         self._head = None
-        self._raw_remaining = 0
-        self._raw_started = False
-        self._reads.splice = None
-        self._head_buf = b""
         self._head_at = 0
         self._in_head = True
         self._asked = True
         self.waiter = waiter
         self._head_future = loop.create_future() if waiter is None else None
-        self._done = None
         self._head_only = head_only
-        self._sink = None
-        self._buffer = []
         self.complete = False
         self._body_chunked = chunked
         self.request_sent = not body

@@ -28,7 +28,7 @@ import logging
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from . import balancer
 from .config import ServiceRouting
@@ -69,6 +69,13 @@ class PoolSnapshot:
         return out
 
 
+class Holder(Protocol):
+    """What holds a request in flight on an upstream (``ServicePool.hold``)."""
+
+    def abort(self) -> None:
+        """Cut the request off: a drain of its upstream timed out."""
+
+
 class Lease:
     """One request (or stream, or WebSocket) in flight on one upstream.
 
@@ -102,7 +109,7 @@ class Lease:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._pool._release(self)
+            self._pool.unhold(self.upstream.id, self)
 
     def __enter__(self) -> Lease:
         return self
@@ -132,7 +139,7 @@ class ServicePool:
         self.routing = routing
         self.snapshot = PoolSnapshot.of(routing.name, 0, ())
         self.inflight: dict[str, int] = {}
-        self.leases: dict[str, set[Lease]] = {}
+        self.leases: dict[str, set[Holder]] = {}
         self.outliers: dict[str, OutlierState] = {}
         self.cursor = 0
         self._drains: dict[str, _Drain] = {}
@@ -163,21 +170,26 @@ class ServicePool:
         """Count a request in flight on ``upstream``, picked already, for ``task`` (what a
         drain timeout cancels; None: the lease's ``on_abort`` is set)."""
         lease = Lease(self, upstream, task)
-        uid = upstream.id
+        self.hold(upstream.id, lease)
+        return lease
+
+    def hold(self, uid: str, holder: Holder) -> None:
+        """Count a request in flight on upstream ``uid``: ``holder`` is what a drain timeout
+        aborts, and what ``unhold`` is given once the request is over. A ``Lease``, or the
+        proxy's own record of a request it serves without a task (no lease made for it)."""
         inflight = self.inflight
         inflight[uid] = inflight.get(uid, 0) + 1
         leases = self.leases.get(uid)
         if leases is None:
             leases = self.leases[uid] = set()
-        leases.add(lease)
-        return lease
+        leases.add(holder)
 
-    def _release(self, lease: Lease) -> None:
-        uid = lease.upstream.id
+    def unhold(self, uid: str, holder: Holder) -> None:
+        """The request ``holder`` held on upstream ``uid`` is over (exactly once)."""
         count = self.inflight.get(uid, 0) - 1
         leases = self.leases.get(uid)
         if leases is not None:
-            leases.discard(lease)
+            leases.discard(holder)
         if count > 0:
             self.inflight[uid] = count
             return

@@ -90,8 +90,6 @@ class _Exchange:
     """The service, once routed."""
     target: bytes = b""
     """The request target sent upstream, once routed."""
-    lease: Lease | None = None
-    """The lease of ``begin``'s attempt (held until its answer is complete)."""
     conn: UpstreamConnection | None = None
     """The upstream connection of ``begin``'s attempt."""
 
@@ -111,11 +109,12 @@ class _Failed(Exception):
 
 class _Fast:
     """An exchange ``Proxy.begin`` started: told of its answer by the upstream connection
-    (``connector.Waiter``), cancelled by the client connection (the client went away) or the
-    lease (a drain timed out). Exactly one of ``answered``, ``failed`` and ``cancel`` ends
-    it, or hands it on to the request's task; each clears the references to it."""
+    (``connector.Waiter``), cancelled by the client connection (the client went away) or its
+    pool (``abort``: a drain timed out). Exactly one of ``answered``, ``failed`` and
+    ``cancel`` ends it, or hands it on to the request's task; each clears the references
+    to it. It holds the request in flight itself (``ServicePool.hold``): no ``Lease``."""
 
-    __slots__ = ("ex", "proxy", "request", "sink")
+    __slots__ = ("ex", "held", "proxy", "request", "sink")
 
     def __init__(self, proxy: Proxy, request: IncomingRequest, ex: _Exchange) -> None:
         self.proxy = proxy
@@ -123,6 +122,12 @@ class _Fast:
         self.ex = ex
         self.sink: ResponseStream | None = None
         """Where the answer's body goes while it streams."""
+        self.held: str | None = None
+        """The upstream this holds the request in flight on, until ``_end``."""
+
+    def abort(self) -> None:
+        """A drain of its upstream timed out (``pool.Holder``)."""
+        self.cancel()
 
     def answered(self, conn: UpstreamConnection, head: ResponseHead) -> None:
         proxy, request, ex = self.proxy, self.request, self.ex
@@ -149,11 +154,8 @@ class _Fast:
             connector = proxy._connector
             assert connector is not None
             connector.release(conn)
-            lease = ex.lease
-            assert lease is not None
-            lease.on_abort = None
-            lease.release()
-            ex.lease = None
+            self.held = None
+            sp.unhold(upstream.id, self)
             ex.conn = None
             client.exchange = None
             proxy._record(request, ex, now)
@@ -227,13 +229,13 @@ class _Fast:
         self.request.conn.run(self.request, self.proxy.handle(self.request, self.ex, failed))
 
     def _end(self) -> None:
-        """Release the lease; drop the references that made this a cycle."""
+        """No longer in flight; drop the references that made this a cycle."""
         ex = self.ex
-        lease = ex.lease
-        if lease is not None:
-            lease.on_abort = None
-            lease.release()
-        ex.lease = None
+        held = self.held
+        if held is not None:
+            self.held = None
+            assert ex.sp is not None
+            ex.sp.unhold(held, self)
         ex.conn = None
         self.request.conn.exchange = None
 
@@ -314,10 +316,10 @@ class Proxy:
             return True
         assert upstream is not None
         ex.upstream = upstream
-        ex.lease = lease = sp.lease_of(upstream)
         ex.conn = conn
         fast = _Fast(self, request, ex)
-        lease.on_abort = fast.cancel
+        sp.hold(upstream.id, fast)
+        fast.held = upstream.id
         request.conn.exchange = fast
         head = self._request_head(request, ex, target, upstream)
         if request.content_length is not None:
