@@ -61,6 +61,18 @@ RAW_BODY_MIN = 64 * 1024
 parsed (see ``ClientConnection._raw_body``; ``connector`` does the same for answers)."""
 """Request body bytes buffered before the client is paused (no upstream took them yet)."""
 
+# The request fields the proxy reads (all others it only passes on).
+_HOST_FIELD, _CONTENT_LENGTH_FIELD, _TRANSFER_ENCODING_FIELD = 1, 2, 3
+_UPGRADE_FIELD, _WEBSOCKET_KEY_FIELD, _REQUEST_ID_FIELD = 4, 5, 6
+_SPECIAL_FIELDS = {
+    b"host": _HOST_FIELD,
+    b"content-length": _CONTENT_LENGTH_FIELD,
+    b"transfer-encoding": _TRANSFER_ENCODING_FIELD,
+    b"upgrade": _UPGRADE_FIELD,
+    b"sec-websocket-key": _WEBSOCKET_KEY_FIELD,
+    b"x-request-id": _REQUEST_ID_FIELD,
+}
+
 # Why reading from the client is paused (a bit each; reading resumes when none is left).
 _PAUSE_PIPELINE = 1
 _PAUSE_BODY = 2
@@ -617,8 +629,10 @@ class ClientConnection(asyncio.BufferedProtocol):
                 raise _Refused(
                     400, "bad_request", f"the request is refused: {name!r} is not UTF-8"
                 ) from None
-        lower = name.lower()
-        if lower == b"host":
+        special = _SPECIAL_FIELDS.get(name.lower())
+        if special is None:
+            return  # most fields: the proxy passes them on and reads nothing of them
+        if special == _HOST_FIELD:
             if request.host:
                 raise _Refused(400, "bad_request", "more than one Host header")
             if not _HOST.fullmatch(value):
@@ -626,15 +640,15 @@ class ClientConnection(asyncio.BufferedProtocol):
                     400, "bad_request", "the request is refused: the Host header is not host[:port]"
                 )
             request.host = value
-        elif lower == b"content-length":
+        elif special == _CONTENT_LENGTH_FIELD:
             request.content_length = int(value)  # llhttp checked it is a number, and one
-        elif lower == b"transfer-encoding":
+        elif special == _TRANSFER_ENCODING_FIELD:
             request.chunked = True
-        elif lower == b"upgrade":
+        elif special == _UPGRADE_FIELD:
             request.upgrade = value
-        elif lower == b"sec-websocket-key":
+        elif special == _WEBSOCKET_KEY_FIELD:
             request.websocket_key = True
-        elif lower == b"x-request-id":
+        else:
             request.request_id = value
 
     def on_headers_complete(self) -> None:
@@ -663,7 +677,8 @@ class ClientConnection(asyncio.BufferedProtocol):
             if not request.chunked and length is not None and length > RAW_BODY_MIN:
                 self._raw_remaining = length
         else:
-            self._clear_deadline()
+            self._deadline = 0.0  # ``_clear_deadline``, inline: once per request
+            self._deadline_kind = _NONE
         self._last = request
         if self.active is None:
             self._start(request)
