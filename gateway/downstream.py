@@ -16,11 +16,13 @@ bare LF, control characters) is a 400 and the connection is closed. On top of th
 A large request body framed by a Content-Length is spliced to the upstream without copying
 it (``splice``): the connection is an ``asyncio.BufferedProtocol``.
 
-Each request runs as one task of ``handler`` (the proxy), started when its head is complete,
-so a body streams to the upstream while it arrives. Pipelined requests wait their turn. The
-body (``RequestBody``) and the answer (``ResponseStream``) are spliced straight between the
-two legs' transports, with back-pressure both ways: a full socket buffer on one side pauses
-reading on the other. A client that goes away cancels its request's task.
+Each request is handed to the proxy when its head is complete, so a body streams to the
+upstream while it arrives: ``begin`` serves the common request without a task of its own
+(its ``exchange``), anything else runs as one task of ``handler``. Pipelined requests wait
+their turn. The body (``RequestBody``) and the answer (``ResponseStream``) are spliced
+straight between the two legs' transports, with back-pressure both ways: a full socket
+buffer on one side pauses reading on the other. A client that goes away cancels its
+request's task, or its exchange.
 
 Invariants: a request is handled only once its head parsed cleanly; nothing after a refused
 head is read as another request; a response is either complete or its connection is

@@ -7,6 +7,13 @@ back to the client  ->  one ``RequestRecord`` to each observer. A WebSocket upgr
 upstream accepts turns both connections into a relay (``websocket``), holding its lease
 while open.
 
+Two ways through, with the same outcomes. ``begin`` takes the common request (no body, no
+upgrade, an idle keep-alive connection to the upstream it picks) from the parser's callback
+and answers it from the upstream connection's (``_Fast``): no task, no future, no coroutine,
+which cost a request more than its routing and its headers together. Everything else, and
+whatever goes unusually on that way (a failed attempt, to retry or answer), is ``handle``,
+run as the request's task.
+
 Retries go to a different routable upstream, within ``retries.attempts`` and
 ``retries.timeout``, and only while nothing is lost by them: no response byte sent to the
 client and no request body byte taken from it. A connect failure is always retried; a
