@@ -6,7 +6,7 @@ straight into the client's ``ResponseStream`` once the proxy attached it, with b
 a client that cannot take more pauses reading from the upstream.
 
 A large body framed by Content-Length is spliced to the client without copying it: the
-connection is an ``asyncio.BufferedProtocol`` (``splice``).
+connection's reads go to a ``splice.SplicedReads`` meanwhile.
 
 ``Connector`` keeps idle keep-alive connections per upstream address, newest first, closes
 those idle for longer than ``keepalive_timeout``, and opens new ones within the connect
@@ -43,7 +43,7 @@ from .errors import (
     UpstreamTimeout,
 )
 from .headers import response_fields
-from .splice import Buffers, Reader
+from .splice import Buffers, Reader, splice_reads
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class _TooLarge(Exception):
     """Raised from a parser callback: the answer's head is over the limits."""
 
 
-class UpstreamConnection(asyncio.BufferedProtocol):
+class UpstreamConnection(asyncio.Protocol):
     """One connection to one upstream: one exchange at a time."""
 
     def __init__(self, connector: Connector, key: tuple[str, int]) -> None:
@@ -128,24 +128,18 @@ class UpstreamConnection(asyncio.BufferedProtocol):
         self.tunnel_data = b""
         self.on_lost: Callable[[], None] | None = None
         self._reads = Reader(connector.buffers)
-        self._scratch = connector.buffers.scratch
         """Where reads go: the scratch buffer, or the splice of a large body to the client."""
 
-    # -- asyncio.BufferedProtocol -------------------------------------------------------------
+    # -- reads while a large body is spliced (``splice.SplicedReads``) -----------------------
 
-    def get_buffer(self, sizehint: int) -> memoryview:
+    def read_into(self, sizehint: int) -> memoryview:
         """A splice buffer while a large body goes to a client, else the scratch buffer."""
-        if not self._raw_started:
-            return self._scratch  # every read but a large body's: the short way
         sink = self._sink
         return self._reads.buffer(
             sink.conn.transport if sink is not None and self._raw_started else None
         )
 
-    def buffer_updated(self, nbytes: int) -> None:
-        if not self._raw_started:  # as in ``get_buffer``, which this read followed
-            self.data_received(self._scratch[:nbytes].tobytes())
-            return
+    def read_done(self, nbytes: int) -> None:
         data = self._reads.copied(nbytes)
         if data is not None:
             self.data_received(data)
@@ -167,6 +161,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
     def _raw_done(self) -> None:
         """The large body ended: a new parser (see ``_raw_body``), the splice closed."""
         self._raw_started = False
+        splice_reads(self.transport, self, False)
         self._parser = httptools.HttpResponseParser(self)
         self._reads.end(self._sink.conn.transport if self._sink is not None else None)
         self._message_done()
@@ -229,6 +224,7 @@ class UpstreamConnection(asyncio.BufferedProtocol):
             return
         if self._raw_remaining:
             self._raw_started = True  # what comes next skips the parser (``_raw_body``)
+            splice_reads(self.transport, self, True)
         head = self._head
         if head is not None and head.status:
             if self._sink is None and not self.complete:

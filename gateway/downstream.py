@@ -14,7 +14,7 @@ bare LF, control characters) is a 400 and the connection is closed. On top of th
 - ``max_connections``: a connection beyond it is answered 503 and closed at once.
 
 A large request body framed by a Content-Length is spliced to the upstream without copying
-it (``splice``): the connection is an ``asyncio.BufferedProtocol``.
+it (``splice``): its reads go to a ``splice.SplicedReads`` meanwhile.
 
 Each request is handed to the proxy when its head is complete, so a body streams to the
 upstream while it arrives: ``begin`` serves the common request without a task of its own
@@ -44,7 +44,7 @@ from . import http1
 from .config import ListenerLimits
 from .errors import BadRequest, GatewayError, RequestTimeout, RequestTooLarge
 from .headers import Fields
-from .splice import Buffers, Reader
+from .splice import Buffers, Reader, splice_reads
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ _TOO_MANY = http1.json_response(
 )
 
 
-class ClientConnection(asyncio.BufferedProtocol):
+class ClientConnection(asyncio.Protocol):
     """One client connection: parse, limit, time out, run each request, splice bodies."""
 
     # Slots: ten thousand idle connections each save a __dict__.
@@ -350,7 +350,6 @@ class ClientConnection(asyncio.BufferedProtocol):
         "_raw_started",
         "_reads",
         "_refused",
-        "_scratch",
         "_send_timer",
         "_timer",
         "_timer_at",
@@ -414,17 +413,14 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._lingered = -1
         """Bytes discarded while lingering before the close; -1 while not lingering."""
         self._reads = Reader(gate.buffers)
-        self._scratch = gate.buffers.scratch
         """Where reads go: the scratch buffer, or the splice of a large body upstream."""
         self.send_timed_out = False
         """The client left its answer unread for ``send_timeout`` and was cut off."""
 
-    # -- asyncio.BufferedProtocol -------------------------------------------------------------
+    # -- reads while a large body is spliced (``splice.SplicedReads``) -----------------------
 
-    def get_buffer(self, sizehint: int) -> memoryview:
+    def read_into(self, sizehint: int) -> memoryview:
         """A splice buffer while a large body goes to an upstream, else the scratch buffer."""
-        if not self._raw_started:
-            return self._scratch  # every read but a large body's: the short way
         transport = None
         parsing = self._parsing
         if self._raw_started and self._lingered < 0 and self.tunnel is None:
@@ -432,10 +428,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                 transport = parsing.body.sink_transport()
         return self._reads.buffer(transport)
 
-    def buffer_updated(self, nbytes: int) -> None:
-        if not self._raw_started:  # as in ``get_buffer``, which this read followed
-            self.data_received(self._scratch[:nbytes].tobytes())
-            return
+    def read_done(self, nbytes: int) -> None:
         data = self._reads.copied(nbytes)
         if data is not None:
             self.data_received(data)
@@ -544,6 +537,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         else:
             if self._raw_remaining:
                 self._raw_started = True  # what comes next skips the parser (``_raw_body``)
+                splice_reads(self.transport, self, True)
             elif self._parsing is not None and self._parsing.body is None:
                 # Still in the head: bound it (llhttp keeps a partial field to itself), and
                 # time it from now, its first read (unless an earlier read began it).
@@ -561,6 +555,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         """
         if self._parsing is None:  # the request was given up meanwhile
             self._raw_started = False
+            splice_reads(self.transport, self, False)
             self._raw_remaining = 0
             self._reads.splice = None  # what the upstream's transport holds is left to it
             return
@@ -579,6 +574,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             body = self._parsing.body if self._parsing is not None else None
             self._reads.end(body.sink_transport() if body is not None else None)
         self._raw_started = False
+        splice_reads(self.transport, self, False)
         self._parser = httptools.HttpRequestParser(self)
         self.on_message_complete()
         if rest:
