@@ -68,6 +68,11 @@ log = logging.getLogger(__name__)
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 RETRY_STATUSES = frozenset({502, 503, 504})
 NO_BODY_STATUSES = frozenset({204, 304})
+ROUTED_CACHED = 4096
+"""(Host, target) pairs whose route ``Proxy`` keeps (then it starts over)."""
+ROUTED_TARGET_MAX = 512
+"""Longer targets are routed anew each time: the cache stays small."""
+_Routed = tuple[str, str, bytes]
 _PLAIN_HEAD = b"HTTP/1.1 %d %b\r\n%b%bX-Request-Id: %b\r\nContent-Length: %d\r\n\r\n"
 """The head of most answers (see ``Proxy._client_head``)."""
 
@@ -261,6 +266,10 @@ class Proxy:
         self.observers = tuple(observers)
         self._connector: Connector | None = None
         self._relays: set[Relay] = set()
+        self._routed: dict[tuple[bytes, bytes], _Routed] = {}
+        """Where recent (Host, target) pairs went (``_route``), for the route table
+        ``_routed_for``: most traffic asks for the same few targets again and again."""
+        self._routed_for: router.RouteTable | None = None
 
     @property
     def connector(self) -> Connector:
@@ -380,18 +389,26 @@ class Proxy:
 
     def _prepare(self, request: IncomingRequest, ex: _Exchange) -> tuple[ServicePool, bytes]:
         """Route ``request`` and check its limits: its service and the target sent upstream."""
-        target = request.target.decode("latin-1")
-        path, query, plain = router.split_target(target)
-        ex.path = path
-        problem = None if plain else router.path_problem(target)
-        if problem is not None:
-            raise BadRequest(f"the request is refused: {problem}")
-        host = request.host.decode("latin-1")
-        route = router.resolve(self.pool.routes, host, path)
-        sp = self.pool.services.get(route.service) if route is not None else None
-        if route is None or sp is None:
-            raise NoRoute(f"no route for host {host!r} and path {path!r}", host=host, path=path)
-        ex.service = route.service
+        routes = self.pool.routes
+        if routes is not self._routed_for:
+            self._routed.clear()  # a new route table: what was worked out may differ
+            self._routed_for = routes
+        key = (request.host, request.target)
+        routed = self._routed.get(key)
+        if routed is None:
+            routed = self._route(request, routes, ex)
+            if len(request.target) <= ROUTED_TARGET_MAX:
+                if len(self._routed) >= ROUTED_CACHED:
+                    self._routed.clear()
+                self._routed[key] = routed
+        service, ex.path, ex.target = routed
+        sp = self.pool.services.get(service)
+        if sp is None:
+            host = request.host.decode("latin-1")
+            raise NoRoute(
+                f"no route for host {host!r} and path {ex.path!r}", host=host, path=ex.path
+            )
+        ex.service = service
         limit = sp.routing.limits.max_body_size
         length = request.content_length
         if limit and length is not None and length > limit:
@@ -403,12 +420,27 @@ class Proxy:
             body.set_limit(limit)
             if isinstance(body.error, GatewayError):
                 raise body.error  # a broken body is refused before any upstream sees it
+        ex.sp = sp
+        return sp, ex.target
+
+    def _route(self, request: IncomingRequest, routes: router.RouteTable, ex: _Exchange) -> _Routed:
+        """Where a request target on a Host goes: (service, normalised path, target sent
+        upstream). Raises the 400 or 404 it gets instead (``ex.path`` is set for its record)."""
+        target = request.target.decode("latin-1")
+        path, query, plain = router.split_target(target)
+        ex.path = path
+        problem = None if plain else router.path_problem(target)
+        if problem is not None:
+            raise BadRequest(f"the request is refused: {problem}")
+        route = router.resolve(routes, request.host.decode("latin-1"), path)
+        if route is None:
+            host = request.host.decode("latin-1")
+            raise NoRoute(f"no route for host {host!r} and path {path!r}", host=host, path=path)
         forward = router.forward_path(route, path)
         if not plain:
             forward = router.quote_path(forward)
-        ex.sp = sp
-        ex.target = (f"{forward}?{query}" if query else forward).encode("latin-1")
-        return sp, ex.target
+        wire = (f"{forward}?{query}" if query else forward).encode("latin-1")
+        return route.service, path, wire
 
     async def _attempts(
         self, request: IncomingRequest, ex: _Exchange, sp: ServicePool, failed: _Failed | None

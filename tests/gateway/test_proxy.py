@@ -803,3 +803,23 @@ async def test_one_record_per_request_and_a_broken_observer_is_harmless(
     assert (record.error, record.retries) == (None, 0)
     assert record.ttfb is not None
     assert 0 <= record.ttfb <= record.duration
+
+
+async def test_a_target_routed_before_follows_a_new_route_table(pool, upstream, gateway, client):
+    # The proxy keeps where recent (Host, target) pairs went: a route change must not be
+    # hidden by it, nor a removed service.
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "w1")
+    gw = await gateway()
+    for _ in range(2):
+        assert (await get_json(client, gw, "/api/x"))[1]["upstream"] == "w1"
+
+    pool.set_service(routing("api", prefix="/api"))
+    await upstream("api", "a1")
+    assert (await get_json(client, gw, "/api/x"))[1]["upstream"] == "a1"
+
+    pool.remove_service("api")
+    assert (await get_json(client, gw, "/api/x"))[1]["upstream"] == "w1"
+    pool.remove_service("web")
+    status, body, _ = await get_json(client, gw, "/api/x")
+    assert (status, body["error"]) == (404, "no_route")
