@@ -16,7 +16,8 @@ Invariants:
   are plain counts in ``_Histogram``s and dicts, per service and revision, that
   ``_RequestCollector`` turns into metric families at scrape time; ``prometheus_client``'s
   own children (a lock and a Python loop over the buckets per ``observe``) cost several
-  times more per request. Other label children are created once and cached.
+  times more per request. Other label children are created once and cached. Even the
+  ``code`` label of a status (its class) is worked out at scrape time.
 - In-flight counts are read from the pool at scrape time, so requests pay nothing for them.
 """
 
@@ -88,7 +89,9 @@ def code_label(status: int, error: str | None) -> str:
 class _Histogram:
     """Observations counted per bucket, read at scrape time (see the module docstring).
 
-    Only the event loop writes it; a scrape on the same loop reads a consistent state.
+    ``GatewayMetrics.on_request`` counts into it itself (an ``observe`` call cost as much as
+    the counting). Only the event loop writes it; a scrape on the same loop reads a
+    consistent state.
     """
 
     __slots__ = ("bounds", "counts", "sum")
@@ -215,13 +218,26 @@ _SERVICE_CHILDREN = ("ttfb", "probe_duration", "no_routable", "connect_failures"
 class _RevisionSeries:
     """The request counts of one revision of a service; its series go with it."""
 
-    __slots__ = ("codes", "duration", "label", "service")
+    __slots__ = ("codes", "duration", "label", "service", "ttfb")
 
     def __init__(self, service: _ServiceSeries, revision: int | None) -> None:
         self.service = service
         self.label = "" if revision is None else str(revision)
         self.duration = _Histogram(LATENCY_BUCKETS)
-        self.codes: dict[str, int] = {}
+        self.ttfb = service.ttfb
+        """The service's (TTFB is per service), here to save ``on_request`` a look-up."""
+        self.codes: dict[int | str, int] = {}
+        """Answers by ``code`` label to be: an int is a status whose label (its class) is
+        worked out at scrape time, saving ``on_request`` the work; a str is the exact code of
+        an answer the gateway made. In order of first appearance, as the series are shown."""
+
+    def code_counts(self) -> dict[str, int]:
+        """The counts by ``code`` label, each label where its first status appeared."""
+        out: dict[str, int] = {}
+        for key, count in list(self.codes.items()):
+            code = key if isinstance(key, str) else code_label(key, None)
+            out[code] = out.get(code, 0) + count
+        return out
 
 
 class GatewayMetrics:
@@ -395,10 +411,22 @@ class GatewayMetrics:
             if entry is None:
                 self.unrecorded += 1
                 return
-        self._count(entry, record.status, record.error, record.retry_reasons, 1)
-        entry.duration.observe(record.duration)
-        if record.ttfb is not None:
-            entry.service.ttfb.observe(record.ttfb)
+        error, reasons = record.error, record.retry_reasons
+        if error is None and not reasons:
+            # Most requests: only their status to count (``_count`` does the same, slower).
+            codes, status = entry.codes, record.status
+            codes[status] = codes.get(status, 0) + 1
+        else:
+            self._count(entry, record.status, error, reasons, 1)
+        # ``_Histogram.observe`` written out: the two calls cost more than the rest did.
+        histogram, duration = entry.duration, record.duration
+        histogram.counts[bisect_left(LATENCY_BUCKETS, duration)] += 1
+        histogram.sum += duration
+        ttfb = record.ttfb
+        if ttfb is not None:
+            histogram = entry.ttfb
+            histogram.counts[bisect_left(LATENCY_BUCKETS, ttfb)] += 1
+            histogram.sum += ttfb
 
     def _count(
         self,
@@ -409,10 +437,9 @@ class GatewayMetrics:
         n: int,
     ) -> None:
         """Count ``n`` answers of one kind: their code, retries and gateway errors."""
+        code: int | str = status  # its class, at scrape time (``_RevisionSeries.codes``)
         if error is not None and _GATEWAY_STATUS.get(error) == status:
             code = str(status)
-        else:
-            code = _CLASS.get(status // 100) or code_label(status, error)
         codes = entry.codes
         codes[code] = codes.get(code, 0) + n
         service = entry.service
@@ -542,7 +569,7 @@ class _RequestCollector(Collector):
         for name, service in list(self._metrics._services.items()):
             for entry in list(service.revisions.values()):
                 labels = (name, entry.label)
-                for code, count in list(entry.codes.items()):
+                for code, count in entry.code_counts().items():
                     requests.add_metric((*labels, code), count)
                 duration.add_metric(labels, entry.duration.buckets(), entry.duration.sum)
             if name and "ttfb" in service.__dict__:

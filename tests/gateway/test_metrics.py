@@ -299,6 +299,33 @@ async def test_label_children_are_resolved_once_not_per_request(
     assert value(registry, "gateway_retries_total", service="web", reason="connect") == 4
 
 
+async def test_statuses_are_counted_by_class_unless_the_gateway_answered(
+    pool, metrics: GatewayMetrics, registry
+) -> None:
+    """Statuses are counted as they come and labelled at scrape time: a class sums all its
+    statuses, an answer the gateway made keeps its exact code, in order of first appearance."""
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "a", 1)
+    for r in (
+        record(status=201),
+        record(status=502, error="upstream_connect_error"),  # the gateway's own 502
+        record(status=200),
+        record(status=502),  # the upstream's
+        record(status=200, error="upstream_connect_error"),  # a retry, then the upstream's 200
+        record(status=0),  # no status at all: 500
+        record(status=999),  # no class
+    ):
+        metrics.on_request(r)
+    lines = [line for line in series_of(registry, "web") if "gateway_requests_total" in line]
+    assert [line.split("code=")[1] for line in lines] == [
+        '"2xx",revision="0",service="web"} 3.0',
+        '"502",revision="0",service="web"} 1.0',
+        '"5xx",revision="0",service="web"} 1.0',
+        '"500",revision="0",service="web"} 1.0',
+        '"999",revision="0",service="web"} 1.0',
+    ]
+
+
 # -- no stale series ---------------------------------------------------------------------
 
 
