@@ -27,6 +27,7 @@ import functools
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -89,8 +90,9 @@ def code_label(status: int, error: str | None) -> str:
 class _Histogram:
     """Observations counted per bucket, read at scrape time (see the module docstring).
 
-    ``GatewayMetrics.on_request`` counts into it itself (an ``observe`` call cost as much as
-    the counting). Only the event loop writes it; a scrape on the same loop reads a
+    The request observers count into it themselves, ``counts[bisect_left(bounds, value)] += 1``
+    (``le``: value <= bound) and ``sum += value``: an ``observe`` method call cost as much
+    as the counting. Only the event loop writes it; a scrape on the same loop reads a
     consistent state.
     """
 
@@ -100,10 +102,6 @@ class _Histogram:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
         self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1  # le: value <= bound
-        self.sum += value
 
     def counted(self) -> tuple[tuple[int, ...], float]:
         """The counts per bucket and the sum, as plain data to send."""
@@ -498,6 +496,11 @@ class GatewayMetrics:
 Outcome = tuple[str, int | None, int, str | None, tuple[str, ...]]
 """(service, revision, status, error, retry reasons): requests alike for every series."""
 
+_outcome: Callable[[RequestRecord], Outcome] = itemgetter(
+    *map(RequestRecord._fields.index, ("service", "revision", "status", "error", "retry_reasons"))
+)
+"""A record's ``Outcome``, taken by one C call rather than five attribute reads."""
+
 
 @dataclass(frozen=True, slots=True)
 class Tally:
@@ -527,19 +530,24 @@ class RequestTally:
         self.ttfb: dict[str, _Histogram] = {}
 
     def on_request(self, record: RequestRecord) -> None:
-        key = (record.service, record.revision, record.status, record.error, record.retry_reasons)
+        key = _outcome(record)
         outcomes = self.outcomes
         outcomes[key] = outcomes.get(key, 0) + 1
         series = (record.service, record.revision)
-        duration = self.durations.get(series)
-        if duration is None:
-            duration = self.durations[series] = _Histogram(LATENCY_BUCKETS)
-        duration.observe(record.duration)
-        if record.ttfb is not None:
-            ttfb = self.ttfb.get(record.service)
-            if ttfb is None:
-                ttfb = self.ttfb[record.service] = _Histogram(LATENCY_BUCKETS)
-            ttfb.observe(record.ttfb)
+        histogram = self.durations.get(series)
+        if histogram is None:
+            histogram = self.durations[series] = _Histogram(LATENCY_BUCKETS)
+        # ``_Histogram.observe`` written out, as in ``GatewayMetrics.on_request``.
+        duration = record.duration
+        histogram.counts[bisect_left(LATENCY_BUCKETS, duration)] += 1
+        histogram.sum += duration
+        ttfb = record.ttfb
+        if ttfb is not None:
+            histogram = self.ttfb.get(record.service)
+            if histogram is None:
+                histogram = self.ttfb[record.service] = _Histogram(LATENCY_BUCKETS)
+            histogram.counts[bisect_left(LATENCY_BUCKETS, ttfb)] += 1
+            histogram.sum += ttfb
 
     def take(self) -> Tally:
         """The counts since the last ``take``; counting starts again from zero."""
