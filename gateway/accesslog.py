@@ -84,8 +84,12 @@ def fields(at: float, r: RequestRecord) -> dict[str, object]:
     }
 
 
+_encode_json = json.JSONEncoder(separators=(",", ":")).encode
+"""``json.dumps(..., separators=...)`` without the new encoder it makes on every call."""
+
+
 def format_json(at: float, r: RequestRecord) -> str:
-    return json.dumps(fields(at, r), separators=(",", ":"))
+    return _encode_json(fields(at, r))
 
 
 _PATH_SAFE = "/:@!$&()*+,;=-._~"

@@ -58,6 +58,7 @@ def test_plain_line_of_a_gateway_error() -> None:
 def test_json_line() -> None:
     line = format_json(AT, record())
     assert "\n" not in line
+    assert line.startswith('{"time":"2023-11-14T22:13:20.250Z","request_id":"abc123",')  # compact
     assert json.loads(line) == {
         "time": "2023-11-14T22:13:20.250Z",
         "request_id": "abc123",
