@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import os
 import statistics
 import sys
@@ -43,7 +42,7 @@ PLAIN = RequestRecord(
     bytes_out=1234,
     retries=0,
 )
-RETRIED = dataclasses.replace(PLAIN, retries=1, retry_reasons=("connect",))
+RETRIED = PLAIN._replace(retries=1, retry_reasons=("connect",))
 
 
 def per_call_ns(fn: Callable[[RequestRecord], None], record: RequestRecord, n: int) -> float:
