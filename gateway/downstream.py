@@ -337,6 +337,7 @@ class ClientConnection(asyncio.Protocol):
         "_gate",
         "_handler",
         "_head_bytes",
+        "_host_checked",
         "_last",
         "_limits",
         "_lingered",
@@ -387,6 +388,8 @@ class ClientConnection(asyncio.Protocol):
         self._closing = False
         self._parsing: IncomingRequest | None = None
         self._head_bytes = 0
+        self._host_checked = b""
+        """The last Host value found well formed on this connection."""
         self._pipeline: deque[IncomingRequest] = deque()
         self.active: IncomingRequest | None = None
         self.task: asyncio.Task[None] | None = None
@@ -633,10 +636,14 @@ class ClientConnection(asyncio.Protocol):
         if special == _HOST_FIELD:
             if request.host:
                 raise _Refused(400, "bad_request", "more than one Host header")
-            if not _HOST.fullmatch(value):
-                raise _Refused(
-                    400, "bad_request", "the request is refused: the Host header is not host[:port]"
-                )
+            if value != self._host_checked:  # a client sends the same Host again and again
+                if not _HOST.fullmatch(value):
+                    raise _Refused(
+                        400,
+                        "bad_request",
+                        "the request is refused: the Host header is not host[:port]",
+                    )
+                self._host_checked = value
             request.host = value
         elif special == _CONTENT_LENGTH_FIELD:
             request.content_length = int(value)  # llhttp checked it is a number, and one
