@@ -576,10 +576,8 @@ async def test_drain_timeout_of_a_task_free_exchange_resolves_false(
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
-async def test_drain_waits_for_a_task_free_exchange(
-    pool, upstream, gateway, client, recorder, paths
-):
-    started, release = asyncio.Event(), asyncio.Event()
+def held_app(started: asyncio.Event, release: asyncio.Event) -> web.Application:
+    """An upstream that holds its answer to /slow until ``release``; others at once."""
 
     async def slow(request):
         if request.path == "/slow":
@@ -589,17 +587,26 @@ async def test_drain_waits_for_a_task_free_exchange(
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", slow)
+    return app
+
+
+async def held_get(client, gw) -> tuple[int, str]:
+    """GET /slow through the gateway (run as a task: ``held_app`` holds it)."""
+    async with client.get(url(gw, "/slow")) as resp:
+        return resp.status, await resp.text()
+
+
+async def test_drain_waits_for_a_task_free_exchange(
+    pool, upstream, gateway, client, recorder, paths
+):
+    started, release = asyncio.Event(), asyncio.Event()
     pool.set_service(routing("web", prefix="/"))
-    await upstream("web", "a", app)
+    await upstream("web", "a", held_app(started, release))
     gw = await gateway()
     await warm(client, gw, recorder)
     paths.clear()
 
-    async def fetch():
-        async with client.get(url(gw, "/slow")) as resp:
-            return resp.status, await resp.text()
-
-    in_flight = asyncio.create_task(fetch())
+    in_flight = asyncio.create_task(held_get(client, gw))
     async with asyncio.timeout(1):
         await started.wait()
     drained = pool.drain("web", "a", timeout=5)
@@ -660,26 +667,13 @@ async def test_stop_lets_a_task_free_exchange_finish(
     pool, upstream, gateway, client, recorder, paths
 ):
     started, release = asyncio.Event(), asyncio.Event()
-
-    async def slow(request):
-        if request.path == "/slow":
-            started.set()
-            await release.wait()
-        return web.Response(text="done")
-
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", slow)
     pool.set_service(routing("web", prefix="/"))
-    await upstream("web", "u1", app)
+    await upstream("web", "u1", held_app(started, release))
     gw = await gateway(shutdown_timeout=5)
     await warm(client, gw, recorder)
     paths.clear()
 
-    async def fetch():
-        async with client.get(url(gw, "/slow")) as resp:
-            return resp.status, await resp.text()
-
-    in_flight = asyncio.create_task(fetch())
+    in_flight = asyncio.create_task(held_get(client, gw))
     async with asyncio.timeout(1):
         await started.wait()
     assert [target for target, _ in paths.fast] == ["/slow"]
