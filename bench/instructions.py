@@ -1,0 +1,154 @@
+"""Bytecode instructions the event loop runs per proxied request: a deterministic figure.
+
+    .venv/bin/python bench/instructions.py
+    .venv/bin/python bench/instructions.py --top 40
+
+CPU time on this shared machine moves by ±10-20% from run to run; the number of Python
+bytecode instructions and Python-level calls a request takes does not. It tracks the CPU
+cost of the Python part of the hot path (about 30 ns an instruction here), so a change can be
+judged in seconds, before the noisy CPU figures of ``run.py`` confirm it.
+
+It starts the upstream (nginx, as ``run.py`` does, in a fresh temporary directory) and runs
+the gateway in this process, as users run it (``targets.gateway_config``: access log, metrics,
+an http probe every second, retries). Once the gateway serves, ``wrk -t1 -c4`` runs for
+``--seconds`` while ``sys.settrace`` counts opcode events per code object, on the event
+loop's thread only (the access log's writer thread is not counted). Requests are counted by
+the calls of ``Proxy._record`` (one per request), so the slower traced run does not skew the
+figures. Tracing slows the gateway about twenty times: only the counts mean anything.
+Everything it starts is stopped by pid, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any
+
+import uvloop
+from system import (
+    Failure,
+    Procs,
+    free_ports,
+    get,
+    missing_tool,
+    stop_on_signals,
+    wait_serving,
+    work_dir,
+)
+from targets import Limits, gateway_config, start_upstream
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from controller.config import load_config  # noqa: E402
+from controller.main import run_gateway  # noqa: E402
+
+
+class Counts:
+    """Opcode events per code object and calls per function name, while installed."""
+
+    def __init__(self) -> None:
+        self.opcodes: collections.Counter[CodeType] = collections.Counter()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            self.opcodes[frame.f_code] += 1
+        return self._local
+
+    def _global(self, frame: FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        self.calls[frame.f_code.co_qualname] += 1
+        return self._local
+
+    def install(self) -> None:
+        sys.settrace(self._global)
+
+    def remove(self) -> None:
+        sys.settrace(None)
+
+
+async def measure(config: Path, port: int, seconds: float, top: int) -> None:
+    stop = asyncio.Event()
+    counts = Counts()
+
+    async def started(gateway: object) -> None:
+        try:
+            url = f"http://127.0.0.1:{port}/"
+            for _ in range(100):  # until the probe passed and the upstream is routable
+                try:
+                    status, _ = await asyncio.to_thread(get, url)
+                except OSError:
+                    status = 0
+                if status == 200:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise Failure("the gateway did not serve within 10 s")
+            wrk = await asyncio.create_subprocess_exec(
+                "wrk", "-t1", "-c4", f"-d{seconds:g}", url, stdout=subprocess.DEVNULL
+            )
+            await asyncio.sleep(0.3)  # every connection open, the pool warm
+            counts.install()
+            try:
+                await wrk.wait()
+            finally:
+                counts.remove()
+        finally:
+            stop.set()
+
+    await run_gateway(load_config(config), stop, started=started)
+    requests = counts.calls["Proxy._record"]
+    if not requests:
+        raise Failure("no request was proxied while traced")
+    total = sum(counts.opcodes.values())
+    calls = sum(counts.calls.values())
+    print(f"requests traced: {requests}")
+    print(f"bytecode instructions per request: {total / requests:.0f}")
+    print(f"Python-level calls per request:    {calls / requests:.1f}")
+    for code, n in counts.opcodes.most_common(top):
+        where = f"{Path(code.co_filename).name}:{code.co_firstlineno}"
+        print(f"  {n / requests:7.1f}  {where:<22} {code.co_qualname}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=2.0, help="seconds of traced load (2)")
+    p.add_argument("--top", type=int, default=25, help="functions listed, costliest first")
+    args = p.parse_args(argv)
+    tool = missing_tool()
+    if tool is not None:
+        print(f"instructions: {tool} is not installed", file=sys.stderr)
+        return 2
+    stop_on_signals()
+    tmp = work_dir("instructions")
+    procs = Procs(tmp)
+    port, admin, upstream_port = free_ports(3)
+    limits = Limits(max_connections=1024, nofile=4096, access_log=True)
+    try:
+        upstream = start_upstream(procs, upstream_port, 1, limits)
+        wait_serving(upstream.proc, upstream.url())
+        (tmp / "admin-token").write_text(os.urandom(16).hex())
+        (tmp / "admin-token").chmod(0o600)
+        config = tmp / "gateway.yaml"  # JSON is YAML
+        config.write_text(
+            json.dumps(gateway_config(tmp, "gateway", port, admin, upstream_port, limits))
+        )
+        uvloop.run(measure(config, port, args.seconds, args.top))
+    except Failure as e:
+        print(f"instructions: {e}", file=sys.stderr)
+        return 1
+    finally:
+        procs.stop_all_uninterrupted()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
