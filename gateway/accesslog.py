@@ -168,7 +168,7 @@ class AccessLog:
         self.dropped = 0
         """Records dropped because the queue was full (counted on the event loop)."""
         self.lost = 0
-        """Records lost to a write error (counted by the writer thread)."""
+        """Lines lost to a write error (counted by the writer thread)."""
         self._dropped_metric = (
             Counter(
                 "gateway_access_log_dropped",
