@@ -254,8 +254,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- parser callbacks ---------------------------------------------------------------------
 
-    # No ``on_status`` or ``on_header``: llhttp checks the head, then ``_read_head`` takes
-    # its fields from the bytes at once (a callback per field cost more than the rest of
+    # No ``on_status`` or ``on_header``: llhttp checks the head, then ``on_headers_complete``
+    # takes its fields from the bytes at once (a callback per field cost more than the rest of
     # the answer's handling).
 
     def on_message_begin(self) -> None:
@@ -380,14 +380,13 @@ class UpstreamConnection(asyncio.Protocol):
         Returns None if the body is complete already (then head and body went in one write),
         else a future that resolves when it is.
         """
-        buffer = self._buffer
-        self._buffer = []
         if self.complete and not sink.chunked:
-            data = b"".join(buffer)
+            data = self.take_body()
             sink.bytes_out += len(data)
             sink.conn.write(head + data)
             return None
         sink.conn.write(head)
+        buffer, self._buffer = self._buffer, []
         for data in buffer:
             sink.response_data(data)
         if self.complete:
@@ -484,6 +483,19 @@ class UpstreamConnection(asyncio.Protocol):
         self._fail(UpstreamTimeout("upstream did not answer in time", kind="timeout"))
         self.abort()
 
+    @property
+    def reusable(self) -> bool:
+        head = self._head
+        return (
+            self.transport is not None
+            and self.complete
+            and not self.failed
+            and self.request_sent
+            and self.tunnel is None
+            and head is not None
+            and head.keep_alive
+        )
+
     def write(self, data: bytes) -> None:
         if self.transport is not None:
             self.transport.write(data)
@@ -559,17 +571,7 @@ class Connector:
         """Back to the idle pool if the exchange ended cleanly, else closed."""
         self._busy.discard(conn)
         conn.body_producer = None
-        head = conn._head
-        if (  # not reusable
-            self._closed
-            or conn.transport is None
-            or not conn.complete
-            or conn.failed
-            or not conn.request_sent
-            or conn.tunnel is not None
-            or head is None
-            or not head.keep_alive
-        ):
+        if self._closed or not conn.reusable:
             conn.abort()  # an exchange still waited on fails as its connection goes
             return
         conn._sink = None

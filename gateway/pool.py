@@ -462,11 +462,13 @@ class Pool:
         pool = self.services.get(service)
         if pool is None:
             return None
+        if outcome == "ok":
+            self.succeeded(pool, upstream_id)
+            return None
         outlier = pool.outliers.get(upstream_id)
         if outlier is None:
             return None
-        # Nearly every request is "ok", which only ends a streak: it needs no clock.
-        ejection = outlier.record(outcome, 0.0 if outcome == "ok" else self.clock())
+        ejection = outlier.record(outcome, self.clock())
         if ejection is None:
             return None
         if self.propose_ejection is not None:

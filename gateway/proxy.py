@@ -110,6 +110,11 @@ class _Exchange:
         self.started = started
 
 
+def _no_route(request: IncomingRequest, path: str) -> NoRoute:
+    host = request.host.decode("latin-1")
+    return NoRoute(f"no route for host {host!r} and path {path!r}", host=host, path=path)
+
+
 class _Failed(Exception):
     """An attempt failed before the client got anything; ``kind`` says if a retry may help."""
 
@@ -151,32 +156,18 @@ class _Fast:
             if failed is not None:
                 self._retry(failed)
                 return
-        now = ex.ttfb = proxy._loop.time()
-        ex.ttfb -= ex.started
+        now = proxy._loop.time()
+        ex.ttfb = now - ex.started
         chunked, data = proxy._client_head(request, ex, conn, head)
-        if conn.complete and not chunked:
-            # The whole answer, at once (most): ``_delivered`` and ``_end`` in one step.
+        if conn.complete and not chunked:  # the whole answer, at once (most)
             body = conn.take_body()
-            client = request.conn
-            client.write(data + body)
-            ex.bytes_out = len(body)
-            ex.complete = True
-            if ex.status < 500:
-                proxy.pool.succeeded(sp, upstream.id)
-            connector = proxy._connector
-            assert connector is not None
-            connector.release(conn)
-            self.held = None
-            sp.unhold(upstream.id, self)
-            ex.conn = None
-            client.exchange = None
-            proxy._record(request, ex, now)
-            client.finished(request)
+            request.conn.write(data + body)
+            self._delivered(len(body), now)
             return
         sink = ResponseStream(request.conn, chunked)
         done = conn.stream_to(sink, data)  # never raises: the connection has not failed
         if done is None:
-            self._delivered(sink.bytes_out)
+            self._delivered(sink.bytes_out, now)
         else:
             self.sink = sink
             done.add_done_callback(self._streamed)
@@ -189,7 +180,7 @@ class _Fast:
         self.sink = None
         error = None if done.cancelled() else done.exception()
         if error is None:
-            self._delivered(sink.bytes_out)
+            self._delivered(sink.bytes_out, self.proxy._loop.time())
             return
         proxy, request, ex = self.proxy, self.request, self.ex
         assert ex.sp is not None
@@ -200,13 +191,13 @@ class _Fast:
         self._end()
         proxy._record(request, ex, proxy._loop.time())
 
-    def _delivered(self, bytes_out: int) -> None:
+    def _delivered(self, bytes_out: int, now: float) -> None:
         proxy, request, ex = self.proxy, self.request, self.ex
         assert ex.sp is not None
         assert ex.conn is not None
         proxy._delivered(request, ex, ex.sp, ex.conn, bytes_out)
         self._end()
-        proxy._record(request, ex, proxy._loop.time())
+        proxy._record(request, ex, now)
         request.conn.finished(request)
 
     def failed(self, conn: UpstreamConnection, error: GatewayError) -> None:
@@ -404,10 +395,7 @@ class Proxy:
         service, ex.path, ex.target = routed
         sp = self.pool.services.get(service)
         if sp is None:
-            host = request.host.decode("latin-1")
-            raise NoRoute(
-                f"no route for host {host!r} and path {ex.path!r}", host=host, path=ex.path
-            )
+            raise _no_route(request, ex.path)
         ex.service = service
         limit = sp.routing.limits.max_body_size
         length = request.content_length
@@ -434,8 +422,7 @@ class Proxy:
             raise BadRequest(f"the request is refused: {problem}")
         route = router.resolve(routes, request.host.decode("latin-1"), path)
         if route is None:
-            host = request.host.decode("latin-1")
-            raise NoRoute(f"no route for host {host!r} and path {path!r}", host=host, path=path)
+            raise _no_route(request, path)
         forward = router.forward_path(route, path)
         if not plain:
             forward = router.quote_path(forward)
@@ -705,17 +692,13 @@ class Proxy:
         ):
             # Most answers: what the steps below make of them, in one step.
             fields = head.fields
-            return (
-                False,
-                b"HTTP/1.1 %d %b\r\n%b%bX-Request-Id: %b\r\nContent-Length: %d\r\n\r\n"
-                % (
-                    status,
-                    head.phrase,
-                    fields,
-                    b"\r\n" if fields else b"",
-                    ex.request_id.encode(),
-                    length,
-                ),
+            return False, _PLAIN_HEAD % (
+                status,
+                head.phrase,
+                fields,
+                b"\r\n" if fields else b"",
+                ex.request_id.encode(),
+                length,
             )
         chunked = False
         lines = headers.client_response(head.fields, head.hop, ex.request_id)
