@@ -140,12 +140,9 @@ class UpstreamConnection(asyncio.Protocol):
         )
 
     def read_done(self, nbytes: int) -> None:
-        data = self._reads.copied(nbytes)
-        if data is not None:
-            self.data_received(data)
+        splice = self._reads.spliced(nbytes, self.data_received)
+        if splice is None:
             return
-        splice = self._reads.splice
-        assert splice is not None
         self._last_read = self._loop.time()
         if nbytes > self._raw_remaining:
             self._broken("upstream sent more than its Content-Length")

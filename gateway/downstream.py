@@ -432,12 +432,9 @@ class ClientConnection(asyncio.Protocol):
         return self._reads.buffer(transport)
 
     def read_done(self, nbytes: int) -> None:
-        data = self._reads.copied(nbytes)
-        if data is not None:
-            self.data_received(data)
+        splice = self._reads.spliced(nbytes, self.data_received)
+        if splice is None:
             return
-        splice = self._reads.splice
-        assert splice is not None
         rest = b""
         if nbytes > self._raw_remaining:
             rest = splice.view(nbytes)[self._raw_remaining :].tobytes()  # what follows
@@ -663,10 +660,9 @@ class ClientConnection(asyncio.Protocol):
         request.method = parser.get_method().decode("ascii")
         request.version = parser.get_http_version()
         request.keep_alive = parser.should_keep_alive() and not self._closing
-        if request.chunked or request.version != "1.1" or request.method == "CONNECT":
-            problem = _head_problem(request)
-            if problem is not None:
-                raise _Refused(*problem)
+        problem = _head_problem(request)
+        if problem is not None:
+            raise _Refused(*problem)
         if request.chunked or request.content_length:
             expect = any(
                 n.lower() == b"expect" and v.lower() == b"100-continue" for n, v in request.headers
@@ -682,8 +678,7 @@ class ClientConnection(asyncio.Protocol):
             if not request.chunked and length is not None and length > RAW_BODY_MIN:
                 self._raw_remaining = length
         else:
-            self._deadline = 0.0  # ``_clear_deadline``, inline: once per request
-            self._deadline_kind = _NONE
+            self._clear_deadline()
         self._last = request
         if self.active is None:
             self._start(request)

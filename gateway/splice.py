@@ -21,6 +21,7 @@ other leg's high-water mark) bounds the buffers one body holds to a few.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol, cast
 
 READ_SIZE = 256 * 1024
@@ -75,13 +76,15 @@ class Reader:
         self._splicing = True
         return self.splice.buffer(transport)
 
-    def copied(self, nbytes: int) -> bytes | None:
-        """A read of ``nbytes`` into the scratch buffer, copied out (the next read reuses
-        it); None when the read went into the splice (``splice.view(nbytes)``)."""
+    def spliced(self, nbytes: int, data_received: Callable[[bytes], object]) -> Splice | None:
+        """A read of ``nbytes`` is in: the splice it went into (``view(nbytes)``), or None
+        when it went into the scratch buffer, copied out to ``data_received`` (the next
+        read reuses the buffer)."""
         if self._splicing and self.splice is not None:
             self._splicing = False
-            return None
-        return self._buffers.scratch[:nbytes].tobytes()
+            return self.splice
+        data_received(self._buffers.scratch[:nbytes].tobytes())
+        return None
 
     def end(self, transport: asyncio.WriteTransport | None) -> None:
         """The body ended: its splice closed (see ``Splice.close``)."""
