@@ -48,7 +48,7 @@ _REQUEST_REWRITTEN = (
 RESPONSE_DROPPED = HOP_BY_HOP | _FRAMING | {b"x-request-id"}
 """Lower-cased names of an upstream's answer that the client never gets as they are."""
 _UPGRADE = frozenset({b"connection", b"upgrade"})
-PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
 """Connection values that name no other field: the common case needs no token parsing."""
 
 
@@ -175,21 +175,23 @@ def response_fields(block: bytes) -> ResponseFields:
     return framed[2:-2], content_length, chunked, hop
 
 
+def names_fields(hop: Fields) -> bool:
+    """Whether a Connection field among ``hop`` may name other fields (to drop): any value
+    but the plain ``keep-alive`` or ``close``."""
+    return any(value.lower() not in _PLAIN_CONNECTION for _, value in hop)
+
+
 def client_response(
     kept: bytes, hop: Fields, request_id: str, *, upgrade: bool = False
 ) -> list[bytes]:
     """The header lines returned to the client for an upstream answer.
 
-    ``kept`` are the answer's end-to-end fields (``ResponseFields.kept``: a block of lines),
+    ``kept`` are the answer's end-to-end fields (the block ``response_fields`` keeps),
     ``hop`` its Connection and Upgrade fields. Fields the Connection header names are
     dropped; ``upgrade`` (a 101) keeps Connection and Upgrade. Framing is the caller's. An
     item of the list may hold several lines.
     """
-    if (
-        hop
-        and not upgrade
-        and (len(hop) > 1 or hop[0][1].lower() not in PLAIN_CONNECTION)  # the common case
-    ):
+    if not upgrade and names_fields(hop):
         tokens = connection_tokens(hop)
         out = [
             line for line in kept.split(b"\r\n") if line.partition(b":")[0].lower() not in tokens

@@ -688,7 +688,7 @@ class Proxy:
             and length is not None
             and status != 204
             and request.version == "1.1"
-            and (not hop or (len(hop) == 1 and hop[0][1].lower() in headers.PLAIN_CONNECTION))
+            and not (hop and headers.names_fields(hop))
         ):
             # Most answers: what the steps below make of them, in one step.
             fields = head.fields
