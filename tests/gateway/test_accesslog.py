@@ -13,6 +13,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway import accesslog
 from gateway.accesslog import AccessLog, format_json, format_plain, whole_lines
 from gateway.events import RequestRecord
 
@@ -96,6 +97,26 @@ async def test_lines_reach_the_file_in_order(tmp_path, fmt) -> None:
         assert [json.loads(line)["request_id"] for line in lines] == [f"r{i}" for i in range(100)]
     else:
         assert [line.split()[1] for line in lines] == [f"r{i}" for i in range(100)]
+
+
+async def test_lines_are_formatted_by_the_caller_not_the_writer_thread(monkeypatch) -> None:
+    # A writer thread that formats holds the GIL for a whole batch while the event loop
+    # waits to take a request: the line is made where on_request is called.
+    formatted_in: list[threading.Thread] = []
+
+    def spy(at: float, r: RequestRecord) -> str:
+        formatted_in.append(threading.current_thread())
+        return format_plain(at, r)
+
+    monkeypatch.setitem(accesslog.FORMATTERS, "plain", spy)
+    stream = io.StringIO()
+    log = AccessLog("plain", stream=stream, clock=lambda: AT)
+    log.start()
+    for i in range(3):
+        log.on_request(record(request_id=f"r{i}"))
+    await log.stop()
+    assert formatted_in == [threading.current_thread()] * 3
+    assert [line.split()[1] for line in stream.getvalue().splitlines()] == ["r0", "r1", "r2"]
 
 
 class BlockedStream(io.StringIO):
