@@ -8,6 +8,7 @@ run.py can keep them when it rewrites the head.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -17,6 +18,14 @@ _SECTION = re.compile(r"<!-- (\S+):start -->\n.*?<!-- \1:end -->\n?", re.S)
 def sections(text: str) -> str:
     """All marked sections of ``text``, in order, each ending with a newline."""
     return "".join(m.group(0).rstrip("\n") + "\n" for m in _SECTION.finditer(text))
+
+
+def publish(name: str, text: str, path: Path) -> None:
+    """Print a benchmark's report and write it as the section ``name`` of ``path``."""
+    print(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_section(name, text, path)
+    print(f"\n{name}: written to {path}", file=sys.stderr)
 
 
 def write_section(name: str, body: str, path: Path = RESULTS) -> None:

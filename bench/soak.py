@@ -165,10 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         procs.stop_all_uninterrupted()
         shutil.rmtree(tmp, ignore_errors=True)
     text = report(args, python, samples, runs, at)
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    results.write_section("soak", text, args.output)
-    print(f"\nsoak: written to {args.output}", file=sys.stderr)
+    results.publish("soak", text, args.output)
     return 0
 
 

@@ -402,10 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     text = report(args, runs, python, at, (load_start, os.getloadavg()[0]), sources)
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    results.write_section("workers", text, args.output)
-    print(f"\nworkers: written to {args.output}", file=sys.stderr)
+    results.publish("workers", text, args.output)
     return 0
 
 
