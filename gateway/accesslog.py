@@ -162,7 +162,7 @@ class AccessLog:
         # ``queue.Queue(maxsize)`` put, which takes a lock and notifies a condition.
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._limit = queue_size
-        self._thread: threading.Thread | None = None
+        self._writer_thread: threading.Thread | None = None
         self.written = 0
         """Lines written (by the writer thread)."""
         self.dropped = 0
@@ -195,7 +195,7 @@ class AccessLog:
     # -- life cycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is not None:
+        if self._writer_thread is not None:
             return
         out, close = self._stream, False
         if out is None and self.path:
@@ -203,14 +203,14 @@ class AccessLog:
             out, close = open(self.path, "a", encoding="utf-8"), True
         elif out is None:
             out = sys.stdout
-        self._thread = threading.Thread(
+        self._writer_thread = threading.Thread(
             target=self._write_loop, args=(out, close), name="access-log", daemon=True
         )
-        self._thread.start()
+        self._writer_thread.start()
 
     async def stop(self, grace: float = 5.0) -> None:
         """Write what is queued (for up to ``grace`` seconds) and end the writer."""
-        thread, self._thread = self._thread, None
+        thread, self._writer_thread = self._writer_thread, None
         if thread is not None:
             # In a thread: waiting for the writer must not block the event loop, even here.
             await asyncio.to_thread(self._finish, thread, grace)

@@ -42,7 +42,7 @@ import httptools
 
 from . import http1
 from .config import ListenerLimits
-from .errors import BadRequest, GatewayError, RequestTimeout, RequestTooLarge
+from .errors import BadRequest, ClientGone, GatewayError, RequestTimeout, RequestTooLarge
 from .headers import Fields
 from .splice import Buffers, Reader, splice_reads
 
@@ -118,10 +118,6 @@ class Producer(Protocol):
 
     def pause_reading(self) -> None: ...
     def resume_reading(self) -> None: ...
-
-
-class ClientGone(ConnectionError):
-    """The client closed its connection before its request body was complete."""
 
 
 class RequestBody:

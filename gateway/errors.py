@@ -80,3 +80,10 @@ class UpstreamProtocolError(UpstreamError):
 class UpstreamTimeout(UpstreamError, TimeoutError):
     status = 504
     code = "upstream_timeout"
+
+
+class ClientGone(ConnectionError):
+    """The client closed its connection before its request body was complete.
+
+    (Here, not in ``downstream``: this module stays pure Python, as mypyc cannot compile a
+    subclass of a built-in exception such as ``ConnectionError``; see ``native.MODULES``.)"""

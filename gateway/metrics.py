@@ -23,7 +23,6 @@ Invariants:
 
 from __future__ import annotations
 
-import functools
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from prometheus_client.registry import Collector
 from .errors import GatewayError
 from .events import PoolEvent, ProbeResult, RequestRecord
 from .pool import Pool
-from .upstream import Upstream
+from .upstream import Upstream, by_fields
 
 UPSTREAM_STATES = ("unknown", "healthy", "unhealthy", "draining", "ejected")
 """The values of ``Upstream.state``: the one-hot ``gateway_upstream_state``."""
@@ -162,9 +161,10 @@ class _UpstreamSeries:
 class _ServiceSeries:
     """The cached per-service children; per-revision ones live in ``revisions``.
 
-    Children are ``cached_property``s: after the first use they are plain instance
-    attributes (as fast as a slot). A pool service makes them all at once, so its counters
-    show 0 before the first event; the no-route entry (``""``) only makes what it uses.
+    Each child is made on its first use and kept (in ``_<name>``). A pool service makes them
+    all at once, so its counters show 0 before the first event; the no-route entry (``""``)
+    only makes what it uses. (Not ``functools.cached_property``: compiled with mypyc, that is
+    a plain property, made again on every use.)
     """
 
     def __init__(self, m: GatewayMetrics, name: str) -> None:
@@ -172,25 +172,41 @@ class _ServiceSeries:
         self.name = name
         self.retries: dict[str, Counter] = {}
         self.revisions: dict[int | None, _RevisionSeries] = {}
+        self._ttfb: _Histogram | None = None
+        self._probe_duration: Histogram | None = None
+        self._no_routable: Counter | None = None
+        self._connect_failures: Counter | None = None
         if name:
             for child in _SERVICE_CHILDREN:
                 getattr(self, child)
 
-    @functools.cached_property
+    @property
     def ttfb(self) -> _Histogram:
-        return _Histogram(LATENCY_BUCKETS)
+        if self._ttfb is None:
+            self._ttfb = _Histogram(LATENCY_BUCKETS)
+        return self._ttfb
 
-    @functools.cached_property
+    @property
     def probe_duration(self) -> Histogram:
-        return self._m.probe_duration.labels(self.name)
+        if self._probe_duration is None:
+            self._probe_duration = self._m.probe_duration.labels(self.name)
+        return self._probe_duration
 
-    @functools.cached_property
+    @property
     def no_routable(self) -> Counter:
-        return self._m.no_routable.labels(self.name)
+        if self._no_routable is None:
+            self._no_routable = self._m.no_routable.labels(self.name)
+        return self._no_routable
 
-    @functools.cached_property
+    @property
     def connect_failures(self) -> Counter:
-        return self._m.connect_failures.labels(self.name)
+        if self._connect_failures is None:
+            self._connect_failures = self._m.connect_failures.labels(self.name)
+        return self._connect_failures
+
+    def made(self, child: str) -> bool:
+        """Whether ``child`` (one of ``_SERVICE_CHILDREN``) was made, so has a series."""
+        return getattr(self, "_" + child) is not None
 
     def retry(self, reason: str) -> Counter:
         reason = reason if reason in RETRY_REASONS else "other"
@@ -203,7 +219,7 @@ class _ServiceSeries:
         m, name = self._m, self.name
         self.revisions.clear()
         for child in _SERVICE_CHILDREN:
-            if child in self.__dict__ and child != "ttfb":
+            if child != "ttfb" and self.made(child):
                 getattr(m, child).remove(name)
         for reason in self.retries:
             m.retries.remove(name, reason)
@@ -510,6 +526,9 @@ class Tally:
     durations: dict[tuple[str, int | None], tuple[tuple[int, ...], float]]
     ttfb: dict[str, tuple[tuple[int, ...], float]]
 
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return by_fields(self)
+
     def __bool__(self) -> bool:
         return bool(self.outcomes)
 
@@ -580,7 +599,7 @@ class _RequestCollector(Collector):
                 for code, count in entry.code_counts().items():
                     requests.add_metric((*labels, code), count)
                 duration.add_metric(labels, entry.duration.buckets(), entry.duration.sum)
-            if name and "ttfb" in service.__dict__:
+            if name and service.made("ttfb"):
                 ttfb.add_metric((name,), service.ttfb.buckets(), service.ttfb.sum)
         yield from (requests, duration, ttfb)
 

@@ -36,7 +36,7 @@ from .errors import NoRoutableUpstream
 from .events import EventKind, PoolEvent, PoolSubscriber
 from .outlier import Ejection, OutlierState, may_eject
 from .router import Route, RouteTable
-from .upstream import AdminState, Health, Upstream
+from .upstream import AdminState, Health, Upstream, by_fields
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,9 @@ class PoolSnapshot:
     def of(cls, service: str, version: int, upstreams: Iterable[Upstream]) -> PoolSnapshot:
         ups = tuple(upstreams)
         return cls(service, version, ups, tuple(u for u in ups if u.routable))
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return by_fields(self)
 
     def get(self, upstream_id: str) -> Upstream | None:
         for upstream in self.upstreams:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from .config import ProbeConfig
 
@@ -23,6 +24,13 @@ class Health(StrEnum):
 class AdminState(StrEnum):
     ACTIVE = "active"
     DRAINING = "draining"
+
+
+def by_fields(record: Any) -> tuple[type, tuple[object, ...]]:
+    """``__reduce__`` of a frozen dataclass sent between processes: its class, then its
+    fields in order. Compiled with mypyc, the default unpickling sets each attribute, which
+    the frozen ``__setattr__`` refuses."""
+    return type(record), tuple(getattr(record, f.name) for f in dataclasses.fields(record))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +67,9 @@ class Upstream:
         if self.ejected:
             return "ejected"
         return self.health.value
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return by_fields(self)
 
     def replace(self, **changes: object) -> Upstream:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -123,22 +123,16 @@ async def test_503_when_nothing_is_routable(pool, upstream, gateway, client):
 
 
 async def test_queue_timeout_waits_for_an_upstream_to_become_routable(
-    pool, upstream, gateway, client, monkeypatch
+    pool, upstream, gateway, client
 ):
     sp = pool.set_service(routing("web", prefix="/", queue_timeout=10))
     await upstream("web", "u1", health=Health.UNKNOWN)
     gw = await gateway()
-    waiting = asyncio.Event()
-    real_wait = sp.wait_routable
-
-    async def spy(within):
-        waiting.set()
-        return await real_wait(within)
-
-    monkeypatch.setattr(sp, "wait_routable", spy)
 
     request = asyncio.create_task(get_json(client, gw))
-    await waiting.wait()
+    async with asyncio.timeout(2):
+        while not sp._routable_waiters:  # the request waits in ``wait_routable``
+            await asyncio.sleep(0.005)
     assert not request.done()
     pool.set_health("web", "u1", Health.HEALTHY)
     status, body, _ = await request
