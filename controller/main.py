@@ -22,7 +22,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from gateway import Pool, RequestObserver
+from gateway import Pool, RequestObserver, native
 from gateway.accesslog import AccessLog
 from gateway.metrics import GatewayMetrics, metrics_handler
 from gateway.prober import Prober
@@ -135,6 +135,7 @@ async def run_gateway(
         gc.freeze()
         ready = True
         log.info("gateway ready: traffic on %s, admin on %s", config.listen, config.admin.listen)
+        log.info("data plane: %s", native.running)
         if started is not None:
             pending = started(Gateway(controller, pool, traffic, admin))
             if pending is not None:
@@ -230,8 +231,24 @@ def build_parser() -> argparse.ArgumentParser:
         "N > 1 worker processes, auto = one per CPU",
     )
     serve.set_defaults(func=serve_main)
+    build = sub.add_parser(
+        "native", help="build the compiled data plane (mypyc), or say whether it is used"
+    )
+    build.add_argument("action", choices=["build", "status"])
+    build.set_defaults(func=native_main)
     add_client_commands(sub)
     return parser
+
+
+def native_main(args: argparse.Namespace) -> int:
+    if args.action == "build":
+        try:
+            native.build()
+        except (OSError, native.BuildError) as e:
+            print(f"gateway: the compiled data plane was not built: {e}", file=sys.stderr)
+            return 1
+    print(native.status())
+    return 0
 
 
 def cli_main(argv: list[str] | None = None) -> int:

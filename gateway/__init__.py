@@ -3,6 +3,10 @@
 The control plane uses it only through the names below.
 """
 
+from . import native
+
+native.use(__path__)  # first: the compiled modules, if built from these sources (native.py)
+
 from .config import (
     Duration,
     LimitsConfig,

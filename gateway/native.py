@@ -1,0 +1,162 @@
+"""The data plane's hot modules compiled with mypyc: an optional build of the same code.
+
+    gateway native build     compile them for this interpreter (``dev.py`` does it)
+    gateway native status    say whether the compiled or the pure modules run, and why
+
+The modules of the request path (``MODULES``) are plain, fully typed Python; mypyc compiles
+them to C extension modules with the same behaviour, which take about a sixth less CPU a
+request (``bench/README.md``). The build needs mypy (a test dependency) and a C compiler;
+without them, or before a build, the pure Python modules run, as they always can.
+
+The compiled modules are kept in ``gateway/_native/<interpreter>/`` with a manifest: the
+digest of every source file of the package they were built from. The package's
+``__init__`` calls ``use()`` before it imports anything else: if the manifest matches the
+sources as they are now, that directory goes first on the package's ``__path__``, so
+``import gateway.proxy`` loads the compiled module. Any source changed since the build (an
+edit, a checkout) and the pure modules run instead: a compiled module is never a stale copy
+of the code. ``GATEWAY_NATIVE=0`` runs the pure modules whatever was built;
+``GATEWAY_NATIVE=1`` makes a missing or stale build an error (the tests use it to make sure
+they test the compiled modules).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+TAG = f"{sys.implementation.name}-{platform.python_version()}-{sysconfig.get_platform()}"
+"""The interpreter the modules are compiled for: each has its own build, side by side (a
+module compiled for one patch release is not assumed to work with another)."""
+NATIVE = PACKAGE / "_native" / TAG
+MANIFEST = NATIVE / "manifest.json"
+ENV = "GATEWAY_NATIVE"
+
+MODULES = (
+    "accesslog",
+    "balancer",
+    "connector",
+    "downstream",
+    "events",
+    "headers",
+    "http1",
+    "metrics",
+    "outlier",
+    "pool",
+    "proxy",
+    "router",
+    "splice",
+    "upstream",
+)
+"""The modules compiled: every module a proxied request runs code of."""
+
+_BUILD = """
+import sys
+from setuptools import setup
+from mypyc.build import mypycify
+
+modules = sys.argv[1:]
+sys.argv[1:] = ["build_ext", "--inplace", "--quiet"]
+setup(
+    name="gateway-native",
+    ext_modules=mypycify([f"gateway/{m}.py" for m in modules], group_name="gateway._native"),
+)
+"""
+"""Run in a copy of the package: a group name under ``gateway`` puts mypyc's shared
+library beside the modules, where the package's ``__path__`` finds it."""
+
+
+def digest(package: Path | None = None) -> str:
+    """The digest of the package's sources: every ``.py`` file, by name and content."""
+    h = hashlib.sha256()
+    for path in sorted((package or PACKAGE).glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def check() -> str | None:
+    """Why the compiled modules cannot be used now (None: they can)."""
+    if os.environ.get(ENV) == "0":
+        return f"{ENV}=0"
+    try:
+        manifest = json.loads(MANIFEST.read_text())
+    except FileNotFoundError:
+        return "not built (gateway native build)"
+    except (OSError, ValueError) as exc:
+        return f"unreadable manifest: {exc}"
+    if manifest.get("digest") != digest():
+        return "the sources changed since the build (gateway native build)"
+    return None
+
+
+class BuildError(Exception):
+    """The compiler failed: the message is the end of its output."""
+
+
+running = "pure Python: use() was not called"
+"""Which modules this process runs, as ``use`` found them (``status`` words)."""
+
+
+def use(path: list[str]) -> bool:
+    """Put the compiled modules first on the package's ``path`` if they match the sources."""
+    global running
+    why = check()
+    running = _describe(why)
+    if why is None:
+        path.insert(0, str(NATIVE))
+        return True
+    if os.environ.get(ENV) == "1":
+        raise ImportError(f"{ENV}=1 but the compiled modules cannot be used: {why}")
+    return False
+
+
+def status() -> str:
+    """Whether a process starting now would run the compiled modules, and if not why."""
+    return _describe(check())
+
+
+def _describe(why: str | None) -> str:
+    if why is None:
+        return f"compiled (mypyc): {', '.join(MODULES)}"
+    return f"pure Python: {why}"
+
+
+def build() -> None:
+    """Compile ``MODULES`` from a copy of the package; replace this interpreter's build
+    (only once the new one is complete)."""
+    with tempfile.TemporaryDirectory(prefix="gateway-native-") as tmp:
+        stage = Path(tmp)
+        shutil.copytree(
+            PACKAGE, stage / "gateway", ignore=shutil.ignore_patterns("__pycache__", "_native")
+        )
+        built_from = digest(stage / "gateway")  # what is compiled, even if edited meanwhile
+        done = subprocess.run(
+            [sys.executable, "-c", _BUILD, *MODULES],
+            cwd=stage,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr).strip().splitlines()
+            raise BuildError("\n".join(output[-20:]))
+        new = NATIVE.with_name(TAG + ".new")
+        shutil.rmtree(new, ignore_errors=True)
+        new.mkdir(parents=True)
+        for so in (stage / "gateway").glob("*.so"):
+            shutil.copy2(so, new / so.name)
+        manifest = {"digest": built_from, "modules": list(MODULES)}
+        (new / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        old = NATIVE.with_name(TAG + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if NATIVE.exists():
+            NATIVE.rename(old)
+        new.rename(NATIVE)
+        shutil.rmtree(old, ignore_errors=True)

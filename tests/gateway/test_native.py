@@ -1,0 +1,108 @@
+"""The compiled data plane (gateway/native.py): used only when built from the sources as they
+are, and, when the suite runs with GATEWAY_NATIVE=1 (``dev.py test``), what is tested."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gateway import native
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch) -> Path:
+    """A copy of the package's sources, as ``native`` sees its own package."""
+    copy = tmp_path / "gateway"
+    shutil.copytree(native.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "_native"))
+    build = copy / "_native" / native.TAG
+    monkeypatch.setattr(native, "PACKAGE", copy)
+    monkeypatch.setattr(native, "NATIVE", build)
+    monkeypatch.setattr(native, "MANIFEST", build / "manifest.json")
+    monkeypatch.delenv(native.ENV, raising=False)
+    return copy
+
+
+def built(package: Path, digest: str) -> None:
+    """What ``build`` leaves: the manifest of the sources compiled (no compiler run here)."""
+    native.NATIVE.mkdir(parents=True)
+    native.MANIFEST.write_text(json.dumps({"digest": digest, "modules": list(native.MODULES)}))
+
+
+def test_a_build_of_these_sources_goes_first_on_the_package_path(package):
+    built(package, native.digest(package))
+    path = [str(package)]
+    assert native.check() is None
+    assert native.use(path)
+    assert path == [str(native.NATIVE), str(package)]
+    assert native.running.startswith("compiled (mypyc): ")
+
+
+def test_any_source_changed_since_the_build_runs_the_pure_modules(package):
+    built(package, native.digest(package))
+    config = package / "config.py"  # not even a compiled module: their types may depend on it
+    config.write_text(config.read_text() + "\n# edited\n")
+    path = [str(package)]
+    assert not native.use(path)
+    assert path == [str(package)]
+    assert native.running == (
+        "pure Python: the sources changed since the build (gateway native build)"
+    )
+
+
+def test_no_build_runs_the_pure_modules_and_says_how_to_build(package):
+    path = [str(package)]
+    assert not native.use(path)
+    assert path == [str(package)]
+    assert native.status() == "pure Python: not built (gateway native build)"
+
+
+def test_gateway_native_0_runs_the_pure_modules_whatever_was_built(package, monkeypatch):
+    built(package, native.digest(package))
+    monkeypatch.setenv(native.ENV, "0")
+    path = [str(package)]
+    assert not native.use(path)
+    assert path == [str(package)]
+    assert native.status() == "pure Python: GATEWAY_NATIVE=0"
+
+
+def test_gateway_native_1_makes_a_stale_build_an_error(package, monkeypatch):
+    built(package, "0" * 64)
+    monkeypatch.setenv(native.ENV, "1")
+    with pytest.raises(ImportError, match=r"GATEWAY_NATIVE=1 but .* sources changed"):
+        native.use([str(package)])
+
+
+def test_the_digest_covers_names_and_contents(package):
+    before = native.digest(package)
+    (package / "headers.py").rename(package / "headers2.py")
+    renamed = native.digest(package)
+    assert renamed != before
+    (package / "headers2.py").rename(package / "headers.py")
+    assert native.digest(package) == before
+    (package / "notes.txt").write_text("not a source")
+    assert native.digest(package) == before
+
+
+def test_every_compiled_module_exists_and_errors_stays_pure():
+    for name in native.MODULES:
+        assert (native.PACKAGE / f"{name}.py").is_file(), name
+    assert "errors" not in native.MODULES  # subclasses of built-in exceptions (mypyc cannot)
+    assert "native" not in native.MODULES  # it decides what is compiled
+
+
+def test_the_suite_runs_the_modules_it_was_asked_to():
+    """Under ``dev.py test`` (GATEWAY_NATIVE=1) every compiled module is the compiled one;
+    under GATEWAY_NATIVE=0 every one is the source."""
+    wanted = os.environ.get(native.ENV)
+    if wanted not in ("0", "1"):
+        pytest.skip("GATEWAY_NATIVE is not set: either may run")
+    for name in native.MODULES:
+        module = importlib.import_module(f"gateway.{name}")
+        assert module.__file__ is not None
+        compiled = not module.__file__.endswith(".py")
+        assert compiled == (wanted == "1"), module.__file__
