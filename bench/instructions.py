@@ -3,6 +3,7 @@
     .venv/bin/python bench/instructions.py
     .venv/bin/python bench/instructions.py --top 40
 
+It counts the pure Python data plane (``GATEWAY_NATIVE=0``): compiled code runs no bytecode.
 CPU time on this shared machine moves by ±10-20% from run to run; the number of Python
 bytecode instructions and Python-level calls a request takes does not. It tracks the CPU
 cost of the Python part of the hot path (about 30 ns an instruction here), so a change can be
@@ -46,6 +47,7 @@ from targets import Limits, gateway_config, start_upstream
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+os.environ["GATEWAY_NATIVE"] = "0"  # bytecode is what is counted: the pure Python modules
 
 from controller.config import load_config  # noqa: E402
 from controller.main import run_gateway  # noqa: E402

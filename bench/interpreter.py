@@ -7,6 +7,11 @@ project installed into it in editable mode, so the gateway runs this work tree's
 whichever interpreter runs them. The venv is remade when the interpreter or
 ``pyproject.toml`` changes.
 
+The gateway's data plane is compiled with mypyc for each interpreter (``gateway native
+build``, ``gateway/native.py``) unless already built from these sources; where that fails
+(no Python headers for it), that interpreter's gateway runs the pure Python modules and the
+report says so. A bench venv gets the test extras, which have the pinned mypy.
+
 Whether an interpreter was built with PGO and LTO is read from ``sysconfig``'s
 ``CONFIG_ARGS`` (``--enable-optimizations``, ``--with-lto``). Debian builds its python3.X with
 both on amd64 through its own rules and keeps the flags out of ``sysconfig`` (Debian bug
@@ -63,6 +68,12 @@ class Interpreter:
     lto: bool
     build: str
     """Where the PGO/LTO answer comes from: ``sysconfig`` or ``Debian package``."""
+    native: str = ""
+    """``gateway native status`` for it: ``compiled (mypyc): ...`` or ``pure Python: why``."""
+
+    @property
+    def compiled(self) -> bool:
+        return self.native.startswith("compiled")
 
     @property
     def gateway(self) -> Path:
@@ -114,10 +125,8 @@ def _make_venv(base: Path, info: dict) -> Path:
     if stamp.exists():
         return python
     print(f"bench: making {venv} with {base} and installing the project", flush=True)
-    steps = [
-        [str(base), "-m", "venv", "--clear", str(venv)],
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", str(REPO)],
-    ]
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    steps = [[str(base), "-m", "venv", "--clear", str(venv)], [*pip, "-e", f"{REPO}[test]"]]
     for argv in steps:
         try:
             subprocess.run(argv, check=True, timeout=900, capture_output=True, text=True)
@@ -145,4 +154,30 @@ def resolve(python: Path) -> Interpreter:
     pgo, lto, build = info["pgo"], info["lto"], "sysconfig"
     if not (pgo or lto) and _debian_pgo_lto(info["realpath"], info["version"]):
         pgo, lto, build = True, True, "Debian package"
-    return Interpreter(python, info["realpath"], info["version"], pgo, lto, build)
+    native = _native(python.parent / "gateway")
+    return Interpreter(python, info["realpath"], info["version"], pgo, lto, build, native)
+
+
+def _native(gateway: Path) -> str:
+    """The compiled data plane for this interpreter, built if need be: its status line."""
+
+    def status() -> str:
+        out = subprocess.run(
+            [str(gateway), "native", "status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "GATEWAY_NATIVE": ""},
+        )
+        return out.stdout.strip() or f"pure Python: status failed: {out.stderr.strip()}"
+
+    if status().startswith("compiled"):
+        return status()
+    print(f"bench: compiling the data plane for {gateway.parent.parent}", flush=True)
+    built = subprocess.run(
+        [str(gateway), "native", "build"], capture_output=True, text=True, timeout=900
+    )
+    if built.returncode != 0:
+        why = (built.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"bench: not compiled, the pure modules run: {why}", flush=True)
+    return status()

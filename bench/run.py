@@ -4,13 +4,16 @@ One command, one run, everything on loopback and bounded in time::
 
     .venv/bin/python bench/run.py --duration 8 --repeat 3
     .venv/bin/python bench/run.py --python .venv/bin/python --python /usr/bin/python3.11
+    .venv/bin/python bench/run.py --pure    # also the pure Python data plane, same run
 
 It starts, in a fresh temporary directory, the upstream (nginx, 1 worker, pinned with wrk to
 the load core) and, each pinned to the proxy core, nginx as a reverse proxy (1 worker,
 upstream keepalive), HAProxy (1 thread, if installed) and the gateway (1 process) as users run
 it: access log to a file, metrics, probes and retries on. Access logs are on for nginx and
 HAProxy too. ``--python`` (repeatable) names the interpreter(s) that run the gateway: each
-one is a target of its own (``bench/interpreter.py``).
+one is a target of its own (``bench/interpreter.py``), running the data plane compiled with
+mypyc as ``dev.py`` does (built for it if need be; ``gateway/native.py``). ``--pure`` adds,
+for each, the same gateway on the pure Python modules.
 
 Then, interleaved (the order of the targets rotates each repetition), for each target:
 ``wrk -t1 --latency`` at 64 connections (requests/s, p50, p99, CPU per request from the
@@ -267,7 +270,15 @@ def machine(sources: str, gateways: list[Target]) -> list[str]:
         ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True
     ).stdout.strip()
     lines = [f"- CPUs: nproc {len(os.sched_getaffinity(0))} ({cpu}); kernel {platform.release()}"]
-    lines += [f"- `{g.name}`: {g.interpreter.label}" for g in gateways if g.interpreter]
+    for g in gateways:
+        if g.interpreter is not None:
+            if g.native:
+                plane = "compiled with mypyc"
+            elif g.interpreter.compiled:
+                plane = "pure Python (--pure)"
+            else:
+                plane = g.interpreter.native  # "pure Python: why it is not compiled"
+            lines.append(f"- `{g.name}`: {g.interpreter.label}; data plane {plane}")
     return [
         *lines,
         f"- the bench itself and the idle client: Python {platform.python_version()} "
@@ -298,6 +309,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--python", type=Path, action="append", default=[],
                    help="interpreter that runs the gateway (default: this one); "
                         "repeat it to compare interpreters in one run")  # fmt: skip
+    p.add_argument(
+        "--pure",
+        action="store_true",
+        help="also each gateway on its pure Python modules (GATEWAY_NATIVE=0)",
+    )
     p.add_argument("--no-stream", action="store_true", help="skip the 10 MiB body")
     p.add_argument("--access-log", choices=("off", "file"), default="file",
                    help="access logs of nginx, HAProxy and the gateway: a file in the tmp "
@@ -358,7 +374,8 @@ def start_targets(
     procs: Procs, args: argparse.Namespace, lim: Limits, pythons: list[interpreter.Interpreter]
 ) -> dict[str, Target]:
     """Start every target and wait until each serves ``/`` (and ``/big`` whole)."""
-    n_gateways = len(pythons) if "gateway" in args.targets else 0
+    runs = [(python, pure) for python in pythons for pure in (False, True) if pure <= args.pure]
+    n_gateways = len(runs) if "gateway" in args.targets else 0
     up, nginx, haproxy, *rest = free_ports(3 + 2 * n_gateways)
     targets = {"direct": start_upstream(procs, up, args.load_cpu, lim)}
     wait_serving(targets["direct"].proc, targets["direct"].url())
@@ -366,12 +383,14 @@ def start_targets(
         targets["nginx"] = start_nginx(procs, nginx, up, args.proxy_cpu, lim)
     if "haproxy" in args.targets:
         targets["haproxy"] = start_haproxy(procs, haproxy, up, args.proxy_cpu, lim)
-    for i, python in enumerate(pythons[:n_gateways]):
-        name = "gateway" if n_gateways == 1 else f"gateway-{python.tag}"
+    for i, (python, pure) in enumerate(runs[:n_gateways]):
+        name = "gateway" if len(pythons) == 1 else f"gateway-{python.tag}"
+        if pure:
+            name += "-pure"
         if name in targets:
             name = f"{name}-{i + 1}"
         ports = (rest[2 * i], rest[2 * i + 1], up)
-        targets[name] = start_gateway(procs, name, python, ports, args.proxy_cpu, lim)
+        targets[name] = start_gateway(procs, name, python, ports, args.proxy_cpu, lim, pure=pure)
     for target in targets.values():
         wait_serving(target.proc, target.url())  # the gateway: until its probe passed
         if not args.no_stream:

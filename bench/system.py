@@ -73,16 +73,22 @@ class Procs:
     started: list[Proc] = field(default_factory=list)
 
     def start(
-        self, name: str, argv: list[str], cpu: int | None, stdin: int | None = subprocess.DEVNULL
+        self,
+        name: str,
+        argv: list[str],
+        cpu: int | None,
+        stdin: int | None = subprocess.DEVNULL,
+        env: dict[str, str] | None = None,
     ) -> Proc:
-        """Start ``argv`` in its own session, pinned to ``cpu``, output in ``<tmp>/<name>.log``."""
+        """Start ``argv`` in its own session, pinned to ``cpu``, output in ``<tmp>/<name>.log``;
+        ``env`` is added to this process's environment."""
         if cpu is not None:
             argv = ["taskset", "-c", str(cpu), *argv]
         log = self.tmp / f"{name}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
                 argv, stdin=stdin, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=self.tmp,
+                start_new_session=True, cwd=self.tmp, env={**os.environ, **(env or {})},
             )  # fmt: skip
         proc = Proc(name, popen, log)
         self.started.append(proc)

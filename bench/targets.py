@@ -127,6 +127,8 @@ class Target:
     kind: str = ""
     """``direct``, ``nginx``, ``haproxy`` or ``gateway`` (several gateways may run)."""
     interpreter: Interpreter | None = None
+    native: bool = False
+    """A gateway running its compiled data plane (``gateway/native.py``)."""
 
     def url(self, path: str = "/") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -220,11 +222,14 @@ def start_gateway(
     cpu: int | None,
     limits: Limits,
     workers: int = 1,
+    pure: bool = False,
 ) -> Target:
     """The gateway ``name`` run by ``interpreter``; ``ports`` are (traffic, admin, upstream).
 
     ``cpu`` None leaves it unpinned; ``workers`` > 1 adds ``--workers N`` (worker processes,
-    children of the gateway's process, so ``process_tree`` of its pid covers them)."""
+    children of the gateway's process, so ``process_tree`` of its pid covers them). It runs
+    the compiled data plane if the interpreter has it (``interpreter.native``), unless
+    ``pure``: then the pure Python modules (``GATEWAY_NATIVE=0``)."""
     port, admin, upstream = ports
     conf = procs.tmp / f"{name}.yaml"  # JSON is YAML
     token = procs.tmp / "admin-token"
@@ -235,8 +240,9 @@ def start_gateway(
     argv = [str(interpreter.gateway), "serve", "-c", str(conf)]
     if workers != 1:
         argv += ["--workers", str(workers)]
-    proc = procs.start(name, argv, cpu)
-    return Target(name, port, proc, "gateway", interpreter)
+    native = interpreter.compiled and not pure
+    proc = procs.start(name, argv, cpu, env={"GATEWAY_NATIVE": "1" if native else "0"})
+    return Target(name, port, proc, "gateway", interpreter, native)
 
 
 # ---------------------------------------------------------------------------------------------
