@@ -229,7 +229,9 @@ class _Fast:
         Nothing is held across: if the task is cancelled before it starts, nothing leaks.
         """
         self._end()
-        self.request.conn.run(self.request, self.proxy.handle(self.request, self.ex, failed))
+        proxy = self.proxy
+        proxy.handed_on += 1
+        self.request.conn.run(self.request, proxy.handle(self.request, self.ex, failed))
 
     def _end(self) -> None:
         """No longer in flight; drop the references that made this a cycle."""
@@ -244,7 +246,16 @@ class _Fast:
 
 
 class Proxy:
-    """Forwards requests to the routable upstreams of ``pool``."""
+    """Forwards requests to the routable upstreams of ``pool``.
+
+    Two counters say which way requests went, for tests and debugging (the compiled
+    modules call methods directly: a spy on one sees nothing):
+
+    - ``task_free``: requests ``begin`` sent upstream itself, from the parser's callback;
+    - ``handed_on``: requests ``begin`` handed to a task: no idle connection to the
+      upstream it picked, or a total timeout, or the attempt it sent failed (then counted
+      in both). A request ``begin`` declined (a body, an upgrade) is in neither.
+    """
 
     _loop: asyncio.AbstractEventLoop
     """The running loop (from ``start``)."""
@@ -261,6 +272,8 @@ class Proxy:
         """Where recent (Host, target) pairs went (``_route``), for the route table
         ``_routed_for``: most traffic asks for the same few targets again and again."""
         self._routed_for: router.RouteTable | None = None
+        self.task_free = 0
+        self.handed_on = 0
 
     @property
     def connector(self) -> Connector:
@@ -319,6 +332,7 @@ class Proxy:
         if conn is None:
             # The task connects (to the upstream picked: a pick is not undone) or waits.
             ex.upstream = upstream
+            self.handed_on += 1
             request.conn.run(request, self.handle(request, ex))
             return True
         assert upstream is not None
@@ -328,6 +342,7 @@ class Proxy:
         sp.hold(upstream.id, fast)
         fast.held = upstream.id
         request.conn.exchange = fast
+        self.task_free += 1
         head = self._request_head(request, ex, target, upstream)
         if request.content_length is not None:
             head.append(b"Content-Length: 0")
