@@ -54,17 +54,27 @@ ATOMIC = select.PIPE_BUF
 _Item: TypeAlias = "str | None"
 
 
-_second: tuple[int, str] = (-1, "")
+class _Second:
+    """The second last stamped, and its text (one ``strftime`` a second)."""
+
+    at = -1
+    text = ""
+
+
+_last = _Second()
+_MILLIS = tuple(f".{ms:03d}Z" for ms in range(1000))
+"""The end of a stamp, by millisecond. (A format spec in an f-string costs more than the rest
+of the line compiled with mypyc, which makes it a ``str.format`` call.)"""
 
 
 def _stamp(at: float) -> str:
     """``at`` as ISO 8601 UTC with milliseconds; the part to the second is cached."""
-    global _second
     second = int(at)
-    if _second[0] != second:
-        stamp = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        _second = (second, stamp)
-    return f"{_second[1]}.{int((at - second) * 1000):03d}Z"
+    last = _last
+    if last.at != second:
+        last.text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        last.at = second
+    return last.text + _MILLIS[int((at - second) * 1000)]
 
 
 def fields(at: float, r: RequestRecord) -> dict[str, object]:
@@ -100,12 +110,13 @@ _PLAIN_PATH = re.compile(r"[A-Za-z0-9/:@!$&()*+,;=._~-]*")
 
 
 def format_plain(at: float, r: RequestRecord) -> str:
-    revision = "-" if r.revision is None else r.revision
+    revision = "-" if r.revision is None else str(r.revision)
     path = r.path if _PLAIN_PATH.fullmatch(r.path) else quote(r.path, safe=_PATH_SAFE)
+    duration = "%.1f" % (r.duration * 1000)  # not a format spec: see _MILLIS
     return (
         f"{_stamp(at)} {r.request_id} {r.service or '-'} {revision} {r.upstream_id or '-'} "
         f'"{r.method} {path}" {r.status} '
-        f"{r.duration * 1000:.1f}ms in={r.bytes_in} out={r.bytes_out} retries={r.retries}"
+        f"{duration}ms in={r.bytes_in} out={r.bytes_out} retries={r.retries}"
         f" error={r.error or '-'}"
     )
 

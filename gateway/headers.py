@@ -73,7 +73,8 @@ def request_id(candidate: str | None) -> str:
     """The client's X-Request-Id if it is well formed, else a new unique one."""
     if candidate is not None and _REQUEST_ID.fullmatch(candidate):
         return candidate
-    return f"{_PREFIX}{next(_counter) & 0xFFFFFFFFFFFFFFFF:016x}"
+    # Not an f-string with a format spec: compiled with mypyc, that is a slow str.format call.
+    return _PREFIX + "%016x" % (next(_counter) & 0xFFFFFFFFFFFFFFFF)
 
 
 def connection_tokens(fields: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:

@@ -9,8 +9,11 @@ import os
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from gateway import accesslog
@@ -54,6 +57,22 @@ def test_plain_line_of_a_gateway_error() -> None:
     )
     assert ' - - - "GET ' in line
     assert line.endswith("error=no_route")
+
+
+@given(
+    ats=st.lists(st.floats(min_value=0, max_value=4_000_000_000), min_size=1, max_size=20),
+    duration=st.floats(min_value=0, max_value=10_000),
+)
+def test_times_are_stamped_and_durations_rounded_as_their_format_specs_would(ats, duration):
+    """The cached second and the millisecond table give what ``strftime`` and ``:03d`` do,
+    in any order of times (a new second, an old one again); the duration what ``:.1f`` does."""
+    for at in ats:
+        second = int(at)
+        expected = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        expected += f".{int((at - second) * 1000):03d}Z"
+        line = format_plain(at, record(duration=duration))
+        assert line.startswith(expected + " "), (at, line)
+        assert f" {duration * 1000:.1f}ms " in line
 
 
 def test_json_line() -> None:
