@@ -26,7 +26,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from operator import itemgetter
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -512,10 +511,10 @@ class GatewayMetrics:
 Outcome = tuple[str, int | None, int, str | None, tuple[str, ...]]
 """(service, revision, status, error, retry reasons): requests alike for every series."""
 
-_outcome: Callable[[RequestRecord], Outcome] = itemgetter(
-    *map(RequestRecord._fields.index, ("service", "revision", "status", "error", "retry_reasons"))
-)
-"""A record's ``Outcome``, taken by one C call rather than five attribute reads."""
+
+def _outcome(r: RequestRecord) -> Outcome:
+    """A record's ``Outcome``."""
+    return (r.service, r.revision, r.status, r.error, r.retry_reasons)
 
 
 @dataclass(frozen=True, slots=True)
