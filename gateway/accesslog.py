@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
-from typing import IO, Literal, TypeAlias
+from typing import IO, Final, Literal, TypeAlias
 from urllib.parse import quote
 
 from prometheus_client import CollectorRegistry, Counter
@@ -41,15 +41,15 @@ from .events import RequestRecord
 log = logging.getLogger(__name__)
 
 Format: TypeAlias = Literal["plain", "json"]
-FORMATS: tuple[Format, ...] = ("plain", "json")
-QUEUE_SIZE = 8192
+FORMATS: Final[tuple[Format, ...]] = ("plain", "json")
+QUEUE_SIZE: Final = 8192
 """Records held for the writer before new ones are dropped."""
-_BATCH = 4096
-GATHER = 0.02
+_BATCH: Final = 4096
+GATHER: Final = 0.02
 """Once a record arrives, the writer waits this long for more before it writes them: one
 wake-up of its thread per batch, not one per request (each costs the event loop the GIL)."""
-_STOP = None
-ATOMIC = select.PIPE_BUF
+_STOP: Final = None
+ATOMIC: Final = select.PIPE_BUF
 """The largest write a pipe takes whole: a chunk of lines is at most this many bytes."""
 _Item: TypeAlias = "str | None"
 
@@ -61,8 +61,8 @@ class _Second:
     text = ""
 
 
-_last = _Second()
-_MILLIS = tuple(f".{ms:03d}Z" for ms in range(1000))
+_last: Final = _Second()
+_MILLIS: Final = tuple(f".{ms:03d}Z" for ms in range(1000))
 """The end of a stamp, by millisecond. (A format spec in an f-string costs more than the rest
 of the line compiled with mypyc, which makes it a ``str.format`` call.)"""
 
@@ -96,7 +96,7 @@ def fields(at: float, r: RequestRecord) -> dict[str, object]:
     }
 
 
-_encode_json = json.JSONEncoder(separators=(",", ":")).encode
+_encode_json: Final = json.JSONEncoder(separators=(",", ":")).encode
 """``json.dumps(..., separators=...)`` without the new encoder it makes on every call."""
 
 
@@ -104,8 +104,8 @@ def format_json(at: float, r: RequestRecord) -> str:
     return _encode_json(fields(at, r))
 
 
-_PATH_SAFE = "/:@!$&()*+,;=-._~"
-_PLAIN_PATH = re.compile(r"[A-Za-z0-9/:@!$&()*+,;=._~-]*")
+_PATH_SAFE: Final = "/:@!$&()*+,;=-._~"
+_PLAIN_PATH: Final = re.compile(r"[A-Za-z0-9/:@!$&()*+,;=._~-]*")
 """A path that ``quote`` would leave as it is (most): checked in C instead of quoted."""
 
 
@@ -121,7 +121,7 @@ def format_plain(at: float, r: RequestRecord) -> str:
     )
 
 
-FORMATTERS: dict[str, Callable[[float, RequestRecord], str]] = {
+FORMATTERS: Final[dict[str, Callable[[float, RequestRecord], str]]] = {
     "plain": format_plain,
     "json": format_json,
 }

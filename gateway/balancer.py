@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
+from typing import Final
 
 from .upstream import Upstream
 
@@ -63,7 +64,7 @@ def p2c(
     return a if load_a <= load_b else b
 
 
-POLICIES: Mapping[str, Policy] = {
+POLICIES: Final[Mapping[str, Policy]] = {
     "round_robin": round_robin,
     "least_outstanding": least_outstanding,
     "p2c": p2c,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 import httptools
 
@@ -47,7 +47,7 @@ from .splice import Buffers, Reader, splice_reads
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE_TIMEOUT = 30.0
+KEEPALIVE_TIMEOUT: Final = 30.0
 """Idle keep-alive connections to upstreams are closed after this long."""
 
 

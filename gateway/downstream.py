@@ -36,7 +36,7 @@ import logging
 import re
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 import httptools
 
@@ -48,17 +48,17 @@ from .splice import Buffers, Reader, splice_reads
 
 log = logging.getLogger(__name__)
 
-_HOST = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]*)(:[0-9]{0,5})?")
+_HOST: Final = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]*)(:[0-9]{0,5})?")
 """What a Host header may be (RFC 9112 3.2: anything else is a 400)."""
-MAX_HEADERS = 128
+MAX_HEADERS: Final = 128
 """Header fields per request beyond which it is refused with 431 (aiohttp's default too)."""
-HEAD_LIMIT_FACTOR = 4
+HEAD_LIMIT_FACTOR: Final = 4
 """A whole request head may hold at most this many times ``max_header_size`` bytes."""
-WRITE_HIGH_WATER = 512 * 1024
+WRITE_HIGH_WATER: Final = 512 * 1024
 """Bytes queued for a socket before the other leg is paused (asyncio's default is 64 KiB:
 streaming a large body then pauses and resumes the other side every few dozen KiB)."""
-BODY_HIGH_WATER = 256 * 1024
-RAW_BODY_MIN = 64 * 1024
+BODY_HIGH_WATER: Final = 256 * 1024
+RAW_BODY_MIN: Final = 64 * 1024
 """Request bodies framed by a Content-Length above this skip llhttp once their head is
 parsed (see ``ClientConnection._raw_body``; ``connector`` does the same for answers)."""
 """Request body bytes buffered before the client is paused (no upstream took them yet)."""
@@ -66,7 +66,7 @@ parsed (see ``ClientConnection._raw_body``; ``connector`` does the same for answ
 # The request fields the proxy reads (all others it only passes on).
 _HOST_FIELD, _CONTENT_LENGTH_FIELD, _TRANSFER_ENCODING_FIELD = 1, 2, 3
 _UPGRADE_FIELD, _WEBSOCKET_KEY_FIELD, _REQUEST_ID_FIELD = 4, 5, 6
-_SPECIAL_FIELDS = {
+_SPECIAL_FIELDS: Final = {
     b"host": _HOST_FIELD,
     b"content-length": _CONTENT_LENGTH_FIELD,
     b"transfer-encoding": _TRANSFER_ENCODING_FIELD,
@@ -76,19 +76,19 @@ _SPECIAL_FIELDS = {
 }
 
 # Why reading from the client is paused (a bit each; reading resumes when none is left).
-_PAUSE_PIPELINE = 1
-_PAUSE_BODY = 2
-_PAUSE_UPSTREAM = 4
+_PAUSE_PIPELINE: Final = 1
+_PAUSE_BODY: Final = 2
+_PAUSE_UPSTREAM: Final = 4
 
 # What the connection's one deadline is for.
 _NONE, _HEAD, _KEEPALIVE, _BODY, _LINGER = 0, 1, 2, 3, 4
 
-LINGER_TIMEOUT = 2.0
+LINGER_TIMEOUT: Final = 2.0
 """Closing after an answer while the client may still be sending (an unread body, a refused
 head): the gateway shuts its side, then reads and discards for up to this long between
 reads (nginx's ``lingering_timeout``), so the client's socket is not reset before it read
 the answer."""
-LINGER_BYTES = 64 * 1024 * 1024
+LINGER_BYTES: Final = 64 * 1024 * 1024
 """At most this much is discarded while lingering; then the connection is dropped."""
 
 Handler = Callable[["IncomingRequest"], Coroutine[Any, Any, None]]
@@ -312,7 +312,7 @@ class ConnectionGate:
         self.buffers = Buffers()
 
 
-_TOO_MANY = http1.json_response(
+_TOO_MANY: Final = http1.json_response(
     503,
     {"error": "too_many_connections", "message": "the gateway is at its connection limit"},
     close=True,

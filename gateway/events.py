@@ -8,7 +8,7 @@ plane implements it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
 from .upstream import Upstream
 
@@ -121,7 +121,7 @@ class RequestRecord:
         return f"RequestRecord({fields})"
 
 
-_RECORD_FIELDS = (
+_RECORD_FIELDS: Final[tuple[str, ...]] = (
     "request_id",
     "service",
     "revision",

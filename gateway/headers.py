@@ -21,10 +21,11 @@ import itertools
 import random
 import re
 from collections.abc import Iterable
+from typing import Final
 
 Fields = list[tuple[bytes, bytes]]
 
-HOP_BY_HOP = frozenset(
+HOP_BY_HOP: Final = frozenset(
     {
         b"connection",
         b"keep-alive",
@@ -39,20 +40,20 @@ HOP_BY_HOP = frozenset(
 )
 """Lower-cased names that never cross the proxy (RFC 9110 7.6.1, and the old Proxy-*)."""
 
-_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
-_REQUEST_REWRITTEN = (
+_FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
+_REQUEST_REWRITTEN: Final = (
     HOP_BY_HOP
     | _FRAMING
     | {b"expect", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"x-request-id"}
 )
-RESPONSE_DROPPED = HOP_BY_HOP | _FRAMING | {b"x-request-id"}
+RESPONSE_DROPPED: Final = HOP_BY_HOP | _FRAMING | {b"x-request-id"}
 """Lower-cased names of an upstream's answer that the client never gets as they are."""
-_UPGRADE = frozenset({b"connection", b"upgrade"})
-_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
+_UPGRADE: Final = frozenset({b"connection", b"upgrade"})
+_PLAIN_CONNECTION: Final = frozenset({b"keep-alive", b"close"})
 """Connection values that name no other field: the common case needs no token parsing."""
 
 
-_DROPPED_LINE = re.compile(
+_DROPPED_LINE: Final = re.compile(
     rb"\r\n(" + b"|".join(re.escape(name) for name in sorted(RESPONSE_DROPPED)) + rb"):([^\r\n]*)",
     re.IGNORECASE,
 )
@@ -61,12 +62,12 @@ the spaces around it) captured, in a header block llhttp accepted (strict: the n
 followed by its colon, every line ends with CRLF and holds no other CR or LF). The CRLF it
 starts with is a literal prefix the regular expression engine looks for first."""
 
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 """Matched whole (``fullmatch``): ``$`` would also accept a trailing newline."""
 # New ids: a random 64-bit prefix per process and a counter, 32 hex digits like a UUID's.
 # They must be unique, not secret, and the counter is a fraction of the cost of uuid4.
-_PREFIX = f"{random.SystemRandom().getrandbits(64):016x}"
-_counter = itertools.count(random.SystemRandom().getrandbits(32))
+_PREFIX: Final = f"{random.SystemRandom().getrandbits(64):016x}"
+_counter: Final = itertools.count(random.SystemRandom().getrandbits(32))
 
 
 def request_id(candidate: str | None) -> str:

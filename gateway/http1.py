@@ -16,12 +16,13 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
+from typing import Final
 
-CRLF = b"\r\n"
-LAST_CHUNK = b"0\r\n\r\n"
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+CRLF: Final = b"\r\n"
+LAST_CHUNK: Final = b"0\r\n\r\n"
+CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 _date_cache: tuple[int, bytes] = (0, b"")
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -43,17 +44,30 @@ from .events import PoolEvent, ProbeResult, RequestRecord
 from .pool import Pool
 from .upstream import Upstream, by_fields
 
-UPSTREAM_STATES = ("unknown", "healthy", "unhealthy", "draining", "ejected")
+UPSTREAM_STATES: Final[tuple[str, ...]] = ("unknown", "healthy", "unhealthy", "draining", "ejected")
 """The values of ``Upstream.state``: the one-hot ``gateway_upstream_state``."""
 
-PROBE_RESULTS = ("success", "failure", "timeout")
-RETRY_REASONS = frozenset({"connect", "disconnect", "status"})
+PROBE_RESULTS: Final[tuple[str, ...]] = ("success", "failure", "timeout")
+RETRY_REASONS: Final = frozenset({"connect", "disconnect", "status"})
 """What the proxy puts in ``RequestRecord.retry_reasons``; anything else counts as ``other``."""
 
-LATENCY_BUCKETS = (
+LATENCY_BUCKETS: Final[tuple[float, ...]] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
-PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+PROBE_BUCKETS: Final[tuple[float, ...]] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
 
 
 def _gateway_statuses() -> dict[str, int]:
@@ -68,8 +82,8 @@ def _gateway_statuses() -> dict[str, int]:
     return out
 
 
-_GATEWAY_STATUS = _gateway_statuses()
-_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
+_GATEWAY_STATUS: Final = _gateway_statuses()
+_CLASS: Final = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 
 
 def code_label(status: int, error: str | None) -> str:
@@ -224,7 +238,12 @@ class _ServiceSeries:
             m.retries.remove(name, reason)
 
 
-_SERVICE_CHILDREN = ("ttfb", "probe_duration", "no_routable", "connect_failures")
+_SERVICE_CHILDREN: Final[tuple[str, ...]] = (
+    "ttfb",
+    "probe_duration",
+    "no_routable",
+    "connect_failures",
+)
 """The per-service children, each named as its metric's attribute on ``GatewayMetrics``."""
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Sequence
+from typing import Final
 
 from . import headers, http1, router
 from .config import ProxyConfig
@@ -65,15 +66,15 @@ from .websocket import Relay
 
 log = logging.getLogger(__name__)
 
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
-RETRY_STATUSES = frozenset({502, 503, 504})
-NO_BODY_STATUSES = frozenset({204, 304})
-ROUTED_CACHED = 4096
+IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+RETRY_STATUSES: Final = frozenset({502, 503, 504})
+NO_BODY_STATUSES: Final = frozenset({204, 304})
+ROUTED_CACHED: Final = 4096
 """(Host, target) pairs whose route ``Proxy`` keeps (then it starts over)."""
-ROUTED_TARGET_MAX = 512
+ROUTED_TARGET_MAX: Final = 512
 """Longer targets are routed anew each time: the cache stays small."""
 _Routed = tuple[str, str, bytes]
-_PLAIN_HEAD = b"HTTP/1.1 %d %b\r\n%b%bX-Request-Id: %b\r\nContent-Length: %d\r\n\r\n"
+_PLAIN_HEAD: Final = b"HTTP/1.1 %d %b\r\n%b%bX-Request-Id: %b\r\nContent-Length: %d\r\n\r\n"
 """The head of most answers (see ``Proxy._client_head``)."""
 
 

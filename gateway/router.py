@@ -15,6 +15,7 @@ import posixpath
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
 from urllib.parse import quote, unquote, unquote_to_bytes
 
 from .config import RouteConfig
@@ -28,7 +29,7 @@ class Route:
 
 _Candidates = tuple[tuple[str | None, Route], ...]
 """The routes a host matches, best first, each with the path prefix it asks for."""
-HOSTS_CACHED = 1024
+HOSTS_CACHED: Final = 1024
 """Host header values whose candidate routes a table keeps (then it starts over)."""
 
 
@@ -65,7 +66,7 @@ class RouteTable:
         return found
 
 
-_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_BAD_PERCENT: Final = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 def path_problem(raw_path: str) -> str | None:
@@ -84,7 +85,7 @@ def path_problem(raw_path: str) -> str | None:
     return None
 
 
-_SAFE = "/:@!$&'()*+,;=~"
+_SAFE: Final = "/:@!$&'()*+,;=~"
 """Kept as they are when a decoded path is quoted again (yarl's choice for paths)."""
 
 
