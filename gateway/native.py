@@ -4,7 +4,7 @@
     gateway native status    say whether the compiled or the pure modules run, and why
 
 The modules of the request path (``MODULES``) are plain, fully typed Python; mypyc compiles
-them to C extension modules with the same behaviour, which take about a sixth less CPU a
+them to C extension modules with the same behaviour, which take about a third less CPU a
 request (``bench/README.md``). The build needs mypy (a test dependency) and a C compiler;
 without them, or before a build, the pure Python modules run, as they always can.
 
