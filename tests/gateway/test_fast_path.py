@@ -102,6 +102,13 @@ def keepalive(answer: Answer):
     return serve
 
 
+async def answer_ok(writer: asyncio.StreamWriter) -> bool:
+    """Answer 200 and keep the connection (an ``Answer``'s True)."""
+    writer.write(OK)
+    await writer.drain()
+    return True
+
+
 async def read_until_closed(reader: asyncio.StreamReader) -> bytes:
     """What the gateway sent before it dropped the connection (a reset counts as a close)."""
     data = b""
@@ -271,9 +278,7 @@ def slow_upstream(started: asyncio.Event, closed: asyncio.Event):
             await reader.read()  # b"" once the gateway dropped the connection
             closed.set()
             return False
-        writer.write(OK)
-        await writer.drain()
-        return True
+        return await answer_ok(writer)
 
     return keepalive(answer)
 
@@ -332,9 +337,7 @@ async def test_streamed_answer_arrives_whole(
     async def answer(path, reader, writer):
         came_on.append((path, port_of(writer)))
         if path == "/warm":
-            writer.write(OK)
-            await writer.drain()
-            return True
+            return await answer_ok(writer)
         if framing == "chunked":
             writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
         else:
@@ -399,9 +402,7 @@ async def test_broken_body_aborts_the_client(
 
     async def answer(path, reader, writer):
         if path == "/warm":
-            writer.write(OK)
-            await writer.drain()
-            return True
+            return await answer_ok(writer)
         writer.write(head + b"x" * sent)
         await writer.drain()
         async with asyncio.timeout(1):
@@ -438,9 +439,7 @@ async def test_503_on_a_reused_connection_is_retried_on_the_other_upstream(
 
     async def busy(path, reader, writer):
         if path == "/warm":
-            writer.write(OK)
-            await writer.drain()
-            return True
+            return await answer_ok(writer)
         writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
         await writer.drain()
         await reader.read()  # b"" once the gateway dropped the connection
