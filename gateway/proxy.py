@@ -152,13 +152,13 @@ class _Fast:
         sp, upstream = ex.sp, ex.upstream
         assert sp is not None
         assert upstream is not None
+        now = proxy._loop.time()
+        ex.ttfb = now - ex.started
         if head.status >= 500:
             failed = proxy._answered(request, ex, sp, conn, head, (upstream.id,))
             if failed is not None:
                 self._retry(failed)
                 return
-        now = proxy._loop.time()
-        ex.ttfb = now - ex.started
         chunked, data = proxy._client_head(request, ex, conn, head)
         if conn.complete and not chunked:  # the whole answer, at once (most)
             body = conn.take_body()
@@ -635,6 +635,7 @@ class Proxy:
             if body is not None:
                 body.detach()
             raise self._failed(exc, ex, sp) from None
+        ex.ttfb = self._loop.time() - ex.started
         failed = self._answered(request, ex, sp, conn, head, tried)
         if failed is not None:
             raise failed
@@ -649,11 +650,11 @@ class Proxy:
         head: ResponseHead,
         tried: Collection[str],
     ) -> _Failed | None:
-        """The answer's head arrived: passive detection, and the failure if it is retried."""
+        """The answer's head arrived (``ex.ttfb`` is set): passive detection, and the failure
+        if it is retried."""
         upstream = ex.upstream
         assert upstream is not None
         status = head.status
-        ex.ttfb = self._loop.time() - ex.started
         if status >= 500:
             self.pool.report(sp.routing.name, upstream.id, "5xx")
             if status in RETRY_STATUSES and self._may_retry("status", request, ex, sp, tried):
