@@ -60,6 +60,25 @@ class ProbeObserver(Protocol):
         """Called for every probe result (metrics)."""
 
 
+_RECORD_FIELDS: Final[tuple[str, ...]] = (
+    "request_id",
+    "service",
+    "revision",
+    "upstream_id",
+    "method",
+    "path",
+    "status",
+    "duration",
+    "ttfb",
+    "bytes_in",
+    "bytes_out",
+    "retries",
+    "retry_reasons",
+    "error",
+)
+"""``RequestRecord``'s fields in the order ``__init__`` takes them."""
+
+
 class RequestRecord:
     """What one proxied request did, for metrics and the access log.
 
@@ -67,22 +86,7 @@ class RequestRecord:
     struct made in one call, where a named tuple's ``__new__`` is interpreted Python.
     """
 
-    __slots__ = (
-        "bytes_in",
-        "bytes_out",
-        "duration",
-        "error",
-        "method",
-        "path",
-        "request_id",
-        "retries",
-        "retry_reasons",
-        "revision",
-        "service",
-        "status",
-        "ttfb",
-        "upstream_id",
-    )
+    __slots__ = _RECORD_FIELDS
 
     def __init__(
         self,
@@ -119,25 +123,6 @@ class RequestRecord:
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _RECORD_FIELDS)
         return f"RequestRecord({fields})"
-
-
-_RECORD_FIELDS: Final[tuple[str, ...]] = (
-    "request_id",
-    "service",
-    "revision",
-    "upstream_id",
-    "method",
-    "path",
-    "status",
-    "duration",
-    "ttfb",
-    "bytes_in",
-    "bytes_out",
-    "retries",
-    "retry_reasons",
-    "error",
-)
-"""``RequestRecord``'s fields in the order ``__init__`` takes them."""
 
 
 class RequestObserver(Protocol):
