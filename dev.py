@@ -47,7 +47,7 @@ def ensure_native() -> bool:
     True if it is (then the gateway runs it); False if the build failed, with the reason.
     """
     gateway = str(BIN / "gateway")
-    env = {**os.environ, "GATEWAY_NATIVE": ""}
+    env = native_env("")
     status = subprocess.run([gateway, "native", "status"], capture_output=True, text=True, env=env)
     if status.returncode == 0 and status.stdout.startswith("compiled"):
         return True
@@ -56,6 +56,11 @@ def ensure_native() -> bool:
         return True
     print("dev.py: the pure Python data plane runs instead", file=sys.stderr)
     return False
+
+
+def native_env(value: str) -> dict[str, str]:
+    """This environment with GATEWAY_NATIVE set (gateway/native.py: "0", "1" or unset "")."""
+    return {**os.environ, "GATEWAY_NATIVE": value}
 
 
 def run(argv: list[str], env: dict[str, str] | None = None) -> int:
@@ -83,13 +88,13 @@ def main() -> int:
         # is (skipped when pytest arguments pick what to run).
         pytest = [str(BIN / "python"), "-m", "pytest"]
         if not ensure_native():
-            return run([*pytest, *rest], env={**os.environ, "GATEWAY_NATIVE": "0"})
-        if code := run([*pytest, *rest], env={**os.environ, "GATEWAY_NATIVE": "1"}):
+            return run([*pytest, *rest], env=native_env("0"))
+        if code := run([*pytest, *rest], env=native_env("1")):
             return code
         if rest:
             return 0
         print("dev.py: the data plane's tests again, on its pure Python modules", file=sys.stderr)
-        return run([*pytest, "tests/gateway"], env={**os.environ, "GATEWAY_NATIVE": "0"})
+        return run([*pytest, "tests/gateway"], env=native_env("0"))
     print(__doc__)
     return 0 if task == "help" else 2
 

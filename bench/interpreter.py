@@ -171,8 +171,9 @@ def _native(gateway: Path) -> str:
         )
         return out.stdout.strip() or f"pure Python: status failed: {out.stderr.strip()}"
 
-    if status().startswith("compiled"):
-        return status()
+    current = status()
+    if current.startswith("compiled"):
+        return current
     print(f"bench: compiling the data plane for {gateway.parent.parent}", flush=True)
     built = subprocess.run(
         [str(gateway), "native", "build"], capture_output=True, text=True, timeout=900
