@@ -3,6 +3,8 @@
 The one-pass regular expression must see exactly the fields a per-line reading sees: a
 dropped field that slipped through would reach the client (a second framing, a hop-by-hop
 field), a kept one taken out would be lost. The reference below reads line by line.
+
+New request ids are made from a table a byte at a time: they must count on across every byte.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import random
 
 import pytest
 
-from gateway.headers import RESPONSE_DROPPED, client_response, response_fields
+from gateway.headers import RESPONSE_DROPPED, _Ids, client_response, request_id, response_fields
 
 
 def reference(block: bytes) -> tuple[bytes, int | None, bool, list[tuple[bytes, bytes]]]:
@@ -108,3 +110,24 @@ def test_client_response_keeps_connection_and_upgrade_on_a_101() -> None:
         b"Connection: Upgrade",
         b"X-Request-Id: id-2",
     ]
+
+
+@pytest.mark.parametrize("start", [0, 250, (1 << 60) - 3, (1 << 64) - 1])
+def test_new_request_ids_are_unique_and_count_across_every_byte(start: int) -> None:
+    ids = _Ids(0xABCDEF, start)
+    made = [ids.next() for _ in range(600)]
+    assert len(set(made)) == len(made)
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in made)
+    assert {i[:16] for i in made} == {"0000000000abcdef"}
+    counters = [int(i[16:], 16) for i in made]
+    first = ((start & ((1 << 60) - 1)) + 1) & ((1 << 60) - 1)
+    assert counters == [(first + k) & ((1 << 60) - 1) for k in range(600)]
+
+
+def test_a_well_formed_request_id_is_kept_and_a_bad_one_replaced() -> None:
+    assert request_id("abc-123") == "abc-123"
+    for bad in (None, "", "a b", "x" * 129, "id\n"):
+        new = request_id(bad)
+        assert new != bad
+        assert len(new) == 32
+    assert request_id(None) != request_id(None)
