@@ -90,6 +90,13 @@ class Interpreter:
         flags = f"PGO {'on' if self.pgo else 'off'}, LTO {'on' if self.lto else 'off'}"
         return f"Python {self.version} ({self.base}; {flags}, from {self.build}), {self.python}"
 
+    @property
+    def plane(self) -> str:
+        """Which data plane its gateways run (unless a target asks for the pure one)."""
+        if self.compiled:
+            return "the data plane compiled with mypyc"
+        return f"the pure Python data plane ({self.native or 'status unknown'})"
+
 
 def _probe(python: Path) -> dict:
     try:

@@ -147,6 +147,10 @@ async def main(mib: int) -> None:
     }
     (tmp / "gateway.yaml").write_text(json.dumps(config))
     gateway = Path(sys.executable).parent / "gateway"
+    status = subprocess.run(
+        [str(gateway), "native", "status"], capture_output=True, text=True, check=False
+    )
+    plane = status.stdout.strip().split(":")[0] or "unknown"  # "compiled (mypyc)", "pure Python"
     procs = [
         subprocess.Popen([sys.executable, str(tmp / "upstream.py"), str(up_port)],
                          start_new_session=True),
@@ -171,7 +175,8 @@ async def main(mib: int) -> None:
             f"## Streaming {mib} MiB each way (`.venv/bin/python bench/streaming.py`)",
             "",
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, aiohttp upstream, one "
-            f"transfer at a time; gateway idle RSS {idle:.1f} MiB, sampled every 50 ms.",
+            f"transfer at a time; the gateway's data plane {plane}, its idle RSS {idle:.1f} MiB, "
+            "sampled every 50 ms.",
             "",
             "| direction | direct MiB/s | gateway MiB/s | ratio | peak RSS MiB | growth MiB |",
             "| --- | --- | --- | --- | --- | --- |",
