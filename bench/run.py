@@ -536,7 +536,15 @@ def render(
     stream = not args.no_stream
     order = [t.name for t in targets]
     gateways = [t for t in targets if t.kind == "gateway"]
+    failed = [
+        f"{name} {kind} rep {i}: {r.errors} ({r.error_kinds})"
+        for name, kinds in figures.runs.items()
+        for kind, rs in kinds.items()
+        for i, r in enumerate(rs, 1)
+        if r.errors
+    ]
     errors = sum(r.errors for kinds in figures.runs.values() for rs in kinds.values() for r in rs)
+    where = f" ({'; '.join(failed)})" if failed else ""
     lo, hi = args.connections, args.high_connections
     return "\n".join(
         [
@@ -558,8 +566,8 @@ def render(
             f"HAProxy: {'a file too' if args.access_log == 'file' else 'off too'}. CPU us/req: "
             "the target's own user+sys time during the run over the requests wrk completed "
             "(for `direct`, the upstream's). Added p50 c1: p50 at one connection minus direct's. "
-            f"Socket errors and non-2xx answers in all runs: {errors}. Load average (1 min) at "
-            f"the start and the end: {load[0]:.2f}, {os.getloadavg()[0]:.2f}: anything above 0 "
+            f"Socket errors and non-2xx answers in all runs: {errors}{where}. Load average (1 min) "
+            f"at the start and the end: {load[0]:.2f}, {os.getloadavg()[0]:.2f}: anything above 0 "
             "is other work sharing the 2 cores. Method and caveats: `bench/README.md`.",
             "",
             tables(args, order, figures),
