@@ -536,15 +536,16 @@ def render(
     stream = not args.no_stream
     order = [t.name for t in targets]
     gateways = [t for t in targets if t.kind == "gateway"]
-    failed = [
-        f"{name} {kind} rep {i}: {r.errors} ({r.error_kinds})"
+    failing = [
+        (f"{name} {kind} rep {i}", r)
         for name, kinds in figures.runs.items()
         for kind, rs in kinds.items()
         for i, r in enumerate(rs, 1)
         if r.errors
     ]
-    errors = sum(r.errors for kinds in figures.runs.values() for rs in kinds.values() for r in rs)
-    where = f" ({'; '.join(failed)})" if failed else ""
+    errors = sum(r.errors for _, r in failing)
+    where = "; ".join(f"{run}: {r.errors} ({r.error_kinds})" for run, r in failing)
+    where = f" ({where})" if where else ""
     lo, hi = args.connections, args.high_connections
     return "\n".join(
         [

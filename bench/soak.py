@@ -119,9 +119,9 @@ def report(
         "",
         f"{at:%Y-%m-%d %H:%M} UTC. The gateway as users run it (access log to a file, metrics, "
         f"an http probe every second, retries) on CPU {args.proxy_cpu}, run by "
-        f"{python.label}, {python.plane}; `wrk -t1 -c{args.connections}` in {len(runs)} "
-        f"segments of "
-        f"{args.segment:g} s on CPU {args.load_cpu} with the upstream (nginx). VmRSS of the "
+        f"{python.label}, {python.plane}; `wrk -t1 -c{args.connections}` "
+        f"in {len(runs)} segments of {args.segment:g} s on CPU {args.load_cpu} "
+        "with the upstream (nginx). VmRSS of the "
         f"gateway sampled every {args.sample:g} s ({len(samples)} samples); slope fitted by "
         f"least squares after {warmup / 60:.1f} min of warm-up.",
         "",

@@ -25,6 +25,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import interpreter
 import results  # bench/ holds scripts, not a package
 from system import free_ports
 
@@ -146,11 +147,8 @@ async def main(mib: int) -> None:
         ],
     }
     (tmp / "gateway.yaml").write_text(json.dumps(config))
-    gateway = Path(sys.executable).parent / "gateway"
-    status = subprocess.run(
-        [str(gateway), "native", "status"], capture_output=True, text=True, check=False
-    )
-    plane = status.stdout.strip().split(":")[0] or "unknown"  # "compiled (mypyc)", "pure Python"
+    python = interpreter.resolve(Path(sys.executable))  # its data plane built if need be
+    gateway = python.gateway
     procs = [
         subprocess.Popen([sys.executable, str(tmp / "upstream.py"), str(up_port)],
                          start_new_session=True),
@@ -175,7 +173,7 @@ async def main(mib: int) -> None:
             f"## Streaming {mib} MiB each way (`.venv/bin/python bench/streaming.py`)",
             "",
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, aiohttp upstream, one "
-            f"transfer at a time; the gateway's data plane {plane}, its idle RSS {idle:.1f} MiB, "
+            f"transfer at a time; {python.plane}; the gateway's idle RSS {idle:.1f} MiB, "
             "sampled every 50 ms.",
             "",
             "| direction | direct MiB/s | gateway MiB/s | ratio | peak RSS MiB | growth MiB |",
