@@ -28,6 +28,7 @@ from typing import Final, Protocol, cast
 import httptools
 
 from . import http1
+from .batch import WriteBatch
 from .downstream import (
     HEAD_LIMIT_FACTOR,
     MAX_HEADERS,
@@ -94,6 +95,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
+        self._held: bytes | None = None
+        """A request head ``send`` holds until the end of the loop's turn (``batch``)."""
         self.idle_since = 0.0
         self._head: ResponseHead | None = None
         self._max_field = connector.max_header_size
@@ -171,6 +174,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.transport = None
+        self._held = None
         self._connector._forget(self)
         if self._timer is not None:
             self._timer.cancel()
@@ -368,7 +372,10 @@ class UpstreamConnection(asyncio.Protocol):
                 if self._timer is not None:
                     self._timer.cancel()
                 self._timer = loop.call_at(deadline, self._on_timer)
-        self.transport.write(head)
+        if not body and self._connector.batch.hold(self):
+            self._held = head
+        else:
+            self.transport.write(head)  # a body follows it, written as it comes
         return self._head_future
 
     def stream_to(self, sink: ResponseStream, head: bytes) -> asyncio.Future[None] | None:
@@ -495,15 +502,27 @@ class UpstreamConnection(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         if self.transport is not None:
+            self.flush()
             self.transport.write(data)
+
+    def flush(self) -> None:
+        """Write the head ``send`` holds now: before anything else uses the transport."""
+        head = self._held
+        if head is not None:
+            self._held = None
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                transport.write(head)
 
     def close_transport(self) -> None:
         """Close once what was written is sent (the WebSocket relay's end)."""
         if self.transport is not None:
+            self.flush()
             self.transport.close()
 
     def abort(self) -> None:
         if self.transport is not None:
+            self.flush()
             self.transport.abort()
 
     def __repr__(self) -> str:
@@ -518,6 +537,7 @@ class Connector:
         max_idle: int = 256,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
         max_header_size: int = 16 * 1024,
+        batch: WriteBatch | None = None,
     ) -> None:
         self.max_idle = max_idle
         self.max_header_size = max_header_size
@@ -528,6 +548,8 @@ class Connector:
         self._closed = False
         self.buffers = Buffers()
         """The read buffers of its connections (``splice``)."""
+        self.batch = batch if batch is not None else WriteBatch()
+        """Where request heads wait for the end of the loop's turn (``batch``)."""
 
     def idle(self, host: str, port: int) -> UpstreamConnection | None:
         """The newest idle connection to ``host:port`` that is still open, taken, or None."""

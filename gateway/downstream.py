@@ -41,6 +41,7 @@ from typing import Any, Final, Protocol, cast
 import httptools
 
 from . import http1
+from .batch import WriteBatch
 from .config import ListenerLimits
 from .errors import BadRequest, ClientGone, GatewayError, RequestTimeout, RequestTooLarge
 from .headers import Fields
@@ -249,15 +250,17 @@ class ResponseStream:
         self.bytes_out = 0
 
     def response_data(self, data: bytes | memoryview) -> None:
-        transport = self.conn.transport
+        conn = self.conn
+        transport = conn.transport
         if transport is None:
             return
         self.bytes_out += len(data)
+        conn.flush()  # the head first; a view of a read buffer is never held
         http1.write_body(transport, data, chunked=self.chunked)
 
     def response_end(self) -> None:
-        if self.chunked and self.conn.transport is not None:
-            self.conn.transport.write(http1.LAST_CHUNK)
+        if self.chunked:
+            self.conn.write(http1.LAST_CHUNK)
 
 
 class IncomingRequest:
@@ -302,14 +305,16 @@ class IncomingRequest:
 
 
 class ConnectionGate:
-    """Counts open client connections against ``limit``; holds the read buffers they share."""
+    """Counts open client connections against ``limit``; holds what they share: the read
+    buffers, and the batch their writes wait in until the end of the loop's turn."""
 
-    __slots__ = ("buffers", "limit", "open")
+    __slots__ = ("batch", "buffers", "limit", "open")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, batch: WriteBatch | None = None) -> None:
         self.limit = limit
         self.open = 0
         self.buffers = Buffers()
+        self.batch = batch if batch is not None else WriteBatch()
 
 
 _TOO_MANY: Final = http1.json_response(
@@ -333,6 +338,7 @@ class ClientConnection(asyncio.Protocol):
         "_gate",
         "_handler",
         "_head_bytes",
+        "_held",
         "_host_checked",
         "_last",
         "_limits",
@@ -379,6 +385,8 @@ class ClientConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
+        self._held: bytes | None = None
+        """What ``write`` holds until the end of the loop's turn (``batch``)."""
         self.peer: str | None = None
         self._refused = False
         self._closing = False
@@ -469,6 +477,7 @@ class ClientConnection(asyncio.Protocol):
         self._gate.open -= 1
         self._connections.discard(self)
         self.transport = None
+        self._held = None
         self._closing = True
         if self._timer is not None:
             self._timer.cancel()
@@ -813,24 +822,45 @@ class ClientConnection(asyncio.Protocol):
     # -- writing ------------------------------------------------------------------------------
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None:
-            self.transport.write(data)
+        """Write ``data`` at the end of this turn of the loop, with the turn's other writes."""
+        transport = self.transport
+        if transport is None:
+            return
+        held = self._held
+        if held is not None:
+            self._held = held + data  # rare: a second answer in one turn (pipelining)
+        elif self._gate.batch.hold(self):
+            self._held = data
+        else:
+            transport.write(data)
+
+    def flush(self) -> None:
+        """Write what ``write`` holds now: before anything else uses the transport."""
+        data = self._held
+        if data is not None:
+            self._held = None
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                transport.write(data)
 
     def close_transport(self) -> None:
         """Close once what was written is sent (the WebSocket relay's end)."""
         if self.transport is not None:
+            self.flush()
             self.transport.close()
 
     def abort(self) -> None:
         """Drop the connection at once: whatever response was under way is cut off."""
         self._closing = True
         if self.transport is not None:
+            self.flush()
             self.transport.abort()
 
     def close(self) -> None:
         """Close now if idle, else after the answer under way (shutdown)."""
         self._closing = True
         if self.transport is not None and self.active is None and self.tunnel is None:
+            self.flush()
             self.transport.close()
 
     @property
@@ -852,9 +882,7 @@ class ClientConnection(asyncio.Protocol):
         if self.transport is None:
             return
         if self.active is None:
-            self.transport.write(
-                http1.json_response(status, {"error": code, "message": message}, close=True)
-            )
+            self.write(http1.json_response(status, {"error": code, "message": message}, close=True))
             self._linger()
             return
         # else: the answer under way finishes, then ``_finished`` closes (``_closing``).
@@ -868,6 +896,7 @@ class ClientConnection(asyncio.Protocol):
             return
         if self._lingered >= 0:
             return  # already lingering
+        self.flush()
         if not transport.can_write_eof():
             transport.close()
             return
@@ -941,10 +970,12 @@ class ClientConnection(asyncio.Protocol):
             self.abort()
         elif kind == _KEEPALIVE:
             self._closing = True
+            self.flush()
             self.transport.close()
         elif kind == _BODY:
             self._body_timed_out()
         elif kind == _LINGER:
+            self.flush()
             self.transport.close()
 
     def _body_timed_out(self) -> None:

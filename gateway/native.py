@@ -43,6 +43,7 @@ ENV = "GATEWAY_NATIVE"
 MODULES = (
     "accesslog",
     "balancer",
+    "batch",
     "connector",
     "downstream",
     "events",

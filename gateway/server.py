@@ -60,7 +60,7 @@ class TrafficServer:
             return
         await self.proxy.start()
         limits = self.config.limits
-        gate = ConnectionGate(limits.max_connections)
+        gate = ConnectionGate(limits.max_connections, self.proxy.connector.batch)
         connections = self._connections
         handle = self.proxy.handle
         begin = self.proxy.begin

@@ -30,6 +30,9 @@ class _Client:
     def get_write_buffer_size(self) -> int:
         return 0  # all sent at once
 
+    def is_closing(self) -> bool:
+        return False
+
 
 def stream(transport: object) -> ResponseStream:
     """A ResponseStream to a ClientConnection writing to ``transport`` (a real connection:
@@ -48,9 +51,11 @@ async def run(conn: UpstreamConnection) -> bytes:
     head = await conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5)
     assert head.status == 200
     client = _Client()
-    done = conn.stream_to(stream(client), b"")
+    sink = stream(client)
+    done = conn.stream_to(sink, b"")
     if done is not None:
         await done
+    sink.conn.flush()  # what the batch writes at the end of the loop's turn
     return client.written
 
 
@@ -161,6 +166,9 @@ class _HoldingClient:
 
     def get_write_buffer_size(self) -> int:
         return sum(len(data) for data in self.held)
+
+    def is_closing(self) -> bool:
+        return False
 
     def flush(self) -> bytes:
         for data in self.held:
