@@ -141,6 +141,7 @@ def measures(figures: Figures, low: int, high: int, stream: bool) -> dict[str, l
         Measure("added p50 c1 (us)", added_us, proxy_only=True),
         Measure(f"CPU us/req {lo}", lambda n: m(n, lo, "cpu_us"), 1, proxy_only=True),
         Measure(f"CPU us/req {hi}", lambda n: m(n, hi, "cpu_us"), 1, proxy_only=True),
+        Measure(f"wake-ups/req {lo}", lambda n: m(n, lo, "wakeups"), 2, ratio=False),
     ]
     if stream:
         speed.append(Measure("10 MiB MiB/s", mib_per_s))

@@ -177,6 +177,27 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / CLK_TCK
 
 
+WAKEUP_INTERRUPTS = ("RES", "CAL")
+"""Rescheduling and function-call interrupts: what a core sends another to wake a task there
+(on a virtual machine, each is an exit to the hypervisor)."""
+
+
+def wakeup_interrupts() -> int | None:
+    """``WAKEUP_INTERRUPTS`` taken so far, summed over every core (``/proc/interrupts``);
+    None where the file cannot be read. Machine-wide: whatever else runs counts too."""
+    try:
+        lines = Path("/proc/interrupts").read_text().splitlines()
+    except OSError:
+        return None
+    cores = len(lines[0].split()) if lines else 0
+    total = 0
+    for line in lines[1:]:
+        name, _, counts = line.partition(":")
+        if name.strip() in WAKEUP_INTERRUPTS:
+            total += sum(int(n) for n in counts.split()[:cores] if n.isdigit())
+    return total
+
+
 def memory_mib(pids: list[int], key: str = "VmRSS") -> float:
     """The sum of one ``/proc/<pid>/status`` figure over ``pids``, in MiB.
 

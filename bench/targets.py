@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from interpreter import Interpreter
-from system import Failure, Proc, Procs, RssSampler, cpu_seconds, process_tree
+from system import (
+    Failure,
+    Proc,
+    Procs,
+    RssSampler,
+    cpu_seconds,
+    process_tree,
+    wakeup_interrupts,
+)
 
 BIG_SIZE = 10 * 1024 * 1024
 
@@ -269,6 +277,8 @@ class Run:
     """The largest VmRSS of the target's process tree sampled during the run."""
     error_kinds: str = ""
     """What ``errors`` counts, as wrk says it: ``timeout 74``, ``non-2xx 3``."""
+    wakeups: float | None = None
+    """Wake-up interrupts (``system.WAKEUP_INTERRUPTS``, every core) per completed request."""
 
 
 def parse_wrk(text: str) -> Run:
@@ -302,6 +312,7 @@ def wrk(
     argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", target.url(path)]
     pids = process_tree(target.proc.pid)
     before = cpu_seconds(pids)
+    interrupts = wakeup_interrupts()
     with RssSampler(pids) as rss:
         proc = procs.start(f"wrk-{target.name}", argv, cpu)
         try:
@@ -311,9 +322,13 @@ def wrk(
         finally:
             procs.finish(proc)
     used = cpu_seconds(pids) - before
+    interrupts_after = wakeup_interrupts()
     text = proc.log.read_text()
     if proc.popen.returncode != 0:
         raise Failure(f"wrk exited with {proc.popen.returncode}:\n{text}")
     run = parse_wrk(text)
     cpu_us = used / run.requests * 1e6 if run.requests else None
-    return dataclasses.replace(run, cpu_us=cpu_us, rss_mib=rss.max)
+    wakeups = None
+    if run.requests and interrupts is not None and interrupts_after is not None:
+        wakeups = (interrupts_after - interrupts) / run.requests
+    return dataclasses.replace(run, cpu_us=cpu_us, rss_mib=rss.max, wakeups=wakeups)
