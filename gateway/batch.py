@@ -16,14 +16,14 @@ held, a close, an abort), so its bytes keep their order. Only whole ``bytes`` ar
 never a view of a buffer read into again.
 
 Redis writes its replies the same way (``handleClientsWithPendingWrites`` before it sleeps),
-as does Netty's ``FlushConsolidationHandler`` while a read loop lasts. An idle gateway sees one
-event a turn: its writes wait for nothing but the callback.
+as does Netty's ``FlushConsolidationHandler`` while a read loop lasts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sized
 from typing import Protocol
 
 log = logging.getLogger(__name__)
@@ -38,14 +38,17 @@ class Holder(Protocol):
 class WriteBatch:
     """The connections holding writes in this turn of the loop.
 
-    The first write of a turn goes at once: a lone request (one connection, light load)
-    waits for nothing. It wakes its peer, as any write does; the writes after it in the
-    same turn are held and made together when the turn ends.
+    The first write of a turn goes at once: a lone request waits for nothing. It wakes its
+    peer, as any write does; the writes after it in the same turn are held and made
+    together when the turn ends. While at most one exchange is in flight (``exchanges``),
+    nobody else could write in the turn: no turn is kept, and writes go at once.
     """
 
-    __slots__ = ("_held", "_loop", "_turn", "held_writes")
+    __slots__ = ("_exchanges", "_held", "_loop", "_turn", "held_writes")
 
-    def __init__(self) -> None:
+    def __init__(self, exchanges: Sized = ()) -> None:
+        self._exchanges = exchanges
+        """One item per exchange in flight: the connector's upstream connections in use."""
         self._held: list[Holder] = []
         self._turn = False
         """A write was made in this turn: the end of the turn is scheduled."""
@@ -61,6 +64,8 @@ class WriteBatch:
             self._held.append(conn)
             self.held_writes += 1
             return True
+        if len(self._exchanges) < 2:
+            return False
         self._turn = True
         loop = self._loop
         if loop is None:

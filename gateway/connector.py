@@ -537,7 +537,6 @@ class Connector:
         max_idle: int = 256,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
         max_header_size: int = 16 * 1024,
-        batch: WriteBatch | None = None,
     ) -> None:
         self.max_idle = max_idle
         self.max_header_size = max_header_size
@@ -548,8 +547,9 @@ class Connector:
         self._closed = False
         self.buffers = Buffers()
         """The read buffers of its connections (``splice``)."""
-        self.batch = batch if batch is not None else WriteBatch()
-        """Where request heads wait for the end of the loop's turn (``batch``)."""
+        self.batch = WriteBatch(self._busy)
+        """Where request heads wait for the end of the loop's turn (``batch``); shared with
+        the client connections (``ConnectionGate``)."""
 
     def idle(self, host: str, port: int) -> UpstreamConnection | None:
         """The newest idle connection to ``host:port`` that is still open, taken, or None."""

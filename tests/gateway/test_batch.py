@@ -34,8 +34,12 @@ class _Holder:
             raise RuntimeError("transport gone")
 
 
+IN_FLIGHT = ("exchange", "another")
+"""Two exchanges in flight: writes of one turn are batched (``WriteBatch(exchanges)``)."""
+
+
 async def test_the_first_write_of_a_turn_goes_at_once_and_the_rest_at_its_end():
-    batch = WriteBatch()
+    batch = WriteBatch(IN_FLIGHT)
     flushed: list[str] = []
     a, b, c = (_Holder(name, flushed) for name in "abc")
 
@@ -52,8 +56,16 @@ async def test_the_first_write_of_a_turn_goes_at_once_and_the_rest_at_its_end():
     assert flushed == ["b", "c"]
 
 
+async def test_with_one_exchange_in_flight_every_write_goes_at_once():
+    batch = WriteBatch(["the only exchange"])
+    flushed: list[str] = []
+    assert [batch.hold(_Holder(name, flushed)) for name in "abc"] == [False, False, False]
+    await end_of_turn()
+    assert (flushed, batch.held_writes) == ([], 0)
+
+
 async def test_one_failed_flush_does_not_keep_the_others_from_writing(caplog):
-    batch = WriteBatch()
+    batch = WriteBatch(IN_FLIGHT)
     flushed: list[str] = []
     batch.hold(_Holder("first", flushed))
     batch.hold(_Holder("broken", flushed, fails=True))
@@ -104,7 +116,9 @@ def _client() -> tuple[ClientConnection, _Transport]:
     async def handler(request: object) -> None:
         raise AssertionError("no request comes on this connection")
 
-    conn = ClientConnection(handler, ListenerLimits(), ConnectionGate(1), set())
+    conn = ClientConnection(
+        handler, ListenerLimits(), ConnectionGate(1, WriteBatch(IN_FLIGHT)), set()
+    )
     transport = _Transport()
     conn.transport = transport  # type: ignore[assignment]
     return conn, transport
@@ -161,6 +175,7 @@ async def test_a_request_head_is_held_unless_a_body_follows_it():
         conn.transport = transport  # type: ignore[assignment]
         conns.append(conn)
         transports.append(transport)
+    connector._busy.update(conns)  # what acquire does: three exchanges in flight
     send = {"chunked": False, "head_only": False, "read_timeout": 0}
     conns[0].send(b"GET /first", body=False, **send)  # type: ignore[arg-type]
     conns[1].send(b"POST /body-follows", body=True, **send)  # type: ignore[arg-type]
