@@ -5,7 +5,7 @@ read from clients, answers read from upstreams. Writing each message as soon as 
 wakes the process at the other end once per write; when that process's core is idle, each
 wake-up is an inter-processor interrupt, and in a virtual machine a costly one. Measured
 under ``wrk -c64`` with the peers on the other core, the writes made as they came cost two
-interrupts per request; holding them to the end of the turn, under 0.1 (see the closing
+interrupts per request; holding them to the end of the turn, about 0.1 (see the closing
 note of the performance issue, and ``bench/README.md``).
 
 A connection with something to write holds it (``ClientConnection.write``,
