@@ -846,7 +846,7 @@ class ClientConnection(asyncio.Protocol):
                 transport.write(data)
 
     def close_transport(self) -> None:
-        """Close once what was written is sent (the WebSocket relay's end)."""
+        """Close once what was written is sent (the WebSocket relay's end, an idle timeout)."""
         if self.transport is not None:
             self.flush()
             self.transport.close()
@@ -861,9 +861,8 @@ class ClientConnection(asyncio.Protocol):
     def close(self) -> None:
         """Close now if idle, else after the answer under way (shutdown)."""
         self._closing = True
-        if self.transport is not None and self.active is None and self.tunnel is None:
-            self.flush()
-            self.transport.close()
+        if self.active is None and self.tunnel is None:
+            self.close_transport()
 
     @property
     def closing(self) -> bool:
@@ -972,13 +971,11 @@ class ClientConnection(asyncio.Protocol):
             self.abort()
         elif kind == _KEEPALIVE:
             self._closing = True
-            self.flush()
-            self.transport.close()
+            self.close_transport()
         elif kind == _BODY:
             self._body_timed_out()
         elif kind == _LINGER:
-            self.flush()
-            self.transport.close()
+            self.close_transport()
 
     def _body_timed_out(self) -> None:
         request = self._parsing
