@@ -176,10 +176,25 @@ chunked, and its Connection and Upgrade fields (what a 101 passes on, what Conne
 names). A plain tuple: one is made per answer, and a named tuple's ``__new__`` is Python."""
 
 
+COMPILED: Final = not __file__.endswith(".py")
+"""Whether this module runs compiled with mypyc (``native.py``): ``response_fields`` takes
+the way that is faster there."""
+
+
 def response_fields(block: bytes) -> ResponseFields:
     """Sort out an answer's header block: its lines as llhttp accepted them, CRLF-separated.
 
-    One split by a regular expression over the whole block finds the few fields the proxy
+    Two ways give the same result (the tests hold them to it): compiled, a loop over the
+    block's bytes (``_scan_fields``); interpreted, one split by a regular expression
+    (``_split_fields``). Each takes less than half the time of the other way where it runs.
+    """
+    if COMPILED:
+        return _scan_fields(block)
+    return _split_fields(block)
+
+
+def _split_fields(block: bytes) -> ResponseFields:
+    """One split by a regular expression over the whole block finds the few fields the proxy
     reads or drops (most answers: Content-Length, perhaps Connection), and leaves the kept
     lines between them, with their CRLFs: joined, they are the block without the dropped.
     """
@@ -201,6 +216,80 @@ def response_fields(block: bytes) -> ResponseFields:
     kept = b"".join(parts[::3])
     # Every line dropped leaves b"\r\n": an inverted slice, which mypyc refuses (SystemError).
     return (kept[2:-2] if len(kept) > 4 else b""), content_length, chunked, hop
+
+
+_DROPPED_NAMES: Final = tuple(sorted(RESPONSE_DROPPED))
+_CONTENT_LENGTH: Final = _DROPPED_NAMES.index(b"content-length")
+_TRANSFER_ENCODING: Final = _DROPPED_NAMES.index(b"transfer-encoding")
+_CONNECTION: Final = _DROPPED_NAMES.index(b"connection")
+_UPGRADE_NAME: Final = _DROPPED_NAMES.index(b"upgrade")
+_COLON: Final = 58
+_CR: Final = 13
+
+
+def _scan_fields(block: bytes) -> ResponseFields:
+    """A pass over the block's bytes, line by line; only the dropped lines and the runs of
+    kept lines between them are sliced out. Compiled, the loop is C on machine integers,
+    where each call of a ``bytes`` method (``find``, ``split``) costs as much as a line."""
+    content_length: int | None = None
+    chunked = False
+    hop: Fields = []
+    kept: list[bytes] = []
+    n = len(block)
+    start = 0  # of the line
+    run = 0  # start of the run of kept lines the line ends, if it is dropped
+    while start < n:
+        colon = start
+        while colon < n and block[colon] != _COLON and block[colon] != _CR:
+            colon += 1
+        end = colon
+        while end < n and block[end] != _CR:
+            end += 1
+        which = _dropped_name(block, start, colon) if colon < end else -1
+        if which >= 0:
+            if start > run:
+                kept.append(block[run : start - 2])
+            run = end + 2
+            if which == _CONTENT_LENGTH:
+                content_length = _digits(block, colon + 1, end)
+            elif which == _TRANSFER_ENCODING:
+                chunked = True
+            elif which == _CONNECTION or which == _UPGRADE_NAME:
+                hop.append((block[start:colon], block[colon + 1 : end].strip(b" \t")))
+        start = end + 2
+    if run == 0:
+        return block, None, False, []
+    if run < n:
+        kept.append(block[run:])
+    return (kept[0] if len(kept) == 1 else b"\r\n".join(kept)), content_length, chunked, hop
+
+
+def _dropped_name(block: bytes, start: int, end: int) -> int:
+    """The index in ``_DROPPED_NAMES`` of the name ``block[start:end]``, or -1.
+
+    Each byte is compared ORed with 0x20, which lowers a letter. No other byte becomes a
+    letter or ``-`` (all these names hold) that way, but CR, which never is in a name."""
+    length = end - start
+    for i in range(len(_DROPPED_NAMES)):
+        name = _DROPPED_NAMES[i]
+        if len(name) == length:
+            k = 0
+            while k < length and (block[start + k] | 0x20) == name[k]:
+                k += 1
+            if k == length:
+                return i
+    return -1
+
+
+def _digits(block: bytes, at: int, end: int) -> int:
+    """The number in ``block[at:end]``: llhttp checked it is digits between spaces."""
+    value = 0
+    while at < end:
+        c = block[at]
+        if 48 <= c <= 57:
+            value = value * 10 + c - 48
+        at += 1
+    return value
 
 
 def names_fields(hop: Fields) -> bool:
