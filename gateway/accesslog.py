@@ -109,10 +109,26 @@ _PLAIN_PATH: Final = re.compile(r"[A-Za-z0-9/:@!$&()*+,;=._~-]*")
 """A path that ``quote`` would leave as it is (most): checked in C instead of quoted."""
 
 
+def _tenths(seconds: float) -> str:
+    """``seconds`` in milliseconds to a tenth, as ``"%.1f" % (seconds * 1000)`` writes it.
+
+    From the number of tenths, rounded half up: a third of the cost of ``%`` (not a format
+    spec either: see ``_MILLIS``). The two can differ only at a tie, where rounding the
+    product's exact value half to even may go the other way: a product within 1e-4 of one
+    is left to ``%``."""
+    tenths = seconds * 10000.0
+    if 0.0 <= tenths < 1e15:  # not negative, not so large a fraction is lost, not NaN
+        whole = int(tenths)
+        if not 0.4999 < tenths - whole < 0.5001:
+            n = int(tenths + 0.5)
+            return f"{n // 10}.{n % 10}"
+    return "%.1f" % (seconds * 1000)
+
+
 def format_plain(at: float, r: RequestRecord) -> str:
     revision = "-" if r.revision is None else str(r.revision)
     path = r.path if _PLAIN_PATH.fullmatch(r.path) else quote(r.path, safe=_PATH_SAFE)
-    duration = "%.1f" % (r.duration * 1000)  # not a format spec: see _MILLIS
+    duration = _tenths(r.duration)
     return (
         f"{_stamp(at)} {r.request_id} {r.service or '-'} {revision} {r.upstream_id or '-'} "
         f'"{r.method} {path}" {r.status} '

@@ -295,7 +295,11 @@ def _digits(block: bytes, at: int, end: int) -> int:
 def names_fields(hop: Fields) -> bool:
     """Whether a Connection field among ``hop`` may name other fields (to drop): any value
     but the plain ``keep-alive`` or ``close``."""
-    return any(value.lower() not in _PLAIN_CONNECTION for _, value in hop)
+    for _, value in hop:
+        # The usual spelling first: a comparison, where lowering makes a copy.
+        if value != b"keep-alive" and value != b"close" and value.lower() not in _PLAIN_CONNECTION:
+            return True
+    return False
 
 
 def client_response(

@@ -74,8 +74,9 @@ ROUTED_CACHED: Final = 4096
 ROUTED_TARGET_MAX: Final = 512
 """Longer targets are routed anew each time: the cache stays small."""
 _Routed = tuple[str, str, bytes]
-_PLAIN_HEAD: Final = b"HTTP/1.1 %d %b\r\n%b%bX-Request-Id: %b\r\nContent-Length: %d\r\n\r\n"
-"""The head of most answers (see ``Proxy._client_head``)."""
+_STATUS_LINE_START: Final = tuple(b"HTTP/1.1 %d " % code for code in range(1000))
+"""``HTTP/1.1 <code> `` by code (llhttp reads three digits): the head of most answers is
+joined from pieces (``Proxy._client_head``), which costs two thirds of formatting it."""
 
 
 class _Exchange:
@@ -709,13 +710,19 @@ class Proxy:
         ):
             # Most answers: what the steps below make of them, in one step.
             fields = head.fields
-            return False, _PLAIN_HEAD % (
-                status,
-                head.phrase,
-                fields,
-                b"\r\n" if fields else b"",
-                ex.request_id.encode(),
-                length,
+            return False, b"".join(
+                [
+                    _STATUS_LINE_START[status],
+                    head.phrase,
+                    b"\r\n",
+                    fields,
+                    b"\r\n" if fields else b"",
+                    b"X-Request-Id: ",
+                    ex.request_id.encode(),
+                    b"\r\nContent-Length: ",
+                    str(length).encode(),
+                    b"\r\n\r\n",
+                ]
             )
         chunked = False
         lines = headers.client_response(head.fields, head.hop, ex.request_id)

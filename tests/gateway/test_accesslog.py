@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from gateway import accesslog
-from gateway.accesslog import AccessLog, format_json, format_plain, whole_lines
+from gateway.accesslog import AccessLog, _tenths, format_json, format_plain, whole_lines
 from gateway.events import RequestRecord
 
 AT = 1_700_000_000.25  # 2023-11-14T22:13:20.250Z
@@ -73,6 +73,30 @@ def test_times_are_stamped_and_durations_rounded_as_their_format_specs_would(ats
         line = format_plain(at, record(duration=duration))
         assert line.startswith(expected + " "), (at, line)
         assert f" {duration * 1000:.1f}ms " in line
+
+
+@pytest.mark.parametrize(
+    "seconds",
+    [
+        0.0,
+        0.00005,
+        0.00025,
+        0.00035,
+        0.00015,
+        0.0012345,
+        0.99995,
+        1.23456789,
+        86_400.00005,
+        1e11,
+        1e12,
+        -0.5,
+        float("inf"),
+        float("nan"),
+        *(k / 20_000 for k in range(0, 400)),
+    ],
+)
+def test_a_duration_is_written_as_the_percent_format_writes_it(seconds: float) -> None:
+    assert _tenths(seconds) == "%.1f" % (seconds * 1000)
 
 
 def test_json_line() -> None:
