@@ -72,7 +72,7 @@ class Outcome:
     replica_error: bool = False
     """A non-2xx answer the replica produced itself (not a failure of the gateway)."""
     going_away: bool = False
-    """A WebSocket closed by the other side with 1001."""
+    """A WebSocket closed by the other side with 1001, or whose close it answered with 1001."""
     messages: int = 0
     """WebSocket: echoes received."""
 
@@ -430,6 +430,9 @@ class LoadGen:
                 await asyncio.sleep(mix.ws_interval)
             await ws.close(code=aiohttp.WSCloseCode.OK)
             if ws.close_code != aiohttp.WSCloseCode.OK:
+                # 1001: the other side's going-away close crossed ours (a drain timeout, a
+                # shutdown): as much going away as a close it began (``_ws_closed``).
+                outcome.going_away = ws.close_code == aiohttp.WSCloseCode.GOING_AWAY
                 outcome.error = f"websocket close answered with {ws.close_code}"
 
     def _ws_closed(
