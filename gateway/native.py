@@ -4,8 +4,8 @@
     gateway native status    say whether the compiled or the pure modules run, and why
 
 The modules of the request path (``MODULES``) are plain, fully typed Python; mypyc compiles
-them to C extension modules with the same behaviour, which take about a third less CPU a
-request (``bench/README.md``). The build needs mypy (a test dependency) and a C compiler;
+them to C extension modules with the same behaviour, which take less than half the CPU a
+request (``bench/RESULTS.md``). The build needs mypy (a test dependency) and a C compiler;
 without them, or before a build, the pure Python modules run, as they always can.
 
 The compiled modules are kept in ``gateway/_native/<interpreter>/`` with a manifest: the
