@@ -74,9 +74,6 @@ ROUTED_CACHED: Final = 4096
 ROUTED_TARGET_MAX: Final = 512
 """Longer targets are routed anew each time: the cache stays small."""
 _Routed = tuple[str, str, bytes]
-_STATUS_LINE_START: Final = tuple(b"HTTP/1.1 %d " % code for code in range(1000))
-"""``HTTP/1.1 <code> `` by code (llhttp reads three digits): the head of most answers is
-joined from pieces (``Proxy._client_head``), which costs two thirds of formatting it."""
 
 
 class _Exchange:
@@ -712,7 +709,7 @@ class Proxy:
             fields = head.fields
             return False, b"".join(
                 [
-                    _STATUS_LINE_START[status],
+                    http1.STATUS_LINE_START[status],
                     head.phrase,
                     b"\r\n",
                     fields,
