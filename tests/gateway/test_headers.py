@@ -16,7 +16,14 @@ from collections.abc import Callable
 import pytest
 
 from gateway import headers
-from gateway.headers import RESPONSE_DROPPED, _Ids, client_response, request_id, response_fields
+from gateway.headers import (
+    RESPONSE_DROPPED,
+    _Ids,
+    client_response,
+    names_fields,
+    request_id,
+    response_fields,
+)
 
 Sort = Callable[[bytes], headers.ResponseFields]
 WAYS = pytest.mark.parametrize("sort", [headers._scan_fields, headers._split_fields])
@@ -104,6 +111,26 @@ def test_it_agrees_on_random_blocks(sort: Sort) -> None:
             continue  # llhttp refuses the head before it is read
         block = b"\r\n".join(lines)
         assert sort(block) == reference(block), block
+
+
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [
+        (b"keep-alive", False),
+        (b"close", False),
+        (b"Keep-Alive", False),
+        (b"CLOSE", False),
+        (b"close, X-Hop", True),
+        (b"keep-alive, close", True),
+        (b"X-Hop", True),
+        (b"upgrade", True),
+    ],
+)
+def test_only_a_connection_field_other_than_keep_alive_or_close_may_name_fields(
+    value: bytes, names: bool
+) -> None:
+    assert names_fields([(b"Connection", value)]) is names
+    assert names_fields([(b"Connection", b"keep-alive"), (b"Connection", value)]) is names
 
 
 def test_client_response_drops_what_connection_names_and_adds_the_request_id() -> None:
