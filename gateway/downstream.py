@@ -274,6 +274,7 @@ class IncomingRequest:
     target = b""
     version = "1.1"
     host = b""
+    host_seen = False
     content_length: int | None = None
     chunked = False
     upgrade = b""
@@ -640,8 +641,9 @@ class ClientConnection(asyncio.Protocol):
         if special is None:
             return  # most fields: the proxy passes them on and reads nothing of them
         if special == _HOST_FIELD:
-            if request.host:
+            if request.host_seen:  # an empty Host is one too
                 raise _Refused(400, "bad_request", "more than one Host header")
+            request.host_seen = True
             if value != self._host_checked:  # a client sends the same Host again and again
                 if not _HOST.fullmatch(value):
                     raise _Refused(

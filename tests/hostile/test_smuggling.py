@@ -53,6 +53,7 @@ CASES = {
     "host_with_path": b"GET / HTTP/1.1\r\nHost: x/admin\r\n\r\n",
     "host_with_userinfo": b"GET / HTTP/1.1\r\nHost: a@x\r\n\r\n",
     "two_hosts": b"GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+    "two_hosts_first_empty": b"GET / HTTP/1.1\r\nHost:\r\nHost: y\r\n\r\n",
     "non_utf8_value": b"GET / HTTP/1.1\r\nHost: x\r\nX-A: \xff\xfe\r\n\r\n",
     "space_in_name": b"GET / HTTP/1.1\r\nHost: x\r\nX A: b\r\n\r\n",
     "http09": b"GET /\r\n\r\n",
