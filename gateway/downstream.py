@@ -59,14 +59,20 @@ WRITE_HIGH_WATER: Final = 512 * 1024
 """Bytes queued for a socket before the other leg is paused (asyncio's default is 64 KiB:
 streaming a large body then pauses and resumes the other side every few dozen KiB)."""
 BODY_HIGH_WATER: Final = 256 * 1024
+"""Request body bytes buffered before the client is paused (no upstream took them yet)."""
 RAW_BODY_MIN: Final = 64 * 1024
 """Request bodies framed by a Content-Length above this skip llhttp once their head is
 parsed (see ``ClientConnection._raw_body``; ``connector`` does the same for answers)."""
-"""Request body bytes buffered before the client is paused (no upstream took them yet)."""
 
 # The request fields the proxy reads (all others it only passes on).
-_HOST_FIELD, _CONTENT_LENGTH_FIELD, _TRANSFER_ENCODING_FIELD = 1, 2, 3
-_UPGRADE_FIELD, _WEBSOCKET_KEY_FIELD, _REQUEST_ID_FIELD = 4, 5, 6
+# (Each a Final literal: compiled, a constant of the C code; a name set any other way,
+# ``A, B = 1, 2`` for one, is looked up in the module's dict at every use.)
+_HOST_FIELD: Final = 1
+_CONTENT_LENGTH_FIELD: Final = 2
+_TRANSFER_ENCODING_FIELD: Final = 3
+_UPGRADE_FIELD: Final = 4
+_WEBSOCKET_KEY_FIELD: Final = 5
+_REQUEST_ID_FIELD: Final = 6
 _SPECIAL_FIELDS: Final = {
     b"host": _HOST_FIELD,
     b"content-length": _CONTENT_LENGTH_FIELD,
@@ -82,7 +88,11 @@ _PAUSE_BODY: Final = 2
 _PAUSE_UPSTREAM: Final = 4
 
 # What the connection's one deadline is for.
-_NONE, _HEAD, _KEEPALIVE, _BODY, _LINGER = 0, 1, 2, 3, 4
+_NONE: Final = 0
+_HEAD: Final = 1
+_KEEPALIVE: Final = 2
+_BODY: Final = 3
+_LINGER: Final = 4
 
 LINGER_TIMEOUT: Final = 2.0
 """Closing after an answer while the client may still be sending (an unread body, a refused
