@@ -732,7 +732,11 @@ class ClientConnection(asyncio.Protocol):
         self._parsing = None
         if request.body is not None:
             request.body.finish()
-        if self._deadline_kind == _BODY:
+        if self.active is None and not self._closing and self._lingered < 0:
+            # Answered already, from the parser's callback (a 404): idle from now on, and
+            # ``_finished`` did not know it yet (the head was still being read).
+            self._set_deadline(self._limits.keepalive_timeout, _KEEPALIVE)
+        elif self._deadline_kind == _BODY:
             self._clear_deadline()
 
     # -- requests -----------------------------------------------------------------------------

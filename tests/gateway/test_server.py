@@ -158,6 +158,35 @@ async def test_header_timeout_applies_to_each_request_of_a_connection(pool, upst
         writer.close()
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-read", "two-reads"])
+async def test_keepalive_timeout_closes_after_an_answer_the_gateway_gave_itself(
+    pool, gateway, split
+):
+    """A 404 is answered from the parser's callback, before the request's end was read: the
+    idle connection that follows is timed all the same, whether the head came in one read
+    or in two."""
+    gw = await gateway(limits=ListenerLimits(keepalive_timeout=0.3))
+    loop = asyncio.get_running_loop()
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        async with asyncio.timeout(5):
+            head = b"GET /nowhere HTTP/1.1\r\nHost: h\r\n\r\n"
+            if split:
+                writer.write(head[:10])
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                head = head[10:]
+            writer.write(head)
+            answer, _ = await read_response(reader)
+            assert answer.startswith(b"HTTP/1.1 404")
+            idle = loop.time()
+            assert await reader.read() == b""
+        assert loop.time() - idle >= 0.25
+    finally:
+        writer.close()
+
+
 @pytest.mark.parametrize(
     ("request_head", "status", "code"),
     [
