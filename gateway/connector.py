@@ -27,7 +27,7 @@ from typing import Final, Protocol, cast
 
 import httptools
 
-from . import http1
+from . import http1, plainhead
 from .batch import WriteBatch
 from .downstream import (
     HEAD_LIMIT_FACTOR,
@@ -44,6 +44,7 @@ from .errors import (
     UpstreamTimeout,
 )
 from .headers import response_fields
+from .plainhead import PlainAnswer
 from .splice import Buffers, Reader, splice_reads
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,12 @@ class UpstreamConnection(asyncio.Protocol):
             self.abort()
             return
         self._last_read = self._loop.time()
+        if self._head is None and not self._head_only:
+            # The answer's first read: most are the whole answer, of the plainest shape.
+            plain = plainhead.answer(data, self._max_field)
+            if plain is not None:
+                self._plain_answer(plain, data)
+                return
         if self._raw_remaining and self._raw_started:
             self._raw_body(data)
             return
@@ -241,6 +248,29 @@ class UpstreamConnection(asyncio.Protocol):
             self._head_bytes += len(data)
             if self._head_bytes > HEAD_LIMIT_FACTOR * self._connector.max_header_size:
                 self._broken("upstream sent a response head that is too large")
+
+    def _plain_answer(self, plain: PlainAnswer, data: bytes) -> None:
+        """A whole answer read without llhttp (``plainhead``): what its callbacks and
+        ``data_received`` would have done with it, which never saw it."""
+        status, phrase, fields, length, hop, keep_alive, body_at = plain
+        head = self._head = ResponseHead()
+        head.status = status
+        head.phrase = phrase
+        head.fields = fields
+        head.content_length = length
+        head.hop = hop
+        head.keep_alive = keep_alive
+        self._in_head = False
+        if length:
+            self._buffer.append(data[body_at:])
+        future = self._head_future
+        if future is not None and not future.done():
+            future.set_result(head)
+        self._message_done()
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            waiter.answered(self, head)  # last: it may hand this connection on
 
     def eof_received(self) -> bool | None:
         return None  # close: half-closed upstreams are not kept

@@ -40,11 +40,12 @@ from typing import Any, Final, Protocol, cast
 
 import httptools
 
-from . import http1
+from . import http1, plainhead
 from .batch import WriteBatch
 from .config import ListenerLimits
 from .errors import BadRequest, ClientGone, GatewayError, RequestTimeout, RequestTooLarge
 from .headers import Fields
+from .plainhead import PlainRequest
 from .splice import Buffers, Reader, splice_reads
 
 log = logging.getLogger(__name__)
@@ -293,9 +294,9 @@ class IncomingRequest:
     keep_alive = True
     body: RequestBody | None = None
 
-    def __init__(self, conn: ClientConnection) -> None:
+    def __init__(self, conn: ClientConnection, headers: Fields) -> None:
         self.conn = conn
-        self.headers: Fields = []
+        self.headers = headers
 
     @property
     def peer(self) -> str | None:
@@ -343,6 +344,7 @@ class ClientConnection(asyncio.Protocol):
     __slots__ = (
         "_begin",
         "_body_started",
+        "_boundary",
         "_closing",
         "_connections",
         "_deadline",
@@ -431,6 +433,9 @@ class ClientConnection(asyncio.Protocol):
         self._tunnel_data = b""
         self._raw_remaining = 0
         self._raw_started = False
+        self._boundary = True
+        """llhttp is between messages and takes another (not after ``Connection: close``):
+        a whole plain head may be read without it (``plainhead``)."""
         self._lingered = -1
         """Bytes discarded while lingering before the close; -1 while not lingering."""
         self._reads = Reader(gate.buffers)
@@ -528,6 +533,10 @@ class ClientConnection(asyncio.Protocol):
         if self._raw_started:
             self._raw_body(data)
             return
+        if parsing is None and self._boundary:
+            plain = plainhead.request(data, self._limits.max_header_size)
+            if plain is not None and self._plain_request(plain):
+                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
@@ -566,6 +575,34 @@ class ClientConnection(asyncio.Protocol):
                     self._refuse(431, "header_too_large", "the request head is too large")
                 elif self._deadline_kind != _HEAD:
                     self._set_deadline(self._limits.header_timeout, _HEAD)
+
+    def _plain_request(self, plain: PlainRequest) -> bool:
+        """A whole plain request head, read without llhttp (``plainhead``): what the parser's
+        callbacks would have made of it. False (nothing done) if its Host is not well formed:
+        then llhttp's way refuses it."""
+        method, target, fields, host, request_id, keep_alive = plain
+        if host and host != self._host_checked:
+            if not _HOST.fullmatch(host):
+                return False
+            self._host_checked = host
+        request = IncomingRequest(self, fields)
+        request.method = method
+        request.target = target
+        request.host = host
+        request.request_id = request_id
+        request.keep_alive = keep_alive
+        self._boundary = keep_alive
+        self._head_bytes = 0
+        self._clear_deadline()
+        self._last = request
+        if self.active is None:
+            self._start(request)
+        else:
+            if self._pipeline is None:
+                self._pipeline = deque()
+            self._pipeline.append(request)
+            self._pause(_PAUSE_PIPELINE)
+        return True
 
     def _raw_body(self, data: bytes) -> None:
         """A large body framed by Content-Length, past llhttp (which would copy each piece).
@@ -621,7 +658,8 @@ class ClientConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         # The head's deadline is set only if a read leaves it incomplete (``data_received``):
         # most heads come whole in one read.
-        self._parsing = IncomingRequest(self)
+        self._parsing = IncomingRequest(self, [])
+        self._boundary = False
         self._head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
@@ -730,6 +768,7 @@ class ClientConnection(asyncio.Protocol):
         request = self._parsing
         assert request is not None
         self._parsing = None
+        self._boundary = request.keep_alive
         if request.body is not None:
             request.body.finish()
         if self.active is None and not self._closing and self._lingered < 0:

@@ -51,6 +51,7 @@ MODULES = (
     "http1",
     "metrics",
     "outlier",
+    "plainhead",
     "pool",
     "proxy",
     "router",

@@ -1,0 +1,358 @@
+"""Plain heads: the common request and answer read whole without llhttp. PURE.
+
+Most reads on a keep-alive connection hold one whole message of the plainest shape: a
+client's request head with no body, an upstream's answer with a small body framed by its
+Content-Length. For those, a call of llhttp costs less than the Python around it: a parser
+callback per field, the head found again in its bytes, each field sliced twice. These
+functions read such a message in one pass over its bytes and return what the callbacks
+would have gathered, or None for anything else, which then goes to llhttp as before.
+
+What they accept is a strict subset of what llhttp accepts, read the same way (the tests
+hold them to that, field by field, against llhttp on every shape they refuse and on
+mutations of those they take):
+
+- exactly one message, ending at the end of the read (no partial head, nothing after it);
+- HTTP/1.1; a request's method one of ``METHODS`` and its target in origin form, printable
+  ASCII; an answer's status 200 to 599 but 204 and 304, with a phrase;
+- each field a token, a colon, then printable ASCII or HTAB up to CRLF (leading spaces
+  and tabs are not part of the value, trailing ones are, as llhttp reports them);
+- none of the fields that change framing or the connection's fate beyond keep-alive:
+  no Transfer-Encoding, Upgrade, Proxy-Connection or ``Sec-WebSocket-Key``; a request
+  without Content-Length, an answer with exactly one, of digits only; Connection only as
+  ``keep-alive`` or ``close``, once;
+- the limits the callbacks enforce (``max_field`` bytes for the request target and for a
+  field's name and value, fewer than ``MAX_FIELDS`` fields), so that whatever would be
+  refused is left to the path that refuses it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+Fields = list[tuple[bytes, bytes]]
+
+MAX_FIELDS: Final = 128
+"""As ``downstream.MAX_HEADERS``: a head with this many fields goes to llhttp (refused)."""
+
+METHODS: Final = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")
+"""The methods read here."""
+
+
+def _token(c: int) -> bool:
+    """Whether ``c`` is a byte of a field name (RFC 9110 ``tchar``).
+
+    Comparisons, not a table: a bytes table indexed is a call a byte, compiled."""
+    if 97 <= c <= 122 or 65 <= c <= 90 or 48 <= c <= 57 or c == 45:  # letters, digits, -
+        return True
+    return (
+        c == 95  # _
+        or c == 46  # .
+        or c == 33  # !
+        or 35 <= c <= 39  # # $ % & '
+        or c == 42  # *
+        or c == 43  # +
+        or c == 94  # ^
+        or c == 96  # `
+        or c == 124  # |
+        or c == 126  # ~
+    )
+
+
+_CR: Final = 13
+_LF: Final = 10
+_SP: Final = 32
+_HT: Final = 9
+_COLON: Final = 58
+_SLASH: Final = 47
+
+# What a field is to these functions, by lower-cased name (``_kind``).
+# (Final literals: constants of the C code compiled, where others are looked up by name.)
+_PLAIN: Final = 0
+_DROPPED: Final = 1
+_HOST: Final = 2
+_CONNECTION: Final = 3
+_REQUEST_ID: Final = 4
+_CONTENT_LENGTH: Final = 5
+_REFUSED: Final = 6
+
+
+def _kind(data: bytes, start: int, end: int) -> int:
+    """What the field named ``data[start:end]`` is: one read here, one dropped from an
+    answer (``headers.RESPONSE_DROPPED``), one that sends the head to llhttp, or plain.
+
+    By length first, then compared with literals (constants, compiled)."""
+    n = end - start
+    if n == 4:
+        return _HOST if _is(data, start, b"host") else _PLAIN
+    if n == 10:
+        if _is(data, start, b"connection"):
+            return _CONNECTION
+        return _DROPPED if _is(data, start, b"keep-alive") else _PLAIN
+    if n == 14:
+        return _CONTENT_LENGTH if _is(data, start, b"content-length") else _PLAIN
+    if n == 12:
+        return _REQUEST_ID if _is(data, start, b"x-request-id") else _PLAIN
+    if n == 17:
+        if _is(data, start, b"transfer-encoding") or _is(data, start, b"sec-websocket-key"):
+            return _REFUSED
+        return _PLAIN
+    if n == 7:
+        if _is(data, start, b"upgrade"):
+            return _REFUSED
+        return _DROPPED if _is(data, start, b"trailer") else _PLAIN
+    if n == 16:
+        return _REFUSED if _is(data, start, b"proxy-connection") else _PLAIN
+    if n == 2:
+        return _DROPPED if _is(data, start, b"te") else _PLAIN
+    if n == 18:
+        return _DROPPED if _is(data, start, b"proxy-authenticate") else _PLAIN
+    if n == 19:
+        return _DROPPED if _is(data, start, b"proxy-authorization") else _PLAIN
+    return _PLAIN
+
+
+PlainRequest = tuple[str, bytes, Fields, bytes, "bytes | None", bool]
+"""A request head read here: method, target, fields, Host (empty if none), X-Request-Id
+(the last one, or None) and whether the connection is kept alive after it."""
+
+PlainAnswer = tuple[int, bytes, bytes, int, Fields, bool, int]
+"""An answer read here: status, phrase, the block of its end-to-end fields (as
+``headers.response_fields`` keeps them), Content-Length, its Connection fields, whether
+the connection is kept alive, and where the body begins."""
+
+
+def _is(data: bytes, start: int, name: bytes) -> bool:
+    """Whether ``data`` holds ``name`` (lower case, letters and ``-``) at ``start``, in any
+    case (the caller checked the length).
+
+    Each byte is compared ORed with 0x20, which lowers a letter; of the token bytes only
+    letters become a letter or ``-`` that way."""
+    k = 0
+    n = len(name)
+    while k < n and (data[start + k] | 0x20) == name[k]:
+        k += 1
+    return k == n
+
+
+def _at(data: bytes, start: int, text: bytes) -> bool:
+    """Whether ``data`` holds ``text`` at ``start`` (a loop: ``startswith`` is a call)."""
+    n = len(text)
+    if start + n > len(data):
+        return False
+    k = 0
+    while k < n and data[start + k] == text[k]:
+        k += 1
+    return k == n
+
+
+def _connection(value: bytes) -> int:
+    """1 for ``keep-alive``, 0 for ``close`` (in any case), -1 for anything else."""
+    if value == b"keep-alive":
+        return 1
+    if value == b"close":
+        return 0
+    lower = value.lower()
+    if lower == b"keep-alive":
+        return 1
+    if lower == b"close":
+        return 0
+    return -1
+
+
+def _ends_head(data: bytes) -> bool:
+    n = len(data)
+    return (
+        n >= 4
+        and data[n - 1] == _LF
+        and data[n - 2] == _CR
+        and data[n - 3] == _LF
+        and data[n - 4] == _CR
+    )
+
+
+def _method(data: bytes) -> str:
+    """The method ``data`` begins with, and a space, if it is one of ``METHODS``; else ""."""
+    c = data[0]
+    if c == 71:
+        return "GET" if _at(data, 1, b"ET ") else ""
+    if c == 80:
+        if _at(data, 1, b"OST "):
+            return "POST"
+        if _at(data, 1, b"UT "):
+            return "PUT"
+        return "PATCH" if _at(data, 1, b"ATCH ") else ""
+    if c == 72:
+        return "HEAD" if _at(data, 1, b"EAD ") else ""
+    if c == 68:
+        return "DELETE" if _at(data, 1, b"ELETE ") else ""
+    if c == 79:
+        return "OPTIONS" if _at(data, 1, b"PTIONS ") else ""
+    return ""
+
+
+def _field_end(data: bytes, i: int, n: int) -> int:
+    """Where the field value from ``i`` ends (its CR, followed by LF), or -1 if a byte up to
+    there is not read here or ``data`` ends first (it ends at ``n``)."""
+    while i < n:
+        c = data[i]
+        if (c < 32 or c > 126) and c != 9:
+            break  # not HTAB, SP or printable ASCII (llhttp takes obs-text too: not here)
+        i += 1
+    if i + 1 >= n or data[i] != _CR or data[i + 1] != _LF:
+        return -1
+    return i
+
+
+def _name_end(data: bytes, i: int, n: int) -> int:
+    """Where the field name from ``i`` ends: its colon; -1 if there is none after a token."""
+    start = i
+    while i < n:
+        c = data[i]
+        if not 97 <= c | 0x20 <= 122 and not _token(c):  # letters first, without a call
+            break
+        i += 1
+    if i == start or i >= n or data[i] != _COLON:
+        return -1
+    return i
+
+
+def _skip_space(data: bytes, i: int, n: int) -> int:
+    while i < n and (data[i] == _SP or data[i] == _HT):
+        i += 1
+    return i
+
+
+def request(data: bytes, max_field: int) -> PlainRequest | None:
+    """The request head that is the whole of ``data``, if it is plain; else None."""
+    n = len(data)
+    if n < 18 or not _at(data, n - 4, b"\r\n\r\n"):
+        return None
+    method = _method(data)
+    if not method:
+        return None
+    i = len(method) + 1
+    if data[i] != _SLASH:
+        return None
+    start = i
+    while 33 <= data[i] <= 126:  # stops at the end's CR at the latest
+        i += 1
+    if i - start > max_field or not _at(data, i, b" HTTP/1.1\r\n"):
+        return None
+    target = data[start:i]
+    i += 11
+    fields: Fields = []
+    host = b""
+    has_host = False  # an empty Host is one too
+    request_id: bytes | None = None
+    keep_alive = True
+    connection = False
+    while i < n and data[i] != _CR:
+        start = i
+        colon = _name_end(data, i, n)
+        if colon < 0:
+            return None
+        value_at = _skip_space(data, colon + 1, n)
+        i = _field_end(data, value_at, n)
+        if i < 0 or colon - start + i - value_at > max_field or len(fields) >= MAX_FIELDS:
+            return None
+        value = data[value_at:i]
+        fields.append((data[start:colon], value))
+        i += 2
+        kind = _kind(data, start, colon)
+        if kind == _PLAIN or kind == _DROPPED:
+            continue
+        if kind == _HOST:
+            if has_host:
+                return None
+            has_host = True
+            host = value
+        elif kind == _REQUEST_ID:
+            request_id = value
+        elif kind == _CONNECTION:
+            alive = _connection(value)
+            if connection or alive < 0:
+                return None
+            connection = True
+            keep_alive = alive == 1
+        else:
+            return None  # framing, an upgrade: llhttp's
+    if i + 2 != n:
+        return None  # a blank line before the end: more follows the head
+    return method, target, fields, host, request_id, keep_alive
+
+
+def answer(data: bytes, max_field: int) -> PlainAnswer | None:
+    """The answer that is the whole of ``data``, head and body, if it is plain; else None.
+
+    Not for the answer to a HEAD request (its Content-Length describes no body here)."""
+    n = len(data)
+    if n < 17 or not _at(data, 0, b"HTTP/1.1 "):
+        return None
+    d0, d1, d2 = data[9] - 48, data[10] - 48, data[11] - 48
+    if not (0 <= d0 <= 9 and 0 <= d1 <= 9 and 0 <= d2 <= 9) or data[12] != _SP:
+        return None
+    status = d0 * 100 + d1 * 10 + d2
+    if status < 200 or status > 599 or status == 204 or status == 304:
+        return None
+    i = _field_end(data, 13, n)  # the phrase is read as a value is
+    if i < 0:
+        return None
+    phrase = data[13:i]
+    i += 2
+    block_at = i
+    kept: list[bytes] = []
+    run = i  # the start of the run of kept lines before the current line
+    count = 0
+    content_length = -1
+    hop: Fields = []
+    keep_alive = True
+    connection = False
+    while i < n and data[i] != _CR:
+        start = i
+        colon = _name_end(data, i, n)
+        if colon < 0:
+            return None
+        value_at = _skip_space(data, colon + 1, n)
+        i = _field_end(data, value_at, n)
+        count += 1
+        if i < 0 or colon - start + i - value_at > max_field or count >= MAX_FIELDS:
+            return None
+        end = i
+        i += 2
+        kind = _kind(data, start, colon)
+        if kind == _PLAIN or kind == _HOST:
+            continue  # kept: part of the run
+        if kind == _REFUSED:
+            return None
+        if kind == _CONTENT_LENGTH:
+            if content_length >= 0 or value_at == end or end - value_at > 15:
+                return None
+            content_length = 0
+            k = value_at
+            while k < end:
+                c = data[k] - 48
+                if c < 0 or c > 9:
+                    return None
+                content_length = content_length * 10 + c
+                k += 1
+        elif kind == _CONNECTION:
+            value = data[value_at:end]
+            alive = _connection(value)
+            if connection or alive < 0:
+                return None
+            connection = True
+            keep_alive = alive == 1
+            hop.append((data[start:colon], value))
+        if start > run:
+            kept.append(data[run : start - 2])
+        run = i
+    if i + 1 >= n or data[i + 1] != _LF or content_length != n - i - 2:
+        return None  # not a blank line, or not the whole body
+    block_end = i - 2 if i > block_at else i
+    if run == block_at:
+        block = data[block_at:block_end]
+    else:
+        if run < block_end:
+            kept.append(data[run:block_end])
+        block = b"\r\n".join(kept)
+    return status, phrase, block, content_length, hop, keep_alive, i + 2
