@@ -294,9 +294,26 @@ class IncomingRequest:
     keep_alive = True
     body: RequestBody | None = None
 
-    def __init__(self, conn: ClientConnection, headers: Fields) -> None:
+    raw_fields = b""
+    """The field lines of a head read by ``plainhead`` (``headers`` is made of them if
+    asked for)."""
+    plain_lines: bytes | None = None
+    """Of those, the lines that go upstream as they are (``headers.plain_upstream_request``);
+    None for a head llhttp read."""
+    forwarded = False
+    """Whether a head read by ``plainhead`` holds an X-Forwarded-* field."""
+
+    def __init__(self, conn: ClientConnection, headers: Fields | None) -> None:
         self.conn = conn
-        self.headers = headers
+        self._headers = headers
+
+    @property
+    def headers(self) -> Fields:
+        """The request's fields, as they came (in order, names as spelled)."""
+        headers = self._headers
+        if headers is None:
+            headers = self._headers = plainhead.fields(self.raw_fields)
+        return headers
 
     @property
     def peer(self) -> str | None:
@@ -580,12 +597,15 @@ class ClientConnection(asyncio.Protocol):
         """A whole plain request head, read without llhttp (``plainhead``): what the parser's
         callbacks would have made of it. False (nothing done) if its Host is not well formed:
         then llhttp's way refuses it."""
-        method, target, fields, host, request_id, keep_alive = plain
+        method, target, block, kept, host, request_id, keep_alive, forwarded = plain
         if host and host != self._host_checked:
             if not _HOST.fullmatch(host):
                 return False
             self._host_checked = host
-        request = IncomingRequest(self, fields)
+        request = IncomingRequest(self, None)
+        request.raw_fields = block
+        request.plain_lines = kept
+        request.forwarded = forwarded
         request.method = method
         request.target = target
         request.host = host

@@ -169,6 +169,22 @@ def upstream_request(
     return lines
 
 
+def plain_upstream_request(
+    kept: bytes, *, host: bytes, peer: str | None, request_id: str
+) -> list[bytes]:
+    """``upstream_request`` for a plain head (``plainhead.request``), from its lines that go
+    upstream as they are (``kept``): the same lines, when it holds no X-Forwarded-* field to
+    trust (its Connection field names nothing but keep-alive or close, and no upgrade)."""
+    lines = [kept] if kept else []
+    if peer is not None:
+        lines.append(b"X-Forwarded-For: " + peer.encode())
+    lines.append(b"X-Forwarded-Proto: http")
+    if host:
+        lines.append(b"X-Forwarded-Host: " + host)
+    lines.append(b"X-Request-Id: " + request_id.encode())
+    return lines
+
+
 ResponseFields = tuple[bytes, int | None, bool, Fields]
 """An upstream answer's header block sorted out (``response_fields``): the end-to-end fields
 (the block's lines but those of ``RESPONSE_DROPPED`` fields), Content-Length, whether it is

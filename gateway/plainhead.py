@@ -69,16 +69,21 @@ _SLASH: Final = 47
 # (Final literals: constants of the C code compiled, where others are looked up by name.)
 _PLAIN: Final = 0
 _DROPPED: Final = 1
+"""Hop-by-hop: dropped from an answer and from a request."""
 _HOST: Final = 2
 _CONNECTION: Final = 3
 _REQUEST_ID: Final = 4
 _CONTENT_LENGTH: Final = 5
 _REFUSED: Final = 6
+_EXPECT: Final = 7
+_FORWARDED: Final = 8
+"""X-Forwarded-For, -Host, -Proto: rewritten in a request, passed on in an answer."""
 
 
 def _kind(data: bytes, start: int, end: int) -> int:
-    """What the field named ``data[start:end]`` is: one read here, one dropped from an
-    answer (``headers.RESPONSE_DROPPED``), one that sends the head to llhttp, or plain.
+    """What the field named ``data[start:end]`` is: one read here, one dropped or rewritten
+    (``headers.RESPONSE_DROPPED``, ``headers.upstream_request``), one that sends the head to
+    llhttp, or plain.
 
     By length first, then compared with literals (constants, compiled)."""
     n = end - start
@@ -95,13 +100,19 @@ def _kind(data: bytes, start: int, end: int) -> int:
     if n == 17:
         if _is(data, start, b"transfer-encoding") or _is(data, start, b"sec-websocket-key"):
             return _REFUSED
-        return _PLAIN
+        return _FORWARDED if _is(data, start, b"x-forwarded-proto") else _PLAIN
+    if n == 15:
+        return _FORWARDED if _is(data, start, b"x-forwarded-for") else _PLAIN
+    if n == 16:
+        if _is(data, start, b"proxy-connection"):
+            return _REFUSED
+        return _FORWARDED if _is(data, start, b"x-forwarded-host") else _PLAIN
     if n == 7:
         if _is(data, start, b"upgrade"):
             return _REFUSED
         return _DROPPED if _is(data, start, b"trailer") else _PLAIN
-    if n == 16:
-        return _REFUSED if _is(data, start, b"proxy-connection") else _PLAIN
+    if n == 6:
+        return _EXPECT if _is(data, start, b"expect") else _PLAIN
     if n == 2:
         return _DROPPED if _is(data, start, b"te") else _PLAIN
     if n == 18:
@@ -111,9 +122,12 @@ def _kind(data: bytes, start: int, end: int) -> int:
     return _PLAIN
 
 
-PlainRequest = tuple[str, bytes, Fields, bytes, "bytes | None", bool]
-"""A request head read here: method, target, fields, Host (empty if none), X-Request-Id
-(the last one, or None) and whether the connection is kept alive after it."""
+PlainRequest = tuple[str, bytes, bytes, "bytes | None", bytes, "bytes | None", bool, bool]
+"""A request head read here: method, target, its field lines (``fields`` makes the list of
+them), those of its lines that go upstream as they are (``headers.plain_upstream_request``;
+None unless every field is spelled ``name: value``, with one space, as they go upstream),
+Host (empty if none), X-Request-Id (the last one, or None), whether the connection is kept
+alive after it, and whether it holds an X-Forwarded-* field."""
 
 PlainAnswer = tuple[int, bytes, bytes, int, Fields, bool, int]
 """An answer read here: status, phrase, the block of its end-to-end fields (as
@@ -240,12 +254,16 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
         return None
     target = data[start:i]
     i += 11
-    fields: Fields = []
+    block_at = run = i  # run: the start of the run of kept lines before the current line
+    kept: list[bytes] = []
+    count = 0
     host = b""
     has_host = False  # an empty Host is one too
     request_id: bytes | None = None
     keep_alive = True
     connection = False
+    forwarded = False
+    spelled = True  # every field spelled "name: value", as ``upstream_request`` writes it
     while i < n and data[i] != _CR:
         start = i
         colon = _name_end(data, i, n)
@@ -253,32 +271,62 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
             return None
         value_at = _skip_space(data, colon + 1, n)
         i = _field_end(data, value_at, n)
-        if i < 0 or colon - start + i - value_at > max_field or len(fields) >= MAX_FIELDS:
+        count += 1
+        if i < 0 or colon - start + i - value_at > max_field or count > MAX_FIELDS:
             return None
-        value = data[value_at:i]
-        fields.append((data[start:colon], value))
+        end = i
         i += 2
+        if value_at != colon + 2 or data[colon + 1] != _SP:
+            spelled = False
         kind = _kind(data, start, colon)
-        if kind == _PLAIN or kind == _DROPPED:
-            continue
+        if kind == _PLAIN:
+            continue  # goes upstream as it is: part of the run
         if kind == _HOST:
             if has_host:
                 return None
             has_host = True
-            host = value
-        elif kind == _REQUEST_ID:
-            request_id = value
+            host = data[value_at:end]
+            continue
+        if kind == _REQUEST_ID:
+            request_id = data[value_at:end]
         elif kind == _CONNECTION:
-            alive = _connection(value)
+            alive = _connection(data[value_at:end])
             if connection or alive < 0:
                 return None
             connection = True
             keep_alive = alive == 1
-        else:
+        elif kind == _FORWARDED:
+            forwarded = True
+        elif kind == _REFUSED or kind == _CONTENT_LENGTH:
             return None  # framing, an upgrade: llhttp's
+        if start > run:
+            kept.append(data[run : start - 2])
+        run = i
     if i + 2 != n:
         return None  # a blank line before the end: more follows the head
-    return method, target, fields, host, request_id, keep_alive
+    block_end = i - 2 if i > block_at else i
+    block = data[block_at:block_end]
+    lines: bytes | None = None
+    if not spelled:
+        pass  # ``upstream_request`` writes the lines from the fields
+    elif run == block_at:
+        lines = block
+    else:
+        if run < block_end:
+            kept.append(data[run:block_end])
+        lines = b"\r\n".join(kept)
+    return method, target, block, lines, host, request_id, keep_alive, forwarded
+
+
+def fields(block: bytes) -> Fields:
+    """The fields of a block of field lines ``request`` read: name and value as llhttp
+    reports them (no space or tab before the value)."""
+    out: Fields = []
+    if block:
+        for line in block.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            out.append((name, value.lstrip(b" \t")))
+    return out
 
 
 def answer(data: bytes, max_field: int) -> PlainAnswer | None:
@@ -320,7 +368,7 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
         end = i
         i += 2
         kind = _kind(data, start, colon)
-        if kind == _PLAIN or kind == _HOST:
+        if kind == _PLAIN or kind == _HOST or kind == _EXPECT or kind == _FORWARDED:
             continue  # kept: part of the run
         if kind == _REFUSED:
             return None

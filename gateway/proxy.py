@@ -533,14 +533,20 @@ class Proxy:
         self, request: IncomingRequest, ex: _Exchange, target: bytes, upstream: Upstream
     ) -> list[bytes]:
         """The request line and header lines sent upstream (framing not included)."""
-        lines = headers.upstream_request(
-            request.headers,
-            host=request.host,
-            peer=request.peer,
-            request_id=ex.request_id,
-            trust_forwarded=self.config.trust_forwarded,
-            websocket=bool(request.upgrade) and request.is_websocket,
-        )
+        plain = request.plain_lines
+        if plain is not None and not (request.forwarded and self.config.trust_forwarded):
+            lines = headers.plain_upstream_request(
+                plain, host=request.host, peer=request.peer, request_id=ex.request_id
+            )
+        else:
+            lines = headers.upstream_request(
+                request.headers,
+                host=request.host,
+                peer=request.peer,
+                request_id=ex.request_id,
+                trust_forwarded=self.config.trust_forwarded,
+                websocket=bool(request.upgrade) and request.is_websocket,
+            )
         lines.insert(0, request.method.encode() + b" " + target + b" HTTP/1.1")
         if not request.host:
             lines.append(b"Host: " + upstream.address.encode())

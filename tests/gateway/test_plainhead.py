@@ -83,7 +83,8 @@ def check_request(data: bytes) -> bool:
     plain = plainhead.request(data, MAX_FIELD)
     if plain is None:
         return False
-    method, target, fields, host, request_id, keep_alive = plain
+    method, target, block, kept, host, request_id, keep_alive, forwarded = plain
+    fields = plainhead.fields(block)
     messages = llhttp_request(data)
     assert messages is not None, data
     assert len(messages) == 1, data
@@ -104,7 +105,34 @@ def check_request(data: bytes) -> bool:
     assert len(target) <= MAX_FIELD
     assert all(len(name) + len(value) <= MAX_FIELD for name, value in fields)
     assert all(value.isascii() for _, value in fields)
+    # What goes upstream: the same lines from the kept ones as from all the fields.
+    spelled = all(
+        line.partition(b":")[2][:1] == b" " and line.partition(b":")[2][1:2] not in (b" ", b"\t")
+        for line in block.split(b"\r\n")
+        if block
+    )
+    assert (kept is not None) == spelled, data
+    for peer in ("10.0.0.1", None) if kept is not None else ():
+        for trust in (False, True):
+            if trust and forwarded:
+                continue  # the fields' way (their values are read)
+            assert headers.plain_upstream_request(
+                kept, host=host, peer=peer, request_id="r1"
+            ) == _joined(
+                headers.upstream_request(
+                    fields, host=host, peer=peer, request_id="r1", trust_forwarded=trust
+                ),
+                (peer is not None) + 1 + bool(host) + 1,  # X-Forwarded-*, X-Request-Id
+            ), data
+    assert forwarded == any(name.startswith(b"x-forwarded-") for name in names)
     return True
+
+
+def _joined(lines: list[bytes], added: int) -> list[bytes]:
+    """``upstream_request``'s lines with the client's (all but the last ``added``, the
+    gateway's own) as one item, as ``plain_upstream_request`` gives them."""
+    client, rest = lines[: len(lines) - added], lines[len(lines) - added :]
+    return ([b"\r\n".join(client)] if client else []) + rest
 
 
 def check_answer(data: bytes) -> bool:
@@ -141,6 +169,9 @@ REQUESTS = [
     b"GET /api/items?page=2 HTTP/1.1\r\nHost: example.com\r\nUser-Agent: Mozilla/5.0 (X11)\r\n"
     b"Accept: text/html,application/xhtml+xml\r\nAccept-Language: en-US,en;q=0.5\r\n"
     b"Cookie: session=abc123; theme=dark\r\nEmpty:\r\nTabbed:\t x \t\r\n\r\n",
+    b"PUT /f HTTP/1.1\r\nTE: trailers\r\nHost: h\r\nX-Forwarded-For: 1.2.3.4\r\n"
+    b"Keep-Alive: 5\r\nX-A: 1\r\nExpect: nothing\r\nX-Forwarded-Proto: https\r\n"
+    b"x-forwarded-host: o\r\nTrailer: x\r\nProxy-Authorization: b\r\nX-B: 2\r\n\r\n",
 ]
 
 ANSWERS = [
