@@ -132,6 +132,27 @@ async def test_lines_reach_the_file_in_order(tmp_path, fmt) -> None:
         assert [line.split()[1] for line in lines] == [f"r{i}" for i in range(100)]
 
 
+async def test_a_batch_goes_to_a_file_in_one_write(tmp_path, monkeypatch) -> None:
+    """Each write lets go of the GIL and takes it back, a switch each way with the event
+    loop: the lines of a batch go to a regular file in one."""
+    writes: list[int] = []
+    real_write = os.write
+
+    def counting_write(fd: int, data: bytes) -> int:
+        writes.append(len(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", counting_write)
+    path = tmp_path / "access.log"
+    log = AccessLog("plain", str(path), clock=lambda: AT)
+    log.start()
+    for i in range(500):  # about 60 KB: fifteen chunks of PIPE_BUF
+        log.on_request(record(request_id=f"r{i}"))
+    await log.stop()
+    assert len(path.read_text().splitlines()) == 500
+    assert writes == [path.stat().st_size]
+
+
 async def test_lines_are_formatted_by_the_caller_not_the_writer_thread(monkeypatch) -> None:
     # A writer thread that formats holds the GIL for a whole batch while the event loop
     # waits to take a request: the line is made where on_request is called.
