@@ -115,6 +115,24 @@ _PLAIN_PATH: Final = re.compile(r"[A-Za-z0-9/:@!$&()*+,;=._~-]*")
 """A path that ``quote`` would leave as it is (most): checked in C instead of quoted."""
 
 
+_PATHS: Final[dict[str, str]] = {}
+"""Paths as a plain line writes them, by path, for the paths that come again and again
+(a look-up costs a third of the regular expression's check)."""
+PATHS_CACHED: Final = 1024
+PATH_CACHED_MAX: Final = 256
+"""Paths longer than this are not cached (the cache holds at most 256 KiB of them)."""
+
+
+def _log_path(path: str) -> str:
+    """``path`` percent-encoded where it needs to be, kept in ``_PATHS`` if it is short."""
+    written = path if _PLAIN_PATH.fullmatch(path) else quote(path, safe=_PATH_SAFE)
+    if len(path) <= PATH_CACHED_MAX:
+        if len(_PATHS) >= PATHS_CACHED:
+            _PATHS.clear()
+        _PATHS[path] = written
+    return written
+
+
 def _tenths(seconds: float) -> str:
     """``seconds`` in milliseconds to a tenth, as ``"%.1f" % (seconds * 1000)`` writes it.
 
@@ -133,7 +151,9 @@ def _tenths(seconds: float) -> str:
 
 def format_plain(at: float, r: RequestRecord) -> str:
     revision = "-" if r.revision is None else str(r.revision)
-    path = r.path if _PLAIN_PATH.fullmatch(r.path) else quote(r.path, safe=_PATH_SAFE)
+    path = _PATHS.get(r.path)
+    if path is None:
+        path = _log_path(r.path)
     duration = _tenths(r.duration)
     return (
         f"{_stamp(at)} {r.request_id} {r.service or '-'} {revision} {r.upstream_id or '-'} "

@@ -51,6 +51,19 @@ def test_plain_line_has_every_field_and_cannot_be_forged() -> None:
     assert "\n" not in line
 
 
+def test_paths_are_written_the_same_from_the_cache_which_stays_bounded() -> None:
+    paths = ['/a b/"x"\n', "/plain/path?q=1", "/caf\u00e9", "/" + "p" * 300]
+    first = [format_plain(AT, record(path=p)) for p in paths]
+    assert [format_plain(AT, record(path=p)) for p in paths] == first  # cached now
+    assert '"GET /a%20b/%22x%22%0A"' in first[0]
+    assert '"GET /caf%C3%A9"' in first[2]
+    assert "/" + "p" * 300 not in accesslog._PATHS  # too long to keep
+    for i in range(3 * accesslog.PATHS_CACHED):
+        line = format_plain(AT, record(path=f"/n/{i} x"))
+        assert f'"GET /n/{i}%20x"' in line
+        assert len(accesslog._PATHS) <= accesslog.PATHS_CACHED
+
+
 def test_plain_line_of_a_gateway_error() -> None:
     line = format_plain(
         AT, record(service="", revision=None, upstream_id=None, status=404, error="no_route")
