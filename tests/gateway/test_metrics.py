@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import subprocess
+from bisect import bisect_left
 from collections.abc import Callable
 
 import pytest
@@ -15,10 +17,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gateway.config import ProbeConfig, ProxyConfig
 from gateway.events import PoolEvent, ProbeResult, RequestRecord
 from gateway.metrics import (
+    LATENCY_BUCKETS,
     UPSTREAM_STATES,
     GatewayMetrics,
     RequestTally,
     code_label,
+    latency_bucket,
     metrics_handler,
 )
 from gateway.pool import Pool
@@ -456,3 +460,12 @@ async def test_a_workers_tally_merged_shows_what_direct_counting_shows(pool) -> 
         value(merged_registry, "gateway_requests_total", service="web", revision="0", code="2xx")
         == 3
     )
+
+
+def test_latency_bucket_is_bisect_left() -> None:
+    values = [0.0, -1.0, 1e-9, math.inf, -math.inf, math.nan, 1e300, 0.0123, 3.3]
+    for bound in LATENCY_BUCKETS:
+        values += [bound, math.nextafter(bound, 0.0), math.nextafter(bound, math.inf)]
+    values += [i / 10000 for i in range(2000)]
+    for value in values:
+        assert latency_bucket(value) == bisect_left(LATENCY_BUCKETS, value), value
