@@ -211,7 +211,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.abort()
             return
         self._last_read = self._loop.time()
-        if self._head is None and not self._head_only:
+        if self._head is None and not self._head_only and plainhead.COMPILED:
             # The answer's first read: most are the whole answer, of the plainest shape.
             plain = plainhead.answer(data, self._max_field)
             if plain is not None:

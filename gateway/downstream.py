@@ -550,7 +550,7 @@ class ClientConnection(asyncio.Protocol):
         if self._raw_started:
             self._raw_body(data)
             return
-        if parsing is None and self._boundary:
+        if parsing is None and self._boundary and plainhead.COMPILED:
             plain = plainhead.request(data, self._limits.max_header_size)
             if plain is not None and self._plain_request(plain):
                 return
