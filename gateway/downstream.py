@@ -614,14 +614,7 @@ class ClientConnection(asyncio.Protocol):
         self._boundary = keep_alive
         self._head_bytes = 0
         self._clear_deadline()
-        self._last = request
-        if self.active is None:
-            self._start(request)
-        else:
-            if self._pipeline is None:
-                self._pipeline = deque()
-            self._pipeline.append(request)
-            self._pause(_PAUSE_PIPELINE)
+        self._take(request)
         return True
 
     def _raw_body(self, data: bytes) -> None:
@@ -758,14 +751,7 @@ class ClientConnection(asyncio.Protocol):
                 self._raw_remaining = length
         else:
             self._clear_deadline()
-        self._last = request
-        if self.active is None:
-            self._start(request)
-        else:
-            if self._pipeline is None:
-                self._pipeline = deque()
-            self._pipeline.append(request)
-            self._pause(_PAUSE_PIPELINE)
+        self._take(request)
 
     def on_body(self, data: bytes | memoryview) -> None:
         if self._raw_remaining:
@@ -799,6 +785,17 @@ class ClientConnection(asyncio.Protocol):
             self._clear_deadline()
 
     # -- requests -----------------------------------------------------------------------------
+
+    def _take(self, request: IncomingRequest) -> None:
+        """A request whose head was read: started now, or queued behind the active one."""
+        self._last = request
+        if self.active is None:
+            self._start(request)
+        else:
+            if self._pipeline is None:
+                self._pipeline = deque()
+            self._pipeline.append(request)
+            self._pause(_PAUSE_PIPELINE)
 
     def _start(self, request: IncomingRequest) -> None:
         self.active = request
