@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 _HOST: Final = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]*)(:[0-9]{0,5})?")
 """What a Host header may be (RFC 9112 3.2: anything else is a 400)."""
-MAX_HEADERS: Final = 128
+MAX_HEADERS: Final = plainhead.MAX_FIELDS
 """Header fields per request beyond which it is refused with 431 (aiohttp's default too)."""
 HEAD_LIMIT_FACTOR: Final = 4
 """A whole request head may hold at most this many times ``max_header_size`` bytes."""

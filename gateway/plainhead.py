@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Final
 
-Fields = list[tuple[bytes, bytes]]
+from .headers import Fields
 
 COMPILED: Final = not __file__.endswith(".py")
 """Whether this module runs compiled with mypyc (``native.py``). Only then do the callers
@@ -37,7 +37,8 @@ read plain heads here: interpreted, a loop over each byte costs more than llhttp
 callbacks (CPU a request about 1.4 times, pure)."""
 
 MAX_FIELDS: Final = 128
-"""As ``downstream.MAX_HEADERS``: a head with this many fields goes to llhttp (refused)."""
+"""Header fields a head may hold (``downstream.MAX_HEADERS`` is this); one with more goes to
+llhttp, which refuses it."""
 
 METHODS: Final = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")
 """The methods read here."""
@@ -178,17 +179,6 @@ def _connection(value: bytes) -> int:
     return -1
 
 
-def _ends_head(data: bytes) -> bool:
-    n = len(data)
-    return (
-        n >= 4
-        and data[n - 1] == _LF
-        and data[n - 2] == _CR
-        and data[n - 3] == _LF
-        and data[n - 4] == _CR
-    )
-
-
 def _method(data: bytes) -> str:
     """The method ``data`` begins with, and a space, if it is one of ``METHODS``; else ""."""
     c = data[0]
@@ -310,17 +300,9 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
     if i + 2 != n:
         return None  # a blank line before the end: more follows the head
     block_end = i - 2 if i > block_at else i
-    block = data[block_at:block_end]
-    lines: bytes | None = None
-    if not spelled:
-        pass  # ``upstream_request`` writes the lines from the fields
-    elif run == block_at:
-        lines = block
-    else:
-        if run < block_end:
-            kept.append(data[run:block_end])
-        lines = b"\r\n".join(kept)
-    return method, target, block, lines, host, request_id, keep_alive, forwarded
+    # Unless a field is spelled otherwise: then ``upstream_request`` writes them all.
+    lines = _kept(data, kept, block_at, run, block_end) if spelled else None
+    return method, target, data[block_at:block_end], lines, host, request_id, keep_alive, forwarded
 
 
 def fields(block: bytes) -> Fields:
@@ -368,7 +350,7 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
         value_at = _skip_space(data, colon + 1, n)
         i = _field_end(data, value_at, n)
         count += 1
-        if i < 0 or colon - start + i - value_at > max_field or count >= MAX_FIELDS:
+        if i < 0 or colon - start + i - value_at > max_field or count > MAX_FIELDS:
             return None
         end = i
         i += 2
@@ -401,11 +383,15 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
         run = i
     if i + 1 >= n or data[i + 1] != _LF or content_length != n - i - 2:
         return None  # not a blank line, or not the whole body
-    block_end = i - 2 if i > block_at else i
-    if run == block_at:
-        block = data[block_at:block_end]
-    else:
-        if run < block_end:
-            kept.append(data[run:block_end])
-        block = b"\r\n".join(kept)
+    block = _kept(data, kept, block_at, run, i - 2 if i > block_at else i)
     return status, phrase, block, content_length, hop, keep_alive, i + 2
+
+
+def _kept(data: bytes, kept: list[bytes], block_at: int, run: int, block_end: int) -> bytes:
+    """The lines of the block ``data[block_at:block_end]`` that are kept: the runs in
+    ``kept``, and the last one from ``run``; the block itself if no line was left out."""
+    if run == block_at:
+        return data[block_at:block_end]
+    if run < block_end:
+        kept.append(data[run:block_end])
+    return b"\r\n".join(kept)
