@@ -207,6 +207,47 @@ def ratios(columns: list[Measure], targets: list[str]) -> str:
     return _markdown(["ratio", *heads], rows)
 
 
+def paired(figures: Figures, targets: list[str], low: int) -> str:
+    """The targets' ratios to nginx repetition by repetition, and their median.
+
+    A repetition runs every target within minutes of the others, so the ratio of its two runs
+    cancels much of what the machine's other work does to both; the tables above give the
+    ratio of medians, which one repetition's outlier on either side can move."""
+    lo = f"c{low}"
+
+    def each(name: str, kind: str, attr: str) -> list[float | None]:
+        return [getattr(r, attr) for r in figures.runs.get(name, {}).get(kind, [])]
+
+    def added(name: str) -> list[float | None]:
+        own, direct = each(name, "c1", "p50_ms"), each("direct", "c1", "p50_ms")
+        return [
+            p - d if p is not None and d is not None else None
+            for p, d in zip(own, direct, strict=False)
+        ]
+
+    figures_of: list[tuple[str, Callable[[str], list[float | None]]]] = [
+        (f"CPU us/req {lo}", lambda n: each(n, lo, "cpu_us")),
+        (f"p99 {lo}", lambda n: each(n, lo, "p99_ms")),
+        ("added p50 c1", added),
+    ]
+    rows = []
+    for name in targets:
+        if not name.startswith("gateway") or "nginx" not in targets:
+            continue
+        cells = []
+        for _, of in figures_of:
+            ratios = [
+                a / b
+                for a, b in zip(of(name), of("nginx"), strict=False)
+                if a is not None and b is not None and b > 0
+            ]
+            text = ", ".join(f"{r:.2f}" for r in ratios)
+            cells.append(f"{text} (median {statistics.median(ratios):.2f})" if ratios else "-")
+        rows.append([f"{name}/nginx", *cells])
+    heads = ["per repetition", *(head for head, _ in figures_of)]
+    return _markdown(heads, rows) if rows else ""
+
+
 def idle_notes(figures: Figures, targets: list[str]) -> str:
     rows = []
     for name in targets:
@@ -511,6 +552,8 @@ def tables(args: argparse.Namespace, order: list[str], figures: Figures) -> str:
         table(columns["speed"], order),
         "",
         ratios(columns["speed"], order),
+        "",
+        paired(figures, order, args.connections),
         "",
         "### Memory",
         "",
