@@ -231,6 +231,19 @@ def _skip_space(data: bytes, i: int, n: int) -> int:
     return i
 
 
+def _field(data: bytes, i: int, n: int, max_field: int) -> tuple[int, int, int]:
+    """The field line from ``i``: where its colon, its value and its CR are; the colon at -1
+    if it is not read here, or name and value together are longer than ``max_field``."""
+    colon = _name_end(data, i, n)
+    if colon < 0:
+        return -1, 0, 0
+    value_at = _skip_space(data, colon + 1, n)
+    end = _field_end(data, value_at, n)
+    if end < 0 or colon - i + end - value_at > max_field:
+        return -1, 0, 0
+    return colon, value_at, end
+
+
 def request(data: bytes, max_field: int) -> PlainRequest | None:
     """The request head that is the whole of ``data``, if it is plain; else None."""
     n = len(data)
@@ -261,16 +274,11 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
     spelled = True  # every field spelled "name: value", as ``upstream_request`` writes it
     while i < n and data[i] != _CR:
         start = i
-        colon = _name_end(data, i, n)
-        if colon < 0:
-            return None
-        value_at = _skip_space(data, colon + 1, n)
-        i = _field_end(data, value_at, n)
+        colon, value_at, end = _field(data, i, n, max_field)
         count += 1
-        if i < 0 or colon - start + i - value_at > max_field or count > MAX_FIELDS:
+        if colon < 0 or count > MAX_FIELDS:
             return None
-        end = i
-        i += 2
+        i = end + 2
         if value_at != colon + 2 or data[colon + 1] != _SP:
             spelled = False
         kind = _kind(data, start, colon)
@@ -344,16 +352,11 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
     connection = False
     while i < n and data[i] != _CR:
         start = i
-        colon = _name_end(data, i, n)
-        if colon < 0:
-            return None
-        value_at = _skip_space(data, colon + 1, n)
-        i = _field_end(data, value_at, n)
+        colon, value_at, end = _field(data, i, n, max_field)
         count += 1
-        if i < 0 or colon - start + i - value_at > max_field or count > MAX_FIELDS:
+        if colon < 0 or count > MAX_FIELDS:
             return None
-        end = i
-        i += 2
+        i = end + 2
         kind = _kind(data, start, colon)
         if kind == _PLAIN or kind == _HOST or kind == _EXPECT or kind == _FORWARDED:
             continue  # kept: part of the run
