@@ -1,7 +1,8 @@
 # The gateway image: slim Python, a non-root user, `gateway` as the entrypoint.
 # Build: docker build -t gateway .   Run: docker run -p 8080:8080 gateway
 # The official python images build CPython with --enable-optimizations --with-lto (PGO and
-# LTO): the data plane ran at 0.79x the CPU per request of a build without them (bench/RESULTS.md).
+# LTO): the data plane ran at 0.80x to 0.94x the CPU per request of a build without them
+# (bench/RESULTS.md: 0.80 on a busy machine, 0.94 on a quiet one).
 # The data plane's hot modules are compiled with mypyc in a build stage that has a C compiler
 # (gateway/native.py); the final image gets the venv, without the compiler. Both stages use
 # the same Python release (a module compiled for another is not used: the gateway logs which
