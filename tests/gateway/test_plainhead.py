@@ -185,6 +185,14 @@ ANSWERS = [
     b"HTTP/1.1 201 Created\r\nLocation: /x\r\nContent-Length: 4\r\nA: b\r\n\r\n\r\n\r\n",
 ]
 
+# As many fields as a head may hold: read here, requests and answers alike (one more: llhttp).
+REQUESTS.append(b"GET / HTTP/1.1\r\n" + b"X: a\r\n" * plainhead.MAX_FIELDS + b"\r\n")
+ANSWERS.append(
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"
+    + b"X: a\r\n" * (plainhead.MAX_FIELDS - 1)
+    + b"\r\nok"
+)
+
 
 @pytest.mark.parametrize("data", REQUESTS)
 def test_plain_requests_are_read_as_llhttp_reads_them(data: bytes) -> None:
@@ -261,6 +269,9 @@ def test_other_requests_are_left_to_llhttp(data: bytes) -> None:
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX: caf\xc3\xa9\r\n\r\nok",
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX : a\r\n\r\nok",
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX: " + b"a" * MAX_FIELD + b"\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"
+        + b"X: a\r\n" * plainhead.MAX_FIELDS
+        + b"\r\nok",
     ],
 )
 def test_other_answers_are_left_to_llhttp(data: bytes) -> None:
