@@ -1,12 +1,15 @@
-"""What the planner asks the executor to do. PURE: plain frozen records.
+"""What the planner decides. PURE: plain frozen records.
 
-The executor performs each one through the backend, the pool and the store, and turns what
-happens (a start that raised, an exit, a finished drain) into observations for the next plan.
+The reconciler applies each decision to the service's state (``transitions``) and hands it to
+the executor, which performs its I/O through the backend, the pool and the store; what then
+happens (a start that raised, an exit, a finished drain) comes back as an observation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .model import AbandonedAs, RolloutKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +22,14 @@ class Start:
 @dataclass(frozen=True, slots=True)
 class Drain:
     """Stop routing to a replica; its in-flight requests finish or hit the drain timeout."""
+
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Undrain:
+    """A draining replica serves again (its revision is the target once more)."""
 
     replica_id: str
     reason: str
@@ -40,17 +51,53 @@ class FailReplica:
 
 
 @dataclass(frozen=True, slots=True)
+class BeginRollout:
+    """Move the service to ``to_revision``: a new active rollout, its failures and the
+    backoff afresh. An active rollout is ended first (``AbandonRollout``)."""
+
+    from_revision: int | None
+    to_revision: int
+    kind: RolloutKind
+
+
+@dataclass(frozen=True, slots=True)
 class CompleteRollout:
+    """Every replica is of the target and available: the target serves."""
+
     rollout_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class FailRollout:
-    """The rollout spent its retries or its deadline. The executor records it and, per
-    ``on_failure``, returns the service to the previous revision or pauses."""
+    """The rollout spent its retries or its deadline: it ends failed with ``reason``. What
+    follows (a rollback) is a decision of its own."""
 
     rollout_id: int
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AbandonRollout:
+    """The user's intent moved the target elsewhere: the active rollout ends ``outcome``."""
+
+    rollout_id: int
+    outcome: AbandonedAs
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PauseRollout:
+    """Hold the rollout where it is: nothing is started, drained or given up."""
+
+    rollout_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeRollout:
+    """Go on with a paused rollout, with its retries and its deadline afresh."""
+
+    rollout_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +122,15 @@ class WakeAt:
 Action = (
     Start
     | Drain
+    | Undrain
     | Stop
     | FailReplica
+    | BeginRollout
     | CompleteRollout
     | FailRollout
+    | AbandonRollout
+    | PauseRollout
+    | ResumeRollout
     | SetDegraded
     | Forget
     | WakeAt

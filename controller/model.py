@@ -20,6 +20,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
+
+from .spec import RolloutStrategy
+
+RolloutKind = Literal["rollout", "rollback", "undo"]
+"""``rollout``: to a new target (an apply); ``rollback``: back to the revision a failed or
+aborted rollout started from, or an apply of the serving spec; ``undo``: asked for."""
+
+Intent = Literal["apply", "undo", "abort"]
+"""What moved the desired revision last: it sets the kind of the rollout the planner begins."""
+
+AbandonedAs = Literal["superseded", "aborted"]
+"""How an active rollout ends when the user's intent moves the target elsewhere."""
 
 
 class ReplicaState(StrEnum):
@@ -63,6 +76,8 @@ class Replica:
     failure: str = ""
     """Why it failed, or why it is being taken down as failed."""
     exit_code: int | None = None
+    healthy: bool = False
+    """Its upstream's last probe verdict (kept while it drains: a drain may be taken back)."""
 
     @property
     def live(self) -> bool:
@@ -107,7 +122,7 @@ class Rollout:
     id: int
     from_revision: int | None
     to_revision: int
-    kind: str
+    kind: RolloutKind
     """``rollout`` (an apply), ``rollback`` (after a failure), or ``undo`` (asked for)."""
     status: RolloutStatus
     started: float
@@ -151,6 +166,28 @@ class Observed:
     backoff: Backoff = Backoff()
     degraded: str | None = None
     """The condition as last set (the planner only emits a change)."""
+    target: int | None = None
+    """The revision the last rollout begun went to: the one the service holds or moves to.
+    The planner begins a rollout when the desired revision differs from it."""
 
     def replace(self, **changes: object) -> Observed:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    """What the user asked for: the target revision at ``replicas`` strength.
+
+    Written from the user's intents (apply, scale, pause, undo, delete) and by the decisions
+    that move the service on its own (a rollback to the serving revision)."""
+
+    revision: int
+    replicas: int
+    strategy: RolloutStrategy
+    paused: bool = False
+    deleting: bool = False
+    intent: Intent = "apply"
+    """What set ``revision``: the kind of the next rollout, and how an active one ends."""
+
+    def replace(self, **changes: object) -> Desired:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

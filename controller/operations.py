@@ -1,9 +1,11 @@
 """The controller's operations: apply, scale, pause, resume, abort, undo, delete, restore.
 
-Each operation validates, persists, updates the service's desired state and wakes its loop,
-then returns at once; the loop carries it out. Operations on one service are serialised by
-a lock, so two applies racing each make a whole revision and rollout, one after the other.
-A refused operation (bad spec, wrong state) raises before anything changed.
+Each operation validates, persists the user's spec and revision, and records the intent with
+the reconciler (``Reconciler.submit``), which wakes the service's loop and returns once it
+has planned with it; the planner decides what follows (a rollout begun, superseded, aborted).
+Operations change no replica and no rollout themselves. Operations on one service are
+serialised by a lock, so two applies racing each make a whole revision and rollout, one
+after the other. A refused operation (bad spec, wrong state) raises before anything changed.
 """
 
 from __future__ import annotations
@@ -20,16 +22,17 @@ from pydantic import ValidationError
 
 from gateway import Pool
 
-from .backends.base import Backend, Launch, Running
+from .backends.base import Backend, Launch
 from .config import format_validation_error
 from .errors import Conflict, NotFound, SpecError
 from .executor import Executor
 from .journal import Journal
-from .model import Backoff, Replica, ReplicaState, Rollout, RolloutStatus
-from .planner import Desired
-from .reconciler import Reconciler, ServiceState
+from .model import Desired, Observed, Replica, ReplicaState, Rollout, RolloutStatus
+from .reconciler import Reconciler
 from .spec import ServiceSpec
+from .state import ServiceState
 from .store import Store
+from .transitions import Configure, Delete, Retarget, SetPaused, put_replica
 
 log = logging.getLogger(__name__)
 
@@ -97,17 +100,17 @@ class Controller:
     clock: Callable[[], float]
     wall_clock: Callable[[], float]
     reconciler: Reconciler = field(init=False)
-    executor: Executor = field(init=False)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
-        self.reconciler = Reconciler(self.store, self.journal, self.clock)
-        self.executor = Executor(
-            self.pool, self.backends, self.store, self.journal, self.reconciler, self.clock
-        )
+        self.reconciler = Reconciler(self.pool, self.backends, self.store, self.journal, self.clock)
         self.pool.subscribe(self.reconciler)
         for backend in self.backends.values():
             backend.set_exit_handler(self.reconciler.on_exit)
+
+    @property
+    def executor(self) -> Executor:
+        return self.reconciler.executor
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -118,12 +121,12 @@ class Controller:
             raise NotFound(f"no service {name!r}", service=name)
         return state
 
-    # -- apply and scale ----------------------------------------------------------------------
+    # -- apply and scale -----------------------------------------------------------------------
 
     async def apply(self, data: Any) -> ApplyResult:
         spec = validate_spec(data)
         async with self._lock(spec.name):
-            return self._apply(spec, self.plan_apply(spec))
+            return await self._apply(spec, self.plan_apply(spec))
 
     def plan_apply(self, data: Any) -> ApplyResult:
         """What ``apply(data)`` would do now, changing nothing (a dry run).
@@ -147,16 +150,13 @@ class Controller:
         target_spec = state.revisions[state.desired.revision]
         changes = diff_fields(target_spec, spec)
         previous = state.desired.revision
-        if spec.template_key() != target_spec.template_key():
-            serving = state.observed.serving_revision
-            if (
-                serving is not None
-                and spec.template_key() == state.revisions[serving].template_key()
-            ):
-                # Back to what serves (a rollout abandoned by re-applying the old spec): keep
-                # its replicas rather than replacing them all with an identical revision.
-                return ApplyResult("rollout", spec.name, serving, previous, None, changes)
-            number = max(state.revisions) + 1
+        key = spec.template_key()
+        if key != target_spec.template_key():
+            # A template the service ran before keeps its revision (its number and identity),
+            # as a rollback to an identical ReplicaSet does: back to what serves keeps its
+            # replicas rather than replacing them all with an identical revision.
+            same = [n for n, s in state.revisions.items() if s.template_key() == key]
+            number = max(same) if same else max(state.revisions) + 1
             return ApplyResult("rollout", spec.name, number, previous, None, changes)
         if not changes:
             return ApplyResult("unchanged", spec.name, previous, previous)
@@ -165,114 +165,84 @@ class Controller:
             action = "scaled"
         return ApplyResult(action, spec.name, previous, previous, None, changes)
 
-    def _apply(self, spec: ServiceSpec, plan: ApplyResult) -> ApplyResult:
+    async def _apply(self, spec: ServiceSpec, plan: ApplyResult) -> ApplyResult:
         state = self.reconciler.services.get(spec.name)
-        key = spec.template_key()
+        configure = Configure(spec.desired_replicas, spec.rollout)
         if plan.action == "created" or state is None:
-            revision, rollout = self.store.apply_revision(
-                spec.name, spec.to_json(), key, spec.desired_replicas, None
-            )
-            self.pool.set_service(spec.routing())
-            now = self.clock()
-            state = ServiceState(
-                name=spec.name,
-                spec=spec,
-                revisions={revision.number: spec},
-                desired=Desired(revision.number, spec.desired_replicas, spec.rollout),
-            )
-            state.observed = state.observed.replace(
-                rollout=Rollout(
-                    rollout.id, None, revision.number, "rollout", RolloutStatus.PROGRESSING, now
-                )
-            )
-            self.journal.record(
-                spec.name,
-                "service_created",
-                f"service created at revision {revision.number} with {spec.desired_replicas} "
-                "replicas",
-                revision.number,
-            )
-            self.reconciler.add(state)
-            return ApplyResult("created", spec.name, revision.number, None, rollout.id)
-
-        changes = plan.changes
-        previous = state.desired.revision
-        if plan.action == "rollout" and plan.revision == state.observed.serving_revision:
+            return await self._create(spec)
+        if plan.action == "unchanged":
+            return plan
+        if plan.action == "rollout":
+            number = plan.revision
+            if number not in state.revisions:
+                number = self.store.add_revision(
+                    spec.name, spec.template_key(), spec.to_json()
+                ).number
             self.store.update_service(
                 spec.name, spec_json=spec.to_json(), desired_replicas=spec.desired_replicas
             )
-            state.revisions[plan.revision] = spec
-            self._set_spec(state, spec, previous)
-            back = self.executor.begin_rollout(state, plan.revision, "rollback", previous)
-            return ApplyResult("rollout", spec.name, plan.revision, previous, back.id, changes)
-        if plan.action == "rollout":
-            serving = state.observed.serving_revision
-            revision, rollout = self.store.apply_revision(
-                spec.name, spec.to_json(), key, spec.desired_replicas, serving
+            retarget = Retarget(number, "apply")
+            await self.reconciler.submit(state, [retarget, configure], spec=spec, revision=number)
+            rollout = state.observed.rollout
+            rollout_id = (
+                rollout.id if rollout is not None and rollout.to_revision == number else None
             )
-            state.revisions[revision.number] = spec
-            self._set_spec(state, spec, revision.number)
-            old = state.observed.rollout
-            if old is not None and old.active:
-                self.journal.record(
-                    spec.name,
-                    "rollout_superseded",
-                    f"rollout {old.id} superseded by rollout {rollout.id}",
-                    old.to_revision,
-                )
-            state.observed = state.observed.replace(
-                rollout=Rollout(
-                    rollout.id,
-                    serving,
-                    revision.number,
-                    "rollout",
-                    RolloutStatus.PROGRESSING,
-                    self.clock(),
-                ),
-                backoff=Backoff(),
+            return ApplyResult(
+                "rollout", spec.name, number, plan.previous_revision, rollout_id, plan.changes
             )
-            self.journal.record(
-                spec.name,
-                "rollout_started",
-                f"rollout {rollout.id}: revision {serving} -> {revision.number} "
-                f"({', '.join(changes) or 'template'})",
-                revision.number,
-            )
-            state.wake.set()
-            return ApplyResult("rollout", spec.name, revision.number, previous, rollout.id, changes)
-
-        if plan.action == "unchanged":
-            return plan
-        action = plan.action
+        previous = state.desired.revision
         self.store.update_service(
             spec.name, spec_json=spec.to_json(), desired_replicas=spec.desired_replicas
         )
-        # Same template: the revision's record keeps its template, the rest applies now.
-        state.revisions[previous] = spec
-        self._set_spec(state, spec, previous)
         self.journal.record(
-            spec.name, "service_updated", f"{action}: {', '.join(changes)}", previous
+            spec.name, "service_updated", f"{plan.action}: {', '.join(plan.changes)}", previous
         )
-        state.wake.set()
-        return ApplyResult(action, spec.name, previous, previous, None, changes)
+        # Same template: the revision's record keeps its template, the rest applies now.
+        await self.reconciler.submit(state, [configure], spec=spec, revision=previous)
+        return ApplyResult(plan.action, spec.name, previous, previous, None, plan.changes)
 
-    def _set_spec(self, state: ServiceState, spec: ServiceSpec, revision: int) -> None:
-        if spec.routing() != state.spec.routing():
-            self.pool.set_service(spec.routing())
-        state.spec = spec
-        state.desired = dataclasses.replace(
-            state.desired,
-            revision=revision,
-            replicas=spec.desired_replicas,
-            strategy=spec.rollout,
+    async def _create(self, spec: ServiceSpec) -> ApplyResult:
+        self.store.put_service(spec.name, spec.to_json(), spec.desired_replicas)
+        revision = self.store.add_revision(spec.name, spec.template_key(), spec.to_json())
+        self.executor.set_routing(spec)
+        state = ServiceState(
+            name=spec.name,
+            spec=spec,
+            revisions={revision.number: spec},
+            desired=Desired(revision.number, spec.desired_replicas, spec.rollout),
         )
+        self.journal.record(
+            spec.name,
+            "service_created",
+            f"service created at revision {revision.number} with {spec.desired_replicas} replicas",
+            revision.number,
+        )
+        self.reconciler.add(state)
+        await self.reconciler.submit(state, [])  # the loop begins its first rollout
+        rollout = state.observed.rollout
+        rollout_id = rollout.id if rollout is not None else None
+        return ApplyResult("created", spec.name, revision.number, None, rollout_id)
 
     async def scale(self, name: str, replicas: int) -> ApplyResult:
-        state = self.state(name)
-        data = state.spec.model_dump(mode="json", exclude_unset=True) | {"replicas": replicas}
-        return await self.apply(data)
+        """Set the replica count; the template (and so the revision) stays as it is."""
+        async with self._lock(name):
+            state = self.state(name)
+            if state.desired.deleting:
+                raise Conflict(f"service {name!r} is being deleted")
+            data = state.spec.model_dump(mode="json", exclude_unset=True) | {"replicas": replicas}
+            spec = validate_spec(data)
+            previous = state.desired.revision
+            if spec.desired_replicas == state.desired.replicas and spec == state.spec:
+                return ApplyResult("unchanged", name, previous, previous)
+            self.store.update_service(
+                name, spec_json=spec.to_json(), desired_replicas=spec.desired_replicas
+            )
+            self.journal.record(name, "service_updated", "scaled: replicas", previous)
+            configure = Configure(spec.desired_replicas, spec.rollout)
+            await self.reconciler.submit(state, [configure], spec=spec)
+            return ApplyResult("scaled", name, previous, previous, None, ("replicas",))
 
-    # -- rollout control ----------------------------------------------------------------------
+    # -- rollout control -----------------------------------------------------------------------
 
     def _active(self, state: ServiceState, *allowed: RolloutStatus) -> Rollout:
         rollout = state.observed.rollout
@@ -282,30 +252,25 @@ class Controller:
             raise Conflict(f"rollout {rollout.id} is {rollout.status.value}")
         return rollout
 
+    def _now_active(self, state: ServiceState) -> Rollout:
+        rollout = state.observed.rollout
+        if rollout is None:
+            raise Conflict(f"service {state.name!r} has no rollout in progress")
+        return rollout
+
     async def pause(self, name: str) -> Rollout:
         async with self._lock(name):
             state = self.state(name)
-            rollout = self._active(state, RolloutStatus.PROGRESSING)
-            self.store.update_rollout(rollout.id, status="paused", reason="paused by request")
-            paused = rollout.replace(status=RolloutStatus.PAUSED, reason="paused by request")
-            state.observed = state.observed.replace(rollout=paused)
-            self.journal.record(name, "rollout_paused", f"rollout {rollout.id} paused")
-            state.wake.set()
-            return paused
+            self._active(state, RolloutStatus.PROGRESSING)
+            await self.reconciler.submit(state, [SetPaused(True)])
+            return self._now_active(state)
 
     async def resume(self, name: str) -> Rollout:
         async with self._lock(name):
             state = self.state(name)
-            rollout = self._active(state, RolloutStatus.PAUSED)
-            self.store.update_rollout(rollout.id, status="progressing", reason="")
-            # A rollout paused by its own failure gets its retries afresh on resume.
-            resumed = rollout.replace(
-                status=RolloutStatus.PROGRESSING, reason="", failures=0, started=self.clock()
-            )
-            state.observed = state.observed.replace(rollout=resumed, backoff=Backoff())
-            self.journal.record(name, "rollout_resumed", f"rollout {rollout.id} resumed")
-            state.wake.set()
-            return resumed
+            self._active(state, RolloutStatus.PAUSED)
+            await self.reconciler.submit(state, [SetPaused(False)])
+            return self._now_active(state)
 
     async def abort(self, name: str) -> Rollout:
         """Stop the rollout and return to the revision it started from."""
@@ -315,17 +280,8 @@ class Controller:
             back_to = rollout.from_revision
             if back_to is None:
                 raise Conflict(f"rollout {rollout.id} has no previous revision to return to")
-            self.store.finish_rollout(
-                rollout.id,
-                "aborted",
-                "aborted by request",
-                serving_revision=state.observed.serving_revision,
-            )
-            self.executor._rollout_ended(state, rollout, "aborted")
-            self.journal.record(name, "rollout_aborted", f"rollout {rollout.id} aborted")
-            return self.executor.begin_rollout(
-                state, back_to, "rollback", from_revision=rollout.to_revision
-            )
+            await self.reconciler.submit(state, [Retarget(back_to, "abort")])
+            return self._now_active(state)
 
     async def undo(self, name: str, revision: int | None = None) -> Rollout:
         """Roll back to the previous revision (or ``revision``) as a new rollout."""
@@ -345,19 +301,16 @@ class Controller:
                 raise NotFound(f"service {name!r} has no revision {revision}", service=name)
             if revision == current:
                 raise Conflict(f"service {name!r} already targets revision {revision}")
-            return self.executor.begin_rollout(
-                state, revision, "undo", from_revision=state.observed.serving_revision
-            )
+            await self.reconciler.submit(state, [Retarget(revision, "undo")])
+            return self._now_active(state)
 
     async def delete(self, name: str) -> None:
         """Drain and stop every replica, then forget the service."""
         async with self._lock(name):
             state = self.state(name)
-            state.desired = dataclasses.replace(state.desired, deleting=True)
-            self.journal.record(name, "service_deleting", "deleting: draining every replica")
-            state.wake.set()
+            await self.reconciler.submit(state, [Delete()])
 
-    # -- maintenance --------------------------------------------------------------------------
+    # -- maintenance ---------------------------------------------------------------------------
 
     def drain_upstream(self, name: str, upstream_id: str) -> None:
         state = self.state(name)
@@ -374,7 +327,7 @@ class Controller:
         self.pool.undrain(name, upstream_id)
         self.journal.record(name, "upstream_undrained", f"upstream {upstream_id} undrained")
 
-    # -- start-up -----------------------------------------------------------------------------
+    # -- start-up ------------------------------------------------------------------------------
 
     def restore(self) -> None:
         """Bring back every stored service on its revisions, adopting running replicas."""
@@ -395,19 +348,16 @@ class Controller:
         }
         if not revisions:
             return
-        target = row.target_revision or row.serving_revision or max(revisions)
-        # Routing and strategy are the latest spec's; the template is the revision's.
-        revisions[target] = (
-            spec if spec.template_key() == revisions[target].template_key() else (revisions[target])
-        )
-        self.pool.set_service(spec.routing())
-        state = ServiceState(
-            name=name,
-            spec=spec,
-            revisions=revisions,
-            desired=Desired(target, row.desired_replicas, spec.rollout, paused=row.paused),
-        )
         active = self.store.active_rollout(name)
+        target = (
+            active.to_revision
+            if active is not None
+            else row.target_revision or row.serving_revision or max(revisions)
+        )
+        # Routing and strategy are the latest spec's; the template is the revision's.
+        if spec.template_key() == revisions[target].template_key():
+            revisions[target] = spec
+        self.executor.set_routing(spec)
         rollout = None
         if active is not None:
             rollout = Rollout(
@@ -420,8 +370,15 @@ class Controller:
                 active.retries_used,
                 active.reason,
             )
-        state.observed = state.observed.replace(
-            serving_revision=row.serving_revision, rollout=rollout
+        paused = rollout is not None and rollout.status is RolloutStatus.PAUSED
+        state = ServiceState(
+            name=name,
+            spec=spec,
+            revisions=revisions,
+            desired=Desired(target, row.desired_replicas, spec.rollout, paused=paused),
+            observed=Observed(
+                serving_revision=row.serving_revision, rollout=rollout, target=target
+            ),
         )
         adopted = 0
         for stored in self.store.replicas(name):
@@ -435,40 +392,29 @@ class Controller:
             if running is None or spec_of is None:
                 self.store.remove_replica(name, stored.replica_id)
                 continue
-            self._adopt(state, stored.replica_id, stored.revision, running, now)
-            adopted += 1
-        self.journal.record(
-            name,
-            "service_restored",
-            f"restored at revision {target} (serving {row.serving_revision}), "
-            f"{adopted} running replicas adopted",
-            target,
-        )
-        self.reconciler.add(state)
-
-    def _adopt(
-        self,
-        state: ServiceState,
-        replica_id: str,
-        revision: int,
-        running: Running,
-        now: float,
-    ) -> None:
-        upstream = self.executor.upstream_of(state, replica_id, revision, running)
-        state.running[replica_id] = running
-        state.put(
-            Replica(
-                replica_id,
-                revision,
+            upstream = self.executor.upstream_of(state, stored.replica_id, stored.revision, running)
+            replica = Replica(
+                stored.replica_id,
+                stored.revision,
                 ReplicaState.STARTING,
                 created=now,
                 since=now,
                 address=upstream.address,
             )
+            state.observed = put_replica(state.observed, replica)
+            self.executor.adopt(state, replica, running)
+            adopted += 1
+        serving = "nothing" if row.serving_revision is None else row.serving_revision
+        self.journal.record(
+            name,
+            "service_restored",
+            f"restored at revision {target} (serving {serving}), "
+            f"{adopted} running replicas adopted",
+            target,
         )
-        self.pool.add_upstream(upstream)
+        self.reconciler.add(state)
 
-    # -- views --------------------------------------------------------------------------------
+    # -- views ---------------------------------------------------------------------------------
 
     def service_names(self) -> list[str]:
         return sorted(n for n, s in self.reconciler.services.items() if not s.forgotten)
@@ -477,18 +423,8 @@ class Controller:
         """Stop the loops first (so no exit is taken for a crash and replaced), finish the
         starts and stops in progress, then stop the replicas if asked, then the backends."""
         await self.reconciler.close()
-        await self.executor.close()
         if stop_replicas:
-            stops = []
-            for state in self.reconciler.services.values():
-                for replica_id in list(state.running):
-                    revision = state.replica(replica_id)
-                    spec = state.revisions[revision.revision] if revision else state.spec
-                    backend = self.backends[spec.backend]
-                    stops.append(backend.stop(replica_id, spec.rollout.stop_grace))
-            for result in await asyncio.gather(*stops, return_exceptions=True):
-                if isinstance(result, Exception):
-                    log.warning("a replica did not stop cleanly: %s", result)
+            await self.executor.stop_all(self.reconciler.services)
         for backend in self.backends.values():
             await backend.close()
 

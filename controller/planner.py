@@ -11,13 +11,23 @@ Rules (ARCHITECTURE.md), with D = desired replicas and T = the target revision:
    stopped only after its drain finished or timed out.
 3. A target replica that fails is replaced with backoff; the reconciler counts the failures
    of the active rollout, and when they exceed ``retries`` or ``progress_deadline`` passes,
-   the planner fails the rollout (the executor then returns to the previous revision, or
-   pauses). Only target-revision replicas are ever failed by a rollout.
+   the rollout fails: with ``on_failure: pause`` it is paused (nothing more is started,
+   drained or given up, so the old revision keeps its strength); otherwise it ends failed and
+   a rollback to the revision it started from begins (rule 7). A failed rollback, or a failed
+   first rollout, ends with nothing to go back to: the target stays, retried, degraded. Only
+   target-revision replicas are ever failed by a rollout.
 4. A start that cannot be placed touches no running replica: the service is reported
    degraded with the reason and placement is retried after the backoff.
-5. Replicas of every revision but T are old, so a superseding apply just changes T.
+5. Replicas of every revision but T are old, so a superseding apply just changes T: nothing of
+   the serving revision is drained before a replica of the new target is available (rule 2).
 6. Nothing is drained for lack of anything; only a scale-down, a rollout step or a delete
    drains, and only a delete drains the last replicas.
+7. A rollout begins when the desired revision differs from the one the service moves to: the
+   active rollout, if any, ends superseded (aborted, when the user aborted it), and the
+   replicas of the new target that are still draining, up to D, serve again instead of
+   being stopped while fresh ones start.
+8. A rollout is paused and resumed as the user asks; a resumed rollout has its retries and
+   its deadline afresh.
 
 Starts are bounded by ``D + max_surge`` over live and leaving replicas together (a replica
 that is draining still holds a backend slot; counting it keeps a full fleet from failing the
@@ -26,33 +36,29 @@ rollout's starts for no capacity).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .actions import (
+    AbandonRollout,
     Action,
+    BeginRollout,
     CompleteRollout,
     Drain,
     FailReplica,
     FailRollout,
     Forget,
+    PauseRollout,
+    ResumeRollout,
     SetDegraded,
     Start,
     Stop,
+    Undrain,
     WakeAt,
 )
-from .model import Observed, Replica, ReplicaState, RolloutStatus
+from .model import Desired, Observed, Replica, ReplicaState, Rollout, RolloutKind, RolloutStatus
 from .spec import RolloutStrategy
 
+__all__ = ["Desired", "backoff_delay", "fmt_seconds", "plan"]
 
-@dataclass(frozen=True, slots=True)
-class Desired:
-    """What the service should be: the target revision at ``replicas`` strength."""
-
-    revision: int
-    replicas: int
-    strategy: RolloutStrategy
-    paused: bool = False
-    deleting: bool = False
+PAUSED_BY_REQUEST = "paused by request"
 
 
 def backoff_delay(failures: int, strategy: RolloutStrategy) -> float:
@@ -88,6 +94,16 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
         return actions
 
     rollout = observed.rollout if observed.rollout and observed.rollout.active else None
+    if desired.revision != observed.target:  # rule 7
+        actions.extend(_retarget(observed, desired, rollout))
+        actions.append(WakeAt(now))
+        return actions
+    if rollout is not None:  # rule 8
+        if rollout.status is RolloutStatus.PROGRESSING and desired.paused:
+            actions.append(PauseRollout(rollout.id, PAUSED_BY_REQUEST))
+        elif rollout.status is RolloutStatus.PAUSED and not desired.paused:
+            actions.extend([ResumeRollout(rollout.id), WakeAt(now)])
+            return actions
     paused = desired.paused or (rollout is not None and rollout.status is RolloutStatus.PAUSED)
 
     # A replica that does not become ready in time, or stays unhealthy as long, is given up.
@@ -112,17 +128,19 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
     new = [r for r in live if r.revision == target]
     old = [r for r in live if r.revision != target]
 
-    if rollout is not None and rollout.status is RolloutStatus.PROGRESSING:
+    if rollout is not None and not paused:  # rule 3
+        failed: str | None = None
+        deadline = rollout.started + s.progress_deadline
         if rollout.failures > s.retries:
             reason = observed.backoff.reason or "replicas of the new revision failed"
-            actions.append(FailRollout(rollout.id, f"{reason} (after {rollout.failures} failures)"))
-            return actions
-        deadline = rollout.started + s.progress_deadline
-        if now >= deadline:
-            reason = f"not complete within {fmt_seconds(s.progress_deadline)}"
+            failed = f"{reason} (after {rollout.failures} failures)"
+        elif now >= deadline:
+            failed = f"not complete within {fmt_seconds(s.progress_deadline)}"
             if observed.backoff.failures and observed.backoff.reason:
-                reason += f"; last failure: {observed.backoff.reason}"
-            actions.append(FailRollout(rollout.id, reason))
+                failed += f"; last failure: {observed.backoff.reason}"
+        if failed is not None:
+            actions.extend(_fail(observed, desired, rollout, failed))
+            actions.append(WakeAt(now))
             return actions
         wake.append(deadline)
 
@@ -159,6 +177,62 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
     if wake:
         actions.append(WakeAt(min(wake)))
     return actions
+
+
+def _retarget(observed: Observed, desired: Desired, rollout: Rollout | None) -> list[Action]:
+    """Rule 7: the user moved the target; end the active rollout and begin one to it."""
+    to = desired.revision
+    kind: RolloutKind = "rollout"
+    if desired.intent == "undo":
+        kind = "undo"
+    elif desired.intent == "abort" or to == observed.serving_revision:
+        kind = "rollback"
+    actions: list[Action] = []
+    if rollout is not None:
+        if desired.intent == "abort":
+            actions.append(AbandonRollout(rollout.id, "aborted", "aborted by request"))
+        else:
+            why = f"superseded by a {kind} to revision {to}"
+            actions.append(AbandonRollout(rollout.id, "superseded", why))
+    # A rollback returns from the target it abandons; any other rollout leaves what serves.
+    since = observed.target if kind == "rollback" else observed.serving_revision
+    actions.append(BeginRollout(since, to, kind))
+    actions.extend(_undrains(observed, desired.replicas, to))
+    return actions
+
+
+def _fail(observed: Observed, desired: Desired, rollout: Rollout, reason: str) -> list[Action]:
+    """Rule 3: pause the rollout, or end it failed and roll back to where it started."""
+    if desired.strategy.on_failure == "pause" and rollout.kind != "rollback":
+        return [PauseRollout(rollout.id, reason)]
+    actions: list[Action] = [FailRollout(rollout.id, reason)]
+    back = rollout.from_revision
+    # A failed rollback does not roll back in turn: that would return to the revision that
+    # just failed, and could go back and forth for ever.
+    if rollout.kind != "rollback" and back is not None:
+        actions.append(BeginRollout(rollout.to_revision, back, "rollback"))
+        actions.extend(_undrains(observed, desired.replicas, back))
+    return actions
+
+
+def _undrains(observed: Observed, replicas: int, revision: int) -> list[Action]:
+    """Back to ``revision``: its replicas still draining (the rollout being left was
+    replacing them) serve again, up to the desired count, newest drained first. Otherwise a
+    failed rollout could leave nothing routable: the last old replica draining, the new ones
+    crashing."""
+    wanted = replicas - sum(1 for r in observed.replicas if r.live and r.revision == revision)
+    draining = [
+        r
+        for r in observed.replicas
+        if r.state is ReplicaState.DRAINING
+        and r.revision == revision
+        and r.address is not None
+        and not r.drained
+        and not r.failure
+    ]
+    draining.sort(key=lambda r: r.since, reverse=True)
+    reason = f"serves again: back to revision {revision}"
+    return [Undrain(r.id, reason) for r in draining[: max(wanted, 0)]]
 
 
 def _give_up_at(r: Replica, s: RolloutStrategy) -> float | None:

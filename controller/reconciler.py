@@ -1,11 +1,11 @@
-"""The reconcile loop: one task per service, woken by events, that plans and hands over.
+"""The reconcile loop: one task per service, woken by events; the only writer of its state.
 
-Each service's ``ServiceState`` holds its desired state (from applies) and its observed state
-(from the backend, the pool and the executor). Observations arrive here synchronously on the
-event loop (a health transition, a replica exit, a finished drain), update the observed
-records and wake the service's loop; the loop calls the pure planner with ``loop.time()`` and
-gives the actions to the executor, which marks their effect in the observed state at once so
-the next plan does not repeat them.
+Each service's loop observes, plans and applies: what was observed (a health verdict, a
+replica exit, a finished drain, a start's outcome) and what the user asked (``submit``) go
+through the pure transitions at once and wake the loop; the loop calls the pure planner with
+the clock's ``now``, applies each decision to the state, then hands it to the executor for
+its I/O. Decisions and their records live in ``planner`` and ``transitions``; nothing here
+chooses anything.
 
 A failure here is about one replica: it sets that replica failed, counts against the active
 rollout when the replica is of its target revision, and feeds the backoff. It never touches
@@ -17,79 +17,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
 
-from gateway import Health, PoolEvent
+from gateway import Health, Pool, PoolEvent
 
-from .backends.base import Exit, Running
+from .actions import Action, BeginRollout, Forget, Start, WakeAt
+from .backends.base import Backend, Exit
+from .executor import Executor
 from .journal import Journal
-from .model import Backoff, Observed, Replica, ReplicaState, RolloutStatus
-from .planner import Desired, plan
+from .planner import plan
 from .spec import ServiceSpec
+from .state import ServiceState
 from .store import Store
-
-if TYPE_CHECKING:
-    from .executor import Executor
+from .transitions import (
+    Change,
+    Exited,
+    HealthChanged,
+    Observation,
+    Step,
+    decide,
+    intend,
+    observe,
+)
 
 log = logging.getLogger(__name__)
-
-KEEP_TERMINAL = 20
-"""Stopped and failed replicas kept per service for status and the planner's history."""
-
-
-@dataclass(eq=False)
-class ServiceState:
-    """The control state of one service. Mutated only on the event loop."""
-
-    name: str
-    spec: ServiceSpec
-    revisions: dict[int, ServiceSpec]
-    desired: Desired
-    observed: Observed = field(default_factory=Observed)
-    running: dict[str, Running] = field(default_factory=dict)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    wake_at: float | None = None
-    forgotten: bool = False
-    task: asyncio.Task[None] | None = None
-
-    def replica(self, replica_id: str) -> Replica | None:
-        for r in self.observed.replicas:
-            if r.id == replica_id:
-                return r
-        return None
-
-    def put(self, replica: Replica) -> None:
-        """Add or replace a replica record, keeping only the newest terminal ones."""
-        others = [r for r in self.observed.replicas if r.id != replica.id]
-        replicas = [*others, replica]
-        terminal = [r for r in replicas if r.terminal]
-        if len(terminal) > KEEP_TERMINAL:
-            drop = {r.id for r in sorted(terminal, key=lambda r: r.since)[:-KEEP_TERMINAL]}
-            replicas = [r for r in replicas if r.id not in drop]
-        self.observed = self.observed.replace(replicas=tuple(replicas))
-
-    def __repr__(self) -> str:
-        live = sum(1 for r in self.observed.replicas if r.live)
-        return (
-            f"<ServiceState {self.name} target=r{self.desired.revision} "
-            f"serving={self.observed.serving_revision} live={live}/{self.desired.replicas}>"
-        )
 
 
 class Reconciler:
     """Runs the loops and takes in observations. Implements ``gateway.PoolSubscriber``."""
 
-    def __init__(self, store: Store, journal: Journal, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        backends: Mapping[str, Backend],
+        store: Store,
+        journal: Journal,
+        clock: Callable[[], float],
+    ) -> None:
         self.store = store
         self.journal = journal
         self.clock = clock
         self.services: dict[str, ServiceState] = {}
-        self.executor: Executor | None = None
+        self.executor = Executor(pool, backends, store, clock, self.observe)
         self._owner: dict[str, str] = {}  # replica id -> service name
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
 
-    # -- loops --------------------------------------------------------------------------------
+    # -- loops ---------------------------------------------------------------------------------
 
     def add(self, state: ServiceState) -> None:
         self.services[state.name] = state
@@ -103,32 +76,77 @@ class Reconciler:
         if state is not None:
             state.wake.set()
 
-    def own(self, replica_id: str, service: str) -> None:
-        self._owner[replica_id] = service
-
     async def _run(self, state: ServiceState) -> None:
-        assert self.executor is not None
-        while not state.forgotten:
-            state.wake.clear()
-            state.wake_at = None
-            now = self.clock()
-            actions = plan(state.observed, state.desired, now)
-            for action in actions:
-                try:
-                    self.executor.execute(state, action)
-                except Exception:
-                    log.exception("%s: action %r failed", state.name, action)
-            if state.forgotten:
-                break
-            timeout = None if state.wake_at is None else max(0.0, state.wake_at - self.clock())
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
-            # arrives as the wait ends (CPython gh-86296), and close() would never return.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await state.wake.wait()
+        try:
+            while not state.forgotten:
+                state.wake.clear()
+                state.wake_at = None
+                waiters = self._waiters.pop(state.name, [])
+                now = self.clock()
+                for action in plan(state.observed, state.desired, now):
+                    try:
+                        self._take(state, action, now)
+                    except Exception:
+                        log.exception("%s: action %r failed", state.name, action)
+                _release(waiters)
+                if state.forgotten:
+                    break
+                timeout = None if state.wake_at is None else max(0.0, state.wake_at - self.clock())
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+                # arrives as the wait ends (CPython gh-86296), and close() would never return.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await state.wake.wait()
+        finally:
+            _release(self._waiters.pop(state.name, []))
         self.services.pop(state.name, None)
         for rid in [rid for rid, svc in self._owner.items() if svc == state.name]:
             del self._owner[rid]
+
+    def _take(self, state: ServiceState, action: Action, now: float) -> None:
+        """Apply one decision to the state, then have the executor perform it."""
+        match action:
+            case WakeAt(at=at):
+                state.wake_at = at if state.wake_at is None else min(state.wake_at, at)
+            case Start(revision=revision):
+                replica_id = self.executor.new_replica_id(state.name, revision)
+                self._owner[replica_id] = state.name
+                self._commit(
+                    state, decide(state.desired, state.observed, action, now, new_id=replica_id)
+                )
+                self.executor.start(state, replica_id, revision)
+            case BeginRollout(to_revision=to):
+                rollout_id = self.executor.record_rollout(state, action)
+                step = decide(state.desired, state.observed, action, now, rollout_id=rollout_id)
+                self._commit(state, step)
+                self._follow_template(state, to)
+            case _:
+                before = state.observed
+                self._commit(state, decide(state.desired, state.observed, action, now))
+                self.executor.perform(state, action, before)
+                if isinstance(action, Forget):
+                    state.forgotten = True
+
+    def _follow_template(self, state: ServiceState, revision: int) -> None:
+        """The service's spec runs the target's template (an undo or a rollback moved it)."""
+        template = state.revisions[revision]
+        if template.template_key() == state.spec.template_key():
+            return
+        state.spec = with_template(state.spec, template)
+        try:
+            self.store.update_service(state.name, spec_json=state.spec.to_json())
+        except Exception as e:
+            log.warning("%s: spec not persisted: %s", state.name, e)
+
+    def _commit(self, state: ServiceState, step: Step) -> None:
+        before = state.observed.rollout
+        state.desired, state.observed = step.desired, step.observed
+        after = state.observed.rollout
+        if after is not None and before is not None and after.id == before.id:
+            if after.failures != before.failures:
+                self.executor.count_failures(state, after)
+        for e in step.events:
+            self.journal.record(state.name, e.kind, e.message, e.revision, e.replica)
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -139,28 +157,44 @@ class Reconciler:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.executor.close()
 
-    # -- observations -------------------------------------------------------------------------
+    # -- intents -------------------------------------------------------------------------------
 
-    def note_failure(self, state: ServiceState, replica: Replica, reason: str) -> None:
-        """A replica failed: back off its revision's starts; count it against the rollout."""
-        if replica.revision != state.desired.revision:
+    async def submit(
+        self,
+        state: ServiceState,
+        changes: Iterable[Change],
+        *,
+        spec: ServiceSpec | None = None,
+        revision: int | None = None,
+    ) -> None:
+        """Record what the user asked and wait until the loop has planned once with it.
+
+        ``spec``: the newest applied spec (its routing applies at once); ``revision``: the
+        number ``spec``'s template is known by, when it is a revision's."""
+        if spec is not None:
+            if spec.routing() != state.spec.routing():
+                self.executor.set_routing(spec)
+            state.spec = spec
+            if revision is not None:
+                state.revisions[revision] = spec
+        self._commit(state, intend(state.desired, state.observed, changes))
+        if state.task is None or state.task.done():
             return
-        now = self.clock()
-        observed = state.observed.replace(backoff=state.observed.backoff.failed(now, reason))
-        rollout = observed.rollout
-        if (
-            rollout is not None
-            and rollout.status is RolloutStatus.PROGRESSING
-            and rollout.to_revision == replica.revision
-        ):
-            rollout = rollout.replace(failures=rollout.failures + 1)
-            observed = observed.replace(rollout=rollout)
-            try:
-                self.store.update_rollout(rollout.id, retries_used=rollout.failures, reason=reason)
-            except Exception as e:  # the store being down must not stop the loop
-                log.warning("%s: rollout failure count not persisted: %s", state.name, e)
-        state.observed = observed
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(state.name, []).append(waiter)
+        state.wake.set()
+        await waiter
+
+    # -- observations --------------------------------------------------------------------------
+
+    def observe(self, state: ServiceState, seen: Observation) -> None:
+        """Take in what was seen of one of ``state``'s replicas, and plan again."""
+        if state.forgotten:
+            return
+        self._commit(state, observe(state.desired, state.observed, seen, self.clock()))
+        state.wake.set()
 
     def on_pool_event(self, event: PoolEvent) -> None:
         if event.kind != "changed" or event.upstream is None or event.previous is None:
@@ -168,31 +202,12 @@ class Reconciler:
         if event.upstream.health is event.previous.health:
             return
         state = self.services.get(event.service)
-        if state is None:
+        if state is None or state.replica(event.upstream.id) is None:
             return
-        replica = state.replica(event.upstream.id)
-        if replica is None or not replica.live:
+        if event.upstream.health is Health.UNKNOWN:
             return
-        now = self.clock()
-        health = event.upstream.health
-        if health is Health.HEALTHY and replica.state in (
-            ReplicaState.STARTING,
-            ReplicaState.UNHEALTHY,
-        ):
-            state.put(replica.replace(state=ReplicaState.READY, since=now, ready_since=now))
-            if replica.revision == state.desired.revision:
-                state.observed = state.observed.replace(backoff=Backoff())
-            self.journal.replica(
-                state.name, "replica_ready", replica, f"ready at {replica.address}"
-            )
-        elif health is Health.UNHEALTHY and replica.state is ReplicaState.READY:
-            state.put(replica.replace(state=ReplicaState.UNHEALTHY, since=now))
-            self.journal.replica(
-                state.name, "replica_unhealthy", replica, f"unhealthy: {event.reason}"
-            )
-        else:
-            return
-        state.wake.set()
+        healthy = event.upstream.health is Health.HEALTHY
+        self.observe(state, HealthChanged(event.upstream.id, healthy, event.reason))
 
     def on_exit(self, exit: Exit) -> None:
         """A backend reports that a replica ended."""
@@ -203,23 +218,20 @@ class Reconciler:
         replica = state.replica(exit.replica_id)
         if replica is None or replica.terminal:
             return
-        assert self.executor is not None
-        self.executor.forget_replica(state, replica, f"replica exited ({exit.reason})")
-        now = self.clock()
-        if replica.state is ReplicaState.STOPPING or exit.requested:
-            final = ReplicaState.FAILED if replica.failure else ReplicaState.STOPPED
-            state.put(replica.replace(state=final, since=now, exit_code=exit.code))
-            self.journal.replica(state.name, "replica_stopped", replica, "stopped")
-        else:
-            reason = f"replica {exit.reason}"
-            state.put(
-                replica.replace(
-                    state=ReplicaState.FAILED, since=now, failure=reason, exit_code=exit.code
-                )
-            )
-            self.note_failure(state, replica, reason)
-            self.journal.replica(state.name, "replica_failed", replica, f"failed: {reason}")
-        state.wake.set()
+        self.executor.forget_replica(state, exit.replica_id, f"replica exited ({exit.reason})")
+        self.observe(state, Exited(exit.replica_id, exit.code, exit.reason, exit.requested))
 
     def __repr__(self) -> str:
         return f"<Reconciler services={len(self.services)} replicas={len(self._owner)}>"
+
+
+def with_template(spec: ServiceSpec, template: ServiceSpec) -> ServiceSpec:
+    """``spec`` running ``template``'s revision: its backend, replica and probes."""
+    fields = ("backend", "replica", "probes")
+    return spec.model_copy(update={f: getattr(template, f) for f in fields})
+
+
+def _release(waiters: list[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)

@@ -14,7 +14,7 @@ from gateway import Upstream
 
 from ..model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
 from ..operations import Controller
-from ..reconciler import ServiceState
+from ..state import ServiceState
 from ..store import RevisionRow, RolloutRow
 from .schemas import (
     Conditions,

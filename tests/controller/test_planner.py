@@ -76,7 +76,8 @@ def observed(
     backoff: Backoff = NO_BACKOFF,
     degraded: str | None = None,
 ) -> Observed:
-    return Observed(replicas, serving, rollout, backoff, degraded)
+    target = rollout.to_revision if rollout is not None else serving
+    return Observed(replicas, serving, rollout, backoff, degraded, target)
 
 
 def desired(

@@ -1,0 +1,449 @@
+"""Transitions: how a service's state changes. PURE; the reconciler is their only caller.
+
+Three kinds of input change a service's ``(desired, observed)`` pair, each by a function here:
+
+- ``decide``: a decision of the planner (a start is ``requested``, a drain is ``draining``,
+  a rollout begins, fails, completes);
+- ``observe``: what the backend, the pool and the executor saw (a replica placed, a start
+  that raised, a health verdict, a finished drain, an exit);
+- ``intend``: what the user asked (an apply, a scale, a pause, an undo, a delete).
+
+Each returns the new pair and the journal entries that record the change; none performs
+I/O, reads a clock or draws a random number: ``now`` and new ids are passed in. Failures are
+counted here, once: a replica of the target revision that fails backs off its starts and,
+while the rollout to it progresses, counts against that rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from .actions import (
+    AbandonRollout,
+    Action,
+    BeginRollout,
+    CompleteRollout,
+    Drain,
+    FailReplica,
+    FailRollout,
+    Forget,
+    PauseRollout,
+    ResumeRollout,
+    SetDegraded,
+    Start,
+    Stop,
+    Undrain,
+    WakeAt,
+)
+from .model import (
+    Backoff,
+    Desired,
+    Intent,
+    Observed,
+    Replica,
+    ReplicaState,
+    Rollout,
+    RolloutStatus,
+)
+from .spec import RolloutStrategy
+
+KEEP_TERMINAL = 20
+"""Stopped and failed replicas kept per service for status and the planner's history."""
+
+EventKind = Literal[
+    "service_created",
+    "service_updated",
+    "service_restored",
+    "service_degraded",
+    "service_recovered",
+    "service_deleting",
+    "service_deleted",
+    "rollout_started",
+    "rollout_complete",
+    "rollout_failed",
+    "rollout_paused",
+    "rollout_resumed",
+    "rollout_aborted",
+    "rollout_superseded",
+    "replica_started",
+    "replica_ready",
+    "replica_unhealthy",
+    "replica_failed",
+    "replica_draining",
+    "replica_drain_timeout",
+    "replica_undrained",
+    "replica_stopped",
+    "upstream_drained",
+    "upstream_undrained",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A journal entry to record about the service."""
+
+    kind: EventKind
+    message: str
+    revision: int | None = None
+    replica: str | None = None
+
+
+def replica_event(kind: EventKind, replica: Replica, message: str) -> Event:
+    """An entry about one replica: ``message`` follows ``replica <id>``."""
+    return Event(kind, f"replica {replica.id} {message}", replica.revision, replica.id)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The state after a transition, and what to record of it."""
+
+    desired: Desired
+    observed: Observed
+    events: tuple[Event, ...] = ()
+
+
+# -- observations ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """The backend started a replica; it listens at ``address``."""
+
+    replica_id: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartFailed:
+    """The backend could not start a replica (no capacity, a bad command, an error)."""
+
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HealthChanged:
+    """The replica's upstream passed (``healthy``) or failed its probes."""
+
+    replica_id: str
+    healthy: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrainDone:
+    """The replica's drain ended: every request finished (``clean``) or the timeout hit."""
+
+    replica_id: str
+    clean: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """The replica's process or container ended; ``requested``: by a stop we asked for."""
+
+    replica_id: str
+    code: int | None
+    reason: str
+    requested: bool
+
+
+Observation = Placed | StartFailed | HealthChanged | DrainDone | Exited
+
+
+def observe(desired: Desired, observed: Observed, seen: Observation, now: float) -> Step:
+    """The state once ``seen`` is taken in. A replica the state no longer tracks (or one
+    already terminal) is left alone."""
+    r = _find(observed, seen.replica_id)
+    if r is None or r.terminal:
+        return Step(desired, observed)
+    match seen:
+        case Placed(address=address):
+            if r.state is ReplicaState.REQUESTED:
+                started = r.replace(state=ReplicaState.STARTING, since=now, address=address)
+                event = Event(
+                    "replica_started",
+                    f"replica {r.id} of revision {r.revision} started at {address}",
+                    r.revision,
+                    r.id,
+                )
+                return Step(desired, _put(observed, started), (event,))
+            # Drained or given up while the backend started it: nothing was ever routed to
+            # it, so it may be stopped at once.
+            return Step(desired, _put(observed, r.replace(address=address, drained=True)))
+        case StartFailed(reason=reason):
+            failure = r.failure or reason
+            failed = r.replace(state=ReplicaState.FAILED, since=now, failure=failure)
+            out = _put(observed, failed)
+            if not r.failure and r.state is ReplicaState.REQUESTED:
+                out = _count_failure(desired, out, r, reason, now)
+            return Step(desired, out, (replica_event("replica_failed", r, f"failed: {reason}"),))
+        case HealthChanged(healthy=healthy, reason=reason):
+            return _health(desired, observed, r, healthy, reason, now)
+        case DrainDone(clean=clean):
+            if r.state is not ReplicaState.DRAINING:
+                return Step(desired, observed)
+            events: tuple[Event, ...] = ()
+            if not clean:
+                message = "drain timeout, in-flight requests were cut off"
+                events = (replica_event("replica_drain_timeout", r, message),)
+            return Step(desired, _put(observed, r.replace(drained=True)), events)
+        case Exited(code=code, reason=reason, requested=requested):
+            if r.state is ReplicaState.STOPPING or requested:
+                final = ReplicaState.FAILED if r.failure else ReplicaState.STOPPED
+                stopped = r.replace(state=final, since=now, exit_code=code)
+                event = replica_event("replica_stopped", r, "stopped")
+                return Step(desired, _put(observed, stopped), (event,))
+            failure = f"replica {reason}"
+            failed = r.replace(
+                state=ReplicaState.FAILED, since=now, failure=failure, exit_code=code
+            )
+            out = _count_failure(desired, _put(observed, failed), r, failure, now)
+            event = replica_event("replica_failed", r, f"failed: {failure}")
+            return Step(desired, out, (event,))
+
+
+def _health(
+    desired: Desired, observed: Observed, r: Replica, healthy: bool, reason: str, now: float
+) -> Step:
+    if not r.live:  # a draining replica's verdict is kept, should its drain be taken back
+        return Step(desired, _put(observed, r.replace(healthy=healthy)))
+    if healthy and r.state in (ReplicaState.STARTING, ReplicaState.UNHEALTHY):
+        ready = r.replace(state=ReplicaState.READY, since=now, ready_since=now, healthy=True)
+        out = _put(observed, ready)
+        if r.revision == desired.revision:
+            out = out.replace(backoff=Backoff())
+        return Step(desired, out, (replica_event("replica_ready", r, f"ready at {r.address}"),))
+    if not healthy and r.state is ReplicaState.READY:
+        sick = r.replace(state=ReplicaState.UNHEALTHY, since=now, healthy=False)
+        event = replica_event("replica_unhealthy", r, f"unhealthy: {reason}")
+        return Step(desired, _put(observed, sick), (event,))
+    return Step(desired, _put(observed, r.replace(healthy=healthy)))
+
+
+# -- decisions -------------------------------------------------------------------------------
+
+
+def decide(
+    desired: Desired,
+    observed: Observed,
+    action: Action,
+    now: float,
+    *,
+    new_id: str = "",
+    rollout_id: int = 0,
+) -> Step:
+    """The state once the planner's ``action`` is taken: ``new_id`` names the replica a
+    ``Start`` requests, ``rollout_id`` the record a ``BeginRollout`` was given."""
+    match action:
+        case Start(revision=revision):
+            replica = Replica(new_id, revision, ReplicaState.REQUESTED, created=now, since=now)
+            return Step(desired, _put(observed, replica))
+        case Drain(replica_id=rid, reason=reason):
+            return _drain(desired, observed, rid, reason, now)
+        case FailReplica(replica_id=rid, reason=reason):
+            r = _find(observed, rid)
+            if r is None or not r.live:
+                return Step(desired, observed)
+            out = _count_failure(desired, _put(observed, r.replace(failure=reason)), r, reason, now)
+            failed = replica_event("replica_failed", r, f"failed: {reason}")
+            step = _drain(desired, out, rid, reason, now)
+            return Step(step.desired, step.observed, (failed, *step.events))
+        case Undrain(replica_id=rid, reason=reason):
+            r = _find(observed, rid)
+            if r is None or r.state is not ReplicaState.DRAINING:
+                return Step(desired, observed)
+            back = ReplicaState.READY if r.healthy else ReplicaState.UNHEALTHY
+            event = replica_event("replica_undrained", r, reason)
+            return Step(desired, _put(observed, r.replace(state=back, since=now)), (event,))
+        case Stop(replica_id=rid):
+            r = _find(observed, rid)
+            if r is None or r.state is not ReplicaState.DRAINING:
+                return Step(desired, observed)
+            if r.address is None:  # never placed: nothing runs
+                final = ReplicaState.FAILED if r.failure else ReplicaState.STOPPED
+                return Step(desired, _put(observed, r.replace(state=final, since=now)))
+            return Step(desired, _put(observed, r.replace(state=ReplicaState.STOPPING, since=now)))
+        case BeginRollout(from_revision=since, to_revision=to, kind=kind):
+            begun = Rollout(rollout_id, since, to, kind, RolloutStatus.PROGRESSING, now)
+            event = Event("rollout_started", f"{kind} {rollout_id}: {_move(since, to)}", to)
+            return Step(
+                desired.replace(revision=to, paused=False),
+                observed.replace(rollout=begun, target=to, backoff=Backoff()),
+                (event,),
+            )
+        case CompleteRollout(rollout_id=rid):
+            rollout = _active(observed, rid)
+            if rollout is None:
+                return Step(desired, observed)
+            to = rollout.to_revision
+            message = f"{rollout.kind} {rollout.id} complete: revision {to} serving"
+            return Step(
+                desired,
+                observed.replace(rollout=None, serving_revision=to),
+                (Event("rollout_complete", message, to),),
+            )
+        case FailRollout(rollout_id=rid, reason=reason):
+            rollout = _active(observed, rid)
+            if rollout is None:
+                return Step(desired, observed)
+            to = rollout.to_revision
+            message = f"{rollout.kind} {rollout.id} to revision {to} failed: {reason}"
+            return Step(
+                desired, observed.replace(rollout=None), (Event("rollout_failed", message, to),)
+            )
+        case AbandonRollout(rollout_id=rid, outcome=outcome, reason=reason):
+            rollout = _active(observed, rid)
+            if rollout is None:
+                return Step(desired, observed)
+            ended: EventKind = "rollout_aborted" if outcome == "aborted" else "rollout_superseded"
+            event = Event(ended, f"rollout {rollout.id} {reason}", rollout.to_revision)
+            return Step(desired, observed.replace(rollout=None), (event,))
+        case PauseRollout(rollout_id=rid, reason=reason):
+            rollout = _active(observed, rid)
+            if rollout is None:
+                return Step(desired, observed)
+            paused = rollout.replace(status=RolloutStatus.PAUSED, reason=reason)
+            message = f"rollout {rollout.id} paused"
+            if reason != "paused by request":
+                message += f" on failure: {reason}"
+            return Step(
+                desired.replace(paused=True),
+                observed.replace(rollout=paused),
+                (Event("rollout_paused", message, rollout.to_revision),),
+            )
+        case ResumeRollout(rollout_id=rid):
+            rollout = _active(observed, rid)
+            if rollout is None:
+                return Step(desired, observed)
+            # A rollout paused by its own failure gets its retries afresh on resume.
+            resumed = rollout.replace(
+                status=RolloutStatus.PROGRESSING, reason="", failures=0, started=now
+            )
+            event = Event("rollout_resumed", f"rollout {rollout.id} resumed", rollout.to_revision)
+            return Step(desired, observed.replace(rollout=resumed, backoff=Backoff()), (event,))
+        case SetDegraded(reason=reason):
+            event = (
+                Event("service_recovered", "all replicas ready")
+                if reason is None
+                else Event("service_degraded", f"degraded: {reason}")
+            )
+            return Step(desired, observed.replace(degraded=reason), (event,))
+        case Forget():
+            return Step(desired, observed, (Event("service_deleted", "service deleted"),))
+        case WakeAt():
+            return Step(desired, observed)
+
+
+def _drain(desired: Desired, observed: Observed, rid: str, reason: str, now: float) -> Step:
+    r = _find(observed, rid)
+    if r is None or not r.live:
+        return Step(desired, observed)
+    draining = r.replace(state=ReplicaState.DRAINING, since=now)
+    event = replica_event("replica_draining", r, f"draining: {reason}")
+    return Step(desired, _put(observed, draining), (event,))
+
+
+def _move(since: int | None, to: int) -> str:
+    return f"new service, revision {to}" if since is None else f"revision {since} -> {to}"
+
+
+# -- intents ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Retarget:
+    """Move the service to ``revision`` (an apply of a new template, an undo, an abort)."""
+
+    revision: int
+    intent: Intent
+
+
+@dataclass(frozen=True, slots=True)
+class Configure:
+    """Replica count and rollout strategy (an apply, a scale)."""
+
+    replicas: int
+    strategy: RolloutStrategy
+
+
+@dataclass(frozen=True, slots=True)
+class SetPaused:
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    pass
+
+
+Change = Retarget | Configure | SetPaused | Delete
+
+
+def intend(desired: Desired, observed: Observed, changes: Iterable[Change]) -> Step:
+    """The state once the user's ``changes`` are recorded. They move only what is desired:
+    what follows from it is the planner's to decide."""
+    events: list[Event] = []
+    for change in changes:
+        match change:
+            case Retarget(revision=revision, intent=intent):
+                desired = desired.replace(revision=revision, intent=intent)
+            case Configure(replicas=replicas, strategy=strategy):
+                desired = desired.replace(replicas=replicas, strategy=strategy)
+            case SetPaused(paused=paused):
+                desired = desired.replace(paused=paused)
+            case Delete():
+                desired = desired.replace(deleting=True)
+                events.append(Event("service_deleting", "deleting: draining every replica"))
+    return Step(desired, observed, tuple(events))
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _find(observed: Observed, replica_id: str) -> Replica | None:
+    for r in observed.replicas:
+        if r.id == replica_id:
+            return r
+    return None
+
+
+def _active(observed: Observed, rollout_id: int) -> Rollout | None:
+    rollout = observed.rollout
+    if rollout is None or rollout.id != rollout_id or not rollout.active:
+        return None
+    return rollout
+
+
+def _put(observed: Observed, replica: Replica) -> Observed:
+    """Add or replace a replica record, keeping only the newest terminal ones."""
+    replicas = [*(r for r in observed.replicas if r.id != replica.id), replica]
+    terminal = [r for r in replicas if r.terminal]
+    if len(terminal) > KEEP_TERMINAL:
+        drop = {r.id for r in sorted(terminal, key=lambda r: r.since)[:-KEEP_TERMINAL]}
+        replicas = [r for r in replicas if r.id not in drop]
+    return observed.replace(replicas=tuple(replicas))
+
+
+def put_replica(observed: Observed, replica: Replica) -> Observed:
+    """``observed`` with ``replica`` added or replaced (an adopted replica at start-up)."""
+    return _put(observed, replica)
+
+
+def _count_failure(
+    desired: Desired, observed: Observed, r: Replica, reason: str, now: float
+) -> Observed:
+    """A replica failed: back off its revision's starts; count it against the rollout."""
+    if r.revision != desired.revision:
+        return observed
+    observed = observed.replace(backoff=observed.backoff.failed(now, reason))
+    rollout = observed.rollout
+    if (
+        rollout is not None
+        and rollout.status is RolloutStatus.PROGRESSING
+        and rollout.to_revision == r.revision
+    ):
+        observed = observed.replace(rollout=rollout.replace(failures=rollout.failures + 1))
+    return observed
