@@ -123,8 +123,11 @@ class Handle:
         """Replica id -> pid of the running replicas (of ``revision``)."""
         state = self.state(name)
         out = {}
-        for rid, running in state.running.items():
-            replica = state.replica(rid)
+        for replica in state.observed.replicas:
+            running = self.gateway.controller.executor.running.get(replica.id)
+            if running is None:
+                continue
+            rid = replica.id
             if running.pid is not None and (
                 revision is None or (replica is not None and replica.revision == revision)
             ):
@@ -209,8 +212,8 @@ class Gateways:
             return running
 
         backend.start = start
-        for state in handle.gateway.controller.reconciler.services.values():
-            handle.adopted_pids += [r.pid for r in state.running.values() if r.pid is not None]
+        running = handle.gateway.controller.executor.running.values()
+        handle.adopted_pids += [r.pid for r in running if r.pid is not None]
 
     def all_pids(self) -> set[int]:
         seen = {pid for h in self.handles for pid in h.started_pids + h.adopted_pids}
