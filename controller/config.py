@@ -4,10 +4,15 @@ Nothing else in the project reads YAML files or the environment for settings. A 
 stops start-up with ``ConfigError``: one message naming the file, each field path and the
 reason, and no traceback. Relative paths (``state_dir``, the files under ``services``, a
 spec's relative ``working_dir``) are taken relative to the file that names them.
+
+Each entry of ``services`` comes with the digest of its document (``document_digest``): the
+start-up applies an entry only when that changed since the entry was last applied
+(``controller.main``), so a restart does not undo what the API changed since.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -122,13 +127,35 @@ class GatewayConfig(Model):
         return None
 
 
+class ConfigService(Model):
+    """One entry of the config's ``services``: its validated spec, and where it came from."""
+
+    source: str
+    """The spec file's path (as the config names it, joined to the config's directory), or
+    ``<config> services[i]`` for an inline spec: what the start-up log names."""
+    digest: str
+    """``document_digest`` of the document as written, before validation."""
+    spec: ServiceSpec
+
+
 class LoadedConfig(Model):
     """The config with its paths resolved and its service specs validated."""
 
     path: str
     config: GatewayConfig
     state_dir: str
-    specs: tuple[ServiceSpec, ...]
+    services: tuple[ConfigService, ...]
+
+    @property
+    def specs(self) -> tuple[ServiceSpec, ...]:
+        return tuple(s.spec for s in self.services)
+
+
+def document_digest(data: Any) -> str:
+    """sha256 of a spec document's content: its canonical JSON, so comments, layout and key
+    order do not count. A relative ``working_dir`` counts as written, not as resolved."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def format_validation_error(error: ValidationError) -> list[dict[str, str]]:
@@ -193,14 +220,19 @@ def load_config(path: str | Path, *, workers: int | str | None = None) -> Loaded
     except ValidationError as e:
         raise ConfigError(_describe(str(file), e)) from None
     base = file.resolve().parent
-    specs: list[ServiceSpec] = []
+    services: list[ConfigService] = []
     for i, entry in enumerate(config.services):
         if isinstance(entry, str):
             spec_path = base / entry
-            specs.append(parse_spec(read_document(spec_path), str(spec_path), spec_path.parent))
+            document = read_document(spec_path)
+            spec = parse_spec(document, str(spec_path), spec_path.parent)
+            source = str(file.parent / entry)
         else:
-            specs.append(parse_spec(entry, f"{file}: services[{i}]", base))
-    names = [s.name for s in specs]
+            document = entry
+            spec = parse_spec(entry, f"{file}: services[{i}]", base)
+            source = f"{file} services[{i}]"
+        services.append(ConfigService(source=source, digest=document_digest(document), spec=spec))
+    names = [s.spec.name for s in services]
     for name in names:
         if names.count(name) > 1:
             raise ConfigError(f"{file}: services: {name!r} is declared more than once")
@@ -211,4 +243,6 @@ def load_config(path: str | Path, *, workers: int | str | None = None) -> Loaded
     if token_file is not None and not Path(token_file).is_absolute():
         admin = config.admin.model_copy(update={"token_file": str(base / token_file)})
         config = config.model_copy(update={"admin": admin})
-    return LoadedConfig(path=str(file), config=config, state_dir=str(state_dir), specs=tuple(specs))
+    return LoadedConfig(
+        path=str(file), config=config, state_dir=str(state_dir), services=tuple(services)
+    )

@@ -4,6 +4,11 @@
 in reverse: the traffic listener stops accepting first and lets in-flight requests finish,
 then the admin listener, the prober and the controller go (replicas are left running for the
 next start to adopt, unless ``replicas_on_exit: stop``).
+
+The store is the state; the config's ``services`` are intents. At start-up the stored services
+come back first; then each config entry is applied only if its document changed since it was
+last applied from the config (or never was), so what the API changed since stands
+(``startup_choice``). Each service's log line says which source won.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from prometheus_client import CollectorRegistry
 
@@ -34,12 +40,12 @@ from .admin.app import AdminServer, build_admin_app, is_loopback
 from .backends import ProcessBackend, StaticBackend
 from .backends.base import Backend
 from .cli import add_commands as add_client_commands
-from .config import ConfigError, LoadedConfig, load_config
+from .config import ConfigError, ConfigService, LoadedConfig, load_config
 from .errors import ControllerError
 from .journal import Journal
 from .metrics import register as register_controller_metrics
 from .operations import Controller
-from .store import Store
+from .store import ConfigAppliedRow, Store
 
 log = logging.getLogger("gateway")
 
@@ -52,6 +58,76 @@ class Gateway:
     pool: Pool
     traffic: TrafficServer | Supervisor
     admin: AdminServer
+
+
+StoredAs = Literal["live", "deleted", "absent"]
+
+
+@dataclass(frozen=True, slots=True)
+class StartupChoice:
+    """Whether a config entry is applied at start-up, and the log line that says why."""
+
+    apply: bool
+    reason: str
+
+
+def startup_choice(
+    entry: ConfigService, last: ConfigAppliedRow | None, stored: StoredAs
+) -> StartupChoice:
+    """Which source wins for one service of the config: its entry, or the store.
+
+    1. Never applied from the config (a new service, a fresh store, a service the API made
+       that the config now names): the entry is applied.
+    2. The entry's document changed since it was last applied: applied (an edit of the file is
+       a new intent).
+    3. Unchanged: not applied. The stored spec stands, with whatever the API changed since,
+       and a service deleted through the API stays deleted.
+    """
+    name, source = entry.spec.name, entry.source
+    if last is None:
+        if stored == "live":
+            return StartupChoice(
+                True, f"{name}: {source} never applied from the config before: applied"
+            )
+        return StartupChoice(True, f"{name}: created from {source}")
+    if last.digest != entry.digest:
+        return StartupChoice(True, f"{name}: {source} changed since last applied: applied")
+    if stored == "live":
+        return StartupChoice(
+            False, f"{name}: spec from the store ({source} unchanged since last applied)"
+        )
+    return StartupChoice(
+        False,
+        f"{name}: deleted through the API since {source} was last applied: not created again"
+        " (edit the file or apply it to bring it back)",
+    )
+
+
+async def apply_config_services(
+    controller: Controller, store: Store, entries: tuple[ConfigService, ...]
+) -> None:
+    """Apply the config's entries that win over the store (``startup_choice``), and log for
+    each service which source won. Runs after ``Controller.restore``."""
+    for entry in entries:
+        name = entry.spec.name
+        try:
+            row = store.service(name, include_deleted=True)
+            stored: StoredAs = "absent" if row is None else "deleted" if row.deleted else "live"
+            choice = startup_choice(entry, store.config_applied(name), stored)
+            if not choice.apply:
+                reason = choice.reason
+                if stored == "live" and controller.plan_apply(entry.spec).action != "unchanged":
+                    reason = (
+                        f"{name}: spec from the store (changed through the API since"
+                        f" {entry.source} was last applied)"
+                    )
+                log.info("%s", reason)
+                continue
+            result = await controller.apply(entry.spec)
+            store.record_config_applied(name, entry.source, entry.digest)
+            log.info("%s (%s, revision %s)", choice.reason, result.action, result.revision)
+        except ControllerError as e:
+            log.error("service %s from %s not applied: %s", name, entry.source, e.message)
 
 
 async def run_gateway(
@@ -119,12 +195,7 @@ async def run_gateway(
     await prober.start()
     try:
         controller.restore()
-        for spec in loaded.specs:
-            try:
-                result = await controller.apply(spec)
-                log.info("applied %s: %s revision %s", spec.name, result.action, result.revision)
-            except ControllerError as e:
-                log.error("service %s not applied: %s", spec.name, e.message)
+        await apply_config_services(controller, store, loaded.services)
         if access_log is not None:
             access_log.start()
         await traffic.start()

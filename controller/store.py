@@ -1,7 +1,9 @@
 """The store: the controller's durable state in one SQLite file.
 
 It holds services (the last applied spec, the serving and target revision, the desired count),
-their revisions, the rollout history, events, and the replicas the backends run.
+their revisions, the rollout history, events, and the replicas the backends run; and, for each
+service applied from the gateway config, the digest of the document last applied from there
+(start-up applies a config entry again only once its content changed).
 
 Invariants:
 
@@ -119,6 +121,16 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             FOREIGN KEY (service, revision) REFERENCES revisions (service, number)
         )""",
     ),
+    (
+        # Per service, what the gateway config last applied: a service is in it once applied
+        # from the config, and stays (a tombstone's record tells a delete apart from a new name).
+        """CREATE TABLE config_applied (
+            service TEXT PRIMARY KEY REFERENCES services (name),
+            source TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            applied_at REAL NOT NULL
+        )""",
+    ),
 )
 SCHEMA_VERSION: Final = len(_MIGRATIONS)
 
@@ -225,6 +237,18 @@ class ReplicaRow:
     backend: str
     handle_json: str
     created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigAppliedRow:
+    """The document last applied to a service from the gateway config, and from where."""
+
+    service: str
+    source: str
+    """The file (or the config's inline entry) it came from, as the log names it."""
+    digest: str
+    """sha256 of the document, as ``controller.config`` computes it."""
+    applied_at: float
 
 
 _SERVICE_COLS: Final = (
@@ -575,6 +599,32 @@ class Store:
             raise NotFound(f"no service {name!r}", service=name)
         return _service(row)
 
+    # -- what the config applied -------------------------------------------------------------
+
+    def config_applied(self, service: str) -> ConfigAppliedRow | None:
+        """What the gateway config last applied to the service (deleted or not), if ever."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT service, source, digest, applied_at FROM config_applied WHERE service = ?",
+                (service,),
+            ).fetchone()
+        return None if row is None else ConfigAppliedRow(*row)
+
+    def record_config_applied(self, service: str, source: str, digest: str) -> ConfigAppliedRow:
+        """Record that the config's document ``digest`` from ``source`` was applied to a live
+        service (replacing the previous record)."""
+        with self._write() as conn:
+            self._live_service(conn, service)
+            row = ConfigAppliedRow(service, source, digest, self._clock())
+            conn.execute(
+                "INSERT INTO config_applied (service, source, digest, applied_at)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (service) DO UPDATE SET"
+                " source = excluded.source, digest = excluded.digest,"
+                " applied_at = excluded.applied_at",
+                (row.service, row.source, row.digest, row.applied_at),
+            )
+            return row
+
     # -- revisions ---------------------------------------------------------------------------
 
     def add_revision(self, service: str, template_key: str, spec_json: str) -> RevisionRow:
@@ -922,6 +972,7 @@ __all__ = [
     "ROLLOUT_STATUSES",
     "SCHEMA_VERSION",
     "UNSET",
+    "ConfigAppliedRow",
     "EventRow",
     "ReplicaRow",
     "RevisionRow",

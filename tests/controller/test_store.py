@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from controller.errors import Conflict, NotFound, StoreUnavailable
-from controller.store import SCHEMA_VERSION, Store
+from controller.store import _MIGRATIONS, SCHEMA_VERSION, Store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,13 +66,19 @@ def snapshot(db: Path) -> dict[str, list[tuple[object, ...]]]:
 
 
 def test_schema_created(store: Store, db: Path) -> None:
-    assert store.schema_version() == SCHEMA_VERSION == 1
+    assert store.schema_version() == SCHEMA_VERSION == 2
     conn = raw(db)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert {"schema_version", "services", "revisions", "rollouts", "events", "replicas"} <= (
-            tables
-        )
+        assert {
+            "schema_version",
+            "services",
+            "revisions",
+            "rollouts",
+            "events",
+            "replicas",
+            "config_applied",
+        } <= tables
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     finally:
         conn.close()
@@ -93,7 +99,7 @@ def test_reopen_is_idempotent_and_keeps_everything(db: Path) -> None:
         before = snapshot(db)
     with Store(db) as s:
         assert snapshot(db) == before
-        assert s.schema_version() == 1
+        assert s.schema_version() == SCHEMA_VERSION
         service = s.service("web")
         assert service is not None
         assert (service.serving_revision, service.target_revision) == (1, 2)
@@ -115,12 +121,57 @@ def test_refuses_a_newer_schema(db: Path) -> None:
         Store(db)
 
 
+def test_migrates_a_version_1_database_and_keeps_its_data(db: Path) -> None:
+    """A database written before the config_applied table gains it and loses nothing."""
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at REAL)")
+        for statement in _MIGRATIONS[0]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_version VALUES (1, 0)")
+        conn.execute("INSERT INTO services VALUES ('web', '{}', NULL, NULL, 2, 0, 0, 0)")
+    conn.close()
+    with Store(db, clock=FakeClock()) as s:
+        assert s.schema_version() == SCHEMA_VERSION == 2
+        service = s.service("web")
+        assert service is not None
+        assert service.desired_replicas == 2
+        assert s.config_applied("web") is None
+        s.record_config_applied("web", "services/web.yaml", "abc")
+    with Store(db) as s:
+        row = s.config_applied("web")
+        assert row is not None
+        assert (row.source, row.digest) == ("services/web.yaml", "abc")
+
+
+def test_config_applied_is_replaced_and_outlives_a_delete(store: Store) -> None:
+    store.put_service("web", "{}", 1)
+    first = store.record_config_applied("web", "services/web.yaml", "d1")
+    second = store.record_config_applied("web", "gateway.yaml services[0]", "d2")
+    assert second.applied_at > first.applied_at
+    assert store.config_applied("web") == second
+    assert store.delete_service("web")
+    assert store.config_applied("web") == second  # tells a deleted service from a new one
+    assert store.config_applied("other") is None
+
+
+def test_config_applied_only_for_a_live_service(store: Store, db: Path) -> None:
+    before = snapshot(db)
+    with pytest.raises(NotFound):
+        store.record_config_applied("ghost", "services/ghost.yaml", "d")
+    store.put_service("web", "{}", 1)
+    store.delete_service("web")
+    with pytest.raises(NotFound):
+        store.record_config_applied("web", "services/web.yaml", "d")
+    assert snapshot(db)["config_applied"] == before["config_applied"] == []
+
+
 def test_repr_and_closed_store(db: Path) -> None:
     s = Store(db)
     s.put_service("web", "{}", 1)
     text = repr(s)
     assert "state.db" in text
-    assert "schema_version=1" in text
+    assert f"schema_version={SCHEMA_VERSION}" in text
     assert "writes=" in text
     assert "closed=False" in text
     s.close()

@@ -1,17 +1,24 @@
-"""A gateway restart adopts the replicas that kept running (issue 3, State)."""
+"""A gateway restart adopts the replicas that kept running (issue 3, State), and keeps what
+the API changed unless the config's own entry changed since it was last applied (issue 22)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import json
+import logging
 import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
-from controller.store import Store
+import pytest
+
+from controller.config import ConfigService, document_digest
+from controller.main import StoredAs, startup_choice
+from controller.spec import ServiceSpec
+from controller.store import ConfigAppliedRow, Store
 
 from .conftest import Gateways, Load, alive, serving, spec, until
 
@@ -135,4 +142,114 @@ async def test_restart_of_the_gateway_process_keeps_adopted_replicas_serving(
         await load.more(100)
     assert not load.failures, load.summary()
     assert load.bodies() == {"v1"}
+    assert second.started_pids == []
+
+
+# -- which source wins at start-up: the config's entry or the store (issue 22) ----------------
+
+
+def _entry(document: dict[str, Any]) -> ConfigService:
+    spec = ServiceSpec.model_validate(document)
+    return ConfigService(source="services/web.json", digest=document_digest(document), spec=spec)
+
+
+@pytest.mark.parametrize(
+    ("last_digest", "stored", "applied", "says"),
+    [
+        (None, "absent", True, "web: created from services/web.json"),
+        (None, "deleted", True, "web: created from services/web.json"),
+        (None, "live", True, "never applied from the config before: applied"),
+        ("old", "live", True, "services/web.json changed since last applied: applied"),
+        ("old", "deleted", True, "services/web.json changed since last applied: applied"),
+        ("same", "live", False, "web: spec from the store"),
+        ("same", "deleted", False, "deleted through the API since services/web.json"),
+    ],
+)
+def test_startup_choice(
+    site, last_digest: str | None, stored: StoredAs, applied: bool, says: str
+) -> None:
+    entry = _entry(spec(site("v1")))
+    last = None
+    if last_digest is not None:
+        digest = entry.digest if last_digest == "same" else document_digest({"other": 1})
+        last = ConfigAppliedRow("web", "services/web.json", digest, 0.0)
+    choice = startup_choice(entry, last, stored)
+    assert choice.apply is applied
+    assert says in choice.reason
+
+
+def test_document_digest_is_the_content_not_the_layout() -> None:
+    assert document_digest({"a": 1, "b": [1, 2]}) == document_digest({"b": [1, 2], "a": 1})
+    assert document_digest({"a": 1}) != document_digest({"a": 2})
+
+
+async def test_restart_keeps_what_the_api_changed_until_the_config_file_changes(
+    gateways: Gateways, site, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: every start applied the config's files again, so a restart rolled a service
+    the API had moved to v2 back to the file's v1 (a rollout nobody asked for)."""
+    caplog.set_level(logging.INFO, logger="gateway")
+    spec_file = tmp_path / "web.json"
+    spec_file.write_text(json.dumps(spec(site("v1"), 1)))
+    services = [str(spec_file)]
+
+    first = await gateways.start(on_exit="keep", services=services)
+    await until(lambda: first.ready(1) == 1, 10, "revision 1 from the file")
+    first_log = caplog.text
+    await first.controller.apply(spec(site("v2"), 1))  # what `gateway apply` does
+    await until(
+        lambda: first.state().observed.serving_revision == 2 and not first.pids(revision=1),
+        15,
+        "revision 2 from the API serving alone",
+    )
+    kept = first.pids()
+    await first.stop()
+
+    caplog.clear()
+    second = await gateways.start(on_exit="keep", services=services)
+    assert second.state().desired.revision == 2, "the restart went back to the file's spec"
+    assert f"web: created from {spec_file} (created, revision 1)" in first_log
+    assert second.state().observed.serving_revision == 2
+    assert second.pids() == kept
+    assert [r.status for r in second.rollouts()] == ["complete", "complete"]
+    assert (
+        f"web: spec from the store (changed through the API since {spec_file} was last applied)"
+        in caplog.text
+    )
+    await until(lambda: second.ready(2) == 1, 5, "the adopted replica to pass its probes")
+    async with Load(second.url) as load:
+        await load.more(50)
+    assert not load.failures, load.summary()
+    assert load.bodies() == {"v2"}
+    await second.stop()
+
+    # An edit of the file is a new intent: the next start applies it.
+    caplog.clear()
+    spec_file.write_text(json.dumps(spec(site("v3"), 1)))
+    third = await gateways.start(on_exit="stop", services=services)
+    assert f"web: {spec_file} changed since last applied: applied (rollout, revision 3)" in (
+        caplog.text
+    )
+    assert third.state().desired.revision == 3
+    await until(
+        lambda: third.state().observed.serving_revision == 3 and third.ready(3) == 1,
+        15,
+        "revision 3 from the edited file",
+    )
+
+
+async def test_restart_does_not_bring_back_a_service_deleted_through_the_api(
+    gateways: Gateways, site, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway")
+    services = [spec(site("v1"), 1)]  # inline in the config
+    first = await gateways.start(services=services)
+    await first.controller.delete("web")
+    await until(lambda: "web" not in first.controller.service_names(), 10, "the delete")
+    await first.stop()
+
+    caplog.clear()
+    second = await gateways.start(services=services)
+    assert "web" not in second.controller.service_names()
+    assert "web: deleted through the API since" in caplog.text
     assert second.started_pids == []
