@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import posixpath
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -21,7 +22,8 @@ from ..config import format_validation_error
 from ..errors import Conflict, NotFound, SpecError
 from ..journal import Entry
 from ..model import LEAVING, Rollout
-from ..operations import Controller
+from ..operations import Controller, validate_spec
+from ..spec import ServiceSpec
 from .openapi import YAML_TYPES, Operation, Query, build_document
 from .schemas import (
     ApplyResultBody,
@@ -179,9 +181,22 @@ async def put_service(request: web.Request) -> web.Response:
         if data["name"] != name:
             reason = f"{data['name']!r} differs from {name!r} in the path"
             raise SpecError(f"name: {reason}", [{"field": "name", "reason": reason}])
+    spec = validate_spec(data)
+    _refuse_relative_paths(spec)
     dry_run = _flag(request, "dry_run")
-    result = controller.plan_apply(data) if dry_run else await controller.apply(data)
+    result = controller.plan_apply(spec) if dry_run else await controller.apply(spec)
     return respond(ApplyResultBody.model_validate(result.to_json() | {"dry_run": dry_run}))
+
+
+def _refuse_relative_paths(spec: ServiceSpec) -> None:
+    """A relative ``working_dir`` has no file to be relative to here (the config loader and
+    the CLI resolve it against the spec's file), and the gateway's own working directory is
+    no meaning a client can know: the API takes absolute paths only."""
+    working_dir = spec.replica.working_dir
+    if working_dir is not None and not posixpath.isabs(working_dir):
+        field = "replica.working_dir"
+        reason = f"must be an absolute path, not {working_dir!r}"
+        raise SpecError(f"invalid spec: {field}: {reason}", [{"field": field, "reason": reason}])
 
 
 async def delete_service(request: web.Request) -> web.Response:

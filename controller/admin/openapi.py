@@ -41,6 +41,7 @@ ERROR_TEXT = {
 }
 SUCCESS_TEXT = {202: "Accepted: it goes on in the background", 503: "Not ready yet"}
 DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h)?\s*$"
+ABSOLUTE_PATH = "^/"
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,20 @@ def component_schemas() -> dict[str, Any]:
     models += [(m, "serialization") for m in RESPONSE_MODELS]
     _, defs = models_json_schema(models, ref_template=REF)
     schemas: dict[str, Any] = _fix(defs.get("$defs", {}))
+    _api_rules(schemas)
     return schemas
+
+
+def _api_rules(schemas: dict[str, Any]) -> None:
+    """What the API refuses beyond the models (handlers.py): a relative ``working_dir``."""
+    working_dir = schemas["ReplicaTemplate"]["properties"]["working_dir"]
+    for option in working_dir["anyOf"]:
+        if option.get("type") == "string":
+            option["pattern"] = ABSOLUTE_PATH
+    working_dir["description"] = (
+        "An absolute path (a spec file's relative one is resolved against the file by the "
+        "config loader and the CLI)."
+    )
 
 
 def _operation(op: Operation) -> dict[str, Any]:

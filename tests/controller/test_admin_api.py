@@ -297,6 +297,31 @@ async def test_a_name_that_differs_from_the_path_is_422(api: Api) -> None:
     assert "api" not in api.h.controller.service_names()
 
 
+@pytest.mark.parametrize("working_dir", ["site", "./site", "../site", ""])
+@pytest.mark.parametrize("query", ["", "?dry_run=1"])
+async def test_a_relative_working_dir_is_422_naming_the_field(
+    api: Api, working_dir: str, query: str
+) -> None:
+    # The CLI and the config loader resolve it against the spec's file; the API has no file,
+    # and the gateway's own working directory means nothing to its client.
+    await serving(api)
+    before = api.fingerprint()
+    bad = spec("web", 2)
+    bad["replica"]["working_dir"] = working_dir
+    body = await api.call("PUT", f"/api/services/web{query}", bad, status=422)
+    assert body["error"] == "invalid_spec"
+    assert [e["field"] for e in body["errors"]] == ["replica.working_dir"]
+    assert "absolute" in body["errors"][0]["reason"]
+    assert api.fingerprint() == before
+
+
+async def test_an_absolute_working_dir_is_taken_as_it_is(api: Api) -> None:
+    good = spec("web", 1)
+    good["replica"]["working_dir"] = "/srv/site"
+    await api.call("PUT", "/api/services/web", good)
+    assert api.h.state("web").spec.replica.working_dir == "/srv/site"
+
+
 async def test_an_unconfigured_backend_is_422(api: Api) -> None:
     body = spec("web", 1)
     body["backend"] = "static"

@@ -253,6 +253,10 @@ def test_the_validator_refuses_what_it_should(h: Harness) -> None:
     ):
         with pytest.raises(SchemaError):
             v.validate(service, bad)
+    relative = spec("web", 2)
+    relative["replica"]["working_dir"] = "site"
+    with pytest.raises(SchemaError, match="working_dir"):
+        v.validate(service, relative)
     with pytest.raises(SchemaError, match="does not know"):
         v.validate({"oneOf": [{"type": "string"}]}, "x")
 
