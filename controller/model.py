@@ -188,6 +188,8 @@ class Desired:
     deleting: bool = False
     intent: Intent = "apply"
     """What set ``revision``: the kind of the next rollout, and how an active one ends."""
+    static: bool = False
+    """The target's replicas are static addresses that something else runs (rule 9)."""
 
     def replace(self, **changes: object) -> Desired:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -167,7 +167,7 @@ class Controller:
 
     async def _apply(self, spec: ServiceSpec, plan: ApplyResult) -> ApplyResult:
         state = self.reconciler.services.get(spec.name)
-        configure = Configure(spec.desired_replicas, spec.rollout)
+        configure = _configure(spec)
         if plan.action == "created" or state is None:
             return await self._create(spec)
         if plan.action == "unchanged":
@@ -209,7 +209,9 @@ class Controller:
             name=spec.name,
             spec=spec,
             revisions={revision.number: spec},
-            desired=Desired(revision.number, spec.desired_replicas, spec.rollout),
+            desired=Desired(
+                revision.number, spec.desired_replicas, spec.rollout, static=_static(spec)
+            ),
         )
         self.journal.record(
             spec.name,
@@ -238,8 +240,7 @@ class Controller:
                 name, spec_json=spec.to_json(), desired_replicas=spec.desired_replicas
             )
             self.journal.record(name, "service_updated", "scaled: replicas", previous)
-            configure = Configure(spec.desired_replicas, spec.rollout)
-            await self.reconciler.submit(state, [configure], spec=spec)
+            await self.reconciler.submit(state, [_configure(spec)], spec=spec)
             return ApplyResult("scaled", name, previous, previous, None, ("replicas",))
 
     # -- rollout control -----------------------------------------------------------------------
@@ -375,7 +376,13 @@ class Controller:
             name=name,
             spec=spec,
             revisions=revisions,
-            desired=Desired(target, row.desired_replicas, spec.rollout, paused=paused),
+            desired=Desired(
+                target,
+                row.desired_replicas,
+                spec.rollout,
+                paused=paused,
+                static=_static(revisions[target]),
+            ),
             observed=Observed(
                 serving_revision=row.serving_revision, rollout=rollout, target=target
             ),
@@ -430,3 +437,11 @@ class Controller:
 
     def __repr__(self) -> str:
         return f"<Controller services={len(self.reconciler.services)}>"
+
+
+def _static(spec: ServiceSpec) -> bool:
+    return spec.backend == "static"
+
+
+def _configure(spec: ServiceSpec) -> Configure:
+    return Configure(spec.desired_replicas, spec.rollout, _static(spec))

@@ -28,6 +28,9 @@ Rules (ARCHITECTURE.md), with D = desired replicas and T = the target revision:
    being stopped while fresh ones start.
 8. A rollout is paused and resumed as the user asks; a resumed rollout has its retries and
    its deadline afresh.
+9. Replicas at static addresses (something else runs them) are never given up: an address
+   that is down is an unhealthy upstream, probed for ever. A static service's first rollout
+   completes once each of its replicas holds an address; a later one waits for readiness.
 
 Starts are bounded by ``D + max_surge`` over live and leaving replicas together (a replica
 that is draining still holds a backend slot; counting it keeps a full fleet from failing the
@@ -110,7 +113,7 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
     failing: set[str] = set()
     if not paused:
         for r in live:
-            deadline = _give_up_at(r, s)
+            deadline = None if desired.static else _give_up_at(r, s)  # rule 9
             if deadline is None:
                 continue
             if now >= deadline:
@@ -156,12 +159,19 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
         )
         actions.extend(_drains(desired, old, new, available_new))
 
+    # Rule 9: nothing serves yet that a first static rollout could wait to replace.
+    placed_first = (
+        desired.static
+        and rollout is not None
+        and rollout.from_revision is None
+        and not any(r.state is ReplicaState.REQUESTED for r in new)
+    )
     if (
         rollout is not None
         and rollout.status is RolloutStatus.PROGRESSING
         and not old
         and len(new) == desired.replicas
-        and len(available_new) == desired.replicas
+        and (placed_first or len(available_new) == desired.replicas)
     ):
         actions.append(CompleteRollout(rollout.id))
 

@@ -130,6 +130,7 @@ class Reconciler:
     def _follow_template(self, state: ServiceState, revision: int) -> None:
         """The service's spec runs the target's template (an undo or a rollback moved it)."""
         template = state.revisions[revision]
+        state.desired = state.desired.replace(static=template.backend == "static")
         if template.template_key() == state.spec.template_key():
             return
         state.spec = with_template(state.spec, template)

@@ -363,10 +363,11 @@ class Retarget:
 
 @dataclass(frozen=True, slots=True)
 class Configure:
-    """Replica count and rollout strategy (an apply, a scale)."""
+    """Replica count, rollout strategy, and whether the target's replicas are static."""
 
     replicas: int
     strategy: RolloutStrategy
+    static: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,8 +391,8 @@ def intend(desired: Desired, observed: Observed, changes: Iterable[Change]) -> S
         match change:
             case Retarget(revision=revision, intent=intent):
                 desired = desired.replace(revision=revision, intent=intent)
-            case Configure(replicas=replicas, strategy=strategy):
-                desired = desired.replace(replicas=replicas, strategy=strategy)
+            case Configure(replicas=replicas, strategy=strategy, static=static):
+                desired = desired.replace(replicas=replicas, strategy=strategy, static=static)
             case SetPaused(paused=paused):
                 desired = desired.replace(paused=paused)
             case Delete():

@@ -33,7 +33,7 @@ from controller.backends.base import Launch, Running
 from controller.config import load_config
 from controller.main import Gateway, run_gateway
 from controller.model import ReplicaState
-from controller.reconciler import ServiceState
+from controller.state import ServiceState
 
 T = TypeVar("T")
 

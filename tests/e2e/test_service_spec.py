@@ -1,0 +1,196 @@
+"""The spec a service runs after an undo, a rollback and a failed rollout; scaling never changes
+its template; a template run before keeps its revision; a static address that was down comes
+in when it comes up. Through the admin API of a real gateway with real replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from typing import Any
+
+import aiohttp
+
+from controller.model import ReplicaState
+
+from .conftest import PROBE, Gateways, Handle, Load, serving, spec, until
+
+
+class Api:
+    """The admin API of one gateway."""
+
+    def __init__(self, gw: Handle, http: aiohttp.ClientSession) -> None:
+        self.base = f"http://127.0.0.1:{gw.gateway.admin.port}/api/services"
+        self.http = http
+
+    async def call(self, method: str, path: str, body: Any = None) -> Any:
+        async with self.http.request(method, self.base + path, json=body) as response:
+            data = await response.json()
+            assert response.status == 200, (response.status, data)
+            return data
+
+
+def version_of(gw: Handle) -> set[str]:
+    """The VERSION in the template of every live replica."""
+    state = gw.state()
+    return {
+        state.revisions[r.revision].replica.env.get("VERSION", "?")
+        for r in state.observed.replicas
+        if r.live
+    }
+
+
+def versioned(site, version: str, replicas: int, **rollout: Any) -> dict[str, Any]:
+    data = spec(site(version), replicas, **rollout)
+    data["replica"]["env"] = {"VERSION": version}
+    return data
+
+
+async def test_scale_after_undo_keeps_the_serving_template(gateways: Gateways, site) -> None:
+    """Issue 22.1: after an undo back to v1, ``scale`` starts v1, not the v2 last applied."""
+    gw = await gateways.start()
+    await serving(gw, versioned(site, "v1", 1))
+    async with aiohttp.ClientSession() as http, Load(gw.url) as load:
+        api = Api(gw, http)
+        await api.call("PUT", "/web", versioned(site, "v2", 1))
+        await until(lambda: gw.state().observed.serving_revision == 2, what="v2 serving")
+        await until(lambda: gw.state().observed.rollout is None, what="v2's rollout done")
+        await api.call("POST", "/web/rollout/undo", {})
+        await until(
+            lambda: (
+                gw.state().observed.serving_revision == 1
+                and gw.state().observed.rollout is None
+                and version_of(gw) == {"v1"}
+            ),
+            what="back on v1",
+        )
+        service = await api.call("GET", "/web")
+        assert service["spec"]["replica"]["env"] == {"VERSION": "v1"}
+
+        result = await api.call("POST", "/web/scale", {"replicas": 2})
+        assert result["action"] == "scaled"
+        assert result["revision"] == 1
+        await until(lambda: gw.ready(1) == 2, what="two v1 replicas")
+        assert gw.state().observed.rollout is None
+        assert version_of(gw) == {"v1"}
+        since = load.mark()
+        await load.more()
+        assert load.bodies(since) == {"v1"}
+    assert not load.failures, load.summary()
+    assert [r["to_revision"] for r in await _rollouts(gw)] == [1, 2, 1]
+
+
+async def test_scale_after_a_failed_rollout_starts_nothing_failed(gateways: Gateways, site) -> None:
+    """Issue 22.1: after a rollout failed and rolled back, ``scale`` to the same count
+    changes nothing, and a new count starts the serving template."""
+    gw = await gateways.start()
+    await serving(gw, versioned(site, "v1", 1, retries=0))
+    broken = versioned(site, "v2", 1, retries=0)
+    broken["replica"]["commands"] = ["exit 3"]
+    async with aiohttp.ClientSession() as http:
+        api = Api(gw, http)
+        await api.call("PUT", "/web", broken)
+        await until(
+            lambda: [r.status for r in gw.rollouts()][:2] == ["complete", "failed"],
+            what="the failed rollout rolled back",
+        )
+        assert gw.state().desired.revision == 1
+        unchanged = await api.call("POST", "/web/scale", {"replicas": 1})
+        assert unchanged["action"] == "unchanged"
+        await api.call("POST", "/web/scale", {"replicas": 2})
+        await until(lambda: gw.ready(1) == 2, what="two v1 replicas")
+    assert not gw.replicas(ReplicaState.STARTING, revision=2)
+    assert {r.revision for r in gw.replicas() if r.live} == {1}
+
+
+async def test_scale_during_an_undo_does_not_supersede_it(gateways: Gateways, site) -> None:
+    """Issue 22.1: a scale while an undo runs changes the count, not the undo's target."""
+    gw = await gateways.start()
+    await serving(gw, versioned(site, "v1", 1))
+    async with aiohttp.ClientSession() as http:
+        api = Api(gw, http)
+        await api.call("PUT", "/web", versioned(site, "v2", 1))
+        await until(lambda: gw.state().observed.serving_revision == 2, what="v2 serving")
+        await until(lambda: gw.state().observed.rollout is None, what="v2's rollout done")
+        undo = await api.call("POST", "/web/rollout/undo", {})
+        await api.call("POST", "/web/scale", {"replicas": 2})
+        rollout = gw.state().observed.rollout
+        assert rollout is not None
+        assert rollout.id == undo["id"], "the undo was superseded"
+        await until(
+            lambda: gw.ready(1) == 2 and gw.state().observed.rollout is None,
+            what="the undo done at two replicas",
+        )
+    assert gw.state().observed.serving_revision == 1
+
+
+async def test_a_template_run_before_keeps_its_revision(gateways: Gateways, site) -> None:
+    """Issue 22.4: v1, v2, then v1 again: the third apply targets revision 1, not 3."""
+    gw = await gateways.start()
+    await serving(gw, versioned(site, "v1", 1))
+    async with aiohttp.ClientSession() as http:
+        api = Api(gw, http)
+        await api.call("PUT", "/web", versioned(site, "v2", 1))
+        await until(lambda: gw.state().observed.serving_revision == 2, what="v2 serving")
+        await until(lambda: gw.state().observed.rollout is None, what="v2's rollout done")
+        again = await api.call("PUT", "/web", versioned(site, "v1", 1))
+        assert again["action"] == "rollout"
+        assert again["revision"] == 1
+        await until(lambda: gw.state().observed.serving_revision == 1, what="v1 serving")
+        revisions = await api.call("GET", "/web/revisions")
+    numbers = sorted(r["number"] for r in revisions["revisions"])
+    assert numbers == [1, 2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_static_address_down_past_start_timeout_is_routed_once_up(
+    gateways: Gateways, tmp_path
+) -> None:
+    """Issue 22.3: a static service whose address stays down past ``start_timeout`` is never
+    given up: its first rollout completes, and once a server listens there it is routed."""
+    gw = await gateways.start()
+    port = _free_port()
+    data = {
+        "name": "web",
+        "backend": "static",
+        "route": {"path_prefix": "/"},
+        "replica": {"addresses": [f"127.0.0.1:{port}"]},
+        "probes": [PROBE],
+        "rollout": {"start_timeout": 0.5, "progress_deadline": 1},
+    }
+    async with aiohttp.ClientSession() as http:
+        api = Api(gw, http)
+        await api.call("PUT", "/web", data)
+        await until(lambda: gw.state().observed.rollout is None, what="the first rollout done")
+        await asyncio.sleep(1.5)  # past start_timeout and progress_deadline, the address down
+        (replica,) = [r for r in gw.replicas() if not r.terminal]
+        assert replica.state is ReplicaState.STARTING
+        assert [r.status for r in gw.rollouts()] == ["complete"]
+        async with http.get(gw.url + "/") as response:
+            assert response.status == 503
+
+        (tmp_path / "up").mkdir()
+        (tmp_path / "up" / "index.html").write_text("up")
+        server = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+            cwd=tmp_path / "up",
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            await until(lambda: gw.ready() == 1, what="the static replica ready")
+            async with http.get(gw.url + "/") as response:
+                assert response.status == 200
+                assert await response.text() == "up"
+        finally:
+            server.terminate()
+            await server.wait()
+
+
+async def _rollouts(gw: Handle) -> list[dict[str, Any]]:
+    return [{"to_revision": r.to_revision, "status": r.status} for r in reversed(gw.rollouts())]
