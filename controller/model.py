@@ -78,6 +78,8 @@ class Replica:
     exit_code: int | None = None
     healthy: bool = False
     """Its upstream's last probe verdict (kept while it drains: a drain may be taken back)."""
+    probe_failure: str = ""
+    """Why its probes last failed: the cause a give-up reports."""
 
     @property
     def live(self) -> bool:

@@ -255,8 +255,10 @@ def _give_up_at(r: Replica, s: RolloutStrategy) -> float | None:
 
 def _give_up_reason(r: Replica, s: RolloutStrategy) -> str:
     if r.state is ReplicaState.UNHEALTHY:
-        return f"unhealthy for {fmt_seconds(s.start_timeout)}"
-    return f"not ready within {fmt_seconds(s.start_timeout)}"
+        reason = f"unhealthy for {fmt_seconds(s.start_timeout)}"
+    else:
+        reason = f"not ready within {fmt_seconds(s.start_timeout)}"
+    return f"{reason}: {r.probe_failure}" if r.probe_failure else reason
 
 
 def _starts(

@@ -208,6 +208,8 @@ def observe(desired: Desired, observed: Observed, seen: Observation, now: float)
 def _health(
     desired: Desired, observed: Observed, r: Replica, healthy: bool, reason: str, now: float
 ) -> Step:
+    if not healthy and reason:
+        r = r.replace(probe_failure=reason)
     if not r.live:  # a draining replica's verdict is kept, should its drain be taken back
         return Step(desired, _put(observed, r.replace(healthy=healthy)))
     if healthy and r.state in (ReplicaState.STARTING, ReplicaState.UNHEALTHY):

@@ -156,7 +156,10 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
     await h.advance(2)
     await h.settle()
     failed = next(r for r in h.store.rollouts("web") if r.to_revision == 2)
-    assert (failed.status, failed.reason) == ("failed", "not ready within 30s (after 1 failures)")
+    assert (failed.status, failed.reason) == (
+        "failed",
+        "not ready within 30s: probe failed (after 1 failures)",
+    )
     assert h.ready("web", revision=1) == 2
     assert new[0].id in h.backend.stopped
 

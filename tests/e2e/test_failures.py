@@ -26,8 +26,10 @@ async def test_scale_up_without_capacity_keeps_serving_degraded(gateways: Gatewa
         # The scale answers once the loop has planned it: degraded at once, its reason once
         # the start was refused.
         degraded = await until(
-            lambda: "no capacity" in (gw.state().observed.degraded or "")
-            and gw.state().observed.degraded,
+            lambda: (
+                "no capacity" in (gw.state().observed.degraded or "")
+                and gw.state().observed.degraded
+            ),
             5,
             "a degraded report with its reason",
         )
@@ -143,10 +145,11 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
         await load.more()
 
     assert not load.failures, load.summary()
-    assert (failed.status, failed.reason) == (
-        "failed",
-        "not ready within 1.5s (after 2 failures)",
-    )
+    # The reason carries the cause the probes saw, not only the deadline (issue 22.12).
+    assert failed.status == "failed"
+    assert failed.reason.startswith("not ready within 1.5s: http probe"), failed.reason
+    assert "404" in failed.reason
+    assert failed.reason.endswith("(after 2 failures)")
     assert load.bodies() == {"v1"}
     assert gw.pids() == old
     assert gw.ready(1) == 2
