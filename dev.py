@@ -9,6 +9,10 @@ Only the standard library is used here, so this works where nothing but Python 3
 The install is skipped while pyproject.toml is unchanged since the last one. Both tasks
 compile the data plane's hot modules (gateway/native.py) when their sources changed since
 the last build; where that cannot be done (no C compiler), the pure Python modules run.
+``GATEWAY_NATIVE=0 python3 dev.py serve`` runs the pure modules and builds nothing.
+
+``serve`` then becomes the gateway (exec): its pid is the gateway's, so SIGTERM or Ctrl-C
+to it stops the gateway and the replicas it runs, as ``gateway serve`` does.
 """
 
 from __future__ import annotations
@@ -67,12 +71,27 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> int:
     return subprocess.call(argv, cwd=ROOT, env=env)
 
 
+def become(argv: list[str]) -> int:
+    """Replace this process with ``argv`` run in ROOT, so signals sent to this pid reach it.
+
+    A child would not get them: a supervisor's SIGTERM would end this script and leave the
+    gateway and its replicas running, orphaned. Where there is no exec (Windows), run it.
+    """
+    if os.name != "posix":
+        return run(argv)
+    os.chdir(ROOT)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
+
+
 def main() -> int:
     task, *rest = sys.argv[1:] or ["help"]
     if task == "serve":
         ensure_venv()
-        ensure_native()
-        return run([str(BIN / "gateway"), "serve", "-c", "configs/gateway.yaml", *rest])
+        if os.environ.get("GATEWAY_NATIVE") != "0":  # "0" runs the pure modules: no build
+            ensure_native()
+        return become([str(BIN / "gateway"), "serve", "-c", "configs/gateway.yaml", *rest])
     if task == "test":
         ensure_venv()
         for step in (
