@@ -2,7 +2,8 @@
 """Bootstrap for a fresh clone: make .venv, install the project, then run a task.
 
     python3 dev.py serve [gateway args...]   run the gateway on configs/gateway.yaml
-    python3 dev.py test  [pytest args...]    lint, type-check and run the whole test suite
+    python3 dev.py test  [pytest args...]    lint, type-check, check the import layering and run
+                                             the whole test suite
                                              (compiled; then tests/gateway on pure Python)
 
 Only the standard library is used here, so this works where nothing but Python 3.11+ exists.
@@ -98,6 +99,7 @@ def main() -> int:
             [str(BIN / "ruff"), "check", "."],
             [str(BIN / "ruff"), "format", "--check", "."],
             [str(BIN / "mypy")],
+            [str(BIN / "lint-imports")],
         ):
             if code := run(step):
                 return code
