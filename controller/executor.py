@@ -141,7 +141,7 @@ class Executor:
             await backend.stop(launch.replica_id, spec.rollout.stop_grace)
             return
         self.running[launch.replica_id] = running
-        upstream = self.upstream_of(state, launch.replica_id, launch.revision, running)
+        upstream = self.upstream_of(state.name, spec, replica, running)
         try:
             self.store.put_replica(
                 state.name, launch.replica_id, launch.revision, spec.backend, _json(running)
@@ -156,20 +156,21 @@ class Executor:
     def adopt(self, state: ServiceState, replica: Replica, running: Running) -> None:
         """A replica still running from before a restart joins the pool, to be probed."""
         self.running[replica.id] = running
-        self.pool.add_upstream(self.upstream_of(state, replica.id, replica.revision, running))
+        spec = state.revisions[replica.revision]
+        self.pool.add_upstream(self.upstream_of(state.name, spec, replica, running))
 
     @staticmethod
     def upstream_of(
-        state: ServiceState, replica_id: str, revision: int, running: Running
+        service: str, spec: ServiceSpec, replica: Replica, running: Running
     ) -> Upstream:
-        """The data plane's view of a running replica, probed as its revision says."""
+        """The data plane's view of a running replica, probed as its revision's ``spec`` says."""
         return Upstream(
-            id=replica_id,
-            service=state.name,
+            id=replica.id,
+            service=service,
             host=running.host,
             port=running.port,
-            revision=revision,
-            probes=state.revisions[revision].effective_probes,
+            revision=replica.revision,
+            probes=spec.effective_probes,
         )
 
     def _drain(self, state: ServiceState, replica_id: str, before: Observed) -> None:

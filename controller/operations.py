@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from gateway import Pool
 
-from .backends.base import Backend, Launch
+from .backends.base import Backend, Launch, Running
 from .config import format_validation_error
 from .errors import Conflict, NotFound, SpecError
 from .executor import Executor
@@ -32,7 +32,7 @@ from .reconciler import Reconciler
 from .spec import ServiceSpec
 from .state import ServiceState
 from .store import Store
-from .transitions import Configure, Delete, Retarget, SetPaused, put_replica
+from .transitions import Configure, Delete, Retarget, SetPaused
 
 log = logging.getLogger(__name__)
 
@@ -371,6 +371,23 @@ class Controller:
                 active.retries_used,
                 active.reason,
             )
+        adopted: list[tuple[Replica, Running]] = []
+        for stored in self.store.replicas(name):
+            spec_of = revisions.get(stored.revision)
+            backend = self.backends.get(stored.backend)
+            handle = json.loads(stored.handle_json)
+            running = None
+            if spec_of is not None and backend is not None:
+                launch = Launch(name, stored.revision, stored.replica_id, spec_of.replica)
+                running = backend.adopt(launch, handle)
+            if running is None or spec_of is None:
+                self.store.remove_replica(name, stored.replica_id)
+                continue
+            replica = Replica(
+                stored.replica_id, stored.revision, ReplicaState.STARTING, created=now, since=now
+            )
+            address = self.executor.upstream_of(name, spec_of, replica, running).address
+            adopted.append((replica.replace(address=address), running))
         paused = rollout is not None and rollout.status is RolloutStatus.PAUSED
         state = ServiceState(
             name=name,
@@ -384,39 +401,20 @@ class Controller:
                 static=_static(revisions[target]),
             ),
             observed=Observed(
-                serving_revision=row.serving_revision, rollout=rollout, target=target
+                replicas=tuple(replica for replica, _ in adopted),
+                serving_revision=row.serving_revision,
+                rollout=rollout,
+                target=target,
             ),
         )
-        adopted = 0
-        for stored in self.store.replicas(name):
-            spec_of = revisions.get(stored.revision)
-            backend = self.backends.get(stored.backend)
-            handle = json.loads(stored.handle_json)
-            running = None
-            if spec_of is not None and backend is not None:
-                launch = Launch(name, stored.revision, stored.replica_id, spec_of.replica)
-                running = backend.adopt(launch, handle)
-            if running is None or spec_of is None:
-                self.store.remove_replica(name, stored.replica_id)
-                continue
-            upstream = self.executor.upstream_of(state, stored.replica_id, stored.revision, running)
-            replica = Replica(
-                stored.replica_id,
-                stored.revision,
-                ReplicaState.STARTING,
-                created=now,
-                since=now,
-                address=upstream.address,
-            )
-            state.observed = put_replica(state.observed, replica)
+        for replica, running in adopted:
             self.executor.adopt(state, replica, running)
-            adopted += 1
         serving = "nothing" if row.serving_revision is None else row.serving_revision
         self.journal.record(
             name,
             "service_restored",
             f"restored at revision {target} (serving {serving}), "
-            f"{adopted} running replicas adopted",
+            f"{len(adopted)} running replicas adopted",
             target,
         )
         self.reconciler.add(state)

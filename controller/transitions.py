@@ -430,11 +430,6 @@ def _put(observed: Observed, replica: Replica) -> Observed:
     return observed.replace(replicas=tuple(replicas))
 
 
-def put_replica(observed: Observed, replica: Replica) -> Observed:
-    """``observed`` with ``replica`` added or replaced (an adopted replica at start-up)."""
-    return _put(observed, replica)
-
-
 def _count_failure(
     desired: Desired, observed: Observed, r: Replica, reason: str, now: float
 ) -> Observed:
