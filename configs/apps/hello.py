@@ -1,8 +1,10 @@
 """The demo replica: a tiny HTTP server (standard library only) that says who answered.
 
-Listens on 127.0.0.1:$PORT. ``GET /`` answers ``hello from <REPLICA_ID> (version $VERSION)``;
-``GET /healthz`` is what the gateway probes. ``STARTUP_DELAY`` seconds of warm-up before it
-listens show health-gated admission: the gateway sends it nothing until the probe passes.
+Listens on 127.0.0.1:$PORT and answers every ``GET`` with JSON: ``/healthz`` (what the
+gateway probes) with ``{"status": "ok"}``, any other path with ``{"message": "hello from
+<REPLICA_ID>", "version": "$VERSION", "path": "<path>"}``. ``STARTUP_DELAY`` seconds of
+warm-up before it listens show health-gated admission: the gateway sends it nothing until
+the probe passes.
 """
 
 import json
@@ -20,13 +22,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/healthz":
             body = b'{"status": "ok"}\n'
-            kind = "application/json"
         else:
             doc = {"message": f"hello from {REPLICA}", "version": VERSION, "path": self.path}
             body = (json.dumps(doc) + "\n").encode()
-            kind = "application/json"
         self.send_response(200)
-        self.send_header("Content-Type", kind)
+        self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
