@@ -29,14 +29,6 @@ import httptools
 
 from . import http1, plainhead
 from .batch import WriteBatch
-from .downstream import (
-    HEAD_LIMIT_FACTOR,
-    MAX_HEADERS,
-    RAW_BODY_MIN,
-    WRITE_HIGH_WATER,
-    Producer,
-    ResponseStream,
-)
 from .errors import (
     GatewayError,
     UpstreamConnectError,
@@ -44,8 +36,10 @@ from .errors import (
     UpstreamTimeout,
 )
 from .headers import response_fields
+from .http1 import HEAD_LIMIT_FACTOR, MAX_HEADERS
 from .plainhead import PlainAnswer
-from .splice import Buffers, Reader, splice_reads
+from .splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
+from .streams import WRITE_HIGH_WATER, Producer, ResponseStream
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ it (``splice``): its reads go to a ``splice.SplicedReads`` meanwhile.
 Each request is handed to the proxy when its head is complete, so a body streams to the
 upstream while it arrives: ``begin`` serves the common request without a task of its own
 (its ``exchange``), anything else runs as one task of ``handler``. Pipelined requests wait
-their turn. The body (``RequestBody``) and the answer (``ResponseStream``) are spliced
+their turn. The body (``RequestBody``) and the answer (``streams.ResponseStream``) are spliced
 straight between the two legs' transports, with back-pressure both ways: a full socket
 buffer on one side pauses reading on the other. A client that goes away cancels its
 request's task, or its exchange.
@@ -45,25 +45,17 @@ from .batch import WriteBatch
 from .config import ListenerLimits
 from .errors import BadRequest, ClientGone, GatewayError, RequestTimeout, RequestTooLarge
 from .headers import Fields
+from .http1 import HEAD_LIMIT_FACTOR, MAX_HEADERS
 from .plainhead import PlainRequest
-from .splice import Buffers, Reader, splice_reads
+from .splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
+from .streams import WRITE_HIGH_WATER, BodySink, Producer
 
 log = logging.getLogger(__name__)
 
 _HOST: Final = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]*)(:[0-9]{0,5})?")
 """What a Host header may be (RFC 9112 3.2: anything else is a 400)."""
-MAX_HEADERS: Final = plainhead.MAX_FIELDS
-"""Header fields per request beyond which it is refused with 431 (aiohttp's default too)."""
-HEAD_LIMIT_FACTOR: Final = 4
-"""A whole request head may hold at most this many times ``max_header_size`` bytes."""
-WRITE_HIGH_WATER: Final = 512 * 1024
-"""Bytes queued for a socket before the other leg is paused (asyncio's default is 64 KiB:
-streaming a large body then pauses and resumes the other side every few dozen KiB)."""
 BODY_HIGH_WATER: Final = 256 * 1024
 """Request body bytes buffered before the client is paused (no upstream took them yet)."""
-RAW_BODY_MIN: Final = 64 * 1024
-"""Request bodies framed by a Content-Length above this skip llhttp once their head is
-parsed (see ``ClientConnection._raw_body``; ``connector`` does the same for answers)."""
 
 # The request fields the proxy reads (all others it only passes on).
 # (Each a Final literal: compiled, a constant of the C code; a name set any other way,
@@ -112,24 +104,6 @@ class Exchange(Protocol):
     """A request served without a task (``Begin``): cut off when the client goes away."""
 
     def cancel(self) -> None: ...
-
-
-class BodySink(Protocol):
-    """Where a request body goes: the upstream connection of the current attempt."""
-
-    transport: asyncio.Transport | None
-    """What ``body_data`` writes to (a spliced body's buffers wait until it sent them)."""
-
-    def body_data(self, data: bytes | memoryview) -> None: ...
-    def body_end(self) -> None: ...
-    def body_error(self, exc: BaseException) -> None: ...
-
-
-class Producer(Protocol):
-    """The other leg, paused while this one cannot take more."""
-
-    def pause_reading(self) -> None: ...
-    def resume_reading(self) -> None: ...
 
 
 class RequestBody:
@@ -248,30 +222,6 @@ class RequestBody:
         self.started = True
         self._conn._resume(_PAUSE_BODY)
         return data
-
-
-class ResponseStream:
-    """The body of one answer on its way to the client, framed as its head said."""
-
-    __slots__ = ("bytes_out", "chunked", "conn")
-
-    def __init__(self, conn: ClientConnection, chunked: bool) -> None:
-        self.conn = conn
-        self.chunked = chunked
-        self.bytes_out = 0
-
-    def response_data(self, data: bytes | memoryview) -> None:
-        conn = self.conn
-        transport = conn.transport
-        if transport is None:
-            return
-        self.bytes_out += len(data)
-        conn.flush()  # the head first; a view of a read buffer is never held
-        http1.write_body(transport, data, chunked=self.chunked)
-
-    def response_end(self) -> None:
-        if self.chunked:
-            self.conn.write(http1.LAST_CHUNK)
 
 
 class IncomingRequest:

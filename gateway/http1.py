@@ -18,9 +18,17 @@ from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Final
 
+from . import plainhead
+
 CRLF: Final = b"\r\n"
 LAST_CHUNK: Final = b"0\r\n\r\n"
 CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+MAX_HEADERS: Final = plainhead.MAX_FIELDS
+"""Header fields a head may hold, request or answer (aiohttp's default too): a request with
+more is refused with 431, an answer with more is a broken answer."""
+HEAD_LIMIT_FACTOR: Final = 4
+"""A whole head may hold at most this many times ``max_header_size`` bytes."""
 
 _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 STATUS_LINE_START: Final = tuple(b"HTTP/1.1 %d " % code for code in range(1000))

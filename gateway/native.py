@@ -56,6 +56,7 @@ MODULES = (
     "proxy",
     "router",
     "splice",
+    "streams",
     "upstream",
 )
 """The modules compiled: every module a proxied request runs code of."""

@@ -37,7 +37,7 @@ read plain heads here: interpreted, a loop over each byte costs more than llhttp
 callbacks (CPU a request about 1.4 times, pure)."""
 
 MAX_FIELDS: Final = 128
-"""Header fields a head may hold (``downstream.MAX_HEADERS`` is this); one with more goes to
+"""Header fields a head may hold (``http1.MAX_HEADERS`` is this); one with more goes to
 llhttp, which refuses it."""
 
 METHODS: Final = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")

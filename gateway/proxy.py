@@ -44,11 +44,7 @@ from typing import Final
 from . import headers, http1, router
 from .config import ProxyConfig
 from .connector import Connector, ResponseHead, UpstreamConnection
-from .downstream import (
-    IncomingRequest,
-    ResponseStream,
-    gateway_error_response,
-)
+from .downstream import IncomingRequest, gateway_error_response
 from .errors import (
     BadRequest,
     GatewayError,
@@ -61,6 +57,7 @@ from .errors import (
 )
 from .events import RequestObserver, RequestRecord
 from .pool import Lease, Pool, ServicePool
+from .streams import ResponseStream
 from .upstream import Upstream
 from .websocket import Relay
 

@@ -24,6 +24,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Final, Protocol, cast
 
+RAW_BODY_MIN: Final = 64 * 1024
+"""Bodies framed by a Content-Length above this skip llhttp once their head is parsed, and
+are spliced (both sides: ``downstream`` for requests, ``connector`` for answers)."""
 READ_SIZE: Final = 256 * 1024
 """The scratch buffer: bytes read at once outside a splice (uvloop's own is as large)."""
 SPLICE_SIZE: Final = 1024 * 1024

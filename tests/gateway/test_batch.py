@@ -10,7 +10,8 @@ import pytest
 from gateway.batch import WriteBatch
 from gateway.config import ListenerLimits
 from gateway.connector import Connector, UpstreamConnection
-from gateway.downstream import ClientConnection, ConnectionGate, ResponseStream
+from gateway.downstream import ClientConnection, ConnectionGate
+from gateway.streams import ResponseStream
 
 from .conftest import add, routing
 

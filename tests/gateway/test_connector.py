@@ -11,8 +11,9 @@ import pytest
 
 from gateway.config import ListenerLimits
 from gateway.connector import Connector, UpstreamConnection
-from gateway.downstream import ClientConnection, ConnectionGate, ResponseStream
+from gateway.downstream import ClientConnection, ConnectionGate
 from gateway.errors import UpstreamConnectError
+from gateway.streams import ResponseStream
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 GET = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
