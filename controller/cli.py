@@ -191,6 +191,13 @@ def _ago(at: float | None) -> str:
     return f"{seconds // 3600}h ago"
 
 
+def revisions_text(rollout: dict[str, Any]) -> str:
+    """``revision 1 -> 2``; ``new service, revision 1`` when nothing served before."""
+    if rollout["from_revision"] is None:
+        return f"new service, revision {rollout['to_revision']}"
+    return f"revision {rollout['from_revision']} -> {rollout['to_revision']}"
+
+
 def progress_text(rollout: dict[str, Any]) -> str:
     parts = []
     for p in rollout["progress"]:
@@ -198,8 +205,8 @@ def progress_text(rollout: dict[str, Any]) -> str:
             parts.append(f"r{p['revision']} {p['ready']}/{p['desired']} ready")
         elif p["live"] or p["ready"]:
             parts.append(f"r{p['revision']} {p['ready']} ready")
-    text = f"{rollout['kind']} {rollout['id']}: revision {rollout['from_revision']} -> "
-    text += f"{rollout['to_revision']}, {rollout['status']}: {', '.join(parts)}"
+    text = f"{rollout['kind']} {rollout['id']}: {revisions_text(rollout)}, {rollout['status']}: "
+    text += ", ".join(parts)
     if rollout["failures"]:
         text += f"; {rollout['failures']} failed (of {rollout['retries']} allowed)"
     if rollout["reason"]:

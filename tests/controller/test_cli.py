@@ -220,6 +220,23 @@ async def test_the_console_script_gives_one_line_errors(running: Running) -> Non
     assert err == f"gateway: the gateway at {running.url} refused the token\n"
 
 
+# -- output -----------------------------------------------------------------------------------
+
+
+def test_a_first_rollout_reads_new_service_not_none() -> None:
+    rollout = {
+        "kind": "rollout", "id": 1, "status": "progressing", "from_revision": None,
+        "to_revision": 1, "failures": 0, "retries": 0, "reason": "",
+        "progress": [{"revision": 1, "ready": 1, "live": 2, "desired": 2}],
+    }  # fmt: skip
+    assert cli.progress_text(rollout) == (
+        "rollout 1: new service, revision 1, progressing: r1 1/2 ready"
+    )
+    assert cli.progress_text(rollout | {"from_revision": 3, "to_revision": 4}) == (
+        "rollout 1: revision 3 -> 4, progressing: r1 1 ready"
+    )
+
+
 # -- against a running gateway ----------------------------------------------------------------
 
 
@@ -232,6 +249,7 @@ async def test_apply_follows_rollouts_and_status_shows_them(running: Running) ->
     lines = out.splitlines()
     assert lines[0] == "web: created at revision 1; rollout 1 started"
     assert lines[-1] == "rollout 1 complete: revision 1 serving"
+    assert lines[1].startswith("rollout 1: new service, revision 1, progressing: r1 ")
     assert any("r1 1/2 ready" in line or "r1 0/2 ready" in line for line in lines[1:-1])
 
     code, out, _ = await running.gw("status")
