@@ -7,8 +7,9 @@ named by ``-c``, else ``http://127.0.0.1:8081``; each prints a table or, with ``
 API's JSON.
 
 Exit codes: 0 done; 1 refused by the gateway, or a rollout that failed (its reason printed);
-2 the gateway cannot be reached or refuses the token, or a usage or config error. Errors are
-one line on standard error, never a traceback.
+2 the gateway cannot be reached or refuses the token, or a usage or config error; 141 the
+reader of standard output went away (``| head``): the command ends quietly, as a tool killed
+by SIGPIPE does. Errors are one line on standard error, never a traceback.
 
 ``apply`` follows its rollout live: it listens to the server-sent events of the service and
 reads the service's state after each (and at least every ``POLL`` seconds, should the stream
@@ -47,6 +48,7 @@ PAUSED_BY_REQUEST = "paused by request"
 """The reason the controller gives a pause that was asked for (not one caused by failure)."""
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+EXIT_PIPE = 141
 
 
 class CliError(Exception):
@@ -602,7 +604,14 @@ async def run_command(
 def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            return asyncio.run(run_command(command, args))
+            code = asyncio.run(run_command(command, args))
+            sys.stdout.flush()  # here, not at exit, where a closed pipe would be reported
+            return code
+        except BrokenPipeError:
+            # The reader went away (``| head``): end quietly, as a tool killed by SIGPIPE
+            # does. What is still buffered goes nowhere, so the flush at exit cannot fail.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_PIPE
         except KeyboardInterrupt:
             print("gateway: interrupted", file=sys.stderr)
             return 130

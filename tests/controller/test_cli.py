@@ -220,6 +220,32 @@ async def test_the_console_script_gives_one_line_errors(running: Running) -> Non
     assert err == f"gateway: the gateway at {running.url} refused the token\n"
 
 
+async def run_script_into_closed_pipe(*argv: str) -> tuple[int, str]:
+    """Run the console script with its standard output a pipe nobody reads any more (as
+    after ``| head -3`` exits); returns (exit code, stderr)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "controller.main", *argv,
+            stdout=write, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    _, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode is not None
+    return process.returncode, err.decode()
+
+
+async def test_a_closed_pipe_ends_the_command_quietly(running: Running) -> None:
+    extra = ("--admin", running.url, "--token", TOKEN)
+    # Written at exit (the buffer is flushed then), and while the command runs (apply
+    # flushes each line as it follows).
+    assert await run_script_into_closed_pipe("status", *extra) == (cli.EXIT_PIPE, "")
+    spec = running.spec_file("v1")
+    assert await run_script_into_closed_pipe("apply", "-f", spec, *extra) == (cli.EXIT_PIPE, "")
+
+
 # -- output -----------------------------------------------------------------------------------
 
 
