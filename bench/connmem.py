@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gateway import native
 from gateway.config import ListenerLimits, ProxyConfig, RouteConfig, ServiceRouting
 from gateway.pool import Pool
-from gateway.proxy import Proxy
+from gateway.proxy.handler import Proxy
 from gateway.server import TrafficServer
 from gateway.upstream import Health, Upstream
 

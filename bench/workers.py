@@ -85,7 +85,7 @@ def _is_worker(pid: int) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"gateway.worker" in argv
+    return b"gateway.workers.worker" in argv
 
 
 @dataclass

@@ -7,11 +7,15 @@ from . import native
 
 native.use(__path__)  # first: the compiled modules, if built from these sources (native.py)
 
+from .accesslog import AccessLog
 from .config import (
+    Address,
     Duration,
     LimitsConfig,
+    ListenAddress,
     ListenerLimits,
     LoadBalancing,
+    Model,
     OutlierConfig,
     ProbeConfig,
     ProxyConfig,
@@ -31,18 +35,28 @@ from .events import (
     RequestObserver,
     RequestRecord,
 )
+from .metrics import GatewayMetrics, metrics_handler
 from .pool import Lease, Pool, PoolSnapshot, ServicePool
+from .prober import Prober
+from .proxy import Proxy
+from .server import TrafficServer
 from .upstream import AdminState, Health, Upstream
+from .workers.supervisor import Supervisor, WorkerSettings
 
 __all__ = [
+    "AccessLog",
+    "Address",
     "AdminState",
     "Duration",
     "GatewayError",
+    "GatewayMetrics",
     "Health",
     "Lease",
     "LimitsConfig",
+    "ListenAddress",
     "ListenerLimits",
     "LoadBalancing",
+    "Model",
     "NoRoutableUpstream",
     "OutlierConfig",
     "Pool",
@@ -52,6 +66,8 @@ __all__ = [
     "ProbeConfig",
     "ProbeObserver",
     "ProbeResult",
+    "Prober",
+    "Proxy",
     "ProxyConfig",
     "RequestObserver",
     "RequestRecord",
@@ -59,10 +75,14 @@ __all__ = [
     "RouteConfig",
     "ServicePool",
     "ServiceRouting",
+    "Supervisor",
     "TimeoutsConfig",
+    "TrafficServer",
     "Upstream",
     "UpstreamConnectError",
     "UpstreamTimeout",
+    "WorkerSettings",
+    "metrics_handler",
     "parse_address",
     "parse_duration",
 ]

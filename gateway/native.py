@@ -11,12 +11,13 @@ without them, or before a build, the pure Python modules run, as they always can
 The compiled modules are kept in ``gateway/_native/<interpreter>/`` with a manifest: the
 digest of every source file of the package they were built from. The package's
 ``__init__`` calls ``use()`` before it imports anything else: if the manifest matches the
-sources as they are now, that directory goes first on the package's ``__path__``, so
-``import gateway.proxy`` loads the compiled module. Any source changed since the build (an
-edit, a checkout) and the pure modules run instead: a compiled module is never a stale copy
-of the code. ``GATEWAY_NATIVE=0`` runs the pure modules whatever was built;
-``GATEWAY_NATIVE=1`` makes a missing or stale build an error (the tests use it to make sure
-they test the compiled modules).
+sources as they are now, that directory goes first on the package's ``__path__``, and each
+subpackage's ``__init__`` calls ``use_in()`` to put its own compiled modules first on its
+``__path__``, so ``import gateway.proxy.handler`` loads the compiled module. Any source
+changed since the build (an edit, a checkout) and the pure modules run instead: a compiled
+module is never a stale copy of the code. ``GATEWAY_NATIVE=0`` runs the pure modules
+whatever was built; ``GATEWAY_NATIVE=1`` makes a missing or stale build an error (the tests
+use it to make sure they test the compiled modules).
 """
 
 from __future__ import annotations
@@ -43,21 +44,21 @@ ENV = "GATEWAY_NATIVE"
 MODULES = (
     "accesslog",
     "balancer",
-    "batch",
-    "connector",
-    "downstream",
     "events",
-    "headers",
-    "http1",
     "metrics",
     "outlier",
-    "plainhead",
     "pool",
-    "proxy",
     "router",
-    "splice",
-    "streams",
     "upstream",
+    "proxy.client",
+    "proxy.connector",
+    "proxy.handler",
+    "proxy.streams",
+    "wire.batch",
+    "wire.headers",
+    "wire.http1",
+    "wire.plainhead",
+    "wire.splice",
 )
 """The modules compiled: every module a proxied request runs code of."""
 
@@ -70,7 +71,9 @@ modules = sys.argv[1:]
 sys.argv[1:] = ["build_ext", "--inplace", "--quiet"]
 setup(
     name="gateway-native",
-    ext_modules=mypycify([f"gateway/{m}.py" for m in modules], group_name="gateway._native"),
+    ext_modules=mypycify(
+        [f"gateway/{m.replace('.', '/')}.py" for m in modules], group_name="gateway._native"
+    ),
 )
 """
 """Run in a copy of the package: a group name under ``gateway`` puts mypyc's shared
@@ -78,10 +81,14 @@ library beside the modules, where the package's ``__path__`` finds it."""
 
 
 def digest(package: Path | None = None) -> str:
-    """The digest of the package's sources: every ``.py`` file, by name and content."""
+    """The digest of the package's sources: every ``.py`` file, subpackages' too, by path
+    and content."""
+    root = package or PACKAGE
     h = hashlib.sha256()
-    for path in sorted((package or PACKAGE).glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sorted(root.rglob("*.py")):
+        name = path.relative_to(root)
+        if name.parts[0] != "_native":
+            h.update(name.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 
@@ -121,6 +128,14 @@ def use(path: list[str]) -> bool:
     return False
 
 
+def use_in(path: list[str], name: str) -> None:
+    """For a subpackage's ``__init__`` (``name``: its ``__name__``): its compiled modules
+    first on its ``path`` if ``use`` put the package's on the package's."""
+    top, _, sub = name.partition(".")
+    if str(NATIVE) in sys.modules[top].__path__:
+        path.insert(0, str(NATIVE.joinpath(*sub.split("."))))
+
+
 def status() -> str:
     """Whether a process starting now would run the compiled modules, and if not why."""
     return _describe(check())
@@ -153,8 +168,10 @@ def build() -> None:
         new = NATIVE.with_name(TAG + ".new")
         shutil.rmtree(new, ignore_errors=True)
         new.mkdir(parents=True)
-        for so in (stage / "gateway").glob("*.so"):
-            shutil.copy2(so, new / so.name)
+        for so in (stage / "gateway").rglob("*.so"):
+            into = new / so.relative_to(stage / "gateway")
+            into.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(so, into)
         manifest = {"digest": built_from, "modules": list(MODULES)}
         (new / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
         old = NATIVE.with_name(TAG + ".old")

@@ -14,7 +14,7 @@ Invariants:
 - Snapshot versions come from one counter per ``Pool``, so they only ever grow, across
   services and a service removed and set again alike.
 
-With several worker processes (``gateway.supervisor``) the controller's pool is the one that
+With several worker processes (``gateway.workers.supervisor``) the controller's pool is the one that
 decides, and each worker serves from a mirror of it (``install``). The leases are then in the
 workers: they are the pool's *peers*. A drain completes only when every peer said that it holds
 no lease of the upstream any more (``peer_idle``) or went away (``peer_left``); a worker's

@@ -1,6 +1,6 @@
 """The traffic listener: ``ClientConnection``s around ``Proxy.handle``, start-up and shutdown.
 
-The listener is a plain ``loop.create_server`` whose protocol is ``downstream``'s
+The listener is a plain ``loop.create_server`` whose protocol is ``proxy.client``'s
 ``ClientConnection`` (llhttp parsing, limits, deadlines); each request runs ``Proxy.handle``.
 
 Shutdown (``TrafficServer.stop``) is the drain order: stop accepting, close idle keep-alive
@@ -15,8 +15,8 @@ import asyncio
 import logging
 
 from .config import ProxyConfig, parse_address
-from .downstream import ClientConnection, ConnectionGate
-from .proxy import Proxy
+from .proxy.client import ClientConnection, ConnectionGate
+from .proxy.handler import Proxy
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from gateway.config import ListenerLimits, ProxyConfig, RouteConfig, ServiceRouting
 from gateway.events import RequestRecord
 from gateway.pool import Pool
-from gateway.proxy import Proxy
+from gateway.proxy.handler import Proxy
 from gateway.server import TrafficServer
 from gateway.upstream import Health, Upstream
 

@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from gateway.batch import WriteBatch
 from gateway.config import ListenerLimits
-from gateway.connector import Connector, UpstreamConnection
-from gateway.downstream import ClientConnection, ConnectionGate
-from gateway.streams import ResponseStream
+from gateway.proxy.client import ClientConnection, ConnectionGate
+from gateway.proxy.connector import Connector, UpstreamConnection
+from gateway.proxy.streams import ResponseStream
+from gateway.wire.batch import WriteBatch
 
 from .conftest import add, routing
 

@@ -10,10 +10,10 @@ import random
 import pytest
 
 from gateway.config import ListenerLimits
-from gateway.connector import Connector, UpstreamConnection
-from gateway.downstream import ClientConnection, ConnectionGate
 from gateway.errors import UpstreamConnectError
-from gateway.streams import ResponseStream
+from gateway.proxy.client import ClientConnection, ConnectionGate
+from gateway.proxy.connector import Connector, UpstreamConnection
+from gateway.proxy.streams import ResponseStream
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 GET = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"

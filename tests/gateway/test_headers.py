@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway import headers
-from gateway.headers import (
+from gateway.wire import headers
+from gateway.wire.headers import (
     RESPONSE_DROPPED,
     _Ids,
     client_response,

@@ -8,11 +8,11 @@ import struct
 
 import pytest
 
-from gateway import ipc
 from gateway.config import ProxyConfig
 from gateway.metrics import RequestTally
 from gateway.pool import PoolSnapshot
 from gateway.upstream import AdminState, Upstream
+from gateway.workers import ipc
 
 from .conftest import routing
 

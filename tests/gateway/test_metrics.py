@@ -27,7 +27,7 @@ from gateway.metrics import (
 )
 from gateway.pool import Pool
 from gateway.prober import Prober
-from gateway.proxy import Proxy
+from gateway.proxy.handler import Proxy
 from gateway.server import TrafficServer
 from gateway.upstream import Health, Upstream
 

@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,18 +80,36 @@ def test_gateway_native_1_makes_a_stale_build_an_error(package, monkeypatch):
 
 def test_the_digest_covers_names_and_contents(package):
     before = native.digest(package)
-    (package / "headers.py").rename(package / "headers2.py")
+    (package / "wire" / "headers.py").rename(package / "wire" / "headers2.py")
     renamed = native.digest(package)
     assert renamed != before
-    (package / "headers2.py").rename(package / "headers.py")
+    (package / "wire" / "headers2.py").rename(package / "wire" / "headers.py")
     assert native.digest(package) == before
+    (package / "wire" / "headers.py").rename(package / "proxy" / "headers.py")
+    assert native.digest(package) != before  # the same file in another subpackage
+    (package / "proxy" / "headers.py").rename(package / "wire" / "headers.py")
     (package / "notes.txt").write_text("not a source")
     assert native.digest(package) == before
 
 
+def test_a_subpackage_puts_its_compiled_modules_first_if_the_package_does(package, monkeypatch):
+    """``gateway.proxy`` and ``gateway.wire`` call ``use_in``: their compiled modules are in
+    the build's subdirectory of the same name."""
+    top = type(sys)("gateway_copy")
+    top.__path__ = [str(native.NATIVE), str(package)]
+    monkeypatch.setitem(sys.modules, "gateway_copy", top)
+    path = [str(package / "proxy")]
+    native.use_in(path, "gateway_copy.proxy")
+    assert path == [str(native.NATIVE / "proxy"), str(package / "proxy")]
+    top.__path__ = [str(package)]
+    path = [str(package / "wire")]
+    native.use_in(path, "gateway_copy.wire")
+    assert path == [str(package / "wire")]
+
+
 def test_every_compiled_module_exists_and_errors_stays_pure():
     for name in native.MODULES:
-        assert (native.PACKAGE / f"{name}.py").is_file(), name
+        assert (native.PACKAGE / f"{name.replace('.', '/')}.py").is_file(), name
     assert "errors" not in native.MODULES  # subclasses of built-in exceptions (mypyc cannot)
     assert "native" not in native.MODULES  # it decides what is compiled
 

@@ -13,7 +13,7 @@ import random
 import httptools
 import pytest
 
-from gateway import headers, plainhead
+from gateway.wire import headers, plainhead
 
 MAX_FIELD = 1024
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.splice import SPLICE_SIZE, Buffers, Splice
+from gateway.wire.splice import SPLICE_SIZE, Buffers, Splice
 
 
 class _Transport:

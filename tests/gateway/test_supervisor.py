@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 from gateway.config import ProxyConfig
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool
-from gateway.supervisor import Supervisor, WorkerSettings
 from gateway.upstream import AdminState
+from gateway.workers.supervisor import Supervisor, WorkerSettings
 
 from .conftest import routing
 

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from gateway.websocket import FrameCursor, close_frame
+from gateway.proxy.websocket import FrameCursor, close_frame
 
 
 def frame(opcode: int, payload: bytes, *, masked: bool = False) -> bytes:

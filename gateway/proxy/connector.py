@@ -27,18 +27,18 @@ from typing import Final, Protocol, cast
 
 import httptools
 
-from . import http1, plainhead
-from .batch import WriteBatch
-from .errors import (
+from ..errors import (
     GatewayError,
     UpstreamConnectError,
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from .headers import response_fields
-from .http1 import HEAD_LIMIT_FACTOR, MAX_HEADERS
-from .plainhead import PlainAnswer
-from .splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
+from ..wire import http1, plainhead
+from ..wire.batch import WriteBatch
+from ..wire.headers import response_fields
+from ..wire.http1 import HEAD_LIMIT_FACTOR, MAX_HEADERS
+from ..wire.plainhead import PlainAnswer
+from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
 from .streams import WRITE_HIGH_WATER, Producer, ResponseStream
 
 log = logging.getLogger(__name__)

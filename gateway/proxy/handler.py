@@ -41,11 +41,9 @@ import logging
 from collections.abc import Collection, Sequence
 from typing import Final
 
-from . import headers, http1, router
-from .config import ProxyConfig
-from .connector import Connector, ResponseHead, UpstreamConnection
-from .downstream import IncomingRequest, gateway_error_response
-from .errors import (
+from .. import router
+from ..config import ProxyConfig
+from ..errors import (
     BadRequest,
     GatewayError,
     NoRoute,
@@ -55,10 +53,13 @@ from .errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from .events import RequestObserver, RequestRecord
-from .pool import Lease, Pool, ServicePool
+from ..events import RequestObserver, RequestRecord
+from ..pool import Lease, Pool, ServicePool
+from ..upstream import Upstream
+from ..wire import headers, http1
+from .client import IncomingRequest, gateway_error_response
+from .connector import Connector, ResponseHead, UpstreamConnection
 from .streams import ResponseStream
-from .upstream import Upstream
 from .websocket import Relay
 
 log = logging.getLogger(__name__)

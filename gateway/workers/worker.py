@@ -1,7 +1,7 @@
 """A worker process: serves traffic from a mirror of the controller's pool.
 
-``gateway serve --workers N`` (N > 1) starts N of these (``gateway.supervisor``), each as
-``python -m gateway.worker FD`` with one end of a socketpair (``gateway.ipc``) at ``FD``. A
+``gateway serve --workers N`` (N > 1) starts N of these (``supervisor``), each as
+``python -m gateway.workers.worker FD`` with one end of a socketpair (``ipc``) at ``FD``. A
 worker runs the data plane alone: a ``TrafficServer`` bound with SO_REUSEPORT to the port the
 supervisor reserved (the kernel spreads connections over the workers), a ``Proxy``, and a
 ``Pool`` that is a mirror: it installs the snapshots the controller's pool publishes, and
@@ -29,14 +29,14 @@ import socket
 import sys
 from collections.abc import Callable
 
+from ..accesslog import AccessLog
+from ..events import RequestObserver
+from ..metrics import RequestTally
+from ..pool import Pool
+from ..proxy.handler import Proxy
+from ..server import TrafficServer
+from ..upstream import AdminState
 from . import ipc
-from .accesslog import AccessLog
-from .events import RequestObserver
-from .metrics import RequestTally
-from .pool import Pool
-from .proxy import Proxy
-from .server import TrafficServer
-from .upstream import AdminState
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,10 @@ async def serve(channel: socket.socket) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not args[0].isdigit():
-        print("usage: python -m gateway.worker FD (started by the gateway itself)", file=sys.stderr)
+        print(
+            "usage: python -m gateway.workers.worker FD (started by the gateway itself)",
+            file=sys.stderr,
+        )
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel = socket.socket(fileno=int(args[0]))

@@ -19,9 +19,9 @@ import pickle
 import struct
 from dataclasses import dataclass
 
-from .config import ProxyConfig, ServiceRouting
-from .metrics import Tally
-from .pool import PoolSnapshot
+from ..config import ProxyConfig, ServiceRouting
+from ..metrics import Tally
+from ..pool import PoolSnapshot
 
 _LENGTH = struct.Struct("!I")
 MAX_MESSAGE = 64 * 1024 * 1024

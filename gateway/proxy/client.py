@@ -40,14 +40,14 @@ from typing import Any, Final, Protocol, cast
 
 import httptools
 
-from . import http1, plainhead
-from .batch import WriteBatch
-from .config import ListenerLimits
-from .errors import BadRequest, ClientGone, GatewayError, RequestTimeout, RequestTooLarge
-from .headers import Fields
-from .http1 import HEAD_LIMIT_FACTOR, MAX_HEADERS
-from .plainhead import PlainRequest
-from .splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
+from ..config import ListenerLimits
+from ..errors import BadRequest, ClientGone, GatewayError, RequestTimeout, RequestTooLarge
+from ..wire import http1, plainhead
+from ..wire.batch import WriteBatch
+from ..wire.headers import Fields
+from ..wire.http1 import HEAD_LIMIT_FACTOR, MAX_HEADERS
+from ..wire.plainhead import PlainRequest
+from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
 from .streams import WRITE_HIGH_WATER, BodySink, Producer
 
 log = logging.getLogger(__name__)

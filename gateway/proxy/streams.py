@@ -1,6 +1,6 @@
 """What the two sides of a proxied request share: bodies on their way between them.
 
-The client's side (``downstream``) and the upstream's (``connector``) never import each other;
+The client's side (``client``) and the upstream's (``connector``) never import each other;
 each sees the other only through the protocols here:
 
 - ``Producer``: the other side, paused while this one's socket buffer is over
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Final, Protocol
 
-from . import http1
+from ..wire import http1
 
 WRITE_HIGH_WATER: Final = 512 * 1024
 """Bytes queued for a socket before the other side is paused (asyncio's default is 64 KiB:

@@ -1,0 +1,6 @@
+"""Serving with N worker processes (``gateway serve --workers N``).
+
+supervisor  the controller's side: starts, feeds and restarts the workers
+worker      one worker process: a proxy serving the shared port from pool snapshots
+ipc         the messages between them, over a socketpair
+"""
