@@ -13,7 +13,7 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from gateway import headers
+from gateway.wire import headers
 from gateway.config import ProbeConfig
 from tests.gateway.conftest import routing
 
