@@ -6,14 +6,17 @@
 named by ``-c``, else ``http://127.0.0.1:8081``; each prints a table or, with ``--json``, the
 API's JSON.
 
-Exit codes: 0 done; 1 refused by the gateway, or a rollout that failed (its reason printed);
-2 the gateway cannot be reached or refuses the token, or a usage or config error; 141 the
-reader of standard output went away (``| head``): the command ends quietly, as a tool killed
-by SIGPIPE does. Errors are one line on standard error, never a traceback.
+Exit codes (``EXIT_CODES``, shown by each command's ``--help``): 0 done; 1 refused by the
+gateway, a followed rollout that failed (its reason printed), or ``--timeout`` reached; 2 the
+gateway cannot be reached or refuses the token, or a usage or config error; 3 degraded: a
+scale settled short of its count (``scale_outcome``); 141 the reader of standard output went
+away (``| head``): the command ends quietly, as a tool killed by SIGPIPE does. Errors are one
+line on standard error, never a traceback.
 
-``apply`` follows its rollout live: it listens to the server-sent events of the service and
-reads the service's state after each (and at least every ``POLL`` seconds, should the stream
-break), printing a progress line whenever it changes.
+``apply`` and ``scale`` follow what they start until its outcome, unless ``--no-wait``: they
+listen to the server-sent events of the service and read the service's state after each (and
+at least every ``POLL`` seconds, should the stream break), printing a progress line whenever
+it changes. ``--timeout`` stops following; what was started goes on.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 from urllib.parse import quote
 
 import aiohttp
@@ -47,8 +50,23 @@ REQUEST_TIMEOUT = 30.0
 PAUSED_BY_REQUEST = "paused by request"
 """The reason the controller gives a pause that was asked for (not one caused by failure)."""
 
-EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_DEGRADED = 0, 1, 2, 3
 EXIT_PIPE = 141
+PENDING = ("requested", "starting")
+"""Replica states of a start still under way: its outcome is not known yet."""
+GONE = ("stopped", "failed")
+
+ScaleOutcome = Literal["done", "degraded"]
+
+EXIT_CODES = """exit codes:
+  0    done (with --no-wait: accepted)
+  1    refused by the gateway, a followed rollout failed, or --timeout reached (the change
+       goes on)
+  2    the gateway cannot be reached or refuses the token; a usage or config error
+  3    degraded: a scale settled with fewer ready replicas than desired (they could not be
+       placed or failed; the gateway keeps retrying with backoff)
+  130  interrupted
+  141  standard output closed (| head)"""
 
 
 class CliError(Exception):
@@ -295,23 +313,88 @@ async def _step_rollout(
         say(f"revision {view['serving_revision']} serving")
 
 
+def scale_outcome(view: dict[str, Any], known: frozenset[str]) -> ScaleOutcome | None:
+    """How a scale has settled, or None while it goes on; ``known``: the ids of the replicas
+    the service had before the command.
+
+    - ``done``: as many replicas as desired, every one of them ready (and none leaving).
+    - ``degraded``: no rollout active, the service reports degraded, no start is under way,
+      and a replica started since the command failed (it could not be placed, exited, or was
+      not ready in time). The controller goes on retrying with backoff, but what the command
+      did is known: following it longer would only wait for capacity that may never come.
+      On a service already backing off, that first attempt waits out the backoff.
+    """
+    replicas = view["replicas"]
+    present = [r for r in replicas if r["state"] not in GONE]
+    if view["ready"] == view["desired"] == len(present):
+        return "done"
+    if view["rollout"] is not None or view["status"] != "degraded":
+        return None
+    if any(r["state"] in PENDING for r in replicas):
+        return None
+    if any(r["state"] == "failed" and r["id"] not in known for r in replicas):
+        return "degraded"
+    return None
+
+
 async def _step_scale(
-    client: Client, name: str, follow: Follow, say: Callable[[str], None]
+    client: Client,
+    name: str,
+    known: frozenset[str],
+    follow: Follow,
+    say: Callable[[str], None],
 ) -> None:
     view = await client.service(name)
     if view is None:
         follow.code = EXIT_FAILED
         say(f"{name}: the service is gone")
         return
-    present = [r for r in view["replicas"] if r["state"] not in ("stopped", "failed")]
+    outcome = scale_outcome(view, known)
+    reason = view["conditions"]["reason"]
+    if outcome == "degraded":
+        follow.code = EXIT_DEGRADED
+        say(f"{name}: degraded: {reason} (retried with backoff)")
+        return
     line = f"{name}: {view['ready']}/{view['desired']} ready"
-    if view["conditions"]["reason"]:
-        line += f" ({view['conditions']['reason']})"
+    if reason and outcome is None:
+        line += f" ({reason})"
     if line != follow.last:
         say(line)
         follow.last = line
-    if view["ready"] == view["desired"] == len(present):
+    if outcome == "done":
         follow.code = EXIT_OK
+
+
+async def follow_change(
+    client: Client,
+    name: str,
+    rollout_id: int | None,
+    known: frozenset[str],
+    say: Callable[[str], None],
+    limit: float | None,
+) -> Follow:
+    """Follow what a command started until its outcome: the rollout ``rollout_id``, else a
+    scale (whose outcome is the active rollout's, should one be under way)."""
+    if rollout_id is None:
+        view = await client.service(name)
+        if view is not None and view["rollout"] is not None:
+            rollout_id = int(view["rollout"]["id"])
+    if rollout_id is not None:
+        followed = rollout_id
+
+        async def step(state: Follow) -> None:
+            await _step_rollout(client, name, followed, state, say)
+
+    else:
+
+        async def step(state: Follow) -> None:
+            await _step_scale(client, name, known, state, say)
+
+    return await follow(client, name, step, limit)
+
+
+def replica_ids(view: dict[str, Any] | None) -> frozenset[str]:
+    return frozenset() if view is None else frozenset(r["id"] for r in view["replicas"])
 
 
 async def follow(
@@ -382,21 +465,13 @@ async def cmd_apply(client: Client, args: argparse.Namespace, out: TextIO) -> in
     say(describe_apply(result, before, after if isinstance(after, int) else None))
     record = None
     code = EXIT_OK
-    if not (args.dry_run or args.no_wait):
-        rollout_id = result.get("rollout_id")
-        if rollout_id is not None:
-
-            async def step(state: Follow) -> None:
-                await _step_rollout(client, name, rollout_id, state, say)
-
-            followed = await follow(client, name, step, args.timeout)
-            code, record = followed.code or EXIT_OK, followed.record
-        elif result["action"] == "scaled":
-
-            async def step(state: Follow) -> None:
-                await _step_scale(client, name, state, say)
-
-            code = (await follow(client, name, step, args.timeout)).code or EXIT_OK
+    rollout_id = result.get("rollout_id")
+    if not (args.dry_run or args.no_wait) and (
+        rollout_id is not None or result["action"] == "scaled"
+    ):
+        known = replica_ids(current)
+        followed = await follow_change(client, name, rollout_id, known, say, args.timeout)
+        code, record = followed.code or EXIT_OK, followed.record
     if args.json:
         _dump({"result": result, "rollout": record}, out)
     return code
@@ -520,15 +595,23 @@ async def cmd_rollout(client: Client, args: argparse.Namespace, out: TextIO) -> 
 
 
 async def cmd_scale(client: Client, args: argparse.Namespace, out: TextIO) -> int:
-    current = await client.service(args.name)
+    name = args.name
+    current = await client.service(name)
     body = {"replicas": args.replicas}
-    result = await client.call("POST", f"/api/services/{quote(args.name)}/scale", body)
+    result = await client.call("POST", f"/api/services/{quote(name)}/scale", body)
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, file=out, flush=True)
+
     if args.json:
         _dump(result, out)
-    else:
-        before = None if current is None else current["desired"]
-        print(describe_apply(result, before, args.replicas), file=out)
-    return EXIT_OK
+    before = None if current is None else current["desired"]
+    say(describe_apply(result, before, args.replicas))
+    if args.no_wait or result["action"] != "scaled":
+        return EXIT_OK
+    followed = await follow_change(client, name, None, replica_ids(current), say, args.timeout)
+    return followed.code or EXIT_OK
 
 
 async def cmd_drain(client: Client, args: argparse.Namespace, out: TextIO) -> int:
@@ -619,6 +702,19 @@ def _runner(command: Command) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def add_follow_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a command that follows what it started until its outcome."""
+    parser.add_argument(
+        "--no-wait", action="store_true", help="return at once; do not follow the change"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="stop following after this long (exit 1; the change goes on)",
+    )
+
+
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the client commands on the ``gateway`` parser's subcommands."""
     common = argparse.ArgumentParser(add_help=False)
@@ -628,15 +724,20 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     common.add_argument("--json", action="store_true", help="machine-readable output")
 
     def add(name: str, command: Command, help: str) -> argparse.ArgumentParser:
-        parser = sub.add_parser(name, parents=[common], help=help)
+        parser = sub.add_parser(
+            name,
+            parents=[common],
+            help=help,
+            epilog=EXIT_CODES,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         parser.set_defaults(func=_runner(command), client_command=command, command=name)
         return parser
 
-    apply = add("apply", cmd_apply, "apply a service spec and follow its rollout")
+    apply = add("apply", cmd_apply, "apply a service spec and follow its rollout or scale")
     apply.add_argument("-f", "--file", required=True, help="a YAML or JSON service spec")
     apply.add_argument("--dry-run", action="store_true", help="only show what would change")
-    apply.add_argument("--no-wait", action="store_true", help="do not follow the rollout")
-    apply.add_argument("--timeout", type=float, help="stop following after this many seconds")
+    add_follow_options(apply)
 
     status = add("status", cmd_status, "services, or one service's replicas")
     status.add_argument("name", nargs="?")
@@ -655,14 +756,21 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         ("abort", "stop the rollout and go back to the revision it started from"),
         ("undo", "roll back to the previous revision (or --to-revision)"),
     ):
-        parser = actions.add_parser(action, parents=[common], help=text)
+        parser = actions.add_parser(
+            action,
+            parents=[common],
+            help=text,
+            epilog=EXIT_CODES,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         parser.add_argument("name")
         if action == "undo":
             parser.add_argument("--to-revision", type=int, metavar="N")
 
-    scale = add("scale", cmd_scale, "set a service's replica count")
+    scale = add("scale", cmd_scale, "set a service's replica count and follow the scale")
     scale.add_argument("name")
     scale.add_argument("replicas", type=int)
+    add_follow_options(scale)
 
     for name, text in (("drain", "send no new requests to an upstream"),
                        ("undrain", "take a manual drain back")):  # fmt: skip

@@ -74,7 +74,15 @@ class Running:
 
 
 @pytest.fixture
-async def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Running]:
+def capacity() -> int:
+    """The process backend's slots (a test parametrizes it to run out of them)."""
+    return 8
+
+
+@pytest.fixture
+async def running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capacity: int
+) -> AsyncIterator[Running]:
     monkeypatch.delenv(cli.URL_ENV, raising=False)
     monkeypatch.delenv(cli.TOKEN_ENV, raising=False)
     (tmp_path / "token").write_text(TOKEN + "\n")
@@ -87,7 +95,7 @@ async def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
             "token_file": str(tmp_path / "token"),
         },
         "state_dir": "state",
-        "backends": {"process": {"capacity": 8, "port_range": f"{base}-{base + 24}"}},
+        "backends": {"process": {"capacity": capacity, "port_range": f"{base}-{base + 24}"}},
         "proxy": {"shutdown_timeout": 2},
         "access_log": {"enabled": False},
         "replicas_on_exit": "stop",
@@ -263,6 +271,37 @@ def test_a_first_rollout_reads_new_service_not_none() -> None:
     )
 
 
+def view_of(status: str, desired: int, *states: str, rollout: bool = False) -> dict[str, Any]:
+    """A service view with replicas ``a``, ``b``, ... in ``states``."""
+    replicas = [{"id": chr(ord("a") + i), "state": s} for i, s in enumerate(states)]
+    return {
+        "status": status, "desired": desired, "replicas": replicas,
+        "ready": sum(1 for s in states if s == "ready"),
+        "rollout": {"id": 1} if rollout else None,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("view", "outcome"),
+    [
+        (view_of("ready", 2, "ready", "ready", "stopped"), "done"),
+        (view_of("ready", 2, "ready", "ready", "draining"), None),  # a scale-down drains
+        (view_of("degraded", 3, "ready", "ready", "starting"), None),
+        (view_of("degraded", 3, "ready", "ready", "requested", "failed"), None),
+        (view_of("degraded", 3, "ready", "ready", "failed"), "degraded"),
+        (view_of("degraded", 3, "ready", "ready", "failed", "failed"), "degraded"),
+        (view_of("degraded", 3, "ready", "ready", "failed", rollout=True), None),
+        # Held back by draining replicas (their slots), not by a failure: it goes on.
+        (view_of("degraded", 3, "ready", "ready", "draining"), None),
+        (view_of("degraded", 3, "ready", "ready", "stopped"), None),
+    ],
+)
+def test_when_a_scale_has_settled(view: dict[str, Any], outcome: str | None) -> None:
+    known = frozenset({"a", "b", "d"})  # "c" was started by the command, "d" failed before
+    assert cli.scale_outcome(view, known) == outcome
+    assert cli.scale_outcome(view, known | {"c"}) == (outcome if outcome == "done" else None)
+
+
 # -- against a running gateway ----------------------------------------------------------------
 
 
@@ -391,7 +430,10 @@ async def test_scale_logs_drain_and_undrain(running: Running) -> None:
     assert lines[-1] == "web: 2/2 ready"
 
     code, out, _ = await running.gw("scale", "web", "3")
-    assert (code, out) == (0, "web: scale 2 -> 3 replicas (revision 1)\n")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "web: scale 2 -> 3 replicas (revision 1)"
+    assert lines[-1] == "web: 3/3 ready"
 
     replica = next(
         r.id for r in running.controller.state("web").observed.replicas
@@ -411,6 +453,35 @@ async def test_scale_logs_drain_and_undrain(running: Running) -> None:
     assert "draining" in out
     code, out, _ = await running.gw("undrain", "web", replica, "--json")
     assert json.loads(out)["admin"] == "active"
+
+
+@pytest.mark.parametrize("capacity", [3])
+async def test_a_scale_up_that_cannot_be_placed_ends_degraded(running: Running) -> None:
+    code, out, _ = await running.gw("apply", "-f", running.spec_file("v1", replicas=2))
+    assert code == 0, out
+    degraded = "3 of 4 replicas ready: no capacity: 3 of 3 slots in use"
+    # Before: followed for ever (here until --timeout, exit 1).
+    code, out, err = await running.gw(
+        "apply", "-f", running.spec_file("v1", replicas=4), "--timeout", "10"
+    )
+    assert (code, err) == (cli.EXIT_DEGRADED, ""), out
+    lines = out.splitlines()
+    assert lines[0] == "web: scale 2 -> 4 replicas (revision 1)"
+    assert lines[-1] == f"web: degraded: {degraded} (retried with backoff)"
+    assert running.controller.state("web").observed.degraded == degraded
+
+    code, out, err = await running.gw("scale", "web", "5", "--timeout", "10")
+    assert (code, err) == (cli.EXIT_DEGRADED, ""), out
+    lines = out.splitlines()
+    assert lines[0] == "web: scale 4 -> 5 replicas (revision 1)"
+    assert (
+        lines[-1] == "web: degraded: 3 of 5 replicas ready: no capacity: 3 of 3 slots in use"
+        " (retried with backoff)"
+    )
+    code, out, _ = await running.gw("scale", "web", "6", "--no-wait")
+    assert (code, out) == (0, "web: scale 5 -> 6 replicas (revision 1)\n")
+    code, out, _ = await running.gw("scale", "web", "3")
+    assert (code, out.splitlines()[-1]) == (0, "web: 3/3 ready")
 
 
 async def test_refusals_are_one_line_errors(running: Running) -> None:
