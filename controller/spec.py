@@ -29,8 +29,11 @@ from gateway import (
 )
 from gateway.config import Address, Model
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+"""A service name: a DNS label. Checked with ``fullmatch`` (``$`` alone lets a newline by)."""
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_DNS_LABEL = re.compile(NAME_PATTERN)
+_ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
 MAX_REPLICAS = 100
 MAX_COMMANDS = 32
@@ -72,7 +75,7 @@ class ReplicaTemplate(Model):
         if len(env) > MAX_ENV:
             raise ValueError(f"at most {MAX_ENV} variables")
         for name, value in env.items():
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"not a variable name: {name!r}")
             if name == "PORT":
                 raise ValueError("PORT is set by the backend")
@@ -115,7 +118,7 @@ class RolloutStrategy(Model):
 class ServiceSpec(Model):
     """A named, routed set of replicas."""
 
-    name: str
+    name: str = Field(json_schema_extra={"pattern": NAME_PATTERN, "maxLength": 63})
     route: RouteConfig
     backend: Literal["process", "static"] = "process"
     replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
@@ -133,7 +136,7 @@ class ServiceSpec(Model):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if not _DNS_LABEL.match(name):
+        if not _DNS_LABEL.fullmatch(name):
             raise ValueError("must be a DNS label: a-z, 0-9 and '-', 1 to 63 characters")
         return name
 

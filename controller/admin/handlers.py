@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import posixpath
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -22,7 +23,7 @@ from ..config import format_validation_error
 from ..errors import Conflict, NotFound, SpecError
 from ..journal import Entry
 from ..model import LEAVING, Rollout
-from ..operations import Controller, validate_spec
+from ..operations import Controller
 from ..spec import ServiceSpec
 from .openapi import YAML_TYPES, Operation, Query, build_document
 from .schemas import (
@@ -103,6 +104,32 @@ def _parse(raw: bytes, content_type: str) -> Any:
         raise ApiError(400, "bad_request", f"the body is not valid JSON: {e}") from None
 
 
+def strict(model: type[M], data: Any) -> M:
+    """``data`` (parsed JSON or YAML) as ``model``, strict about JSON types: no boolean taken
+    as an integer, no number as a string. Raises ``ValidationError``, or ``ApiError`` 422 for
+    a value JSON has no type for (a YAML date, set or binary; NaN)."""
+    try:
+        text = json.dumps(_integral(data), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ApiError(
+            422, "invalid_request", f"the body holds a value JSON has no type for: {e}"
+        ) from None
+    # JSON mode: an array is a tuple, a string a Literal; strict: nothing else converts.
+    return model.model_validate_json(text, strict=True)
+
+
+def _integral(data: Any) -> Any:
+    """``data`` with each whole float an int: JSON has one number type, and 2.0 is the
+    integer 2 (JSON Schema says so too), which strict validation would refuse."""
+    if isinstance(data, float) and data.is_integer():
+        return int(data)
+    if isinstance(data, dict):
+        return {k: _integral(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_integral(v) for v in data]
+    return data
+
+
 async def read_model(request: web.Request, model: type[M], optional: bool = False) -> M:
     """The body as ``model``: 400 if it is not JSON, 422 naming each field if it is wrong."""
     raw = await request.read()  # raises 413 past client_max_size
@@ -112,28 +139,39 @@ async def read_model(request: web.Request, model: type[M], optional: bool = Fals
         raise ApiError(400, "bad_request", "a JSON body is required")
     data = _parse(raw, request.content_type)
     try:
-        return model.model_validate(data)
+        return strict(model, data)
     except ValidationError as e:
         errors = format_validation_error(e)
         message = "; ".join(f"{x['field']}: {x['reason']}" for x in errors)
         raise ApiError(422, "invalid_request", message, errors=errors) from None
 
 
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     value = request.query.get(name)
     if value is None:
         return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise invalid_request(name, f"not an integer: {value!r}") from None
+    if not _INTEGER.fullmatch(value):  # int() would take " 5", "+5" and "5_0"
+        raise invalid_request(name, f"not an integer: {value!r}")
+    number = int(value) if len(value) <= 18 else high + 1  # int() refuses 4,300 digits
     if not low <= number <= high:
         raise invalid_request(name, f"must be from {low} to {high}")
     return number
 
 
+FLAGS = {"1": True, "true": True, "0": False, "false": False}
+"""What a boolean query parameter may be (the document's enum)."""
+
+
 def _flag(request: web.Request, name: str) -> bool:
-    return request.query.get(name, "").lower() in ("1", "true", "yes")
+    value = request.query.get(name)
+    if value is None:
+        return False
+    if value not in FLAGS:
+        raise invalid_request(name, f"must be one of {', '.join(FLAGS)}, not {value!r}")
+    return FLAGS[value]
 
 
 # -- the gateway itself -------------------------------------------------------------------------
@@ -152,7 +190,8 @@ async def readyz(request: web.Request) -> web.Response:
 async def openapi_json(request: web.Request) -> web.Response:
     cache = request.app[DOCUMENT]
     if "json" not in cache:  # built on first use: it costs more than building the app
-        cache["json"] = json.dumps(build_document(request.app[OPERATIONS]))
+        backends = _controller(request).backends
+        cache["json"] = json.dumps(build_document(request.app[OPERATIONS], backends))
     return web.json_response(text=cache["json"])
 
 
@@ -175,17 +214,30 @@ async def put_service(request: web.Request) -> web.Response:
     """Apply a spec; ``?dry_run=1`` says what it would do and changes nothing."""
     controller = _controller(request)
     name = request.match_info["name"]
+    dry_run = _flag(request, "dry_run")
     data = _parse(await request.read(), request.content_type)
     if isinstance(data, dict):
         data.setdefault("name", name)
-        if data["name"] != name:
-            reason = f"{data['name']!r} differs from {name!r} in the path"
-            raise SpecError(f"name: {reason}", [{"field": "name", "reason": reason}])
-    spec = validate_spec(data)
+    spec = _spec(data)
+    if spec.name != name:
+        # RFC 9110 9.3.4: a PUT representation inconsistent with its target is a 409.
+        reason = f"{spec.name!r} differs from {name!r} in the path"
+        raise Conflict(f"name: {reason}", errors=[{"field": "name", "reason": reason}])
     _refuse_relative_paths(spec)
-    dry_run = _flag(request, "dry_run")
     result = controller.plan_apply(spec) if dry_run else await controller.apply(spec)
     return respond(ApplyResultBody.model_validate(result.to_json() | {"dry_run": dry_run}))
+
+
+def _spec(data: Any) -> ServiceSpec:
+    """A spec from the API, strict about JSON types; SpecError names each field."""
+    if not isinstance(data, dict):
+        raise SpecError("a service spec must be a JSON or YAML object")
+    try:
+        return strict(ServiceSpec, data)
+    except ValidationError as e:
+        errors = format_validation_error(e)
+        message = "; ".join(f"{x['field']}: {x['reason']}" for x in errors)
+        raise SpecError(f"invalid spec: {message}", errors) from None
 
 
 def _refuse_relative_paths(spec: ServiceSpec) -> None:

@@ -9,7 +9,7 @@ and return; a test sends real requests and checks each response against it.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -17,7 +17,8 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from ..spec import ServiceSpec
+from ..spec import NAME_PATTERN, ServiceSpec
+from . import constraints
 from .schemas import REQUEST_MODELS, RESPONSE_MODELS, SPEC_MARK, ErrorBody
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -32,7 +33,8 @@ ERROR_TEXT = {
     401: "Missing or wrong bearer token",
     404: "No such service, revision, replica or upstream",
     405: "Method not allowed on this path",
-    409: "The action does not fit the service's current state",
+    409: "The action does not fit the service's current state (or, on a PUT, the spec's name "
+    "is not the path's)",
     413: "The body is larger than the admin API accepts",
     415: "The body's content type is not accepted",
     422: "An invalid spec or request: each field path and reason in `errors`",
@@ -41,7 +43,6 @@ ERROR_TEXT = {
 }
 SUCCESS_TEXT = {202: "Accepted: it goes on in the background", 503: "Not ready yet"}
 DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h)?\s*$"
-ABSOLUTE_PATH = "^/"
 
 
 @dataclass(frozen=True)
@@ -99,31 +100,30 @@ def _fix(node: Any) -> Any:
     return node
 
 
-def component_schemas() -> dict[str, Any]:
+def component_schemas(backends: Iterable[str] = ("process", "static")) -> dict[str, Any]:
+    """The models' schemas, with the rules their validators keep written in
+    (``constraints.py``); ``backends``: those this gateway has."""
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(ServiceSpec, "validation")]
     models += [(m, "validation") for m in REQUEST_MODELS]
     models += [(m, "serialization") for m in RESPONSE_MODELS]
     _, defs = models_json_schema(models, ref_template=REF)
     schemas: dict[str, Any] = _fix(defs.get("$defs", {}))
-    _api_rules(schemas)
+    constraints.add(schemas, backends)
     return schemas
 
 
-def _api_rules(schemas: dict[str, Any]) -> None:
-    """What the API refuses beyond the models (handlers.py): a relative ``working_dir``."""
-    working_dir = schemas["ReplicaTemplate"]["properties"]["working_dir"]
-    for option in working_dir["anyOf"]:
-        if option.get("type") == "string":
-            option["pattern"] = ABSOLUTE_PATH
-    working_dir["description"] = (
-        "An absolute path (a spec file's relative one is resolved against the file by the "
-        "config loader and the CLI)."
-    )
+PATH_PARAMETERS = {"name": {"type": "string", "pattern": NAME_PATTERN, "maxLength": 63}}
+"""Path parameters' schemas, by name; any other is a string."""
 
 
 def _operation(op: Operation) -> dict[str, Any]:
     params: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": PATH_PARAMETERS.get(name, {"type": "string"}),
+        }
         for name in re.findall(r"{(\w+)(?::[^}]*)?}", op.path)
     ]
     params += [
@@ -173,7 +173,9 @@ def _operation(op: Operation) -> dict[str, Any]:
     return out
 
 
-def build_document(operations: list[Operation]) -> dict[str, Any]:
+def build_document(
+    operations: list[Operation], backends: Iterable[str] = ("process", "static")
+) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
         path = re.sub(r"{(\w+):[^}]*}", r"{\1}", op.path)
@@ -189,7 +191,7 @@ def build_document(operations: list[Operation]) -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": component_schemas(),
+            "schemas": component_schemas(backends),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

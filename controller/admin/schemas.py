@@ -41,11 +41,18 @@ class Schema(BaseModel):
 # -- requests -------------------------------------------------------------------------------
 
 
-class ScaleRequest(Schema):
+class Request(Schema):
+    """A request body: strict about JSON types (a boolean is no integer, a number no string),
+    as the document's types say."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class ScaleRequest(Request):
     replicas: int = Field(ge=0, le=MAX_REPLICAS)
 
 
-class UndoRequest(Schema):
+class UndoRequest(Request):
     revision: int | None = Field(default=None, ge=1)
     """The revision to return to; by default the one before the current target."""
 

@@ -288,10 +288,12 @@ async def test_specs_that_are_not_specs_are_422(api: Api, body: Any) -> None:
     assert api.fingerprint() == before
 
 
-async def test_a_name_that_differs_from_the_path_is_422(api: Api) -> None:
+async def test_a_name_that_differs_from_the_path_is_409(api: Api) -> None:
+    # Both names are valid, so the spec is: it does not fit its target (RFC 9110 9.3.4).
     await serving(api)
     before = api.fingerprint()
-    body = await api.call("PUT", "/api/services/web", spec("api", 2), status=422)
+    body = await api.call("PUT", "/api/services/web", spec("api", 2), status=409)
+    assert body["error"] == "conflict"
     assert body["errors"] == [{"field": "name", "reason": "'api' differs from 'web' in the path"}]
     assert api.fingerprint() == before
     assert "api" not in api.h.controller.service_names()
@@ -485,6 +487,12 @@ async def test_scale(api: Api) -> None:
         ({"replicas": 2, "extra": 1}, 422, "extra"),
         ({}, 422, "replicas"),
         (None, 400, None),
+        # Strict about JSON types, as the document is: a boolean is no integer (false was
+        # taken as 0 and scaled the service down), a string no number.
+        ({"replicas": False}, 422, "replicas"),
+        ({"replicas": True}, 422, "replicas"),
+        ({"replicas": "2"}, 422, "replicas"),
+        ({"replicas": 2.5}, 422, "replicas"),
     ],
 )
 async def test_a_bad_scale_request_is_refused(
@@ -496,6 +504,83 @@ async def test_a_bad_scale_request_is_refused(
     if field is not None:
         assert result["error"] == "invalid_request"
         assert field in {e["field"] for e in result["errors"]}
+    assert api.fingerprint() == before
+
+
+async def test_a_whole_number_written_as_a_float_is_an_integer(api: Api) -> None:
+    # JSON has one number type; JSON Schema's integer is any number without a fraction.
+    await serving(api)
+    await api.call("POST", "/api/services/web/scale", {"replicas": 3.0})
+    assert api.h.state("web").desired.replicas == 3
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"replicas": True}, "replicas"),
+        ({"replicas": "2"}, "replicas"),
+        ({"route": {"path_prefix": "/web", "strip_prefix": 1}}, "route.strip_prefix"),
+        ({"route": {"path_prefix": "/web", "strip_prefix": "yes"}}, "route.strip_prefix"),
+        ({"probes": [{"type": "tcp", "jitter": True}]}, "probes.0.jitter"),
+        ({"probes": [{"type": "tcp", "healthy_threshold": "2"}]}, "probes.0.healthy_threshold"),
+        ({"rollout": {"max_surge": False, "max_unavailable": 1}}, "rollout.max_surge"),
+        ({"retries": {"on_status": 0}}, "retries.on_status"),
+        ({"limits": {"max_body_size": "1024"}}, "limits.max_body_size"),
+    ],
+)
+async def test_a_spec_is_strict_about_json_types(
+    api: Api, change: dict[str, Any], field: str
+) -> None:
+    await serving(api)
+    before = api.fingerprint()
+    body = await api.call("PUT", "/api/services/web", {**spec("web", 2), **change}, status=422)
+    assert body["error"] == "invalid_spec"
+    assert [e["field"] for e in body["errors"]] == [field]
+    assert api.fingerprint() == before
+
+
+async def test_yaml_is_as_strict_as_json(api: Api) -> None:
+    body = yaml.safe_dump({**spec("web", 1), "replicas": True})
+    response = await api.client.put(
+        "/api/services/web", data=body, headers={**AUTH, "Content-Type": "application/yaml"}
+    )
+    assert response.status == 422
+    assert (await response.json())["errors"][0]["field"] == "replicas"
+    dated = "name: web\nroute: {path_prefix: /web}\nreplica: {commands: [serve]}\nx: 2026-01-01\n"
+    response = await api.client.put(
+        "/api/services/web", data=dated, headers={**AUTH, "Content-Type": "application/yaml"}
+    )
+    assert response.status == 422
+    assert api.h.controller.service_names() == []
+
+
+@pytest.mark.parametrize("path", ["/api/services/web%0A", "/api/services/%20"])
+async def test_a_name_must_be_a_dns_label_to_its_end(api: Api, path: str) -> None:
+    # The check used re.match with $, which lets a name end in a newline.
+    body = spec("web", 1)
+    del body["name"]
+    result = await api.call("PUT", path, body, status=422)
+    assert [e["field"] for e in result["errors"]] == ["name"]
+    assert api.h.controller.service_names() == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("PUT", "/api/services/web?dry_run=yes"),
+        ("PUT", "/api/services/web?dry_run=TRUE"),
+        ("GET", "/api/services/web/rollouts?limit=%205"),
+        ("GET", "/api/services/web/rollouts?limit=1_0"),
+    ],
+)
+async def test_query_parameters_outside_the_document_are_422(
+    api: Api, method: str, path: str
+) -> None:
+    await serving(api)
+    before = api.fingerprint()
+    body = spec("web", 3) if method == "PUT" else None
+    result = await api.call(method, path, body, status=422)
+    assert result["error"] == "invalid_request"
     assert api.fingerprint() == before
 
 

@@ -143,9 +143,33 @@ def _bound(keyword: str, ok: Callable[[Any, Any], bool]) -> Any:
 
 
 def _pattern(v: Validator, s: dict[str, Any], value: Any, at: str) -> list[str]:
-    if not isinstance(value, str) or re.search(s["pattern"], value):
+    # ECMA-262's $ is the end of the string; Python's also matches before a last newline.
+    if not isinstance(value, str) or re.search(re.sub(r"\$$", r"\\Z", s["pattern"]), value):
         return []
     return [f"{at}: {value!r} does not match {s['pattern']}"]
+
+
+def _all_of(v: Validator, s: dict[str, Any], value: Any, at: str) -> list[str]:
+    return [e for option in s["allOf"] for e in v.errors(option, value, at)]
+
+
+def _not(v: Validator, s: dict[str, Any], value: Any, at: str) -> list[str]:
+    return [f"{at}: matches what it must not"] if not v.errors(s["not"], value, at) else []
+
+
+def _size(keyword: str, kind: type, ok: Callable[[int, int], bool]) -> Any:
+    def check(v: Validator, s: dict[str, Any], value: Any, at: str) -> list[str]:
+        if not isinstance(value, kind) or ok(len(value), s[keyword]):
+            return []
+        return [f"{at}: length {len(value)} fails {keyword} {s[keyword]}"]
+
+    return check
+
+
+def _property_names(v: Validator, s: dict[str, Any], value: Any, at: str) -> list[str]:
+    if not isinstance(value, dict):
+        return []
+    return [e for key in value for e in v.errors(s["propertyNames"], key, f"{at}.{key}")]
 
 
 CHECKS: dict[str, Callable[[Validator, dict[str, Any], Any, str], list[str]]] = {
@@ -160,7 +184,16 @@ CHECKS: dict[str, Callable[[Validator, dict[str, Any], Any, str], list[str]]] = 
     "const": _const,
     "minimum": _bound("minimum", lambda x, b: x >= b),
     "maximum": _bound("maximum", lambda x, b: x <= b),
+    "exclusiveMinimum": _bound("exclusiveMinimum", lambda x, b: x > b),
     "pattern": _pattern,
+    "allOf": _all_of,
+    "not": _not,
+    "minItems": _size("minItems", list, lambda n, b: n >= b),
+    "maxItems": _size("maxItems", list, lambda n, b: n <= b),
+    "minLength": _size("minLength", str, lambda n, b: n >= b),
+    "maxLength": _size("maxLength", str, lambda n, b: n <= b),
+    "maxProperties": _size("maxProperties", dict, lambda n, b: n <= b),
+    "propertyNames": _property_names,
 }
 
 
@@ -301,7 +334,8 @@ async def test_every_response_matches_the_document(h: Harness, checked: Checked)
     await c.call("PUT", svc, spec("web", 2), name="web")
     await c.call("PUT", svc, "{nope", status=400, name="web")
     await c.call("PUT", svc, spec("web", -1), status=422, name="web")
-    await c.call("PUT", svc, spec("other"), status=422, name="web")
+    await c.call("PUT", svc, spec("other"), status=409, name="web")
+    await c.call("PUT", svc, {**spec("web"), "replicas": True}, status=422, name="web")
     await c.call("PUT", svc, {**spec("web"), "x": "y" * 2**20}, status=413, name="web")
     await h.settle()
     view = await c.call("GET", svc, name="web")
@@ -373,3 +407,113 @@ async def test_server_sent_events_match_the_document(h: Harness, checked: Checke
             checked.validator.validate(schema, json.loads(line[6:]))
             seen += 1
     response.close()
+
+
+# -- the document states what the server enforces ----------------------------------------------
+
+
+def _document() -> dict[str, Any]:
+    from controller.admin.handlers import OPERATIONS_TABLE
+    from controller.admin.openapi import build_document
+
+    return build_document(OPERATIONS_TABLE)
+
+
+def test_the_document_states_the_name_rule_where_a_name_is_given() -> None:
+    from controller.spec import NAME_PATTERN
+
+    doc = _document()
+    name = doc["components"]["schemas"]["ServiceSpec"]["properties"]["name"]
+    assert (name["pattern"], name["maxLength"]) == (NAME_PATTERN, 63)
+    # Left out of a PUT body, the name is the path's.
+    assert "name" not in doc["components"]["schemas"]["ServiceSpec"]["required"]
+    for path, ops in doc["paths"].items():
+        for op in ops.values():
+            for param in op["parameters"]:
+                if param["name"] == "name":
+                    assert param["schema"]["pattern"] == NAME_PATTERN, path
+
+
+def test_the_document_names_only_the_backends_the_gateway_has() -> None:
+    from controller.admin.handlers import OPERATIONS_TABLE
+    from controller.admin.openapi import build_document
+
+    doc = build_document(OPERATIONS_TABLE, backends=["process"])
+    spec_schema = doc["components"]["schemas"]["ServiceSpec"]
+    assert spec_schema["properties"]["backend"]["enum"] == ["process"]
+    v = Validator(doc)
+    v.validate({"$ref": "#/components/schemas/ServiceSpec"}, spec("web", 1))
+    static = {**spec("web", 1), "backend": "static", "replica": {"addresses": ["h:1"]}}
+    with pytest.raises(SchemaError):
+        v.validate({"$ref": "#/components/schemas/ServiceSpec"}, static)
+
+
+def _spec_with(field: str, value: Any) -> dict[str, Any]:
+    base = spec("web", 1)
+    match field:
+        case "name":
+            base["name"] = value
+        case "command":
+            base["replica"]["commands"] = [value]
+        case "env_name":
+            base["replica"]["env"] = {value: "x"}
+        case "env_value":
+            base["replica"]["env"] = {"V": value}
+        case "host":
+            base["route"] = {"hosts": [value]}
+        case "path_prefix":
+            base["route"] = {"path_prefix": value}
+        case "probe_path":
+            base["probes"] = [{"path": value}]
+        case "header_name":
+            base["probes"] = [{"headers": {value: "x"}}]
+        case "header_value":
+            base["probes"] = [{"headers": {"X-A": value}}]
+        case "interval":
+            base["probes"] = [{"interval": value}]
+        case "address":
+            base.update(backend="static", replica={"addresses": [value]})
+    return base
+
+
+FIELD_PATTERNS = {
+    "name": r"^[a-z0-9][a-z0-9-]{0,3}$",
+    "command": r"^\s{0,2}[\x00-\x7f\x85\xa0\u2000]{0,4}\s{0,2}$",
+    "env_name": r"^[A-Za-z0-9_\n=]{0,5}$",
+    "env_value": r"^[\x00a-z]{0,4}$",
+    "host": r"^[*.A-Za-z0-9_-]{0,12}$",
+    "path_prefix": r"^[/a-z.%?# \\]{0,8}$",
+    "probe_path": r"^[/a-z \r\n]{0,5}$",
+    "header_name": r"^[!#$%&'*+.^_`|~0-9A-Za-z:\n -]{0,5}$",
+    "header_value": r"^[\x00-\x20\x7fa-z]{0,4}$",
+    "interval": r"^\s?[0-9.]{0,5}(ms|s|m|h)?\s?$",
+    "address": r"^[\[\]:a-z0-9 .]{0,10}$",
+}
+"""Per field: strings near the edge of its rule (both sides of it), to draw from."""
+
+
+@pytest.mark.parametrize("field", FIELD_PATTERNS)
+def test_the_document_and_the_server_agree_on_each_string_rule(field: str) -> None:
+    # The document says what a valid value is; the server's validators decide. For strings
+    # drawn near each rule's edge, both must say the same.
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from controller.spec import ServiceSpec
+
+    v = Validator(_document())
+    spec_schema = {"$ref": "#/components/schemas/ServiceSpec"}
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None)
+    @given(st.from_regex(FIELD_PATTERNS[field], fullmatch=True))
+    def agree(value: str) -> None:
+        data = _spec_with(field, value)
+        documented = not v.errors(spec_schema, data)
+        try:
+            ServiceSpec.model_validate_json(json.dumps(data), strict=True)
+            taken = True
+        except ValueError:
+            taken = False
+        assert documented == taken, (field, value, v.errors(spec_schema, data))
+
+    agree()

@@ -2,8 +2,9 @@
 spec size limits, a fuzz from its own OpenAPI document, and racing applies.
 
 The fuzz uses schemathesis: it derives requests (valid and invalid) for every operation from
-the document the API serves, so the cases are those the document promises to handle, and
-checks each response for a 5xx and against the document (status, content type, schema).
+the document the API serves, alone and chained (the stateful phase), and runs every check on
+each answer: no 5xx, the status, content type and schema the document gives, a request the
+document allows is taken and one it forbids refused, so the document and the API agree.
 """
 
 from __future__ import annotations
@@ -21,13 +22,6 @@ from typing import Any
 import aiohttp
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
 from controller.admin.app import OPEN_PATHS, build_admin_app
 from controller.backends import FakeBackend
@@ -235,36 +229,65 @@ def admin_in_thread(tmp_path) -> Iterator[tuple[str, dict[str, Any]]]:
         thread.join(10)
 
 
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_schema_conformance,
-]
+FUZZ_CONFIG = """
+[generation]
+max-examples = 25
+database = "none"
+
+[phases.examples]
+enabled = true
+[phases.coverage]
+enabled = true
+[phases.fuzzing]
+enabled = true
+[phases.stateful]
+enabled = true
+"""
+"""Every phase (examples, coverage, fuzzing and stateful: chains of calls along the links the
+document implies) and, by schemathesis's default, every check: the document's statuses,
+content types and schemas, valid requests taken (ST202), invalid ones refused (ST203),
+auth not ignored, a deleted service gone, Allow on a 405..."""
 
 
 def test_the_api_fuzzed_from_its_own_openapi_document(admin_in_thread):
+    from schemathesis.config import SchemathesisConfig
+    from schemathesis.engine import Status, events, from_schema
+
     base, document = admin_in_thread
-    schema = schemathesis.openapi.from_dict(document)
+    config = SchemathesisConfig.from_str(FUZZ_CONFIG)
+    schema = schemathesis.openapi.from_dict(document, config=config)
+    schema.config.update(base_url=base, headers=AUTH, request_timeout=10)
+    # An endless stream: there is no response to check.
+    schema = schema.exclude(path="/api/events")
+    failures: list[str] = []
+    phases: dict[str, Status] = {}
+    checked: set[str] = set()
     calls = 0
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        if operation.path == "/api/events":  # an endless stream: no response to check
-            continue
-
-        @settings(
-            max_examples=25,
-            deadline=None,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(case=operation.as_strategy())
-        def fuzz(case):
-            nonlocal calls
-            calls += 1
-            response = case.call(base_url=base, headers=AUTH, timeout=10)
-            case.validate_response(response, checks=CHECKS)
-
-        fuzz()
-    print(f"\nfuzz: {calls} requests, none answered 5xx or off the document")
-    assert calls > 100
+    for event in from_schema(schema).execute():
+        if isinstance(event, events.ScenarioFinished):
+            calls += len(event.recorder.interactions)
+            for check in (c for cs in event.recorder.checks.values() for c in cs):
+                checked.add(check.name)
+                info = check.failure_info
+                if check.status is Status.FAILURE and info is not None:
+                    failures.append(f"{event.recorder.label}: {info.failure}\n{info.code_sample}")
+        elif isinstance(event, events.PhaseFinished):
+            phases[event.phase.name.value] = event.status
+        elif isinstance(event, events.NonFatalError | events.FatalError):
+            failures.append(f"error: {event}")
+    assert not failures, "\n".join(failures)
+    assert phases.get("stateful") is Status.SUCCESS, phases
+    assert checked >= {
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_schema_conformance",
+        "positive_data_acceptance",
+        "negative_data_rejection",
+        "ignored_auth",
+        "use_after_free",
+        "ensure_resource_availability",
+        "unsupported_method",
+    }, checked
+    print(f"\nfuzz: {calls} requests, every check passed; phases {phases}")
+    assert calls > 500

@@ -1,0 +1,189 @@
+"""What the admin API enforces that pydantic's JSON schemas do not say, written into them.
+
+The spec models check much in validators (a command is not blank, a route has hosts or a
+prefix, a process replica has a command...), which pydantic cannot describe. ``add`` states
+each of those rules in the document's component schemas, in JSON Schema 2020-12, so that a
+request the document allows is one the API takes, and the other way round. The fuzz in
+tests/hostile holds the two to that, from both sides.
+
+Invariant: a rule here is the same rule as the validator it names; a pattern here means what
+the validator's check means (``$`` is the end of the string, as in ECMA-262).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from ..spec import (
+    ENV_NAME_PATTERN,
+    MAX_COMMAND_LENGTH,
+    MAX_COMMANDS,
+    MAX_ENV,
+    MAX_ENV_VALUE,
+    MAX_REPLICAS,
+)
+
+Schema = dict[str, Any]
+
+_SPACE = "".join(f"\\u{ord(c):04x}" for c in map(chr, range(sys.maxunicode + 1)) if c.isspace())
+NOT_BLANK = f"^[^\\u0000]*[^\\u0000{_SPACE}][^\\u0000]*$"
+"""A command: something besides whitespace (``str.strip``'s), and no NUL."""
+NO_NUL = "^[^\\u0000]*$"
+ABSOLUTE_PATH = "^/"
+HOST = (
+    r"^(?=.{1,253}\.*$)(\*\.)?[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
+    r"(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*\.*$"
+)
+"""A host name or ``*.suffix``, in any case, trailing dots allowed: at most 253 characters
+without them (``gateway.config.RouteConfig._hosts``)."""
+PATH_PREFIX = r"^(?!.*//)(?!(.*/)?\.\.?(/|$))/[^?#\\ \t\r\n%]*$"
+"""Starts with '/', no '?', '#', '%', '\\' or space, no '.' or '..' segment, no '//'."""
+PROBE_PATH = r"^/[^\r\n ]*$"
+HEADER_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$"
+HEADER_VALUE = r"^[^\u0000-\u0008\u000a-\u001f\u007f]*$"
+PORT = r"0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+ADDRESS = rf"^(\[[^{_SPACE}]+\]|[^:\[\]{_SPACE}]+):{PORT}$"
+"""``host:port``, an IPv6 host in brackets (``gateway.config.parse_address``)."""
+POSITIVE_DURATION = (
+    r"^\s*([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)\s*(ms|s|m|h)?\s*$"
+)
+
+
+def add(schemas: dict[str, Schema], backends: Iterable[str]) -> None:
+    """Write the validators' rules into ``schemas`` (the document's components).
+
+    ``backends``: the backends this gateway has; a spec naming another one is refused."""
+    _spec(schemas["ServiceSpec"], sorted(backends))
+    _replica(schemas["ReplicaTemplate"])
+    _route(schemas["RouteConfig"])
+    _probe(schemas["ProbeConfig"])
+    _rollout(schemas["RolloutStrategy"])
+
+
+def _string_option(node: Schema) -> Schema:
+    """The ``{"type": "string"}`` branch of an optional string's ``anyOf``."""
+    return next(o for o in node["anyOf"] if o.get("type") == "string")
+
+
+def _spec(spec: Schema, backends: list[str]) -> None:
+    props = spec["properties"]
+    # Through the API, a spec without a name takes the path's.
+    spec["required"] = [r for r in spec["required"] if r != "name"]
+    props["name"]["description"] = "Required in a spec file; through the API, the path's name."
+    props["probes"]["maxItems"] = 8
+    backend = props["backend"]
+    backend["enum"] = [b for b in backend["enum"] if b in backends]
+    if backend["default"] not in backends:
+        spec["required"] = [*spec.get("required", []), "backend"]
+    rules = []
+    if "process" in backends:
+        # A command, no addresses, and a fixed port only for one replica (ServiceSpec._backend).
+        rules.append(
+            {
+                "properties": {
+                    "backend": {"const": "process"},
+                    "replica": {
+                        "required": ["commands"],
+                        "properties": {"commands": {"minItems": 1}, "addresses": {"maxItems": 0}},
+                    },
+                },
+                "anyOf": [
+                    {"properties": {"replica": {"properties": {"port": {"type": "null"}}}}},
+                    {"properties": {"replicas": {"anyOf": [{"type": "null"}, {"maximum": 1}]}}},
+                ],
+            }
+        )
+    if "static" in backends:
+        # Addresses, no command, and no more replicas than addresses.
+        at_most = [
+            {
+                "properties": {
+                    "replicas": {"maximum": n},
+                    "replica": {"properties": {"addresses": {"minItems": n}}},
+                }
+            }
+            for n in range(1, MAX_REPLICAS + 1)
+        ]
+        rules.append(
+            {
+                "required": ["backend"],
+                "properties": {
+                    "backend": {"const": "static"},
+                    "replica": {
+                        "required": ["addresses"],
+                        "properties": {"addresses": {"minItems": 1}, "commands": {"maxItems": 0}},
+                    },
+                },
+                "anyOf": [{"properties": {"replicas": {"type": "null"}}}, *at_most],
+            }
+        )
+    spec["allOf"] = [{"anyOf": rules}] if rules else [False]
+
+
+def _replica(replica: Schema) -> None:
+    props = replica["properties"]
+    commands = props["commands"]
+    commands["maxItems"] = MAX_COMMANDS
+    commands["items"] = {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_COMMAND_LENGTH,
+        "pattern": NOT_BLANK,
+    }
+    env = props["env"]
+    env["maxProperties"] = MAX_ENV
+    env["propertyNames"] = {"pattern": ENV_NAME_PATTERN, "not": {"const": "PORT"}}
+    env["additionalProperties"] = {"type": "string", "maxLength": MAX_ENV_VALUE, "pattern": NO_NUL}
+    env["description"] = "Variables for the replica; PORT is the backend's to set."
+    working_dir = props["working_dir"]
+    _string_option(working_dir)["pattern"] = ABSOLUTE_PATH
+    working_dir["description"] = (
+        "An absolute path (a spec file's relative one is resolved against the file by the "
+        "config loader and the CLI)."
+    )
+    props["addresses"]["items"] = {"type": "string", "pattern": ADDRESS}
+
+
+def _route(route: Schema) -> None:
+    props = route["properties"]
+    props["hosts"]["items"] = {"type": "string", "pattern": HOST}
+    _string_option(props["path_prefix"])["pattern"] = PATH_PREFIX
+    has_prefix = {"required": ["path_prefix"], "properties": {"path_prefix": {"type": "string"}}}
+    strips = {"required": ["strip_prefix"], "properties": {"strip_prefix": {"const": True}}}
+    route["allOf"] = [
+        # Hosts, a path prefix, or both; and strip_prefix only with a prefix.
+        {"anyOf": [{"required": ["hosts"], "properties": {"hosts": {"minItems": 1}}}, has_prefix]},
+        {"anyOf": [{"not": strips}, has_prefix]},
+    ]
+
+
+def _probe(probe: Schema) -> None:
+    props = probe["properties"]
+    props["path"]["pattern"] = PROBE_PATH
+    props["headers"]["propertyNames"] = {"pattern": HEADER_NAME}
+    props["headers"]["additionalProperties"] = {"type": "string", "pattern": HEADER_VALUE}
+    for name in ("interval", "timeout"):  # ProbeConfig._positive
+        for option in props[name]["anyOf"]:
+            if option["type"] == "number":
+                del option["minimum"]
+                option["exclusiveMinimum"] = 0
+            else:
+                option["pattern"] = POSITIVE_DURATION
+
+
+def _rollout(rollout: Schema) -> None:
+    # max_surge and max_unavailable are not both 0 (max_surge defaults to 1, the other to 0).
+    rollout["allOf"] = [
+        {
+            "anyOf": [
+                {"not": {"required": ["max_surge"]}},
+                {"properties": {"max_surge": {"minimum": 1}}},
+                {
+                    "required": ["max_unavailable"],
+                    "properties": {"max_unavailable": {"minimum": 1}},
+                },
+            ]
+        }
+    ]
