@@ -13,10 +13,11 @@ scale settled short of its count (``scale_outcome``); 141 the reader of standard
 away (``| head``): the command ends quietly, as a tool killed by SIGPIPE does. Errors are one
 line on standard error, never a traceback.
 
-``apply`` and ``scale`` follow what they start until its outcome, unless ``--no-wait``: they
-listen to the server-sent events of the service and read the service's state after each (and
-at least every ``POLL`` seconds, should the stream break), printing a progress line whenever
-it changes. ``--timeout`` stops following; what was started goes on.
+``apply``, ``scale`` and ``rollout resume|abort|undo`` follow what they start until its
+outcome, unless ``--no-wait``: they listen to the server-sent events of the service and read
+the service's state after each (and at least every ``POLL`` seconds, should the stream break),
+printing a progress line whenever it changes. ``--timeout`` stops following; what was started
+goes on.
 """
 
 from __future__ import annotations
@@ -293,20 +294,20 @@ async def _step_rollout(
             follow.last = line
         if active["status"] == "paused" and active["reason"] != PAUSED_BY_REQUEST:
             follow.code = EXIT_FAILED
-            say(f"rollout {rollout_id} paused: {active['reason']}")
+            say(f"{active['kind']} {rollout_id} paused: {active['reason']}")
         return
     history = await client.call("GET", f"/api/services/{quote(name)}/rollouts?limit=50")
     record = next((r for r in history["rollouts"] if r["id"] == rollout_id), None)
     if record is None or record["status"] in ("progressing", "paused"):
         return  # not yet visible as finished: read again on the next event
     follow.record = record
-    status, reason = record["status"], record["reason"]
+    status, reason, title = record["status"], record["reason"], f"{record['kind']} {rollout_id}"
     if status == "complete":
         follow.code = EXIT_OK
-        say(f"rollout {rollout_id} complete: revision {record['to_revision']} serving")
+        say(f"{title} complete: revision {record['to_revision']} serving")
         return
     follow.code = EXIT_FAILED
-    say(f"rollout {rollout_id} {status}" + (f": {reason}" if reason else ""))
+    say(f"{title} {status}" + (f": {reason}" if reason else ""))
     if active is not None and active["kind"] == "rollback":
         say(f"rolling back to revision {active['to_revision']} ({active['kind']} {active['id']})")
     elif view["serving_revision"] is not None:
@@ -372,9 +373,11 @@ async def follow_change(
     known: frozenset[str],
     say: Callable[[str], None],
     limit: float | None,
+    last: str = "",
 ) -> Follow:
     """Follow what a command started until its outcome: the rollout ``rollout_id``, else a
-    scale (whose outcome is the active rollout's, should one be under way)."""
+    scale (whose outcome is the active rollout's, should one be under way). ``last``: the
+    progress line already printed."""
     if rollout_id is None:
         view = await client.service(name)
         if view is not None and view["rollout"] is not None:
@@ -390,7 +393,7 @@ async def follow_change(
         async def step(state: Follow) -> None:
             await _step_scale(client, name, known, state, say)
 
-    return await follow(client, name, step, limit)
+    return await follow(client, name, step, limit, last)
 
 
 def replica_ids(view: dict[str, Any] | None) -> frozenset[str]:
@@ -402,9 +405,10 @@ async def follow(
     name: str,
     step: Callable[[Follow], Coroutine[Any, Any, None]],
     limit: float | None,
+    last: str = "",
 ) -> Follow:
     """Call ``step`` after every event of the service (at least every POLL) until it ends."""
-    state = Follow()
+    state = Follow(last=last)
     deadline = None if limit is None else asyncio.get_running_loop().time() + limit
     async with client.watch(name) as changed:
         while True:
@@ -585,13 +589,23 @@ async def cmd_rollout(client: Client, args: argparse.Namespace, out: TextIO) -> 
     if action == "undo" and args.to_revision is not None:
         body = {"revision": args.to_revision}
     rollout = await client.call("POST", f"/api/services/{name}/rollout/{action}", body)
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, file=out, flush=True)
+
     if args.json:
         _dump(rollout, out)
-    elif action == "abort":
-        print(f"{args.name}: aborted; {progress_text(rollout)}", file=out)
-    else:
-        print(f"{args.name}: {progress_text(rollout)}", file=out)
-    return EXIT_OK
+    progress = progress_text(rollout)
+    say(f"{args.name}: {'aborted; ' if action == 'abort' else ''}{progress}")
+    # resume, abort (its rollback) and undo set a rollout going: followed as apply's is.
+    if action == "pause" or args.no_wait:
+        return EXIT_OK
+    rollout_id = int(rollout["id"])
+    followed = await follow_change(
+        client, args.name, rollout_id, frozenset(), say, args.timeout, progress
+    )
+    return followed.code or EXIT_OK
 
 
 async def cmd_scale(client: Client, args: argparse.Namespace, out: TextIO) -> int:
@@ -752,9 +766,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         ("status", "the active rollout, or the last one"),
         ("history", "every rollout, newest first"),
         ("pause", "pause the active rollout"),
-        ("resume", "resume a paused rollout"),
-        ("abort", "stop the rollout and go back to the revision it started from"),
-        ("undo", "roll back to the previous revision (or --to-revision)"),
+        ("resume", "resume a paused rollout and follow it"),
+        ("abort", "stop the rollout, go back to the revision it started from and follow that"),
+        ("undo", "roll back to the previous revision (or --to-revision) and follow it"),
     ):
         parser = actions.add_parser(
             action,
@@ -766,6 +780,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         parser.add_argument("name")
         if action == "undo":
             parser.add_argument("--to-revision", type=int, metavar="N")
+        if action in ("resume", "abort", "undo"):
+            add_follow_options(parser)
 
     scale = add("scale", cmd_scale, "set a service's replica count and follow the scale")
     scale.add_argument("name")

@@ -384,18 +384,34 @@ async def test_rollout_control(running: Running) -> None:
     assert out.splitlines()[1].split() == ["web", "2", "->", "3", "2/2", "paused", "3", "paused"]
     code, out, err = await running.gw("rollout", "pause", "web")
     assert (code, out, err) == (1, "", "gateway: rollout 3 is paused\n")
-    code, out, _ = await running.gw("rollout", "resume", "web")
-    assert (code, out.startswith("web: rollout 3: revision 2 -> 3, progressing")) == (0, True)
+    # Followed, rollout 3 would fail once its replicas are not ready within start_timeout.
+    code, out, _ = await running.gw("rollout", "resume", "web", "--no-wait")
+    assert code == 0
+    assert out.startswith("web: rollout 3: revision 2 -> 3, progressing")
+    assert out.count("\n") == 1
 
-    code, out, _ = await running.gw("rollout", "abort", "web")
-    assert (code, out.startswith("web: aborted; rollback 4: revision 3 -> 2")) == (0, True)
+    # Every command that starts a rollout follows it as apply does (before: one line).
+    code, out, _ = await running.gw("rollout", "abort", "web", "--timeout", "10")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("web: aborted; rollback 4: revision 3 -> 2")
+    assert lines[-1] == "rollback 4 complete: revision 2 serving"
     code, out, _ = await running.gw("rollout", "undo", "web", "--to-revision", "1")
-    assert (code, out.startswith("web: undo 5: revision 2 -> 1, progressing")) == (0, True)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("web: undo 5: revision 2 -> 1, progressing")
+    assert lines[-1] == "undo 5 complete: revision 1 serving"
+    assert running.controller.state("web").observed.serving_revision == 1
+    code, out, _ = await running.gw("rollout", "undo", "web", "--to-revision", "2", "--no-wait")
+    assert code == 0
+    assert out.startswith("web: undo 6: revision 1 -> 2, progressing")
+    assert out.count("\n") == 1
     code, out, _ = await running.gw("rollout", "history", "web")
     rows = [line.split()[:5] for line in out.splitlines()[1:]]
-    assert [r[0] for r in rows] == ["5", "4", "3", "2", "1"]
-    assert rows[2] == ["3", "rollout", "2", "3", "aborted"]
-    assert rows[0][:4] == ["5", "undo", "2", "1"]
+    assert [r[0] for r in rows] == ["6", "5", "4", "3", "2", "1"]
+    assert rows[3] == ["3", "rollout", "2", "3", "aborted"]
+    assert rows[2] == ["4", "rollback", "3", "2", "complete"]
+    assert rows[1] == ["5", "undo", "2", "1", "complete"]
 
 
 async def test_a_failed_rollout_exits_non_zero_with_the_reason(running: Running) -> None:
