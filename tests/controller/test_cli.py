@@ -384,6 +384,13 @@ async def test_rollout_control(running: Running) -> None:
     assert out.splitlines()[1].split() == ["web", "2", "->", "3", "2/2", "paused", "3", "paused"]
     code, out, err = await running.gw("rollout", "pause", "web")
     assert (code, out, err) == (1, "", "gateway: rollout 3 is paused\n")
+    # A scale during a rollout follows the rollout: paused, it goes on past --timeout.
+    code, out, err = await running.gw("scale", "web", "3", "--timeout", "0.2")
+    assert (code, err) == (1, "gateway: web: not done after 0.2s (it goes on)\n")
+    assert out.splitlines() == [
+        "web: scale 2 -> 3 replicas (revision 3)",
+        "rollout 3: revision 2 -> 3, paused: r3 0/3 ready, r2 2 ready (paused by request)",
+    ]
     # Followed, rollout 3 would fail once its replicas are not ready within start_timeout.
     code, out, _ = await running.gw("rollout", "resume", "web", "--no-wait")
     assert code == 0
