@@ -14,7 +14,7 @@ the gateway in this process, as users run it (``targets.gateway_config``: access
 an http probe every second, retries). Once the gateway serves, ``wrk -t1 -c4`` runs for
 ``--seconds`` while ``sys.settrace`` counts opcode events per code object, on the event
 loop's thread only (the access log's writer thread is not counted). Requests are counted by
-the calls of ``Proxy._record`` (one per request), so the slower traced run does not skew the
+the calls of ``Exchange.record`` (one per request), so the slower traced run does not skew the
 figures. Tracing slows the gateway about twenty times: only the counts mean anything.
 Everything it starts is stopped by pid, Ctrl-C included.
 """
@@ -107,7 +107,7 @@ async def measure(config: Path, port: int, seconds: float, top: int) -> None:
             stop.set()
 
     await run_gateway(load_config(config), stop, started=started)
-    requests = counts.calls["Proxy._record"]
+    requests = counts.calls["Exchange.record"]
     if not requests:
         raise Failure("no request was proxied while traced")
     total = sum(counts.opcodes.values())

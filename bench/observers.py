@@ -85,7 +85,7 @@ async def main() -> None:
     access.start()
 
     def both(record: RequestRecord) -> None:
-        # What Proxy._record does: each observer in turn, guarded.
+        # What Exchange.record does: each observer in turn, guarded.
         for observer in (metrics, access):
             try:
                 observer.on_request(record)
@@ -95,7 +95,7 @@ async def main() -> None:
     # With the writer thread running: it takes the GIL to format and write meanwhile.
     rows += [
         ("AccessLog.on_request (queue put)", per_call_ns(access.on_request, PLAIN, n)),
-        ("both, as Proxy._record calls them", per_call_ns(both, PLAIN, n)),
+        ("both, as Exchange.record calls them", per_call_ns(both, PLAIN, n)),
     ]
     await access.stop(grace=60)
     print(f"per request, n={n} (median of 5 runs), Python {sys.version.split()[0]}")

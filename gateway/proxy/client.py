@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol, cast
@@ -41,39 +40,16 @@ from typing import Any, Final, Protocol, cast
 import httptools
 
 from ..config import ListenerLimits
-from ..errors import BadRequest, ClientGone, GatewayError, RequestTimeout, RequestTooLarge
+from ..errors import BadRequest, ClientGone, RequestTimeout
 from ..wire import http1, plainhead
 from ..wire.batch import WriteBatch
-from ..wire.headers import Fields
-from ..wire.http1 import HEAD_LIMIT_FACTOR, MAX_HEADERS
+from ..wire.http1 import HEAD_LIMIT_FACTOR
 from ..wire.plainhead import PlainRequest
 from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
-from .streams import WRITE_HIGH_WATER, BodySink, Producer
+from .request import HOST, IncomingRequest, Refused, RequestBody, head_problem
+from .streams import WRITE_HIGH_WATER, Producer
 
 log = logging.getLogger(__name__)
-
-_HOST: Final = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]*)(:[0-9]{0,5})?")
-"""What a Host header may be (RFC 9112 3.2: anything else is a 400)."""
-BODY_HIGH_WATER: Final = 256 * 1024
-"""Request body bytes buffered before the client is paused (no upstream took them yet)."""
-
-# The request fields the proxy reads (all others it only passes on).
-# (Each a Final literal: compiled, a constant of the C code; a name set any other way,
-# ``A, B = 1, 2`` for one, is looked up in the module's dict at every use.)
-_HOST_FIELD: Final = 1
-_CONTENT_LENGTH_FIELD: Final = 2
-_TRANSFER_ENCODING_FIELD: Final = 3
-_UPGRADE_FIELD: Final = 4
-_WEBSOCKET_KEY_FIELD: Final = 5
-_REQUEST_ID_FIELD: Final = 6
-_SPECIAL_FIELDS: Final = {
-    b"host": _HOST_FIELD,
-    b"content-length": _CONTENT_LENGTH_FIELD,
-    b"transfer-encoding": _TRANSFER_ENCODING_FIELD,
-    b"upgrade": _UPGRADE_FIELD,
-    b"sec-websocket-key": _WEBSOCKET_KEY_FIELD,
-    b"x-request-id": _REQUEST_ID_FIELD,
-}
 
 # Why reading from the client is paused (a bit each; reading resumes when none is left).
 _PAUSE_PIPELINE: Final = 1
@@ -95,192 +71,17 @@ the answer."""
 LINGER_BYTES: Final = 64 * 1024 * 1024
 """At most this much is discarded while lingering; then the connection is dropped."""
 
-Handler = Callable[["IncomingRequest"], Coroutine[Any, Any, None]]
-Begin = Callable[["IncomingRequest"], bool]
+Handler = Callable[["ClientConnection", IncomingRequest], Coroutine[Any, Any, None]]
+"""Serves a request as a task of its own (``Proxy.handle``)."""
+Begin = Callable[["ClientConnection", IncomingRequest], bool]
 """Serves a request without a task of its own if it can (``Proxy.begin``); False if not."""
 
 
-class Exchange(Protocol):
-    """A request served without a task (``Begin``): cut off when the client goes away."""
+class Cancellable(Protocol):
+    """The exchange of a request served without a task (``Begin``): cut off when the client
+    goes away."""
 
     def cancel(self) -> None: ...
-
-
-class RequestBody:
-    """The body of one request, from the client to the upstream of the current attempt.
-
-    Buffered (up to ``BODY_HIGH_WATER``, then the client is paused) until an attempt
-    ``attach``es its upstream connection; from then on each piece goes straight through.
-    ``started`` tells whether any byte left for an upstream, after which no retry can
-    replay it.
-    """
-
-    __slots__ = (
-        "_buffer",
-        "_buffered",
-        "_conn",
-        "_sink",
-        "complete",
-        "error",
-        "expect_continue",
-        "limit",
-        "received",
-        "started",
-    )
-
-    def __init__(self, conn: ClientConnection, expect_continue: bool) -> None:
-        self._conn = conn
-        self._buffer: list[bytes] = []
-        self._buffered = 0
-        self._sink: BodySink | None = None
-        self.limit = 0
-        """The service's ``max_body_size``, known once routed (``set_limit``); 0: none."""
-        self.expect_continue = expect_continue
-        self.received = 0
-        self.started = False
-        self.complete = False
-        self.error: BaseException | None = None
-
-    def feed(self, data: bytes | memoryview) -> None:
-        """A piece of the body (a memoryview only while ``sink_transport`` is not None)."""
-        if self.error is not None:
-            return
-        self.received += len(data)
-        if self.limit and self.received > self.limit:
-            self.fail(self._too_large())
-            return
-        sink = self._sink
-        if sink is not None:
-            sink.body_data(data)
-            return
-        self._buffer.append(bytes(data))  # kept: never a view of a buffer read into again
-        self._buffered += len(data)
-        if self._buffered > BODY_HIGH_WATER:
-            self._conn._pause(_PAUSE_BODY)
-
-    def finish(self) -> None:
-        self.complete = True
-        if self._sink is not None and self.error is None:
-            self._sink.body_end()
-
-    def fail(self, exc: BaseException) -> None:
-        """The body cannot be delivered (too large, too slow, the client left)."""
-        if self.error is not None or self.complete:
-            return
-        self.error = exc
-        self._buffer.clear()
-        if self._sink is not None:
-            self._sink.body_error(exc)
-
-    def attach(self, sink: BodySink) -> None:
-        """Send the body to ``sink``: what is buffered now, the rest as it arrives."""
-        if self.error is not None:
-            raise self.error
-        self._sink = sink
-        if self._buffer:
-            self.started = True
-            for data in self._buffer:
-                sink.body_data(data)
-            self._buffer.clear()
-            self._buffered = 0
-            self._conn._resume(_PAUSE_BODY)
-        elif self.expect_continue and not self.complete:
-            self._conn.write(http1.CONTINUE)
-        self.expect_continue = False
-        if self.complete:
-            sink.body_end()
-        else:
-            self.started = True
-
-    def detach(self) -> None:
-        self._sink = None
-
-    def sink_transport(self) -> asyncio.Transport | None:
-        """The transport each piece ``feed`` takes now is written to as it is, if any."""
-        if self._sink is None or self.error is not None:
-            return None
-        return self._sink.transport
-
-    def set_limit(self, limit: int) -> None:
-        """The service's ``max_body_size`` (known once routed); 0 is no limit."""
-        self.limit = limit
-        if limit and self.received > limit:
-            self._buffer.clear()
-            self.error = self._too_large()
-            raise self.error
-
-    def _too_large(self) -> RequestTooLarge:
-        return RequestTooLarge(
-            f"request body is over the limit of {self.limit} bytes", limit=self.limit
-        )
-
-    def take(self) -> bytes:
-        """The whole body, already received and buffered; it counts as sent."""
-        data = b"".join(self._buffer)
-        self._buffer.clear()
-        self._buffered = 0
-        self.started = True
-        self._conn._resume(_PAUSE_BODY)
-        return data
-
-
-class IncomingRequest:
-    """One parsed request head, its body, and the connection it came on.
-
-    Attributes read their class defaults until the parser sets them: one is made per
-    request, and setting each in ``__init__`` cost more than the rest of its making.
-    """
-
-    method = ""
-    target = b""
-    version = "1.1"
-    host = b""
-    host_seen = False
-    content_length: int | None = None
-    chunked = False
-    upgrade = b""
-    websocket_key = False
-    request_id: bytes | None = None
-    keep_alive = True
-    body: RequestBody | None = None
-
-    raw_fields = b""
-    """The field lines of a head read by ``plainhead`` (``headers`` is made of them if
-    asked for)."""
-    plain_lines: bytes | None = None
-    """Of those, the lines that go upstream as they are (``headers.plain_upstream_request``);
-    None for a head llhttp read."""
-    forwarded = False
-    """Whether a head read by ``plainhead`` holds an X-Forwarded-* field."""
-
-    def __init__(self, conn: ClientConnection, headers: Fields | None) -> None:
-        self.conn = conn
-        self._headers = headers
-
-    @property
-    def headers(self) -> Fields:
-        """The request's fields, as they came (in order, names as spelled)."""
-        headers = self._headers
-        if headers is None:
-            headers = self._headers = plainhead.fields(self.raw_fields)
-        return headers
-
-    @property
-    def peer(self) -> str | None:
-        return self.conn.peer
-
-    @property
-    def is_websocket(self) -> bool:
-        """A WebSocket upgrade the proxy may relay (anything else is a plain request)."""
-        return (
-            self.method == "GET"
-            and self.upgrade.lower() == b"websocket"
-            and self.websocket_key
-            and self.version == "1.1"
-        )
-
-    def __repr__(self) -> str:
-        return f"<IncomingRequest {self.method} {self.target!r} HTTP/{self.version}>"
 
 
 class ConnectionGate:
@@ -380,7 +181,7 @@ class ClientConnection(asyncio.Protocol):
         bytes, a fifth of what an idle keep-alive connection holds."""
         self.active: IncomingRequest | None = None
         self.task: asyncio.Task[None] | None = None
-        self.exchange: Exchange | None = None
+        self.exchange: Cancellable | None = None
         self._over: list[asyncio.Future[None]] | None = None
         """``request_over`` futures to resolve once no request is active."""
         """The active request's exchange while it runs without a task (``Begin``)."""
@@ -510,7 +311,7 @@ class ClientConnection(asyncio.Protocol):
             self._upgraded(data[upgrade.args[0] :])
         except httptools.HttpParserError as exc:
             refused = exc.__context__
-            if isinstance(refused, _Refused):  # raised by one of our callbacks
+            if isinstance(refused, Refused):  # raised by one of our callbacks
                 self._refuse(refused.status, refused.code, refused.message)
                 return
             parsing = self._parsing
@@ -549,10 +350,10 @@ class ClientConnection(asyncio.Protocol):
         then llhttp's way refuses it."""
         method, target, block, kept, host, request_id, keep_alive, forwarded = plain
         if host and host != self._host_checked:
-            if not _HOST.fullmatch(host):
+            if not HOST.fullmatch(host):
                 return False
             self._host_checked = host
-        request = IncomingRequest(self, None)
+        request = IncomingRequest(None)
         request.raw_fields = block
         request.plain_lines = kept
         request.forwarded = forwarded
@@ -621,7 +422,7 @@ class ClientConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         # The head's deadline is set only if a read leaves it incomplete (``data_received``):
         # most heads come whole in one read.
-        self._parsing = IncomingRequest(self, [])
+        self._parsing = IncomingRequest([])
         self._boundary = False
         self._head_bytes = 0
 
@@ -630,50 +431,14 @@ class ClientConnection(asyncio.Protocol):
         assert request is not None
         request.target += url
         if len(request.target) > self._limits.max_header_size:
-            raise _Refused(414, "uri_too_long", "the request line is too long")
+            raise Refused(414, "uri_too_long", "the request line is too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self._parsing
         assert request is not None
-        if len(name) + len(value) > self._limits.max_header_size:
-            raise _Refused(431, "header_too_large", "a request header field is too large")
-        headers = request.headers
-        if len(headers) >= MAX_HEADERS:
-            raise _Refused(431, "header_too_large", "too many request header fields")
-        headers.append((name, value))
-        if not value.isascii():
-            try:
-                value.decode()
-            except UnicodeDecodeError:
-                raise _Refused(
-                    400, "bad_request", f"the request is refused: {name!r} is not UTF-8"
-                ) from None
-        special = _SPECIAL_FIELDS.get(name.lower())
-        if special is None:
-            return  # most fields: the proxy passes them on and reads nothing of them
-        if special == _HOST_FIELD:
-            if request.host_seen:  # an empty Host is one too
-                raise _Refused(400, "bad_request", "more than one Host header")
-            request.host_seen = True
-            if value != self._host_checked:  # a client sends the same Host again and again
-                if not _HOST.fullmatch(value):
-                    raise _Refused(
-                        400,
-                        "bad_request",
-                        "the request is refused: the Host header is not host[:port]",
-                    )
-                self._host_checked = value
-            request.host = value
-        elif special == _CONTENT_LENGTH_FIELD:
-            request.content_length = int(value)  # llhttp checked it is a number, and one
-        elif special == _TRANSFER_ENCODING_FIELD:
-            request.chunked = True
-        elif special == _UPGRADE_FIELD:
-            request.upgrade = value
-        elif special == _WEBSOCKET_KEY_FIELD:
-            request.websocket_key = True
-        else:
-            request.request_id = value
+        self._host_checked = request.add_field(
+            name, value, self._limits.max_header_size, self._host_checked
+        )
 
     def on_headers_complete(self) -> None:
         request = self._parsing
@@ -682,9 +447,9 @@ class ClientConnection(asyncio.Protocol):
         request.method = parser.get_method().decode("ascii")
         request.version = parser.get_http_version()
         request.keep_alive = parser.should_keep_alive() and not self._closing
-        problem = _head_problem(request)
+        problem = head_problem(request)
         if problem is not None:
-            raise _Refused(*problem)
+            raise Refused(*problem)
         if request.chunked or request.content_length:
             expect = any(
                 n.lower() == b"expect" and v.lower() == b"100-continue" for n, v in request.headers
@@ -749,8 +514,8 @@ class ClientConnection(asyncio.Protocol):
 
     def _start(self, request: IncomingRequest) -> None:
         self.active = request
-        if self._begin is None or not self._begin(request):
-            self.task = self._loop.create_task(self._run(request, self._handler(request)))
+        if self._begin is None or not self._begin(self, request):
+            self.task = self._loop.create_task(self._run(request, self._handler(self, request)))
 
     def run(self, request: IncomingRequest, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Go on with the active request in a task of its own, running ``work``."""
@@ -951,6 +716,14 @@ class ClientConnection(asyncio.Protocol):
             if parsing is not None and parsing.body is not None and self._limits.body_timeout:
                 self._set_deadline(self._limits.body_timeout, _BODY)
 
+    def pause_body(self) -> None:
+        """Too much of the request body is buffered (no upstream took it yet)."""
+        self._pause(_PAUSE_BODY)
+
+    def resume_body(self) -> None:
+        """The request body's buffer was taken."""
+        self._resume(_PAUSE_BODY)
+
     def pause_reading(self) -> None:
         """The upstream cannot take more of the body (its socket buffer is full)."""
         self._pause(_PAUSE_UPSTREAM)
@@ -1028,44 +801,3 @@ class ClientConnection(asyncio.Protocol):
             f"<ClientConnection peer={self.peer} active={self.active!r} "
             f"queued={len(self._pipeline or ())} closing={self._closing}>"
         )
-
-
-class _Refused(Exception):
-    """Raised from a parser callback: the head is refused with ``status``."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-def _head_problem(request: IncomingRequest) -> tuple[int, str, str] | None:
-    """Heads llhttp accepts but an upstream could read differently: (status, code, message)."""
-    if request.version == "0.9":
-        return 400, "bad_request", "the request is refused: HTTP/0.9 requests are not served"
-    if request.method == "CONNECT":
-        return 405, "method_not_allowed", "CONNECT is not served by this gateway"
-    if request.chunked:
-        if request.version != "1.1":
-            return 400, "bad_request", "the request is refused: Transfer-Encoding in HTTP/1.0"
-        codings = [
-            c.strip().lower()
-            for n, v in request.headers
-            if n.lower() == b"transfer-encoding"
-            for c in v.split(b",")
-        ]
-        if codings != [b"chunked"]:
-            return 400, "bad_request", "the request is refused: a transfer coding not chunked"
-    return None
-
-
-def gateway_error_response(exc: GatewayError, request_id: str, close: bool) -> bytes:
-    """The JSON answer for a ``GatewayError``."""
-    body: dict[str, object] = {**exc.details, "error": exc.code, "message": exc.message}
-    body["request_id"] = request_id
-    extra = {"X-Request-Id": request_id}
-    retry_after = getattr(exc, "retry_after", None)
-    if retry_after is not None:
-        extra["Retry-After"] = str(retry_after)
-    return http1.json_response(exc.status, body, extra, close=close)

@@ -33,7 +33,7 @@ HEAD_LIMIT_FACTOR: Final = 4
 _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 STATUS_LINE_START: Final = tuple(b"HTTP/1.1 %d " % code for code in range(1000))
 """``HTTP/1.1 <code> `` by code (llhttp reads three digits; the gateway's own are three too):
-joining a head from pieces costs two thirds of formatting it (``Proxy._client_head``)."""
+joining a head from pieces costs two thirds of formatting it (``proxy.messages.client_head``)."""
 _date_cache: tuple[int, bytes] = (0, b"")
 
 

@@ -369,7 +369,7 @@ async def test_streamed_answer_arrives_whole(
 
     assert received == b"".join(pieces)
     # Task-free all along; and as the upstream held the rest of the body until the client had
-    # its first piece, the body ended after the head was handled (``_Fast._streamed``).
+    # its first piece, the body ended after the head was handled (``Exchange._streamed``).
     assert ways(gw) == (1, 0)
     await until(lambda: recorder.records)
     (record,) = recorder.records

@@ -267,5 +267,5 @@ async def test_a_finished_request_leaves_no_cyclic_garbage(pool, upstream, gatew
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
-    assert not kinds & {"Lease", "IncomingRequest", "_Exchange", "RequestBody", "ResponseHead"}
+    assert not kinds & {"Lease", "IncomingRequest", "Exchange", "RequestBody", "ResponseHead"}
     assert not {c for c in coroutines if c.startswith(("Proxy.", "ClientConnection."))}

@@ -1,0 +1,417 @@
+"""The exchange: one request and its answer, across its attempts; the request's one owner.
+
+An ``Exchange`` is made when a request's head was read, by ``Proxy.begin`` or
+``Proxy.handle``, and lives until its record went to the observers. It holds what the
+request has done so far (route, upstream, status, timings, bytes, retries, error) and does
+what both ways through the proxy share: the failure of an attempt and whether it is retried,
+the answer's head towards the client, the answer delivered or broken off, the gateway's own
+error answers, and the record.
+
+The common request is served without a task (``Proxy.begin``): the exchange then is the
+upstream connection's ``Waiter`` (told of the answer from its callbacks), the client
+connection's ``exchange`` (cancelled if the client goes away) and its pool's holder of the
+request in flight (aborted if a drain times out): exactly one of ``answered``, ``failed``
+and ``cancel`` ends it, or hands it on to a task (``Forwarding.hand_on``), and each clears
+the references to it. Anything else is ``Proxy.handle``, as the request's task, with the
+same exchange.
+
+Invariants: an exchange is recorded exactly once; the request it holds in flight without a
+task is released exactly once (``_end``); a response whose upstream body broke off is
+aborted, never completed short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection, Sequence
+
+from ..config import ProxyConfig
+from ..errors import (
+    BadRequest,
+    GatewayError,
+    RequestTimeout,
+    RequestTooLarge,
+    UpstreamError,
+    UpstreamProtocolError,
+)
+from ..events import RequestObserver, RequestRecord
+from ..pool import Pool, ServicePool
+from ..upstream import Upstream
+from ..wire import headers, http1
+from . import messages, retry
+from .client import ClientConnection
+from .connector import Connector, ResponseHead, UpstreamConnection
+from .request import IncomingRequest
+from .retry import RETRY_STATUSES, Failed
+from .streams import ResponseStream
+
+log = logging.getLogger(__name__)
+
+
+class Forwarding:
+    """What the exchanges of one proxy share: the pool, the upstream connections, the
+    observers, the loop; and two counters of which way requests went (``Proxy``).
+
+    - ``task_free``: requests ``Proxy.begin`` sent upstream itself, from the parser's callback;
+    - ``handed_on``: requests handed to a task after all: no idle connection to the upstream
+      picked, or a total timeout, or the attempt sent failed (then counted in both).
+    """
+
+    loop: asyncio.AbstractEventLoop
+    """The running loop (from ``Proxy.start``)."""
+    pool: Pool
+    config: ProxyConfig
+    observers: tuple[RequestObserver, ...]
+    _connector: Connector | None
+    task_free: int
+    handed_on: int
+
+    def __init__(
+        self, pool: Pool, config: ProxyConfig, observers: Sequence[RequestObserver] = ()
+    ) -> None:
+        self.pool = pool
+        self.config = config
+        self.observers = tuple(observers)
+        self._connector: Connector | None = None
+        self.task_free = 0
+        self.handed_on = 0
+
+    @property
+    def connector(self) -> Connector:
+        if self._connector is None:
+            raise RuntimeError("Proxy.start() was not called")
+        return self._connector
+
+    def hand_on(self, exchange: Exchange, failed: Failed | None) -> None:
+        """Go on with ``exchange`` as its request's task (after ``failed``, if given)."""
+        raise NotImplementedError
+
+
+class Exchange:
+    """One request, its answer and its record, across its attempts.
+
+    Attributes read their class defaults until set: one is made per request, and setting
+    each in ``__init__`` cost more than the rest of its making.
+    """
+
+    path: str = ""
+    service: str = ""
+    upstream: Upstream | None = None
+    """The upstream of the current (or last) attempt."""
+    status: int = 0
+    ttfb: float | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    retries: int = 0
+    retry_reasons: tuple[str, ...] = ()
+    error: str | None = None
+    response_started: bool = False
+    """Response headers went to the client: no other answer is possible."""
+    complete: bool = False
+    """The answer was delivered in full (a cancellation after that is no error)."""
+    sp: ServicePool | None = None
+    """The service, once routed."""
+    target: bytes = b""
+    """The request target sent upstream, once routed."""
+    conn: UpstreamConnection | None = None
+    """The upstream connection while served without a task."""
+    sink: ResponseStream | None = None
+    """Where the answer's body goes while it streams, served without a task."""
+    held: str | None = None
+    """The upstream this holds the request in flight on without a task, until ``_end``."""
+
+    def __init__(
+        self, proxy: Forwarding, client: ClientConnection, request: IncomingRequest
+    ) -> None:
+        self.proxy = proxy
+        self.client = client
+        self.request = request
+        candidate = request.request_id
+        self.request_id = headers.request_id(candidate.decode("latin-1") if candidate else None)
+        self.started = proxy.loop.time()
+
+    # -- without a task ----------------------------------------------------------------------
+
+    def start(self, sp: ServicePool, upstream: Upstream, conn: UpstreamConnection) -> None:
+        """Send the request (routed, no body) on ``conn``, an idle connection to ``upstream``,
+        and be told of its answer by the connection's callbacks."""
+        request = self.request
+        self.upstream = upstream
+        self.conn = conn
+        sp.hold(upstream.id, self)
+        self.held = upstream.id
+        self.client.exchange = self
+        head = self.upstream_head(self.target, upstream)
+        if request.content_length is not None:
+            head.append(b"Content-Length: 0")
+        head.append(http1.CRLF)
+        conn.send(
+            http1.CRLF.join(head),
+            body=False,
+            chunked=False,
+            head_only=request.method == "HEAD",
+            read_timeout=sp.routing.timeouts.read,
+            waiter=self,
+        )
+
+    def answered(self, conn: UpstreamConnection, head: ResponseHead) -> None:
+        """The answer's final head arrived (``connector.Waiter``)."""
+        upstream = self.upstream
+        assert upstream is not None
+        now = self.proxy.loop.time()
+        self.ttfb = now - self.started
+        if head.status >= 500:
+            failed = self.check_answer(conn, head, (upstream.id,))
+            if failed is not None:
+                self._retry(failed)
+                return
+        chunked, data = self.client_head(conn, head)
+        if conn.complete and not chunked:  # the whole answer, at once (most)
+            body = conn.take_body()
+            self.client.write(data + body)
+            self._served(len(body), now)
+            return
+        sink = ResponseStream(self.client, chunked)
+        done = conn.stream_to(sink, data)  # never raises: the connection has not failed
+        if done is None:
+            self._served(sink.bytes_out, now)
+        else:
+            self.sink = sink
+            done.add_done_callback(self._streamed)
+
+    def failed(self, conn: UpstreamConnection, error: GatewayError) -> None:
+        """The attempt failed before the answer's head arrived (``connector.Waiter``)."""
+        conn.abort()
+        self._retry(self.failure(error))
+
+    def abort(self) -> None:
+        """A drain of its upstream timed out (``pool.Holder``)."""
+        self.cancel()
+
+    def cancel(self) -> None:
+        """Cut the exchange off: the client went away, or a drain timed out."""
+        client = self.client
+        if client.exchange is not self:
+            return  # over already
+        conn = self.conn
+        self.sink = None
+        if conn is not None:
+            conn.waiter = None
+            conn.abort()  # not through the connector, which is gone when the gateway stops
+        self._end()
+        self.status = self.status or 499
+        self.error = "client_too_slow" if client.send_timed_out else self.error or "cancelled"
+        self.record(self.proxy.loop.time())
+        client.abort()
+
+    def _streamed(self, done: asyncio.Future[None]) -> None:
+        """The body of the answer ended, whole or broken off (unless cut off before)."""
+        sink = self.sink
+        if self.client.exchange is not self or sink is None:
+            return  # cancelled meanwhile
+        self.sink = None
+        error = None if done.cancelled() else done.exception()
+        if error is None:
+            self._served(sink.bytes_out, self.proxy.loop.time())
+            return
+        conn = self.conn
+        assert conn is not None
+        if not isinstance(error, GatewayError):
+            error = UpstreamProtocolError(f"upstream response failed: {error!r}")
+        self.broke_off(conn, sink, error)
+        self._end()
+        self.record(self.proxy.loop.time())
+
+    def _served(self, bytes_out: int, now: float) -> None:
+        conn = self.conn
+        assert conn is not None
+        self.delivered(conn, bytes_out)
+        self._end()
+        self.record(now)
+        self.client.finished(self.request)
+
+    def _retry(self, failed: Failed) -> None:
+        """The attempt failed (its connection is gone): retry it, or answer, in a task.
+
+        Nothing is held across: if the task is cancelled before it starts, nothing leaks.
+        """
+        self._end()
+        self.proxy.hand_on(self, failed)
+
+    def _end(self) -> None:
+        """No longer in flight without a task; drop the references that made this a cycle."""
+        held = self.held
+        if held is not None:
+            self.held = None
+            sp = self.sp
+            assert sp is not None
+            sp.unhold(held, self)
+        self.conn = None
+        self.client.exchange = None
+
+    # -- both ways ---------------------------------------------------------------------------
+
+    def upstream_head(self, target: bytes, upstream: Upstream) -> list[bytes]:
+        """The request line and header lines sent to ``upstream`` (framing not included)."""
+        return messages.upstream_head(
+            self.request,
+            target,
+            peer=self.client.peer,
+            request_id=self.request_id,
+            trust_forwarded=self.proxy.config.trust_forwarded,
+            address=upstream.address,
+        )
+
+    def may_retry(self, kind: str, tried: Collection[str]) -> bool:
+        """Whether an attempt that failed with ``kind`` is tried again (``retry``)."""
+        sp = self.sp
+        assert sp is not None
+        request = self.request
+        body = request.body
+        return retry.may_retry(
+            kind,
+            method=request.method,
+            has_body=body is not None,
+            body_taken=body is not None and (body.started or body.error is not None),
+            response_started=self.response_started,
+            retries=self.retries,
+            elapsed=self.proxy.loop.time() - self.started,
+            config=sp.routing.retries,
+            routable=sp.snapshot.routable,
+            tried=tried,
+        )
+
+    def failure(self, error: GatewayError) -> Failed:
+        """An attempt's failure, reported to passive detection unless the client caused it."""
+        kind = error.kind
+        if kind == "client" or isinstance(error, RequestTooLarge | RequestTimeout | BadRequest):
+            return Failed(error, "client")
+        upstream, sp = self.upstream, self.sp
+        assert upstream is not None
+        assert sp is not None
+        error.details.update(service=sp.routing.name, upstream=upstream.id)
+        outcome = "connect_failure" if kind == "connect" else "5xx"
+        self.proxy.pool.report(sp.routing.name, upstream.id, outcome)
+        return Failed(error, kind)
+
+    def check_answer(
+        self, conn: UpstreamConnection, head: ResponseHead, tried: Collection[str]
+    ) -> Failed | None:
+        """The answer's head arrived (``ttfb`` is set): passive detection, and the failure
+        if it is retried."""
+        upstream, sp = self.upstream, self.sp
+        assert upstream is not None
+        assert sp is not None
+        status = head.status
+        if status >= 500:
+            proxy = self.proxy
+            proxy.pool.report(sp.routing.name, upstream.id, "5xx")
+            if status in RETRY_STATUSES and self.may_retry("status", tried):
+                proxy.connector.discard(conn)
+                error = UpstreamError(
+                    f"upstream answered {status}", service=sp.routing.name, upstream=upstream.id
+                )
+                return Failed(error, "status")
+        return None
+
+    def client_head(self, conn: UpstreamConnection, head: ResponseHead) -> tuple[bool, bytes]:
+        """The head of the answer as the client gets it, and whether its body is chunked; the
+        client's connection reads from ``conn`` from now on."""
+        client = self.client
+        request = self.request
+        body = request.body
+        keep_alive = request.keep_alive and not client.closing
+        if body is not None and not body.complete:
+            keep_alive = False  # the rest of the body would have to be read first
+        self.status = head.status
+        self.response_started = True
+        client.producer = conn
+        chunked, keep_alive, data = messages.client_head(request, head, self.request_id, keep_alive)
+        request.keep_alive = keep_alive
+        return chunked, data
+
+    def delivered(self, conn: UpstreamConnection, bytes_out: int) -> None:
+        """The answer went to the client whole: the upstream connection is free again."""
+        sp, upstream = self.sp, self.upstream
+        assert sp is not None
+        self.bytes_out = bytes_out
+        body = self.request.body
+        if body is not None:
+            self.bytes_in = body.received
+        self.complete = True
+        proxy = self.proxy
+        if self.status < 500 and upstream is not None:
+            proxy.pool.succeeded(sp, upstream.id)
+        proxy.connector.release(conn)
+
+    def broke_off(self, conn: UpstreamConnection, sink: ResponseStream, exc: GatewayError) -> None:
+        """The answer's body broke off: cut the client off without its end, so it must never
+        look complete."""
+        sp, upstream = self.sp, self.upstream
+        assert sp is not None
+        self.bytes_out = sink.bytes_out
+        self.error = exc.code
+        self.client.abort()
+        proxy = self.proxy
+        proxy.connector.discard(conn)
+        if exc.kind != "client":
+            proxy.pool.report(sp.routing.name, upstream.id if upstream else "", "5xx")
+
+    def error_response(self, exc: GatewayError) -> None:
+        """Answer with the gateway's own error (no answer went to the client yet)."""
+        self.status = exc.status
+        self.error = exc.code
+        request, client = self.request, self.client
+        body = request.body
+        close = (
+            not request.keep_alive
+            or client.closing
+            or (body is not None and not body.complete)
+            or isinstance(exc, RequestTimeout | BadRequest)
+        )
+        if close:
+            request.keep_alive = False
+        client.write(messages.gateway_error_response(exc, self.request_id, close))
+
+    def cancelled(self) -> None:
+        """The request's task was cancelled (the client went away, a drain timed out)."""
+        self.status = self.status or 499
+        if self.client.send_timed_out:
+            self.error = "client_too_slow"
+        elif not self.complete:
+            self.error = self.error or "cancelled"
+
+    def record(self, now: float) -> None:
+        """Tell the observers what the exchange did (exactly once, at its end)."""
+        observers = self.proxy.observers
+        if not observers:
+            return
+        upstream = self.upstream
+        # Positional, in the order of RequestRecord's fields: fourteen keywords cost more than
+        # the metrics of the request do.
+        record = RequestRecord(
+            self.request_id,
+            self.service,
+            upstream.revision if upstream is not None else None,
+            upstream.id if upstream is not None else None,
+            self.request.method,
+            self.path,
+            self.status,
+            now - self.started,
+            self.ttfb,
+            self.bytes_in,
+            self.bytes_out,
+            self.retries,
+            self.retry_reasons,
+            self.error,
+        )
+        for observer in observers:
+            try:
+                observer.on_request(record)
+            except Exception:
+                log.exception("request observer %r failed", observer)
+
+    def __repr__(self) -> str:
+        request = self.request
+        return f"<Exchange {self.request_id} {request.method} {request.target!r} {self.status}>"

@@ -1,0 +1,119 @@
+"""The heads the proxy writes: a request's towards its upstream, an answer's towards the
+client, and the gateway's own JSON answers.
+
+Header rules are ``wire.headers``; this module puts a request's or an answer's head
+together from them, with its framing (Content-Length, chunked, or the close).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ..errors import GatewayError
+from ..wire import headers, http1
+from .connector import ResponseHead
+from .request import IncomingRequest
+
+NO_BODY_STATUSES: Final = frozenset({204, 304})
+
+
+def upstream_head(
+    request: IncomingRequest,
+    target: bytes,
+    *,
+    peer: str | None,
+    request_id: str,
+    trust_forwarded: bool,
+    address: str,
+) -> list[bytes]:
+    """The request line and header lines sent upstream (framing not included); ``address``:
+    the upstream's, the Host of a request that had none."""
+    plain = request.plain_lines
+    if plain is not None and not (request.forwarded and trust_forwarded):
+        lines = headers.plain_upstream_request(
+            plain, host=request.host, peer=peer, request_id=request_id
+        )
+    else:
+        lines = headers.upstream_request(
+            request.headers,
+            host=request.host,
+            peer=peer,
+            request_id=request_id,
+            trust_forwarded=trust_forwarded,
+            websocket=bool(request.upgrade) and request.is_websocket,
+        )
+    lines.insert(0, request.method.encode() + b" " + target + b" HTTP/1.1")
+    if not request.host:
+        lines.append(b"Host: " + address.encode())
+    return lines
+
+
+def client_head(
+    request: IncomingRequest, head: ResponseHead, request_id: str, keep_alive: bool
+) -> tuple[bool, bool, bytes]:
+    """The head of the answer as the client gets it: (chunked, keep_alive, bytes); the
+    connection is kept alive only if ``keep_alive`` and the answer's framing allow it."""
+    status = head.status
+    hop = head.hop
+    length = head.content_length
+    if (
+        keep_alive
+        and length is not None
+        and status != 204
+        and request.version == "1.1"
+        and not (hop and headers.names_fields(hop))
+    ):
+        # Most answers: what the steps below make of them, in one step.
+        fields = head.fields
+        return (
+            False,
+            True,
+            b"".join(
+                [
+                    http1.STATUS_LINE_START[status],
+                    head.phrase,
+                    b"\r\n",
+                    fields,
+                    b"\r\n" if fields else b"",
+                    b"X-Request-Id: ",
+                    request_id.encode(),
+                    b"\r\nContent-Length: ",
+                    str(length).encode(),
+                    b"\r\n\r\n",
+                ]
+            ),
+        )
+    chunked = False
+    lines = headers.client_response(head.fields, head.hop, request_id)
+    if head.content_length is not None and status != 204:
+        # Also on a HEAD or 304 answer: the size of the body that is not sent.
+        lines.append(b"Content-Length: %d" % head.content_length)
+    elif request.method == "HEAD" or status in NO_BODY_STATUSES:
+        pass  # no body follows
+    elif request.version == "1.1":
+        chunked = True
+        lines.append(b"Transfer-Encoding: chunked")
+    else:
+        keep_alive = False  # framed by the close, as the upstream did
+    if not keep_alive:
+        lines.append(b"Connection: close")
+    elif request.version == "1.0":
+        lines.append(b"Connection: keep-alive")
+    return chunked, keep_alive, http1.response_head(status, head.phrase, lines)
+
+
+def upgrade_head(head: ResponseHead, request_id: str) -> bytes:
+    """The head of an upstream's 101 as the client gets it."""
+    lines = headers.client_response(head.fields, head.hop, request_id, upgrade=True)
+    return http1.response_head(101, head.phrase, lines)
+
+
+def gateway_error_response(exc: GatewayError, request_id: str, close: bool) -> bytes:
+    """The JSON answer for a ``GatewayError``."""
+    body: dict[str, object] = {**exc.details, "error": exc.code, "message": exc.message}
+    body["request_id"] = request_id
+    extra = {"X-Request-Id": request_id}
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        extra["Retry-After"] = str(retry_after)
+    return http1.json_response(exc.status, body, extra, close=close)
