@@ -161,6 +161,8 @@ def build_admin_app(
         middlewares=[errors_middleware, auth_middleware(token)],
         client_max_size=client_max_size,
     )
+    # /api/events shows the data plane's health transitions too (once, however many apps).
+    controller.journal.follow(controller.pool)
     app[CONTROLLER] = controller
     app[READY] = ready
     app[STOPPING] = asyncio.Event()

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..config import format_validation_error
 from ..errors import Conflict, NotFound, SpecError
-from ..journal import Entry
+from ..journal import HISTORY, Entry
 from ..model import LEAVING, Rollout
 from ..operations import Controller
 from ..spec import ServiceSpec
@@ -367,14 +367,30 @@ def _sse(entry: Entry) -> bytes:
     return f"id: {entry.id}\nevent: {entry.kind}\ndata: {data}\n\n".encode()
 
 
+def _last_event_id(request: web.Request) -> int | None:
+    value = request.headers.get("Last-Event-ID")
+    if value is None:
+        return None
+    if not _INTEGER.fullmatch(value) or len(value) > 18:
+        raise invalid_request("Last-Event-ID", f"not an event id: {value!r}")
+    return int(value)
+
+
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events of every journal entry (of ``?service=NAME``), live, until the
-    client goes away or the admin listener stops. A comment line keeps idle streams open."""
+    client goes away or the admin listener stops. A comment line keeps idle streams open.
+
+    With ``Last-Event-ID`` (a client that comes back), the entries after that one that the
+    journal still holds are sent first."""
     controller = _controller(request)
     service = request.query.get("service") or None
+    last_id = _last_event_id(request)
     keepalive = request.app[KEEPALIVE]
     stopping = request.app[STOPPING]
+    # Both at once, with no await between: an entry is either missed (and in ``missed``) or
+    # in the queue, never both and never neither.
     queue = controller.journal.watch()
+    missed = [] if last_id is None else controller.journal.since(last_id)
     try:
         response = web.StreamResponse(
             headers={
@@ -385,6 +401,9 @@ async def events(request: web.Request) -> web.StreamResponse:
         )
         await response.prepare(request)
         await response.write(b": watching\n\n")
+        for entry in missed:
+            if service is None or entry.service == service:
+                await response.write(_sse(entry))
         stop = asyncio.ensure_future(stopping.wait())
         get: asyncio.Future[Entry] | None = None
         try:
@@ -418,6 +437,12 @@ TAIL = Query(
     "tail",
     {"type": "integer", "minimum": 1, "maximum": MAX_TAIL, "default": DEFAULT_TAIL},
     "How many of the last lines",
+)
+LAST_EVENT_ID = Query(
+    "Last-Event-ID",
+    {"type": "string", "pattern": "^-?[0-9]{1,18}$"},
+    f"The id of the last event seen: the events after it that the gateway still holds (of the "
+    f"last {HISTORY}) are sent first",
 )
 
 OPERATIONS_TABLE: list[Operation] = [
@@ -462,7 +487,9 @@ OPERATIONS_TABLE: list[Operation] = [
               errors=(404,)),
     Operation("POST", f"{SERVICE}/upstreams/{{upstream}}/undrain", undrain_upstream,
               "Take a manual drain back", {200: UpstreamView}, errors=(404, 409)),
-    Operation("GET", "/api/events", events, "Server-sent events of every transition",
-              {200: None}, stream=EventView,
-              query=(Query("service", {"type": "string"}, "Only this service's events"),)),
+    Operation("GET", "/api/events", events,
+              "Server-sent events of every transition, health transitions included",
+              {200: None}, errors=(422,), stream=EventView,
+              query=(Query("service", {"type": "string"}, "Only this service's events"),),
+              headers=(LAST_EVENT_ID,)),
 ]  # fmt: skip

@@ -67,6 +67,8 @@ class Operation:
     body: type[BaseModel] | Literal["spec"] | None = None
     body_required: bool = True
     query: tuple[Query, ...] = ()
+    headers: tuple[Query, ...] = ()
+    """Request headers the route reads."""
     stream: type[BaseModel] | None = None
     """Server-sent events whose ``data`` is this model's JSON."""
     auth: bool = True
@@ -130,6 +132,11 @@ def _operation(op: Operation) -> dict[str, Any]:
         {"name": q.name, "in": "query", "required": False, "schema": q.schema,
          "description": q.description}
         for q in op.query
+    ]  # fmt: skip
+    params += [
+        {"name": h.name, "in": "header", "required": False, "schema": h.schema,
+         "description": h.description}
+        for h in op.headers
     ]  # fmt: skip
     responses: dict[str, Any] = {}
     for status, model in op.responses.items():

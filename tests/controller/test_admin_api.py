@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from controller.admin.app import build_admin_app, is_loopback
+from controller.journal import Journal
 from controller.model import ReplicaState
 from gateway import Health
 
@@ -806,6 +807,79 @@ async def test_events_end_when_the_admin_app_shuts_down(
     await app.shutdown()
     assert await asyncio.wait_for(response.content.read(), 5) == b"\n"
     assert not h.controller.journal._watchers
+
+
+async def test_events_show_health_transitions(api: Api) -> None:
+    # The data plane's view: a starting replica failing its probes changes no replica state
+    # (no replica_* entry), an ejection neither; both are transitions an operator watches.
+    await api.call("PUT", "/api/services/web", spec("web", 1))
+    await api.h.settle()
+    starting = api.h.replicas("web")[0]
+    response = await api.client.get("/api/events?service=web", headers=AUTH)
+    assert await response.content.readline() == b": watching\n"
+    api.h.pool.set_health("web", starting.id, Health.UNHEALTHY, "probe failed: 503")
+    [sick] = (await read_events(response, until="upstream_unhealthy"))[-1:]
+    assert sick["data"]["message"] == (
+        f"upstream {starting.id} unknown -> unhealthy: probe failed: 503"
+    )
+    assert (sick["data"]["replica"], sick["data"]["revision"]) == (starting.id, 1)
+    api.h.pool.set_health("web", starting.id, Health.HEALTHY, "probe passed")
+    await api.h.settle()
+    kinds = [e["event"] for e in await read_events(response, until="upstream_healthy")]
+    assert "replica_ready" in kinds  # the controller's view follows, as before
+    assert api.h.pool.eject("web", starting.id, "5 consecutive 5xx") is not None
+    ejected = (await read_events(response, until="upstream_ejected"))[-1]
+    assert ejected["data"]["message"] == f"upstream {starting.id} ejected: 5 consecutive 5xx"
+    response.close()
+
+
+async def test_health_transitions_are_recorded_once_however_many_apps(
+    api: Api, aiohttp_client: ClientFactory
+) -> None:
+    await aiohttp_client(build_admin_app(api.h.controller, lambda: True, TOKEN))
+    await api.call("PUT", "/api/services/web", spec("web", 1))
+    await api.h.settle()
+    replica = api.h.replicas("web")[0]
+    api.h.pool.set_health("web", replica.id, Health.UNHEALTHY, "probe failed")
+    rows = [e for e in api.h.store.events("web") if e.kind == "upstream_unhealthy"]
+    assert len(rows) == 1
+
+
+async def test_a_watcher_that_comes_back_gets_what_it_missed(api: Api) -> None:
+    response = await api.client.get("/api/events?service=web", headers=AUTH)
+    await api.call("PUT", "/api/services/web", spec("web", 1))
+    await api.h.settle()
+    seen = await read_events(response, until="replica_started")
+    response.close()
+    await api.call("PUT", "/api/services/api", spec("api", 1))
+    await api.h.pass_probes("web")  # while nobody watches
+    await api.h.settle()
+    missed = [e for e in api.h.store.events("web") if e.id > int(seen[-1]["id"])]
+    assert missed
+
+    headers = {**AUTH, "Last-Event-ID": seen[-1]["id"]}
+    response = await api.client.get("/api/events?service=web", headers=headers)
+    again = await read_events(response, until=missed[-1].kind)
+    assert [int(e["id"]) for e in again] == [e.id for e in missed]
+    await api.call("POST", "/api/services/web/scale", {"replicas": 2})  # and then live
+    live = await read_events(response, until="service_updated")
+    assert int(live[0]["id"]) > missed[-1].id
+    response.close()
+
+
+async def test_the_history_a_watcher_can_come_back_to_is_bounded(h: Harness) -> None:
+    journal = Journal(h.store, h.clock, history=3)
+    ids = [journal.record("web", "service_updated", f"m{i}").id for i in range(5)]
+    assert [e.id for e in journal.since(ids[2])] == ids[3:]
+    assert [e.id for e in journal.since(ids[0])] == ids[2:]  # older than it holds: all of it
+    assert journal.since(ids[4]) == []
+    assert "history=3" in repr(journal)
+
+
+@pytest.mark.parametrize("last", ["x", "1.5", "", "9" * 30])
+async def test_a_last_event_id_that_is_no_id_is_422(api: Api, last: str) -> None:
+    body = await api.call("GET", "/api/events", headers={"Last-Event-ID": last}, status=422)
+    assert body["errors"][0]["field"] == "Last-Event-ID"
 
 
 # -- failures ---------------------------------------------------------------------------------
