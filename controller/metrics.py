@@ -11,12 +11,20 @@ forgotten with their service.
     gateway_rollout_in_progress{service}               1 while a rollout is progressing or paused
     gateway_rollouts_total{service,outcome}            complete, failed, aborted, rolled_back
     gateway_rollout_duration_seconds{service}          histogram, from start to end
+    gateway_replica_exits_total{service,revision,reason}  replicas' processes that ended
+
+Replica exits are counted from the journal (``Journal.listen``): an entry that a replica
+stopped or failed, once the controller took the exit in, with the exit status it saw. A
+crash thus stays visible after the replica's upstream and its ``gateway_upstream_up`` series
+left the pool (at once: a series at 0 would need the data plane to keep it).
 """
 
 from __future__ import annotations
 
 import bisect
+import signal
 from collections.abc import Iterable, Iterator
+from typing import Literal
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -27,6 +35,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from .journal import Entry
 from .model import LEAVING, LIVE, ReplicaState
 from .operations import Controller
 from .reconciler import Reconciler
@@ -38,6 +47,31 @@ Stopped and failed replicas are left out: the controller keeps only the latest f
 so a count would say nothing."""
 
 OUTCOMES = ("complete", "failed", "aborted", "rolled_back")
+ExitReason = Literal["stopped", "stop_timeout", "exited_zero", "exited_nonzero", "signaled"]
+EXIT_REASONS: tuple[ExitReason, ...] = (
+    "stopped",
+    "stop_timeout",
+    "exited_zero",
+    "exited_nonzero",
+    "signaled",
+)
+"""Why a replica's process ended: asked to stop, within its grace or killed after it; or
+on its own, with status 0, another status, or by a signal (a crash, the OOM killer)."""
+
+
+def exit_reason(kind: str, code: int | None) -> ExitReason | None:
+    """The reason a ``replica_stopped`` or ``replica_failed`` entry's replica, which ended
+    with ``code`` (``-N``: signal N), ended; None when the entry is no exit (a start that
+    failed, or an exit whose status is unknown)."""
+    if kind == "replica_stopped":
+        return "stop_timeout" if code == -signal.SIGKILL else "stopped"
+    if kind != "replica_failed" or code is None:
+        return None
+    if code < 0:
+        return "signaled"
+    return "exited_zero" if code == 0 else "exited_nonzero"
+
+
 ROLLOUT_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
@@ -79,6 +113,20 @@ class ControllerMetrics(Collector):
         self._reconciler = reconciler
         self._rollouts: dict[tuple[str, str], int] = {}
         self._durations: dict[str, _Durations] = {}
+        self._exits: dict[tuple[str, int, ExitReason], int] = {}
+
+    def on_entry(self, entry: Entry) -> None:
+        """A journal listener: count a replica's exit by its reason."""
+        if entry.kind not in ("replica_stopped", "replica_failed") or entry.replica is None:
+            return
+        state = self._reconciler.services.get(entry.service)
+        replica = None if state is None else state.replica(entry.replica)
+        if replica is None or not replica.terminal:  # failed, but still draining: no exit yet
+            return
+        reason = exit_reason(entry.kind, replica.exit_code)
+        if reason is not None:
+            key = (entry.service, replica.revision, reason)
+            self._exits[key] = self._exits.get(key, 0) + 1
 
     def on_rollout(self, service: str, outcome: str, duration: float) -> None:
         """A ``RolloutListener``: a rollout of ``service`` ended with ``outcome``."""
@@ -93,7 +141,7 @@ class ControllerMetrics(Collector):
         return list(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        replicas, desired, degraded, in_progress, rollouts, durations = self._families()
+        replicas, desired, degraded, in_progress, rollouts, durations, exits = self._families()
         services = {
             name: state
             for name, state in list(self._reconciler.services.items())
@@ -120,13 +168,22 @@ class ControllerMetrics(Collector):
                 rollouts.add_metric((name, outcome), self._rollouts.get((name, outcome), 0))
             d = self._durations.get(name) or _Durations()
             durations.add_metric((name,), d.cumulative(), d.sum)
+            # Every reason of the target revision from 0, so increase() sees the first exit.
+            exited = {(r, why): n for (svc, r, why), n in self._exits.items() if svc == name}
+            exited_revisions = {r for r, _ in exited} | {state.desired.revision}
+            for revision in sorted(exited_revisions):
+                for why in EXIT_REASONS:
+                    exits.add_metric((name, str(revision), why), exited.get((revision, why), 0))
         # Forget the rollouts of services that are gone (their series went with them).
         for ended in [k for k in self._rollouts if k[0] not in services]:
             del self._rollouts[ended]
         for gone in [s for s in self._durations if s not in services]:
             del self._durations[gone]
+        for stale in [k for k in self._exits if k[0] not in services]:
+            del self._exits[stale]
         yield from (replicas, desired, degraded, in_progress, rollouts)
         yield durations
+        yield exits
 
     @staticmethod
     def _families() -> tuple[
@@ -136,6 +193,7 @@ class ControllerMetrics(Collector):
         GaugeMetricFamily,
         CounterMetricFamily,
         HistogramMetricFamily,
+        CounterMetricFamily,
     ]:
         return (
             GaugeMetricFamily(
@@ -168,12 +226,20 @@ class ControllerMetrics(Collector):
                 "Time from a rollout's start to its end, whatever the outcome.",
                 labels=("service",),
             ),
+            CounterMetricFamily(
+                "gateway_replica_exits",
+                "Replica processes that ended, by reason (stopped, stop_timeout, exited_zero, "
+                "exited_nonzero, signaled).",
+                labels=("service", "revision", "reason"),
+            ),
         )
 
 
 def register(registry: CollectorRegistry, controller: Controller) -> ControllerMetrics:
-    """Register the controller's metrics on ``registry`` and hear its rollouts end."""
+    """Register the controller's metrics on ``registry``; hear its rollouts end and its
+    replicas exit."""
     metrics = ControllerMetrics(controller.reconciler)
     registry.register(metrics)
     controller.executor.rollout_listeners.append(metrics.on_rollout)
+    controller.journal.listen(metrics.on_entry)
     return metrics

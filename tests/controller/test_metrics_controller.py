@@ -8,7 +8,14 @@ import subprocess
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from controller.metrics import OUTCOMES, REPLICA_STATES, ControllerMetrics, register
+from controller.metrics import (
+    EXIT_REASONS,
+    OUTCOMES,
+    REPLICA_STATES,
+    ControllerMetrics,
+    exit_reason,
+    register,
+)
 from controller.model import ReplicaState
 
 from .conftest import Harness, spec
@@ -114,6 +121,60 @@ async def test_a_deleted_service_leaves_no_series(h: Harness, registry) -> None:
     assert 'service="api"' in text
 
 
+def exits(registry: CollectorRegistry, revision: str = "1", service: str = "web") -> dict:
+    return {
+        r: value(
+            registry,
+            "gateway_replica_exits_total",
+            service=service,
+            revision=revision,
+            reason=r,
+        )
+        for r in EXIT_REASONS
+    }
+
+
+async def test_replica_exits_are_counted_by_reason(h: Harness, registry) -> None:
+    await h.controller.apply(spec("web", 3))
+    await h.settle()
+    await h.pass_probes("web")
+    # From 0, so that increase() sees the first one.
+    assert exits(registry) == dict.fromkeys(EXIT_REASONS, 0)
+    first, second, _ = (r.id for r in h.replicas("web", ReplicaState.READY))
+    h.backend.kill(first, -9)  # SIGKILL: the OOM killer, or kill -9
+    h.backend.kill(second, 3)
+    await h.settle()
+    # The crashed replicas' upstreams left the pool at once; the count stays.
+    assert h.pool.upstream("web", first) is None
+    assert exits(registry) == {**dict.fromkeys(EXIT_REASONS, 0), "signaled": 1, "exited_nonzero": 1}
+    await h.pass_probes("web")
+    await h.controller.scale("web", 2)
+    for _ in range(5):
+        await h.advance(31)
+    counted = exits(registry)
+    stops = sum(1 for e in h.store.events("web") if e.kind == "replica_stopped")
+    assert stops >= 1
+    assert (counted["signaled"], counted["exited_nonzero"], counted["stopped"]) == (1, 1, stops)
+
+
+@pytest.mark.parametrize(
+    ("kind", "code", "reason"),
+    [
+        ("replica_stopped", 0, "stopped"),
+        ("replica_stopped", -15, "stopped"),
+        ("replica_stopped", None, "stopped"),  # a static replica released
+        ("replica_stopped", -9, "stop_timeout"),
+        ("replica_failed", 0, "exited_zero"),
+        ("replica_failed", 1, "exited_nonzero"),
+        ("replica_failed", -11, "signaled"),
+        ("replica_failed", None, None),  # a start that failed: no process ended
+        ("replica_ready", None, None),
+    ],
+)
+def test_exit_reasons(kind: str, code: int | None, reason: str | None) -> None:
+    assert exit_reason(kind, code) == reason
+
+
 def test_describe_names_every_family(h: Harness) -> None:
     names = {m.name for m in ControllerMetrics(h.controller.reconciler).describe()}
     assert names == {
@@ -123,6 +184,7 @@ def test_describe_names_every_family(h: Harness) -> None:
         "gateway_rollout_in_progress",
         "gateway_rollouts",
         "gateway_rollout_duration_seconds",
+        "gateway_replica_exits",
     }
     assert ReplicaState.STOPPED not in REPLICA_STATES
 
