@@ -59,6 +59,7 @@ MODULES = (
     "proxy.retry",
     "proxy.routing",
     "proxy.streams",
+    "proxy.upstream_connection",
     "wire.batch",
     "wire.headers",
     "wire.http1",

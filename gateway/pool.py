@@ -600,8 +600,9 @@ class Pool:
         drain = pool._drains.get(upstream_id)
         if drain is None or drain.done.done():
             return
-        # Resolved first: a lease cut off at once (``Lease.abort`` of a task-free exchange)
-        # is released within ``abort``, and the drain must not read as clean then.
+        # Resolved first: a lease cut off at once (``Lease.abort``, or an exchange served
+        # without a task) is released within ``abort``, and the drain must not read as clean
+        # then.
         drain.done.set_result(False)
         pool.abort(upstream_id)
 

@@ -87,7 +87,7 @@ class Cancellable(Protocol):
 class ConnectionGate:
     """Counts open client connections against ``limit``; holds what they share: the read
     buffers, and the batch their writes wait in until the end of the loop's turn (the
-    connector's; a batch of its own, which knows of no exchange, never holds a write)."""
+    connector's; a batch of its own, which knows of no request in flight, never holds a write)."""
 
     __slots__ = ("batch", "buffers", "limit", "open")
 
@@ -610,7 +610,7 @@ class ClientConnection(asyncio.Protocol):
     # -- writing ------------------------------------------------------------------------------
 
     def write(self, data: bytes) -> None:
-        """Write ``data``: at once if it is the turn's first write (or the only exchange is in
+        """Write ``data``: at once if it is the turn's first write (or the only request is in
         flight), else at the end of the turn with the turn's other writes (``batch``)."""
         transport = self.transport
         if transport is None:

@@ -1,556 +1,25 @@
-"""The upstream's side of the proxy: connections to upstreams and their keep-alive pool.
+"""The keep-alive pool of connections to upstreams (``Connector``).
 
-``UpstreamConnection`` is an asyncio protocol that sends one request at a time and parses the
-answer with llhttp (``httptools``). The answer's head resolves a future; its body goes
-straight into the client's ``ResponseStream`` once the proxy attached it, with back-pressure:
-a client that cannot take more pauses reading from the upstream.
-
-A large body framed by Content-Length is spliced to the client without copying it: the
-connection's reads go to a ``splice.SplicedReads`` meanwhile.
-
-``Connector`` keeps idle keep-alive connections per upstream address, newest first, closes
-those idle for longer than ``keepalive_timeout``, and opens new ones within the connect
-timeout. A connection goes back to the pool only after a complete exchange whose answer
-allows keep-alive; any failure closes it.
-
-Failures are ``GatewayError``s with a ``kind`` that says whether a retry can help:
-``connect`` (nothing reached the upstream), ``disconnect`` (closed before any answer),
-``timeout``, ``protocol`` (not HTTP, or a body that broke off).
+It keeps idle keep-alive connections per upstream address, newest first, closes those idle
+for longer than ``keepalive_timeout``, and opens new ones within the connect timeout. A
+connection goes back to the pool only after a request whose answer arrived whole and allows
+keep-alive (``UpstreamConnection.reusable``); any failure closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Callable
-from typing import Final, Protocol, cast
+from typing import Final
 
-import httptools
-
-from ..errors import (
-    GatewayError,
-    UpstreamConnectError,
-    UpstreamProtocolError,
-    UpstreamTimeout,
-)
-from ..wire import http1, plainhead
+from ..errors import UpstreamConnectError, UpstreamTimeout
 from ..wire.batch import WriteBatch
-from ..wire.headers import response_fields
-from ..wire.http1 import HEAD_LIMIT_FACTOR, MAX_HEADERS
-from ..wire.plainhead import PlainAnswer
-from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
-from .streams import WRITE_HIGH_WATER, Producer, ResponseStream
+from ..wire.splice import Buffers
+from .upstream_connection import ResponseHead, UpstreamConnection, Waiter
 
-log = logging.getLogger(__name__)
+__all__ = ["KEEPALIVE_TIMEOUT", "Connector", "ResponseHead", "UpstreamConnection", "Waiter"]
 
 KEEPALIVE_TIMEOUT: Final = 30.0
 """Idle keep-alive connections to upstreams are closed after this long."""
-
-
-class ResponseHead:
-    """The status line and header fields of an upstream's answer.
-
-    Class defaults until the head is read: one is made per answer, and an ``__init__``
-    setting each cost more than the rest of its making.
-    """
-
-    status = 0
-    """0 until the final head is complete."""
-    phrase = b""
-    fields = b""
-    """The end-to-end fields, a block of lines as they came (``headers.RESPONSE_DROPPED``
-    sorted out)."""
-    hop: list[tuple[bytes, bytes]] = []  # noqa: RUF012 (replaced, never changed in place)
-    """Connection and Upgrade fields (what a 101 passes on, and what Connection names)."""
-    content_length: int | None = None
-    chunked = False
-    keep_alive = True
-
-
-class Waiter(Protocol):
-    """Who waits for an exchange's answer without a future (``Proxy.begin``)."""
-
-    def answered(self, conn: UpstreamConnection, head: ResponseHead) -> None:
-        """The answer's final head arrived, and its whole body if ``conn.complete``."""
-
-    def failed(self, conn: UpstreamConnection, error: GatewayError) -> None:
-        """The exchange failed before the answer's head arrived."""
-
-
-class _TooLarge(Exception):
-    """Raised from a parser callback: the answer's head is over the limits."""
-
-
-class UpstreamConnection(asyncio.Protocol):
-    """One connection to one upstream: one exchange at a time."""
-
-    def __init__(self, connector: Connector, key: tuple[str, int]) -> None:
-        self._connector = connector
-        self.key = key
-        self._loop = asyncio.get_running_loop()
-        self._parser = httptools.HttpResponseParser(self)
-        self.transport: asyncio.Transport | None = None
-        self._held: bytes | None = None
-        """A request head ``send`` holds until the end of the loop's turn (``batch``)."""
-        self.idle_since = 0.0
-        self._head: ResponseHead | None = None
-        self._max_field = connector.max_header_size
-        self._head_buf = b""
-        """What the upstream sent of this exchange while its answer's head is not complete."""
-        self._head_at = 0
-        """Where in ``_head_buf`` the head being parsed begins (after interim answers)."""
-        self._in_head = False
-        self._head_future: asyncio.Future[ResponseHead] | None = None
-        self.waiter: Waiter | None = None
-        """Told of the answer's head instead of ``_head_future`` (see ``Waiter``)."""
-        self._asked = False
-        """A request was sent and its exchange is not over: the upstream may speak."""
-        self._done: asyncio.Future[None] | None = None
-        self._interim = False
-        self._head_bytes = 0
-        self._raw_remaining = 0
-        self._raw_started = False
-        self._head_only = False
-        self._sink: ResponseStream | None = None
-        self._buffer: list[bytes] = []
-        self.complete = False
-        self.failed = False
-        self.body_producer: Producer | None = None
-        self._body_chunked = False
-        self.request_sent = True
-        self._read_timeout = 0.0
-        self._last_read = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._reading_paused = False
-        self.tunnel: Callable[[bytes], None] | None = None
-        self.tunnel_data = b""
-        self.on_lost: Callable[[], None] | None = None
-        self._reads = Reader(connector.buffers)
-        """Where reads go: the scratch buffer, or the splice of a large body to the client."""
-
-    # -- reads while a large body is spliced (``splice.SplicedReads``) -----------------------
-
-    def read_into(self, sizehint: int) -> memoryview:
-        """A splice buffer while a large body goes to a client, else the scratch buffer."""
-        sink = self._sink
-        return self._reads.buffer(
-            sink.conn.transport if sink is not None and self._raw_started else None
-        )
-
-    def read_done(self, nbytes: int) -> None:
-        splice = self._reads.spliced(nbytes, self.data_received)
-        if splice is None:
-            return
-        self._last_read = self._loop.time()
-        if nbytes > self._raw_remaining:
-            self._broken("upstream sent more than its Content-Length")
-            return
-        self._raw_remaining -= nbytes
-        sink = self._sink
-        assert sink is not None
-        sink.response_data(splice.view(nbytes))
-        splice.wrote(nbytes)
-        if not self._raw_remaining:
-            self._raw_done()
-
-    def _raw_done(self) -> None:
-        """The large body ended: a new parser (see ``_raw_body``), the splice closed."""
-        self._raw_started = False
-        splice_reads(self.transport, self, False)
-        self._parser = httptools.HttpResponseParser(self)
-        self._reads.end(self._sink.conn.transport if self._sink is not None else None)
-        self._message_done()
-
-    # -- asyncio.Protocol ---------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self.transport = None
-        self._held = None
-        self._connector._forget(self)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self.on_lost is not None:
-            self.on_lost()
-            return
-        head = self._head
-        if self._asked and (head is None or not head.status):
-            self._fail(
-                UpstreamConnectError(
-                    "upstream closed the connection before answering", kind="disconnect"
-                )
-            )
-        elif head is not None and not self.complete:
-            if head.content_length is None and not head.chunked and not self._head_only:
-                self._message_done()  # the body was delimited by the close
-            else:
-                self._fail(
-                    UpstreamProtocolError("upstream response body broke off", kind="protocol")
-                )
-
-    def data_received(self, data: bytes) -> None:
-        if self.tunnel is not None:
-            self.tunnel(data)
-            return
-        head = self._head
-        if head is not None and head.status == 101:
-            self.tunnel_data += data  # the relay is not installed yet
-            return
-        if not self._asked:
-            # Nothing was asked: an idle connection must stay silent.
-            self.abort()
-            return
-        self._last_read = self._loop.time()
-        if self._head is None and not self._head_only and plainhead.COMPILED:
-            # The answer's first read: most are the whole answer, of the plainest shape.
-            plain = plainhead.answer(data, self._max_field)
-            if plain is not None:
-                self._plain_answer(plain, data)
-                return
-        if self._raw_remaining and self._raw_started:
-            self._raw_body(data)
-            return
-        if self._in_head:
-            self._head_buf += data  # the head is read whole from here (``on_headers_complete``)
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade as upgrade:
-            self.tunnel_data += data[upgrade.args[0] :]
-        except httptools.HttpParserError as exc:
-            reason = exc.__context__ if isinstance(exc.__context__, _TooLarge) else exc
-            self._broken(f"upstream sent an invalid response: {reason}")
-            return
-        if self._raw_remaining:
-            self._raw_started = True  # what comes next skips the parser (``_raw_body``)
-            splice_reads(self.transport, self, True)
-        head = self._head
-        if head is not None and head.status:
-            if self._sink is None and not self.complete:
-                # The body has nowhere to go until the proxy calls ``stream_to``: uvloop
-                # would read on (up to 32 reads a wakeup) into memory meanwhile.
-                self.pause_reading()
-            waiter = self.waiter
-            if waiter is not None:
-                self.waiter = None
-                waiter.answered(self, head)  # last: it may hand this connection on
-        elif head is not None and not self._interim:
-            # Still in the head: bound it (llhttp keeps a partial field to itself).
-            self._head_bytes += len(data)
-            if self._head_bytes > HEAD_LIMIT_FACTOR * self._connector.max_header_size:
-                self._broken("upstream sent a response head that is too large")
-
-    def _plain_answer(self, plain: PlainAnswer, data: bytes) -> None:
-        """A whole answer read without llhttp (``plainhead``): what its callbacks and
-        ``data_received`` would have done with it, which never saw it."""
-        status, phrase, fields, length, hop, keep_alive, body_at = plain
-        head = self._head = ResponseHead()
-        head.status = status
-        head.phrase = phrase
-        head.fields = fields
-        head.content_length = length
-        head.hop = hop
-        head.keep_alive = keep_alive
-        self._in_head = False
-        if length:
-            self._buffer.append(data[body_at:])
-        future = self._head_future
-        if future is not None and not future.done():
-            future.set_result(head)
-        self._message_done()
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            waiter.answered(self, head)  # last: it may hand this connection on
-
-    def eof_received(self) -> bool | None:
-        return None  # close: half-closed upstreams are not kept
-
-    def pause_writing(self) -> None:
-        if self.body_producer is not None:
-            self.body_producer.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.body_producer is not None:
-            self.body_producer.resume_reading()
-
-    # -- parser callbacks ---------------------------------------------------------------------
-
-    # No ``on_status`` or ``on_header``: llhttp checks the head, then ``on_headers_complete``
-    # takes its fields from the bytes at once (a callback per field cost more than the rest of
-    # the answer's handling).
-
-    def on_message_begin(self) -> None:
-        self._head = ResponseHead()
-        self._head_bytes = 0
-
-    def on_headers_complete(self) -> None:
-        head = self._head
-        assert head is not None
-        # The head's fields, from its bytes (llhttp accepted them).
-        buf, at = self._head_buf, self._head_at
-        end = buf.find(b"\r\n\r\n", at)  # llhttp saw it: the head's first blank line
-        status_line, _, block = buf[at:end].partition(b"\r\n")
-        self._head_at = end + 4
-        head.phrase = status_line[13:]  # after "HTTP/1.1 200 " (llhttp checked the shape)
-        if block.count(b"\n") >= MAX_HEADERS:
-            raise _TooLarge("upstream sent too many response header fields")
-        if len(block) > self._max_field and any(
-            len(name) + len(value.strip(b" \t")) > self._max_field
-            for name, _, value in (line.partition(b":") for line in block.split(b"\r\n"))
-        ):
-            raise _TooLarge("upstream sent a response header field that is too large")
-        head.fields, head.content_length, head.chunked, head.hop = response_fields(block)
-        parser = self._parser
-        status = parser.get_status_code()
-        if 100 <= status < 200 and status != 101:
-            self._interim = True  # 100 Continue, 103 Early Hints: not passed on
-            return
-        self._interim = False
-        self._in_head = False
-        self._head_buf = b""
-        head.status = status
-        head.keep_alive = parser.should_keep_alive()
-        future = self._head_future
-        if future is not None and not future.done():
-            future.set_result(head)
-        if status == 101:
-            self.pause_reading()  # until the relay is in place
-        if self._head_only or status == 101:
-            # A HEAD answer's Content-Length describes a body that is not sent; llhttp
-            # cannot be told, so the exchange ends here and the connection is not reused.
-            head.keep_alive = False
-            self._message_done()
-        elif head.content_length is not None and head.content_length > RAW_BODY_MIN:
-            self._raw_remaining = head.content_length
-
-    def on_body(self, data: bytes) -> None:
-        if self._raw_remaining:
-            self._raw_remaining -= len(data)
-        sink = self._sink
-        if sink is not None:
-            sink.response_data(data)
-        else:
-            self._buffer.append(data)
-
-    def _raw_body(self, data: bytes) -> None:
-        """A large body framed by Content-Length, past llhttp (which would copy each piece).
-
-        llhttp is left mid-message, so the connection gets a new parser for its next
-        exchange; bytes beyond the length are a broken answer.
-        """
-        if len(data) > self._raw_remaining:
-            self._broken("upstream sent more than its Content-Length")
-            return
-        self.on_body(data)
-        if not self._raw_remaining:
-            self._raw_done()
-
-    def on_message_complete(self) -> None:
-        self._raw_remaining = 0
-        if self._interim:
-            self._interim = False
-            return
-        if not self.complete:
-            self._message_done()
-
-    # -- the exchange -------------------------------------------------------------------------
-
-    def send(
-        self,
-        head: bytes,
-        *,
-        body: bool,
-        chunked: bool,
-        head_only: bool,
-        read_timeout: float,
-        waiter: Waiter | None = None,
-    ) -> asyncio.Future[ResponseHead] | None:
-        """Write a request head; the future resolves with the answer's head.
-
-        With a ``waiter``, no future: the waiter is told instead, from this connection's
-        callbacks (once the answer's head, or all of the answer that was read with it, is in).
-        """
-        assert self.transport is not None
-        # A connection is new, or back from ``Connector.release`` after a complete exchange:
-        # the body's state (splice, raw body, buffer, sink) is reset already.
-        loop = self._loop
-        self._head = None
-        self._head_at = 0
-        self._in_head = True
-        self._asked = True
-        self.waiter = waiter
-        self._head_future = loop.create_future() if waiter is None else None
-        self._head_only = head_only
-        self.complete = False
-        self._body_chunked = chunked
-        self.request_sent = not body
-        self._read_timeout = read_timeout
-        self._last_read = loop.time()
-        if read_timeout:
-            deadline = self._last_read + read_timeout
-            if self._timer is None or self._timer.when() > deadline:
-                if self._timer is not None:
-                    self._timer.cancel()
-                self._timer = loop.call_at(deadline, self._on_timer)
-        if not body and self._connector.batch.hold(self):
-            self._held = head
-        else:
-            self.transport.write(head)  # a body follows it, written as it comes
-        return self._head_future
-
-    def stream_to(self, sink: ResponseStream, head: bytes) -> asyncio.Future[None] | None:
-        """Write ``head`` and then the answer's body to ``sink``'s client.
-
-        Returns None if the body is complete already (then head and body went in one write),
-        else a future that resolves when it is.
-        """
-        if self.complete and not sink.chunked:
-            data = self.take_body()
-            sink.bytes_out += len(data)
-            sink.conn.write(head + data)
-            return None
-        sink.conn.write(head)
-        buffer, self._buffer = self._buffer, []
-        for data in buffer:
-            sink.response_data(data)
-        if self.complete:
-            sink.response_end()
-            return None
-        if self.failed:
-            raise self._error
-        self._sink = sink
-        self._done = self._loop.create_future()
-        if not sink.conn.writing_paused:
-            self.resume_reading()  # else once the client took what it was sent before
-        return self._done
-
-    def take_body(self) -> bytes:
-        """The whole body of a complete answer, read already (instead of ``stream_to``)."""
-        buffer = self._buffer
-        self._buffer = []
-        return b"".join(buffer)
-
-    def _message_done(self) -> None:
-        self.complete = True
-        if self._sink is not None:
-            self._sink.response_end()
-        done = self._done
-        if done is not None and not done.done():
-            done.set_result(None)
-
-    _error: GatewayError = UpstreamProtocolError("upstream exchange failed")
-
-    def _broken(self, message: str) -> None:
-        """The answer is not HTTP (any more): fail the exchange, drop the connection."""
-        self._fail(UpstreamProtocolError(message, kind="protocol"))
-        self.abort()
-
-    def _fail(self, error: GatewayError) -> None:
-        if self.failed:
-            return
-        self.failed = True
-        self._error = error
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            waiter.failed(self, error)
-        for future in (self._head_future, self._done):
-            if future is not None and not future.done():
-                future.set_exception(error)
-                # The proxy may be past waiting on it: no "never retrieved" warning.
-                future.exception()
-
-    # -- the request body (BodySink) ----------------------------------------------------------
-
-    def body_data(self, data: bytes | memoryview) -> None:
-        if self.transport is not None:
-            http1.write_body(self.transport, data, chunked=self._body_chunked)
-
-    def body_end(self) -> None:
-        self.request_sent = True
-        if self._body_chunked and self.transport is not None:
-            self.transport.write(http1.LAST_CHUNK)
-
-    def body_error(self, exc: BaseException) -> None:
-        error = exc if isinstance(exc, GatewayError) else UpstreamConnectError(str(exc))
-        error.kind = "client"
-        self._fail(error)
-        self.abort()
-
-    # -- reading, pausing, timing -------------------------------------------------------------
-
-    def pause_reading(self) -> None:
-        if self.transport is not None and not self._reading_paused:
-            self._reading_paused = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self._reading_paused:
-            self._reading_paused = False
-            self._last_read = self._loop.time()
-            if self.transport is not None:
-                self.transport.resume_reading()
-
-    def _on_timer(self) -> None:
-        # Armed once and re-armed while exchanges go on: no timer per request.
-        self._timer = None
-        if self.complete or self.failed or self.transport is None or not self._read_timeout:
-            return
-        now = self._loop.time()
-        deadline = self._last_read + self._read_timeout
-        if self._reading_paused or now < deadline:
-            # A paused read is the client's doing: the upstream is not late.
-            self._timer = self._loop.call_at(
-                max(deadline, now + self._read_timeout * 0.5), self._on_timer
-            )
-            return
-        self._fail(UpstreamTimeout("upstream did not answer in time", kind="timeout"))
-        self.abort()
-
-    @property
-    def reusable(self) -> bool:
-        head = self._head
-        return (
-            self.transport is not None
-            and self.complete
-            and not self.failed
-            and self.request_sent
-            and self.tunnel is None
-            and head is not None
-            and head.keep_alive
-        )
-
-    def write(self, data: bytes) -> None:
-        if self.transport is not None:
-            self.flush()
-            self.transport.write(data)
-
-    def flush(self) -> None:
-        """Write the head ``send`` holds now: before anything else uses the transport."""
-        head = self._held
-        if head is not None:
-            self._held = None
-            transport = self.transport
-            if transport is not None and not transport.is_closing():
-                transport.write(head)
-
-    def close_transport(self) -> None:
-        """Close once what was written is sent (the WebSocket relay's end)."""
-        if self.transport is not None:
-            self.flush()
-            self.transport.close()
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.flush()
-            self.transport.abort()
-
-    def __repr__(self) -> str:
-        return f"<UpstreamConnection {self.key[0]}:{self.key[1]} complete={self.complete}>"
 
 
 class Connector:
@@ -594,9 +63,8 @@ class Connector:
 
     async def connect(self, host: str, port: int, within: float) -> UpstreamConnection:
         """A new connection to ``host:port``, opened ``within`` seconds."""
-        key = (host, port)
         loop = asyncio.get_running_loop()
-        conn = UpstreamConnection(self, key)
+        conn = self.connection(host, port)
         try:
             async with asyncio.timeout(within or None):
                 await loop.create_connection(lambda: conn, host, port)
@@ -610,36 +78,43 @@ class Connector:
         self._busy.add(conn)
         return conn
 
+    def connection(self, host: str, port: int) -> UpstreamConnection:
+        """A new connection to ``host:port``, not connected yet (nor counted in use)."""
+        return UpstreamConnection(
+            (host, port),
+            max_header_size=self.max_header_size,
+            buffers=self.buffers,
+            batch=self.batch,
+            forget=self.forget,
+        )
+
     def release(self, conn: UpstreamConnection) -> None:
-        """Back to the idle pool if the exchange ended cleanly, else closed."""
+        """Back to the idle pool if its request ended cleanly, else closed."""
         self._busy.discard(conn)
-        conn.body_producer = None
         if self._closed or not conn.reusable:
-            conn.abort()  # an exchange still waited on fails as its connection goes
+            conn.body_producer = None
+            conn.abort()  # an answer still waited for fails as its connection goes
             return
-        conn._sink = None
-        conn._head_future = None
-        conn._done = None
-        conn._asked = False
         idle = self._idle.get(conn.key)
         if idle is None:
             idle = self._idle[conn.key] = []
         elif len(idle) >= self.max_idle:
+            conn.body_producer = None
             conn.abort()
             return
-        conn.idle_since = conn._last_read  # the answer's last read: now, or as good as
-        if conn._reading_paused:
-            conn.resume_reading()  # paused by the last client: an idle one must read
+        conn.idle()
         idle.append(conn)
         if self._sweeper is None:
-            self._sweeper = conn._loop.call_later(self.keepalive_timeout / 2, self._sweep)
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self.keepalive_timeout / 2, self._sweep)
 
     def discard(self, conn: UpstreamConnection) -> None:
-        """Close ``conn``: its exchange failed or was cut off."""
+        """Close ``conn``: its request failed or was cut off."""
         self._busy.discard(conn)
         conn.abort()
 
-    def _forget(self, conn: UpstreamConnection) -> None:
+    def forget(self, conn: UpstreamConnection) -> None:
+        """``conn`` was closed: it is neither idle nor in use any more."""
         self._busy.discard(conn)
         idle = self._idle.get(conn.key)
         if idle is not None and conn in idle:

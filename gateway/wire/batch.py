@@ -40,15 +40,15 @@ class WriteBatch:
 
     The first write of a turn goes at once: a lone request waits for nothing. It wakes its
     peer, as any write does; the writes after it in the same turn are held and made
-    together when the turn ends. While at most one exchange is in flight (``exchanges``),
+    together when the turn ends. While at most one request is in flight (``in_flight``),
     nobody else could write in the turn: no turn is kept, and writes go at once.
     """
 
-    __slots__ = ("_exchanges", "_held", "_loop", "_turn", "held_writes")
+    __slots__ = ("_held", "_in_flight", "_loop", "_turn", "held_writes")
 
-    def __init__(self, exchanges: Sized = ()) -> None:
-        self._exchanges = exchanges
-        """One item per exchange in flight: the connector's upstream connections in use."""
+    def __init__(self, in_flight: Sized = ()) -> None:
+        self._in_flight = in_flight
+        """One item per request in flight: the connector's upstream connections in use."""
         self._held: list[Holder] = []
         self._turn = False
         """A write was made in this turn: the end of the turn is scheduled."""
@@ -64,7 +64,7 @@ class WriteBatch:
             self._held.append(conn)
             self.held_writes += 1
             return True
-        if len(self._exchanges) < 2:
+        if len(self._in_flight) < 2:
             return False
         self._turn = True
         loop = self._loop

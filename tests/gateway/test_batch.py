@@ -9,7 +9,7 @@ import pytest
 
 from gateway.config import ListenerLimits
 from gateway.proxy.client import ClientConnection, ConnectionGate
-from gateway.proxy.connector import Connector, UpstreamConnection
+from gateway.proxy.connector import Connector
 from gateway.proxy.streams import ResponseStream
 from gateway.wire.batch import WriteBatch
 
@@ -36,7 +36,7 @@ class _Holder:
 
 
 IN_FLIGHT = ("exchange", "another")
-"""Two exchanges in flight: writes of one turn are batched (``WriteBatch(exchanges)``)."""
+"""Two requests in flight: writes of one turn are batched (``WriteBatch(in_flight)``)."""
 
 
 async def test_the_first_write_of_a_turn_goes_at_once_and_the_rest_at_its_end():
@@ -58,7 +58,7 @@ async def test_the_first_write_of_a_turn_goes_at_once_and_the_rest_at_its_end():
 
 
 async def test_with_one_exchange_in_flight_every_write_goes_at_once():
-    batch = WriteBatch(["the only exchange"])
+    batch = WriteBatch(["the only request"])
     flushed: list[str] = []
     assert [batch.hold(_Holder(name, flushed)) for name in "abc"] == [False, False, False]
     await end_of_turn()
@@ -171,12 +171,12 @@ async def test_a_request_head_is_held_unless_a_body_follows_it():
     connector = Connector()
     conns, transports = [], []
     for _ in range(3):
-        conn = UpstreamConnection(connector, ("127.0.0.1", 1))
+        conn = connector.connection("127.0.0.1", 1)
         transport = _Transport()
         conn.transport = transport  # type: ignore[assignment]
         conns.append(conn)
         transports.append(transport)
-    connector._busy.update(conns)  # what acquire does: three exchanges in flight
+    connector._busy.update(conns)  # what acquire does: three requests in flight
     send = {"chunked": False, "head_only": False, "read_timeout": 0}
     conns[0].send(b"GET /first", body=False, **send)  # type: ignore[arg-type]
     conns[1].send(b"POST /body-follows", body=True, **send)  # type: ignore[arg-type]

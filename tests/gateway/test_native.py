@@ -125,3 +125,13 @@ def test_the_suite_runs_the_modules_it_was_asked_to():
         assert module.__file__ is not None
         compiled = not module.__file__.endswith(".py")
         assert compiled == (wanted == "1"), module.__file__
+
+
+def test_every_module_of_the_request_path_and_the_wire_is_compiled():
+    """A module split off one of them is easily left out of ``MODULES`` (and then runs pure
+    under GATEWAY_NATIVE=1 without a word). The WebSocket relay runs only per frame."""
+    for sub in ("proxy", "wire"):
+        for path in (native.PACKAGE / sub).glob("*.py"):
+            name = f"{sub}.{path.stem}"
+            if path.stem != "__init__" and name != "proxy.websocket":
+                assert name in native.MODULES, name
