@@ -55,6 +55,7 @@ MODULES = (
     "proxy.exchange",
     "proxy.handler",
     "proxy.messages",
+    "proxy.reader",
     "proxy.request",
     "proxy.retry",
     "proxy.routing",
