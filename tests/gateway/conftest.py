@@ -37,6 +37,14 @@ class Recorder:
         self._waiters.append(waiter)
         return waiter
 
+    async def wait(self, count: int = 1, within: float = 5.0) -> list[RequestRecord]:
+        """The records, once there are ``count`` or more: the ones still to come awaited
+        (``within`` seconds at most, a bound on a hang, not a pace)."""
+        async with asyncio.timeout(within):
+            while len(self.records) < count:
+                await self.next()
+        return self.records
+
 
 def routing(name: str, *, hosts=(), prefix=None, strip=False, **settings: Any) -> ServiceRouting:
     route = RouteConfig(hosts=tuple(hosts), path_prefix=prefix, strip_prefix=strip)

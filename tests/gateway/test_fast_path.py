@@ -56,16 +56,6 @@ def ported(app: web.Application) -> web.Application:
     return app
 
 
-async def until(predicate: Callable[[], object], within: float = 1.0) -> None:
-    """Poll ``predicate`` every few milliseconds; fail if it is not true ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() >= deadline:
-            raise AssertionError(f"not true within {within}s: {predicate}")
-        await asyncio.sleep(0.005)
-
-
 async def warm(client, gw, recorder) -> str | None:
     """A first request, so that the upstream connection is idle and kept alive; its
     ``X-Peer-Port`` (``ported``), if any. ``ways`` counts from zero after it."""
@@ -73,7 +63,8 @@ async def warm(client, gw, recorder) -> str | None:
         assert resp.status == 200
         await resp.read()
         port = resp.headers.get("X-Peer-Port")
-    await until(lambda: gw.proxy.connector.idle_count() == 1 and recorder.records)
+    await recorder.wait()  # made after its connection went back to the pool
+    assert gw.proxy.connector.idle_count() == 1
     recorder.records.clear()
     # It had no idle connection: ``begin`` handed it to a task, which connected.
     assert ways(gw) == (0, 1)
@@ -144,7 +135,7 @@ async def test_plain_get_reuses_the_idle_connection_without_a_task(
     # Task-free, on the connection the first request left idle.
     assert ways(gw) == (1, 0)
     assert headers["X-Peer-Port"] == warm_port
-    await until(lambda: recorder.records)
+    await recorder.wait()
     (record,) = recorder.records
     assert (record.request_id, record.service, record.upstream_id) == ("fast-1", "web", "u1")
     assert (record.method, record.path, record.status) == ("GET", "/x", 200)
@@ -182,7 +173,7 @@ async def test_pipelined_requests_each_take_the_fast_path(pool, upstream, gatewa
     assert answer.index(b'"path": "/one"') < answer.index(b'"path": "/two"')
     assert ways(gw) == (2, 0)  # both sent by ``begin``, neither handed to a task
     assert answer.count(b"X-Peer-Port: %s\r\n" % str(warm_port).encode()) == 2
-    await until(lambda: len(recorder.records) == 2)
+    await recorder.wait(2)
     assert [(r.path, r.status, r.error) for r in recorder.records] == [
         ("/one", 200, None),
         ("/two", 200, None),
@@ -231,7 +222,7 @@ async def test_stale_connection_is_retried_on_another_upstream(
     assert second.is_set()  # the stale connection did get the request
     # Sent by ``begin``; the failed attempt handed to a task (its reason is in the record).
     assert ways(gw) == (1, 1)
-    await until(lambda: recorder.records)
+    await recorder.wait()
     (record,) = recorder.records
     assert (record.status, record.upstream_id, record.error) == (200, "live", None)
     assert (record.retries, record.retry_reasons) == (1, ("disconnect",))
@@ -258,7 +249,7 @@ async def test_stale_connection_with_one_upstream_is_502(
     assert body["request_id"] == headers["X-Request-Id"]
     assert second.is_set()
     assert ways(gw) == (1, 1)  # sent by ``begin``; the failed attempt answered by a task
-    await until(lambda: recorder.records)
+    await recorder.wait()
     (record,) = recorder.records
     assert (record.status, record.error, record.retries) == (502, "upstream_connect_error", 0)
     assert record.request_id == headers["X-Request-Id"]
@@ -312,7 +303,7 @@ async def test_client_gone_cancels_the_exchange(pool, raw_upstream, gateway, cli
 
     async with asyncio.timeout(1):
         await closed.wait()  # the upstream connection was dropped, not kept idle
-    await until(lambda: recorder.records)
+    await recorder.wait()
     (record,) = recorder.records
     assert (record.status, record.error, record.upstream_id) == (499, "cancelled", "slow")
     assert ways(gw) == (1, 0)  # cut off without ever going to a task
@@ -348,8 +339,6 @@ async def test_streamed_answer_arrives_whole(
             if i == 0:
                 async with asyncio.timeout(1):
                     await more.wait()  # the client has the first piece: no single read
-            else:
-                await asyncio.sleep(0.01)
         if framing == "chunked":
             writer.write(b"0\r\n\r\n")
         await writer.drain()
@@ -371,7 +360,7 @@ async def test_streamed_answer_arrives_whole(
     # Task-free all along; and as the upstream held the rest of the body until the client had
     # its first piece, the body ended after the head was handled (``Exchange._streamed``).
     assert ways(gw) == (1, 0)
-    await until(lambda: recorder.records)
+    await recorder.wait()
     (record,) = recorder.records
     assert (record.status, record.error, record.bytes_out) == (200, None, PIECE * PIECES)
     assert record.ttfb is not None
@@ -421,7 +410,7 @@ async def test_broken_body_aborts_the_client(
             await resp.read()
 
     assert ways(gw) == (1, 0)
-    await until(lambda: recorder.records)
+    await recorder.wait()
     (record,) = recorder.records
     assert (record.status, record.error) == (200, "upstream_protocol_error")
     assert record.bytes_out == sent
@@ -460,7 +449,7 @@ async def test_503_on_a_reused_connection_is_retried_on_the_other_upstream(
     assert (status, body["upstream"]) == (200, "ok")
     # Sent by ``begin``; the 503 handed to a task, which retried (the reason is in the record).
     assert ways(gw) == (1, 1)
-    await until(lambda: recorder.records)
+    await recorder.wait()
     (record,) = recorder.records
     assert (record.status, record.upstream_id, record.error) == (200, "ok", None)
     assert (record.retries, record.retry_reasons) == (1, ("status",))
@@ -490,7 +479,8 @@ async def test_round_robin_stays_fair_when_only_one_upstream_has_idle_connection
         before = gw.proxy.handed_on
         async with client.get(url(gw, f"/{i}")) as resp:
             served.append((await resp.json())["upstream"])
-        await until(lambda: pool.service("web").inflight == {})
+        await recorder.wait(i + 1)  # made once the request was no longer in flight
+        assert pool.service("web").inflight == {}
         if gw.proxy.handed_on != before:
             handed_on.append(i)
 
@@ -522,7 +512,7 @@ async def test_drain_timeout_cuts_off_a_task_free_exchange(
     finally:
         writer.close()
 
-    await until(lambda: recorder.records)
+    await recorder.wait()
     (record,) = recorder.records
     assert (record.status, record.error, record.upstream_id) == (499, "cancelled", "slow")
     assert ways(gw) == (1, 0)  # cut off without ever going to a task
@@ -588,7 +578,7 @@ async def test_drain_waits_for_a_task_free_exchange(pool, upstream, gateway, cli
     async with asyncio.timeout(1):
         await started.wait()
     drained = pool.drain("web", "a", timeout=5)
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0)  # a turn of the loop: nothing would end the drain but the answer
     assert not drained.done()
     release.set()
     async with asyncio.timeout(1):
@@ -637,7 +627,7 @@ async def test_other_requests_go_to_a_task_and_are_served(
     assert ways(gw) == (0, 1 if kind == "total-timeout" else 0)
     # The task reused the idle connection all the same.
     assert port == warm_port
-    await until(lambda: recorder.records)
+    await recorder.wait()
     (record,) = recorder.records
     assert (record.status, record.upstream_id, record.error, record.retries) == (200, "u1", None, 0)
     assert pool.service("web").inflight == {}
@@ -658,7 +648,7 @@ async def test_stop_lets_a_task_free_exchange_finish(pool, upstream, gateway, cl
         await started.wait()
     assert ways(gw) == (1, 0)
     stopping = asyncio.create_task(gw.stop())
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # a turn of the loop: ``stop`` waits for the request in flight
     try:
         # As for a request with a task (test_server.py): it is waited for ...
         assert not in_flight.done()
@@ -688,9 +678,8 @@ async def test_stop_records_and_releases_a_task_free_exchange_it_cuts_off(
             await closed.wait()
     finally:
         writer.close()
-    await asyncio.sleep(0.01)
 
+    (record,) = await recorder.wait()  # made once the request was no longer in flight
     assert pool.service("web").inflight == {}
-    (record,) = recorder.records
     assert (record.status, record.error) == (499, "cancelled")
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
