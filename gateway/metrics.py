@@ -13,7 +13,7 @@ Invariants:
   they cannot bring a series back.
 - The hot path (``on_request``) resolves no label and takes no lock: the request series
   (``gateway_requests``, ``gateway_request_duration_seconds``, ``gateway_upstream_ttfb_seconds``)
-  are plain counts in ``_Histogram``s and dicts, per service and revision, that
+  are plain counts in ``Buckets``s and dicts, per service and revision, that
   ``_RequestCollector`` turns into metric families at scrape time; ``prometheus_client``'s
   own children (a lock and a Python loop over the buckets per ``observe``) cost several
   times more per request. Other label children are created once and cached. Even the
@@ -24,7 +24,6 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Final
 
 from aiohttp import web
@@ -41,7 +40,8 @@ from prometheus_client.registry import Collector
 from .errors import GatewayError
 from .events import PoolEvent, ProbeResult, RequestRecord
 from .pool import Pool
-from .upstream import Upstream, by_fields
+from .tally import LATENCY_BUCKETS, Buckets, Tally, latency_bucket
+from .upstream import Upstream
 
 UPSTREAM_STATES: Final[tuple[str, ...]] = ("unknown", "healthy", "unhealthy", "draining", "ejected")
 """The values of ``Upstream.state``: the one-hot ``gateway_upstream_state``."""
@@ -50,29 +50,9 @@ PROBE_RESULTS: Final[tuple[str, ...]] = ("success", "failure", "timeout")
 RETRY_REASONS: Final = frozenset({"connect", "disconnect", "status"})
 """What the proxy puts in ``RequestRecord.retry_reasons``; anything else counts as ``other``."""
 
-LATENCY_BUCKETS: Final[tuple[float, ...]] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-)  # fmt: skip
 PROBE_BUCKETS: Final[tuple[float, ...]] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 )  # fmt: skip
-
-
-def latency_bucket(value: float) -> int:
-    """``bisect_left(LATENCY_BUCKETS, value)``: the index of the first bucket that holds
-    ``value`` (``le``), ``len(LATENCY_BUCKETS)`` for +Inf.
-
-    Written out, compiled it compares machine floats: ``bisect_left`` was a look-up of its
-    name in the module's dict and a float boxed, at each call, twice a request."""
-    lo = 0
-    hi = len(LATENCY_BUCKETS)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if LATENCY_BUCKETS[mid] < value:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def _gateway_statuses() -> dict[str, int]:
@@ -102,44 +82,6 @@ def code_label(status: int, error: str | None) -> str:
     if status < 100:
         return "500"  # the handler raised before any status: aiohttp answered 500
     return _CLASS.get(status // 100) or str(status)
-
-
-class _Histogram:
-    """Observations counted per bucket, read at scrape time (see the module docstring).
-
-    The request observers count into it themselves, ``counts[latency_bucket(value)] += 1``
-    (``le``: value <= bound) and ``sum += value``: an ``observe`` method call cost as much
-    as the counting. Only the event loop writes it; a scrape on the same loop reads a
-    consistent state.
-    """
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
-        self.sum = 0.0
-
-    def counted(self) -> tuple[tuple[int, ...], float]:
-        """The counts per bucket and the sum, as plain data to send."""
-        return tuple(self.counts), self.sum
-
-    def merge(self, taken: tuple[tuple[int, ...], float]) -> None:
-        """Add what ``counted`` gave (from a histogram with the same bounds)."""
-        counts, total = taken
-        mine = self.counts
-        for i, count in enumerate(counts):
-            mine[i] += count
-        self.sum += total
-
-    def buckets(self) -> list[tuple[str, float]]:
-        """Cumulative counts per ``le``, +Inf last, as HistogramMetricFamily wants them."""
-        out: list[tuple[str, float]] = []
-        total = 0
-        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            total += count
-            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
-        return out
 
 
 class _UpstreamSeries:
@@ -190,7 +132,7 @@ class _ServiceSeries:
         self.name = name
         self.retries: dict[str, Counter] = {}
         self.revisions: dict[int | None, _RevisionSeries] = {}
-        self._ttfb: _Histogram | None = None
+        self._ttfb: Buckets | None = None
         self._probe_duration: Histogram | None = None
         self._no_routable: Counter | None = None
         self._connect_failures: Counter | None = None
@@ -199,9 +141,9 @@ class _ServiceSeries:
                 getattr(self, child)
 
     @property
-    def ttfb(self) -> _Histogram:
+    def ttfb(self) -> Buckets:
         if self._ttfb is None:
-            self._ttfb = _Histogram(LATENCY_BUCKETS)
+            self._ttfb = Buckets(LATENCY_BUCKETS)
         return self._ttfb
 
     @property
@@ -260,7 +202,7 @@ class _RevisionSeries:
     def __init__(self, service: _ServiceSeries, revision: int | None) -> None:
         self.service = service
         self.label = "" if revision is None else str(revision)
-        self.duration = _Histogram(LATENCY_BUCKETS)
+        self.duration = Buckets(LATENCY_BUCKETS)
         self.ttfb = service.ttfb
         """The service's (TTFB is per service), here to save ``on_request`` a look-up."""
         self.codes: dict[int | str, int] = {}
@@ -455,7 +397,7 @@ class GatewayMetrics:
             codes[status] = codes.get(status, 0) + 1
         else:
             self._count(entry, record.status, error, reasons, 1)
-        # ``_Histogram.observe`` written out: the two calls cost more than the rest did.
+        # ``Buckets.observe`` written out: the two calls cost more than the rest did.
         histogram, duration = entry.duration, record.duration
         histogram.counts[latency_bucket(duration)] += 1
         histogram.sum += duration
@@ -530,79 +472,6 @@ class GatewayMetrics:
             f"upstreams={len(self._upstreams)} revisions={len(self._requests)} "
             f"unrecorded={self.unrecorded}>"
         )
-
-
-Outcome = tuple[str, int | None, int, str | None, tuple[str, ...]]
-"""(service, revision, status, error, retry reasons): requests alike for every series."""
-
-
-def _outcome(r: RequestRecord) -> Outcome:
-    """A record's ``Outcome``."""
-    return (r.service, r.revision, r.status, r.error, r.retry_reasons)
-
-
-@dataclass(frozen=True, slots=True)
-class Tally:
-    """A worker's request counts since its last report, as plain data to send."""
-
-    outcomes: dict[Outcome, int]
-    durations: dict[tuple[str, int | None], tuple[tuple[int, ...], float]]
-    ttfb: dict[str, tuple[tuple[int, ...], float]]
-
-    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return by_fields(self)
-
-    def __bool__(self) -> bool:
-        return bool(self.outcomes)
-
-
-class RequestTally:
-    """A ``RequestObserver`` for a worker process: counts what ``GatewayMetrics`` would.
-
-    The controller's process serves ``/metrics``; each worker counts its requests here and
-    sends ``take()`` to it now and then, where ``GatewayMetrics.merge`` adds them. The series
-    rules (no stale series, no series brought back) are applied there, once.
-    """
-
-    __slots__ = ("durations", "outcomes", "ttfb")
-
-    def __init__(self) -> None:
-        self.outcomes: dict[Outcome, int] = {}
-        self.durations: dict[tuple[str, int | None], _Histogram] = {}
-        self.ttfb: dict[str, _Histogram] = {}
-
-    def on_request(self, record: RequestRecord) -> None:
-        key = _outcome(record)
-        outcomes = self.outcomes
-        outcomes[key] = outcomes.get(key, 0) + 1
-        series = (record.service, record.revision)
-        histogram = self.durations.get(series)
-        if histogram is None:
-            histogram = self.durations[series] = _Histogram(LATENCY_BUCKETS)
-        # ``_Histogram.observe`` written out, as in ``GatewayMetrics.on_request``.
-        duration = record.duration
-        histogram.counts[latency_bucket(duration)] += 1
-        histogram.sum += duration
-        ttfb = record.ttfb
-        if ttfb is not None:
-            histogram = self.ttfb.get(record.service)
-            if histogram is None:
-                histogram = self.ttfb[record.service] = _Histogram(LATENCY_BUCKETS)
-            histogram.counts[latency_bucket(ttfb)] += 1
-            histogram.sum += ttfb
-
-    def take(self) -> Tally:
-        """The counts since the last ``take``; counting starts again from zero."""
-        tally = Tally(
-            self.outcomes,
-            {key: h.counted() for key, h in self.durations.items()},
-            {key: h.counted() for key, h in self.ttfb.items()},
-        )
-        self.outcomes, self.durations, self.ttfb = {}, {}, {}
-        return tally
-
-    def __repr__(self) -> str:
-        return f"<RequestTally outcomes={len(self.outcomes)}>"
 
 
 class _RequestCollector(Collector):

@@ -49,6 +49,7 @@ MODULES = (
     "outlier",
     "pool",
     "router",
+    "tally",
     "upstream",
     "proxy.client",
     "proxy.connector",

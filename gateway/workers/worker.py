@@ -31,10 +31,10 @@ from collections.abc import Callable
 
 from ..accesslog import AccessLog
 from ..events import RequestObserver
-from ..metrics import RequestTally
 from ..pool import Pool
 from ..proxy.handler import Proxy
 from ..server import TrafficServer
+from ..tally import RequestTally
 from ..upstream import AdminState
 from . import ipc
 

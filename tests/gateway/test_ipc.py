@@ -9,8 +9,8 @@ import struct
 import pytest
 
 from gateway.config import ProxyConfig
-from gateway.metrics import RequestTally
 from gateway.pool import PoolSnapshot
+from gateway.tally import RequestTally
 from gateway.upstream import AdminState, Upstream
 from gateway.workers import ipc
 

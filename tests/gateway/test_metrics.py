@@ -16,19 +16,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.config import ProbeConfig, ProxyConfig
 from gateway.events import PoolEvent, ProbeResult, RequestRecord
-from gateway.metrics import (
-    LATENCY_BUCKETS,
-    UPSTREAM_STATES,
-    GatewayMetrics,
-    RequestTally,
-    code_label,
-    latency_bucket,
-    metrics_handler,
-)
+from gateway.metrics import UPSTREAM_STATES, GatewayMetrics, code_label, metrics_handler
 from gateway.pool import Pool
 from gateway.prober import Prober
 from gateway.proxy.handler import Proxy
 from gateway.server import TrafficServer
+from gateway.tally import LATENCY_BUCKETS, RequestTally, latency_bucket
 from gateway.upstream import Health, Upstream
 
 from .conftest import Recorder, add, routing, url

@@ -1,0 +1,148 @@
+"""Request counts as plain data: latency buckets, and a worker's tally of its requests.
+
+``Buckets`` counts observations per latency bucket, read at scrape time by ``metrics``
+(which turns them into Prometheus families) and sent as plain data by a worker: its
+``RequestTally`` counts what ``GatewayMetrics`` would and hands a ``Tally`` to the
+controller's process now and then (``workers.ipc``). No Prometheus here, no lock: only the
+event loop counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from .events import RequestRecord
+from .upstream import by_fields
+
+LATENCY_BUCKETS: Final[tuple[float, ...]] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+def latency_bucket(value: float) -> int:
+    """``bisect_left(LATENCY_BUCKETS, value)``: the index of the first bucket that holds
+    ``value`` (``le``), ``len(LATENCY_BUCKETS)`` for +Inf.
+
+    Written out, compiled it compares machine floats: ``bisect_left`` was a look-up of its
+    name in the module's dict and a float boxed, at each call, twice a request."""
+    lo = 0
+    hi = len(LATENCY_BUCKETS)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if LATENCY_BUCKETS[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+class Buckets:
+    """Observations counted per bucket, read at scrape time (``metrics``' module docstring).
+
+    The request observers count into it themselves, ``counts[latency_bucket(value)] += 1``
+    (``le``: value <= bound) and ``sum += value``: an ``observe`` method call cost as much
+    as the counting. Only the event loop writes it; a scrape on the same loop reads a
+    consistent state.
+    """
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def counted(self) -> tuple[tuple[int, ...], float]:
+        """The counts per bucket and the sum, as plain data to send."""
+        return tuple(self.counts), self.sum
+
+    def merge(self, taken: tuple[tuple[int, ...], float]) -> None:
+        """Add what ``counted`` gave (from a histogram with the same bounds)."""
+        counts, total = taken
+        mine = self.counts
+        for i, count in enumerate(counts):
+            mine[i] += count
+        self.sum += total
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative counts per ``le``, +Inf last, as HistogramMetricFamily wants them."""
+        out: list[tuple[str, float]] = []
+        total = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += count
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+        return out
+
+
+Outcome = tuple[str, int | None, int, str | None, tuple[str, ...]]
+"""(service, revision, status, error, retry reasons): requests alike for every series."""
+
+
+def outcome(r: RequestRecord) -> Outcome:
+    """A record's ``Outcome``."""
+    return (r.service, r.revision, r.status, r.error, r.retry_reasons)
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """A worker's request counts since its last report, as plain data to send."""
+
+    outcomes: dict[Outcome, int]
+    durations: dict[tuple[str, int | None], tuple[tuple[int, ...], float]]
+    ttfb: dict[str, tuple[tuple[int, ...], float]]
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return by_fields(self)
+
+    def __bool__(self) -> bool:
+        return bool(self.outcomes)
+
+
+class RequestTally:
+    """A ``RequestObserver`` for a worker process: counts what ``GatewayMetrics`` would.
+
+    The controller's process serves ``/metrics``; each worker counts its requests here and
+    sends ``take()`` to it now and then, where ``GatewayMetrics.merge`` adds them. The series
+    rules (no stale series, no series brought back) are applied there, once.
+    """
+
+    __slots__ = ("durations", "outcomes", "ttfb")
+
+    def __init__(self) -> None:
+        self.outcomes: dict[Outcome, int] = {}
+        self.durations: dict[tuple[str, int | None], Buckets] = {}
+        self.ttfb: dict[str, Buckets] = {}
+
+    def on_request(self, record: RequestRecord) -> None:
+        key = outcome(record)
+        outcomes = self.outcomes
+        outcomes[key] = outcomes.get(key, 0) + 1
+        series = (record.service, record.revision)
+        histogram = self.durations.get(series)
+        if histogram is None:
+            histogram = self.durations[series] = Buckets(LATENCY_BUCKETS)
+        # what an ``observe`` would do, written out, as in ``GatewayMetrics.on_request``.
+        duration = record.duration
+        histogram.counts[latency_bucket(duration)] += 1
+        histogram.sum += duration
+        ttfb = record.ttfb
+        if ttfb is not None:
+            histogram = self.ttfb.get(record.service)
+            if histogram is None:
+                histogram = self.ttfb[record.service] = Buckets(LATENCY_BUCKETS)
+            histogram.counts[latency_bucket(ttfb)] += 1
+            histogram.sum += ttfb
+
+    def take(self) -> Tally:
+        """The counts since the last ``take``; counting starts again from zero."""
+        tally = Tally(
+            self.outcomes,
+            {key: h.counted() for key, h in self.durations.items()},
+            {key: h.counted() for key, h in self.ttfb.items()},
+        )
+        self.outcomes, self.durations, self.ttfb = {}, {}, {}
+        return tally
+
+    def __repr__(self) -> str:
+        return f"<RequestTally outcomes={len(self.outcomes)}>"
