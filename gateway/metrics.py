@@ -13,12 +13,15 @@ Invariants:
   they cannot bring a series back.
 - The hot path (``on_request``) resolves no label and takes no lock: the request series
   (``gateway_requests``, ``gateway_request_duration_seconds``, ``gateway_upstream_ttfb_seconds``)
-  are plain counts in ``Buckets``s and dicts, per service and revision, that
+  are plain counts (``tally.Buckets``) and dicts, per service and revision, that
   ``_RequestCollector`` turns into metric families at scrape time; ``prometheus_client``'s
   own children (a lock and a Python loop over the buckets per ``observe``) cost several
   times more per request. Other label children are created once and cached. Even the
   ``code`` label of a status (its class) is worked out at scrape time.
 - In-flight counts are read from the pool at scrape time, so requests pay nothing for them.
+
+Longer than most modules: every kind of series follows the same no-stale-series rules, kept
+in one place.
 """
 
 from __future__ import annotations
@@ -397,7 +400,7 @@ class GatewayMetrics:
             codes[status] = codes.get(status, 0) + 1
         else:
             self._count(entry, record.status, error, reasons, 1)
-        # ``Buckets.observe`` written out: the two calls cost more than the rest did.
+        # An ``observe`` written out: the two calls cost more than the rest did.
         histogram, duration = entry.duration, record.duration
         histogram.counts[latency_bucket(duration)] += 1
         histogram.sum += duration

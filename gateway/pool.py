@@ -19,6 +19,9 @@ decides, and each worker serves from a mirror of it (``install``). The leases ar
 workers: they are the pool's *peers*. A drain completes only when every peer said that it holds
 no lease of the upstream any more (``peer_idle``) or went away (``peer_left``); a worker's
 passive detection proposes ejections (``eject``) that the deciding pool takes or refuses.
+
+Longer than most modules: snapshots, leases, drains and peers are one state, changed together
+under the invariants above.
 """
 
 from __future__ import annotations

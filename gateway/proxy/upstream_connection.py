@@ -12,6 +12,9 @@ connection's reads go to a ``splice.SplicedReads`` meanwhile.
 Failures are ``GatewayError``s with a ``kind`` that says whether a retry can help:
 ``connect`` (nothing reached the upstream), ``disconnect`` (closed before any answer),
 ``timeout``, ``protocol`` (not HTTP, or a body that broke off).
+
+Longer than most modules: one protocol, whose parser callbacks, plain-answer reads, splice
+and timer all act on the state of the one request under way.
 """
 
 from __future__ import annotations
