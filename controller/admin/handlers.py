@@ -262,7 +262,15 @@ async def scale_service(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     controller.state(name)
     body = await read_model(request, ScaleRequest)
-    result = await controller.scale(name, body.replicas)
+    try:
+        result = await controller.scale(name, body.replicas)
+    except SpecError as e:
+        # The count is a valid one; the service's own spec does not allow it (a fixed port
+        # runs one replica, a static service no more than its addresses): a conflict with
+        # the service as it is, not an invalid request.
+        reasons = [x["reason"] for x in e.errors] or [e.message]
+        errors = [{"field": "replicas", "reason": r} for r in reasons]
+        raise Conflict(f"replicas: {'; '.join(reasons)}", errors=errors) from None
     return respond(ApplyResultBody.model_validate(result.to_json()))
 
 

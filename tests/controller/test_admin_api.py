@@ -508,6 +508,21 @@ async def test_a_bad_scale_request_is_refused(
     assert api.fingerprint() == before
 
 
+async def test_a_count_the_services_spec_does_not_allow_is_409(api: Api) -> None:
+    # {"replicas": 2} is a valid request; a service on a fixed port runs one replica. The
+    # request conflicts with the service as it is (the fuzz's stateful phase found a 422).
+    body = spec("web", 1)
+    body["replica"]["port"] = 20500
+    await api.call("PUT", "/api/services/web", body)
+    await api.h.settle()
+    before = api.fingerprint()
+    result = await api.call("POST", "/api/services/web/scale", {"replicas": 2}, status=409)
+    assert result["error"] == "conflict"
+    assert [e["field"] for e in result["errors"]] == ["replicas"]
+    assert "fixed port" in result["errors"][0]["reason"]
+    assert api.fingerprint() == before
+
+
 async def test_a_whole_number_written_as_a_float_is_an_integer(api: Api) -> None:
     # JSON has one number type; JSON Schema's integer is any number without a fraction.
     await serving(api)
