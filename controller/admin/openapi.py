@@ -2,8 +2,9 @@
 
 Each route is declared once, as an ``Operation`` (handlers.py): the app mounts it and this
 module describes it, with the JSON schemas pydantic makes of the request and response models
-(``schemas.py``) and of ``ServiceSpec``. So the document says what the routes really accept
-and return; a test sends real requests and checks each response against it.
+(``schemas.py``) and of ``ServiceSpec``, with what their validators check written in
+(``constraints.py``). So the document says what the routes really accept and return; a test
+sends real requests and checks each response against it, and the fuzz holds the API to it.
 """
 
 from __future__ import annotations

@@ -41,18 +41,18 @@ class Schema(BaseModel):
 # -- requests -------------------------------------------------------------------------------
 
 
-class Request(Schema):
+class RequestBody(Schema):
     """A request body: strict about JSON types (a boolean is no integer, a number no string),
     as the document's types say."""
 
     model_config = ConfigDict(strict=True)
 
 
-class ScaleRequest(Request):
+class ScaleRequest(RequestBody):
     replicas: int = Field(ge=0, le=MAX_REPLICAS)
 
 
-class UndoRequest(Request):
+class UndoRequest(RequestBody):
     revision: int | None = Field(default=None, ge=1)
     """The revision to return to; by default the one before the current target."""
 
