@@ -249,6 +249,7 @@ content types and schemas, valid requests taken (ST202), invalid ones refused (S
 auth not ignored, a deleted service gone, Allow on a 405..."""
 
 
+@pytest.mark.timeout(300)  # about 20 s alone; the whole suite on two cores is slower
 def test_the_api_fuzzed_from_its_own_openapi_document(admin_in_thread):
     from schemathesis.config import SchemathesisConfig
     from schemathesis.engine import Status, events, from_schema
