@@ -98,6 +98,8 @@ def _parse(raw: bytes, content_type: str) -> Any:
         return json.loads(text)
     except UnicodeDecodeError:
         raise ApiError(400, "bad_request", "the body is not UTF-8") from None
+    except RecursionError:
+        raise ApiError(400, "bad_request", "the body is nested too deeply") from None
     except yaml.YAMLError as e:
         raise ApiError(400, "bad_request", f"the body is not valid YAML: {e}") from None
     except ValueError as e:
@@ -114,6 +116,8 @@ def strict(model: type[M], data: Any) -> M:
         raise ApiError(
             422, "invalid_request", f"the body holds a value JSON has no type for: {e}"
         ) from None
+    except RecursionError:
+        raise ApiError(400, "bad_request", "the body is nested too deeply") from None
     # JSON mode: an array is a tuple, a string a Literal; strict: nothing else converts.
     return model.model_validate_json(text, strict=True)
 

@@ -348,6 +348,26 @@ async def test_a_body_that_does_not_parse_is_400(api: Api, data: Any, content_ty
     assert api.fingerprint() == before
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/services/web", "[" * 100_000),
+        ("/api/services/web", '{"replica": ' * 5_000),
+        ("/api/services/web/scale", '{"replicas": ' + "[" * 900 + "]" * 900 + "}"),
+    ],
+    ids=["unclosed", "objects", "closed"],
+)
+async def test_a_body_nested_too_deeply_is_400_not_500(api: Api, path: str, body: str) -> None:
+    # The parser (or a walk of what it parsed) runs out of stack: a bad body, not a crash.
+    if path.endswith("/scale"):
+        await serving(api)
+    method = "POST" if path.endswith("/scale") else "PUT"
+    headers = {**AUTH, "Content-Type": "application/json"}
+    response = await api.client.request(method, path, data=body, headers=headers)
+    assert response.status in (400, 422), await response.text()
+    assert (await response.json())["error"] in ("bad_request", "invalid_request")
+
+
 async def test_an_oversized_body_is_413(api: Api) -> None:
     await serving(api)
     before = api.fingerprint()
