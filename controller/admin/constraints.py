@@ -12,7 +12,6 @@ the validator's check means (``$`` is the end of the string, as in ECMA-262).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,8 +26,13 @@ from ..spec import (
 
 Schema = dict[str, Any]
 
-_SPACE = "".join(f"\\u{ord(c):04x}" for c in map(chr, range(sys.maxunicode + 1)) if c.isspace())
-NOT_BLANK = f"^[^\\u0000]*[^\\u0000{_SPACE}][^\\u0000]*$"
+SPACE = (
+    "\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029"
+    "\\u202f\\u205f\\u3000"
+)
+"""What ``str.isspace`` (so ``str.strip``) takes for white space, as the body of a regex class:
+ECMA-262's ``\\s`` is another set."""
+NOT_BLANK = f"^[^\\u0000]*[^\\u0000{SPACE}][^\\u0000]*$"
 """A command: something besides whitespace (``str.strip``'s), and no NUL."""
 NO_NUL = "^[^\\u0000]*$"
 ABSOLUTE_PATH = "^/"
@@ -44,7 +48,7 @@ PROBE_PATH = r"^/[^\r\n ]*$"
 HEADER_NAME = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$"
 HEADER_VALUE = r"^[^\u0000-\u0008\u000a-\u001f\u007f]*$"
 PORT = r"0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
-ADDRESS = rf"^(\[[^{_SPACE}]+\]|[^:\[\]{_SPACE}]+):{PORT}$"
+ADDRESS = rf"^(\[[^{SPACE}]+\]|[^:\[\]{SPACE}]+):{PORT}$"
 """``host:port``, an IPv6 host in brackets (``gateway.config.parse_address``)."""
 POSITIVE_DURATION = (
     r"^\s*([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)\s*(ms|s|m|h)?\s*$"

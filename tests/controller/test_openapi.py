@@ -517,3 +517,18 @@ def test_the_document_and_the_server_agree_on_each_string_rule(field: str) -> No
         assert documented == taken, (field, value, v.errors(spec_schema, data))
 
     agree()
+
+
+def test_the_white_space_of_the_patterns_is_pythons() -> None:
+    # A command must hold more than what str.strip removes; the document's class says which.
+    import sys
+
+    from controller.admin.constraints import SPACE
+
+    space = re.compile(f"[{SPACE}]")
+    wrong = [
+        hex(c)
+        for c in range(sys.maxunicode + 1)
+        if bool(space.fullmatch(chr(c))) != chr(c).isspace()
+    ]
+    assert wrong == []
