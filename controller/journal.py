@@ -23,7 +23,7 @@ from typing import Literal
 from gateway import Health, Pool, PoolEvent
 
 from .errors import StoreUnavailable
-from .model import Replica
+from .model import EventKind, Replica
 from .store import Store
 
 log = logging.getLogger("gateway.events")
@@ -107,7 +107,7 @@ class Journal:
     def record(
         self,
         service: str,
-        kind: str,
+        kind: EventKind,
         message: str,
         revision: int | None = None,
         replica: str | None = None,
@@ -134,7 +134,7 @@ class Journal:
             queue.put_nowait(entry)
         return entry
 
-    def replica(self, service: str, kind: str, replica: Replica, message: str) -> Entry:
+    def replica(self, service: str, kind: EventKind, replica: Replica, message: str) -> Entry:
         """An entry about one replica: ``message`` follows ``replica <id>``."""
         return self.record(
             service, kind, f"replica {replica.id} {message}", replica.revision, replica.id

@@ -31,6 +31,38 @@ aborted rollout started from, or an apply of the serving spec; ``undo``: asked f
 Intent = Literal["apply", "undo", "abort"]
 """What moved the desired revision last: it sets the kind of the rollout the planner begins."""
 
+EventKind = Literal[
+    "service_created",
+    "service_updated",
+    "service_restored",
+    "service_degraded",
+    "service_recovered",
+    "service_deleting",
+    "service_deleted",
+    "rollout_started",
+    "rollout_complete",
+    "rollout_failed",
+    "rollout_paused",
+    "rollout_resumed",
+    "rollout_aborted",
+    "rollout_superseded",
+    "replica_started",
+    "replica_ready",
+    "replica_unhealthy",
+    "replica_failed",
+    "replica_draining",
+    "replica_drain_timeout",
+    "replica_undrained",
+    "replica_stopped",
+    "upstream_drained",
+    "upstream_undrained",
+    "upstream_healthy",
+    "upstream_unhealthy",
+    "upstream_ejected",
+    "upstream_ejection_ended",
+]
+"""Every kind of journal entry (``/api/events``' ``event`` field)."""
+
 AbandonedAs = Literal["superseded", "aborted"]
 """How an active rollout ends when the user's intent moves the target elsewhere."""
 

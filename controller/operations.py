@@ -105,6 +105,7 @@ class Controller:
     def __post_init__(self) -> None:
         self.reconciler = Reconciler(self.pool, self.backends, self.store, self.journal, self.clock)
         self.pool.subscribe(self.reconciler)
+        self.journal.follow(self.pool)
         for backend in self.backends.values():
             backend.set_exit_handler(self.reconciler.on_exit)
 

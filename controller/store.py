@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
 from controller.errors import Conflict, NotFound, StoreUnavailable
+from controller.model import RolloutKind
 
-RolloutKind = Literal["rollout", "rollback", "undo"]
 RolloutStatus = Literal[
     "progressing", "paused", "complete", "failed", "aborted", "superseded", "rolled_back"
 ]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 from .actions import (
     AbandonRollout,
@@ -40,6 +39,7 @@ from .actions import (
 from .model import (
     Backoff,
     Desired,
+    EventKind,
     Intent,
     Observed,
     Replica,
@@ -51,33 +51,6 @@ from .spec import RolloutStrategy
 
 KEEP_TERMINAL = 20
 """Stopped and failed replicas kept per service for status and the planner's history."""
-
-EventKind = Literal[
-    "service_created",
-    "service_updated",
-    "service_restored",
-    "service_degraded",
-    "service_recovered",
-    "service_deleting",
-    "service_deleted",
-    "rollout_started",
-    "rollout_complete",
-    "rollout_failed",
-    "rollout_paused",
-    "rollout_resumed",
-    "rollout_aborted",
-    "rollout_superseded",
-    "replica_started",
-    "replica_ready",
-    "replica_unhealthy",
-    "replica_failed",
-    "replica_draining",
-    "replica_drain_timeout",
-    "replica_undrained",
-    "replica_stopped",
-    "upstream_drained",
-    "upstream_undrained",
-]
 
 
 @dataclass(frozen=True, slots=True)
