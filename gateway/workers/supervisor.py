@@ -115,6 +115,8 @@ class Supervisor:
         self._failures = [0] * settings.count
         self._restarts: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.Task[None] | None = None
+        self._waiting: list[asyncio.Future[None]] = []
+        """``changed`` futures, resolved at the next change."""
         self._restart_metric = Counter(
             "gateway_worker_restarts",
             "Worker processes started again after one exited.",
@@ -217,6 +219,7 @@ class Supervisor:
         worker = _Worker(index, process, writer, reader, loop.time(), loop.create_future())
         self.workers[index] = worker
         self.pool.peer_joined(worker.pid)
+        self._changed()
         worker.send(
             ipc.Setup(
                 worker=index,
@@ -258,6 +261,7 @@ class Supervisor:
                 worker.ready.exception()  # retrieved: start() reports it, a restart logs it
             if self.workers.get(worker.index) is worker:
                 del self.workers[worker.index]
+            self._changed()
             if not self._stopping:
                 self._restart_later(worker, code)
 
@@ -302,6 +306,21 @@ class Supervisor:
                 worker.ready.set_result(None)
         else:
             raise TypeError(f"unexpected message from a worker: {message!r}")
+        self._changed()
+
+    def changed(self) -> asyncio.Future[None]:
+        """A future resolved at the next change of what is known of the workers: a message
+        from one (a report, a proposal, ready), one started or gone. What a caller waiting for
+        a state of the workers awaits, instead of polling."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        return waiter
+
+    def _changed(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for waiter in waiting:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _restart_later(self, worker: _Worker, code: int) -> None:
         loop = asyncio.get_running_loop()

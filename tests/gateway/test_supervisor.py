@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -30,12 +29,17 @@ from .conftest import routing
 T = TypeVar("T")
 
 
-async def until(condition: Callable[[], T], timeout: float = 10.0, what: str = "it") -> T:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+async def until(
+    supervisor: Supervisor, condition: Callable[[], T], timeout: float = 10.0, what: str = "it"
+) -> T:
+    """``condition()``, checked at each change the supervisor sees (``Supervisor.changed``),
+    once true; ``timeout`` bounds a hang."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not (value := condition()):
+                await supervisor.changed()
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
     return value
 
 
@@ -91,7 +95,9 @@ async def test_workers_serve_from_the_pool_and_report_to_its_metrics(pool, upstr
     assert len({w.pid for w in supervisor.workers.values()}) == 2
     results = await asyncio.gather(*(get(supervisor.port) for _ in range(40)))
     assert {status for status, _ in results} == {200}
-    await until(lambda: sum(w.served for w in supervisor.workers.values()) == 40, what="reports")
+    await until(
+        supervisor, lambda: sum(w.served for w in supervisor.workers.values()) == 40, what="reports"
+    )
     assert all(w.served for w in supervisor.workers.values()), "one worker served everything"
     metrics = supervisor.metrics
     assert metrics is not None
@@ -144,7 +150,7 @@ async def held_request(
     supervisor = await workers()
     request = asyncio.create_task(get(supervisor.port))
     await asyncio.wait_for(entered.wait(), 10)
-    await until(lambda: pool.service("web").inflight_all() == {"a": 1}, what="a report")
+    await until(supervisor, lambda: pool.service("web").inflight_all() == {"a": 1}, what="a report")
     return supervisor, request
 
 
@@ -156,6 +162,7 @@ async def test_a_drain_waits_for_a_request_in_flight_in_a_worker(pool, upstream,
     assert pool.service("web").inflight == {}  # nothing here: the lease is in a worker
     seen = {w.pid: w.reports for w in supervisor.workers.values()}
     await until(
+        supervisor,
         lambda: all(w.reports >= seen[w.pid] + 2 for w in supervisor.workers.values()),
         what="two more reports from each worker (both have the draining snapshot by then)",
     )
@@ -167,14 +174,16 @@ async def test_a_drain_waits_for_a_request_in_flight_in_a_worker(pool, upstream,
 
 async def test_a_drain_timeout_cuts_off_what_workers_hold(pool, upstream, workers):
     release = asyncio.Event()  # never set: the upstream would hold the request for good
-    _, request = await held_request(pool, upstream, workers, release)
+    supervisor, request = await held_request(pool, upstream, workers, release)
     assert await pool.drain("web", "a", timeout=0.2) is False
     try:
         status, _ = await asyncio.wait_for(request, 10)
     except aiohttp.ClientError:
         status = 0  # cut off
     assert status != 200
-    await until(lambda: not pool.service("web").inflight_all().get("a"), what="the abort")
+    await until(
+        supervisor, lambda: not pool.service("web").inflight_all().get("a"), what="the abort"
+    )
 
 
 async def test_a_worker_proposes_an_ejection_and_the_pool_takes_it(pool, upstream, workers):
@@ -189,7 +198,7 @@ async def test_a_worker_proposes_an_ejection_and_the_pool_takes_it(pool, upstrea
     supervisor = await workers(1)
     for _ in range(8):
         await get(supervisor.port)
-    await until(lambda: pool.upstream("web", "a").ejected, what="the ejection")  # type: ignore[union-attr]
+    await until(supervisor, lambda: pool.upstream("web", "a").ejected, what="the ejection")  # type: ignore[union-attr]
     assert not pool.upstream("web", "b").ejected  # type: ignore[union-attr]
 
 
@@ -199,10 +208,13 @@ async def test_a_worker_that_dies_is_started_again_and_the_other_serves_on(pool,
     supervisor = await workers()
     victim = supervisor.workers[0].pid
     os.kill(victim, signal.SIGKILL)  # a worker this test's supervisor started
-    await until(lambda: victim not in {w.pid for w in supervisor.workers.values()}, what="exit")
+    await until(
+        supervisor, lambda: victim not in {w.pid for w in supervisor.workers.values()}, what="exit"
+    )
     results = await asyncio.gather(*(get(supervisor.port) for _ in range(20)))
     assert {status for status, _ in results} == {200}
     await until(
+        supervisor,
         lambda: (
             len(supervisor.workers) == 2
             and all(w.ready.done() for w in supervisor.workers.values())
@@ -222,6 +234,7 @@ async def test_a_hung_worker_is_killed_and_started_again(pool, upstream, workers
     os.kill(victim, signal.SIGSTOP)  # hung: alive, holding its listener, answering nothing
     try:
         await until(
+            supervisor,
             lambda: victim not in {w.pid for w in supervisor.workers.values()},
             what="the hung worker to be killed",
         )
@@ -229,6 +242,7 @@ async def test_a_hung_worker_is_killed_and_started_again(pool, upstream, workers
         if alive(victim):
             os.kill(victim, signal.SIGKILL)
     await until(
+        supervisor,
         lambda: (
             len(supervisor.workers) == 2
             and all(w.ready.done() for w in supervisor.workers.values())
