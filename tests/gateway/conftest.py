@@ -143,8 +143,9 @@ def url(server: TrafficServer, path: str = "/") -> str:
     return f"http://127.0.0.1:{server.port}{path}"
 
 
-async def raw_exchange(port: int, data: bytes) -> bytes:
-    """Send ``data`` on a fresh connection and read until the gateway closes it."""
+async def raw_request(port: int, data: bytes) -> bytes:
+    """Send ``data`` (a raw request) on a fresh connection and read until the gateway closes
+    it."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(data)

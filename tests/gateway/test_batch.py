@@ -35,7 +35,7 @@ class _Holder:
             raise RuntimeError("transport gone")
 
 
-IN_FLIGHT = ("exchange", "another")
+IN_FLIGHT = ("a request", "another")
 """Two requests in flight: writes of one turn are batched (``WriteBatch(in_flight)``)."""
 
 
@@ -57,7 +57,7 @@ async def test_the_first_write_of_a_turn_goes_at_once_and_the_rest_at_its_end():
     assert flushed == ["b", "c"]
 
 
-async def test_with_one_exchange_in_flight_every_write_goes_at_once():
+async def test_with_one_request_in_flight_every_write_goes_at_once():
     batch = WriteBatch(["the only request"])
     flushed: list[str] = []
     assert [batch.hold(_Holder(name, flushed)) for name in "abc"] == [False, False, False]

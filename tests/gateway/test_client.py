@@ -6,7 +6,7 @@ import asyncio
 
 from gateway.config import LimitsConfig
 
-from .conftest import add, raw_exchange, routing
+from .conftest import add, raw_request, routing
 from .test_server import read_response
 
 
@@ -74,7 +74,7 @@ async def test_upstream_connections_are_kept_alive_and_reused(pool, raw_upstream
     gw = await gateway()
 
     for _ in range(5):
-        answer = await raw_exchange(
+        answer = await raw_request(
             gw.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
         )
         assert answer.endswith(b"\r\n\r\nok")
@@ -92,7 +92,7 @@ async def test_http10_client_gets_a_close_delimited_answer_to_a_chunked_one(
     add(pool, "web", "u1", await _raw_upstream_answering(raw_upstream, chunked))
     gw = await gateway()
 
-    answer = await raw_exchange(gw.port, b"GET / HTTP/1.0\r\nHost: h\r\n\r\n")
+    answer = await raw_request(gw.port, b"GET / HTTP/1.0\r\nHost: h\r\n\r\n")
 
     head, _, body = answer.partition(b"\r\n\r\n")
     assert b"transfer-encoding" not in head.lower()
@@ -130,7 +130,7 @@ async def test_close_delimited_upstream_answer_is_rechunked_for_the_client(
     add(pool, "web", "u1", await raw_upstream(until_close))
     gw = await gateway()
 
-    answer = await raw_exchange(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+    answer = await raw_request(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
 
     head, _, body = answer.partition(b"\r\n\r\n")
     assert b"Transfer-Encoding: chunked" in head
@@ -143,7 +143,7 @@ async def test_interim_answers_are_not_passed_on(pool, raw_upstream, gateway):
     add(pool, "web", "u1", await _raw_upstream_answering(raw_upstream, early))
     gw = await gateway()
 
-    answer = await raw_exchange(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+    answer = await raw_request(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
 
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
     assert answer.count(b"HTTP/1.1") == 1
@@ -156,7 +156,7 @@ async def test_absolute_form_target_is_routed_on_its_path(pool, raw_upstream, ga
     add(pool, "api", "u1", await _raw_upstream_answering(raw_upstream, OK, heads))
     gw = await gateway()
 
-    answer = await raw_exchange(
+    answer = await raw_request(
         gw.port,
         b"GET http://h.example/api/x?y=1 HTTP/1.1\r\nHost: h.example\r\nConnection: close\r\n\r\n",
     )
@@ -168,7 +168,7 @@ async def test_absolute_form_target_is_routed_on_its_path(pool, raw_upstream, ga
 async def test_connect_is_refused_with_405(pool, gateway):
     gw = await gateway()
 
-    answer = await raw_exchange(
+    answer = await raw_request(
         gw.port, b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n"
     )
 
@@ -194,7 +194,7 @@ async def test_a_chunked_body_already_received_is_forwarded_with_a_length(
     add(pool, "web", "u1", await raw_upstream(record))
     gw = await gateway()
 
-    answer = await raw_exchange(
+    answer = await raw_request(
         gw.port,
         b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
         b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",

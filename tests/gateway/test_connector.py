@@ -1,4 +1,4 @@
-"""The upstream connection pool: reuse after a clean exchange, its cap, connect failures;
+"""The upstream connection pool: reuse after a clean answer, its cap, connect failures;
 an answer's body, read only once the proxy takes it, and spliced from reused buffers."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ async def counting_upstream(raw_upstream):
     return Upstream
 
 
-async def test_a_connection_is_reused_after_a_clean_exchange(counting_upstream):
+async def test_a_connection_is_reused_after_a_clean_answer(counting_upstream):
     connector = Connector()
     for _ in range(3):
         conn = await connector.acquire("127.0.0.1", counting_upstream.port, 1.0)
@@ -105,11 +105,11 @@ async def test_idle_connections_beyond_max_idle_are_closed(counting_upstream):
     connector.close()
 
 
-async def test_a_connection_whose_exchange_failed_is_not_reused(counting_upstream):
+async def test_a_connection_whose_request_failed_is_not_reused(counting_upstream):
     connector = Connector()
     conn = await connector.acquire("127.0.0.1", counting_upstream.port, 1.0)
     future = conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5)
-    connector.release(conn)  # before its answer: the exchange is not complete
+    connector.release(conn)  # before its answer: the request is not over
     assert connector.idle_count() == 0
     with pytest.raises(UpstreamConnectError):
         await future

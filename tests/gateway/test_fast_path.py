@@ -24,7 +24,7 @@ from gateway.config import RetriesConfig, TimeoutsConfig
 from gateway.server import TrafficServer
 from gateway.upstream import Health
 
-from .conftest import add, echo_app, raw_exchange, routing, url
+from .conftest import add, echo_app, raw_request, routing, url
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
@@ -163,7 +163,7 @@ async def test_pipelined_requests_each_take_the_fast_path(pool, upstream, gatewa
 
     # The second request waits in the pipeline; it starts (task-free) from the first one's
     # answer, on the connection that answer just freed.
-    answer = await raw_exchange(
+    answer = await raw_request(
         gw.port,
         b"GET /one HTTP/1.1\r\nHost: h\r\n\r\n"
         b"GET /two HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
@@ -606,7 +606,7 @@ async def test_other_requests_go_to_a_task_and_are_served(
             status, body, port = resp.status, await resp.json(), resp.headers["X-Peer-Port"]
         assert body["body"] == 5
     elif kind == "upgrade":
-        answer = await raw_exchange(
+        answer = await raw_request(
             gw.port,
             b"GET /p HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
         )

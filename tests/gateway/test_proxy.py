@@ -15,7 +15,7 @@ from yarl import URL
 from gateway.config import LimitsConfig, RetriesConfig, TimeoutsConfig
 from gateway.upstream import Health
 
-from .conftest import add, raw_exchange, routing, url
+from .conftest import add, raw_request, routing, url
 
 
 async def get_json(client, gw, path="/", **kwargs):
@@ -524,7 +524,7 @@ async def test_hop_by_hop_headers_stripped_and_forwarded_headers_set(pool, raw_u
     add(pool, "web", "rec", await _recording_upstream(raw_upstream, heads))
     gw = await gateway()
 
-    answer = await raw_exchange(
+    answer = await raw_request(
         gw.port,
         b"GET /p?q=1 HTTP/1.1\r\nHost: shop.example:8443\r\nConnection: close, X-Secret\r\n"
         b"X-Secret: 1\r\nKeep-Alive: 300\r\nTE: trailers\r\nProxy-Authorization: Basic x\r\n"
@@ -564,7 +564,7 @@ async def test_trusted_forwarded_headers_are_appended(pool, raw_upstream, gatewa
     add(pool, "web", "rec", await _recording_upstream(raw_upstream, heads))
     gw = await gateway(trust_forwarded=True)
 
-    await raw_exchange(
+    await raw_request(
         gw.port,
         b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\nX-Forwarded-For: 10.0.0.1\r\n"
         b"X-Forwarded-Proto: https\r\nX-Forwarded-Host: outer.example\r\n\r\n",

@@ -13,7 +13,7 @@ from aiohttp import WSMsgType, web
 
 from gateway.config import ListenerLimits
 
-from .conftest import raw_exchange, routing, url
+from .conftest import raw_request, routing, url
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
@@ -207,7 +207,7 @@ async def test_keepalive_timeout_closes_after_an_answer_the_gateway_gave_itself(
 async def test_bad_request_heads_get_json_errors(pool, gateway, request_head, status, code):
     gw = await gateway(limits=ListenerLimits(max_header_size=4096))
 
-    answer = await raw_exchange(gw.port, request_head)
+    answer = await raw_request(gw.port, request_head)
 
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.split(b" ", 2)[1] == b"%d" % status
@@ -222,7 +222,7 @@ async def test_connections_beyond_the_limit_are_refused(pool, upstream, gateway)
     first = await asyncio.open_connection("127.0.0.1", gw.port)
     second = await asyncio.open_connection("127.0.0.1", gw.port)
     try:
-        answer = await raw_exchange(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        answer = await raw_request(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 503")
         assert b"too_many_connections" in answer
         # The connections within the limit are served.
