@@ -1,12 +1,20 @@
 """The request path, from a client's socket to an upstream's and back.
 
-    client      ClientConnection: one client connection (parse, limit, time out, pipeline)
-    handler     Proxy: each request routed, sent upstream, retried, answered and recorded
-    connector   connections to upstreams, and their keep-alive pool
-    streams     what both connection sides share: bodies between them, back-pressure
-    websocket   the relay of an upgraded connection
+    reader               RequestReader: requests read off a client connection (parse,
+                         limit, time out, splice large bodies)
+    client               ClientConnection: runs them in turn, writes the answers, closes
+    request              a request as the client sent it: its head, its body, head rules
+    handler              Proxy: begin (without a task) or handle (as a task) each request
+    exchange             Exchange: one request's owner, across its attempts, on both ways
+    routing, retry       where a request goes; whether a failed attempt is tried again
+    messages             the heads the proxy writes, and its own JSON answers
+    connector            the keep-alive pool of connections to upstreams
+    upstream_connection  UpstreamConnection: one request at a time to one upstream
+    streams              what both connection sides share: bodies between them, back-pressure
+    websocket            the relay of an upgraded connection
 
-The client side and the upstream side never import each other (``streams``).
+The client side (reader, client, request) and the upstream side (connector,
+upstream_connection) never import each other (``streams``).
 """
 
 from .. import native
