@@ -6,21 +6,37 @@ states; these tables pin the exact actions of the cases the rules are written fo
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from controller.actions import (
+    AbandonRollout,
     Action,
+    BeginRollout,
     CompleteRollout,
     Drain,
     FailReplica,
     FailRollout,
     Forget,
+    PauseRollout,
+    ResumeRollout,
     SetDegraded,
     Start,
     Stop,
+    Undrain,
     WakeAt,
 )
-from controller.model import Backoff, Observed, Replica, ReplicaState, Rollout, RolloutStatus
+from controller.model import (
+    Backoff,
+    Intent,
+    Observed,
+    Replica,
+    ReplicaState,
+    Rollout,
+    RolloutKind,
+    RolloutStatus,
+)
 from controller.planner import Desired, backoff_delay, fmt_seconds, plan
 from controller.spec import RolloutStrategy
 
@@ -49,8 +65,18 @@ def unhealthy(rid: str, rev: int, *, since: float) -> Replica:
     return Replica(rid, rev, S.UNHEALTHY, 0.0, since, ready_since=0.0, address=f"h:{rid}")
 
 
-def draining(rid: str, rev: int, *, drained: bool = False) -> Replica:
-    return Replica(rid, rev, S.DRAINING, 0.0, 0.0, ready_since=0.0, drained=drained)
+def draining(
+    rid: str,
+    rev: int,
+    *,
+    drained: bool = False,
+    since: float = 0.0,
+    placed: bool = True,
+    failure: str = "",
+) -> Replica:
+    """Draining since ``since``; ``placed``: the backend gave it an address."""
+    address = f"h:{rid}" if placed else None
+    return Replica(rid, rev, S.DRAINING, 0.0, since, 0.0, address, drained, failure, healthy=True)
 
 
 def gone(rid: str, rev: int, state: S = S.STOPPED, failure: str = "") -> Replica:
@@ -64,9 +90,10 @@ def rollout(
     started: float = 0.0,
     failures: int = 0,
     status: RolloutStatus = RolloutStatus.PROGRESSING,
-    kind: str = "rollout",
+    kind: RolloutKind = "rollout",
+    reason: str = "",
 ) -> Rollout:
-    return Rollout(7, from_rev, to_rev, kind, status, started, failures)
+    return Rollout(7, from_rev, to_rev, kind, status, started, failures, reason)
 
 
 def observed(
@@ -81,9 +108,15 @@ def observed(
 
 
 def desired(
-    rev: int, replicas: int = 1, *, paused: bool = False, deleting: bool = False, **strategy: object
+    rev: int,
+    replicas: int = 1,
+    *,
+    paused: bool = False,
+    deleting: bool = False,
+    intent: Intent = "apply",
+    **strategy: object,
 ) -> Desired:
-    return Desired(rev, replicas, RolloutStrategy(**strategy), paused, deleting)  # type: ignore[arg-type]
+    return Desired(rev, replicas, RolloutStrategy(**strategy), paused, deleting, intent)
 
 
 def decisions(actions: list[Action]) -> list[Action]:
@@ -216,7 +249,7 @@ def test_max_surge_2_starts_two_new_replicas():
 def test_max_unavailable_1_with_max_surge_0_drains_an_old_replica_first():
     """The documented choice: without surge there is no slot for a new replica, so the
     rollout takes one old replica away (down to D - 1) and starts in its slot."""
-    s = {"max_surge": 0, "max_unavailable": 1}
+    s: dict[str, Any] = {"max_surge": 0, "max_unavailable": 1}
     o = observed(ready("a", 1, created=0.0), ready("b", 1, created=1.0), rollout=ROLL)
     assert decisions(plan(o, desired(2, 2, **s), now=100.0)) == [replaced("a")]
     o = observed(draining("a", 1), ready("b", 1, created=1.0), rollout=ROLL)
@@ -256,9 +289,17 @@ def test_a_ready_replica_is_never_given_up_however_old():
     assert plan(o, desired(1, start_timeout=1), now=1e9) == []
 
 
-def test_a_paused_service_gives_up_on_nothing():
-    o = observed(ready("a", 1), starting("x", 2), rollout=rollout(1, 2))
-    assert decisions(plan(o, desired(2, paused=True), now=1000.0)) == []
+@pytest.mark.parametrize(
+    ("status", "pausing"),
+    [
+        (RolloutStatus.PROGRESSING, [PauseRollout(7, "paused by request")]),
+        (RolloutStatus.PAUSED, []),
+    ],
+    ids=["pause-asked", "paused"],
+)
+def test_a_paused_service_gives_up_on_nothing(status, pausing):
+    o = observed(ready("a", 1), starting("x", 2), rollout=rollout(1, 2, status=status))
+    assert decisions(plan(o, desired(2, paused=True), now=1000.0)) == pausing
 
 
 # -- failing a rollout ---------------------------------------------------------------------
@@ -272,7 +313,9 @@ def test_a_rollout_fails_when_its_failures_exceed_retries():
         backoff=Backoff(3, 100.0, NO_CAPACITY),
     )
     assert plan(o, desired(2, retries=2), now=101.0) == [
-        FailRollout(7, "no capacity: 1 of 1 slots in use (after 3 failures)")
+        FailRollout(7, "no capacity: 1 of 1 slots in use (after 3 failures)"),
+        BeginRollout(2, 1, "rollback"),
+        WakeAt(101.0),
     ]
 
 
@@ -286,14 +329,20 @@ def test_a_rollout_within_its_retries_does_not_fail():
 def test_a_failed_rollout_without_a_recorded_reason_says_what_failed():
     o = observed(ready("a", 1), rollout=rollout(1, 2, failures=1))
     assert plan(o, desired(2, retries=0), now=1.0) == [
-        FailRollout(7, "replicas of the new revision failed (after 1 failures)")
+        FailRollout(7, "replicas of the new revision failed (after 1 failures)"),
+        BeginRollout(2, 1, "rollback"),
+        WakeAt(1.0),
     ]
 
 
 def test_a_rollout_fails_at_its_progress_deadline_and_touches_no_old_replica():
     o = observed(ready("a", 1), starting("x", 2, created=1500.0), rollout=rollout(1, 2))
     assert plan(o, desired(2), now=1799.0) == [WakeAt(1800.0)]
-    assert plan(o, desired(2), now=1800.0) == [FailRollout(7, "not complete within 30m")]
+    assert plan(o, desired(2), now=1800.0) == [
+        FailRollout(7, "not complete within 30m"),
+        BeginRollout(2, 1, "rollback"),
+        WakeAt(1800.0),
+    ]
 
 
 def test_the_progress_deadline_reason_names_the_last_failure():
@@ -301,13 +350,15 @@ def test_the_progress_deadline_reason_names_the_last_failure():
         ready("a", 1), rollout=rollout(1, 2), backoff=Backoff(1, 1700.0, "exited with code 1")
     )
     assert plan(o, desired(2), now=1800.0) == [
-        FailRollout(7, "not complete within 30m; last failure: exited with code 1")
+        FailRollout(7, "not complete within 30m; last failure: exited with code 1"),
+        BeginRollout(2, 1, "rollback"),
+        WakeAt(1800.0),
     ]
 
 
 def test_a_paused_rollout_has_no_deadline():
     o = observed(ready("a", 1), rollout=rollout(1, 2, status=RolloutStatus.PAUSED, failures=9))
-    assert plan(o, desired(2), now=1e6) == []
+    assert plan(o, desired(2, paused=True), now=1e6) == []
 
 
 def test_after_a_rollback_the_failed_revision_goes_and_the_old_comes_back():
@@ -324,6 +375,65 @@ def test_after_a_rollback_the_failed_revision_goes_and_the_old_comes_back():
     assert decisions(plan(o, d, now=510.0)) == [Start(1)]
     o = observed(ready("a", 1), ready("x", 2), gone("y", 2), ready("b", 1), rollout=back)
     assert decisions(plan(o, d, now=520.0)) == [replaced("x", 1)]
+
+
+def back_to(rid: str, rev: int = 1) -> Undrain:
+    return Undrain(rid, f"serves again: back to revision {rev}")
+
+
+FAILING = rollout(1, 2, started=100.0, failures=3)
+FAILED_AT = Backoff(3, 150.0, "exited with code 1")
+WHY = "exited with code 1 (after 3 failures)"
+
+
+def test_a_failed_rollout_rolls_back_and_takes_back_old_replicas_still_draining():
+    o = observed(
+        ready("a", 1),
+        draining("b", 1, since=110.0),
+        draining("c", 1, since=120.0),
+        starting("x", 2, created=140.0),
+        rollout=FAILING,
+        backoff=FAILED_AT,
+    )
+    assert plan(o, desired(2, 3, retries=2), now=160.0) == [
+        FailRollout(7, WHY),
+        BeginRollout(2, 1, "rollback"),
+        back_to("c"),  # newest drained first
+        back_to("b"),
+        WakeAt(160.0),
+    ]
+
+
+def test_a_failed_rollout_in_pause_mode_is_paused_and_touches_nothing():
+    o = observed(
+        ready("a", 1),
+        draining("b", 1, since=110.0),
+        starting("x", 2, created=140.0),
+        rollout=FAILING,
+        backoff=FAILED_AT,
+    )
+    d = desired(2, 2, retries=2, on_failure="pause")
+    assert plan(o, d, now=160.0) == [PauseRollout(7, WHY), WakeAt(160.0)]
+    # The deadline too; and once paused (desired.paused follows), nothing at all.
+    late = observed(
+        ready("a", 1), draining("b", 1, since=110.0), rollout=FAILING.replace(failures=0)
+    )
+    assert plan(late, d, now=1900.0) == [PauseRollout(7, "not complete within 30m"), WakeAt(1900.0)]
+    paused = o.replace(rollout=FAILING.replace(status=RolloutStatus.PAUSED, reason=WHY))
+    assert decisions(plan(paused, d.replace(paused=True), now=1e6)) == []
+
+
+@pytest.mark.parametrize("on_failure", ["rollback", "pause"])
+def test_a_failed_rollback_ends_failed_and_goes_nowhere(on_failure):
+    back = rollout(2, 1, kind="rollback", failures=3)
+    o = observed(ready("x", 2), draining("y", 2, since=50.0), rollout=back, backoff=FAILED_AT)
+    d = desired(1, 2, retries=2, on_failure=on_failure)
+    assert plan(o, d, now=160.0) == [FailRollout(7, WHY), WakeAt(160.0)]
+
+
+def test_a_failed_first_rollout_ends_failed_with_nothing_to_go_back_to():
+    o = observed(rollout=rollout(None, 1, failures=3), serving=None, backoff=FAILED_AT)
+    assert plan(o, desired(1, 2, retries=2), now=160.0) == [FailRollout(7, WHY), WakeAt(160.0)]
 
 
 # -- backoff -------------------------------------------------------------------------------
@@ -461,15 +571,136 @@ def test_a_superseding_apply_treats_both_older_revisions_as_old():
     assert decisions(plan(o, d, now=250.0)) == [CompleteRollout(7)]
 
 
+# -- beginning a rollout (rule 7) ----------------------------------------------------------
+
+RUNNING = rollout(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("o", "d", "expected"),
+    [
+        (
+            observed(ready("a", 1)),
+            desired(2),
+            [BeginRollout(1, 2, "rollout")],
+        ),
+        (
+            observed(serving=None),
+            desired(1, 2),
+            [BeginRollout(None, 1, "rollout")],
+        ),
+        (
+            observed(ready("a", 1), starting("x", 2), rollout=RUNNING),
+            desired(3),
+            [
+                AbandonRollout(7, "superseded", "superseded by a rollout to revision 3"),
+                BeginRollout(1, 3, "rollout"),
+            ],
+        ),
+        (  # an apply of the serving spec: a rollback from the target it leaves
+            observed(ready("a", 1), starting("x", 2), rollout=RUNNING),
+            desired(1),
+            [
+                AbandonRollout(7, "superseded", "superseded by a rollback to revision 1"),
+                BeginRollout(2, 1, "rollback"),
+            ],
+        ),
+        (
+            observed(ready("a", 1), starting("x", 2), rollout=RUNNING),
+            desired(1, intent="abort"),
+            [AbandonRollout(7, "aborted", "aborted by request"), BeginRollout(2, 1, "rollback")],
+        ),
+        (
+            observed(
+                ready("a", 1),
+                starting("x", 2),
+                rollout=RUNNING.replace(status=RolloutStatus.PAUSED),
+            ),
+            desired(1, paused=True, intent="abort"),
+            [AbandonRollout(7, "aborted", "aborted by request"), BeginRollout(2, 1, "rollback")],
+        ),
+        (
+            observed(ready("x", 2), serving=2),
+            desired(1, intent="undo"),
+            [BeginRollout(2, 1, "undo")],
+        ),
+        (  # a rollout that has ended (failed) is not abandoned again
+            observed(ready("a", 1), rollout=RUNNING.replace(status=RolloutStatus.FAILED)),
+            desired(3),
+            [BeginRollout(1, 3, "rollout")],
+        ),
+    ],
+    ids=[
+        "apply",
+        "new-service",
+        "superseding-apply",
+        "apply-of-the-serving-spec",
+        "abort",
+        "abort-while-paused",
+        "undo",
+        "after-an-ended-rollout",
+    ],
+)
+def test_a_new_desired_revision_begins_a_rollout_and_ends_the_active_one(o, d, expected):
+    assert plan(o, d, now=300.0) == [*expected, WakeAt(300.0)]
+
+
+def test_a_new_target_starts_and_drains_nothing_in_the_plan_that_begins_it():
+    # Nothing serving is touched until the planner plans against the new rollout (rule 5).
+    o = observed(ready("a", 1), ready("x", 2, created=10.0), rollout=RUNNING)
+    actions = plan(o, desired(3, 2), now=300.0)
+    assert not [a for a in actions if isinstance(a, (Start, Drain, Stop, FailReplica))]
+
+
+def test_the_new_targets_draining_replicas_serve_again_up_to_d_newest_first():
+    o = observed(
+        ready("a", 1),
+        ready("x", 2),
+        draining("p", 1, since=10.0),
+        draining("q", 1, since=30.0),
+        draining("r", 1, since=20.0),
+        draining("s", 1, since=40.0, drained=True),  # its drain is over: stopped next
+        draining("f", 1, since=50.0, failure="unhealthy for 2m"),  # given up
+        draining("u", 1, since=60.0, placed=False),  # never placed: nothing to route to
+        draining("y", 2, since=70.0),  # of the revision being left
+        rollout=RUNNING,
+    )
+    actions = plan(o, desired(1, 3), now=300.0)
+    undrains = [a for a in actions if isinstance(a, Undrain)]
+    assert undrains == [back_to("q"), back_to("r")]  # D = 3, one of revision 1 live
+
+
+@pytest.mark.parametrize(
+    ("replicas", "count"),
+    [(1, 0), (2, 1), (5, 3)],
+)
+def test_no_more_draining_replicas_serve_again_than_the_target_lacks(replicas, count):
+    o = observed(
+        ready("a", 1),
+        draining("p", 1, since=10.0),
+        draining("q", 1, since=30.0),
+        draining("r", 1, since=20.0),
+        starting("x", 2),
+        rollout=RUNNING,
+    )
+    undrains = [a for a in plan(o, desired(1, replicas), now=300.0) if isinstance(a, Undrain)]
+    assert undrains == [back_to(rid) for rid in ("q", "r", "p")[:count]]
+
+
 # -- paused --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("paused", "status"),
-    [(True, RolloutStatus.PROGRESSING), (False, RolloutStatus.PAUSED)],
-    ids=["paused-by-user", "paused-after-failure"],
+    ("status", "reason", "pausing"),
+    [
+        (RolloutStatus.PROGRESSING, "", [PauseRollout(7, "paused by request")]),
+        (RolloutStatus.PAUSED, "paused by request", []),
+        (RolloutStatus.PAUSED, "exited with code 1 (after 3 failures)", []),
+    ],
+    ids=["pause-asked", "paused-by-user", "paused-after-failure"],
 )
-def test_a_paused_rollout_starts_and_drains_nothing_but_stops_the_drained(paused, status):
+def test_a_paused_rollout_starts_and_drains_nothing_but_stops_the_drained(status, reason, pausing):
+    # A rollout is paused with desired.paused set (by the user, or by PauseRollout itself).
     o = observed(
         ready("a", 1),
         ready("b", 1),
@@ -477,9 +708,24 @@ def test_a_paused_rollout_starts_and_drains_nothing_but_stops_the_drained(paused
         draining("d", 1),
         ready("x", 2, created=100.0),
         starting("y", 2, created=0.0),  # long past its start timeout
-        rollout=rollout(1, 2, status=status),
+        rollout=rollout(1, 2, status=status, reason=reason),
     )
-    assert decisions(plan(o, desired(2, 3, paused=paused), now=1000.0)) == [Stop("c")]
+    assert decisions(plan(o, desired(2, 3, paused=True), now=1000.0)) == [Stop("c"), *pausing]
+
+
+def test_a_progressing_rollout_is_paused_when_the_user_asks():
+    o = observed(ready("a", 1), rollout=rollout(1, 2))
+    actions = plan(o, desired(2, paused=True), now=10.0)
+    assert decisions(actions) == [PauseRollout(7, "paused by request")]  # no Start
+
+
+@pytest.mark.parametrize("reason", ["paused by request", WHY])
+def test_a_paused_rollout_resumes_when_the_user_asks_and_plans_afresh(reason):
+    # The failures (past retries) and the deadline (long past) are reset by ResumeRollout's
+    # transition; this plan only resumes, and wakes to plan again at once.
+    paused = rollout(1, 2, status=RolloutStatus.PAUSED, failures=9, reason=reason)
+    o = observed(ready("a", 1), rollout=paused, backoff=FAILED_AT)
+    assert plan(o, desired(2, retries=2), now=1e6) == [ResumeRollout(7), WakeAt(1e6)]
 
 
 # -- deleting ------------------------------------------------------------------------------
@@ -546,8 +792,10 @@ def test_a_rollout_completes_only_with_no_old_live_and_d_target_available(replic
 
 def test_a_paused_or_ended_rollout_is_not_completed():
     done = (ready("x", 2), ready("y", 2))
-    for r in (rollout(1, 2, status=RolloutStatus.PAUSED), None):
-        assert not decisions(plan(observed(*done, rollout=r), desired(2, 2), now=100.0))
+    paused = observed(*done, rollout=rollout(1, 2, status=RolloutStatus.PAUSED))
+    assert not decisions(plan(paused, desired(2, 2, paused=True), now=100.0))
+    ended = observed(*done, rollout=None, serving=2)
+    assert not decisions(plan(ended, desired(2, 2), now=100.0))
 
 
 def test_durations_are_written_the_way_users_write_them():
@@ -564,7 +812,7 @@ def test_after_a_failure_no_second_start_while_one_is_with_the_backend():
     strategy = RolloutStrategy(retry_backoff=1)
     failed = Backoff(failures=1, last_failure_at=0.0, reason="no capacity")
     pending = Replica("r-new", 1, ReplicaState.REQUESTED, created=5.0, since=5.0)
-    observed = Observed(replicas=(pending,), serving_revision=1, backoff=failed)
+    observed = Observed(replicas=(pending,), serving_revision=1, backoff=failed, target=1)
     actions = plan(observed, Desired(1, 3, strategy), now=10.0)
     assert not [a for a in actions if isinstance(a, Start)]
     actions = plan(observed.replace(replicas=()), Desired(1, 3, strategy), now=10.0)
