@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", re.ASCII)
+"""Matched whole, in ASCII: ``\\d`` is no Arabic-Indic digit, ``\\s`` no Unicode space."""
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
@@ -22,7 +23,7 @@ def parse_duration(value: object) -> object:
     if isinstance(value, bool):  # YAML's "yes" is not one second
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, str):
-        match = _DURATION.match(value)
+        match = _DURATION.fullmatch(value)
         if not match:
             raise ValueError(f"not a duration: {value!r} (use e.g. '250ms', '5s', '2m' or seconds)")
         return float(match.group(1)) * _UNITS[match.group(2)]
@@ -83,8 +84,10 @@ LoadBalancing = Literal["round_robin", "least_outstanding", "p2c"]
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
 """An HTTP header name (RFC 9110 5.1)."""
 _HOST = re.compile(
-    r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+    r"(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*"
 )
+"""Matched whole (``$`` would let a final newline through), on ASCII only (``str.lower``
+makes the Kelvin sign a ``k``)."""
 
 
 class RouteConfig(Model):
@@ -103,7 +106,7 @@ class RouteConfig(Model):
         out = []
         for host in hosts:
             name = host.lower().rstrip(".")
-            if not _HOST.match(name) or len(name) > 253:
+            if not host.isascii() or not _HOST.fullmatch(name) or len(name) > 253:
                 raise ValueError(f"not a host name or *.suffix wildcard: {host!r}")
             out.append(name)
         return tuple(out)

@@ -46,7 +46,26 @@ def test_durations(value, seconds):
 
 
 @pytest.mark.parametrize(
-    "value", ["5x", "ms", "", "-1s", "1e3", "5 sec", ".5s", "5.s", "1m30s", "abc", -1, -0.1, True]
+    "value",
+    # Unicode digits and spaces ("\uff15s", "\u0665", "5\u2003s") are not ASCII: refused.
+    [
+        "5x",
+        "ms",
+        "",
+        "-1s",
+        "1e3",
+        "5 sec",
+        ".5s",
+        "5.s",
+        "1m30s",
+        "abc",
+        -1,
+        -0.1,
+        True,
+        "\uff15s",
+        "\u0665",
+        "5\u2003s",
+    ],
 )
 def test_bad_durations(value):
     with pytest.raises(ValidationError) as exc:
@@ -167,6 +186,8 @@ def test_routes(fields, expected):
         ({"hosts": ["a.*.com"]}, ("hosts",), "not a host name"),
         ({"hosts": ["-a.com"]}, ("hosts",), "not a host name"),
         ({"hosts": ["a_b.com"]}, ("hosts",), "not a host name"),
+        ({"hosts": ["a.com\n"]}, ("hosts",), "not a host name"),
+        ({"hosts": ["\u212a.com"]}, ("hosts",), "not a host name"),  # Kelvin: lower() is k
         ({"hosts": ["a" * 64 + ".com"]}, ("hosts",), "not a host name"),
         ({"hosts": [("a" * 60 + ".") * 5 + "com"]}, ("hosts",), "not a host name"),
         ({"path_prefix": "api"}, ("path_prefix",), "must start with '/'"),
