@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from controller.errors import Conflict, NotFound, StoreUnavailable
-from controller.store import _MIGRATIONS, SCHEMA_VERSION, Store
+from controller.store import SCHEMA_VERSION, Store
+from controller.store.schema import MIGRATIONS as _MIGRATIONS
 
 REPO = Path(__file__).resolve().parents[2]
 
