@@ -1,0 +1,206 @@
+"""The client commands: each reads its arguments, calls the admin API, prints what it got,
+and follows what it started; it returns the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import quote
+
+from ..config import ConfigError, read_document
+from .client import Client
+from .exits import EXIT_OK, EXIT_UNUSABLE, CliError
+from .following import follow_change, replica_ids
+from .render import (
+    describe_apply,
+    dump,
+    progress_text,
+    rollout_table,
+    service_detail,
+    service_table,
+)
+
+
+def _read_spec(path: str) -> dict[str, Any]:
+    file = Path(path)
+    try:
+        data = read_document(file)
+    except ConfigError as e:
+        raise CliError(str(e), EXIT_UNUSABLE) from None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise CliError(f"{path}: a service spec must be a mapping with a name", EXIT_UNUSABLE)
+    replica = data.get("replica")
+    # As in the gateway config: a relative working_dir is relative to the spec's file.
+    if isinstance(replica, dict) and isinstance(replica.get("working_dir"), str):
+        wd = replica["working_dir"]
+        if not os.path.isabs(wd):
+            replica["working_dir"] = str((file.resolve().parent / wd).resolve())
+    return data
+
+
+async def cmd_apply(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    data = _read_spec(args.file)
+    name = data["name"]
+    path = f"/api/services/{quote(name)}"
+    current = await client.service(name)
+    if args.dry_run:
+        result = await client.call("PUT", path + "?dry_run=1", data)
+    else:
+        result = await client.call("PUT", path, data)
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, file=out, flush=True)
+
+    after = data.get("replicas")
+    before = None if current is None else int(current["desired"])
+    say(describe_apply(result, before, after if isinstance(after, int) else None))
+    record = None
+    code = EXIT_OK
+    rollout_id = result.get("rollout_id")
+    if not (args.dry_run or args.no_wait) and (
+        rollout_id is not None or result["action"] == "scaled"
+    ):
+        known = replica_ids(current)
+        followed = await follow_change(client, name, rollout_id, known, say, args.timeout)
+        code, record = followed.code or EXIT_OK, followed.record
+    if args.json:
+        dump({"result": result, "rollout": record}, out)
+    return code
+
+
+async def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    if args.name:
+        view = await client.call("GET", f"/api/services/{quote(args.name)}")
+        if args.json:
+            dump(view, out)
+        else:
+            service_detail(view, args.all, out)
+        return EXIT_OK
+    data = await client.call("GET", "/api/services")
+    if args.json:
+        dump(data, out)
+    elif not data["services"]:
+        print("no services", file=out)
+    else:
+        service_table(data["services"], out)
+    return EXIT_OK
+
+
+async def cmd_rollout(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    name = quote(args.name)
+    action = args.rollout_command
+    if action == "status":
+        view = await client.call("GET", f"/api/services/{name}")
+        if view["rollout"] is not None:
+            data: Any = view["rollout"]
+            text = progress_text(view["rollout"])
+        else:
+            history = await client.call("GET", f"/api/services/{name}/rollouts?limit=1")
+            data = history["rollouts"][0] if history["rollouts"] else None
+            text = f"{args.name}: no rollout in progress"
+            if data is not None:
+                text += f"; last: {data['kind']} {data['id']} to revision "
+                text += f"{data['to_revision']} {data['status']}"
+                text += f": {data['reason']}" if data["reason"] else ""
+        dump(data, out) if args.json else print(text, file=out)
+        return EXIT_OK
+    if action == "history":
+        history = await client.call("GET", f"/api/services/{name}/rollouts")
+        if args.json:
+            dump(history, out)
+            return EXIT_OK
+        rollout_table(history["rollouts"], out)
+        return EXIT_OK
+    body = None
+    if action == "undo" and args.to_revision is not None:
+        body = {"revision": args.to_revision}
+    rollout = await client.call("POST", f"/api/services/{name}/rollout/{action}", body)
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, file=out, flush=True)
+
+    if args.json:
+        dump(rollout, out)
+    progress = progress_text(rollout)
+    say(f"{args.name}: {'aborted; ' if action == 'abort' else ''}{progress}")
+    # resume, abort (its rollback) and undo set a rollout going: followed as apply's is.
+    if action == "pause" or args.no_wait:
+        return EXIT_OK
+    rollout_id = int(rollout["id"])
+    followed = await follow_change(
+        client, args.name, rollout_id, frozenset(), say, args.timeout, progress
+    )
+    return followed.code or EXIT_OK
+
+
+async def cmd_scale(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    name = args.name
+    current = await client.service(name)
+    body = {"replicas": args.replicas}
+    result = await client.call("POST", f"/api/services/{quote(name)}/scale", body)
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, file=out, flush=True)
+
+    if args.json:
+        dump(result, out)
+    before = None if current is None else current["desired"]
+    say(describe_apply(result, before, args.replicas))
+    if args.no_wait or result["action"] != "scaled":
+        return EXIT_OK
+    followed = await follow_change(client, name, None, replica_ids(current), say, args.timeout)
+    return followed.code or EXIT_OK
+
+
+async def cmd_drain(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    path = f"/api/services/{quote(args.name)}/upstreams/{quote(args.upstream)}/{args.command}"
+    upstream = await client.call("POST", path)
+    if args.json:
+        dump(upstream, out)
+    else:
+        print(
+            f"{args.name}: upstream {upstream['id']} ({upstream['address']}) "
+            f"{upstream['state']}, {upstream['inflight']} in flight",
+            file=out,
+        )
+    return EXIT_OK
+
+
+async def cmd_logs(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    name = quote(args.name)
+    if args.replica:
+        ids = [args.replica]
+    else:
+        view = await client.call("GET", f"/api/services/{name}")
+        live = [r["id"] for r in view["replicas"] if r["state"] not in ("stopped", "failed")]
+        ids = live or [r["id"] for r in view["replicas"]]
+    results = []
+    for rid in ids:
+        path = f"/api/services/{name}/replicas/{quote(rid)}/logs?tail={args.tail}"
+        results.append(await client.call("GET", path))
+    if args.json:
+        dump(results, out)
+        return EXIT_OK
+    for logs in results:
+        prefix = f"[{logs['replica']}] " if len(results) > 1 else ""
+        for line in logs["lines"]:
+            print(prefix + line, file=out)
+    return EXIT_OK
+
+
+async def cmd_delete(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    data = await client.call("DELETE", f"/api/services/{quote(args.name)}")
+    if args.json:
+        dump(data, out)
+    else:
+        print(f"{args.name}: deleting (every replica is drained, then stopped)", file=out)
+    return EXIT_OK
+
+
+Command = Callable[[Client, argparse.Namespace, TextIO], Coroutine[Any, Any, int]]

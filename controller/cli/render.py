@@ -1,0 +1,147 @@
+"""The text the client commands print: tables, progress lines, and ``--json``'s dump."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, TextIO
+
+
+def dump(data: Any, out: TextIO) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True), file=out)
+
+
+def table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def ago(at: float | None) -> str:
+    if at is None:
+        return "-"
+    seconds = max(0, int(time.time() - at))
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    return f"{seconds // 3600}h ago"
+
+
+def revisions_text(rollout: dict[str, Any]) -> str:
+    """``revision 1 -> 2``; ``new service, revision 1`` when nothing served before."""
+    if rollout["from_revision"] is None:
+        return f"new service, revision {rollout['to_revision']}"
+    return f"revision {rollout['from_revision']} -> {rollout['to_revision']}"
+
+
+def progress_text(rollout: dict[str, Any]) -> str:
+    parts = []
+    for p in rollout["progress"]:
+        if p["revision"] == rollout["to_revision"]:
+            parts.append(f"r{p['revision']} {p['ready']}/{p['desired']} ready")
+        elif p["live"] or p["ready"]:
+            parts.append(f"r{p['revision']} {p['ready']} ready")
+    text = f"{rollout['kind']} {rollout['id']}: {revisions_text(rollout)}, {rollout['status']}: "
+    text += ", ".join(parts)
+    if rollout["failures"]:
+        text += f"; {rollout['failures']} failed (of {rollout['retries']} allowed)"
+    if rollout["reason"]:
+        text += f" ({rollout['reason']})"
+    return text
+
+
+def revision_text(view: dict[str, Any]) -> str:
+    serving, target = view["serving_revision"], view["target_revision"]
+    if serving is None:
+        return f"- -> {target}"
+    return str(serving) if serving == target else f"{serving} -> {target}"
+
+
+def describe_apply(result: dict[str, Any], before: int | None, after: int | None) -> str:
+    """One line of what an apply does; ``before``/``after``: the replica counts of a scale."""
+    name, action = result["service"], result["action"]
+    changes = ", ".join(result["changes"])
+    prefix = "(dry run) " if result.get("dry_run") else ""
+    if action == "created":
+        text = f"{name}: created at revision {result['revision']}"
+    elif action == "unchanged":
+        text = f"{name}: unchanged (revision {result['revision']})"
+    elif action == "scaled":
+        counts = f"{'?' if before is None else before} -> {'?' if after is None else after}"
+        text = f"{name}: scale {counts} replicas (revision {result['revision']})"
+        others = [c for c in result["changes"] if c != "replicas"]
+        if others:
+            text += f"; also {', '.join(others)}"
+    elif action == "rollout":
+        text = f"{name}: revision {result['previous_revision']} -> {result['revision']}: {changes}"
+    else:
+        text = f"{name}: updated in place (revision {result['revision']}): {changes}"
+    if result.get("rollout_id") is not None:
+        text += f"; rollout {result['rollout_id']} started"
+    return prefix + text
+
+
+def service_table(views: list[dict[str, Any]], out: TextIO) -> None:
+    rows = [["NAME", "REVISION", "READY", "STATUS", "ROLLOUT"]]
+    for v in views:
+        rollout = v["rollout"]
+        rows.append(
+            [
+                v["name"],
+                revision_text(v),
+                f"{v['ready']}/{v['desired']}",
+                v["status"],
+                "-" if rollout is None else f"{rollout['id']} {rollout['status']}",
+            ]
+        )
+    table(rows, out)
+
+
+def service_detail(view: dict[str, Any], show_all: bool, out: TextIO) -> None:
+    print(
+        f"{view['name']}: {view['status']}, revision {revision_text(view)}, "
+        f"{view['ready']}/{view['desired']} ready",
+        file=out,
+    )
+    if view["conditions"]["degraded"]:
+        print(f"degraded: {view['conditions']['reason']}", file=out)
+    if view["rollout"] is not None:
+        print(progress_text(view["rollout"]), file=out)
+    replicas = view["replicas"]
+    shown = [r for r in replicas if show_all or r["state"] not in ("stopped", "failed")]
+    if shown:
+        rows = [["REPLICA", "REVISION", "STATE", "HEALTH", "IN-FLIGHT", "ADDRESS", "SINCE"]]
+        for r in shown:
+            state = r["state"] + (f" ({r['failure']})" if r["failure"] else "")
+            rows.append(
+                [
+                    r["id"],
+                    str(r["revision"]),
+                    state,
+                    r["health"] or "-",
+                    str(r["inflight"]),
+                    r["address"] or "-",
+                    ago(r["since"]),
+                ]
+            )
+        table(rows, out)
+    if len(shown) < len(replicas):
+        print(f"({len(replicas) - len(shown)} stopped or failed not shown: --all)", file=out)
+
+
+def rollout_table(rollouts: list[dict[str, Any]], out: TextIO) -> None:
+    rows = [["ID", "KIND", "FROM", "TO", "STATUS", "STARTED", "REASON"]]
+    for r in rollouts:
+        rows.append(
+            [
+                str(r["id"]),
+                r["kind"],
+                "-" if r["from_revision"] is None else str(r["from_revision"]),
+                str(r["to_revision"]),
+                r["status"],
+                ago(r["started_at"]),
+                r["reason"],
+            ]
+        )
+    table(rows, out)
