@@ -2,9 +2,10 @@
 
 Invariants:
 
-- A replica is one ``/bin/sh -c`` process started in a new session, so its pid is also its
-  process group id. Signals go to that group, by the pgid recorded at start (or verified at
-  adoption), and never to anything else: never to group 0 or 1, never to the gateway's own.
+- A replica is one ``/bin/sh -c`` process (its script: ``procshell``) started in a new
+  session, so its pid is also its process group id. Signals go to that group, by the pgid
+  recorded at start (or verified at adoption), and never to anything else: never to group 0
+  or 1, never to the gateway's own.
 - A slot (counted against ``capacity``) and a port are held from the moment ``start`` accepts a
   launch until the replica's exit has been reported. Two replicas of one backend never share a
   port.
@@ -47,10 +48,9 @@ import errno
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BackendError, NoCapacity, StartFailed
 from . import procfs, proclog
 from .base import Exit, ExitHandler, Launch, Running
+from .procshell import exit_reason, shell_script
 
 if TYPE_CHECKING:
     from .base import Backend
@@ -73,12 +74,6 @@ GROUP_GONE_AFTER_KILL = 1.0
 """After SIGKILL, how long members of the group (in uninterruptible sleep, say) may linger
 before the exit is reported anyway."""
 _REPLICA_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_NOT_EXEC_SAFE = frozenset(";&|\n")
-_SHELL_WORDS = frozenset(
-    "! { } ( ) . : [ [[ alias break case cd command continue do done elif else esac eval exec "
-    "exit export fi for if in readonly read return set shift source then times trap ulimit "
-    "umask unalias unset until wait while".split()
-)
 
 
 def _conforms(backend: ProcessBackend) -> Backend:  # pragma: no cover - checked by mypy
@@ -504,47 +499,6 @@ class _Replica:
     killed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def shell_script(commands: Iterable[str], path: str, cwd: str | None) -> str:
-    """The ``sh -c`` script for a template's commands: each runs if the one before succeeded.
-
-    Each command is a brace group ended by a newline, so a trailing comment or ``&`` in one
-    cannot swallow or break the ``&&`` after it. The last command is ``exec``'d when that is
-    safe (a plain command that names an executable, no ``;``, ``&``, ``|`` or newline): the
-    server is then the group leader, and its exit status is the replica's.
-    """
-    parts = list(commands)
-    if parts and _exec_safe(parts[-1], path, cwd):
-        parts[-1] = f"exec {parts[-1]}"
-    return " && ".join(f"{{ {command}\n}}" for command in parts)
-
-
-def exit_reason(code: int) -> str:
-    """``exited with code 3``, ``killed by signal 9 (SIGKILL)``."""
-    if code < 0:
-        try:
-            name = f" ({signal.Signals(-code).name})"
-        except ValueError:
-            name = ""
-        return f"killed by signal {-code}{name}"
-    hint = {126: " (command not executable)", 127: " (command not found)"}.get(code, "")
-    return f"exited with code {code}{hint}"
-
-
-def _exec_safe(command: str, path: str, cwd: str | None) -> bool:
-    if any(ch in _NOT_EXEC_SAFE for ch in command):
-        return False
-    words = command.split()
-    if not words:
-        return False
-    first = words[0]
-    if first in _SHELL_WORDS or "=" in first or first[0] in "({!\"'$`\\":
-        return False
-    if "/" in first:
-        candidate = Path(first) if first.startswith("/") else Path(cwd or os.getcwd()) / first
-        return candidate.is_file() and os.access(candidate, os.X_OK)
-    return shutil.which(first, path=path) is not None
-
-
 def _bindable(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -575,3 +529,15 @@ def _guarded_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[No
 def _log_unexpected_end(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("task %s ended unexpectedly", task.get_name(), exc_info=task.exception())
+
+
+__all__ = [
+    "DEFAULT_PATH",
+    "GROUP_GONE_AFTER_KILL",
+    "INHERITED_ENV",
+    "NO_CAPACITY_RETRY_AFTER",
+    "MiB",
+    "ProcessBackend",
+    "exit_reason",
+    "shell_script",
+]
