@@ -15,10 +15,8 @@ from typing import Any
 
 import pytest
 
-from controller.config import ConfigService, document_digest
-from controller.main import StoredAs, startup_choice
-from controller.spec import ServiceSpec
-from controller.store import ConfigAppliedRow, Store
+from controller.config import document_digest
+from controller.store import Store
 
 from .conftest import Gateways, Load, alive, serving, spec, until
 
@@ -146,36 +144,7 @@ async def test_restart_of_the_gateway_process_keeps_adopted_replicas_serving(
 
 
 # -- which source wins at start-up: the config's entry or the store (issue 22) ----------------
-
-
-def _entry(document: dict[str, Any]) -> ConfigService:
-    spec = ServiceSpec.model_validate(document)
-    return ConfigService(source="services/web.json", digest=document_digest(document), spec=spec)
-
-
-@pytest.mark.parametrize(
-    ("last_digest", "stored", "applied", "says"),
-    [
-        (None, "absent", True, "web: created from services/web.json"),
-        (None, "deleted", True, "web: created from services/web.json"),
-        (None, "live", True, "never applied from the config before: applied"),
-        ("old", "live", True, "services/web.json changed since last applied: applied"),
-        ("old", "deleted", True, "services/web.json changed since last applied: applied"),
-        ("same", "live", False, "web: spec from the store"),
-        ("same", "deleted", False, "deleted through the API since services/web.json"),
-    ],
-)
-def test_startup_choice(
-    site, last_digest: str | None, stored: StoredAs, applied: bool, says: str
-) -> None:
-    entry = _entry(spec(site("v1")))
-    last = None
-    if last_digest is not None:
-        digest = entry.digest if last_digest == "same" else document_digest({"other": 1})
-        last = ConfigAppliedRow("web", "services/web.json", digest, 0.0)
-    choice = startup_choice(entry, last, stored)
-    assert choice.apply is applied
-    assert says in choice.reason
+# The decision itself, controller.main.startup_choice, is tested in tests/controller/test_main.py.
 
 
 def test_document_digest_is_the_content_not_the_layout() -> None:
