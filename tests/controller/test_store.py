@@ -1,4 +1,4 @@
-"""Tests of controller/store.py: schema, persistence, atomic compound writes, unavailability."""
+"""Tests of controller/store/: schema, persistence, atomic compound writes, unavailability."""
 
 from __future__ import annotations
 
