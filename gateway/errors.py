@@ -18,18 +18,23 @@ was (``kind``), which decides whether a retry may help and what passive detectio
 
 from __future__ import annotations
 
+from typing import Literal
+
+FailureKind = Literal["connect", "disconnect", "timeout", "protocol", "client", "status", "other"]
+"""What kind of failure an attempt met: ``connect`` (nothing reached the upstream),
+``disconnect`` (closed before any answer), ``timeout``, ``protocol`` (not HTTP, or a body that
+broke off), ``client`` (the client's doing: too large, too slow, gone), ``status`` (an answer
+whose status ``retries.on_status`` retries) or ``other``."""
+
 
 class GatewayError(Exception):
     status = 500
     code = "gateway_error"
 
-    def __init__(self, message: str, *, kind: str = "other", **details: object) -> None:
+    def __init__(self, message: str, *, kind: FailureKind = "other", **details: object) -> None:
         super().__init__(message)
         self.message = message
-        self.kind = kind
-        """``connect`` (nothing reached the upstream), ``disconnect`` (closed before any
-        answer), ``timeout``, ``protocol`` (not HTTP, or a body that broke off), ``client``
-        (the client's doing: too large, too slow, gone) or ``other``."""
+        self.kind: FailureKind = kind
         self.details = details
 
 
@@ -53,7 +58,12 @@ class NoRoutableUpstream(GatewayError):
     code = "no_routable_upstream"
 
     def __init__(
-        self, message: str, retry_after: int = 1, *, kind: str = "other", **details: object
+        self,
+        message: str,
+        retry_after: int = 1,
+        *,
+        kind: FailureKind = "other",
+        **details: object,
     ) -> None:
         super().__init__(message, kind=kind, **details)
         self.retry_after = retry_after

@@ -29,6 +29,7 @@ from collections.abc import Collection, Sequence
 from ..config import ProxyConfig
 from ..errors import (
     BadRequest,
+    FailureKind,
     GatewayError,
     RequestTimeout,
     RequestTooLarge,
@@ -263,7 +264,7 @@ class Exchange:
             address=upstream.address,
         )
 
-    def may_retry(self, kind: str, tried: Collection[str]) -> bool:
+    def may_retry(self, kind: FailureKind, tried: Collection[str]) -> bool:
         """Whether an attempt that failed with ``kind`` is tried again (``retry``)."""
         sp = self.sp
         assert sp is not None

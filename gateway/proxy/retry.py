@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from typing import Final
 
 from ..config import RetriesConfig
-from ..errors import GatewayError
+from ..errors import FailureKind, GatewayError
 from ..upstream import Upstream
 
 IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
@@ -24,14 +24,14 @@ RETRY_STATUSES: Final = frozenset({502, 503, 504})
 class Failed(Exception):
     """An attempt failed before the client got anything; ``kind`` says if a retry may help."""
 
-    def __init__(self, error: GatewayError, kind: str) -> None:
+    def __init__(self, error: GatewayError, kind: FailureKind) -> None:
         super().__init__(error.message)
         self.error = error
         self.kind = kind
 
 
 def may_retry(
-    kind: str,
+    kind: FailureKind,
     *,
     method: str,
     has_body: bool,

@@ -11,12 +11,11 @@ so an upstream never sees another value than the one the gateway routed on.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
-from typing import Final
+from typing import Final, Protocol
 
 from . import plainhead
 
@@ -50,9 +49,15 @@ def http_date() -> bytes:
     return _date_cache[1]
 
 
-def write_body(
-    transport: asyncio.WriteTransport, data: bytes | memoryview, *, chunked: bool
-) -> None:
+class Writer(Protocol):
+    """What a body is written to: an asyncio transport, in practice."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None: ...
+
+
+def write_body(transport: Writer, data: bytes | memoryview, *, chunked: bool) -> None:
     """Write a piece of a body to ``transport``, as one chunk if ``chunked`` (``data`` is
     never empty: the empty chunk is ``LAST_CHUNK``). A large piece is not copied into a
     chunk: its framing goes around it with ``writelines``."""
