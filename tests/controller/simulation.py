@@ -1,57 +1,75 @@
-"""A pure simulator of one service under the reconciler's contract, for the planner's tests.
+"""A pure simulator of one service, driven as ``controller/reconciler.py`` drives it.
 
-``World`` holds what the planner reads (``observed``, ``desired``), a backend ``capacity`` and a
-clock. ``apply()`` performs the planner's actions the way the executor does; the other methods
-are what the backend, the prober and the user do. Nothing here performs I/O, reads a clock or
-draws a random number: the tests choose every event.
-
-The contract, in short: a Start adds a REQUESTED replica whose backend outcome (placed, no
-capacity, start failed) comes later; a replica that fails (start error, exit, FailReplica)
-records a failure in the backoff and, if it is of the target of a progressing rollout, in the
-rollout; a FailRollout goes back to ``from_revision`` (``on_failure: rollback``), pauses, or
-just ends the rollout (nothing to go back to, or a rollback failed); a new apply supersedes
-the active rollout.
+``World`` keeps the service's ``(desired, observed)`` pair and changes it only through the
+real code: the planner's actions go through ``transitions.decide`` (with new replica and
+rollout ids from counters, as the executor and the store give them), what the backend and the
+prober report through ``transitions.observe``, what the user asks through
+``transitions.intend``. It copies no rule. What stays here is what the reconciler does not
+own: the fake backend (its capacity, the starts it has not answered yet, revisions whose
+replicas crash or hang) and the clock. Nothing performs I/O, reads a clock or draws a random
+number: the tests choose every event.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from controller.actions import (
+    AbandonRollout,
     Action,
+    BeginRollout,
     CompleteRollout,
-    Drain,
-    FailReplica,
     FailRollout,
     Forget,
-    SetDegraded,
     Start,
-    Stop,
     WakeAt,
 )
-from controller.model import Backoff, Observed, Replica, Rollout, RolloutStatus
+from controller.model import Desired, Intent, Observed, Replica, Rollout, RolloutStatus
 from controller.model import ReplicaState as S
-from controller.planner import Desired, plan
+from controller.planner import plan
 from controller.spec import RolloutStrategy
+from controller.transitions import (
+    Change,
+    Configure,
+    Delete,
+    DrainDone,
+    Exited,
+    HealthChanged,
+    Observation,
+    Placed,
+    Retarget,
+    SetPaused,
+    StartFailed,
+    Step,
+    decide,
+    intend,
+    observe,
+)
 
 RUNNING = frozenset({S.STARTING, S.READY, S.UNHEALTHY})
 """States whose process runs, so it can exit or be probed."""
 
+MAX_REPLANS = 5
+"""Plans in a row at one instant (a plan that ends with ``WakeAt(now)``) before giving up."""
+
+ENDED = {"aborted": RolloutStatus.ABORTED, "superseded": RolloutStatus.SUPERSEDED}
+
 
 @dataclass
 class World:
-    observed: Observed
     desired: Desired
+    observed: Observed
     capacity: int
+    """Backend slots: a start beyond them fails with no capacity."""
     now: float = 0.0
     bad: dict[int, str] = field(default_factory=dict)
     """Revisions whose replicas exit when probed (``crash``) or never pass a probe (``hang``)."""
-    doomed: dict[str, str] = field(default_factory=dict)
-    """Requested replicas the backend had no slot for, with the error their start raises."""
+    pending: dict[str, str | None] = field(default_factory=dict)
+    """Starts the backend has not answered, in order: the error each will raise, if any."""
     ended: list[Rollout] = field(default_factory=list)
-    """Rollouts that completed, failed or were superseded, in order."""
+    """Rollouts that completed, failed, were superseded or aborted, in order (from the
+    actions that ended them)."""
     log: list[str] = field(default_factory=list)
     forgotten: bool = False
     next_replica: int = 0
@@ -62,15 +80,16 @@ class World:
     def create(
         cls, strategy: RolloutStrategy, replicas: int, capacity: int, *, serving: bool
     ) -> World:
-        """Revision 1 at full strength (``serving``), or a new service with its first rollout."""
-        w = cls(Observed(), Desired(1, replicas, strategy), capacity)
+        """Revision 1 at full strength (``serving``), or a new service whose first plan will
+        begin its first rollout."""
+        w = cls(Desired(1, replicas, strategy), Observed(), capacity)
         if serving:
-            w.observed = Observed(
-                tuple(w._replica(1, S.READY, ready_since=0.0) for _ in range(replicas)),
-                serving_revision=1,
-            )
-        else:
-            w.observed = Observed(rollout=w._rollout(None, 1, "rollout"))
+            ids = [w._new_id() for _ in range(replicas)]
+            ready = [
+                Replica(rid, 1, S.READY, 0.0, 0.0, 0.0, f"127.0.0.1:{rid}", healthy=True)
+                for rid in ids
+            ]
+            w.observed = Observed(tuple(ready), serving_revision=1, target=1)
         return w
 
     # -- reading ---------------------------------------------------------------------------
@@ -84,8 +103,26 @@ class World:
         found = [r for r in self.observed.replicas if r.state in wanted]
         return found[index % len(found)] if found else None
 
+    def pick_pending(self, index: int) -> str | None:
+        """The ``index``-th start (modulo) the backend has not answered yet."""
+        found = list(self.pending)
+        return found[index % len(found)] if found else None
+
+    def pick_draining(self, index: int) -> Replica | None:
+        """A replica whose drain runs in the pool (placed, not yet drained)."""
+        found = [
+            r
+            for r in self.observed.replicas
+            if r.state is S.DRAINING and r.address is not None and not r.drained
+        ]
+        return found[index % len(found)] if found else None
+
     def slots_in_use(self) -> int:
-        return sum(1 for r in self.observed.replicas if not r.terminal and r.id not in self.doomed)
+        doomed = {rid for rid, error in self.pending.items() if error is not None}
+        return sum(1 for r in self.observed.replicas if not r.terminal and r.id not in doomed)
+
+    def ready_of(self, revision: int) -> int:
+        return sum(r.state is S.READY and r.revision == revision for r in self.observed.replicas)
 
     def converged(self) -> bool:
         """D ready replicas of the target, nothing else live, no active rollout, not degraded."""
@@ -93,6 +130,7 @@ class World:
         rollout = self.observed.rollout
         return (
             (rollout is None or not rollout.active)
+            and self.observed.target == self.desired.revision
             and len(live) == self.desired.replicas
             and all(r.state is S.READY and r.revision == self.desired.revision for r in live)
             and self.observed.degraded is None
@@ -102,119 +140,114 @@ class World:
         """The last ``tail`` lines of the log and the state now, for a failing test."""
         o, d = self.observed, self.desired
         lines = [*self.log[-tail:], f"now={self.now:g} {d}", f"rollout={o.rollout}"]
-        lines += [f"backoff={o.backoff} degraded={o.degraded!r} capacity={self.capacity}"]
+        lines += [f"target={o.target} serving={o.serving_revision} backoff={o.backoff}"]
+        lines += [f"degraded={o.degraded!r} capacity={self.capacity}"]
         lines += [f"  {r}" for r in o.replicas if not r.terminal]
         return "\n".join(lines)
 
-    # -- the executor ----------------------------------------------------------------------
+    # -- the reconciler's loop -------------------------------------------------------------
 
     def plan(self) -> list[Action]:
         return plan(self.observed, self.desired, self.now)
 
     def apply(self, actions: Iterable[Action]) -> None:
+        """Take each decision as ``Reconciler._take`` does; the fake backend learns of the
+        starts (and whether it has a slot for them)."""
         for action in actions:
             self.log.append(f"  {action}")
             match action:
-                case Start(revision=revision):
+                case Start():
                     used = self.slots_in_use()
-                    r = self._replica(revision, S.REQUESTED)
-                    if used >= self.capacity:
-                        self.doomed[r.id] = f"no capacity: {used} of {self.capacity} slots in use"
-                    self._set(r)
-                case Drain(replica_id=rid):
-                    assert self.get(rid).live, action
-                    self._set(self.get(rid).replace(state=S.DRAINING, since=self.now))
-                case Stop(replica_id=rid):
-                    self._set(self.get(rid).replace(state=S.STOPPING, since=self.now))
-                case FailReplica(replica_id=rid, reason=reason):
-                    r = self.get(rid)
-                    assert r.live, action
-                    self._set(r.replace(state=S.DRAINING, since=self.now, failure=reason))
-                    self._count_failure(r, reason)
-                case CompleteRollout(rollout_id=rollout_id):
-                    rollout = self._active(rollout_id)
-                    self.ended.append(rollout.replace(status=RolloutStatus.COMPLETE))
-                    self._observe(rollout=None, serving_revision=rollout.to_revision)
-                case FailRollout(rollout_id=rollout_id, reason=reason):
-                    self._fail_rollout(self._active(rollout_id), reason)
-                case SetDegraded(reason=reason):
-                    self._observe(degraded=reason)
+                    rid = self._new_id()
+                    self._commit(decide(self.desired, self.observed, action, self.now, new_id=rid))
+                    full = used >= self.capacity
+                    self.pending[rid] = (
+                        f"no capacity: {used} of {self.capacity} slots in use" if full else None
+                    )
+                case BeginRollout():
+                    rollout_id = self.next_rollout
+                    self.next_rollout += 1
+                    step = decide(
+                        self.desired, self.observed, action, self.now, rollout_id=rollout_id
+                    )
+                    self._commit(step)
+                case CompleteRollout(rollout_id=rid):
+                    self._ended(rid, RolloutStatus.COMPLETE)
+                    self._commit(decide(self.desired, self.observed, action, self.now))
+                case FailRollout(rollout_id=rid, reason=reason):
+                    self._ended(rid, RolloutStatus.FAILED, reason)
+                    self._commit(decide(self.desired, self.observed, action, self.now))
+                case AbandonRollout(rollout_id=rid, outcome=outcome, reason=reason):
+                    self._ended(rid, ENDED[outcome], reason)
+                    self._commit(decide(self.desired, self.observed, action, self.now))
                 case Forget():
+                    self._commit(decide(self.desired, self.observed, action, self.now))
                     self.forgotten = True
-                case WakeAt():
-                    pass
+                case _:
+                    self._commit(decide(self.desired, self.observed, action, self.now))
 
-    def _fail_rollout(self, rollout: Rollout, reason: str) -> None:
-        # As controller/executor.py does: a failed rollback is neither paused nor rolled back
-        # (that would go back to the revision that just failed, and could ping-pong forever).
-        failed = rollout.replace(status=RolloutStatus.FAILED, reason=reason)
-        rollback = rollout.kind == "rollback"
-        if self.desired.strategy.on_failure == "pause" and not rollback:
-            self._observe(rollout=failed.replace(status=RolloutStatus.PAUSED))
-            return
-        self.ended.append(failed)
-        if rollout.from_revision is None or rollback:
-            self._observe(rollout=None)  # nothing to go back to: keep trying the target
-            return
-        self.desired = dataclasses.replace(self.desired, revision=rollout.from_revision)
-        back = self._rollout(rollout.to_revision, rollout.from_revision, "rollback")
-        self._observe(rollout=back, backoff=Backoff())
+    def step(self) -> list[Action]:
+        """One plan, applied; then, as the loop does when a plan wakes it at once (a rollout
+        begun, resumed or failed), the next plans at the same instant. Every action taken."""
+        taken: list[Action] = []
+        for _ in range(MAX_REPLANS):
+            actions = self.plan()
+            self.apply(actions)
+            taken += actions
+            if WakeAt(self.now) not in actions:
+                return taken
+        raise AssertionError(f"plans at {self.now} do not settle: {taken[-20:]}")
 
     # -- the backend and the prober --------------------------------------------------------
 
     def spawn(self, replica_id: str, outcome: str) -> None:
-        """The backend's answer to a requested start: ``ok``, ``no capacity``, ``start failed``."""
-        r = self.get(replica_id)
-        assert r.state is S.REQUESTED
-        reason = self.doomed.pop(r.id, None)
+        """The backend answers a start: ``ok``, ``no capacity``, ``start failed``."""
+        reason = self.pending.pop(replica_id)
         if reason is None and outcome == "no capacity":
             reason = f"no capacity: {self.capacity} of {self.capacity} slots in use"
         elif reason is None and outcome == "start failed":
             reason = "start failed: exec format error"
         if reason is not None:
-            self._fail(r, reason)
+            self._observe(StartFailed(replica_id, reason))
         else:
-            self._set(r.replace(state=S.STARTING, since=self.now, address=f"127.0.0.1:{r.id}"))
+            self._observe(Placed(replica_id, f"127.0.0.1:{replica_id}"))
 
     def probe(self, replica_id: str, passed: bool) -> None:
+        """A probe's verdict on a running or draining replica (a bad revision's never passes,
+        or its replica exits)."""
         r = self.get(replica_id)
-        kind = self.bad.get(r.revision)
-        if r.state not in RUNNING:
+        if r.address is None or not (r.state in RUNNING or r.state is S.DRAINING):
             return
-        if kind == "crash":
+        kind = self.bad.get(r.revision)
+        if kind == "crash" and r.state in RUNNING:
             self.crash(r.id, 1)
-        elif passed and kind != "hang" and r.state is not S.READY:
-            self._set(r.replace(state=S.READY, since=self.now, ready_since=self.now))
-            if r.revision == self.desired.revision:
-                self._observe(backoff=Backoff())
-        elif not passed and r.state is S.READY:
-            self._set(r.replace(state=S.UNHEALTHY, since=self.now))
+            return
+        healthy = passed and kind is None
+        self._observe(HealthChanged(r.id, healthy, "" if healthy else "connection refused"))
 
     def crash(self, replica_id: str, code: int) -> None:
         r = self.get(replica_id)
         assert r.state in RUNNING
-        self._fail(r, f"exited with code {code}", exit_code=code)
+        self._observe(Exited(r.id, code, f"exited with code {code}", requested=False))
 
     def drain_done(self, replica_id: str) -> None:
-        r = self.get(replica_id)
-        assert r.state is S.DRAINING
-        self._set(r.replace(drained=True))
+        self._observe(DrainDone(replica_id, clean=True))
 
     def stop_done(self, replica_id: str) -> None:
         r = self.get(replica_id)
         assert r.state is S.STOPPING
-        self._set(r.replace(state=S.FAILED if r.failure else S.STOPPED, since=self.now))
+        self._observe(Exited(r.id, 0, "stopped", requested=True))
 
     def settle(self) -> bool:
         """One benign round: every start is placed, probes pass, drains and stops finish.
         Whether anything changed."""
         before = self.observed
+        for rid in list(self.pending):
+            self.spawn(rid, "ok")
         for r in self.observed.replicas:
-            if r.state is S.REQUESTED:
-                self.spawn(r.id, "ok")
-            elif r.state in (S.STARTING, S.UNHEALTHY):
+            if r.state in (S.STARTING, S.UNHEALTHY):
                 self.probe(r.id, True)
-            elif r.state is S.DRAINING and not r.drained:
+            elif r.state is S.DRAINING and r.address is not None and not r.drained:
                 self.drain_done(r.id)
             elif r.state is S.STOPPING:
                 self.stop_done(r.id)
@@ -228,60 +261,43 @@ class World:
         self.next_revision += 1
         if bad is not None:
             self.bad[revision] = bad
-        old = self.observed.rollout
-        if old is not None and old.active:
-            self.ended.append(old.replace(status=RolloutStatus.SUPERSEDED))
-        self.desired = dataclasses.replace(self.desired, revision=revision)
-        rollout = self._rollout(self.observed.serving_revision, revision, "rollout")
-        self._observe(rollout=rollout, backoff=Backoff())
+        self._intend(Retarget(revision, "apply"))
         return revision
 
+    def user_retarget(self, revision: int, intent: Intent) -> None:
+        """An undo, an abort, or an apply of an earlier spec."""
+        self._intend(Retarget(revision, intent))
+
     def user_scale(self, replicas: int) -> None:
-        self.desired = dataclasses.replace(self.desired, replicas=replicas)
+        self._intend(Configure(replicas, self.desired.strategy, self.desired.static))
+
+    def user_pause(self, paused: bool) -> None:
+        self._intend(SetPaused(paused))
 
     def user_delete(self) -> None:
-        self.desired = dataclasses.replace(self.desired, deleting=True)
+        self._intend(Delete())
 
     # -- internals -------------------------------------------------------------------------
 
-    def _replica(self, revision: int, state: S, ready_since: float | None = None) -> Replica:
+    def _new_id(self) -> str:
         self.next_replica += 1
-        return Replica(f"r{self.next_replica}", revision, state, self.now, self.now, ready_since)
+        return f"r{self.next_replica}"
 
-    def _rollout(self, from_revision: int | None, to_revision: int, kind: str) -> Rollout:
-        self.next_rollout += 1
-        status = RolloutStatus.PROGRESSING
-        return Rollout(self.next_rollout - 1, from_revision, to_revision, kind, status, self.now)
+    def _commit(self, step: Step) -> None:
+        self.desired, self.observed = step.desired, step.observed
+        self.log += [f"    {e.kind}: {e.message}" for e in step.events]
 
-    def _active(self, rollout_id: int) -> Rollout:
+    def _observe(self, seen: Observation) -> None:
+        self.log.append(f"  {seen}")
+        self._commit(observe(self.desired, self.observed, seen, self.now))
+
+    def _intend(self, change: Change) -> None:
+        self.log.append(f"  {change}")
+        self._commit(intend(self.desired, self.observed, [change]))
+
+    def _ended(self, rollout_id: int, status: RolloutStatus, reason: str = "") -> None:
         rollout = self.observed.rollout
         assert rollout is not None, rollout_id
         assert rollout.active, rollout
         assert rollout.id == rollout_id, rollout
-        return rollout
-
-    def _set(self, replica: Replica) -> None:
-        replicas = self.observed.replicas
-        if any(r.id == replica.id for r in replicas):
-            replicas = tuple(replica if r.id == replica.id else r for r in replicas)
-        else:
-            replicas = (*replicas, replica)
-        self._observe(replicas=replicas)
-
-    def _observe(self, **changes: object) -> None:
-        self.observed = self.observed.replace(**changes)
-
-    def _fail(self, r: Replica, reason: str, exit_code: int | None = None) -> None:
-        self.log.append(f"  {r.id} failed: {reason}")
-        self._set(r.replace(state=S.FAILED, since=self.now, failure=reason, exit_code=exit_code))
-        self._count_failure(r, reason)
-
-    def _count_failure(self, r: Replica, reason: str) -> None:
-        self._observe(backoff=self.observed.backoff.failed(self.now, reason))
-        rollout = self.observed.rollout
-        if (
-            rollout is not None
-            and rollout.status is RolloutStatus.PROGRESSING
-            and r.revision == rollout.to_revision
-        ):
-            self._observe(rollout=rollout.replace(failures=rollout.failures + 1))
+        self.ended.append(rollout.replace(status=status, reason=reason))
