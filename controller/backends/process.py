@@ -428,7 +428,10 @@ class ProcessBackend:
         elif code is None:
             reason = "exited (exit status unknown: adopted after a restart)"
         else:
+            # The cause is often the replica's last word: keep it with the exit code.
             reason = exit_reason(code)
+            if last := proclog.last_line(replica.log_path):
+                reason += f": {last}"
         event = Exit(replica_id=rid, code=code, reason=reason, requested=requested)
         log.info("replica %s: %s", rid, reason)
         if self._exit_handler is not None:

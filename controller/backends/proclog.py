@@ -96,3 +96,24 @@ def tail(path: Path, lines: int) -> list[str]:
         except OSError:  # not written yet, or rotated away under us
             continue
     return data.decode("utf-8", "replace").splitlines()[-lines:]
+
+
+LAST_LINE_MAX = 200
+"""Characters of a crashed replica's last output line kept in its exit reason."""
+
+
+def last_line(path: Path, window: int = 4096) -> str:
+    """The last non-empty line of the live log of ``path`` (from its last ``window`` bytes),
+    cut to ``LAST_LINE_MAX`` characters; empty when there is none."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - window))
+            data = f.read()
+    except OSError:
+        return ""
+    lines = [x.strip() for x in data.decode("utf-8", "replace").splitlines() if x.strip()]
+    if not lines:
+        return ""
+    line = lines[-1]
+    return line if len(line) <= LAST_LINE_MAX else line[: LAST_LINE_MAX - 1] + "…"

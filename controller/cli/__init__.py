@@ -46,6 +46,7 @@ from .commands import (
     cmd_rollout,
     cmd_scale,
     cmd_status,
+    pick_log_replicas,
 )
 from .dispatch import add_commands, add_follow_options, run_command
 from .exits import (
@@ -111,6 +112,7 @@ __all__ = [
     "describe_apply",
     "follow",
     "follow_change",
+    "pick_log_replicas",
     "progress_text",
     "replica_ids",
     "resolve_target",

@@ -172,14 +172,23 @@ async def cmd_drain(client: Client, args: argparse.Namespace, out: TextIO) -> in
     return EXIT_OK
 
 
+def pick_log_replicas(replicas: list[dict[str, Any]], *, failed: bool) -> list[str]:
+    """Whose logs ``logs`` shows: the failed replicas (``--failed``), else the live ones, else
+    the one that failed last (what a user wants to read when nothing runs)."""
+    gone = sorted((r for r in replicas if r["state"] == "failed"), key=lambda r: r["since"])
+    if failed:
+        return [r["id"] for r in gone]
+    live = [r["id"] for r in replicas if r["state"] not in ("stopped", "failed")]
+    return live or [r["id"] for r in gone[-1:]]
+
+
 async def cmd_logs(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     name = quote(args.name)
     if args.replica:
         ids = [args.replica]
     else:
         view = await client.call("GET", f"/api/services/{name}")
-        live = [r["id"] for r in view["replicas"] if r["state"] not in ("stopped", "failed")]
-        ids = live or [r["id"] for r in view["replicas"]]
+        ids = pick_log_replicas(view["replicas"], failed=args.failed)
     results = []
     for rid in ids:
         path = f"/api/services/{name}/replicas/{quote(rid)}/logs?tail={args.tail}"

@@ -148,6 +148,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     logs.add_argument("name")
     logs.add_argument("--replica", metavar="ID")
     logs.add_argument("--tail", type=int, default=100)
+    logs.add_argument(
+        "--failed",
+        action="store_true",
+        help="the failed replicas' logs (by default: the live ones, or the last failed one)",
+    )
 
     delete = add("delete", cmd_delete, "drain and stop a service, then forget it")
     delete.add_argument("name")

@@ -421,7 +421,17 @@ async def test_fixed_port(make: Make) -> None:
     ("command", "code", "reason"),
     [
         ("exit 3", 3, "exited with code 3"),
-        ("no-such-command-for-sure", 127, "exited with code 127 (command not found)"),
+        (
+            "no-such-command-for-sure",
+            127,
+            "exited with code 127 (command not found): "
+            "/bin/sh: 1: no-such-command-for-sure: not found",
+        ),
+        (
+            "echo starting; echo 'fatal: no model' >&2; exit 4",
+            4,
+            "exited with code 4: fatal: no model",
+        ),
         ("kill -9 $$", -9, "killed by signal 9 (SIGKILL)"),
     ],
 )

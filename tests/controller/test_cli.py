@@ -421,6 +421,39 @@ async def test_rollout_control(running: Running) -> None:
     assert rows[1] == ["5", "undo", "2", "1", "complete"]
 
 
+async def test_a_crash_reason_carries_its_last_output_and_logs_show_the_failed(
+    running: Running,
+) -> None:
+    """Issue 22.12: the rollout's reason says what the replica said before it exited, and
+    ``logs --failed`` shows the failed replica's output."""
+    code, out, _ = await running.gw("apply", "-f", running.spec_file("v1"))
+    assert code == 0, out
+    crash = ["echo loading; echo 'fatal: model file missing' >&2; exit 3"]
+    broken = running.spec_file("v2", replica={"commands": crash, "env": {"V": "broken"}})
+    code, out, _ = await running.gw("apply", "-f", broken)
+    assert code == 1, out
+    assert (
+        "rollout 2 failed: replica exited with code 3: fatal: model file missing (after 1 failures)"
+    ) in out.splitlines()
+    code, out, _ = await running.gw("logs", "web", "--failed", "--tail", "5")
+    assert code == 0, out
+    assert "fatal: model file missing" in out
+    assert "loading" in out
+
+
+def test_logs_pick_the_live_replicas_else_the_last_failed() -> None:
+    replicas = [
+        {"id": "a", "state": "failed", "since": 3.0},
+        {"id": "b", "state": "stopped", "since": 9.0},
+        {"id": "c", "state": "failed", "since": 5.0},
+    ]
+    assert cli.pick_log_replicas(replicas, failed=False) == ["c"]
+    assert cli.pick_log_replicas(replicas, failed=True) == ["a", "c"]
+    live = [*replicas, {"id": "d", "state": "ready", "since": 1.0}]
+    assert cli.pick_log_replicas(live, failed=False) == ["d"]
+    assert cli.pick_log_replicas(live, failed=True) == ["a", "c"]
+
+
 async def test_a_failed_rollout_exits_non_zero_with_the_reason(running: Running) -> None:
     code, out, _ = await running.gw("apply", "-f", running.spec_file("v1"))
     assert code == 0, out
