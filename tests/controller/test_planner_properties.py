@@ -684,8 +684,10 @@ def check_taking_back(params: dict[str, Any], rounds: int, back: str) -> None:
             w.bad[2] = "crash"
             for _ in range(30):  # the new replicas crash until the rollout fails
                 r = next((r for r in w.observed.replicas if r.revision == 2 and r.live), None)
+                rollout = w.observed.rollout
                 if r is None:  # no slot for one (no surge): the deadline fails the rollout
-                    w.now = w.desired.strategy.progress_deadline
+                    started = rollout.started if rollout else 0.0
+                    w.now = max(w.now, started + w.desired.strategy.progress_deadline)
                 elif r.state is S.REQUESTED:
                     w.spawn(r.id, "ok")
                 else:
@@ -702,7 +704,6 @@ def check_taking_back(params: dict[str, Any], rounds: int, back: str) -> None:
             w.user_retarget(1, "abort" if back == "abort" else "apply")
             w.step()
         assert w.observed.target == 1
-        lacking = d - sum(r.live and r.revision == 1 for r in w.observed.replicas)
         ready = w.ready_of(1)
         assert ready >= min(d, routable), f"rule 7: {ready} of revision 1 serve, not {routable}"
         for _ in range(60):  # and on, until revision 1 serves at full strength
