@@ -114,9 +114,10 @@ def desired(
     paused: bool = False,
     deleting: bool = False,
     intent: Intent = "apply",
+    static: bool = False,
     **strategy: object,
 ) -> Desired:
-    return Desired(rev, replicas, RolloutStrategy(**strategy), paused, deleting, intent)
+    return Desired(rev, replicas, RolloutStrategy(**strategy), paused, deleting, intent, static)
 
 
 def decisions(actions: list[Action]) -> list[Action]:
@@ -726,6 +727,42 @@ def test_a_paused_rollout_resumes_when_the_user_asks_and_plans_afresh(reason):
     paused = rollout(1, 2, status=RolloutStatus.PAUSED, failures=9, reason=reason)
     o = observed(ready("a", 1), rollout=paused, backoff=FAILED_AT)
     assert plan(o, desired(2, retries=2), now=1e6) == [ResumeRollout(7), WakeAt(1e6)]
+
+
+# -- static replicas (rule 9) --------------------------------------------------------------
+
+
+def test_static_replicas_are_never_given_up():
+    o = observed(
+        starting("x", 2, created=0.0),
+        unhealthy("y", 2, since=0.0),
+        rollout=rollout(None, 2),
+        serving=None,
+    )
+    actions = plan(o, desired(2, 2, static=True, start_timeout=60), now=1000.0)
+    assert not [a for a in actions if isinstance(a, FailReplica)]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "complete"),
+    [
+        ((starting("x", 1), starting("y", 1)), True),  # each holds an address
+        ((starting("x", 1), unhealthy("y", 1, since=0.0)), True),
+        ((starting("x", 1), requested("y", 1)), False),  # y not placed yet
+        ((starting("x", 1),), False),
+    ],
+)
+def test_a_first_static_rollout_completes_once_each_replica_holds_an_address(replicas, complete):
+    o = observed(*replicas, rollout=rollout(None, 1), serving=None)
+    actions = plan(o, desired(1, 2, static=True), now=10.0)
+    assert (CompleteRollout(7) in actions) is complete
+
+
+def test_a_later_static_rollout_waits_for_readiness():
+    o = observed(gone("a", 1), starting("x", 2), starting("y", 2), rollout=rollout(1, 2))
+    assert CompleteRollout(7) not in plan(o, desired(2, 2, static=True), now=10.0)
+    o = observed(gone("a", 1), ready("x", 2), ready("y", 2), rollout=rollout(1, 2))
+    assert CompleteRollout(7) in plan(o, desired(2, 2, static=True), now=10.0)
 
 
 # -- deleting ------------------------------------------------------------------------------
