@@ -40,9 +40,34 @@ MAX_COMMANDS = 32
 MAX_COMMAND_LENGTH = 8192
 MAX_ENV = 256
 MAX_ENV_VALUE = 32768
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
+"""An image reference as Docker writes it: ``name[:tag]`` or ``name@sha256:...``."""
+MEMORY_PATTERN = r"^[1-9][0-9]{0,12}[kmg]?$"
+"""Bytes, or a count of KiB (k), MiB (m) or GiB (g): ``512m``."""
+USER_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$"
+"""``user``, ``uid``, ``user:group`` or ``uid:gid``."""
+DOCKER_FIELDS = ("image", "pull", "resources", "user")
+"""Template fields only the docker backend reads."""
+_MEMORY_UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3}
 
 DEFAULT_PROBE = ProbeConfig(type="tcp", interval=1.0, timeout=1.0, healthy_threshold=1)
 """A service with no probe gets this one on its port: never 'ready because it started'."""
+
+
+class Resources(Model):
+    """Limits of one container (docker backend)."""
+
+    cpus: float | None = Field(default=None, gt=0, le=1024)
+    """CPUs the container may use, e.g. 0.5."""
+    memory: str | None = Field(default=None, pattern=MEMORY_PATTERN)
+    """Most memory, ``512m`` or ``2g`` (bytes without a unit); beyond it the kernel kills."""
+
+    @property
+    def memory_bytes(self) -> int | None:
+        if self.memory is None:
+            return None
+        unit = _MEMORY_UNITS.get(self.memory[-1], 1)
+        return int(self.memory.rstrip("kmg")) * unit
 
 
 class ReplicaTemplate(Model):
@@ -53,9 +78,19 @@ class ReplicaTemplate(Model):
     env: dict[str, str] = Field(default_factory=dict)
     working_dir: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)
-    """A fixed port; by default the backend allocates one and passes it as ``$PORT``."""
+    """Process backend: a fixed port; by default the backend allocates one and passes it as
+    ``$PORT``. Docker backend: the container's port (``$PORT`` inside; by default 8000),
+    published at a host port the backend allocates."""
     addresses: tuple[Address, ...] = ()
     """Static backend: the addresses of replicas that another system runs."""
+    image: str | None = Field(default=None, pattern=IMAGE_PATTERN)
+    """Docker backend: the image each container runs (required there)."""
+    pull: Literal["if_not_present", "always", "never"] | None = None
+    """Docker backend: pull the image when it is missing (the default), always, or never."""
+    resources: Resources | None = None
+    """Docker backend: CPU and memory limits."""
+    user: str | None = Field(default=None, pattern=USER_PATTERN)
+    """Docker backend: the user the container runs as (by default the image's)."""
 
     @field_validator("commands")
     @classmethod
@@ -120,7 +155,7 @@ class ServiceSpec(Model):
 
     name: str = Field(json_schema_extra={"pattern": NAME_PATTERN, "maxLength": 63})
     route: RouteConfig
-    backend: Literal["process", "static"] = "process"
+    backend: Literal["process", "static", "docker"] = "process"
     replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
     """Desired count; by default 1 (process) or the number of addresses (static)."""
     replica: ReplicaTemplate
@@ -149,7 +184,18 @@ class ServiceSpec(Model):
 
     @model_validator(mode="after")
     def _backend(self) -> ServiceSpec:
-        if self.backend == "process":
+        if self.backend != "docker":
+            for name in DOCKER_FIELDS:
+                if getattr(self.replica, name) is not None:
+                    raise ValueError(f"replica.{name}: only for the docker backend")
+        if self.backend == "docker":
+            if self.replica.image is None:
+                raise ValueError("replica.image: the docker backend needs an image")
+            if self.replica.addresses:
+                raise ValueError("replica.addresses: only for the static backend")
+            if self.replica.working_dir is not None:
+                raise ValueError("replica.working_dir: not for the docker backend (the image's)")
+        elif self.backend == "process":
             if not self.replica.commands:
                 raise ValueError("replica.commands: the process backend needs a command")
             if self.replica.addresses:
@@ -179,9 +225,13 @@ class ServiceSpec(Model):
 
     def template_key(self) -> str:
         """The identity of this spec's revision."""
+        replica = self.replica.model_dump(mode="json")
+        for name in DOCKER_FIELDS:  # unset, they leave the revisions made before them alone
+            if replica[name] is None:
+                del replica[name]
         doc = {
             "backend": self.backend,
-            "replica": self.replica.model_dump(mode="json"),
+            "replica": replica,
             "probes": [p.model_dump(mode="json") for p in self.effective_probes],
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..spec import (
+    DOCKER_FIELDS,
     ENV_NAME_PATTERN,
     MAX_COMMAND_LENGTH,
     MAX_COMMANDS,
@@ -50,8 +51,11 @@ HEADER_VALUE = r"^[^\u0000-\u0008\u000a-\u001f\u007f]*$"
 PORT = r"0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 ADDRESS = rf"^(\[[^{SPACE}]+\]|[^:\[\]{SPACE}]+):{PORT}$"
 """``host:port``, an IPv6 host in brackets (``gateway.config.parse_address``)."""
+ASCII_SPACE = r"[\t\n\v\f\r ]"
+"""``\\s`` under ``re.ASCII``, as the duration parser reads it (ECMA-262's ``\\s`` is wider)."""
 POSITIVE_DURATION = (
-    r"^\s*([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)\s*(ms|s|m|h)?\s*$"
+    rf"^{ASCII_SPACE}*([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)"
+    rf"{ASCII_SPACE}*(ms|s|m|h)?{ASCII_SPACE}*$"
 )
 
 
@@ -82,6 +86,8 @@ def _spec(spec: Schema, backends: list[str]) -> None:
     if backend["default"] not in backends:
         spec["required"] = [*spec.get("required", []), "backend"]
     rules = []
+    # The docker backend's fields are refused for the others (ServiceSpec._backend).
+    no_docker = {name: {"type": "null"} for name in DOCKER_FIELDS}
     if "process" in backends:
         # A command, no addresses, and a fixed port only for one replica (ServiceSpec._backend).
         rules.append(
@@ -90,7 +96,11 @@ def _spec(spec: Schema, backends: list[str]) -> None:
                     "backend": {"const": "process"},
                     "replica": {
                         "required": ["commands"],
-                        "properties": {"commands": {"minItems": 1}, "addresses": {"maxItems": 0}},
+                        "properties": {
+                            "commands": {"minItems": 1},
+                            "addresses": {"maxItems": 0},
+                            **no_docker,
+                        },
                     },
                 },
                 "anyOf": [
@@ -117,10 +127,32 @@ def _spec(spec: Schema, backends: list[str]) -> None:
                     "backend": {"const": "static"},
                     "replica": {
                         "required": ["addresses"],
-                        "properties": {"addresses": {"minItems": 1}, "commands": {"maxItems": 0}},
+                        "properties": {
+                            "addresses": {"minItems": 1},
+                            "commands": {"maxItems": 0},
+                            **no_docker,
+                        },
                     },
                 },
                 "anyOf": [{"properties": {"replicas": {"type": "null"}}}, *at_most],
+            }
+        )
+    if "docker" in backends:
+        # An image; no addresses and no working directory.
+        rules.append(
+            {
+                "required": ["backend"],
+                "properties": {
+                    "backend": {"const": "docker"},
+                    "replica": {
+                        "required": ["image"],
+                        "properties": {
+                            "image": {"type": "string"},
+                            "addresses": {"maxItems": 0},
+                            "working_dir": {"type": "null"},
+                        },
+                    },
+                },
             }
         )
     spec["allOf"] = [{"anyOf": rules}] if rules else [False]

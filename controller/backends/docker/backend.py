@@ -1,0 +1,618 @@
+"""The Docker backend: replicas as containers on one or more Docker Engines (hosts).
+
+Invariants:
+
+- A container carries the labels ``gateway.instance`` (this gateway's id), ``gateway.host``,
+  ``gateway.service``, ``gateway.revision`` and ``gateway.replica``. The backend lists, watches
+  and adopts only containers with its own instance and host labels.
+- A slot of a host and a host port are held from the moment ``start`` places a launch until
+  its exit was reported. The container's port is published on the host's ``address`` only, at
+  a port of the host's ``port_range``; two replicas of a host never share a port.
+- An exit is seen through the engine's event stream (``die``), which each host's watcher keeps
+  open; after each (re)connection the watcher lists the host's containers and reports the
+  exits it missed. An exit is reported exactly once: after the container's last log lines were
+  read (kept in memory, ``logs``) and the container removed. ``stop`` returns after that.
+- An engine that cannot be reached is skipped by placement and retried with backoff; its
+  replicas are left as they are and nothing is stopped or reported because of it.
+
+Adoption is synchronous (the protocol's ``adopt``): ``connect()`` must have been awaited first,
+so each reachable host's containers are known; a replica of a host that cannot be reached is
+taken back on its handle's word and checked once the engine answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import signal
+from collections import OrderedDict
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...errors import BackendError, NoCapacity, StartFailed
+from ..base import Exit, ExitHandler, Launch, Running
+from .engine import EngineClient, EngineError, EngineUnreachable
+from .placement import HostLoad, NoRoom, place
+
+if TYPE_CHECKING:
+    from ...spec import ReplicaTemplate
+    from ..base import Backend
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTAINER_PORT = 8000
+"""The container's port when the template gives none; ``$PORT`` inside the container."""
+NO_CAPACITY_RETRY_AFTER = 5.0
+LOG_LINES_KEPT = 1000
+"""Lines of a removed container's output kept in memory."""
+REPLICAS_WITH_LOGS_KEPT = 256
+CONNECT_WAIT = 5.0
+"""How long ``connect`` (and so a first ``start``) waits for each engine's first answer."""
+BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
+PORT_ATTEMPTS = 3
+LABEL = "gateway."
+_PORT_TAKEN = re.compile(r"port is already allocated|address already in use", re.I)
+_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
+
+
+def _conforms(backend: DockerBackend) -> Backend:  # pragma: no cover - checked by mypy
+    return backend
+
+
+@dataclass(frozen=True, slots=True)
+class DockerHost:
+    """One engine the backend places replicas on."""
+
+    name: str
+    engine: str
+    """``unix:///var/run/docker.sock`` or ``tcp://host:port``."""
+    address: str = "127.0.0.1"
+    """Where the replicas' ports are published, and where the gateway reaches them."""
+    capacity: int = 8
+    port_range: tuple[int, int] = (21000, 21999)
+
+
+@dataclass(eq=False)
+class _Replica:
+    launch: Launch
+    host: _Host
+    port: int
+    done: asyncio.Future[None]
+    """Resolved once the exit has been reported."""
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once ``start`` returned or failed: an exit is not reported before."""
+    container: str | None = None
+    stop_requested: bool = False
+    verified: bool = True
+    """False for a replica adopted while its engine could not be reached."""
+    finishing: asyncio.Task[None] | None = None
+    oom: bool = False
+
+
+@dataclass(eq=False)
+class _Host:
+    config: DockerHost
+    client: EngineClient
+    replicas: dict[str, _Replica] = field(default_factory=dict)
+    reachable: bool = False
+    error: str = "not connected yet"
+    answered: asyncio.Event | None = None
+    """Set after the first connection attempt, whatever its outcome."""
+    watcher: asyncio.Task[None] | None = None
+    listing: dict[str, dict[str, Any]] | None = None
+    """This host's containers (by id) as last listed, for adoption."""
+    since: str | None = None
+    next_port: int = 0
+    pulls: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+class DockerBackend:
+    """Places each replica on the host with room (``placement``) and runs it there."""
+
+    name: str = "docker"
+
+    def __init__(
+        self, hosts: Sequence[DockerHost], instance: str, stop_grace_default: float = 10.0
+    ) -> None:
+        if not hosts:
+            raise ValueError("the docker backend needs at least one host")
+        names = [h.name for h in hosts]
+        if len(set(names)) != len(names):
+            raise ValueError("host names must be unique")
+        self._hosts = {
+            h.name: _Host(h, EngineClient(h.engine), next_port=h.port_range[0]) for h in hosts
+        }
+        self._instance = instance
+        self._stop_grace_default = stop_grace_default
+        self._exit_handler: ExitHandler | None = None
+        self._kept_logs: OrderedDict[str, list[str]] = OrderedDict()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    # -- the Backend protocol -------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int | None:
+        return sum(h.config.capacity for h in self._hosts.values())
+
+    @property
+    def in_use(self) -> int:
+        return sum(len(h.replicas) for h in self._hosts.values())
+
+    def set_exit_handler(self, handler: ExitHandler) -> None:
+        self._exit_handler = handler
+
+    async def connect(self) -> None:
+        """Start watching every engine; return once each answered or ``CONNECT_WAIT`` passed.
+        Idempotent. Await it before ``adopt``."""
+        if self._closed:
+            raise BackendError("the docker backend is closed")
+        self._loop = asyncio.get_running_loop()
+        for host in self._hosts.values():
+            if host.watcher is None:
+                host.answered = asyncio.Event()
+                host.watcher = _guarded_task(self._watch(host), f"docker-events:{host.name}")
+        waits = [h.answered.wait() for h in self._hosts.values() if h.answered is not None]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*waits), CONNECT_WAIT)
+
+    async def start(self, launch: Launch) -> Running:
+        """Place, pull if need be, create and start the container; raises NoCapacity or
+        StartFailed. A container that then exits (even at once) is an exit, reported."""
+        await self.connect()
+        rid = launch.replica_id
+        template = launch.template
+        if template.image is None:
+            raise StartFailed("the template has no image to run")
+        if any(rid in h.replicas for h in self._hosts.values()):
+            raise StartFailed(f"replica {rid} is already running")
+        chosen = place([self._load(h, launch.service) for h in self._hosts.values()])
+        if isinstance(chosen, NoRoom):
+            raise NoCapacity(chosen.reason, retry_after=NO_CAPACITY_RETRY_AFTER)
+        host = self._hosts[chosen]
+        # Hold the slot and the port before the first await: concurrent starts must not both
+        # take the last slot or the same port.
+        replica = _Replica(
+            launch, host, self._allocate_port(host), asyncio.get_running_loop().create_future()
+        )
+        host.replicas[rid] = replica
+        try:
+            await self._ensure_image(host, template)
+            await self._run(host, replica)
+        except BaseException as exc:
+            del host.replicas[rid]
+            replica.done.set_result(None)
+            if replica.container is not None:
+                with contextlib.suppress(EngineError):
+                    await host.client.remove(replica.container)
+            if isinstance(exc, EngineUnreachable):
+                host.reachable, host.error = False, exc.message
+                raise StartFailed(f"host {host.name} unreachable: {exc.message}") from exc
+            if isinstance(exc, EngineError):
+                raise StartFailed(f"host {host.name}: {exc.message}") from exc
+            raise
+        finally:
+            replica.started.set()
+        log.info(
+            "started replica %s on %s (container %.12s, port %d)",
+            rid,
+            host.name,
+            replica.container,
+            replica.port,
+        )
+        if replica.stop_requested:  # stop() came while we were starting
+            _guarded_task(self._stop_container(replica, self._stop_grace_default), f"stop:{rid}")
+        return self._running(replica)
+
+    async def stop(self, replica_id: str, grace: float) -> None:
+        """Stop the container (SIGTERM, SIGKILL after ``grace``), read its last logs, remove
+        it; returns once its exit was reported. Unknown or ended replicas: nothing to do."""
+        replica = self._find(replica_id)
+        if replica is None:
+            return
+        if replica.finishing is None:
+            replica.stop_requested = True
+            if replica.container is not None:
+                await self._stop_container(replica, grace)
+        await asyncio.shield(replica.done)
+
+    def adopt(self, launch: Launch, handle: dict[str, Any]) -> Running | None:
+        """Take back a container of a previous gateway process if it still runs here."""
+        if self._closed:
+            return None
+        rid = launch.replica_id
+        known = self._find(rid)
+        if known is not None:
+            return self._running(known)
+        host = self._hosts.get(str(handle.get("host")))
+        container, port = handle.get("container"), handle.get("port")
+        if host is None or not isinstance(container, str) or type(port) is not int:
+            return None
+        if host.listing is not None:
+            info = host.listing.get(container)
+            labels = (info or {}).get("Labels") or {}
+            if (
+                info is None
+                or info.get("State") != "running"
+                or labels.get(LABEL + "replica") != rid
+            ):
+                return None
+        replica = _Replica(launch, host, port, asyncio.get_running_loop().create_future())
+        replica.container = container
+        replica.verified = host.listing is not None
+        replica.started.set()
+        host.replicas[rid] = replica
+        log.info(
+            "adopted replica %s on %s (container %.12s%s)",
+            rid,
+            host.name,
+            container,
+            "" if replica.verified else ", engine unreachable: checked once it answers",
+        )
+        return self._running(replica)
+
+    def logs(self, replica_id: str, tail: int) -> list[str]:
+        """The last ``tail`` lines of the replica's output: from the engine while it runs (when
+        called off the event loop, as the admin API does), else those kept at its end."""
+        if tail <= 0:
+            return []
+        replica = self._find(replica_id)
+        loop = self._loop
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        if replica is not None and replica.container is not None and loop and not on_loop:
+            future = asyncio.run_coroutine_threadsafe(
+                replica.host.client.logs(replica.container, tail), loop
+            )
+            try:
+                return future.result(timeout=10)
+            except (EngineError, TimeoutError) as exc:
+                log.warning("logs of replica %s: %s", replica_id, exc)
+        return self._kept_logs.get(replica_id, [])[-tail:]
+
+    async def close(self) -> None:
+        """Stop watching; leave every container running for the next gateway to adopt."""
+        self._closed = True
+        tasks = []
+        for host in self._hosts.values():
+            for task in (host.watcher, *(r.finishing for r in host.replicas.values())):
+                if task is not None and not task.done():
+                    task.cancel()
+                    tasks.append(task)
+            for replica in host.replicas.values():
+                if replica.done.done():
+                    continue
+                if replica.stop_requested:
+                    rid = replica.launch.replica_id
+                    error = BackendError(f"the docker backend closed while stopping {rid}")
+                    replica.done.set_exception(error)
+                else:
+                    replica.done.cancel()
+            host.replicas.clear()
+        if tasks:
+            await asyncio.wait(tasks)
+        for host in self._hosts.values():
+            await host.client.close()
+
+    def __repr__(self) -> str:
+        hosts = ", ".join(
+            f"{h.name}: {len(h.replicas)}/{h.config.capacity}"
+            + ("" if h.reachable else " unreachable")
+            for h in self._hosts.values()
+        )
+        return f"<DockerBackend in_use={self.in_use} capacity={self.capacity} hosts=[{hosts}]>"
+
+    # -- starting ---------------------------------------------------------------------------
+
+    def _load(self, host: _Host, service: str) -> HostLoad:
+        return HostLoad(
+            name=host.name,
+            capacity=host.config.capacity,
+            in_use=len(host.replicas),
+            reachable=host.reachable,
+            service_replicas=sum(1 for r in host.replicas.values() if r.launch.service == service),
+        )
+
+    def _allocate_port(self, host: _Host, skip: frozenset[int] = frozenset()) -> int:
+        """The next port of the host's range that none of its replicas holds, round robin (a
+        port just given back is taken last)."""
+        low, high = host.config.port_range
+        held = {r.port for r in host.replicas.values()} | skip
+        size = high - low + 1
+        for step in range(size):
+            port = low + (host.next_port - low + step) % size
+            if port not in held:
+                host.next_port = low + (port - low + 1) % size
+                return port
+        raise StartFailed(f"host {host.name}: port range {low}-{high} exhausted")
+
+    async def _ensure_image(self, host: _Host, template: ReplicaTemplate) -> None:
+        image = template.image
+        assert image is not None
+        lock = host.pulls.setdefault(image, asyncio.Lock())
+        async with lock:  # one pull of an image per host at a time
+            pull = template.pull or "if_not_present"
+            if pull != "always" and await host.client.image_exists(image):
+                return
+            if pull == "never":
+                raise StartFailed(f"image not found: {image} (pull: never)")
+            try:
+                log.info("pulling %s on %s", image, host.name)
+                await host.client.pull(image)
+            except EngineUnreachable:
+                raise
+            except EngineError as exc:
+                if pull == "always":
+                    raise StartFailed(f"image pull failed: {image}: {exc.message}") from exc
+                raise StartFailed(f"image not found: {image} (pull failed: {exc.message})") from exc
+
+    async def _run(self, host: _Host, replica: _Replica) -> None:
+        """Create and start the container; on a host port taken by something else, again
+        with the next port."""
+        tried: set[int] = set()
+        for attempt in range(PORT_ATTEMPTS):
+            replica.container = await host.client.create(
+                self._container_name(replica), self._container_config(replica)
+            )
+            try:
+                await host.client.start(replica.container)
+                return
+            except EngineError as exc:
+                if isinstance(exc, EngineUnreachable) or not _PORT_TAKEN.search(exc.message):
+                    raise
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                await host.client.remove(replica.container)
+                replica.container = None
+                tried.add(replica.port)
+                replica.port = self._allocate_port(host, frozenset(tried))
+
+    def _container_name(self, replica: _Replica) -> str:
+        launch = replica.launch
+        name = f"gateway-{self._instance[:8]}-{launch.service}-{launch.replica_id}"
+        return _NAME_UNSAFE.sub("-", name)[:200]
+
+    def _container_config(self, replica: _Replica) -> dict[str, Any]:
+        launch, host = replica.launch, replica.host
+        template = launch.template
+        port = template.port or DEFAULT_CONTAINER_PORT
+        env = {
+            **template.env,
+            "PORT": str(port),
+            "HOST": "0.0.0.0",
+            "REPLICA_ID": launch.replica_id,
+            "SERVICE": launch.service,
+            "REVISION": str(launch.revision),
+        }
+        host_config: dict[str, Any] = {
+            "PortBindings": {
+                f"{port}/tcp": [{"HostIp": host.config.address, "HostPort": str(replica.port)}]
+            },
+            # An init as PID 1 passes SIGTERM on (a server as PID 1 would ignore it).
+            "Init": True,
+            "RestartPolicy": {"Name": "no"},
+        }
+        if template.resources is not None:
+            if template.resources.cpus is not None:
+                host_config["NanoCpus"] = int(template.resources.cpus * 1e9)
+            if template.resources.memory_bytes is not None:
+                host_config["Memory"] = template.resources.memory_bytes
+        config: dict[str, Any] = {
+            "Image": template.image,
+            "Env": [f"{k}={v}" for k, v in env.items()],
+            "Labels": self._labels(host)
+            | {
+                LABEL + "service": launch.service,
+                LABEL + "revision": str(launch.revision),
+                LABEL + "replica": launch.replica_id,
+            },
+            "ExposedPorts": {f"{port}/tcp": {}},
+            "HostConfig": host_config,
+        }
+        if template.commands:
+            config["Entrypoint"] = ["/bin/sh", "-c"]
+            config["Cmd"] = [container_script(template.commands)]
+        if template.user is not None:
+            config["User"] = template.user
+        return config
+
+    def _labels(self, host: _Host) -> dict[str, str]:
+        return {LABEL + "instance": self._instance, LABEL + "host": host.name}
+
+    def _running(self, replica: _Replica) -> Running:
+        host = replica.host
+        return Running(
+            replica_id=replica.launch.replica_id,
+            host=host.config.address,
+            port=replica.port,
+            handle={"host": host.name, "container": replica.container, "port": replica.port},
+        )
+
+    def _find(self, replica_id: str) -> _Replica | None:
+        for host in self._hosts.values():
+            if replica_id in host.replicas:
+                return host.replicas[replica_id]
+        return None
+
+    # -- stopping and exits -------------------------------------------------------------------
+
+    async def _stop_container(self, replica: _Replica, grace: float) -> None:
+        assert replica.container is not None
+        try:
+            await replica.host.client.stop(replica.container, math.ceil(max(grace, 0.0)))
+        except EngineUnreachable as exc:
+            raise BackendError(
+                f"replica {replica.launch.replica_id} not stopped: {exc.message}"
+            ) from exc
+        # Stopped: the die event reports it; this covers an event stream that was down.
+        self._finish(replica, None)
+
+    def _finish(self, replica: _Replica, code: int | None) -> None:
+        if replica.finishing is None:
+            rid = replica.launch.replica_id
+            replica.finishing = _guarded_task(self._report(replica, code), f"exit:{rid}")
+
+    async def _report(self, replica: _Replica, code: int | None) -> None:
+        """Read the exit status and the last logs, remove the container, report the exit."""
+        await replica.started.wait()
+        host, rid = replica.host, replica.launch.replica_id
+        lines: list[str] = []
+        if replica.container is not None:
+            try:
+                info = await host.client.inspect(replica.container)
+                if info is not None:
+                    state = info.get("State") or {}
+                    code = state.get("ExitCode", code)
+                    replica.oom = replica.oom or bool(state.get("OOMKilled"))
+                lines = await host.client.logs(replica.container, LOG_LINES_KEPT)
+                await host.client.remove(replica.container)
+            except EngineError as exc:
+                log.warning("replica %s: container not read or removed: %s", rid, exc.message)
+        self._keep_logs(rid, lines)
+        if host.replicas.get(rid) is replica:
+            del host.replicas[rid]
+        reason = _exit_reason(replica, code, lines)
+        signed = _signed(code)
+        log.info("replica %s: %s", rid, reason)
+        if self._exit_handler is not None:
+            try:
+                self._exit_handler(Exit(rid, signed, reason, replica.stop_requested))
+            except Exception:
+                log.exception("exit handler failed for replica %s", rid)
+        if not replica.done.done():
+            replica.done.set_result(None)
+
+    def _keep_logs(self, replica_id: str, lines: list[str]) -> None:
+        self._kept_logs[replica_id] = lines
+        self._kept_logs.move_to_end(replica_id)
+        while len(self._kept_logs) > REPLICAS_WITH_LOGS_KEPT:
+            self._kept_logs.popitem(last=False)
+
+    # -- watching -----------------------------------------------------------------------------
+
+    async def _watch(self, host: _Host) -> None:
+        """Follow the host's events; on each (re)connection list its containers and report the
+        exits the stream did not show. Reconnects with backoff; never stops a replica."""
+        backoff = BACKOFF_FIRST
+        while True:
+            try:
+                events = await host.client.events(self._labels(host), host.since)
+                await self._relist(host)
+                if not host.reachable:
+                    log.info("docker host %s reachable (%s)", host.name, host.client.engine)
+                host.reachable, host.error = True, ""
+                backoff = BACKOFF_FIRST
+                assert host.answered is not None
+                host.answered.set()
+                async for event in events:
+                    self._on_event(host, event)
+                raise EngineUnreachable(f"engine {host.client.engine}: event stream ended")
+            except EngineError as exc:
+                if host.reachable or host.error != exc.message:
+                    log.warning("docker host %s unreachable: %s", host.name, exc.message)
+                host.reachable, host.error = False, exc.message
+                assert host.answered is not None
+                host.answered.set()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _relist(self, host: _Host) -> None:
+        found = await host.client.containers(self._labels(host))
+        host.listing = {c["Id"]: c for c in found}
+        for replica in list(host.replicas.values()):
+            if replica.container is None or not replica.started.is_set():
+                continue
+            info = host.listing.get(replica.container)
+            if info is None or info.get("State") != "running":
+                self._finish(replica, None)
+            replica.verified = True
+
+    def _on_event(self, host: _Host, event: dict[str, Any]) -> None:
+        if isinstance(event.get("timeNano"), int):
+            nanos = event["timeNano"]
+            host.since = f"{nanos // 10**9}.{nanos % 10**9:09d}"
+        action = event.get("Action") or event.get("status")
+        container = (event.get("Actor") or {}).get("ID") or event.get("id")
+        if action not in ("die", "oom") or not isinstance(container, str):
+            return
+        replica = next((r for r in host.replicas.values() if r.container == container), None)
+        if replica is None:
+            return
+        if action == "oom":
+            replica.oom = True
+            return
+        code = (event.get("Actor") or {}).get("Attributes", {}).get("exitCode")
+        self._finish(replica, int(code) if isinstance(code, str) and code.isdigit() else None)
+
+
+_SHELL_WORDS = frozenset(
+    "! { } ( ) . : [ [[ alias break case cd command continue do done elif else esac eval exec "
+    "exit export fi for if in readonly read return set shift source then times trap ulimit "
+    "umask unalias unset until wait while".split()
+)
+
+
+def container_script(commands: Sequence[str]) -> str:
+    """The ``sh -c`` script of a container's commands: each runs if the one before succeeded;
+    the last is ``exec``'d when it is a plain command (no ``;``, ``&``, ``|`` or newline), so
+    the server gets the signals and its status is the container's."""
+    parts = list(commands)
+    last = parts[-1] if parts else ""
+    words = last.split()
+    if (
+        words
+        and not any(ch in last for ch in ";&|\n")
+        and words[0] not in _SHELL_WORDS
+        and "=" not in words[0]
+        and words[0][0] not in "({!\"'$`\\"
+    ):
+        parts[-1] = f"exec {last}"
+    return " && ".join(f"{{ {command}\n}}" for command in parts)
+
+
+def _signed(code: int | None) -> int | None:
+    """Docker's ``128 + N`` for a process ended by signal N, as ``-N`` (the Exit convention)."""
+    if code is not None and 128 < code < 128 + 65:
+        with contextlib.suppress(ValueError):
+            return -signal.Signals(code - 128).value
+    return code
+
+
+def _exit_reason(replica: _Replica, code: int | None, lines: list[str]) -> str:
+    if replica.stop_requested:
+        return "stopped (SIGKILL after the grace)" if code == 137 else "stopped"
+    if replica.oom:
+        reason = "killed: out of memory"
+    elif code is None:
+        reason = "exited (exit status unknown: the container is gone)"
+    elif (signed := _signed(code)) is not None and signed < 0:
+        reason = f"killed by signal {-signed} ({signal.Signals(-signed).name})"
+    else:
+        hint = {126: " (command not executable)", 127: " (command not found)"}.get(code, "")
+        reason = f"exited with code {code}{hint}"
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    if last:
+        reason += f": {last if len(last) <= 200 else last[:199] + '…'}"
+    return reason
+
+
+def _guarded_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
+    task.add_done_callback(_log_unexpected_end)
+    return task
+
+
+def _log_unexpected_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s ended unexpectedly", task.get_name(), exc_info=task.exception())

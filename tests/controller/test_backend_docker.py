@@ -1,0 +1,259 @@
+"""The Docker backend against a real Docker Engine, with containers published on loopback.
+
+The engine is ``$GATEWAY_TEST_DOCKER_HOST`` (default ``unix:///var/run/docker.sock``), the image
+``$GATEWAY_TEST_IMAGE`` (it must have ``sh`` and ``python3``). With no engine answering, the
+tests are skipped, unless ``$CI`` is set: then they fail. Each test has its own instance id,
+and every container with it is removed at teardown. Tests await exits (the exit handler) and
+HTTP answers; none sleeps to let something happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+
+from controller.backends import Exit, Launch
+from controller.backends.docker import DockerBackend, DockerHost, EngineClient, place
+from controller.backends.docker.placement import HostLoad
+from controller.errors import NoCapacity, StartFailed
+from controller.spec import ReplicaTemplate
+
+ENGINE = os.environ.get("GATEWAY_TEST_DOCKER_HOST", "unix:///var/run/docker.sock")
+IMAGE = os.environ.get("GATEWAY_TEST_IMAGE", "local/bookworm-python:test")
+SERVER = "python3 -m http.server $PORT"
+MISSING = "gateway-test/no-such-image:never"
+
+
+async def engine_or_skip() -> None:
+    """Skip (or fail under CI) when no engine answers or the test image is missing."""
+    client = EngineClient(ENGINE)
+    try:
+        await client.ping()
+        has_image = await client.image_exists(IMAGE)
+    except Exception as exc:
+        why = f"no Docker Engine at {ENGINE}: {exc}"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    finally:
+        await client.close()
+    if not has_image:
+        why = f"test image {IMAGE} missing on {ENGINE}"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+async def remove_labelled(instance: str) -> int:
+    client = EngineClient(ENGINE)
+    try:
+        found = await client.containers({"gateway.instance": instance})
+        for container in found:
+            await client.remove(container["Id"])
+        return len(found)
+    finally:
+        await client.close()
+
+
+@dataclass
+class Harness:
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex)
+    backends: list[DockerBackend] = field(default_factory=list)
+    exits: dict[str, asyncio.Future[Exit]] = field(default_factory=dict)
+    port_base: int = 23000
+
+    def backend(self, hosts: list[DockerHost] | None = None) -> DockerBackend:
+        if hosts is None:
+            hosts = [self.host("local", 4)]
+        backend = DockerBackend(hosts, self.instance, stop_grace_default=1.0)
+        backend.set_exit_handler(self._on_exit)
+        self.backends.append(backend)
+        return backend
+
+    def host(self, name: str, capacity: int) -> DockerHost:
+        # Per test and host, a block of ports of its own.
+        low = self.port_base + (int(self.instance[:4], 16) % 200) * 10
+        self.port_base += 2000
+        return DockerHost(name, ENGINE, "127.0.0.1", capacity, (low, low + 9))
+
+    def exit_of(self, replica_id: str) -> asyncio.Future[Exit]:
+        return self.exits.setdefault(replica_id, asyncio.get_running_loop().create_future())
+
+    def _on_exit(self, event: Exit) -> None:
+        future = self.exit_of(event.replica_id)
+        assert not future.done(), f"second exit of {event.replica_id}"
+        future.set_result(event)
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    await engine_or_skip()
+    h = Harness()
+    yield h
+    for backend in h.backends:
+        await backend.close()
+    assert await remove_labelled(h.instance) == 0, "containers left behind"
+
+
+def launch(rid: str, service: str = "web", image: str = IMAGE, **template: object) -> Launch:
+    spec = {"image": image, "commands": [SERVER], **template}
+    return Launch(service, 1, rid, ReplicaTemplate.model_validate(spec))
+
+
+async def answer(host: str, port: int, timeout: float = 10.0) -> str:
+    """The replica's answer to GET /, retried until it listens."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(f"http://{host}:{port}/") as response:
+                    return f"{response.status}"
+            except aiohttp.ClientError:
+                if loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+
+async def test_start_serves_on_loopback_then_stop_reports_and_removes(harness: Harness) -> None:
+    backend = harness.backend()
+    running = await backend.start(launch("r1", env={"GREETING": "hi"}))
+    assert (running.host, running.handle["host"]) == ("127.0.0.1", "local")
+    assert await answer(running.host, running.port) == "200"
+    assert backend.in_use == 1
+    client = EngineClient(ENGINE)
+    try:
+        info = await client.inspect(running.handle["container"])
+        assert info is not None
+        labels = info["Config"]["Labels"]
+        assert labels["gateway.instance"] == harness.instance
+        assert (labels["gateway.service"], labels["gateway.replica"]) == ("web", "r1")
+        assert "GREETING=hi" in info["Config"]["Env"]
+        assert "PORT=8000" in info["Config"]["Env"]
+        bindings = info["HostConfig"]["PortBindings"]["8000/tcp"]
+        assert bindings == [{"HostIp": "127.0.0.1", "HostPort": str(running.port)}]
+        await backend.stop("r1", 1.0)
+        end = harness.exit_of("r1").result()
+        assert end.requested
+        assert end.reason.startswith("stopped")
+        assert await client.inspect(running.handle["container"]) is None
+    finally:
+        await client.close()
+    assert backend.in_use == 0
+    assert any("GET / HTTP" in line for line in backend.logs("r1", 50))
+
+
+async def test_exit_is_seen_through_events_with_its_last_line(harness: Harness) -> None:
+    backend = harness.backend()
+    await backend.start(launch("crash", commands=["echo fatal: model missing >&2; exit 3"]))
+    end = await asyncio.wait_for(harness.exit_of("crash"), 10)
+    assert (end.code, end.requested) == (3, False)
+    assert end.reason == "exited with code 3: fatal: model missing"
+    assert backend.in_use == 0
+    assert backend.logs("crash", 5) == ["fatal: model missing"]
+
+
+async def test_logs_of_a_running_container_come_from_the_engine(harness: Harness) -> None:
+    backend = harness.backend()
+    await backend.start(launch("talk", commands=["echo one; echo two", SERVER]))
+    # The admin API calls logs() off the loop, as here.
+    for _ in range(100):
+        lines = await asyncio.to_thread(backend.logs, "talk", 10)
+        if lines[:2] == ["one", "two"]:
+            break
+        await asyncio.sleep(0.05)
+    assert lines[:2] == ["one", "two"]
+    await backend.stop("talk", 1.0)
+
+
+async def test_adopt_after_a_new_backend_instance(harness: Harness) -> None:
+    hosts = [harness.host("local", 4)]
+    first = harness.backend(hosts)
+    running = await first.start(launch("keep"))
+    gone = await first.start(launch("gone"))
+    await first.close()  # leaves both running, as a gateway restart does
+    client = EngineClient(ENGINE)
+    try:
+        await client.stop(gone.handle["container"], 1)  # ended while no gateway watched
+    finally:
+        await client.close()
+    second = harness.backend(hosts)
+    await second.connect()
+    handle = json.loads(json.dumps(running.handle))  # as the store keeps it
+    adopted = second.adopt(launch("keep"), handle)
+    assert adopted is not None
+    assert (adopted.host, adopted.port) == (running.host, running.port)
+    assert second.adopt(launch("gone"), gone.handle) is None
+    assert second.adopt(launch("other"), handle) is None  # the container is another replica's
+    assert second.in_use == 1
+    assert await answer(adopted.host, adopted.port) == "200"
+    # The adopted container's exit is seen by the new instance.
+    client = EngineClient(ENGINE)
+    try:
+        await client.stop(running.handle["container"], 1)
+    finally:
+        await client.close()
+    end = await asyncio.wait_for(harness.exit_of("keep"), 10)
+    assert not end.requested
+    assert await remove_labelled(harness.instance) == 1  # "gone", never adopted
+
+
+@pytest.mark.parametrize("pull", ["never", "if_not_present"])
+async def test_missing_image_fails_the_start_with_the_reason(harness: Harness, pull: str) -> None:
+    backend = harness.backend()
+    with pytest.raises(StartFailed, match=rf"^image not found: {MISSING}"):
+        await backend.start(launch("nope", image=MISSING, pull=pull))
+    assert backend.in_use == 0
+
+
+async def test_capacity_full_names_the_hosts(harness: Harness) -> None:
+    backend = harness.backend([harness.host("a", 2), harness.host("b", 1)])
+    for rid in ("r1", "r2", "r3"):
+        await backend.start(launch(rid))
+    with pytest.raises(NoCapacity) as caught:
+        await backend.start(launch("r4"))
+    assert caught.value.message == "no capacity: 2 of 2 hosts full (a: 2 of 2, b: 1 of 1)"
+    await asyncio.gather(*(backend.stop(rid, 1.0) for rid in ("r1", "r2", "r3")))
+    assert backend.in_use == 0
+
+
+async def test_two_hosts_spread_a_service(harness: Harness) -> None:
+    backend = harness.backend([harness.host("a", 4), harness.host("b", 4)])
+    one = await backend.start(launch("s1"))
+    two = await backend.start(launch("s2"))
+    other = await backend.start(launch("o1", service="api"))
+    assert {one.handle["host"], two.handle["host"]} == {"a", "b"}
+    assert other.handle["host"] == "a"  # first listed among equals
+    assert await answer(two.host, two.port) == "200"
+    await asyncio.gather(*(backend.stop(rid, 1.0) for rid in ("s1", "s2", "o1")))
+
+
+async def test_an_unreachable_engine_is_skipped(harness: Harness, tmp_path: object) -> None:
+    down = DockerHost("down", f"unix://{tmp_path}/no.sock", "127.0.0.1", 4, (23990, 23999))
+    backend = harness.backend([down, harness.host("up", 1)])
+    running = await backend.start(launch("u1"))
+    assert running.handle["host"] == "up"
+    with pytest.raises(NoCapacity, match=r"down: unreachable, up: 1 of 1"):
+        await backend.start(launch("u2"))
+    await backend.stop("u1", 1.0)
+
+
+def test_placement_spreads_then_takes_the_most_room() -> None:
+    def load(name: str, cap: int, used: int, mine: int = 0, up: bool = True) -> HostLoad:
+        return HostLoad(name, cap, used, up, mine)
+
+    assert place([load("a", 4, 1, mine=1), load("b", 2, 1)]) == "b"
+    assert place([load("a", 4, 1), load("b", 4, 0)]) == "b"
+    assert place([load("a", 4, 0, up=False), load("b", 1, 0)]) == "b"
+    none = place([load("a", 1, 1), load("b", 1, 0, up=False)])
+    assert not isinstance(none, str)
+    assert (
+        none.reason == "no capacity: 1 of 2 hosts full, 1 unreachable (a: 1 of 1, b: unreachable)"
+    )
