@@ -17,6 +17,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
@@ -24,7 +25,7 @@ from pydantic import Field, ValidationError, field_validator
 from gateway import Duration, ListenerLimits, ProxyConfig
 from gateway.config import ListenAddress, Model
 
-from .spec import ServiceSpec
+from .spec import NAME_PATTERN, ServiceSpec
 
 
 class ConfigError(Exception):
@@ -39,30 +40,97 @@ class AdminConfig(Model):
     """Or a file whose content (stripped) is the token."""
 
 
+def _port_range(value: str) -> str:
+    low, sep, high = value.partition("-")
+    if (
+        not sep
+        or not low.isascii()
+        or not low.isdigit()
+        or not high.isascii()
+        or not high.isdigit()
+    ):
+        raise ValueError("must be LOW-HIGH, e.g. 20000-20999")
+    if not 1 <= int(low) <= int(high) <= 65535:
+        raise ValueError("ports must satisfy 1 <= LOW <= HIGH <= 65535")
+    return value
+
+
+def _ports(value: str) -> tuple[int, int]:
+    low, _, high = value.partition("-")
+    return int(low), int(high)
+
+
 class ProcessBackendConfig(Model):
     capacity: int | None = Field(default=8, ge=0)
     """Most replicas at once; a start beyond it fails with no capacity."""
     port_range: str = "20000-20999"
     log_max_bytes: int = Field(default=1024 * 1024, ge=1024)
 
-    @field_validator("port_range")
-    @classmethod
-    def _range(cls, value: str) -> str:
-        low, sep, high = value.partition("-")
-        if not sep or not low.isdigit() or not high.isdigit():
-            raise ValueError("must be LOW-HIGH, e.g. 20000-20999")
-        if not 1 <= int(low) <= int(high) <= 65535:
-            raise ValueError("ports must satisfy 1 <= LOW <= HIGH <= 65535")
-        return value
+    _range = field_validator("port_range")(_port_range)
 
     @property
     def ports(self) -> tuple[int, int]:
-        low, _, high = self.port_range.partition("-")
-        return int(low), int(high)
+        return _ports(self.port_range)
+
+
+class DockerCapacity(Model):
+    replicas: int = Field(default=8, ge=0)
+    """Most replicas on the host at once; beyond it placement looks elsewhere."""
+
+
+class DockerHostConfig(Model):
+    """One Docker Engine that runs replicas."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    """What reasons, logs and the container labels call the host."""
+    engine: str = "unix:///var/run/docker.sock"
+    """``unix:///PATH`` or ``tcp://HOST:PORT`` (plain HTTP: a trusted network only)."""
+    address: str = "127.0.0.1"
+    """The host's address the replicas' ports are published on, and the gateway connects to."""
+    capacity: DockerCapacity = DockerCapacity()
+    port_range: str = "21000-21999"
+    """Host ports the backend gives replicas, one each."""
+
+    _range = field_validator("port_range")(_port_range)
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, value: str) -> str:
+        parts = urlsplit(value)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme == "unix" and parts.path.startswith("/") and not parts.netloc:
+            return value
+        if parts.scheme == "tcp" and parts.hostname and port and parts.path in ("", "/"):
+            return value
+        raise ValueError("must be unix:///PATH or tcp://HOST:PORT")
+
+    @property
+    def ports(self) -> tuple[int, int]:
+        return _ports(self.port_range)
+
+
+class DockerBackendConfig(Model):
+    """The docker backend: off unless configured."""
+
+    hosts: tuple[DockerHostConfig, ...] = Field(min_length=1)
+
+    @field_validator("hosts")
+    @classmethod
+    def _unique(cls, hosts: tuple[DockerHostConfig, ...]) -> tuple[DockerHostConfig, ...]:
+        names = [h.name for h in hosts]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"host {name!r} is listed more than once")
+        return hosts
 
 
 class BackendsConfig(Model):
     process: ProcessBackendConfig = ProcessBackendConfig()
+    docker: DockerBackendConfig | None = None
+    """Containers on Docker Engines (``backend: docker`` in a spec); off by default."""
 
 
 class ProxyOptions(Model):

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,9 @@ from gateway.supervisor import Supervisor, WorkerSettings
 from .admin.app import AdminServer, build_admin_app, is_loopback
 from .backends import ProcessBackend, StaticBackend
 from .backends.base import Backend
+from .backends.docker import DockerBackend, DockerHost
 from .cli import add_commands as add_client_commands
-from .config import ConfigError, ConfigService, LoadedConfig, load_config
+from .config import ConfigError, ConfigService, GatewayConfig, LoadedConfig, load_config
 from .errors import ControllerError
 from .journal import Journal
 from .metrics import register as register_controller_metrics
@@ -153,6 +155,10 @@ async def run_gateway(
         ),
         "static": StaticBackend(),
     }
+    docker: DockerBackend | None = None
+    if config.backends.docker is not None:  # opt-in: the embedded default is process only
+        docker = docker_backend(config, instance_id(state_dir))
+        backends["docker"] = docker
     controller = Controller(pool, backends, store, journal, loop.time, time.time)
     # -- observability: metrics on one registry (served at the admin /metrics), access log --
     registry = CollectorRegistry()
@@ -194,6 +200,8 @@ async def run_gateway(
 
     await prober.start()
     try:
+        if docker is not None:
+            await docker.connect()  # each engine's containers are known before adoption
         controller.restore()
         await apply_config_services(controller, store, loaded.services)
         if access_log is not None:
@@ -223,6 +231,27 @@ async def run_gateway(
         await controller.close(stop_replicas=config.replicas_on_exit == "stop")
         store.close()
         log.info("gateway stopped")
+
+
+def instance_id(state_dir: Path) -> str:
+    """This gateway's id (``<state_dir>/instance-id``, made at first start): the label that
+    tells its containers from another gateway's on a shared engine."""
+    path = state_dir / "instance-id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        value = uuid.uuid4().hex
+        path.write_text(value + "\n")
+        return value
+
+
+def docker_backend(config: GatewayConfig, instance: str) -> DockerBackend:
+    assert config.backends.docker is not None
+    hosts = [
+        DockerHost(h.name, h.engine, h.address, h.capacity.replicas, h.ports)
+        for h in config.backends.docker.hosts
+    ]
+    return DockerBackend(hosts, instance)
 
 
 def _install_signals(stop: asyncio.Event) -> None:

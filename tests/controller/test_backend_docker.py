@@ -246,11 +246,15 @@ async def test_an_unreachable_engine_is_skipped(harness: Harness, tmp_path: obje
 
 
 def test_placement_spreads_then_takes_the_most_room() -> None:
-    def load(name: str, cap: int, used: int, mine: int = 0, up: bool = True) -> HostLoad:
-        return HostLoad(name, cap, used, up, mine)
+    def load(
+        name: str, cap: int, used: int, mine: int = 0, up: bool = True, rev: int = 0
+    ) -> HostLoad:
+        return HostLoad(name, cap, used, up, mine, rev)
 
     assert place([load("a", 4, 1, mine=1), load("b", 2, 1)]) == "b"
     assert place([load("a", 4, 1), load("b", 4, 0)]) == "b"
+    # A rollout: the new revision spreads, whatever the old one holds.
+    assert place([load("a", 2, 1, mine=1, rev=1), load("b", 2, 1, mine=1)]) == "b"
     assert place([load("a", 4, 0, up=False), load("b", 1, 0)]) == "b"
     none = place([load("a", 1, 1), load("b", 1, 0, up=False)])
     assert not isinstance(none, str)

@@ -174,7 +174,7 @@ class DockerBackend:
             raise StartFailed("the template has no image to run")
         if any(rid in h.replicas for h in self._hosts.values()):
             raise StartFailed(f"replica {rid} is already running")
-        chosen = place([self._load(h, launch.service) for h in self._hosts.values()])
+        chosen = place([self._load(h, launch) for h in self._hosts.values()])
         if isinstance(chosen, NoRoom):
             raise NoCapacity(chosen.reason, retry_after=NO_CAPACITY_RETRY_AFTER)
         host = self._hosts[chosen]
@@ -315,13 +315,15 @@ class DockerBackend:
 
     # -- starting ---------------------------------------------------------------------------
 
-    def _load(self, host: _Host, service: str) -> HostLoad:
+    def _load(self, host: _Host, launch: Launch) -> HostLoad:
+        mine = [r for r in host.replicas.values() if r.launch.service == launch.service]
         return HostLoad(
             name=host.name,
             capacity=host.config.capacity,
             in_use=len(host.replicas),
             reachable=host.reachable,
-            service_replicas=sum(1 for r in host.replicas.values() if r.launch.service == service),
+            service_replicas=sum(1 for r in mine),
+            revision_replicas=sum(1 for r in mine if r.launch.revision == launch.revision),
         )
 
     def _allocate_port(self, host: _Host, skip: frozenset[int] = frozenset()) -> int:

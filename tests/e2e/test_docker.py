@@ -1,0 +1,130 @@
+"""End to end on the Docker backend: the real gateway, replicas as containers of a real engine.
+
+Two hosts are configured on the one test engine (``$GATEWAY_TEST_DOCKER_HOST``), each with its
+own capacity and port range, so placement spreads a service over both. Every container of the
+test's gateway (its instance label) is removed at teardown.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.model import ReplicaState
+from tests.controller.test_backend_docker import (
+    ENGINE,
+    IMAGE,
+    MISSING,
+    engine_or_skip,
+    remove_labelled,
+)
+
+from .conftest import PROBE, ROLLOUT, Gateways, Load, serving, until
+
+LIVE = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY)
+
+
+@pytest.fixture
+async def docker_gateways(tmp_path: Path) -> AsyncIterator[Gateways]:
+    await engine_or_skip()
+    g = Gateways(tmp_path)
+    try:
+        yield g
+    finally:
+        try:
+            await g.close()
+        finally:
+            path = g.state_dir / "instance-id"
+            if path.exists():
+                assert await remove_labelled(path.read_text().strip()) == 0, "containers left"
+
+
+def docker_config(g: Gateways) -> dict[str, Any]:
+    base = 24000 + random.randrange(100) * 20
+    hosts = [
+        {
+            "name": name,
+            "engine": ENGINE,
+            "capacity": {"replicas": 2},
+            "port_range": f"{base + 10 * i}-{base + 10 * i + 9}",
+        }
+        for i, name in enumerate(("a", "b"))
+    ]
+    return {"process": {"port_range": g.port_range}, "docker": {"hosts": hosts}}
+
+
+def docker_spec(version: str, replicas: int = 2, image: str = IMAGE) -> dict[str, Any]:
+    return {
+        "name": "web",
+        "backend": "docker",
+        "route": {"path_prefix": "/"},
+        "replicas": replicas,
+        "replica": {
+            "image": image,
+            "env": {"VERSION": version},
+            "commands": [
+                "mkdir -p /tmp/site",
+                'echo -n "$VERSION" > /tmp/site/index.html',
+                "python3 -m http.server $PORT --directory /tmp/site",
+            ],
+        },
+        "probes": [PROBE],
+        "retries": {"attempts": 2},
+        "rollout": ROLLOUT,
+    }
+
+
+def hosts_of(gw: Any) -> list[str]:
+    return sorted(r.handle["host"] for r in gw.controller.executor.running.values())
+
+
+async def test_rolling_update_over_two_hosts_costs_no_request(docker_gateways: Gateways) -> None:
+    gw = await docker_gateways.start(backends=docker_config(docker_gateways))
+    await serving(gw, docker_spec("v1"))
+    assert hosts_of(gw) == ["a", "b"]
+    async with Load(gw.url) as load:
+        await load.more()
+        assert load.bodies() == {"v1"}
+        result = await gw.controller.apply(docker_spec("v2"))
+        assert (result.action, result.revision) == ("rollout", 2)
+        await until(
+            lambda: (
+                gw.state().observed.rollout is None
+                and gw.ready(2) == 2
+                and not gw.replicas(*LIVE, revision=1)
+            ),
+            20,
+            "two ready replicas of revision 2 only",
+        )
+        after = load.mark()
+        await load.more()
+    assert not load.failures, load.summary()
+    assert load.bodies(after) == {"v2"}
+    assert gw.rollouts()[0].status == "complete"  # the newest first
+    await until(lambda: len(hosts_of(gw)) == 2, 5, "the revision-1 containers to be gone")
+    assert hosts_of(gw) == ["a", "b"]
+
+
+async def test_rollout_to_a_missing_image_fails_and_the_old_revision_serves(
+    docker_gateways: Gateways,
+) -> None:
+    gw = await docker_gateways.start(backends=docker_config(docker_gateways))
+    await serving(gw, docker_spec("v1"))
+    async with Load(gw.url) as load:
+        await load.more()
+        await gw.controller.apply(docker_spec("v2", image=MISSING))
+        failed = await until(
+            lambda: [r for r in gw.rollouts() if r.to_revision == 2 and r.status == "failed"],
+            20,
+            "the rollout to fail",
+        )
+        await load.more()
+    assert not load.failures, load.summary()
+    assert load.bodies() == {"v1"}
+    assert failed[0].reason.startswith(f"image not found: {MISSING}")
+    assert gw.state().observed.serving_revision == 1
+    assert gw.ready(1) == 2
