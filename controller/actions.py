@@ -68,6 +68,14 @@ class CompleteRollout:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkServing:
+    """The target serves at full strength with no rollout: it is what a failed rollout
+    returns to from now on."""
+
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
 class FailRollout:
     """The rollout spent its retries or its deadline: it ends failed with ``reason``. What
     follows (a rollback) is a decision of its own."""
@@ -127,6 +135,7 @@ Action = (
     | FailReplica
     | BeginRollout
     | CompleteRollout
+    | MarkServing
     | FailRollout
     | AbandonRollout
     | PauseRollout

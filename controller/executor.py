@@ -28,6 +28,7 @@ from .actions import (
     FailReplica,
     FailRollout,
     Forget,
+    MarkServing,
     PauseRollout,
     ResumeRollout,
     Stop,
@@ -102,6 +103,8 @@ class Executor:
                 self._stop(state, rid)
             case CompleteRollout() | FailRollout() | AbandonRollout() as ended:
                 self._rollout_ended(state, ended, before)
+            case MarkServing(revision=revision):
+                self.store.update_service(state.name, serving_revision=revision)
             case PauseRollout(rollout_id=rid, reason=reason):
                 self.store.update_rollout(rid, status="paused", reason=reason)
             case ResumeRollout(rollout_id=rid):

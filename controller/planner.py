@@ -31,6 +31,9 @@ Rules (ARCHITECTURE.md), with D = desired replicas and T = the target revision:
 9. Replicas at static addresses (something else runs them) are never given up: an address
    that is down is an unhealthy upstream, probed for ever. A static service's first rollout
    completes once each of its replicas holds an address; a later one waits for readiness.
+10. The target at full strength with no rollout in progress serves, and is what a later
+    failed rollout returns to, though no rollout to it completed (a first rollout that
+    failed and came up on a retry; a rollback that failed, then came up).
 
 Starts are bounded by ``D + max_surge`` over live and leaving replicas together (a replica
 that is draining still holds a backend slot; counting it keeps a full fleet from failing the
@@ -48,6 +51,7 @@ from .actions import (
     FailReplica,
     FailRollout,
     Forget,
+    MarkServing,
     PauseRollout,
     ResumeRollout,
     SetDegraded,
@@ -119,6 +123,8 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
             if now >= deadline:
                 failing.add(r.id)
                 actions.append(FailReplica(r.id, _give_up_reason(r, s)))
+                if r.revision == desired.revision and rollout is not None:
+                    wake.append(now)  # the failure counts against the rollout: judge it now
             else:
                 wake.append(deadline)
     live = [r for r in live if r.id not in failing]
@@ -157,7 +163,7 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
         actions.extend(
             _starts(observed, desired, now, len(new), len(live) + len(leaving), pending, wake)
         )
-        actions.extend(_drains(desired, old, new, available_new))
+        actions.extend(_drains(desired, observed.serving_revision, old, new, available_new))
 
     # Rule 9: nothing serves yet that a first static rollout could wait to replace.
     placed_first = (
@@ -166,14 +172,21 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
         and rollout.from_revision is None
         and not any(r.state is ReplicaState.REQUESTED for r in new)
     )
+    at_strength = not old and len(new) == desired.replicas
     if (
         rollout is not None
-        and rollout.status is RolloutStatus.PROGRESSING
-        and not old
-        and len(new) == desired.replicas
+        and not paused  # a pause asked in this plan holds the rollout as it is
+        and at_strength
         and (placed_first or len(available_new) == desired.replicas)
     ):
         actions.append(CompleteRollout(rollout.id))
+    elif (
+        rollout is None
+        and at_strength
+        and len(available_new) == desired.replicas
+        and observed.serving_revision != target
+    ):
+        actions.append(MarkServing(target))  # rule 10
 
     ready = sum(1 for r in live if r.state is ReplicaState.READY)
     degraded: str | None = None
@@ -202,7 +215,8 @@ def _retarget(observed: Observed, desired: Desired, rollout: Rollout | None) -> 
         if desired.intent == "abort":
             actions.append(AbandonRollout(rollout.id, "aborted", "aborted by request"))
         else:
-            why = f"superseded by a {kind} to revision {to}"
+            article = "an" if kind == "undo" else "a"
+            why = f"superseded by {article} {kind} to revision {to}"
             actions.append(AbandonRollout(rollout.id, "superseded", why))
     # A rollback returns from the target it abandons; any other rollout leaves what serves.
     since = observed.target if kind == "rollback" else observed.serving_revision
@@ -240,7 +254,7 @@ def _undrains(observed: Observed, replicas: int, revision: int) -> list[Action]:
         and not r.drained
         and not r.failure
     ]
-    draining.sort(key=lambda r: r.since, reverse=True)
+    draining.sort(key=lambda r: (not r.healthy, -r.since))  # healthy first, newest first
     reason = f"serves again: back to revision {revision}"
     return [Undrain(r.id, reason) for r in draining[: max(wanted, 0)]]
 
@@ -290,7 +304,11 @@ def _starts(
 
 
 def _drains(
-    desired: Desired, old: list[Replica], new: list[Replica], available_new: list[Replica]
+    desired: Desired,
+    serving: int | None,
+    old: list[Replica],
+    new: list[Replica],
+    available_new: list[Replica],
 ) -> list[Action]:
     s = desired.strategy
     floor = desired.replicas - s.max_unavailable
@@ -298,9 +316,15 @@ def _drains(
     budget = available - floor  # ready replicas that may be drained (rule 1)
     actions: list[Action] = []
 
-    # Old replicas: those that serve nothing first, then the oldest revision, oldest first.
+    # Old replicas: those that serve nothing first, then those of a revision that never
+    # completed (a superseded target), then the oldest revision, oldest first: the serving
+    # revision goes last (rule 5).
     old_live = len(old)
-    for r in sorted(old, key=lambda r: (r.state is ReplicaState.READY, r.revision, r.created)):
+
+    def order(r: Replica) -> tuple[bool, bool, int, float]:
+        return (r.state is ReplicaState.READY, r.revision == serving, r.revision, r.created)
+
+    for r in sorted(old, key=order):
         if old_live - 1 + len(available_new) < floor:
             break
         if r.state is ReplicaState.READY:

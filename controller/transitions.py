@@ -28,6 +28,7 @@ from .actions import (
     FailReplica,
     FailRollout,
     Forget,
+    MarkServing,
     PauseRollout,
     ResumeRollout,
     SetDegraded,
@@ -256,26 +257,27 @@ def decide(
             to = rollout.to_revision
             message = f"{rollout.kind} {rollout.id} complete: revision {to} serving"
             return Step(
-                desired,
+                desired.replace(paused=False),
                 observed.replace(rollout=None, serving_revision=to),
                 (Event("rollout_complete", message, to),),
             )
+        case MarkServing(revision=revision):
+            return Step(desired, observed.replace(serving_revision=revision))
         case FailRollout(rollout_id=rid, reason=reason):
             rollout = _active(observed, rid)
             if rollout is None:
                 return Step(desired, observed)
             to = rollout.to_revision
             message = f"{rollout.kind} {rollout.id} to revision {to} failed: {reason}"
-            return Step(
-                desired, observed.replace(rollout=None), (Event("rollout_failed", message, to),)
-            )
+            failed = Event("rollout_failed", message, to)
+            return Step(desired.replace(paused=False), observed.replace(rollout=None), (failed,))
         case AbandonRollout(rollout_id=rid, outcome=outcome, reason=reason):
             rollout = _active(observed, rid)
             if rollout is None:
                 return Step(desired, observed)
             ended: EventKind = "rollout_aborted" if outcome == "aborted" else "rollout_superseded"
             event = Event(ended, f"rollout {rollout.id} {reason}", rollout.to_revision)
-            return Step(desired, observed.replace(rollout=None), (event,))
+            return Step(desired.replace(paused=False), observed.replace(rollout=None), (event,))
         case PauseRollout(rollout_id=rid, reason=reason):
             rollout = _active(observed, rid)
             if rollout is None:

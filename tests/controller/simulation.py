@@ -125,7 +125,8 @@ class World:
         return sum(r.state is S.READY and r.revision == revision for r in self.observed.replicas)
 
     def converged(self) -> bool:
-        """D ready replicas of the target, nothing else live, no active rollout, not degraded."""
+        """D ready replicas of the target, nothing else live, no active rollout, not degraded,
+        and the target serves (rule 10)."""
         live = [r for r in self.observed.replicas if r.live]
         rollout = self.observed.rollout
         return (
@@ -134,6 +135,10 @@ class World:
             and len(live) == self.desired.replicas
             and all(r.state is S.READY and r.revision == self.desired.revision for r in live)
             and self.observed.degraded is None
+            and (
+                self.desired.replicas == 0
+                or self.observed.serving_revision == self.desired.revision
+            )
         )
 
     def describe(self, tail: int = 60) -> str:

@@ -564,11 +564,12 @@ def test_a_superseding_apply_treats_both_older_revisions_as_old():
     assert decisions(plan(o, d, now=200.0)) == [Start(3)]  # neither is drained yet
     z = ready("z", 3, created=200.0, at=210.0)
     o = observed(ready("a", 1, created=0.0), ready("x", 2, created=100.0), z, rollout=r13)
-    assert decisions(plan(o, d, now=220.0)) == [replaced("a", 3)]  # oldest revision first
+    # The superseded target before the serving revision (rule 5): r1 serves on.
+    assert decisions(plan(o, d, now=220.0)) == [replaced("x", 3)]
     w = ready("w", 3, created=220.0, at=230.0)
-    o = observed(gone("a", 1), ready("x", 2, created=100.0), z, w, rollout=r13)
-    assert decisions(plan(o, d, now=240.0)) == [replaced("x", 3)]
-    o = observed(gone("a", 1), draining("x", 2), z, w, rollout=r13)
+    o = observed(ready("a", 1, created=0.0), gone("x", 2), z, w, rollout=r13)
+    assert decisions(plan(o, d, now=240.0)) == [replaced("a", 3)]
+    o = observed(draining("a", 1), gone("x", 2), z, w, rollout=r13)
     assert decisions(plan(o, d, now=250.0)) == [CompleteRollout(7)]
 
 

@@ -144,10 +144,8 @@ def happen(w: World, step: tuple[Any, ...]) -> Observed | None:
     elif kind == "capacity":
         w.capacity = args[0]
     elif kind == "pause" and rollout and rollout.status is RolloutStatus.PROGRESSING:
-        # As operations.pause: only a progressing rollout. Not as it can complete: that pause
-        # is lost (the xfail test_a_pause_asked_as_the_rollout_completes_is_kept).
-        if CompleteRollout(rollout.id) not in plan(w.observed, w.desired, w.now):
-            w.user_pause(True)
+        # As operations.pause: only a progressing rollout, whatever the next plan holds.
+        w.user_pause(True)
     elif kind == "resume" and rollout and rollout.status is RolloutStatus.PAUSED:
         w.user_pause(False)
     elif kind == "abort" and rollout and rollout.from_revision is not None:
@@ -209,8 +207,11 @@ def check_plan(w: World, before_failure: Observed | None = None) -> list[Action]
         or (isinstance(a, PauseRollout) and a.reason != PAUSED_BY_REQUEST)
         for a in actions
     )
+    rollout = o.rollout if o.rollout is not None and o.rollout.active else None
     deciding = any(
         isinstance(a, (BeginRollout, ResumeRollout, FailRollout, PauseRollout)) for a in actions
+    ) or (  # a give-up counts against the rollout: it is judged again at once
+        rollout is not None and any(r.revision == w.desired.revision for r in given_up)
     )
 
     for a in actions:
@@ -524,12 +525,15 @@ def test_a_failed_rollout_rolls_back_to_full_strength(params, steps, bad, retrie
         for s in steps:  # some history that ends with a serving revision
             plan_and_check(w, happen(w, s))
         w.user_scale(max(1, w.desired.replicas))
-        # A revision that reached full strength after its rollout failed (a failed rollback,
-        # a failed first rollout) is not recorded as serving, and a failed rollout does not
-        # go back to it (the xfail test below): start from one that completed.
-        if not settle(w) or w.observed.serving_revision != w.desired.revision:
+        if w.desired.paused:
+            w.user_pause(False)
+        # Whatever reaches full strength serves (rule 10), even if its own rollout failed; a
+        # history may end on a revision that never comes up (a bad first revision): apply a
+        # good one then.
+        if not settle(w):
             w.user_apply(None)
-            assert settle(w)
+            assert settle(w), w.describe()
+        assert w.observed.serving_revision == w.desired.revision, w.describe()
         serving = w.desired.revision
         broken = w.user_apply(bad)
         assert settle(w)
@@ -559,12 +563,6 @@ def test_generated_histories_with_pause_and_resume_keep_the_rules_and_converge(p
         event("resumed")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="planner bug: a pause asked as the rollout can complete gives PauseRollout and "
-    "CompleteRollout in one plan; desired.paused stays set with no rollout to resume, so "
-    "nothing more is started (a scale-up stays degraded) until the next apply",
-)
 def test_a_pause_asked_as_the_rollout_completes_is_kept():
     """Rule 8: D = 1; revision 2's replica is READY and revision 1's drains (the rollout
     completes at the next plan) when the user pauses. The pause should hold the rollout
@@ -580,6 +578,11 @@ def test_a_pause_asked_as_the_rollout_completes_is_kept():
     rollout = w.observed.rollout
     assert w.desired.paused
     assert rollout is not None, f"paused with no rollout to resume\n{w.describe()}"
+    assert rollout.status is RolloutStatus.PAUSED
+    w.user_pause(False)  # resumed, it completes; nothing is left paused
+    w.step()
+    assert w.observed.rollout is None, w.describe()
+    assert not w.desired.paused
     w.user_scale(2)
     w.step()
     assert [r for r in w.observed.replicas if r.state is S.REQUESTED], "a scale-up starts nothing"
@@ -897,12 +900,6 @@ def test_a_superseding_apply_drains_nothing_serving_before_the_new_target_is_ava
     supersede(make_world(params), v2, before, after)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="planner bug: a READY replica of the superseded revision within min_ready counts "
-    "as serving old strength, so the surplus it makes lets rule 1's budget drain a replica "
-    "of the serving revision before any of the new target is available (rule 5)",
-)
 def test_a_superseding_apply_within_min_ready_drains_nothing_serving_too_early():
     """Rule 5: revision 2's replica is READY, not yet for ``min_ready``, when revision 3 is
     applied; revision 1's only replica is drained at once, for revision 2 to serve alone."""
@@ -915,11 +912,6 @@ def test_a_superseding_apply_within_min_ready_drains_nothing_serving_too_early()
     supersede(make_world(params), None, [("spawn", 0, "ok"), ("probe", 1, True)], [])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="planner bug: _undrains takes back the newest drained replicas, healthy or not, so "
-    "an unhealthy one can serve again (as UNHEALTHY) while a healthy one stays draining",
-)
 def test_going_back_takes_back_a_healthy_draining_replica_first():
     """Rule 7: an undo to revision 1, D = 1, finds two of its replicas draining, the newer
     one unhealthy; the older, healthy one should serve again."""
@@ -941,13 +933,6 @@ def test_going_back_takes_back_a_healthy_draining_replica_first():
     assert w.ready_of(1) == 1, w.describe()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="planner bug: serving_revision changes only when a rollout completes, so a "
-    "revision that reached full strength after its rollout failed is never recorded as "
-    "serving; the next failed rollout goes back to an older revision, or (after a failed "
-    "first rollout) to nothing, and stays on the bad revision",
-)
 def test_a_failed_rollout_goes_back_to_what_served_even_after_a_failed_first_rollout():
     """Rule 3: a new service's first rollout fails once (its replica crashes, retries 0),
     then revision 1 comes up on retry and serves at full strength; a bad revision 2 is then
@@ -966,12 +951,6 @@ def test_a_failed_rollout_goes_back_to_what_served_even_after_a_failed_first_rol
     assert w.desired.revision == 1, w.describe(tail=10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="planner bug: a plan whose FailReplica spends the rollout's retries does not fail "
-    "the rollout (no WakeAt(now)); until the next event wakes the loop the old replica keeps "
-    "draining, and if its drain ends first it is stopped instead of taken back (rule 7)",
-)
 def test_a_give_up_that_spends_the_retries_fails_the_rollout_at_once():
     """Rule 3 then 7: revision 2's only replica is READY, revision 1's drains; revision 2
     turns unhealthy and is given up after start_timeout (retries 0). The rollout should fail
