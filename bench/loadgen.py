@@ -377,7 +377,7 @@ class LoadGen:
     ) -> Outcome:
         outcome = self._begin("ws", i, False)
         try:
-            await self._ws_session(session, outcome, length, stoppable)
+            await self._ws_talk(session, outcome, length, stoppable)
         except (aiohttp.ClientError, OSError) as e:
             outcome.error = outcome.error or f"{type(e).__name__}: {e}"
         except TimeoutError:
@@ -389,7 +389,7 @@ class LoadGen:
         self._finish(outcome)
         return outcome
 
-    async def _ws_session(
+    async def _ws_talk(
         self, session: aiohttp.ClientSession, outcome: Outcome, length: float, stoppable: bool
     ) -> None:
         mix = self.mix
