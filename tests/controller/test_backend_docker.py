@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -261,3 +262,88 @@ def test_placement_spreads_then_takes_the_most_room() -> None:
     assert (
         none.reason == "no capacity: 1 of 2 hosts full, 1 unreachable (a: 1 of 1, b: unreachable)"
     )
+
+
+# -- the spec: what the docker backend takes, and what the others refuse ----------------------
+
+DOCKER_SPEC: dict[str, object] = {
+    "name": "web",
+    "backend": "docker",
+    "route": {"path_prefix": "/"},
+    "replicas": 3,
+    "replica": {
+        "image": "registry.example/web:1.2",
+        "commands": [SERVER],
+        "port": 8080,
+        "resources": {"cpus": 0.5, "memory": "512m"},
+        "user": "1000:1000",
+        "pull": "always",
+    },
+}
+
+
+def test_a_docker_spec_and_what_the_other_backends_refuse() -> None:
+    from controller.config import ConfigError, parse_spec
+
+    spec = parse_spec(DOCKER_SPEC, "t")
+    resources = spec.replica.resources
+    assert resources is not None
+    assert resources.memory_bytes == 512 * 1024 * 1024
+    assert spec.desired_replicas == 3  # a fixed container port allows many replicas
+    process = {**DOCKER_SPEC, "backend": "process", "replicas": 1}
+    cases = [
+        (process, "replica.image: only for the docker backend"),
+        (
+            {**DOCKER_SPEC, "replica": {"commands": [SERVER]}},
+            "replica.image: the docker backend needs an image",
+        ),
+        (
+            {**DOCKER_SPEC, "replica": {"image": "x", "working_dir": "/srv"}},
+            "replica.working_dir: not for the docker backend",
+        ),
+        (
+            {**DOCKER_SPEC, "replica": {"image": "x", "resources": {"memory": "lots"}}},
+            "replica.resources.memory",
+        ),
+    ]
+    for data, reason in cases:
+        with pytest.raises(ConfigError, match=re.escape(reason)):
+            parse_spec(data, "t")
+
+
+def test_unset_docker_fields_leave_a_revision_key_as_it_was() -> None:
+    import hashlib
+
+    from controller.spec import ServiceSpec
+
+    spec = ServiceSpec.model_validate(
+        {"name": "web", "route": {"path_prefix": "/"}, "replica": {"commands": ["run"]}}
+    )
+    replica = {
+        "commands": ["run"],
+        "env": {},
+        "working_dir": None,
+        "port": None,
+        "addresses": [],
+    }
+    probes = [p.model_dump(mode="json") for p in spec.effective_probes]
+    doc = {"backend": "process", "replica": replica, "probes": probes}
+    before = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+    assert spec.template_key() == before
+
+
+def test_the_api_document_states_the_docker_rules() -> None:
+    from controller.admin.handlers import OPERATIONS_TABLE
+    from controller.admin.openapi import build_document
+    from tests.controller.test_openapi import SchemaError, Validator
+
+    service = {"$ref": "#/components/schemas/ServiceSpec"}
+    with_docker = Validator(build_document(OPERATIONS_TABLE, ("process", "static", "docker")))
+    with_docker.validate(service, DOCKER_SPEC)
+    process = {**DOCKER_SPEC, "backend": "process", "replicas": 1}
+    for bad in (process, {**DOCKER_SPEC, "replica": {"commands": [SERVER]}}):
+        with pytest.raises(SchemaError):
+            with_docker.validate(service, bad)
+    without = Validator(build_document(OPERATIONS_TABLE, ("process", "static")))
+    with pytest.raises(SchemaError):
+        without.validate(service, DOCKER_SPEC)

@@ -510,15 +510,18 @@ class DockerBackend:
         while True:
             try:
                 events = await host.client.events(self._labels(host), host.since)
-                await self._relist(host)
-                if not host.reachable:
-                    log.info("docker host %s reachable (%s)", host.name, host.client.engine)
-                host.reachable, host.error = True, ""
-                backoff = BACKOFF_FIRST
-                assert host.answered is not None
-                host.answered.set()
-                async for event in events:
-                    self._on_event(host, event)
+                try:
+                    await self._relist(host)
+                    if not host.reachable:
+                        log.info("docker host %s reachable (%s)", host.name, host.client.engine)
+                    host.reachable, host.error = True, ""
+                    backoff = BACKOFF_FIRST
+                    assert host.answered is not None
+                    host.answered.set()
+                    async for event in events:
+                        self._on_event(host, event)
+                finally:
+                    events.close()
                 raise EngineUnreachable(f"engine {host.client.engine}: event stream ended")
             except EngineError as exc:
                 if host.reachable or host.error != exc.message:

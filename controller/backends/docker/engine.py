@@ -174,16 +174,14 @@ class EngineClient:
             "GET",
             f"/containers/{container}/logs",
             params={"stdout": "1", "stderr": "1", "tail": str(tail)},
-            ok=(404,),
         )
         return demultiplex(data).decode("utf-8", "replace").splitlines()[-tail:]
 
-    async def events(
-        self, labels: Mapping[str, str], since: str | None
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def events(self, labels: Mapping[str, str], since: str | None) -> EventStream:
         """The engine's container events with ``labels``, from ``since`` (an engine time,
         ``seconds.nanoseconds``) or from now; ends when the stream does. The request is sent
-        and answered before the first event is awaited, so no event after that is missed."""
+        and answered before this returns, so no event after that is missed. The caller
+        closes the stream."""
         filters = {"type": ["container"], "label": [f"{k}={v}" for k, v in labels.items()]}
         params = {"filters": json.dumps(filters)}
         if since is not None:
@@ -200,25 +198,35 @@ class EngineClient:
             data = await response.read()
             response.release()
             raise EngineError(f"engine {self.engine}: {_message(data)}", response.status)
-        return _event_stream(self.engine, response)
+        return EventStream(self.engine, response)
 
     def __repr__(self) -> str:
         return f"<EngineClient {self.engine}>"
 
 
-async def _event_stream(
-    engine: str, response: aiohttp.ClientResponse
-) -> AsyncIterator[dict[str, Any]]:
-    try:
-        async for line in response.content:
-            if line.strip():
-                event = json.loads(line)
-                if isinstance(event, dict):
-                    yield event
-    except (aiohttp.ClientError, OSError) as exc:
-        raise EngineUnreachable(f"engine {engine}: event stream lost: {_describe(exc)}") from exc
-    finally:
-        response.release()
+class EventStream:
+    """An open ``/events`` answer: iterate it for events, ``close`` it when done."""
+
+    def __init__(self, engine: str, response: aiohttp.ClientResponse) -> None:
+        self._engine = engine
+        self._response = response
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for line in self._response.content:
+                if line.strip():
+                    event = json.loads(line)
+                    if isinstance(event, dict):
+                        yield event
+        except (aiohttp.ClientError, OSError) as exc:
+            why = _describe(exc)
+            raise EngineUnreachable(f"engine {self._engine}: event stream lost: {why}") from exc
+
+    def close(self) -> None:
+        self._response.close()  # an endless answer: its connection cannot be reused
 
 
 def demultiplex(data: bytes) -> bytes:
