@@ -10,11 +10,12 @@ HTTP answers; none sleeps to let something happen.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -347,3 +348,92 @@ def test_the_api_document_states_the_docker_rules() -> None:
     without = Validator(build_document(OPERATIONS_TABLE, ("process", "static")))
     with pytest.raises(SchemaError):
         without.validate(service, DOCKER_SPEC)
+
+
+class SocketProxy:
+    """A unix socket in front of the engine's, that a test can cut (the engine went away: every
+    connection closed, the socket gone) and open again."""
+
+    def __init__(self, path: str, target: str) -> None:
+        self.path, self.target = path, target
+        self.server: asyncio.AbstractServer | None = None
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def open(self) -> None:
+        self.server = await asyncio.start_unix_server(self._client, path=self.path)
+
+    async def cut(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        os.unlink(self.path)
+        for writer in self.writers:
+            writer.close()
+        self.writers.clear()
+
+    async def close(self) -> None:
+        if self.server is not None and self.server.is_serving():
+            await self.cut()
+        if self.server is not None:
+            await self.server.wait_closed()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_unix_connection(self.target)
+        self.writers += [writer, up_writer]
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+async def until_true(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_an_engine_that_goes_away_stops_nothing_and_missed_exits_are_seen_after(
+    harness: Harness, tmp_path: object
+) -> None:
+    if not ENGINE.startswith("unix://"):
+        pytest.skip("the proxy fronts a unix socket engine")
+    proxy = SocketProxy(f"{tmp_path}/engine.sock", ENGINE.removeprefix("unix://"))
+    await proxy.open()
+    try:
+        await went_away(harness, proxy)
+    finally:
+        await proxy.close()
+
+
+async def went_away(harness: Harness, proxy: SocketProxy) -> None:
+    host = dataclasses.replace(harness.host("h", 2), engine=f"unix://{proxy.path}")
+    backend = harness.backend([host])
+    running = await backend.start(launch("r1"))
+    await proxy.cut()
+    await until_true(lambda: "unreachable" in repr(backend))
+    # The replica serves on; the backend neither reports nor stops anything.
+    assert await answer(running.host, running.port) == "200"
+    assert not harness.exit_of("r1").done()
+    with pytest.raises(NoCapacity, match=r"h: unreachable"):
+        await backend.start(launch("r2"))
+    # It ends while the engine is out of sight: the exit is reported once it answers again.
+    client = EngineClient(ENGINE)
+    try:
+        await client.stop(running.handle["container"], 1)
+    finally:
+        await client.close()
+    await proxy.open()
+    end = await asyncio.wait_for(harness.exit_of("r1"), 15)
+    assert not end.requested
+    assert end.code == -15
+    assert end.reason.startswith("killed by signal 15 (SIGTERM)")
+    assert backend.in_use == 0

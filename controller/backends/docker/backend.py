@@ -13,7 +13,8 @@ Invariants:
   exits it missed. An exit is reported exactly once: after the container's last log lines were
   read (kept in memory, ``logs``) and the container removed. ``stop`` returns after that.
 - An engine that cannot be reached is skipped by placement and retried with backoff; its
-  replicas are left as they are and nothing is stopped or reported because of it.
+  replicas are left as they are and nothing is stopped or reported because of it. A ``stop``
+  it did not answer raises BackendError and is sent again once the engine answers.
 
 Adoption is synchronous (the protocol's ``adopt``): ``connect()`` must have been awaited first,
 so each reachable host's containers are known; a replica of a host that cannot be reached is
@@ -541,6 +542,11 @@ class DockerBackend:
             info = host.listing.get(replica.container)
             if info is None or info.get("State") != "running":
                 self._finish(replica, None)
+            elif replica.stop_requested and replica.finishing is None:
+                # Its stop was asked for while the engine did not answer: ask again.
+                rid = replica.launch.replica_id
+                stop = self._stop_container(replica, self._stop_grace_default)
+                _guarded_task(stop, f"stop:{rid}")
             replica.verified = True
 
     def _on_event(self, host: _Host, event: dict[str, Any]) -> None:
