@@ -128,3 +128,22 @@ async def test_rollout_to_a_missing_image_fails_and_the_old_revision_serves(
     assert failed[0].reason.startswith(f"image not found: {MISSING}")
     assert gw.state().observed.serving_revision == 1
     assert gw.ready(1) == 2
+
+
+async def test_a_restarted_gateway_adopts_its_containers(docker_gateways: Gateways) -> None:
+    backends = docker_config(docker_gateways)
+    first = await docker_gateways.start(backends=backends, on_exit="keep")
+    await serving(first, docker_spec("v1"))
+    containers = containers_of(first)
+    await first.stop()  # the containers keep running
+    second = await docker_gateways.start(backends=backends)
+    assert containers_of(second) == containers
+    await until(lambda: second.ready(1) == 2, 10, "the adopted replicas to be ready")
+    async with Load(second.url) as load:
+        await load.more()
+    assert not load.failures, load.summary()
+    assert load.bodies() == {"v1"}
+
+
+def containers_of(gw: Any) -> set[str]:
+    return {r.handle["container"] for r in gw.controller.executor.running.values()}
