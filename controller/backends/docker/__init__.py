@@ -1,7 +1,9 @@
 """The Docker backend: ``engine`` (the Engine API client), ``placement`` (pure: which host),
-``backend`` (containers started, stopped, watched and adopted)."""
+``container`` (pure: a container's create body and exit reason), ``backend`` (containers
+started, stopped, watched and adopted)."""
 
-from .backend import DEFAULT_CONTAINER_PORT, DockerBackend, DockerHost, container_script
+from .backend import DockerBackend, DockerHost
+from .container import DEFAULT_CONTAINER_PORT, container_script
 from .engine import EngineClient, EngineError, EngineUnreachable
 from .placement import HostLoad, NoRoom, place
 

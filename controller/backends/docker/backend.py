@@ -28,7 +28,6 @@ import contextlib
 import logging
 import math
 import re
-import signal
 from collections import OrderedDict
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendError, NoCapacity, StartFailed
 from ..base import Exit, ExitHandler, Launch, Running
+from .container import LABEL, container_config, container_name, exit_reason, signed_code
 from .engine import EngineClient, EngineError, EngineUnreachable
 from .placement import HostLoad, NoRoom, place
 
@@ -43,10 +43,10 @@ if TYPE_CHECKING:
     from ...spec import ReplicaTemplate
     from ..base import Backend
 
+__all__ = ["DockerBackend", "DockerHost"]
+
 log = logging.getLogger(__name__)
 
-DEFAULT_CONTAINER_PORT = 8000
-"""The container's port when the template gives none; ``$PORT`` inside the container."""
 NO_CAPACITY_RETRY_AFTER = 5.0
 LOG_LINES_KEPT = 1000
 """Lines of a removed container's output kept in memory."""
@@ -55,9 +55,7 @@ CONNECT_WAIT = 5.0
 """How long ``connect`` (and so a first ``start``) waits for each engine's first answer."""
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
 PORT_ATTEMPTS = 3
-LABEL = "gateway."
 _PORT_TAKEN = re.compile(r"port is already allocated|address already in use", re.I)
-_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 
 
 def _conforms(backend: DockerBackend) -> Backend:  # pragma: no cover - checked by mypy
@@ -365,8 +363,10 @@ class DockerBackend:
         with the next port."""
         tried: set[int] = set()
         for attempt in range(PORT_ATTEMPTS):
+            launch = replica.launch
             replica.container = await host.client.create(
-                self._container_name(replica), self._container_config(replica)
+                container_name(self._instance, launch),
+                container_config(launch, host.config.address, replica.port, self._labels(host)),
             )
             try:
                 await host.client.start(replica.container)
@@ -380,55 +380,6 @@ class DockerBackend:
                 replica.container = None
                 tried.add(replica.port)
                 replica.port = self._allocate_port(host, frozenset(tried))
-
-    def _container_name(self, replica: _Replica) -> str:
-        launch = replica.launch
-        name = f"gateway-{self._instance[:8]}-{launch.service}-{launch.replica_id}"
-        return _NAME_UNSAFE.sub("-", name)[:200]
-
-    def _container_config(self, replica: _Replica) -> dict[str, Any]:
-        launch, host = replica.launch, replica.host
-        template = launch.template
-        port = template.port or DEFAULT_CONTAINER_PORT
-        env = {
-            **template.env,
-            "PORT": str(port),
-            "HOST": "0.0.0.0",
-            "REPLICA_ID": launch.replica_id,
-            "SERVICE": launch.service,
-            "REVISION": str(launch.revision),
-        }
-        host_config: dict[str, Any] = {
-            "PortBindings": {
-                f"{port}/tcp": [{"HostIp": host.config.address, "HostPort": str(replica.port)}]
-            },
-            # An init as PID 1 passes SIGTERM on (a server as PID 1 would ignore it).
-            "Init": True,
-            "RestartPolicy": {"Name": "no"},
-        }
-        if template.resources is not None:
-            if template.resources.cpus is not None:
-                host_config["NanoCpus"] = int(template.resources.cpus * 1e9)
-            if template.resources.memory_bytes is not None:
-                host_config["Memory"] = template.resources.memory_bytes
-        config: dict[str, Any] = {
-            "Image": template.image,
-            "Env": [f"{k}={v}" for k, v in env.items()],
-            "Labels": self._labels(host)
-            | {
-                LABEL + "service": launch.service,
-                LABEL + "revision": str(launch.revision),
-                LABEL + "replica": launch.replica_id,
-            },
-            "ExposedPorts": {f"{port}/tcp": {}},
-            "HostConfig": host_config,
-        }
-        if template.commands:
-            config["Entrypoint"] = ["/bin/sh", "-c"]
-            config["Cmd"] = [container_script(template.commands)]
-        if template.user is not None:
-            config["User"] = template.user
-        return config
 
     def _labels(self, host: _Host) -> dict[str, str]:
         return {LABEL + "instance": self._instance, LABEL + "host": host.name}
@@ -485,8 +436,8 @@ class DockerBackend:
         self._keep_logs(rid, lines)
         if host.replicas.get(rid) is replica:
             del host.replicas[rid]
-        reason = _exit_reason(replica, code, lines)
-        signed = _signed(code)
+        reason = exit_reason(replica.stop_requested, replica.oom, code, lines)
+        signed = signed_code(code)
         log.info("replica %s: %s", rid, reason)
         if self._exit_handler is not None:
             try:
@@ -565,57 +516,6 @@ class DockerBackend:
             return
         code = (event.get("Actor") or {}).get("Attributes", {}).get("exitCode")
         self._finish(replica, int(code) if isinstance(code, str) and code.isdigit() else None)
-
-
-_SHELL_WORDS = frozenset(
-    "! { } ( ) . : [ [[ alias break case cd command continue do done elif else esac eval exec "
-    "exit export fi for if in readonly read return set shift source then times trap ulimit "
-    "umask unalias unset until wait while".split()
-)
-
-
-def container_script(commands: Sequence[str]) -> str:
-    """The ``sh -c`` script of a container's commands: each runs if the one before succeeded;
-    the last is ``exec``'d when it is a plain command (no ``;``, ``&``, ``|`` or newline), so
-    the server gets the signals and its status is the container's."""
-    parts = list(commands)
-    last = parts[-1] if parts else ""
-    words = last.split()
-    if (
-        words
-        and not any(ch in last for ch in ";&|\n")
-        and words[0] not in _SHELL_WORDS
-        and "=" not in words[0]
-        and words[0][0] not in "({!\"'$`\\"
-    ):
-        parts[-1] = f"exec {last}"
-    return " && ".join(f"{{ {command}\n}}" for command in parts)
-
-
-def _signed(code: int | None) -> int | None:
-    """Docker's ``128 + N`` for a process ended by signal N, as ``-N`` (the Exit convention)."""
-    if code is not None and 128 < code < 128 + 65:
-        with contextlib.suppress(ValueError):
-            return -signal.Signals(code - 128).value
-    return code
-
-
-def _exit_reason(replica: _Replica, code: int | None, lines: list[str]) -> str:
-    if replica.stop_requested:
-        return "stopped (SIGKILL after the grace)" if code == 137 else "stopped"
-    if replica.oom:
-        reason = "killed: out of memory"
-    elif code is None:
-        reason = "exited (exit status unknown: the container is gone)"
-    elif (signed := _signed(code)) is not None and signed < 0:
-        reason = f"killed by signal {-signed} ({signal.Signals(-signed).name})"
-    else:
-        hint = {126: " (command not executable)", 127: " (command not found)"}.get(code, "")
-        reason = f"exited with code {code}{hint}"
-    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
-    if last:
-        reason += f": {last if len(last) <= 200 else last[:199] + '…'}"
-    return reason
 
 
 def _guarded_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
