@@ -437,3 +437,68 @@ async def went_away(harness: Harness, proxy: SocketProxy) -> None:
     assert end.code == -15
     assert end.reason.startswith("killed by signal 15 (SIGTERM)")
     assert backend.in_use == 0
+
+
+# -- container.py: the create body and the exit reason (pure) --------------------------------
+
+
+def test_the_create_body_of_a_launch() -> None:
+    from controller.backends.docker.container import container_config, container_name
+
+    body = container_config(
+        Launch("web", 2, "web-2-abc", ReplicaTemplate.model_validate(DOCKER_SPEC["replica"])),
+        "10.0.0.5",
+        21007,
+        {"gateway.instance": "i", "gateway.host": "a"},
+    )
+    assert body["Image"] == "registry.example/web:1.2"
+    assert body["Entrypoint"] == ["/bin/sh", "-c"]
+    assert body["Cmd"] == ["{ exec python3 -m http.server $PORT\n}"]
+    assert "PORT=8080" in body["Env"]
+    assert body["Labels"] == {
+        "gateway.instance": "i",
+        "gateway.host": "a",
+        "gateway.service": "web",
+        "gateway.revision": "2",
+        "gateway.replica": "web-2-abc",
+    }
+    host = body["HostConfig"]
+    assert host["PortBindings"] == {"8080/tcp": [{"HostIp": "10.0.0.5", "HostPort": "21007"}]}
+    assert (host["NanoCpus"], host["Memory"], host["Init"]) == (500_000_000, 512 * 2**20, True)
+    assert body["User"] == "1000:1000"
+    image_only = ReplicaTemplate(image="x")
+    plain = container_config(Launch("web", 1, "r", image_only), "127.0.0.1", 1, {})
+    assert "Cmd" not in plain  # the image's own command
+    assert "Entrypoint" not in plain
+    assert "PORT=8000" in plain["Env"]
+    assert container_name("0123456789", Launch("web", 1, "r/1", image_only)) == (
+        "gateway-01234567-web-r-1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("requested", "oom", "code", "lines", "reason"),
+    [
+        (True, False, 143, ["bye"], "stopped"),
+        (True, False, 137, [], "stopped (SIGKILL after the grace)"),
+        (False, False, 3, ["a", "fatal: x", ""], "exited with code 3: fatal: x"),
+        (False, False, 127, [], "exited with code 127 (command not found)"),
+        (False, False, 137, [], "killed by signal 9 (SIGKILL)"),
+        (False, True, 137, ["big"], "killed: out of memory: big"),
+        (False, False, None, [], "exited (exit status unknown: the container is gone)"),
+    ],
+)
+def test_exit_reasons(
+    requested: bool, oom: bool, code: int | None, lines: list[str], reason: str
+) -> None:
+    from controller.backends.docker.container import exit_reason
+
+    assert exit_reason(requested, oom, code, lines) == reason
+
+
+def test_the_commands_script_execs_a_plain_last_command() -> None:
+    from controller.backends.docker import container_script
+
+    assert container_script(["a", "b x"]) == "{ a\n} && { exec b x\n}"
+    assert container_script(["a | b"]) == "{ a | b\n}"
+    assert container_script(["X=1 run"]) == "{ X=1 run\n}"
