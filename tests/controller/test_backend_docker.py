@@ -320,7 +320,7 @@ def test_unset_docker_fields_leave_a_revision_key_as_it_was() -> None:
     spec = ServiceSpec.model_validate(
         {"name": "web", "route": {"path_prefix": "/"}, "replica": {"commands": ["run"]}}
     )
-    replica = {
+    replica: dict[str, object] = {
         "commands": ["run"],
         "env": {},
         "working_dir": None,
