@@ -147,3 +147,19 @@ async def test_a_restarted_gateway_adopts_its_containers(docker_gateways: Gatewa
 
 def containers_of(gw: Any) -> set[str]:
     return {r.handle["container"] for r in gw.controller.executor.running.values()}
+
+
+async def test_the_docker_backend_is_opt_in_and_an_unreachable_engine_degrades(
+    gateways: Gateways, tmp_path: Path
+) -> None:
+    plain = await gateways.start()
+    assert sorted(plain.controller.backends) == ["process", "static"]
+    await plain.stop()
+    # No engine answers: the gateway starts, and a docker service waits for room, degraded.
+    gone = {"name": "a", "engine": f"unix://{tmp_path}/no-engine.sock", "port_range": "24990-24999"}
+    backends = {"process": {"port_range": gateways.port_range}, "docker": {"hosts": [gone]}}
+    gw = await gateways.start(backends=backends)
+    assert sorted(gw.controller.backends) == ["docker", "process", "static"]
+    await gw.controller.apply(docker_spec("v1", replicas=1))
+    degraded = await until(lambda: gw.state().observed.degraded, 10, "the service to degrade")
+    assert "a: unreachable" in degraded
