@@ -13,8 +13,8 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from gateway.wire import headers
 from gateway.config import ProbeConfig
+from gateway.wire import headers
 from tests.gateway.conftest import routing
 
 from .conftest import send_raw
