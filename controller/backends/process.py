@@ -428,9 +428,10 @@ class ProcessBackend:
         elif code is None:
             reason = "exited (exit status unknown: adopted after a restart)"
         else:
-            # The cause is often the replica's last word: keep it with the exit code.
+            # A replica that exits on its own often says why last: keep that with its code.
+            # One killed by a signal was cut off; its last line says nothing of it.
             reason = exit_reason(code)
-            if last := proclog.last_line(replica.log_path):
+            if code >= 0 and (last := proclog.last_line(replica.log_path)):
                 reason += f": {last}"
         event = Exit(replica_id=rid, code=code, reason=reason, requested=requested)
         log.info("replica %s: %s", rid, reason)
