@@ -22,8 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from gateway import Duration, ListenerLimits, ProxyConfig
-from gateway.config import ListenAddress, Model
+from gateway import Duration, ListenAddress, ListenerLimits, Model, ProxyConfig
 
 from .spec import NAME_PATTERN, ServiceSpec
 
@@ -152,7 +151,7 @@ class GatewayConfig(Model):
     listen: ListenAddress = "0.0.0.0:8080"
     workers: int | Literal["auto"] = 1
     """Processes that serve traffic. 1: the gateway's own process; N > 1: N worker processes
-    sharing ``listen`` (SO_REUSEPORT), fed by the one controller (``gateway.supervisor``);
+    sharing ``listen`` (SO_REUSEPORT), fed by the one controller (``gateway.workers.supervisor``);
     ``auto``: one per CPU this process may run on."""
 
     @field_validator("workers", mode="before")

@@ -29,13 +29,19 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry
 
-from gateway import Pool, RequestObserver, native
-from gateway.accesslog import AccessLog
-from gateway.metrics import GatewayMetrics, metrics_handler
-from gateway.prober import Prober
-from gateway.proxy import Proxy
-from gateway.server import TrafficServer
-from gateway.supervisor import Supervisor, WorkerSettings
+from gateway import (
+    AccessLog,
+    GatewayMetrics,
+    Pool,
+    Prober,
+    Proxy,
+    RequestObserver,
+    Supervisor,
+    TrafficServer,
+    WorkerSettings,
+    metrics_handler,
+    native,
+)
 
 from .admin.app import AdminServer, build_admin_app, is_loopback
 from .backends import ProcessBackend, StaticBackend

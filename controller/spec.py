@@ -17,9 +17,11 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from gateway import (
+    Address,
     Duration,
     LimitsConfig,
     LoadBalancing,
+    Model,
     OutlierConfig,
     ProbeConfig,
     RetriesConfig,
@@ -27,7 +29,6 @@ from gateway import (
     ServiceRouting,
     TimeoutsConfig,
 )
-from gateway.config import Address, Model
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 """A service name: a DNS label. Checked with ``fullmatch`` (``$`` alone lets a newline by)."""

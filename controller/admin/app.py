@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.config import parse_address
+from gateway import parse_address
 
 from ..errors import ControllerError, StoreUnavailable
 from ..operations import Controller

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from gateway.config import parse_address
+from gateway import parse_address
 
 from ..config import ConfigError, load_config
 from .exits import EXIT_FAILED, EXIT_UNUSABLE, CliError

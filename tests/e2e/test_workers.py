@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway.supervisor import Supervisor
+from gateway import Supervisor
 
 from .conftest import Gateways, Load, alive, serving, spec, until
 

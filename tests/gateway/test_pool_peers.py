@@ -1,7 +1,8 @@
 """The pool with worker processes: mirrors that install snapshots, peers that hold leases.
 
 The deciding pool (the controller's) and a mirror (a worker's) are both plain ``Pool``s here,
-joined by hand as ``gateway.supervisor`` and ``gateway.worker`` join them over a socketpair.
+joined by hand as ``gateway.workers.supervisor`` and ``gateway.workers.worker`` join them
+over a socketpair.
 Drain timeouts use a zero timeout so that they fire on the next loop iteration; nothing sleeps.
 """
 
