@@ -23,6 +23,7 @@ import pytest
 
 from controller.backends import Exit, Launch
 from controller.backends.docker import DockerBackend, DockerHost, EngineClient, place
+from controller.backends.docker.container import container_config
 from controller.backends.docker.placement import HostLoad
 from controller.errors import NoCapacity, StartFailed
 from controller.spec import ReplicaTemplate
@@ -71,10 +72,14 @@ class Harness:
     exits: dict[str, asyncio.Future[Exit]] = field(default_factory=dict)
     port_base: int = 23000
 
-    def backend(self, hosts: list[DockerHost] | None = None) -> DockerBackend:
+    def backend(
+        self, hosts: list[DockerHost] | None = None, orphan_grace: float = 60.0
+    ) -> DockerBackend:
         if hosts is None:
             hosts = [self.host("local", 4)]
-        backend = DockerBackend(hosts, self.instance, stop_grace_default=1.0)
+        backend = DockerBackend(
+            hosts, self.instance, stop_grace_default=1.0, orphan_grace=orphan_grace
+        )
         backend.set_exit_handler(self._on_exit)
         self.backends.append(backend)
         return backend
@@ -205,6 +210,53 @@ async def test_adopt_after_a_new_backend_instance(harness: Harness) -> None:
     end = await asyncio.wait_for(harness.exit_of("keep"), 10)
     assert not end.requested
     assert await remove_labelled(harness.instance) == 1  # "gone", never adopted
+
+
+async def running_ids(labels: dict[str, str]) -> set[str]:
+    client = EngineClient(ENGINE)
+    try:
+        found = await client.containers(labels)
+    finally:
+        await client.close()
+    return {c["Id"] for c in found if c.get("State") == "running"}
+
+
+async def test_an_orphan_is_removed_after_the_grace_an_adopted_or_foreign_one_is_not(
+    harness: Harness,
+) -> None:
+    hosts = [harness.host("local", 4)]
+    first = harness.backend(hosts)
+    kept = await first.start(launch("kept"))
+    await first.close()
+    low = hosts[0].port_range[0]
+    foreign = uuid.uuid4().hex
+    client = EngineClient(ENGINE)
+    try:
+        # Started, never recorded: the crash window. And another gateway's container.
+        created = {}
+        for name, instance in (("orphan", harness.instance), ("foreign", foreign)):
+            labels = {"gateway.instance": instance, "gateway.host": "local"}
+            config = container_config(launch(name), "127.0.0.1", low + 8, labels)
+            config["HostConfig"].pop("PortBindings")
+            created[name] = await client.create(f"gateway-test-{instance[:8]}-{name}", config)
+            await client.start(created[name])
+        second = harness.backend(hosts, orphan_grace=0.5)
+        await second.connect()
+        assert second.adopt(launch("kept"), kept.handle) is not None
+        mine = {"gateway.instance": harness.instance}
+        assert await running_ids(mine) == {kept.handle["container"], created["orphan"]}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 15
+        while created["orphan"] in {c["Id"] for c in await client.containers(mine)}:
+            assert loop.time() < deadline, "the orphan was not removed"
+            await asyncio.sleep(0.1)
+        assert await running_ids(mine) == {kept.handle["container"]}
+        assert await running_ids({"gateway.instance": foreign}) == {created["foreign"]}
+        assert not harness.exit_of("kept").done()
+        await second.stop("kept", 1.0)
+    finally:
+        await client.close()
+        await remove_labelled(foreign)
 
 
 @pytest.mark.parametrize("pull", ["never", "if_not_present"])

@@ -19,6 +19,12 @@ Invariants:
 Adoption is synchronous (the protocol's ``adopt``): ``connect()`` must have been awaited first,
 so each reachable host's containers are known; a replica of a host that cannot be reached is
 taken back on its handle's word and checked once the engine answers.
+
+Orphans: a container with this instance's labels that this backend neither started nor adopted
+(a gateway that died between a start and its record) is stopped and removed once
+``orphan_grace`` has passed after the first ``connect()``, and at each later (re)connection of
+its host. Adoption happens at restore, well within the grace; the state's replicas are thus
+exactly the backend's, and the backend needs no view of the store.
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ CONNECT_WAIT = 5.0
 """How long ``connect`` (and so a first ``start``) waits for each engine's first answer."""
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
 PORT_ATTEMPTS = 3
+ORPHAN_GRACE = 60.0
+"""After the first ``connect()``, how long a container this backend does not know is left be."""
 _PORT_TAKEN = re.compile(r"port is already allocated|address already in use", re.I)
 
 
@@ -107,6 +115,7 @@ class _Host:
     since: str | None = None
     next_port: int = 0
     pulls: dict[str, asyncio.Lock] = field(default_factory=dict)
+    sweeping: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -119,7 +128,11 @@ class DockerBackend:
     name: str = "docker"
 
     def __init__(
-        self, hosts: Sequence[DockerHost], instance: str, stop_grace_default: float = 10.0
+        self,
+        hosts: Sequence[DockerHost],
+        instance: str,
+        stop_grace_default: float = 10.0,
+        orphan_grace: float = ORPHAN_GRACE,
     ) -> None:
         if not hosts:
             raise ValueError("the docker backend needs at least one host")
@@ -131,6 +144,10 @@ class DockerBackend:
         }
         self._instance = instance
         self._stop_grace_default = stop_grace_default
+        self._orphan_grace = orphan_grace
+        self._sweep_at: float | None = None
+        """Loop time from which unknown containers are orphans."""
+        self._sweeper: asyncio.Task[None] | None = None
         self._exit_handler: ExitHandler | None = None
         self._kept_logs: OrderedDict[str, list[str]] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -155,6 +172,9 @@ class DockerBackend:
         if self._closed:
             raise BackendError("the docker backend is closed")
         self._loop = asyncio.get_running_loop()
+        if self._sweep_at is None:
+            self._sweep_at = self._loop.time() + self._orphan_grace
+            self._sweeper = _guarded_task(self._sweep_after_grace(), "docker-orphans")
         for host in self._hosts.values():
             if host.watcher is None:
                 host.answered = asyncio.Event()
@@ -284,8 +304,15 @@ class DockerBackend:
         """Stop watching; leave every container running for the next gateway to adopt."""
         self._closed = True
         tasks = []
+        if self._sweeper is not None and not self._sweeper.done():
+            self._sweeper.cancel()
+            tasks.append(self._sweeper)
         for host in self._hosts.values():
-            for task in (host.watcher, *(r.finishing for r in host.replicas.values())):
+            for task in (
+                host.watcher,
+                host.sweeping,
+                *(r.finishing for r in host.replicas.values()),
+            ):
                 if task is not None and not task.done():
                     task.cancel()
                     tasks.append(task)
@@ -499,6 +526,53 @@ class DockerBackend:
                 stop = self._stop_container(replica, self._stop_grace_default)
                 _guarded_task(stop, f"stop:{rid}")
             replica.verified = True
+        if self._orphans_due() and (host.sweeping is None or host.sweeping.done()):
+            host.sweeping = _guarded_task(self._sweep(host), f"docker-orphans:{host.name}")
+
+    # -- orphans --------------------------------------------------------------------------------
+
+    async def _sweep_after_grace(self) -> None:
+        await asyncio.sleep(self._orphan_grace)
+        for host in self._hosts.values():
+            if host.reachable:  # the others are swept when they answer again (``_relist``)
+                await self._sweep(host)
+
+    def _orphans_due(self) -> bool:
+        loop = self._loop
+        return self._sweep_at is not None and loop is not None and loop.time() >= self._sweep_at
+
+    async def _sweep(self, host: _Host) -> None:
+        """Stop and remove the host's containers of this instance that no replica holds."""
+        try:
+            found = await host.client.containers(self._labels(host))
+        except EngineError as exc:
+            log.warning("docker host %s: orphans not listed: %s", host.name, exc.message)
+            return
+        held = {r.container for r in host.replicas.values()}
+        orphans = [
+            c
+            for c in found
+            if c["Id"] not in held
+            # A start in progress holds its replica id before its container exists.
+            and ((c.get("Labels") or {}).get(LABEL + "replica") not in host.replicas)
+        ]
+        await asyncio.gather(*(self._remove_orphan(host, c) for c in orphans))
+
+    async def _remove_orphan(self, host: _Host, info: dict[str, Any]) -> None:
+        container, labels = info["Id"], info.get("Labels") or {}
+        log.warning(
+            "docker host %s: removing orphan container %.12s (service %s, replica %s)",
+            host.name,
+            container,
+            labels.get(LABEL + "service"),
+            labels.get(LABEL + "replica"),
+        )
+        try:
+            if info.get("State") == "running":
+                await host.client.stop(container, math.ceil(self._stop_grace_default))
+            await host.client.remove(container)
+        except EngineError as exc:
+            log.warning("orphan container %.12s not removed: %s", container, exc.message)
 
     def _on_event(self, host: _Host, event: dict[str, Any]) -> None:
         if isinstance(event.get("timeNano"), int):
