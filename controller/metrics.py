@@ -12,18 +12,23 @@ forgotten with their service.
     gateway_rollouts_total{service,outcome}            complete, failed, aborted, rolled_back
     gateway_rollout_duration_seconds{service}          histogram, from start to end
     gateway_replica_exits_total{service,revision,reason}  replicas' processes that ended
+    gateway_docker_host_up{host}                       1 while the host's engine answers, else 0
 
 Replica exits are counted from the journal (``Journal.listen``): an entry that a replica
 stopped or failed, once the controller took the exit in, with the exit status it saw. A
 crash thus stays visible after the replica's upstream and its ``gateway_upstream_up`` series
 left the pool (at once: a series at 0 would need the data plane to keep it).
+
+A Docker host that goes unreachable or comes back is also a journal entry (``host_unreachable``,
+``host_reachable``), under the service name ``docker:<host>``: no service has that name, and
+a watcher of all events sees it among the replicas it concerns.
 """
 
 from __future__ import annotations
 
 import bisect
 import signal
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
 from prometheus_client import CollectorRegistry
@@ -35,8 +40,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .journal import Entry
-from .model import LEAVING, LIVE, ReplicaState
+from .backends.docker import DockerBackend, HostState
+from .journal import Entry, Journal
+from .model import LEAVING, LIVE, EventKind, ReplicaState
 from .operations import Controller
 from .reconciler import Reconciler
 
@@ -235,11 +241,60 @@ class ControllerMetrics(Collector):
         )
 
 
+class DockerHostMetrics(Collector):
+    """``gateway_docker_host_up{host}`` of the Docker backends' hosts, read at scrape time."""
+
+    def __init__(self, backends: Sequence[DockerBackend]) -> None:
+        self._backends = backends
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterator[Metric]:
+        up = self._family()
+        for backend in self._backends:
+            for host in backend.hosts():
+                up.add_metric((host.name,), 1 if host.reachable else 0)
+        yield up
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "gateway_docker_host_up",
+            "1 while the Docker host's engine answers, else 0 (its replicas are left as they are).",
+            labels=("host",),
+        )
+
+
+class HostJournal:
+    """A Docker backend's ``HostListener``: each change of a host's reachability, journalled."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def __call__(self, host: HostState) -> None:
+        if host.reachable:
+            kind: EventKind = "host_reachable"
+            message = f"docker host {host.name} reachable again ({host.engine})"
+        else:
+            kind = "host_unreachable"
+            message = (
+                f"docker host {host.name} unreachable: {host.error}; "
+                f"its {host.replicas} replicas are left as they are"
+            )
+        self._journal.record(f"docker:{host.name}", kind, message)
+
+
 def register(registry: CollectorRegistry, controller: Controller) -> ControllerMetrics:
-    """Register the controller's metrics on ``registry``; hear its rollouts end and its
-    replicas exit."""
+    """Register the controller's metrics on ``registry``; hear its rollouts end, its replicas
+    exit and its Docker hosts come and go (journalled as they do)."""
     metrics = ControllerMetrics(controller.reconciler)
     registry.register(metrics)
     controller.executor.rollout_listeners.append(metrics.on_rollout)
     controller.journal.listen(metrics.on_entry)
+    docker = [b for b in controller.backends.values() if isinstance(b, DockerBackend)]
+    if docker:
+        registry.register(DockerHostMetrics(docker))
+        for backend in docker:
+            backend.host_listeners.append(HostJournal(controller.journal))
     return metrics

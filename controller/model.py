@@ -60,6 +60,8 @@ EventKind = Literal[
     "upstream_unhealthy",
     "upstream_ejected",
     "upstream_ejection_ended",
+    "host_unreachable",
+    "host_reachable",
 ]
 """Every kind of journal entry (``/api/events``' ``event`` field)."""
 

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from controller.backends import Exit, Launch
-from controller.backends.docker import DockerBackend, DockerHost, EngineClient, place
+from controller.backends.docker import DockerBackend, DockerHost, EngineClient, HostState, place
 from controller.backends.docker.container import container_config
 from controller.backends.docker.placement import HostLoad
 from controller.errors import NoCapacity, StartFailed
+from controller.metrics import DockerHostMetrics
 from controller.spec import ReplicaTemplate
 
 ENGINE = os.environ.get("GATEWAY_TEST_DOCKER_HOST", "unix:///var/run/docker.sock")
@@ -469,9 +471,18 @@ async def test_an_engine_that_goes_away_stops_nothing_and_missed_exits_are_seen_
 async def went_away(harness: Harness, proxy: SocketProxy) -> None:
     host = dataclasses.replace(harness.host("h", 2), engine=f"unix://{proxy.path}")
     backend = harness.backend([host])
+    heard: list[HostState] = []
+    backend.host_listeners.append(heard.append)
+    registry = CollectorRegistry()
+    registry.register(DockerHostMetrics([backend]))
     running = await backend.start(launch("r1"))
+    assert registry.get_sample_value("gateway_docker_host_up", {"host": "h"}) == 1
+    assert heard == []  # the first answer is no change
     await proxy.cut()
     await until_true(lambda: "unreachable" in repr(backend))
+    assert registry.get_sample_value("gateway_docker_host_up", {"host": "h"}) == 0
+    assert [(s.name, s.reachable, s.replicas) for s in heard] == [("h", False, 1)]
+    assert heard[0].error.startswith(f"engine unix://{proxy.path}")
     # The replica serves on; the backend neither reports nor stops anything.
     assert await answer(running.host, running.port) == "200"
     assert not harness.exit_of("r1").done()
@@ -485,6 +496,8 @@ async def went_away(harness: Harness, proxy: SocketProxy) -> None:
         await client.close()
     await proxy.open()
     end = await asyncio.wait_for(harness.exit_of("r1"), 15)
+    assert [s.reachable for s in heard] == [False, True]
+    assert registry.get_sample_value("gateway_docker_host_up", {"host": "h"}) == 1
     assert not end.requested
     assert end.code == -15
     assert end.reason.startswith("killed by signal 15 (SIGTERM)")

@@ -8,11 +8,14 @@ import subprocess
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from controller.backends.docker import DockerBackend, DockerHost
 from controller.metrics import (
     EXIT_REASONS,
     OUTCOMES,
     REPLICA_STATES,
     ControllerMetrics,
+    DockerHostMetrics,
+    HostJournal,
     exit_reason,
     register,
 )
@@ -204,3 +207,22 @@ async def test_promtool_accepts_the_exposition(h: Harness, registry) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+async def test_a_docker_host_that_does_not_answer_is_down_and_journalled(
+    h: Harness, tmp_path
+) -> None:
+    # No engine listens on this socket: the first attempt fails (a change, from unknown).
+    down = DockerHost("down", f"unix://{tmp_path}/none.sock", port_range=(23990, 23999))
+    backend = DockerBackend([down], "test-instance")
+    backend.host_listeners.append(HostJournal(h.controller.journal))
+    registry = CollectorRegistry()
+    registry.register(DockerHostMetrics([backend]))
+    try:
+        await backend.connect()
+        assert value(registry, "gateway_docker_host_up", host="down") == 0
+        [entry] = [e for e in h.controller.journal.since(0) if e.service == "docker:down"]
+        assert entry.kind == "host_unreachable"
+        assert entry.message.startswith(f"docker host down unreachable: engine unix://{tmp_path}")
+    finally:
+        await backend.close()

@@ -2,7 +2,7 @@
 ``container`` (pure: a container's create body and exit reason), ``backend`` (containers
 started, stopped, watched and adopted)."""
 
-from .backend import DockerBackend, DockerHost
+from .backend import DockerBackend, DockerHost, HostListener, HostState
 from .container import DEFAULT_CONTAINER_PORT, container_script
 from .engine import EngineClient, EngineError, EngineUnreachable
 from .placement import HostLoad, NoRoom, place
@@ -14,7 +14,9 @@ __all__ = [
     "EngineClient",
     "EngineError",
     "EngineUnreachable",
+    "HostListener",
     "HostLoad",
+    "HostState",
     "NoRoom",
     "container_script",
     "place",

@@ -13,7 +13,8 @@ Invariants:
   exits it missed. An exit is reported exactly once: after the container's last log lines were
   read (kept in memory, ``logs``) and the container removed. ``stop`` returns after that.
 - An engine that cannot be reached is skipped by placement and retried with backoff; its
-  replicas are left as they are and nothing is stopped or reported because of it. A ``stop``
+  replicas are left as they are and nothing is stopped or reported because of it. The
+  ``host_listeners`` hear each change of a host's reachability (not its first success). A ``stop``
   it did not answer raises BackendError and is sent again once the engine answers.
 
 Adoption is synchronous (the protocol's ``adopt``): ``connect()`` must have been awaited first,
@@ -35,7 +36,7 @@ import logging
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from ...spec import ReplicaTemplate
     from ..base import Backend
 
-__all__ = ["DockerBackend", "DockerHost"]
+__all__ = ["DockerBackend", "DockerHost", "HostListener", "HostState"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,22 @@ class DockerHost:
     port_range: tuple[int, int] = (21000, 21999)
 
 
+@dataclass(frozen=True, slots=True)
+class HostState:
+    """A host as the backend sees it."""
+
+    name: str
+    engine: str
+    reachable: bool
+    error: str
+    """Why it is unreachable; empty while it answers."""
+    replicas: int
+    capacity: int
+
+
+HostListener = Callable[[HostState], None]
+
+
 @dataclass(eq=False)
 class _Replica:
     launch: Launch
@@ -107,6 +124,8 @@ class _Host:
     replicas: dict[str, _Replica] = field(default_factory=dict)
     reachable: bool = False
     error: str = "not connected yet"
+    told: bool | None = None
+    """The reachability the listeners last heard of; None before the first answer."""
     answered: asyncio.Event | None = None
     """Set after the first connection attempt, whatever its outcome."""
     watcher: asyncio.Task[None] | None = None
@@ -148,6 +167,7 @@ class DockerBackend:
         self._sweep_at: float | None = None
         """Loop time from which unknown containers are orphans."""
         self._sweeper: asyncio.Task[None] | None = None
+        self.host_listeners: list[HostListener] = []
         self._exit_handler: ExitHandler | None = None
         self._kept_logs: OrderedDict[str, list[str]] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -213,7 +233,7 @@ class DockerBackend:
                 with contextlib.suppress(EngineError):
                     await host.client.remove(replica.container)
             if isinstance(exc, EngineUnreachable):
-                host.reachable, host.error = False, exc.message
+                self._reachable(host, False, exc.message)
                 raise StartFailed(f"host {host.name} unreachable: {exc.message}") from exc
             if isinstance(exc, EngineError):
                 raise StartFailed(f"host {host.name}: {exc.message}") from exc
@@ -277,6 +297,10 @@ class DockerBackend:
             "" if replica.verified else ", engine unreachable: checked once it answers",
         )
         return self._running(replica)
+
+    def hosts(self) -> list[HostState]:
+        """Every host, in the configured order, with its reachability and load."""
+        return [self._state(h) for h in self._hosts.values()]
 
     def logs(self, replica_id: str, tail: int) -> list[str]:
         """The last ``tail`` lines of the replica's output: from the engine while it runs (when
@@ -493,7 +517,7 @@ class DockerBackend:
                     await self._relist(host)
                     if not host.reachable:
                         log.info("docker host %s reachable (%s)", host.name, host.client.engine)
-                    host.reachable, host.error = True, ""
+                    self._reachable(host, True, "")
                     backoff = BACKOFF_FIRST
                     assert host.answered is not None
                     host.answered.set()
@@ -505,11 +529,34 @@ class DockerBackend:
             except EngineError as exc:
                 if host.reachable or host.error != exc.message:
                     log.warning("docker host %s unreachable: %s", host.name, exc.message)
-                host.reachable, host.error = False, exc.message
+                self._reachable(host, False, exc.message)
                 assert host.answered is not None
                 host.answered.set()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _reachable(self, host: _Host, reachable: bool, error: str) -> None:
+        host.reachable, host.error = reachable, error
+        if host.told == reachable or (reachable and host.told is None):
+            host.told = reachable
+            return
+        host.told = reachable
+        state = self._state(host)
+        for listener in list(self.host_listeners):
+            try:
+                listener(state)
+            except Exception:
+                log.exception("host listener failed for docker host %s", host.name)
+
+    def _state(self, host: _Host) -> HostState:
+        return HostState(
+            host.name,
+            host.client.engine,
+            host.reachable,
+            host.error,
+            len(host.replicas),
+            host.config.capacity,
+        )
 
     async def _relist(self, host: _Host) -> None:
         found = await host.client.containers(self._labels(host))
