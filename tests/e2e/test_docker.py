@@ -8,12 +8,14 @@ test's gateway (its instance label) is removed at teardown.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controller.backends.docker import EngineClient
 from controller.model import ReplicaState
 from tests.controller.test_backend_docker import (
     ENGINE,
@@ -163,3 +165,74 @@ async def test_the_docker_backend_is_opt_in_and_an_unreachable_engine_degrades(
     await gw.controller.apply(docker_spec("v1", replicas=1))
     degraded = await until(lambda: gw.state().observed.degraded, 10, "the service to degrade")
     assert "a: unreachable" in degraded
+
+
+async def test_capacity_full_on_both_hosts_degrades_a_scale_up_until_a_slot_frees(
+    docker_gateways: Gateways,
+) -> None:
+    gw = await docker_gateways.start(backends=docker_config(docker_gateways))
+    await serving(gw, docker_spec("v1"))
+    other = {**docker_spec("api"), "name": "api", "route": {"path_prefix": "/api/"}}
+    await gw.controller.apply(other)
+    await until(lambda: gw.ready(1, name="api") == 2, 20, "api's two replicas to be ready")
+    async with Load(gw.url) as load:
+        await load.more()
+        await gw.controller.apply(docker_spec("v1", replicas=3))  # 4 slots, all taken
+        degraded = await until(
+            lambda: (
+                "no capacity" in (gw.state().observed.degraded or "")
+                and gw.state().observed.degraded
+            ),
+            10,
+            "web to degrade",
+        )
+        assert "no capacity: 2 of 2 hosts full (a: 2 of 2, b: 2 of 2)" in degraded
+        assert gw.ready(1) == 2
+        await load.more()
+        await gw.controller.apply({**other, "replicas": 1})  # a slot frees
+        await until(lambda: gw.ready(1) == 3, 20, "web's third replica to be ready")
+        await until(lambda: not gw.state().observed.degraded, 5, "web to recover")
+        await load.more()
+    assert not load.failures, load.summary()
+    assert load.bodies() == {"v1"}
+    assert hosts_of(gw) == ["a", "a", "b", "b"]
+
+
+async def test_containers_killed_as_by_an_engine_restart_are_replaced(
+    docker_gateways: Gateways,
+) -> None:
+    gw = await docker_gateways.start(backends=docker_config(docker_gateways))
+    await serving(gw, docker_spec("v1"))
+    instance = (docker_gateways.state_dir / "instance-id").read_text().strip()
+    before = containers_of(gw)
+    async with Load(gw.url) as load:
+        await load.more()
+        # An engine restart without live-restore kills its containers; host b's engine here.
+        client = EngineClient(ENGINE)
+        try:
+            on_b = await client.containers({"gateway.instance": instance, "gateway.host": "b"})
+            assert len(on_b) == 1
+            await client.kill(on_b[0]["Id"])
+            killed_at = time.monotonic()
+        finally:
+            await client.close()
+        await until(
+            lambda: gw.ready(1) == 2 and containers_of(gw) != before and len(hosts_of(gw)) == 2,
+            20,
+            "the killed replica to be replaced",
+        )
+        after = load.mark()
+        await load.more()
+    failed = [e for e in gw.controller.journal.since(0) if e.kind == "replica_failed"]
+    assert len(failed) == 1
+    assert "SIGKILL" in failed[0].message
+    assert gw.state().desired.replicas == 2
+    assert gw.state().observed.rollout is None
+    assert hosts_of(gw) == ["a", "b"]
+    # Only requests in flight on the killed container may fail (its answer cut off, as with
+    # any replica that dies mid-response): at most one per client, none sent after the kill.
+    failures = load.failures
+    assert len(failures) <= load.clients, load.summary()
+    assert all(o.at <= killed_at for o in failures), load.summary()
+    assert not [o for o in load.outcomes[after:] if o.failed], load.summary()
+    assert load.bodies(after) == {"v1"}

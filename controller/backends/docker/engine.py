@@ -149,6 +149,9 @@ class EngineClient:
             ok=(304, 404),
         )
 
+    async def kill(self, container: str, signal: str = "SIGKILL") -> None:
+        await self._call("POST", f"/containers/{container}/kill", params={"signal": signal})
+
     async def remove(self, container: str) -> None:
         await self._call("DELETE", f"/containers/{container}", params={"force": "1"}, ok=(404,))
 
