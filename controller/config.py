@@ -115,6 +115,9 @@ class DockerBackendConfig(Model):
     """The docker backend: off unless configured."""
 
     hosts: tuple[DockerHostConfig, ...] = Field(min_length=1)
+    orphan_grace: Duration = 60.0
+    """How long after start-up (and after a host answers again) a container labelled with this
+    gateway's instance that it neither started nor adopted is left before it is removed."""
 
     @field_validator("hosts")
     @classmethod

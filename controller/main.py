@@ -257,7 +257,7 @@ def docker_backend(config: GatewayConfig, instance: str) -> DockerBackend:
         DockerHost(h.name, h.engine, h.address, h.capacity.replicas, h.ports)
         for h in config.backends.docker.hosts
     ]
-    return DockerBackend(hosts, instance)
+    return DockerBackend(hosts, instance, orphan_grace=config.backends.docker.orphan_grace)
 
 
 def _install_signals(stop: asyncio.Event) -> None:

@@ -32,6 +32,15 @@ def test_docker_hosts_are_read_with_their_defaults(tmp_path: Path) -> None:
     assert (backend.capacity, backend.in_use) == (10, 0)
 
 
+def test_orphan_grace_is_read_and_reaches_the_backend(tmp_path: Path) -> None:
+    hosts = [{"name": "a", "engine": "unix:///var/run/docker.sock"}]
+    docker = {"hosts": hosts, "orphan_grace": "2m"}
+    loaded = load_config(write(tmp_path, {"backends": {"docker": docker}}))
+    assert loaded.config.backends.docker is not None
+    assert loaded.config.backends.docker.orphan_grace == 120.0
+    assert docker_backend(loaded.config, "instance").orphan_grace == 120.0
+
+
 def test_without_backends_docker_there_is_none(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, {})).config.backends.docker is None
 

@@ -176,6 +176,11 @@ class DockerBackend:
     # -- the Backend protocol -------------------------------------------------------------
 
     @property
+    def orphan_grace(self) -> float:
+        """Seconds an unknown container of this instance is left before it is removed."""
+        return self._orphan_grace
+
+    @property
     def capacity(self) -> int | None:
         return sum(h.config.capacity for h in self._hosts.values())
 
