@@ -1,6 +1,6 @@
 """The Docker backend: ``engine`` (the Engine API client), ``placement`` (pure: which host),
-``container`` (pure: a container's create body and exit reason), ``backend`` (containers
-started, stopped, watched and adopted)."""
+``container`` (pure: a container's create body and exit reason), ``hosts`` (the records of
+hosts and replicas), ``backend`` (containers started, stopped, watched and adopted)."""
 
 from .backend import DockerBackend, DockerHost, HostListener, HostState
 from .container import DEFAULT_CONTAINER_PORT, container_script

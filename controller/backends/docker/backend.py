@@ -36,14 +36,14 @@ import logging
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendError, NoCapacity, StartFailed
 from ..base import Exit, ExitHandler, Launch, Running
 from .container import LABEL, container_config, container_name, exit_reason, signed_code
 from .engine import EngineClient, EngineError, EngineUnreachable
+from .hosts import DockerHost, HostListener, HostRecord, HostState, ReplicaRecord
 from .placement import HostLoad, NoRoom, place
 
 if TYPE_CHECKING:
@@ -71,76 +71,6 @@ def _conforms(backend: DockerBackend) -> Backend:  # pragma: no cover - checked 
     return backend
 
 
-@dataclass(frozen=True, slots=True)
-class DockerHost:
-    """One engine the backend places replicas on."""
-
-    name: str
-    engine: str
-    """``unix:///var/run/docker.sock`` or ``tcp://host:port``."""
-    address: str = "127.0.0.1"
-    """Where the replicas' ports are published, and where the gateway reaches them."""
-    capacity: int = 8
-    port_range: tuple[int, int] = (21000, 21999)
-
-
-@dataclass(frozen=True, slots=True)
-class HostState:
-    """A host as the backend sees it."""
-
-    name: str
-    engine: str
-    reachable: bool
-    error: str
-    """Why it is unreachable; empty while it answers."""
-    replicas: int
-    capacity: int
-
-
-HostListener = Callable[[HostState], None]
-
-
-@dataclass(eq=False)
-class _Replica:
-    launch: Launch
-    host: _Host
-    port: int
-    done: asyncio.Future[None]
-    """Resolved once the exit has been reported."""
-    started: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once ``start`` returned or failed: an exit is not reported before."""
-    container: str | None = None
-    stop_requested: bool = False
-    verified: bool = True
-    """False for a replica adopted while its engine could not be reached."""
-    finishing: asyncio.Task[None] | None = None
-    oom: bool = False
-
-
-@dataclass(eq=False)
-class _Host:
-    config: DockerHost
-    client: EngineClient
-    replicas: dict[str, _Replica] = field(default_factory=dict)
-    reachable: bool = False
-    error: str = "not connected yet"
-    told: bool | None = None
-    """The reachability the listeners last heard of; None before the first answer."""
-    answered: asyncio.Event | None = None
-    """Set after the first connection attempt, whatever its outcome."""
-    watcher: asyncio.Task[None] | None = None
-    listing: dict[str, dict[str, Any]] | None = None
-    """This host's containers (by id) as last listed, for adoption."""
-    since: str | None = None
-    next_port: int = 0
-    pulls: dict[str, asyncio.Lock] = field(default_factory=dict)
-    sweeping: asyncio.Task[None] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-
 class DockerBackend:
     """Places each replica on the host with room (``placement``) and runs it there."""
 
@@ -159,7 +89,7 @@ class DockerBackend:
         if len(set(names)) != len(names):
             raise ValueError("host names must be unique")
         self._hosts = {
-            h.name: _Host(h, EngineClient(h.engine), next_port=h.port_range[0]) for h in hosts
+            h.name: HostRecord(h, EngineClient(h.engine), next_port=h.port_range[0]) for h in hosts
         }
         self._instance = instance
         self._stop_grace_default = stop_grace_default
@@ -224,7 +154,7 @@ class DockerBackend:
         host = self._hosts[chosen]
         # Hold the slot and the port before the first await: concurrent starts must not both
         # take the last slot or the same port.
-        replica = _Replica(
+        replica = ReplicaRecord(
             launch, host, self._allocate_port(host), asyncio.get_running_loop().create_future()
         )
         host.replicas[rid] = replica
@@ -289,7 +219,7 @@ class DockerBackend:
                 or labels.get(LABEL + "replica") != rid
             ):
                 return None
-        replica = _Replica(launch, host, port, asyncio.get_running_loop().create_future())
+        replica = ReplicaRecord(launch, host, port, asyncio.get_running_loop().create_future())
         replica.container = container
         replica.verified = host.listing is not None
         replica.started.set()
@@ -370,7 +300,7 @@ class DockerBackend:
 
     # -- starting ---------------------------------------------------------------------------
 
-    def _load(self, host: _Host, launch: Launch) -> HostLoad:
+    def _load(self, host: HostRecord, launch: Launch) -> HostLoad:
         mine = [r for r in host.replicas.values() if r.launch.service == launch.service]
         return HostLoad(
             name=host.name,
@@ -381,7 +311,7 @@ class DockerBackend:
             revision_replicas=sum(1 for r in mine if r.launch.revision == launch.revision),
         )
 
-    def _allocate_port(self, host: _Host, skip: frozenset[int] = frozenset()) -> int:
+    def _allocate_port(self, host: HostRecord, skip: frozenset[int] = frozenset()) -> int:
         """The next port of the host's range that none of its replicas holds, round robin (a
         port just given back is taken last)."""
         low, high = host.config.port_range
@@ -394,7 +324,7 @@ class DockerBackend:
                 return port
         raise StartFailed(f"host {host.name}: port range {low}-{high} exhausted")
 
-    async def _ensure_image(self, host: _Host, template: ReplicaTemplate) -> None:
+    async def _ensure_image(self, host: HostRecord, template: ReplicaTemplate) -> None:
         image = template.image
         assert image is not None
         lock = host.pulls.setdefault(image, asyncio.Lock())
@@ -414,7 +344,7 @@ class DockerBackend:
                     raise StartFailed(f"image pull failed: {image}: {exc.message}") from exc
                 raise StartFailed(f"image not found: {image} (pull failed: {exc.message})") from exc
 
-    async def _run(self, host: _Host, replica: _Replica) -> None:
+    async def _run(self, host: HostRecord, replica: ReplicaRecord) -> None:
         """Create and start the container; on a host port taken by something else, again
         with the next port."""
         tried: set[int] = set()
@@ -437,10 +367,10 @@ class DockerBackend:
                 tried.add(replica.port)
                 replica.port = self._allocate_port(host, frozenset(tried))
 
-    def _labels(self, host: _Host) -> dict[str, str]:
+    def _labels(self, host: HostRecord) -> dict[str, str]:
         return {LABEL + "instance": self._instance, LABEL + "host": host.name}
 
-    def _running(self, replica: _Replica) -> Running:
+    def _running(self, replica: ReplicaRecord) -> Running:
         host = replica.host
         return Running(
             replica_id=replica.launch.replica_id,
@@ -449,7 +379,7 @@ class DockerBackend:
             handle={"host": host.name, "container": replica.container, "port": replica.port},
         )
 
-    def _find(self, replica_id: str) -> _Replica | None:
+    def _find(self, replica_id: str) -> ReplicaRecord | None:
         for host in self._hosts.values():
             if replica_id in host.replicas:
                 return host.replicas[replica_id]
@@ -457,7 +387,7 @@ class DockerBackend:
 
     # -- stopping and exits -------------------------------------------------------------------
 
-    async def _stop_container(self, replica: _Replica, grace: float) -> None:
+    async def _stop_container(self, replica: ReplicaRecord, grace: float) -> None:
         assert replica.container is not None
         try:
             await replica.host.client.stop(replica.container, math.ceil(max(grace, 0.0)))
@@ -468,12 +398,12 @@ class DockerBackend:
         # Stopped: the die event reports it; this covers an event stream that was down.
         self._finish(replica, None)
 
-    def _finish(self, replica: _Replica, code: int | None) -> None:
+    def _finish(self, replica: ReplicaRecord, code: int | None) -> None:
         if replica.finishing is None:
             rid = replica.launch.replica_id
             replica.finishing = _guarded_task(self._report(replica, code), f"exit:{rid}")
 
-    async def _report(self, replica: _Replica, code: int | None) -> None:
+    async def _report(self, replica: ReplicaRecord, code: int | None) -> None:
         """Read the exit status and the last logs, remove the container, report the exit."""
         await replica.started.wait()
         host, rid = replica.host, replica.launch.replica_id
@@ -511,7 +441,7 @@ class DockerBackend:
 
     # -- watching -----------------------------------------------------------------------------
 
-    async def _watch(self, host: _Host) -> None:
+    async def _watch(self, host: HostRecord) -> None:
         """Follow the host's events; on each (re)connection list its containers and report the
         exits the stream did not show. Reconnects with backoff; never stops a replica."""
         backoff = BACKOFF_FIRST
@@ -540,7 +470,7 @@ class DockerBackend:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
-    def _reachable(self, host: _Host, reachable: bool, error: str) -> None:
+    def _reachable(self, host: HostRecord, reachable: bool, error: str) -> None:
         host.reachable, host.error = reachable, error
         if host.told == reachable or (reachable and host.told is None):
             host.told = reachable
@@ -553,7 +483,7 @@ class DockerBackend:
             except Exception:
                 log.exception("host listener failed for docker host %s", host.name)
 
-    def _state(self, host: _Host) -> HostState:
+    def _state(self, host: HostRecord) -> HostState:
         return HostState(
             host.name,
             host.client.engine,
@@ -563,7 +493,7 @@ class DockerBackend:
             host.config.capacity,
         )
 
-    async def _relist(self, host: _Host) -> None:
+    async def _relist(self, host: HostRecord) -> None:
         found = await host.client.containers(self._labels(host))
         host.listing = {c["Id"]: c for c in found}
         for replica in list(host.replicas.values()):
@@ -593,7 +523,7 @@ class DockerBackend:
         loop = self._loop
         return self._sweep_at is not None and loop is not None and loop.time() >= self._sweep_at
 
-    async def _sweep(self, host: _Host) -> None:
+    async def _sweep(self, host: HostRecord) -> None:
         """Stop and remove the host's containers of this instance that no replica holds."""
         try:
             found = await host.client.containers(self._labels(host))
@@ -610,7 +540,7 @@ class DockerBackend:
         ]
         await asyncio.gather(*(self._remove_orphan(host, c) for c in orphans))
 
-    async def _remove_orphan(self, host: _Host, info: dict[str, Any]) -> None:
+    async def _remove_orphan(self, host: HostRecord, info: dict[str, Any]) -> None:
         container, labels = info["Id"], info.get("Labels") or {}
         log.warning(
             "docker host %s: removing orphan container %.12s (service %s, replica %s)",
@@ -626,7 +556,7 @@ class DockerBackend:
         except EngineError as exc:
             log.warning("orphan container %.12s not removed: %s", container, exc.message)
 
-    def _on_event(self, host: _Host, event: dict[str, Any]) -> None:
+    def _on_event(self, host: HostRecord, event: dict[str, Any]) -> None:
         if isinstance(event.get("timeNano"), int):
             nanos = event["timeNano"]
             host.since = f"{nanos // 10**9}.{nanos % 10**9:09d}"

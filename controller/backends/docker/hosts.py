@@ -1,0 +1,85 @@
+"""The Docker backend's records: the hosts it is configured with, what it knows of each
+(reachability, its replicas, its watcher), and each replica it runs. Mutated only by the
+backend, on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..base import Launch
+from .engine import EngineClient
+
+__all__ = ["DockerHost", "HostListener", "HostRecord", "HostState", "ReplicaRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class DockerHost:
+    """One engine the backend places replicas on."""
+
+    name: str
+    engine: str
+    """``unix:///var/run/docker.sock`` or ``tcp://host:port``."""
+    address: str = "127.0.0.1"
+    """Where the replicas' ports are published, and where the gateway reaches them."""
+    capacity: int = 8
+    port_range: tuple[int, int] = (21000, 21999)
+
+
+@dataclass(frozen=True, slots=True)
+class HostState:
+    """A host as the backend sees it."""
+
+    name: str
+    engine: str
+    reachable: bool
+    error: str
+    """Why it is unreachable; empty while it answers."""
+    replicas: int
+    capacity: int
+
+
+HostListener = Callable[[HostState], None]
+
+
+@dataclass(eq=False)
+class ReplicaRecord:
+    launch: Launch
+    host: HostRecord
+    port: int
+    done: asyncio.Future[None]
+    """Resolved once the exit has been reported."""
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once ``start`` returned or failed: an exit is not reported before."""
+    container: str | None = None
+    stop_requested: bool = False
+    verified: bool = True
+    """False for a replica adopted while its engine could not be reached."""
+    finishing: asyncio.Task[None] | None = None
+    oom: bool = False
+
+
+@dataclass(eq=False)
+class HostRecord:
+    config: DockerHost
+    client: EngineClient
+    replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
+    reachable: bool = False
+    error: str = "not connected yet"
+    told: bool | None = None
+    """The reachability the listeners last heard of; None before the first answer."""
+    answered: asyncio.Event | None = None
+    """Set after the first connection attempt, whatever its outcome."""
+    watcher: asyncio.Task[None] | None = None
+    listing: dict[str, dict[str, Any]] | None = None
+    """This host's containers (by id) as last listed, for adoption."""
+    since: str | None = None
+    next_port: int = 0
+    pulls: dict[str, asyncio.Lock] = field(default_factory=dict)
+    sweeping: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
