@@ -1,0 +1,82 @@
+# Sourced by .ci/run: a Docker Engine and the local test image for the docker backend's tests.
+# Exports GATEWAY_TEST_DOCKER_HOST and GATEWAY_TEST_IMAGE; registers its cleanup with on_exit.
+# Docker Engine and debootstrap (Debian packages "docker.io" and "debootstrap"), if missing.
+if ! command -v docker >/dev/null || ! command -v dockerd >/dev/null \
+    || ! command -v debootstrap >/dev/null; then
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends docker.io debootstrap >/dev/null
+fi
+
+engine_answers() { # SOCKET: true when an engine answers /_ping there
+    python3 - "$1" <<'PY'
+import socket, sys
+sock = socket.socket(socket.AF_UNIX)
+sock.settimeout(2)
+try:
+    sock.connect(sys.argv[1])
+    sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+    answered = sock.recv(64).split(b" ")[1:2] == [b"200"]
+except OSError:
+    answered = False
+sys.exit(0 if answered else 1)
+PY
+}
+
+# An engine of our own when none answers on the default socket (or GATEWAY_TEST_DOCKER_HOST's):
+# its own data root, exec root, pid file and socket in a temporary directory; stopped at exit
+# by the pid it wrote (or, if it wrote none, its launcher's), and only if this script started
+# it. GATEWAY_CI_DOCKERD_FLAGS: extra dockerd flags. Hazard: with
+# "--bridge none" dockerd deletes the docker0 bridge, breaking any other engine that uses it.
+docker_socket=${GATEWAY_TEST_DOCKER_HOST:-unix:///var/run/docker.sock}
+docker_socket=${docker_socket#unix://}
+ci_dockerd_dir=""
+ci_dockerd_launcher=""
+stop_ci_dockerd() {
+    [ -n "$ci_dockerd_dir" ] || return 0
+    local pid=$ci_dockerd_launcher
+    [ -s "$ci_dockerd_dir/dockerd.pid" ] && pid=$(cat "$ci_dockerd_dir/dockerd.pid")
+    [ -n "$pid" ] && $sudo kill -TERM "$pid" 2>/dev/null || return 0
+    for _ in $(seq 1 100); do
+        $sudo kill -0 "$pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    $sudo rm -rf "$ci_dockerd_dir"
+}
+if ! engine_answers "$docker_socket"; then
+    ci_dockerd_dir=$(mktemp -d /tmp/gateway-ci-dockerd.XXXXXX)
+    on_exit stop_ci_dockerd
+    # shellcheck disable=SC2086 # the extra flags are words
+    $sudo dockerd --host "unix://$ci_dockerd_dir/docker.sock" --group "$(id -gn)" \
+        --data-root "$ci_dockerd_dir/data" --exec-root "$ci_dockerd_dir/exec" \
+        --pidfile "$ci_dockerd_dir/dockerd.pid" ${GATEWAY_CI_DOCKERD_FLAGS:-} \
+        >"$ci_dockerd_dir/dockerd.log" 2>&1 &
+    ci_dockerd_launcher=$!
+    docker_socket=$ci_dockerd_dir/docker.sock
+    for _ in $(seq 1 150); do
+        engine_answers "$docker_socket" && break
+        sleep 0.2
+    done
+    engine_answers "$docker_socket" || { tail -20 "$ci_dockerd_dir/dockerd.log"; exit 1; }
+fi
+
+# The test image: Debian minbase with python3 (no registry is needed). The rootfs tarball is
+# built once per suite and cached; the image is imported from it when the engine lacks it.
+suite=bookworm
+test_image=local/$suite-python:test
+cache=/var/cache/gateway-ci
+if ! docker -H "unix://$docker_socket" image inspect "$test_image" >/dev/null 2>&1; then
+    tarball=$cache/rootfs-$suite-python3.tar
+    if [ ! -s "$tarball" ]; then
+        $sudo mkdir -p "$cache"
+        rootfs=$(mktemp -d /tmp/gateway-ci-rootfs.XXXXXX)
+        $sudo debootstrap --variant=minbase --include=python3 "$suite" "$rootfs" \
+            http://deb.debian.org/debian >/dev/null
+        $sudo tar -C "$rootfs" -c . | $sudo tee "$tarball.partial" >/dev/null
+        $sudo mv "$tarball.partial" "$tarball"
+        $sudo rm -rf "$rootfs"
+    fi
+    docker -H "unix://$docker_socket" import - "$test_image" <"$tarball" >/dev/null
+fi
+export GATEWAY_TEST_DOCKER_HOST=unix://$docker_socket GATEWAY_TEST_IMAGE=$test_image
+
