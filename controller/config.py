@@ -23,6 +23,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from gateway import Duration, ListenAddress, ListenerLimits, Model, ProxyConfig
+from gateway.config import TlsConfig
 
 from .spec import NAME_PATTERN, ServiceSpec
 
@@ -150,8 +151,36 @@ class AccessLogConfig(Model):
     """A file; by default standard output."""
 
 
+class AcmeConfig(Model):
+    """Certificates obtained and renewed with ACME (RFC 8555), by the HTTP-01 challenge."""
+
+    directory: str = "https://acme-v02.api.letsencrypt.org/directory"
+    """The ACME server's directory URL (Let's Encrypt by default)."""
+    email: str | None = None
+    """The account's contact address, for the CA's expiry and policy mail."""
+    ca_bundle: str | None = None
+    """A CA file to trust the directory's HTTPS with, instead of the system's (a private CA,
+    pebble in tests)."""
+    all_routes: bool = False
+    """Obtain certificates for the exact hosts of every route, not only of routes with
+    ``tls: acme``."""
+    renew_at: float = Field(default=2 / 3, gt=0, lt=1)
+    """Renew once this fraction of a certificate's lifetime has passed (with jitter)."""
+    retry_min: Duration = 60.0
+    retry_max: Duration = 3600.0
+    """A failed order is retried after ``retry_min``, doubling up to ``retry_max``."""
+
+
+class GatewayTls(TlsConfig):
+    acme: AcmeConfig | None = None
+    """Automatic certificates; off unless configured."""
+
+
 class GatewayConfig(Model):
     listen: ListenAddress = "0.0.0.0:8080"
+    listen_tls: tuple[ListenAddress, ...] = ()
+    """HTTPS listeners (``tls`` says with which certificates)."""
+    tls: GatewayTls = GatewayTls()
     workers: int | Literal["auto"] = 1
     """Processes that serve traffic. 1: the gateway's own process; N > 1: N worker processes
     sharing ``listen`` (SO_REUSEPORT), fed by the one controller (``gateway.workers.supervisor``);
@@ -183,7 +212,10 @@ class GatewayConfig(Model):
     or stop them (``stop``)."""
 
     def proxy_config(self) -> ProxyConfig:
-        return ProxyConfig(listen=self.listen, **self.proxy.model_dump())
+        tls = TlsConfig(**self.tls.model_dump(exclude={"acme"}))
+        return ProxyConfig(
+            listen=self.listen, listen_tls=self.listen_tls, tls=tls, **self.proxy.model_dump()
+        )
 
     def admin_token(self) -> str | None:
         """The admin token from the file or the environment, or None if neither is set."""

@@ -90,6 +90,14 @@ _HOST = re.compile(
 makes the Kelvin sign a ``k``)."""
 
 
+class Hsts(Model):
+    """The ``Strict-Transport-Security`` header (RFC 6797)."""
+
+    max_age: Duration = 31_536_000.0
+    include_subdomains: bool = False
+    preload: bool = False
+
+
 class RouteConfig(Model):
     """Which requests belong to a service: by Host and/or by path prefix."""
 
@@ -99,6 +107,14 @@ class RouteConfig(Model):
     """A path prefix such as ``/api``; the longest matching prefix wins."""
     strip_prefix: bool = False
     """Remove ``path_prefix`` from the path before forwarding."""
+    tls: Literal["acme"] | None = None
+    """``acme``: the gateway obtains and renews a certificate for this route's exact hosts
+    (``tls.acme`` in the gateway config says from which directory)."""
+    https_redirect: bool = False
+    """Answer plain-HTTP requests with a 308 to the same URL on HTTPS (the ACME challenge path
+    excepted)."""
+    hsts: Hsts | None = None
+    """Add ``Strict-Transport-Security`` to the answers this route sends over HTTPS."""
 
     @field_validator("hosts")
     @classmethod
@@ -244,10 +260,44 @@ class ListenerLimits(Model):
     is cut off; bounds how long a client that never reads holds an upstream; 0: none."""
 
 
+class CertificateFiles(Model):
+    """One certificate (its chain, leaf first) and its private key, in PEM files."""
+
+    cert_file: str
+    key_file: str
+
+
+class TlsConfig(Model):
+    """How the HTTPS listeners (``listen_tls``) terminate TLS."""
+
+    certificates: tuple[CertificateFiles, ...] = ()
+    """Chosen by SNI against each certificate's names: exact first, then wildcard."""
+    unknown_name: Literal["default", "refuse"] = "default"
+    """A client that sends no SNI, or a name no certificate covers: given the default
+    certificate (the first listed, else the first obtained by ACME), or refused with an
+    ``unrecognized_name`` alert."""
+    handshake_timeout: Duration = 10.0
+    """A client must finish its TLS handshake within this long."""
+    session_tickets: bool = True
+    """Session resumption by tickets (RFC 8446 section 4.6.1)."""
+    ticket_key_lifetime: Duration = 3600.0
+    """Ticket keys are replaced this often; a ticket older than two lifetimes is not resumed."""
+    watch_interval: Duration = 5.0
+    """How often certificate files are checked for changes (0: only on SIGHUP or the admin
+    API's reload)."""
+    managed_dir: str | None = None
+    """Certificates obtained by ACME (``<dir>/<name>/fullchain.pem`` and ``privkey.pem``), and
+    the HTTP-01 challenge answers (``<dir>/../challenges/<token>``); set by the loader from
+    ``state_dir``, not written in a config."""
+
+
 class ProxyConfig(Model):
     """Settings of the traffic listener and its forwarding."""
 
     listen: ListenAddress = "0.0.0.0:8080"
+    listen_tls: tuple[ListenAddress, ...] = ()
+    """HTTPS listeners, served with ``tls``."""
+    tls: TlsConfig = TlsConfig()
     limits: ListenerLimits = ListenerLimits()
     shutdown_timeout: Duration = 30.0
     """On SIGTERM, in-flight requests get this long to finish."""
