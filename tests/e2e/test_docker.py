@@ -7,16 +7,23 @@ test's gateway (its instance label) is removed at teardown.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import random
+import socket
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from controller.backends.docker import EngineClient
 from controller.model import ReplicaState
+from controller.store import Store
 from tests.controller.test_backend_docker import (
     ENGINE,
     IMAGE,
@@ -27,6 +34,7 @@ from tests.controller.test_backend_docker import (
 
 from .conftest import PROBE, ROLLOUT, Gateways, Load, serving, until
 
+ROOT = Path(__file__).resolve().parents[2]
 LIVE = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY)
 
 
@@ -236,3 +244,151 @@ async def test_containers_killed_as_by_an_engine_restart_are_replaced(
     assert all(o.at <= killed_at for o in failures), load.summary()
     assert not [o for o in load.outcomes[after:] if o.failed], load.summary()
     assert load.bodies(after) == {"v1"}
+
+
+# -- a gateway SIGKILLed mid-rollout ----------------------------------------------------------
+
+
+def _stored_containers(db: Path) -> dict[str, tuple[int, str]]:
+    """Replica id -> (revision, container id) as the store holds them (empty before it exists)."""
+    if not db.exists():
+        return {}
+    try:
+        store = Store(db, readonly=True)
+    except Exception:  # not created yet
+        return {}
+    try:
+        return {
+            r.replica_id: (r.revision, json.loads(r.handle_json)["container"])
+            for r in store.replicas("web")
+        }
+    finally:
+        store.close()
+
+
+def _first_rollout_complete(db: Path) -> bool:
+    if not db.exists():
+        return False
+    try:
+        store = Store(db, readonly=True)
+    except Exception:  # not created yet
+        return False
+    try:
+        rollouts = store.rollouts("web")
+    finally:
+        store.close()
+    return [r.status for r in rollouts] == ["complete"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _labelled(instance: str) -> set[str]:
+    client = EngineClient(ENGINE)
+    try:
+        return {c["Id"] for c in await client.containers({"gateway.instance": instance})}
+    finally:
+        await client.close()
+
+
+async def test_a_gateway_killed_mid_rollout_adopts_its_containers_and_completes(
+    docker_gateways: Gateways, tmp_path: Path
+) -> None:
+    """The first gateway is a process of its own, SIGKILLed while a revision-2 container starts.
+
+    Nothing stops the containers (no shutdown ran); the next gateway adopts what the store
+    knows, removes what it does not (a start whose record the kill cut off) after
+    ``orphan_grace``, and carries the rollout through: no request fails once it serves.
+    """
+    g = docker_gateways
+    backends = docker_config(g)
+    backends["docker"]["orphan_grace"] = 1
+    slow = docker_spec("v2")  # its server starts 2 s after the container: a rollout to catch
+    slow["replica"]["commands"] = ["sleep 2", *slow["replica"]["commands"]]
+    admin = _free_port()
+    config = g.config(
+        on_exit="keep",
+        backends=backends,
+        services=[docker_spec("v1")],
+        log_level="warning",
+        admin={"listen": f"127.0.0.1:{admin}", "token_env": None},
+    )
+    path = g.write_config(config)
+    db = g.state_dir / "gateway.db"
+    with open(tmp_path / "first-gateway.log", "wb") as output:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "controller.main", "serve", "-c", str(path),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=output,
+            stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        await until(
+            lambda: (
+                _first_rollout_complete(db)
+                and sorted(rev for rev, _ in _stored_containers(db).values()) == [1, 1]
+            ),
+            30,
+            "the first gateway to serve two revision-1 containers",
+        )
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{admin}/api/services/web"
+            async with session.put(url, json=slow) as answer:
+                assert answer.status == 200, await answer.text()
+                assert (await answer.json())["action"] == "rollout"
+        await until(
+            lambda: any(rev == 2 for rev, _ in _stored_containers(db).values()),
+            20,
+            "a revision-2 container to be recorded",
+        )
+        process.kill()  # SIGKILL: no shutdown, nothing stopped
+        await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    instance = (g.state_dir / "instance-id").read_text().strip()
+    left = await _labelled(instance)
+    recorded = {c for _, c in _stored_containers(db).values()}
+    assert recorded <= left, "a recorded container was stopped with the gateway"
+
+    second = await g.start(backends=backends, services=[docker_spec("v1")])
+    assert containers_of(second) == recorded  # adopted, nothing started again for them
+    # Adopted upstreams route once their probes pass (a fresh process knows no health).
+    await until(lambda: second.ready(1) + second.ready(2) >= 2, 10, "adopted replicas ready")
+    async with Load(second.url) as load:
+        await load.more()
+        await until(
+            lambda: (
+                second.state().observed.rollout is None
+                and second.ready(2) == 2
+                and not second.replicas(*LIVE, revision=1)
+            ),
+            30,
+            "the rollout to revision 2 to complete",
+        )
+        after = load.mark()
+        await load.more()
+    assert not load.failures, load.summary()
+    assert load.bodies(after) == {"v2"}
+    assert [(r.to_revision, r.status) for r in second.rollouts()][:2] == [
+        (2, "complete"),
+        (1, "complete"),
+    ]
+    # Nothing orphaned: what runs is what the gateway knows (orphan_grace is 1 s here).
+    await until(lambda: len(containers_of(second)) == 2, 10, "the revision-1 containers to be gone")
+    assert await _labelled_eventually(instance, containers_of(second))
+
+
+async def _labelled_eventually(instance: str, expected: set[str], timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while (found := await _labelled(instance)) != expected:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"containers of the instance {found} != known {expected}")
+        await asyncio.sleep(0.2)
+    return True
