@@ -62,6 +62,9 @@ EventKind = Literal[
     "upstream_ejection_ended",
     "host_unreachable",
     "host_reachable",
+    "certificate_issued",
+    "certificate_renewed",
+    "certificate_failed",
 ]
 """Every kind of journal entry (``/api/events``' ``event`` field)."""
 
