@@ -20,7 +20,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from gateway import Duration, ListenAddress, ListenerLimits, Model, ProxyConfig
 from gateway.config import TlsConfig
@@ -166,9 +166,28 @@ class AcmeConfig(Model):
     ``tls: acme``."""
     renew_at: float = Field(default=2 / 3, gt=0, lt=1)
     """Renew once this fraction of a certificate's lifetime has passed (with jitter)."""
-    retry_min: Duration = 60.0
+    retry_min: Duration = Field(default=60.0, gt=0)
     retry_max: Duration = 3600.0
     """A failed order is retried after ``retry_min``, doubling up to ``retry_max``."""
+    order_timeout: Duration = Field(default=90.0, gt=0)
+    """How long one order may take, from its creation to the certificate's download (the
+    CA's validation included), before it counts as failed."""
+
+    @field_validator("directory")
+    @classmethod
+    def _directory(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("https", "http") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        return url
+
+    @field_validator("retry_max")
+    @classmethod
+    def _retry_max(cls, value: float, info: ValidationInfo) -> float:
+        least = info.data.get("retry_min")
+        if least is not None and value < least:
+            raise ValueError(f"must be at least retry_min ({least:g}s)")
+        return value
 
 
 class GatewayTls(TlsConfig):
