@@ -30,6 +30,7 @@ from .schemas import (
     ApplyResultBody,
     DeleteResult,
     EventView,
+    HostList,
     LogsView,
     Probe,
     RevisionList,
@@ -41,7 +42,14 @@ from .schemas import (
     UndoRequest,
     UpstreamView,
 )
-from .views import revision_view, rollout_record, rollout_view, service_view, upstream_view
+from .views import (
+    host_views,
+    revision_view,
+    rollout_record,
+    rollout_view,
+    service_view,
+    upstream_view,
+)
 
 CONTROLLER = web.AppKey("controller", Controller)
 READY: web.AppKey[Callable[[], bool]] = web.AppKey("ready")
@@ -197,6 +205,10 @@ async def openapi_json(request: web.Request) -> web.Response:
         backends = _controller(request).backends
         cache["json"] = json.dumps(build_document(request.app[OPERATIONS], backends))
     return web.json_response(text=cache["json"])
+
+
+async def list_hosts(request: web.Request) -> web.Response:
+    return respond(HostList(hosts=host_views(_controller(request).backends)))
 
 
 # -- services -----------------------------------------------------------------------------------
@@ -464,6 +476,9 @@ OPERATIONS_TABLE: list[Operation] = [
               auth=False),
     Operation("GET", "/api/openapi.json", openapi_json, "This document", {200: None}),
     Operation("GET", "/api/services", list_services, "Every service", {200: ServiceList}),
+    Operation("GET", "/api/hosts", list_hosts,
+              "Where replicas run: each backend's hosts, their reachability and load",
+              {200: HostList}),
     Operation("GET", SERVICE, get_service, "One service: revisions, replicas, rollout",
               {200: ServiceView}, errors=(404,)),
     Operation("PUT", SERVICE, put_service, "Apply a spec (JSON or YAML)", {200: ApplyResultBody},

@@ -228,6 +228,26 @@ class Probe(Schema):
     status: Literal["ok", "ready", "starting"]
 
 
+class HostView(Schema):
+    """A place a backend runs replicas: the local machine, or one Docker Engine."""
+
+    backend: str
+    name: str
+    engine: str
+    """Where the backend reaches it (``local`` for the process backend)."""
+    reachable: bool
+    error: str
+    """Why it is unreachable; empty while it answers."""
+    replicas: int
+    """Replicas it runs (or is starting) now."""
+    capacity: int | None
+    """The most it runs at once; null: no limit."""
+
+
+class HostList(Schema):
+    hosts: list[HostView]
+
+
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (ScaleRequest, UndoRequest)
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     ErrorBody,
@@ -242,4 +262,5 @@ RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     UpstreamView,
     EventView,
     Probe,
+    HostList,
 )

@@ -7,17 +7,19 @@ into wall-clock seconds with the controller's two clocks, read once per view.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway import Upstream
 
+from ..backends import Backend
 from ..model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
 from ..operations import Controller
 from ..state import ServiceState
 from ..store import RevisionRow, RolloutRow
 from .schemas import (
     Conditions,
+    HostView,
     ReplicaView,
     RevisionProgress,
     RevisionView,
@@ -174,3 +176,37 @@ def rollout_record(row: RolloutRow) -> RolloutRecord:
         started_at=row.started_at,
         finished_at=row.finished_at,
     )
+
+
+def host_views(backends: Mapping[str, Backend]) -> list[HostView]:
+    """Each backend's hosts: a Docker Engine each (``hosts()``), the local machine for the
+    process backend; the static backend runs nothing."""
+    views = []
+    for name, backend in backends.items():
+        hosts = getattr(backend, "hosts", None)
+        if callable(hosts):
+            views += [
+                HostView(
+                    backend=name,
+                    name=h.name,
+                    engine=h.engine,
+                    reachable=h.reachable,
+                    error=h.error,
+                    replicas=h.replicas,
+                    capacity=h.capacity,
+                )
+                for h in hosts()
+            ]
+        elif name == "process":
+            views.append(
+                HostView(
+                    backend=name,
+                    name="local",
+                    engine="local",
+                    reachable=True,
+                    error="",
+                    replicas=backend.in_use,
+                    capacity=backend.capacity,
+                )
+            )
+    return views

@@ -17,6 +17,7 @@ from .following import follow_change, replica_ids
 from .render import (
     describe_apply,
     dump,
+    host_table,
     progress_text,
     rollout_table,
     service_detail,
@@ -81,12 +82,17 @@ async def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> i
             service_detail(view, args.all, out)
         return EXIT_OK
     data = await client.call("GET", "/api/services")
+    hosts = (await client.call("GET", "/api/hosts"))["hosts"]
     if args.json:
-        dump(data, out)
-    elif not data["services"]:
+        dump({**data, "hosts": hosts}, out)
+        return EXIT_OK
+    if not data["services"]:
         print("no services", file=out)
     else:
         service_table(data["services"], out)
+    if any(h["backend"] != "process" for h in hosts):
+        print(file=out)
+        host_table(hosts, out)
     return EXIT_OK
 
 

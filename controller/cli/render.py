@@ -98,6 +98,16 @@ def service_table(views: list[dict[str, Any]], out: TextIO) -> None:
     table(rows, out)
 
 
+def host_table(hosts: list[dict[str, Any]], out: TextIO) -> None:
+    """Where replicas run; printed only when there is more than the local machine."""
+    rows = [["HOST", "BACKEND", "REPLICAS", "STATE", "ENGINE"]]
+    for h in hosts:
+        capacity = "-" if h["capacity"] is None else str(h["capacity"])
+        state = "up" if h["reachable"] else f"unreachable: {h['error']}"
+        rows.append([h["name"], h["backend"], f"{h['replicas']}/{capacity}", state, h["engine"]])
+    table(rows, out)
+
+
 def service_detail(view: dict[str, Any], show_all: bool, out: TextIO) -> None:
     print(
         f"{view['name']}: {view['status']}, revision {revision_text(view)}, "

@@ -323,6 +323,19 @@ async def test_apply_follows_rollouts_and_status_shows_them(running: Running) ->
     assert header.split() == ["NAME", "REVISION", "READY", "STATUS", "ROLLOUT"]
     assert row.split() == ["web", "1", "2/2", "ready", "-"]
 
+    code, out, _ = await running.gw("status", "--json")
+    assert json.loads(out)["hosts"] == [
+        {
+            "backend": "process",
+            "name": "local",
+            "engine": "local",
+            "reachable": True,
+            "error": "",
+            "replicas": 2,
+            "capacity": 8,
+        }
+    ]
+
     code, out, _ = await running.gw("status", "web")
     assert code == 0
     lines = out.splitlines()

@@ -8,6 +8,7 @@ test's gateway (its instance label) is removed at teardown.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import random
@@ -21,7 +22,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from controller.admin.views import host_views
 from controller.backends.docker import EngineClient
+from controller.cli.render import host_table
 from controller.model import ReplicaState
 from controller.store import Store
 from tests.controller.test_backend_docker import (
@@ -173,6 +176,16 @@ async def test_the_docker_backend_is_opt_in_and_an_unreachable_engine_degrades(
     await gw.controller.apply(docker_spec("v1", replicas=1))
     degraded = await until(lambda: gw.state().observed.degraded, 10, "the service to degrade")
     assert "a: unreachable" in degraded
+    # gateway status lists the host, unreachable, and why.
+    hosts = [h.model_dump() for h in host_views(gw.controller.backends)]
+    assert [(h["backend"], h["name"], h["reachable"]) for h in hosts] == [
+        ("process", "local", True),
+        ("docker", "a", False),
+    ]
+    out = io.StringIO()
+    host_table(hosts, out)
+    row = out.getvalue().splitlines()[2].split()
+    assert row[:4] == ["a", "docker", "0/8", "unreachable:"], out.getvalue()
 
 
 async def test_capacity_full_on_both_hosts_degrades_a_scale_up_until_a_slot_frees(
