@@ -4,26 +4,47 @@
 # LTO): the data plane ran at 0.80x to 0.94x the CPU per request of a build without them
 # (bench/RESULTS.md: 0.80 on a busy machine, 0.94 on a quiet one).
 # The data plane's hot modules are compiled with mypyc in a build stage that has a C compiler
-# (gateway/native.py); the final image gets the venv, without the compiler. Both stages use
-# the same Python release (a module compiled for another is not used: the gateway logs which
-# data plane it runs at start).
-ARG PYTHON=3.11
+# (gateway/native.py); the final image gets the venv, without the compiler.
+#
+# Base images are build arguments; the official ones are the default. Other bases (CI builds
+# Debian's, .ci/docker.sh) must hold the same Python release at the same path in both stages,
+# since the venv is copied between them and its modules are compiled for one release (the
+# gateway logs which data plane it runs at start). PYTHON names that interpreter:
+#   docker build --network host --build-arg BUILD_BASE=local/bookworm-build:ci \
+#     --build-arg RUN_BASE=local/bookworm-run:ci --build-arg PYTHON=/usr/bin/python3 .
+ARG BUILD_BASE=python:3.11
+ARG RUN_BASE=python:3.11-slim
 
-FROM python:${PYTHON} AS build
-ENV PIP_NO_CACHE_DIR=1
+FROM ${BUILD_BASE} AS build
+ARG PYTHON=python
+# For a machine whose TLS to the package index passes a proxy: PEM certificates that pip
+# trusts besides its own bundle, and another index. Used by the pip step only: this stage is
+# not shipped, and nothing of them reaches the final image.
+ARG BUILD_CA_CERTS=""
+ARG BUILD_INDEX_URL=""
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY controller ./controller
-RUN python -m venv /opt/gateway \
+RUN "$PYTHON" -m venv /opt/gateway \
+    && if [ -n "$BUILD_CA_CERTS" ]; then \
+        bundle=$(/opt/gateway/bin/python -c "from pip._vendor import certifi; print(certifi.where())") \
+        && { cat "$bundle"; printf '%s\n' "$BUILD_CA_CERTS"; } >/tmp/build-ca.pem \
+        && export PIP_CERT=/tmp/build-ca.pem; \
+    fi \
+    && if [ -n "$BUILD_INDEX_URL" ]; then export PIP_INDEX_URL="$BUILD_INDEX_URL"; fi \
     && /opt/gateway/bin/pip install --no-compile . "mypy==2.4.1" "setuptools>=68" \
     && /opt/gateway/bin/gateway native build \
-    && /opt/gateway/bin/pip uninstall -y mypy
+    && /opt/gateway/bin/pip uninstall -y mypy \
+    && rm -f /tmp/build-ca.pem
 
-FROM python:${PYTHON}-slim
+FROM ${RUN_BASE}
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/gateway/bin:$PATH
 RUN useradd --create-home --uid 10001 gateway
 COPY --from=build /opt/gateway /opt/gateway
+# The venv's interpreter must exist here, and the compiled modules must be for it.
+RUN gateway native status | grep -q '^compiled' || { gateway native status; exit 1; }
 WORKDIR /app
 COPY --chown=gateway:gateway configs ./configs
 

@@ -1,5 +1,6 @@
 # Sourced by .ci/run: a Docker Engine and the local test image for the docker backend's tests.
-# Exports GATEWAY_TEST_DOCKER_HOST and GATEWAY_TEST_IMAGE; registers its cleanup with on_exit.
+# Exports GATEWAY_TEST_DOCKER_HOST, GATEWAY_TEST_IMAGE, GATEWAY_TEST_BUILD_BASE and
+# GATEWAY_TEST_RUN_BASE; registers its cleanup with on_exit.
 # Docker Engine and debootstrap (Debian packages "docker.io" and "debootstrap"), if missing.
 if ! command -v docker >/dev/null || ! command -v dockerd >/dev/null \
     || ! command -v debootstrap >/dev/null; then
@@ -60,23 +61,43 @@ if ! engine_answers "$docker_socket"; then
     engine_answers "$docker_socket" || { tail -20 "$ci_dockerd_dir/dockerd.log"; exit 1; }
 fi
 
-# The test image: Debian minbase with python3 (no registry is needed). The rootfs tarball is
-# built once per suite and cached; the image is imported from it when the engine lacks it.
+# Local images made from Debian minbase (no registry is needed): the test image, and the
+# build and run bases of the project's Dockerfile (tests/e2e/test_image.py builds it with them:
+# python3 at /usr/bin/python3 in both, the same release). Each rootfs tarball is built once and
+# cached, named by its suite and packages; an image is imported from it when the engine lacks
+# it or holds one made from another package list (its label names the tarball).
 suite=bookworm
-test_image=local/$suite-python:test
 cache=/var/cache/gateway-ci
-if ! docker -H "unix://$docker_socket" image inspect "$test_image" >/dev/null 2>&1; then
-    tarball=$cache/rootfs-$suite-python3.tar
+import_rootfs() { # IMAGE PACKAGES (comma-separated, for debootstrap --include)
+    local image=$1 packages=$2 tarball rootfs
+    tarball=$cache/rootfs-$suite-${packages//,/-}.tar
+    [ "$(docker -H "unix://$docker_socket" image inspect "$image" \
+        --format '{{index .Config.Labels "gateway.ci.rootfs"}}' 2>/dev/null)" \
+        = "${tarball##*/}" ] && return 0
     if [ ! -s "$tarball" ]; then
         $sudo mkdir -p "$cache"
         rootfs=$(mktemp -d /tmp/gateway-ci-rootfs.XXXXXX)
-        $sudo debootstrap --variant=minbase --include=python3 "$suite" "$rootfs" \
+        $sudo debootstrap --variant=minbase --include="$packages" "$suite" "$rootfs" \
             http://deb.debian.org/debian >/dev/null
+        $sudo rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb
         $sudo tar -C "$rootfs" -c . | $sudo tee "$tarball.partial" >/dev/null
         $sudo mv "$tarball.partial" "$tarball"
         $sudo rm -rf "$rootfs"
     fi
-    docker -H "unix://$docker_socket" import - "$test_image" <"$tarball" >/dev/null
-fi
+    # An imported image has no environment: PATH and LANG as the official images set them.
+    docker -H "unix://$docker_socket" import \
+        --change "LABEL gateway.ci.rootfs=${tarball##*/}" \
+        --change "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+        --change "ENV LANG=C.UTF-8" \
+        - "$image" <"$tarball" >/dev/null
+}
+test_image=local/$suite-python:test
+build_base=local/$suite-build:ci
+run_base=local/$suite-run:ci
+import_rootfs "$test_image" python3
+# The build stage: a venv, pip from PyPI (ca-certificates) and mypyc (gcc, the headers).
+import_rootfs "$build_base" python3,python3-venv,python3-dev,gcc,libc6-dev,ca-certificates
+# The run stage: python3 for the copied venv; passwd (useradd) is in minbase.
+import_rootfs "$run_base" python3,ca-certificates
 export GATEWAY_TEST_DOCKER_HOST=unix://$docker_socket GATEWAY_TEST_IMAGE=$test_image
-
+export GATEWAY_TEST_BUILD_BASE=$build_base GATEWAY_TEST_RUN_BASE=$run_base
