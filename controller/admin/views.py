@@ -10,13 +10,18 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from aiohttp import web
+
 from gateway import Upstream
 
+from ..acme import AcmeManager
+from ..acme.manager import CertificateState, CertificateStatus
 from ..backends import Backend
 from ..model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
 from ..operations import Controller
 from ..state import ServiceState
 from ..store import RevisionRow, RolloutRow
+from .openapi import Operation
 from .schemas import (
     Conditions,
     HostView,
@@ -25,6 +30,7 @@ from .schemas import (
     RevisionView,
     RolloutRecord,
     RolloutView,
+    Schema,
     ServiceStatus,
     ServiceView,
     UpstreamView,
@@ -210,3 +216,75 @@ def host_views(backends: Mapping[str, Backend]) -> list[HostView]:
                 )
             )
     return views
+
+
+# -- certificates (ACME) ----------------------------------------------------------------------
+
+
+class CertificateView(Schema):
+    """One host's certificate obtained by ACME."""
+
+    name: str
+    """The host (the certificate's directory under ``<state_dir>/acme/certificates``)."""
+    services: list[str]
+    """The services whose routes name it."""
+    state: CertificateState
+    names: list[str]
+    issuer: str | None
+    not_before: float | None
+    not_after: float | None
+    next_order: float | None
+    """When the renewal, or the retry of a failed order, is due."""
+    ordering: bool
+    failures: int
+    """Orders failed in a row (0 after a success)."""
+    last_error: str | None
+
+
+class CertificateList(Schema):
+    enabled: bool
+    """Whether ``tls.acme`` is configured."""
+    directory: str | None
+    certificates: list[CertificateView]
+
+
+def certificate_view(status: CertificateStatus) -> CertificateView:
+    return CertificateView(
+        name=status.name,
+        services=list(status.services),
+        state=status.state,
+        names=list(status.names),
+        issuer=status.issuer,
+        not_before=status.not_before,
+        not_after=status.not_after,
+        next_order=status.next_order,
+        ordering=status.ordering,
+        failures=status.failures,
+        last_error=status.last_error,
+    )
+
+
+def certificate_list(manager: AcmeManager | None) -> CertificateList:
+    if manager is None:
+        return CertificateList(enabled=False, directory=None, certificates=[])
+    return CertificateList(
+        enabled=True,
+        directory=manager.config.directory,
+        certificates=[certificate_view(s) for s in manager.status()],
+    )
+
+
+def certificates_operation(manager: AcmeManager | None) -> Operation:
+    """``GET /api/certificates`` (mounted by ``build_admin_app``'s ``extra_routes``)."""
+
+    async def list_certificates(request: web.Request) -> web.Response:
+        body = certificate_list(manager).model_dump_json()
+        return web.json_response(text=body)
+
+    return Operation(
+        "GET",
+        "/api/certificates",
+        list_certificates,
+        "Certificates obtained by ACME: names, expiry, next renewal, last error",
+        {200: None},
+    )
