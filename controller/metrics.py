@@ -13,6 +13,9 @@ forgotten with their service.
     gateway_rollout_duration_seconds{service}          histogram, from start to end
     gateway_replica_exits_total{service,revision,reason}  replicas' processes that ended
     gateway_docker_host_up{host}                       1 while the host's engine answers, else 0
+    gateway_acme_orders_total{outcome}                 ACME orders ended: issued, renewed, failed
+    gateway_acme_certificate_failures{name}            orders failed in a row for the host
+    gateway_acme_certificate_next_order_timestamp_seconds{name}  when its renewal or retry is due
 
 Replica exits are counted from the journal (``Journal.listen``): an entry that a replica
 stopped or failed, once the controller took the exit in, with the exit status it saw. A
@@ -40,6 +43,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from .acme import AcmeManager
+from .acme.manager import ORDER_OUTCOMES
 from .backends.docker import DockerBackend, HostState
 from .journal import Entry, Journal
 from .model import LEAVING, LIVE, EventKind, ReplicaState
@@ -297,4 +302,55 @@ def register(registry: CollectorRegistry, controller: Controller) -> ControllerM
         registry.register(DockerHostMetrics(docker))
         for backend in docker:
             backend.host_listeners.append(HostJournal(controller.journal))
+    return metrics
+
+
+class AcmeMetrics(Collector):
+    """The ACME manager's orders and certificates, read at scrape time (a host no route names
+    any more is gone with its series). Expiry is the data plane's
+    ``gateway_tls_certificate_expiry_timestamp_seconds``, of every certificate it serves."""
+
+    def __init__(self, manager: AcmeManager) -> None:
+        self._manager = manager
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        orders, failures, next_order = self._families()
+        for outcome in ORDER_OUTCOMES:
+            orders.add_metric((outcome,), self._manager.orders[outcome])
+        for status in self._manager.status():
+            if status.state == "skipped":
+                continue
+            failures.add_metric((status.name,), status.failures)
+            if status.next_order is not None:
+                next_order.add_metric((status.name,), status.next_order)
+        yield from (orders, failures, next_order)
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            CounterMetricFamily(
+                "gateway_acme_orders",
+                "ACME orders ended, by outcome (issued, renewed, failed).",
+                labels=("outcome",),
+            ),
+            GaugeMetricFamily(
+                "gateway_acme_certificate_failures",
+                "Orders for the host's certificate that failed in a row (0 after a success).",
+                labels=("name",),
+            ),
+            GaugeMetricFamily(
+                "gateway_acme_certificate_next_order_timestamp_seconds",
+                "When the host's next order (its renewal, or the retry of a failure) is due.",
+                labels=("name",),
+            ),
+        )
+
+
+def register_acme(registry: CollectorRegistry, manager: AcmeManager) -> AcmeMetrics:
+    """Register the ACME manager's metrics on ``registry``."""
+    metrics = AcmeMetrics(manager)
+    registry.register(metrics)
     return metrics
