@@ -28,6 +28,28 @@ def ago(at: float | None) -> str:
     return f"{seconds // 3600}h ago"
 
 
+def within(at: float | None) -> str:
+    """``in 5m`` for a time to come, ``now`` for one passed; ``-`` for none."""
+    if at is None:
+        return "-"
+    seconds = int(at - time.time())
+    if seconds <= 0:
+        return "now"
+    if seconds < 120:
+        return f"in {seconds}s"
+    if seconds < 7200:
+        return f"in {seconds // 60}m"
+    if seconds < 172_800:
+        return f"in {seconds // 3600}h"
+    return f"in {seconds // 86_400}d"
+
+
+def utc(at: float | None) -> str:
+    if at is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
+
+
 def revisions_text(rollout: dict[str, Any]) -> str:
     """``revision 1 -> 2``; ``new service, revision 1`` when nothing served before."""
     if rollout["from_revision"] is None:
@@ -152,6 +174,28 @@ def rollout_table(rollouts: list[dict[str, Any]], out: TextIO) -> None:
                 r["status"],
                 ago(r["started_at"]),
                 r["reason"],
+            ]
+        )
+    table(rows, out)
+
+
+def certificate_table(certificates: list[dict[str, Any]], out: TextIO) -> None:
+    """The certificates obtained by ACME: one row per host, the last error last."""
+    rows = [["CERTIFICATE", "SERVICES", "STATE", "NOT AFTER", "NEXT ORDER", "LAST ERROR"]]
+    for c in certificates:
+        state = c["state"]
+        if c["ordering"]:
+            state += " (ordering)"
+        elif c["failures"]:
+            state += f" ({c['failures']} failed)"
+        rows.append(
+            [
+                c["name"],
+                ",".join(c["services"]),
+                state,
+                utc(c["not_after"]),
+                "-" if c["state"] == "skipped" else within(c["next_order"]),
+                c["last_error"] or "-",
             ]
         )
     table(rows, out)
