@@ -15,6 +15,7 @@ from .client import Client
 from .exits import EXIT_OK, EXIT_UNUSABLE, CliError
 from .following import follow_change, replica_ids
 from .render import (
+    certificate_table,
     describe_apply,
     dump,
     host_table,
@@ -83,8 +84,10 @@ async def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> i
         return EXIT_OK
     data = await client.call("GET", "/api/services")
     hosts = (await client.call("GET", "/api/hosts"))["hosts"]
+    acme = await client.call("GET", "/api/certificates", allow=(404,)) or {}
+    certificates = acme.get("certificates") or []
     if args.json:
-        dump({**data, "hosts": hosts}, out)
+        dump({**data, "hosts": hosts, "certificates": certificates}, out)
         return EXIT_OK
     if not data["services"]:
         print("no services", file=out)
@@ -93,6 +96,9 @@ async def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> i
     if any(h["backend"] != "process" for h in hosts):
         print(file=out)
         host_table(hosts, out)
+    if certificates:
+        print(file=out)
+        certificate_table(certificates, out)
     return EXIT_OK
 
 
