@@ -43,7 +43,10 @@ from gateway import (
     native,
 )
 
+from .acme import AcmeManager
+from .acme.manager import controller_routes
 from .admin.app import AdminServer, build_admin_app, is_loopback
+from .admin.views import certificates_operation
 from .backends import ProcessBackend, StaticBackend
 from .backends.base import Backend
 from .backends.docker import DockerBackend, DockerHost
@@ -52,6 +55,7 @@ from .config import ConfigError, ConfigService, GatewayConfig, LoadedConfig, loa
 from .errors import ControllerError
 from .journal import Journal
 from .metrics import register as register_controller_metrics
+from .metrics import register_acme
 from .operations import Controller
 from .store import ConfigAppliedRow, Store
 
@@ -66,6 +70,7 @@ class Gateway:
     pool: Pool
     traffic: TrafficServer | Supervisor
     admin: AdminServer
+    acme: AcmeManager | None = None
 
 
 StoredAs = Literal["live", "deleted", "absent"]
@@ -171,6 +176,10 @@ async def run_gateway(
     metrics = GatewayMetrics(registry)
     metrics.attach(pool)
     register_controller_metrics(registry, controller)
+    acme: AcmeManager | None = None
+    if config.tls.acme is not None:  # certificates of the routes' hosts, by ACME HTTP-01
+        acme = AcmeManager(config.tls.acme, state_dir, controller_routes(controller), journal)
+        register_acme(registry, acme)
     request_observers: list[RequestObserver] = [metrics]
     access_log: AccessLog | None = None
     workers = config.worker_count
@@ -200,6 +209,7 @@ async def run_gateway(
             lambda: ready,
             config.admin_token(),
             metrics_handler=metrics_handler(registry),
+            extra_routes=[certificates_operation(acme)],
         ),
         config.admin.listen,
     )
@@ -213,6 +223,8 @@ async def run_gateway(
         if access_log is not None:
             access_log.start()
         await traffic.start()
+        if acme is not None:  # after the plain listener, which answers its challenges
+            await acme.start()
         await admin.start()
         # What start-up built lives as long as the process: move it out of the cyclic
         # collector's sight, so each collection scans only what traffic allocates.
@@ -222,13 +234,15 @@ async def run_gateway(
         log.info("gateway ready: traffic on %s, admin on %s", config.listen, config.admin.listen)
         log.info("data plane: %s", native.running)
         if started is not None:
-            pending = started(Gateway(controller, pool, traffic, admin))
+            pending = started(Gateway(controller, pool, traffic, admin, acme))
             if pending is not None:
                 await pending
         await stop.wait()
         log.info("shutting down: finishing in-flight requests")
     finally:
         ready = False
+        if acme is not None:
+            await acme.stop()
         await traffic.stop()
         if access_log is not None:
             await access_log.stop()
