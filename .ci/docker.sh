@@ -1,6 +1,7 @@
-# Sourced by .ci/run: a Docker Engine and the local test image for the docker backend's tests.
-# Exports GATEWAY_TEST_DOCKER_HOST, GATEWAY_TEST_IMAGE, GATEWAY_TEST_BUILD_BASE and
-# GATEWAY_TEST_RUN_BASE; registers its cleanup with on_exit.
+# Sourced by .ci/run: a Docker Engine, the local test image for the docker backend's tests and the
+# local bases the Dockerfile is built from (tests/e2e/test_image.py).
+# Exports GATEWAY_TEST_DOCKER_HOST, GATEWAY_TEST_IMAGE, GATEWAY_TEST_BUILD_BASE,
+# GATEWAY_TEST_RUN_BASE and GATEWAY_TEST_BUILD_CA_CERTS; registers its cleanup with on_exit.
 # Docker Engine and debootstrap (Debian packages "docker.io" and "debootstrap"), if missing.
 if ! command -v docker >/dev/null || ! command -v dockerd >/dev/null \
     || ! command -v debootstrap >/dev/null; then
@@ -101,3 +102,6 @@ import_rootfs "$build_base" python3,python3-venv,python3-dev,gcc,libc6-dev,ca-ce
 import_rootfs "$run_base" python3,ca-certificates
 export GATEWAY_TEST_DOCKER_HOST=unix://$docker_socket GATEWAY_TEST_IMAGE=$test_image
 export GATEWAY_TEST_BUILD_BASE=$build_base GATEWAY_TEST_RUN_BASE=$run_base
+# The machine's own CA certificates (what update-ca-certificates adds to its bundle): the image
+# build's pip trusts them too, for a machine whose TLS to the package index passes a proxy.
+export GATEWAY_TEST_BUILD_CA_CERTS=/usr/local/share/ca-certificates

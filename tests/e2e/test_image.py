@@ -1,0 +1,234 @@
+"""The project's image, built from this checkout and run: ``/healthz`` answers, a request is
+proxied to a replica, the gateway runs as uid 10001, the data plane is compiled.
+
+The Dockerfile is built once for the module (``docker build --network host``) from the local
+bases that ``.ci/docker.sh`` makes with debootstrap, as this machine reaches no image registry:
+``$GATEWAY_TEST_BUILD_BASE`` and ``$GATEWAY_TEST_RUN_BASE`` on the engine
+``$GATEWAY_TEST_DOCKER_HOST``, their interpreter ``$GATEWAY_TEST_BASE_PYTHON`` (Debian's by
+default). ``$GATEWAY_TEST_BUILD_CA_CERTS`` (a PEM file or a directory of ``.crt`` files) is
+passed to the build stage's pip. Without the bases configured the tests skip, and under CI
+(``$CI``) they fail instead.
+
+The container runs the image as built, with the demo config and its default command; its
+traffic port is published on 127.0.0.1 only, and ``/healthz`` is asked inside the container
+(the demo's admin listener is its loopback), by ``docker exec`` and by the image's own
+HEALTHCHECK. Every container and image the module made is removed at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ENGINE = os.environ.get("GATEWAY_TEST_DOCKER_HOST", "unix:///var/run/docker.sock")
+BUILD_BASE = os.environ.get("GATEWAY_TEST_BUILD_BASE", "")
+RUN_BASE = os.environ.get("GATEWAY_TEST_RUN_BASE", "")
+PYTHON = os.environ.get("GATEWAY_TEST_BASE_PYTHON", "/usr/bin/python3")
+CA_CERTS = os.environ.get("GATEWAY_TEST_BUILD_CA_CERTS", "")
+INDEX_URL = os.environ.get("GATEWAY_TEST_BUILD_INDEX_URL", "")
+ROOT = Path(__file__).resolve().parents[2]
+RUN = "gateway.test.image"
+"""The label on every container the module runs: its value is the module's run id."""
+
+# The image build (about a minute with a warm network, more on a cold one) is in the setup of
+# the first test that uses it.
+pytestmark = pytest.mark.timeout(900)
+
+
+def docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The docker CLI on the test engine. The legacy builder: the engines here have no buildx
+    (Debian's docker.io), and its output names each stage's image, which teardown removes."""
+    env = {**os.environ, "DOCKER_HOST": ENGINE, "DOCKER_BUILDKIT": "0"}
+    return subprocess.run(
+        ["docker", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def unavailable() -> str | None:
+    """Why the image cannot be built here (None: it can)."""
+    if not (BUILD_BASE and RUN_BASE):
+        return "no base images configured (GATEWAY_TEST_BUILD_BASE, GATEWAY_TEST_RUN_BASE)"
+    if shutil.which("docker") is None:
+        return "no docker CLI"
+    if docker("version").returncode != 0:
+        return f"no Docker Engine at {ENGINE}"
+    for base in (BUILD_BASE, RUN_BASE):
+        if docker("image", "inspect", base).returncode != 0:
+            return f"base image {base} missing on {ENGINE} (.ci/docker.sh imports it)"
+    return None
+
+
+def ca_certs(path: str) -> str:
+    """The PEM text of ``path``: a file, or every ``.crt`` file under a directory."""
+    if not path or not Path(path).exists():
+        return ""
+    root = Path(path)
+    files = sorted(root.rglob("*.crt")) if root.is_dir() else [root]
+    return "".join(f.read_text() for f in files)
+
+
+def stage_images(output: str) -> list[str]:
+    """The image each stage of a legacy build ended with, from the builder's output."""
+    last: list[str] = []
+    for line in output.splitlines():
+        if re.match(r"Step \d+/\d+ : FROM ", line):
+            last.append("")
+        elif (found := re.fullmatch(r" ---> ([0-9a-f]{12})", line)) and last:
+            last[-1] = found[1]
+    return [image for image in last if image]
+
+
+@dataclass(frozen=True)
+class Image:
+    tag: str
+    run: str
+    build_seconds: float
+
+
+@pytest.fixture(scope="module")
+def image() -> Iterator[Image]:
+    if why := unavailable():
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    run = uuid.uuid4().hex[:12]
+    tag = f"gateway-test/image:{run}"
+    args = [
+        "build",
+        "--network=host",
+        "--force-rm",
+        f"--build-arg=BUILD_BASE={BUILD_BASE}",
+        f"--build-arg=RUN_BASE={RUN_BASE}",
+        f"--build-arg=PYTHON={PYTHON}",
+        f"--build-arg=BUILD_CA_CERTS={ca_certs(CA_CERTS)}",
+        f"--build-arg=BUILD_INDEX_URL={INDEX_URL}",
+        f"--tag={tag}",
+        str(ROOT),
+    ]
+    start = time.monotonic()
+    built = docker(*args, timeout=600)
+    seconds = time.monotonic() - start
+    print(f"\nimage {tag} built in {seconds:.0f}s", file=sys.stderr)
+    try:
+        assert built.returncode == 0, f"docker build failed:\n{built.stdout[-4000:]}{built.stderr}"
+        yield Image(tag, run, seconds)
+    finally:
+        containers = docker("ps", "-aq", "--filter", f"label={RUN}={run}").stdout.split()
+        if containers:
+            docker("rm", "-f", *containers)
+        docker("rmi", "-f", tag)
+        # The build stage's image (and its untagged parents) is nobody's parent now.
+        for stage in reversed(stage_images(built.stdout)):
+            docker("rmi", stage)
+        assert docker("image", "inspect", tag).returncode != 0, f"{tag} left"
+
+
+@dataclass(frozen=True)
+class Container:
+    id: str
+    traffic: str
+    """The published traffic port: ``http://127.0.0.1:<port>``."""
+
+    def logs(self) -> str:
+        done = docker("logs", "--tail", "40", self.id)
+        return done.stdout + done.stderr
+
+    def exec(self, *command: str) -> str:
+        done = docker("exec", self.id, *command)
+        assert done.returncode == 0, f"{command}: {done.stderr}\n{self.logs()}"
+        return done.stdout
+
+
+@pytest.fixture(scope="module")
+def container(image: Image) -> Container:
+    """The image with its default command (the demo config, workers auto); removed with the
+    image. The health check every second instead of ten: the image's own command, sooner."""
+    started = docker(
+        "run",
+        "--detach",
+        f"--label={RUN}={image.run}",
+        "--publish=127.0.0.1::8080",
+        "--health-interval=1s",
+        image.tag,
+    )
+    assert started.returncode == 0, started.stderr
+    cid = started.stdout.strip()
+    port = docker("port", cid, "8080/tcp").stdout.split()[0]
+    assert port.startswith("127.0.0.1:"), f"published on {port}, not on loopback only"
+    return Container(cid, f"http://{port}")
+
+
+def until_true(check: Callable[[], bool], timeout: float, what: str, logs: Container) -> None:
+    """Call ``check`` every 0.5 s until it returns True; fail after ``timeout`` seconds with
+    the container's log."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}\n{logs.logs()}")
+        time.sleep(0.5)
+
+
+def test_native_status_says_compiled(image: Image) -> None:
+    done = docker("run", "--rm", f"--label={RUN}={image.run}", image.tag, "native", "status")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("compiled (mypyc): "), done.stdout
+
+
+def test_healthz_answers_on_the_admin_port(container: Container) -> None:
+    fetch = (
+        "import urllib.request; r = urllib.request.urlopen("
+        "'http://127.0.0.1:8081/healthz', timeout=2); print(r.status, r.read().decode())"
+    )
+
+    def answered() -> bool:
+        return docker("exec", container.id, "python", "-c", fetch).returncode == 0
+
+    until_true(answered, 60, "/healthz on the admin port", container)
+    status, _, body = container.exec("python", "-c", fetch).partition(" ")
+    assert status == "200", body
+
+    def healthy() -> bool:
+        state = docker("inspect", "--format", "{{.State.Health.Status}}", container.id)
+        return state.stdout.strip() == "healthy"
+
+    until_true(healthy, 30, "the image's HEALTHCHECK to pass", container)
+
+
+def test_a_request_is_proxied_to_a_replica(container: Container) -> None:
+    answers: list[dict[str, str]] = []
+
+    def proxied() -> bool:
+        try:
+            with urllib.request.urlopen(f"{container.traffic}/hello/ping", timeout=5) as r:
+                answers.append(json.loads(r.read()))
+                return True
+        except OSError:
+            return False  # the gateway or the replica not ready yet: 503 or refused
+
+    until_true(proxied, 60, "a proxied answer from a hello replica", container)
+    answer = answers[-1]
+    assert answer["message"].startswith("hello from hello-"), answer
+    assert answer["path"] == "/ping", answer
+    # The data plane that served it: the compiled modules, as the gateway logs at start.
+    logs = docker("logs", container.id)
+    assert "data plane: compiled (mypyc)" in logs.stdout + logs.stderr
+
+
+def test_runs_as_non_root(container: Container) -> None:
+    assert container.exec("id", "-u").strip() == "10001"
+    # The gateway itself (pid 1, the entrypoint), not only what docker exec starts.
+    uid = re.search(r"^Uid:\s+(.*)$", container.exec("cat", "/proc/1/status"), re.M)
+    assert uid is not None
+    assert set(uid[1].split()) == {"10001"}, uid[1]
