@@ -6,8 +6,8 @@ bases that ``.ci/docker.sh`` makes with debootstrap, as this machine reaches no 
 ``$GATEWAY_TEST_BUILD_BASE`` and ``$GATEWAY_TEST_RUN_BASE`` on the engine
 ``$GATEWAY_TEST_DOCKER_HOST``, their interpreter ``$GATEWAY_TEST_BASE_PYTHON`` (Debian's by
 default). ``$GATEWAY_TEST_BUILD_CA_CERTS`` (a PEM file or a directory of ``.crt`` files) is
-passed to the build stage's pip. Without the bases configured the tests skip, and under CI
-(``$CI``) they fail instead.
+passed to the build stage's pip, and must not show in the final image. Without the bases
+configured the tests skip, and under CI (``$CI``) they fail instead.
 
 The container runs the image as built, with the demo config and its default command; its
 traffic port is published on 127.0.0.1 only, and ``/healthz`` is asked inside the container
@@ -184,6 +184,16 @@ def test_native_status_says_compiled(image: Image) -> None:
     done = docker("run", "--rm", f"--label={RUN}={image.run}", image.tag, "native", "status")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("compiled (mypyc): "), done.stdout
+
+
+def test_build_arguments_stay_out_of_the_image(image: Image) -> None:
+    history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image.tag)
+    assert history.returncode == 0, history.stderr
+    assert "BUILD_CA_CERTS" not in history.stdout
+    assert "BEGIN CERTIFICATE" not in history.stdout
+    env = docker("image", "inspect", "--format", "{{json .Config.Env}}", image.tag).stdout
+    assert "PIP_" not in env, env
+    assert "BUILD_" not in env, env
 
 
 def test_healthz_answers_on_the_admin_port(container: Container) -> None:
