@@ -109,6 +109,14 @@ class ResumeRollout:
 
 
 @dataclass(frozen=True, slots=True)
+class Rescale:
+    """The autoscaler moves the desired count to ``count``, for ``reason``."""
+
+    count: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SetDegraded:
     """Set (reason) or clear (None) the service's degraded condition."""
 
@@ -140,6 +148,7 @@ Action = (
     | AbandonRollout
     | PauseRollout
     | ResumeRollout
+    | Rescale
     | SetDegraded
     | Forget
     | WakeAt

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from .spec import RolloutStrategy
+from .autoscaler import Memory, Sample
+from .spec import Autoscaling, RolloutStrategy
 
 RolloutKind = Literal["rollout", "rollback", "undo"]
 """``rollout``: to a new target (an apply); ``rollback``: back to the revision a failed or
@@ -65,6 +66,8 @@ EventKind = Literal[
     "certificate_issued",
     "certificate_renewed",
     "certificate_failed",
+    "autoscaled",
+    "cold_start",
 ]
 """Every kind of journal entry (``/api/events``' ``event`` field)."""
 
@@ -208,6 +211,11 @@ class Observed:
     target: int | None = None
     """The revision the last rollout begun went to: the one the service holds or moves to.
     The planner begins a rollout when the desired revision differs from it."""
+    samples: tuple[Sample, ...] = ()
+    """The service's traffic, oldest first, as far back as its autoscaler reads (the latest
+    only, for a fixed count)."""
+    scaler: Memory = dataclasses.field(default_factory=Memory)
+    """What the autoscaler remembers between decisions."""
 
     def replace(self, **changes: object) -> Observed:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -229,6 +237,8 @@ class Desired:
     """What set ``revision``: the kind of the next rollout, and how an active one ends."""
     static: bool = False
     """The target's replicas are static addresses that something else runs (rule 9)."""
+    scaling: Autoscaling | None = None
+    """The autoscaler's range and settings; None: ``replicas`` is a fixed count."""
 
     def replace(self, **changes: object) -> Desired:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

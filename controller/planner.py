@@ -21,7 +21,8 @@ Rules (ARCHITECTURE.md), with D = desired replicas and T = the target revision:
 5. Replicas of every revision but T are old, so a superseding apply just changes T: nothing of
    the serving revision is drained before a replica of the new target is available (rule 2).
 6. Nothing is drained for lack of anything; only a scale-down, a rollout step or a delete
-   drains, and only a delete drains the last replicas.
+   drains, and only a delete, or the autoscaler of a ``min: 0`` service gone idle, drains the
+   last replicas.
 7. A rollout begins when the desired revision differs from the one the service moves to: the
    active rollout, if any, ends superseded (aborted, when the user aborted it), and the
    replicas of the new target that are still draining, up to D, serve again instead of
@@ -34,6 +35,10 @@ Rules (ARCHITECTURE.md), with D = desired replicas and T = the target revision:
 10. The target at full strength with no rollout in progress serves, and is what a later
     failed rollout returns to, though no rollout to it completed (a first rollout that
     failed and came up on a retry; a rollback that failed, then came up).
+11. An autoscaled service's desired count is the autoscaler's (``controller.autoscaler``),
+    decided first from the traffic samples and applied as a ``Rescale``; the rest of the plan
+    works to that count. A scale-down drains the replicas that disturb least: not ready
+    first, then the fewest requests in flight, newest first.
 
 Starts are bounded by ``D + max_surge`` over live and leaving replicas together (a replica
 that is draining still holds a backend slot; counting it keeps a full fleet from failing the
@@ -42,6 +47,9 @@ rollout's starts for no capacity).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from . import autoscaler
 from .actions import (
     AbandonRollout,
     Action,
@@ -53,6 +61,7 @@ from .actions import (
     Forget,
     MarkServing,
     PauseRollout,
+    Rescale,
     ResumeRollout,
     SetDegraded,
     Start,
@@ -99,6 +108,14 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
         if all(r.terminal for r in observed.replicas):
             actions.append(Forget())
         return actions
+
+    if desired.scaling is not None:  # rule 11
+        decision = autoscaler.desired(
+            now, observed.samples, desired.replicas, desired.scaling, observed.scaler
+        )
+        if decision.count != desired.replicas:
+            actions.append(Rescale(decision.count, decision.reason))
+            desired = desired.replace(replicas=decision.count)
 
     rollout = observed.rollout if observed.rollout and observed.rollout.active else None
     if desired.revision != observed.target:  # rule 7
@@ -163,7 +180,10 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
         actions.extend(
             _starts(observed, desired, now, len(new), len(live) + len(leaving), pending, wake)
         )
-        actions.extend(_drains(desired, observed.serving_revision, old, new, available_new))
+        inflight = observed.samples[-1].inflight_of if observed.samples else _nothing
+        actions.extend(
+            _drains(desired, observed.serving_revision, old, new, available_new, inflight)
+        )
 
     # Rule 9: nothing serves yet that a first static rollout could wait to replace.
     placed_first = (
@@ -303,12 +323,17 @@ def _starts(
     return [Start(desired.revision) for _ in range(count)]
 
 
+def _nothing(replica_id: str) -> int:
+    return 0
+
+
 def _drains(
     desired: Desired,
     serving: int | None,
     old: list[Replica],
     new: list[Replica],
     available_new: list[Replica],
+    inflight: Callable[[str], int],
 ) -> list[Action]:
     s = desired.strategy
     floor = desired.replicas - s.max_unavailable
@@ -334,12 +359,19 @@ def _drains(
         actions.append(Drain(r.id, f"replaced by revision {desired.revision}"))
         old_live -= 1
 
-    # More target replicas than desired (a scale-down): the least useful ones, newest first.
+    # More target replicas than desired (a scale-down): the least useful ones, then those
+    # with the fewest requests in flight, newest first (rule 11).
     excess = len(new) - desired.replicas
     # Not-ready ones first: a replica that is READY but not yet ``min_ready`` serves traffic,
     # so it must not go before one still starting (that emptied a service of READY replicas).
     for r in sorted(
-        new, key=lambda r: (r.state is ReplicaState.READY, r in available_new, -r.created)
+        new,
+        key=lambda r: (
+            r.state is ReplicaState.READY,
+            r in available_new,
+            inflight(r.id),
+            -r.created,
+        ),
     ):
         if excess <= 0:
             break

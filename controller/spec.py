@@ -14,7 +14,7 @@ import json
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gateway import (
     Address,
@@ -151,14 +151,96 @@ class RolloutStrategy(Model):
         return self
 
 
+ScalingMetric = Literal["concurrency", "rps"]
+"""``concurrency``: requests in flight (and held) per replica; ``rps``: requests completed
+per second per replica."""
+
+COLD_START_QUEUE_TIMEOUT = 30.0
+"""A ``min: 0`` service holds a request this long by default: long enough for a replica to
+start and pass its probe (Knative's activator waits as long)."""
+
+
+class ReplicaRange(Model):
+    """``replicas: {min, max}`` (or ``"min..max"``): the autoscaler keeps the count within."""
+
+    min: int = Field(ge=0, le=MAX_REPLICAS)
+    max: int = Field(ge=1, le=MAX_REPLICAS)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplicaRange:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
+class ScalingConfig(Model):
+    """How the autoscaler reads a service's traffic (``controller.autoscaler``)."""
+
+    metric: ScalingMetric = "concurrency"
+    """``concurrency`` reads long streams as the load they are; ``rps`` counts completions."""
+    target: float = Field(default=10.0, gt=0, le=1_000_000)
+    """The metric's value per replica the autoscaler aims at."""
+    window: Duration = Field(default=60.0, gt=0, le=3600)
+    """The mean over this long sizes a scale-down (Knative's stable window)."""
+    scale_up_delay: Duration = Field(default=6.0, le=3600)
+    """A scale-up follows the mean over this long (0: the latest sample): a spike held this
+    long scales up (Knative's panic window, 10% of its stable window)."""
+    scale_down_delay: Duration = Field(default=60.0, le=86400)
+    """No scale-down within this long of the last change or of load above target; with
+    ``min: 0``, idle this long goes to zero."""
+
+
+class Autoscaling(Model):
+    """What the autoscaler of one service works with: its range and its scaling."""
+
+    min: int
+    max: int
+    metric: ScalingMetric
+    target: float
+    window: float
+    scale_up_delay: float
+    scale_down_delay: float
+
+    def clamp(self, count: int) -> int:
+        return max(self.min, min(self.max, count))
+
+
+def _replica_range(value: object) -> object:
+    """A count, or a ``ReplicaRange`` from ``{min, max}`` or ``"min..max"``; one clear reason
+    when it is neither (rather than one per member of the union)."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]{1,3})\s*\.\.\s*([0-9]{1,3})\s*", value)
+        if match is None:
+            raise ValueError("a count, {min, max} or 'min..max' (e.g. '0..4')")
+        value = {"min": int(match[1]), "max": int(match[2])}
+    if isinstance(value, dict):
+        try:
+            return ReplicaRange.model_validate(value)
+        except ValidationError as e:
+            reasons = []
+            for error in e.errors():
+                where = ".".join(str(part) for part in error["loc"])
+                message = error["msg"].removeprefix("Value error, ")
+                reasons.append(f"{where}: {message}" if where else message)
+            raise ValueError("; ".join(reasons)) from None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # JSON has one number type
+    if isinstance(value, bool) or (value is not None and not isinstance(value, int)):
+        raise ValueError("a count, {min, max} or 'min..max' (e.g. '0..4')")
+    return value
+
+
 class ServiceSpec(Model):
     """A named, routed set of replicas."""
 
     name: str = Field(json_schema_extra={"pattern": NAME_PATTERN, "maxLength": 63})
     route: RouteConfig
     backend: Literal["process", "static", "docker"] = "process"
-    replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS)
-    """Desired count; by default 1 (process) or the number of addresses (static)."""
+    replicas: int | ReplicaRange | None = None
+    """A fixed count (by default 1, or the number of static addresses), or a range
+    (``{min, max}`` or ``"min..max"``) the autoscaler keeps the count within."""
+    scaling: ScalingConfig | None = None
+    """How to autoscale (with a range only; a range without it takes the defaults)."""
     replica: ReplicaTemplate
     probes: tuple[ProbeConfig, ...] = ()
     load_balancing: LoadBalancing = "least_outstanding"
@@ -176,12 +258,35 @@ class ServiceSpec(Model):
             raise ValueError("must be a DNS label: a-z, 0-9 and '-', 1 to 63 characters")
         return name
 
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _replicas_form(cls, value: object) -> object:
+        return _replica_range(value)
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas_count(cls, value: int | ReplicaRange | None) -> int | ReplicaRange | None:
+        if isinstance(value, int) and not 0 <= value <= MAX_REPLICAS:
+            raise ValueError(f"a count from 0 to {MAX_REPLICAS}")
+        return value
+
     @field_validator("probes")
     @classmethod
     def _probes(cls, probes: tuple[ProbeConfig, ...]) -> tuple[ProbeConfig, ...]:
         if len(probes) > 8:
             raise ValueError("at most 8 probes")
         return probes
+
+    @model_validator(mode="after")
+    def _scaling(self) -> ServiceSpec:
+        if self.scaling is not None and not isinstance(self.replicas, ReplicaRange):
+            raise ValueError(
+                "scaling: the replica count is fixed; give replicas a range "
+                "({min, max} or 'min..max') to autoscale"
+            )
+        if isinstance(self.replicas, ReplicaRange) and self.backend == "static":
+            raise ValueError("replicas: a static service's addresses are not autoscaled")
+        return self
 
     @model_validator(mode="after")
     def _backend(self) -> ServiceSpec:
@@ -201,7 +306,7 @@ class ServiceSpec(Model):
                 raise ValueError("replica.commands: the process backend needs a command")
             if self.replica.addresses:
                 raise ValueError("replica.addresses: only for the static backend")
-            if self.replica.port is not None and self.desired_replicas > 1:
+            if self.replica.port is not None and self.most_replicas > 1:
                 raise ValueError(
                     "replica.port: a fixed port allows one replica; leave it out to get $PORT"
                 )
@@ -216,9 +321,39 @@ class ServiceSpec(Model):
 
     @property
     def desired_replicas(self) -> int:
+        """The fixed count, or where an autoscaled service begins: its ``min``, but at least
+        one replica (so a new revision is proven to start before it scales to zero)."""
+        if isinstance(self.replicas, ReplicaRange):
+            return max(self.replicas.min, 1)
         if self.replicas is not None:
             return self.replicas
         return len(self.replica.addresses) if self.backend == "static" else 1
+
+    @property
+    def most_replicas(self) -> int:
+        if isinstance(self.replicas, ReplicaRange):
+            return self.replicas.max
+        return self.desired_replicas
+
+    @property
+    def autoscaling(self) -> Autoscaling | None:
+        """The autoscaler's settings, or None for a fixed count."""
+        if not isinstance(self.replicas, ReplicaRange):
+            return None
+        scaling = self.scaling or ScalingConfig()
+        return Autoscaling(min=self.replicas.min, max=self.replicas.max, **scaling.model_dump())
+
+    @property
+    def effective_queue_timeout(self) -> float:
+        """``queue_timeout``, or for a ``min: 0`` service that leaves it unset, long enough to
+        hold a request through a cold start."""
+        if (
+            "queue_timeout" not in self.model_fields_set
+            and isinstance(self.replicas, ReplicaRange)
+            and self.replicas.min == 0
+        ):
+            return COLD_START_QUEUE_TIMEOUT
+        return self.queue_timeout
 
     @property
     def effective_probes(self) -> tuple[ProbeConfig, ...]:
@@ -248,7 +383,7 @@ class ServiceSpec(Model):
             retries=self.retries,
             outlier=self.outlier,
             limits=self.limits,
-            queue_timeout=self.queue_timeout,
+            queue_timeout=self.effective_queue_timeout,
         )
 
     def to_json(self) -> str:

@@ -16,6 +16,7 @@ while the rollout to it progresses, counts against that rollout.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from .actions import (
     Forget,
     MarkServing,
     PauseRollout,
+    Rescale,
     ResumeRollout,
     SetDegraded,
     Start,
@@ -37,6 +39,7 @@ from .actions import (
     Undrain,
     WakeAt,
 )
+from .autoscaler import Decision, Sample, changed, horizon, remember
 from .model import (
     Backoff,
     Desired,
@@ -48,7 +51,7 @@ from .model import (
     Rollout,
     RolloutStatus,
 )
-from .spec import RolloutStrategy
+from .spec import Autoscaling, RolloutStrategy
 
 KEEP_TERMINAL = 20
 """Stopped and failed replicas kept per service for status and the planner's history."""
@@ -124,12 +127,24 @@ class Exited:
     requested: bool
 
 
-Observation = Placed | StartFailed | HealthChanged | DrainDone | Exited
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """The service's traffic, sampled from the data plane (for the autoscaler)."""
+
+    sample: Sample
+
+
+Observation = Placed | StartFailed | HealthChanged | DrainDone | Exited | Sampled
+
+MAX_SAMPLES = 10_000
+"""A bound on the samples kept, whatever the autoscaler's horizon."""
 
 
 def observe(desired: Desired, observed: Observed, seen: Observation, now: float) -> Step:
     """The state once ``seen`` is taken in. A replica the state no longer tracks (or one
     already terminal) is left alone."""
+    if isinstance(seen, Sampled):
+        return Step(desired, _sampled(desired, observed, seen.sample))
     r = _find(observed, seen.replica_id)
     if r is None or r.terminal:
         return Step(desired, observed)
@@ -179,6 +194,18 @@ def observe(desired: Desired, observed: Observed, seen: Observation, now: float)
             return Step(desired, out, (event,))
 
 
+def _sampled(desired: Desired, observed: Observed, sample: Sample) -> Observed:
+    """Keep ``sample`` (and those the autoscaler still reads); the autoscaler remembers it."""
+    scaling = desired.scaling
+    if scaling is None:
+        return observed.replace(samples=(sample,))
+    since = sample.at - horizon(scaling)
+    kept = tuple(s for s in observed.samples if s.at > since and s.at < sample.at)
+    samples = (*kept[-(MAX_SAMPLES - 1) :], sample)
+    memory = remember(observed.scaler, samples, desired.replicas, scaling)
+    return observed.replace(samples=samples, scaler=memory)
+
+
 def _health(
     desired: Desired, observed: Observed, r: Replica, healthy: bool, reason: str, now: float
 ) -> Step:
@@ -191,7 +218,14 @@ def _health(
         out = _put(observed, ready)
         if r.revision == desired.revision:
             out = out.replace(backoff=Backoff())
-        return Step(desired, out, (replica_event("replica_ready", r, f"ready at {r.address}"),))
+        events = [replica_event("replica_ready", r, f"ready at {r.address}")]
+        cold = out.scaler.cold_start
+        if cold is not None:
+            took = now - cold
+            message = f"cold start: replica {r.id} ready {took:.2f} s after the scale from zero"
+            events.append(Event("cold_start", message, r.revision, r.id))
+            out = out.replace(scaler=dataclasses.replace(out.scaler, cold_start=None))
+        return Step(desired, out, tuple(events))
     if not healthy and r.state is ReplicaState.READY:
         sick = r.replace(state=ReplicaState.UNHEALTHY, since=now, healthy=False)
         event = replica_event("replica_unhealthy", r, f"unhealthy: {reason}")
@@ -301,6 +335,11 @@ def decide(
             )
             event = Event("rollout_resumed", f"rollout {rollout.id} resumed", rollout.to_revision)
             return Step(desired, observed.replace(rollout=resumed, backoff=Backoff()), (event,))
+        case Rescale(count=count, reason=reason):
+            before = desired.replicas
+            memory = changed(observed.scaler, now, before, Decision(count, reason))
+            event = Event("autoscaled", reason or f"{before} -> {count}", desired.revision)
+            return Step(desired.replace(replicas=count), observed.replace(scaler=memory), (event,))
         case SetDegraded(reason=reason):
             event = (
                 Event("service_recovered", "all replicas ready")
@@ -340,11 +379,14 @@ class Retarget:
 
 @dataclass(frozen=True, slots=True)
 class Configure:
-    """Replica count, rollout strategy, and whether the target's replicas are static."""
+    """Replica count, rollout strategy, whether the target's replicas are static, and the
+    autoscaler's settings (with them, the count the service has is kept, within the range:
+    ``replicas`` only counts for a fixed count)."""
 
     replicas: int
     strategy: RolloutStrategy
     static: bool = False
+    scaling: Autoscaling | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,8 +410,12 @@ def intend(desired: Desired, observed: Observed, changes: Iterable[Change]) -> S
         match change:
             case Retarget(revision=revision, intent=intent):
                 desired = desired.replace(revision=revision, intent=intent)
-            case Configure(replicas=replicas, strategy=strategy, static=static):
-                desired = desired.replace(replicas=replicas, strategy=strategy, static=static)
+            case Configure(replicas=replicas, strategy=strategy, static=static, scaling=scaling):
+                if scaling is not None:
+                    replicas = scaling.clamp(desired.replicas)
+                desired = desired.replace(
+                    replicas=replicas, strategy=strategy, static=static, scaling=scaling
+                )
             case SetPaused(paused=paused):
                 desired = desired.replace(paused=paused)
             case Delete():

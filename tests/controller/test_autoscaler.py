@@ -1,0 +1,247 @@
+"""The autoscaler (``controller/autoscaler.py``) on a fake clock: tables, then Hypothesis
+properties over generated load histories. Nothing sleeps: ``now`` is a number."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.autoscaler import Decision, Memory, Sample, changed, desired, load, remember
+from controller.spec import Autoscaling
+
+
+def scaling(**overrides: object) -> Autoscaling:
+    base: dict[str, object] = {
+        "min": 0,
+        "max": 10,
+        "metric": "concurrency",
+        "target": 4.0,
+        "window": 60.0,
+        "scale_up_delay": 0.0,
+        "scale_down_delay": 30.0,
+    }
+    return Autoscaling.model_validate(base | overrides)
+
+
+@dataclass
+class Run:
+    """One service's autoscaler over time, as the planner and transitions drive it: each
+    sample is remembered, then a decision taken and, if it changes the count, recorded."""
+
+    spec: Autoscaling
+    current: int
+    now: float = 0.0
+    samples: list[Sample] = field(default_factory=list)
+    memory: Memory = field(default_factory=Memory)
+    completed: int = 0
+    changes: list[tuple[float, int, int, str]] = field(default_factory=list)
+    """(time, from, to, reason)."""
+    loads: list[tuple[float, float, int]] = field(default_factory=list)
+    """(time, the sample's load, the count when it was taken)."""
+
+    def second(self, level: int) -> Decision:
+        """One second of ``level``: requests in flight (held, with no replica), or for rps
+        completed that second."""
+        self.now += 1.0
+        if self.spec.metric == "concurrency":
+            held = level if self.current == 0 else 0
+            sample = Sample(self.now, inflight=level - held, held=held)
+        else:
+            self.completed += level if self.current else 0
+            held = level if self.current == 0 else 0
+            sample = Sample(self.now, 0, held=held, completed=self.completed)
+        self.loads.append((self.now, float(level), self.current))
+        self.samples.append(sample)
+        self.samples = [s for s in self.samples if s.at > self.now - 200]
+        self.memory = remember(self.memory, self.samples, self.current, self.spec)
+        decision = desired(self.now, self.samples, self.current, self.spec, self.memory)
+        if decision.count != self.current:
+            self.memory = changed(self.memory, self.now, self.current, decision)
+            self.changes.append((self.now, self.current, decision.count, decision.reason))
+            self.current = decision.count
+        return decision
+
+
+# -- tables -------------------------------------------------------------------------------
+
+
+def test_concurrency_above_target_scales_up_with_the_reason():
+    run = Run(scaling(scale_up_delay=0.0), current=2)
+    run.second(15)
+    assert run.changes == [(1.0, 2, 4, "concurrency 7.5 per replica now > target 4: 2 -> 4")]
+
+
+def test_a_held_request_with_no_replica_is_a_cold_start_at_once():
+    run = Run(scaling(scale_up_delay=6.0, target=100.0), current=0)
+    run.second(1)
+    assert run.changes == [(1.0, 0, 1, "cold start: 1 requests held, no replica: 0 -> 1")]
+    assert run.memory.cold_start == 1.0
+
+
+def test_idle_goes_to_min_after_scale_down_delay_and_not_before():
+    run = Run(scaling(min=0, scale_down_delay=10.0), current=0)
+    run.second(1)  # cold start: 0 -> 1 at t=1
+    for _ in range(9):
+        run.second(0)
+    assert run.current == 1  # at t=10 the last change and the load (t=1) are 9 s old
+    run.second(0)
+    assert run.current == 0  # at t=11, 10 s
+    assert run.changes[-1][3] == "idle for 10 s: 1 -> 0"
+
+
+def test_no_scale_down_before_the_samples_reach_back_scale_down_delay():
+    """A gateway that just started knows nothing of the last 30 s: it keeps the count."""
+    spec = scaling(scale_down_delay=30.0)
+    samples = [Sample(100.0 + i, 0) for i in range(5)]
+    assert desired(104.0, samples, 3, spec, Memory()) == Decision(3)
+    samples = [Sample(70.0 + i, 0) for i in range(35)]
+    assert desired(104.0, samples, 3, spec, Memory()).count == 0
+
+
+def test_scale_down_follows_the_window_mean_and_keeps_min():
+    spec = scaling(min=1, target=4.0, window=10.0, scale_down_delay=5.0)
+    samples = [Sample(float(t), 6) for t in range(1, 31)]
+    decision = desired(30.0, samples, 5, spec, Memory())
+    assert decision.count == 2
+    assert decision.reason == "concurrency 1.2 per replica over 10 s < target 4: 5 -> 2"
+    idle = [Sample(float(t), 0) for t in range(1, 31)]
+    assert desired(30.0, idle, 5, spec, Memory()).count == 1  # min
+
+
+def test_out_of_range_is_brought_back_at_once():
+    spec = scaling(min=2, max=3)
+    assert desired(0.0, [], 0, spec, Memory()) == Decision(2, "replicas 2..3: 0 -> 2")
+    assert desired(0.0, [], 7, spec, Memory()) == Decision(3, "replicas 2..3: 7 -> 3")
+
+
+def test_rps_reads_completions_per_second():
+    spec = scaling(metric="rps", target=10.0, scale_up_delay=5.0)
+    samples = [Sample(float(t), 0, completed=t * 35) for t in range(0, 11)]
+    assert load(samples, 5.0, 10.0, "rps") == pytest.approx(35.0)
+    decision = desired(10.0, samples, 1, spec, Memory())
+    assert decision == Decision(4, "rps 35 per replica over 5 s > target 10: 1 -> 4")
+
+
+def test_long_streams_are_load_for_concurrency_but_not_for_rps():
+    """Two streams open all along, none completes: concurrency sees 2, rps sees nothing."""
+    samples = [Sample(float(t), 2, completed=0) for t in range(0, 61)]
+    assert load(samples, 60.0, 60.0, "concurrency") == 2.0
+    assert load(samples, 60.0, 60.0, "rps") == 0.0
+
+
+def test_a_spike_counts_for_its_share_of_scale_up_delay():
+    """One second of 40 after quiet: over a 5 s scale_up_delay it is a mean of 8 (2
+    replicas at target 4); with no delay, it is 40 (10 replicas)."""
+    slow = Run(scaling(min=1, scale_up_delay=5.0, target=4.0), current=1)
+    fast = Run(scaling(min=1, scale_up_delay=0.0, target=4.0), current=1)
+    for run in (slow, fast):
+        for _ in range(10):
+            run.second(0)
+        run.second(40)
+    assert (slow.current, fast.current) == (2, 10)
+
+
+def test_remember_marks_load_above_target_per_replica():
+    spec = scaling(target=4.0)
+    memory = remember(Memory(), [Sample(5.0, 9)], 2, spec)
+    assert memory.last_above == 5.0
+    assert remember(Memory(), [Sample(5.0, 8)], 2, spec).last_above is None
+
+
+# -- properties -----------------------------------------------------------------------------
+
+specs = st.builds(
+    lambda lo, span, metric, target, window, up, down: scaling(
+        min=lo,
+        max=max(lo, 1) + span,
+        metric=metric,
+        target=target,
+        window=window,
+        scale_up_delay=up,
+        scale_down_delay=down,
+    ),
+    st.integers(0, 2),
+    st.integers(0, 4),
+    st.sampled_from(["concurrency", "rps"]),
+    st.sampled_from([1.0, 2.0, 4.0, 2.5]),
+    st.sampled_from([5.0, 10.0, 30.0]),
+    st.sampled_from([0.0, 2.0, 5.0]),
+    st.sampled_from([0.0, 5.0, 20.0]),
+)
+segments = st.lists(st.tuples(st.integers(1, 25), st.integers(0, 24)), min_size=1, max_size=12)
+"""A load history: (seconds, level) steps."""
+PROPERTIES = settings(max_examples=300, deadline=None)
+
+
+def play(spec: Autoscaling, start: int, history: list[tuple[int, int]]) -> Run:
+    run = Run(spec, current=start)
+    for seconds, level in history:
+        for _ in range(seconds):
+            run.second(level)
+    return run
+
+
+def wants(level: float, spec: Autoscaling) -> int:
+    return spec.clamp(math.ceil(level / spec.target - 1e-9) if level else 0)
+
+
+@PROPERTIES
+@given(spec=specs, start=st.integers(0, 8), history=segments)
+def test_never_outside_min_max(spec, start, history):
+    run = play(spec, start, history)
+    assert all(spec.min <= to <= spec.max for _, _, to, _ in run.changes)
+    assert spec.min <= run.current <= spec.max
+
+
+@PROPERTIES
+@given(spec=specs, start=st.integers(0, 8), history=segments)
+def test_no_scale_down_within_delay_of_a_change_or_of_load_above_target(spec, start, history):
+    run = play(spec, start, history)
+    delay = spec.scale_down_delay
+    for at, before, to, reason in run.changes:
+        if to >= before or reason.startswith("replicas "):
+            continue
+        earlier = [c for c in run.changes if c[0] < at]
+        if earlier:
+            assert at - earlier[-1][0] >= delay, f"down at {at} after a change at {earlier[-1]}"
+        above = [
+            t
+            for t, level, count in run.loads
+            if t <= at and level > spec.target * count + 1e-9 and (count or level)
+        ]
+        if above:
+            assert at - above[-1] >= delay, f"down at {at}, load above target at {above[-1]}"
+
+
+@PROPERTIES
+@given(
+    spec=specs,
+    start=st.integers(0, 8),
+    before=segments,
+    level=st.integers(1, 40),
+)
+def test_a_spike_scales_up_within_scale_up_delay(spec, start, before, level):
+    """Load held at ``level`` from some second on: by ``scale_up_delay`` seconds later (and
+    the sample that shows it), the count is what that level wants."""
+    run = play(spec, start, before)
+    wanted = wants(level, spec)
+    hold = math.ceil(spec.scale_up_delay) + 1
+    for _ in range(hold):
+        run.second(level)
+    assert run.current >= wanted, f"{level} held {hold} s: {run.current} < {wanted}"
+
+
+@PROPERTIES
+@given(spec=specs, start=st.integers(0, 8), level=st.integers(0, 40), seconds=st.integers(1, 200))
+def test_no_oscillation_under_constant_load(spec, start, level, seconds):
+    """Under one level from the start, the count moves one way only, and once (a cold start
+    and a range brought back aside) to where that level wants it."""
+    run = play(spec, start, [(seconds, level)])
+    moves = [to - before for _, before, to, reason in run.changes]
+    assert all(m > 0 for m in moves) or all(m < 0 for m in moves), run.changes
+    organic = [c for c in run.changes if not c[3].startswith(("replicas ", "cold start"))]
+    assert len(organic) <= 1, organic
