@@ -43,6 +43,9 @@ from .upstream import AdminState, Health, Upstream, by_fields
 
 log = logging.getLogger(__name__)
 
+MAX_HELD = 1000
+"""Requests one service holds at most per process while nothing is routable; beyond, 503."""
+
 
 @dataclass(frozen=True, slots=True)
 class PoolSnapshot:
@@ -52,11 +55,16 @@ class PoolSnapshot:
     version: int
     upstreams: tuple[Upstream, ...] = ()
     routable: tuple[Upstream, ...] = ()
+    failure: str = ""
+    """Why the service has nothing to route to, as the controller said (a cold start that
+    failed): while it stands and nothing is routable, requests get 503 with it at once."""
 
     @classmethod
-    def of(cls, service: str, version: int, upstreams: Iterable[Upstream]) -> PoolSnapshot:
+    def of(
+        cls, service: str, version: int, upstreams: Iterable[Upstream], failure: str = ""
+    ) -> PoolSnapshot:
         ups = tuple(upstreams)
-        return cls(service, version, ups, tuple(u for u in ups if u.routable))
+        return cls(service, version, ups, tuple(u for u in ups if u.routable), failure)
 
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return by_fields(self)
@@ -151,6 +159,14 @@ class ServicePool:
         self._drains: dict[str, _Drain] = {}
         self._idle: dict[str, list[Callable[[], object]]] = {}
         self._routable_waiters: list[asyncio.Future[None]] = []
+        self.held = 0
+        """Requests held here now, waiting for a routable upstream (``queue``)."""
+        self.waited = 0
+        """Requests that found nothing routable here (held or refused): a running total."""
+        self.completed = 0
+        """Requests (attempts) finished on an upstream here: a running total."""
+        self.peer_counts = [0, 0]
+        """What the peers reported of the two totals above (completed, waited), summed."""
 
     # -- picks and leases (hot path) --------------------------------------------------------
 
@@ -192,6 +208,7 @@ class ServicePool:
 
     def unhold(self, uid: str, holder: Holder) -> None:
         """The request ``holder`` held on upstream ``uid`` is over (exactly once)."""
+        self.completed += 1
         count = self.inflight.get(uid, 0) - 1
         leases = self.leases.get(uid)
         if leases is not None:
@@ -255,6 +272,49 @@ class ServicePool:
                     out[uid] = out.get(uid, 0) + count
         return out
 
+    def held_all(self) -> int:
+        """Requests held now, here and in the peers (as of their last reports)."""
+        name = self.routing.name
+        return self.held + sum(h.get(name, 0) for h in self._owner.peer_held.values())
+
+    def totals(self) -> tuple[int, int]:
+        """(completed, waited) here and in the peers: running totals (the autoscaler's)."""
+        return self.completed + self.peer_counts[0], self.waited + self.peer_counts[1]
+
+    async def queue(self, within: float) -> None:
+        """Hold a request until an upstream is routable, at most ``within`` seconds.
+
+        Raises the 503 (``NoRoutableUpstream``) at once when the queue holds
+        ``Pool.max_held`` already or the controller said why nothing can serve
+        (``PoolSnapshot.failure``), and when that failure comes or the time is up while held.
+        The first request held wakes ``Pool.on_waiting``: held requests are demand.
+        """
+        if self.snapshot.routable:
+            return
+        self.waited += 1
+        if self.snapshot.failure or within <= 0:
+            raise self.unavailable()
+        owner = self._owner
+        if self.held >= owner.max_held:
+            raise self.unavailable(f"{self.held} requests held already, the most it holds")
+        waiter: asyncio.Future[None] = owner.loop.create_future()
+        self._routable_waiters.append(waiter)
+        self.held += 1
+        if self.held == 1 and owner.on_waiting is not None:
+            owner.on_waiting(self.routing.name)
+        try:
+            async with asyncio.timeout(within):
+                await waiter
+        except TimeoutError:
+            if not self.snapshot.routable:
+                raise self.unavailable(f"held {within:g} s") from None
+        finally:
+            self.held -= 1
+            if waiter in self._routable_waiters:
+                self._routable_waiters.remove(waiter)
+        if not self.snapshot.routable:
+            raise self.unavailable()
+
     async def wait_routable(self, within: float) -> bool:
         """Wait up to ``within`` seconds for a routable upstream; True if there is one."""
         if self.snapshot.routable:
@@ -272,25 +332,39 @@ class ServicePool:
                 self._routable_waiters.remove(waiter)
         return bool(self.snapshot.routable)
 
-    def unavailable(self) -> NoRoutableUpstream:
-        """The 503 error for this service, saying what its upstreams are doing."""
+    def unavailable(self, why: str = "") -> NoRoutableUpstream:
+        """The 503 error for this service, saying what its upstreams are doing (and ``why``,
+        or the failure the controller gave)."""
         counts = self.snapshot.counts()
         total = len(self.snapshot.upstreams)
         detail = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none"
+        message = (
+            f"no routable upstream for service {self.routing.name!r} ({total} upstreams: {detail})"
+        )
+        reason = self.snapshot.failure or why
+        if not reason:
+            return NoRoutableUpstream(
+                message, service=self.routing.name, upstreams=total, states=counts
+            )
         return NoRoutableUpstream(
-            f"no routable upstream for service {self.routing.name!r} ({total} upstreams: {detail})",
+            f"{message}: {reason}",
             service=self.routing.name,
             upstreams=total,
             states=counts,
+            reason=reason,
         )
 
     # -- changes ------------------------------------------------------------------------------
 
-    def _publish(self, upstreams: Iterable[Upstream], version: int | None = None) -> None:
+    def _publish(
+        self, upstreams: Iterable[Upstream], version: int | None = None, failure: str | None = None
+    ) -> None:
         if version is None:
             version = self._owner._next_version()
-        self.snapshot = PoolSnapshot.of(self.routing.name, version, upstreams)
-        if self.snapshot.routable and self._routable_waiters:
+        if failure is None:
+            failure = self.snapshot.failure
+        self.snapshot = PoolSnapshot.of(self.routing.name, version, upstreams, failure)
+        if (self.snapshot.routable or failure) and self._routable_waiters:
             for waiter in self._routable_waiters:
                 if not waiter.done():
                     waiter.set_result(None)
@@ -341,6 +415,13 @@ class Pool:
         self.peers: set[int] = set()
         self.peer_inflight: dict[int, dict[tuple[str, str], int]] = {}
         """Each peer's last reported in-flight counts, (service, upstream) -> count."""
+        self.peer_held: dict[int, dict[str, int]] = {}
+        """Each peer's last reported held requests, service -> count."""
+        self.max_held = MAX_HELD
+        """Requests a service holds at most in this process (``ServicePool.queue``)."""
+        self.on_waiting: Callable[[str], object] | None = None
+        """Called with a service's name when it begins holding requests (the first held
+        here, or a peer's report of some where it had none): the autoscaler's cue."""
 
     def _next_version(self) -> int:
         self._version += 1
@@ -454,6 +535,15 @@ class Pool:
         if pool is not None:
             pool._update(upstream_id, reason or f"health {health.value}", health=health)
 
+    def set_failure(self, service: str, failure: str) -> None:
+        """Say why the service has nothing to route to ("" once it may again): held requests
+        are answered 503 with it at once, and new ones are while nothing is routable."""
+        pool = self.services.get(service)
+        if pool is None or pool.snapshot.failure == failure:
+            return
+        pool._publish(pool.snapshot.upstreams, failure=failure)
+        self._emit("service_set", service, reason=failure or "failure cleared")
+
     def probe_passed(self, service: str, upstream_id: str) -> None:
         """An active probe passed: lift an ejection whose time is up."""
         pool = self.services.get(service)
@@ -532,7 +622,7 @@ class Pool:
         gone = old.keys() - new.keys()
         for uid in gone:
             pool.outliers.pop(uid, None)
-        pool._publish(snapshot.upstreams, snapshot.version)
+        pool._publish(snapshot.upstreams, snapshot.version, snapshot.failure)
         for uid, upstream in new.items():
             previous = old.get(uid)
             if previous is None:
@@ -552,6 +642,7 @@ class Pool:
         """A peer is gone: its leases went with it, so no drain waits for it any more."""
         self.peers.discard(peer)
         self.peer_inflight.pop(peer, None)
+        self.peer_held.pop(peer, None)
         for pool in list(self.services.values()):
             for uid, drain in list(pool._drains.items()):
                 drain.waiting.discard(peer)
@@ -566,10 +657,31 @@ class Pool:
         drain.waiting.discard(peer)
         pool._settle(upstream_id)
 
-    def peer_report(self, peer: int, inflight: dict[tuple[str, str], int]) -> None:
-        """A peer's in-flight counts, for status and metrics (drains use ``peer_idle``)."""
-        if peer in self.peers:
-            self.peer_inflight[peer] = inflight
+    def peer_report(
+        self,
+        peer: int,
+        inflight: dict[tuple[str, str], int],
+        held: dict[str, int] | None = None,
+        counts: dict[str, tuple[int, int]] | None = None,
+    ) -> None:
+        """A peer's in-flight counts, for status and metrics (drains use ``peer_idle``); its
+        held requests now and (completed, waited) since its last report, per service."""
+        if peer not in self.peers:
+            return
+        self.peer_inflight[peer] = inflight
+        if counts:
+            for service, (completed, waited) in counts.items():
+                sp = self.services.get(service)
+                if sp is not None:
+                    sp.peer_counts[0] += completed
+                    sp.peer_counts[1] += waited
+        if held is not None:
+            before = self.peer_held.get(peer, {})
+            self.peer_held[peer] = held
+            if self.on_waiting is not None:
+                for service, count in held.items():
+                    if count and not before.get(service):
+                        self.on_waiting(service)
 
     # -- drain --------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The request handler of the data plane: route, lease, forward and stream both ways.
 
-One request:  route (404)  ->  lease a routable upstream (wait up to ``queue_timeout``, else
+One request:  route (404)  ->  lease a routable upstream (held up to ``queue_timeout``, else
 503)  ->  an upstream connection (``connector``)  ->  the request head with rewritten headers,
 the body spliced from the client as it arrives  ->  the answer's head  ->  its body spliced
 back to the client  ->  one ``RequestRecord`` to each observer. A WebSocket upgrade that the
@@ -201,8 +201,7 @@ class Proxy(Forwarding):
             else:
                 lease = sp.lease()
             if lease is None:
-                if not await sp.wait_routable(sp.routing.queue_timeout):
-                    raise sp.unavailable()
+                await sp.queue(sp.routing.queue_timeout)  # held, or the 503 raised
                 lease = sp.lease()
                 if lease is None:
                     raise sp.unavailable()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import ProxyConfig, ServiceRouting
 from ..pool import PoolSnapshot
@@ -107,11 +107,15 @@ class Eject:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """In-flight counts now, and the request counts since the previous report."""
+    """In-flight counts now, and the request counts since the previous report; per service,
+    the requests held now and (completed, waited) since the previous report (the
+    autoscaler's samples)."""
 
     inflight: dict[tuple[str, str], int]
     tally: Tally
     connections: int
+    held: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 ToWorker = Setup | Install | Forget | Abort | Stop

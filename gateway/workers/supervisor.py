@@ -294,7 +294,7 @@ class Supervisor:
             worker.reports += 1
             worker.connections = message.connections
             worker.served += sum(message.tally.outcomes.values())
-            self.pool.peer_report(worker.pid, message.inflight)
+            self.pool.peer_report(worker.pid, message.inflight, message.held, message.counts)
             if self.metrics is not None and message.tally:
                 self.metrics.merge(message.tally)
         elif isinstance(message, ipc.Idle):

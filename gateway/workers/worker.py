@@ -48,6 +48,7 @@ class Mirror:
         self.pool = pool
         self.send = send
         self._watching: set[tuple[str, str]] = set()
+        self._counted: dict[str, tuple[int, int]] = {}
 
     def install(self, message: ipc.Install) -> None:
         service = message.routing.name
@@ -77,6 +78,20 @@ class Mirror:
             for name, sp in self.pool.services.items()
             for uid, count in sp.inflight.items()
         }
+
+    def held(self) -> dict[str, int]:
+        return {name: sp.held for name, sp in self.pool.services.items() if sp.held}
+
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """(completed, waited) per service since the previous call."""
+        out: dict[str, tuple[int, int]] = {}
+        for name, sp in self.pool.services.items():
+            was = self._counted.get(name, (0, 0))
+            now = (sp.completed, sp.waited)
+            self._counted[name] = now
+            if now != was:
+                out[name] = (max(now[0] - was[0], 0), max(now[1] - was[1], 0))
+        return out
 
 
 async def serve(channel: socket.socket) -> None:
@@ -111,7 +126,18 @@ async def serve(channel: socket.socket) -> None:
     traffic = TrafficServer(proxy, setup.proxy, address=(setup.host, setup.port), reuse_port=True)
 
     def report() -> None:
-        send(ipc.Report(mirror.inflight(), tally.take(), traffic.connections))
+        send(
+            ipc.Report(
+                mirror.inflight(),
+                tally.take(),
+                traffic.connections,
+                mirror.held(),
+                mirror.counts(),
+            )
+        )
+
+    # The first request a service holds is reported at once: held requests are demand.
+    pool.on_waiting = lambda service: loop.call_soon(report)
 
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
