@@ -33,11 +33,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from controller.acme.client import AcmeClient
+from controller.acme.store import AcmeStore
+from controller.config import AcmeConfig
 from controller.journal import Entry
 
 from .conftest import Gateways, Handle, serving, spec, until
@@ -249,7 +253,7 @@ def acme(pebble: Pebble, **settings: Any) -> dict[str, Any]:
     }
 
 
-def web(site: Callable[[str], str]) -> dict[str, Any]:
+def web_spec(site: Callable[[str], str]) -> dict[str, Any]:
     data = spec(site("v1"))
     data["route"] = {"hosts": [HOST], "path_prefix": "/", "tls": "acme"}
     return data
@@ -318,7 +322,7 @@ async def test_a_certificate_is_issued_validated_for_real_and_served(
     plain, tls = free_port(), free_port()
     await pebble.start(http_port=plain)
     handle = await start(gateways, pebble, plain, tls)
-    await serving(handle, web(site))
+    await serving(handle, web_spec(site))
     [issued] = await until(lambda: entries(handle, "certificate_issued"), 20, "the certificate")
     assert issued.service == "web"
     assert f"certificate for {HOST} issued by Pebble Intermediate CA" in issued.message
@@ -368,7 +372,7 @@ async def test_a_short_lived_certificate_is_renewed(
     plain, tls = free_port(), free_port()
     await pebble.start(http_port=plain, validity=8)  # pebble issues for 7 s
     handle = await start(gateways, pebble, plain, tls, renew_at=0.5)
-    await serving(handle, web(site))
+    await serving(handle, web_spec(site))
     await until(lambda: entries(handle, "certificate_issued"), 20, "the first certificate")
     first = stored(gateways.state_dir)
     lifetime = (first.not_valid_after_utc - first.not_valid_before_utc).total_seconds()
@@ -396,7 +400,7 @@ async def test_an_unreachable_challenge_fails_is_retried_and_the_service_stays_u
     plain, tls, closed = free_port(), free_port(), free_port()
     await pebble.start(http_port=closed)  # nothing listens there
     handle = await start(gateways, pebble, plain, tls)
-    await serving(handle, web(site))
+    await serving(handle, web_spec(site))
     await until(lambda: len(entries(handle, "certificate_failed")) >= 3, 30, "three failures")
     first, second, third = entries(handle, "certificate_failed")[:3]
     for n, entry in enumerate((first, second, third), 1):
@@ -432,7 +436,7 @@ async def test_a_restart_reuses_the_stored_certificate_without_an_order(
     plain, tls = free_port(), free_port()
     await pebble.start(http_port=plain)
     first = await start(gateways, pebble, plain, tls)
-    await serving(first, web(site))
+    await serving(first, web_spec(site))
     await until(lambda: entries(first, "certificate_issued"), 20, "the certificate")
     cert = stored(gateways.state_dir)
     account = (gateways.state_dir / "acme/account/key.pem").read_bytes()
@@ -461,3 +465,48 @@ async def test_a_restart_reuses_the_stored_certificate_without_an_order(
     assert entries(second, "certificate_issued") == []
     assert (gateways.state_dir / "acme/account/key.pem").read_bytes() == account
     assert stored(gateways.state_dir).serial_number == cert.serial_number
+
+
+async def test_the_client_alone_reuses_its_account_and_registers_again_where_it_is_forgotten(
+    tmp_path: Path, pebble: Pebble, dns: tuple[DnsResponder, int]
+) -> None:
+    """The ACME client without the gateway: pebble validates against a loopback server of
+    the test that serves the store's challenge directory, as the data plane does."""
+    store = AcmeStore(tmp_path / "acme")
+    store.prepare()
+
+    async def answer(request: web.Request) -> web.Response:
+        path = store.challenges_dir / request.match_info["token"]
+        return web.Response(body=path.read_bytes()) if path.exists() else web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_get("/.well-known/acme-challenge/{token}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        await pebble.start(http_port=port)
+        config = AcmeConfig.model_validate(acme(pebble))
+        issued = await AcmeClient(config, store).obtain(HOST)
+        first = store.write_certificate(HOST, issued.fullchain_pem, issued.key_pem)
+        assert first.certificate.names == (HOST,)
+        assert list(store.challenges_dir.iterdir()) == []
+        # Another client (a restart) takes the stored account: no new registration.
+        again = AcmeClient(config, store)
+        await again.obtain(HOST)
+        assert (pebble.orders(), pebble.count(r"POST /sign-me-up")) == (2, 1)
+        assert again.orders == 1
+        # A CA that forgot the account (pebble keeps nothing across a restart): the same key
+        # is registered again and the order goes through.
+        key = store.account_key()
+        await pebble.stop()
+        await pebble.start(http_port=port)
+        later = AcmeClient(config, store)
+        issued = await later.obtain(HOST)
+        assert store.account_key() == key
+        assert pebble.count(r"POST /sign-me-up") == 2
+        renewed = store.write_certificate(HOST, issued.fullchain_pem, issued.key_pem)
+        assert renewed.issuer != first.issuer  # the restarted pebble's new intermediate
+    finally:
+        await runner.cleanup()
