@@ -228,6 +228,10 @@ class AcmeManager:
         except AcmeError as e:
             self._failed(host, e.reason)
             return
+        except Exception as e:  # a bug must cost this order, not every later renewal
+            log.exception("order for %s failed unexpectedly", host)
+            self._failed(host, f"unexpected error: {type(e).__name__}: {e}")
+            return
         finally:
             self._ordering = None
         self._issued(host, action, stored)

@@ -245,3 +245,27 @@ async def test_status_renders_as_a_table(rig: Rig) -> None:
     assert lines[2].startswith(f"{HOST}")
     assert "failing (1 failed)" in lines[2]
     assert "the CA refused: rate limited (rateLimited)" in lines[2]
+
+
+async def test_an_unexpected_error_in_an_order_is_a_failure_and_the_loop_goes_on(
+    rig: Rig,
+) -> None:
+    calls = 0
+
+    async def broken(host: str) -> Issued:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise KeyError("a bug")
+        return await rig.orderer(host)
+
+    manager = AcmeManager(
+        CONFIG, rig.state_dir, lambda: rig.routes, rig.journal, obtain=broken, clock=rig.clock
+    )
+    rig.managers.append(manager)
+    await manager.start()
+    failed = await rig.entry()
+    assert failed.kind == "certificate_failed"
+    assert "unexpected error: KeyError: 'a bug'" in failed.message
+    await rig.advance(manager, 60)
+    assert (await rig.entry()).kind == "certificate_issued"
