@@ -159,8 +159,8 @@ class AcmeConfig(Model):
     email: str | None = None
     """The account's contact address, for the CA's expiry and policy mail."""
     ca_bundle: str | None = None
-    """A CA file to trust the directory's HTTPS with, instead of the system's (a private CA,
-    pebble in tests)."""
+    """A CA file (an absolute path) to trust the directory's HTTPS with, instead of the
+    system's (a private CA, pebble in tests)."""
     all_routes: bool = False
     """Obtain certificates for the exact hosts of every route, not only of routes with
     ``tls: acme``."""
@@ -180,6 +180,13 @@ class AcmeConfig(Model):
         if parts.scheme not in ("https", "http") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
         return url
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _ca_bundle(cls, path: str | None) -> str | None:
+        if path is not None and not Path(path).is_absolute():
+            raise ValueError(f"must be an absolute path: {path!r}")
+        return path
 
     @field_validator("retry_max")
     @classmethod
