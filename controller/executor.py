@@ -30,7 +30,9 @@ from .actions import (
     Forget,
     MarkServing,
     PauseRollout,
+    Rescale,
     ResumeRollout,
+    SetDegraded,
     Stop,
     Undrain,
 )
@@ -112,6 +114,15 @@ class Executor:
             case Forget():
                 self.pool.remove_service(state.name)
                 self.store.delete_service(state.name)
+            case Rescale(count=count):
+                try:
+                    self.store.update_service(state.name, desired_replicas=count)
+                except Exception as e:
+                    log.warning("%s: autoscaled count not persisted: %s", state.name, e)
+            case SetDegraded(reason=reason):
+                # The data plane answers held requests with the reason a start failed.
+                failure = reason if reason and state.observed.backoff.failures else ""
+                self.pool.set_failure(state.name, failure)
             case _:
                 pass
 

@@ -211,7 +211,11 @@ class Controller:
             spec=spec,
             revisions={revision.number: spec},
             desired=Desired(
-                revision.number, spec.desired_replicas, spec.rollout, static=_static(spec)
+                revision.number,
+                spec.desired_replicas,
+                spec.rollout,
+                static=_static(spec),
+                scaling=spec.autoscaling,
             ),
         )
         self.journal.record(
@@ -232,6 +236,13 @@ class Controller:
             state = self.state(name)
             if state.desired.deleting:
                 raise Conflict(f"service {name!r} is being deleted")
+            scaling = state.desired.scaling
+            if scaling is not None:
+                raise Conflict(
+                    f"service {name!r} is autoscaled (replicas {scaling.min}..{scaling.max}): "
+                    "apply its spec with another range, or with a fixed count to stop "
+                    "autoscaling"
+                )
             data = state.spec.model_dump(mode="json", exclude_unset=True) | {"replicas": replicas}
             spec = validate_spec(data)
             previous = state.desired.revision
@@ -390,16 +401,18 @@ class Controller:
             address = self.executor.upstream_of(name, spec_of, replica, running).address
             adopted.append((replica.replace(address=address), running))
         paused = rollout is not None and rollout.status is RolloutStatus.PAUSED
+        autoscaling = spec.autoscaling
         state = ServiceState(
             name=name,
             spec=spec,
             revisions=revisions,
             desired=Desired(
                 target,
-                row.desired_replicas,
+                autoscaling.clamp(row.desired_replicas) if autoscaling else row.desired_replicas,
                 spec.rollout,
                 paused=paused,
                 static=_static(revisions[target]),
+                scaling=autoscaling,
             ),
             observed=Observed(
                 replicas=tuple(replica for replica, _ in adopted),
@@ -443,4 +456,4 @@ def _static(spec: ServiceSpec) -> bool:
 
 
 def _configure(spec: ServiceSpec) -> Configure:
-    return Configure(spec.desired_replicas, spec.rollout, _static(spec))
+    return Configure(spec.desired_replicas, spec.rollout, _static(spec), spec.autoscaling)

@@ -22,9 +22,11 @@ from collections.abc import Callable, Iterable, Mapping
 from gateway import Health, Pool, PoolEvent
 
 from .actions import Action, BeginRollout, Forget, Start, WakeAt
+from .autoscaler import Sample
 from .backends.base import Backend, Exit
 from .executor import Executor
 from .journal import Journal
+from .model import ReplicaState
 from .planner import plan
 from .spec import ServiceSpec
 from .state import ServiceState
@@ -34,6 +36,7 @@ from .transitions import (
     Exited,
     HealthChanged,
     Observation,
+    Sampled,
     Step,
     decide,
     intend,
@@ -41,6 +44,9 @@ from .transitions import (
 )
 
 log = logging.getLogger(__name__)
+
+SAMPLE_INTERVAL = 1.0
+"""Seconds between two samples of an autoscaled service's traffic."""
 
 
 class Reconciler:
@@ -61,6 +67,9 @@ class Reconciler:
         self.executor = Executor(pool, backends, store, clock, self.observe)
         self._owner: dict[str, str] = {}  # replica id -> service name
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self.pool = pool
+        self._sampler: asyncio.Task[None] | None = None
+        pool.on_waiting = self.on_waiting
 
     # -- loops ---------------------------------------------------------------------------------
 
@@ -70,6 +79,9 @@ class Reconciler:
             self._owner[r.id] = state.name
         state.task = asyncio.create_task(self._run(state), name=f"reconcile:{state.name}")
         state.task.add_done_callback(self._loop_ended)
+        if self._sampler is None:
+            self._sampler = asyncio.create_task(self._sampling(), name="reconcile:samples")
+            self._sampler.add_done_callback(self._loop_ended)
 
     def wake(self, name: str) -> None:
         state = self.services.get(name)
@@ -154,6 +166,9 @@ class Reconciler:
             log.error("reconcile loop %s ended", task.get_name(), exc_info=task.exception())
 
     async def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            await asyncio.gather(self._sampler, return_exceptions=True)
         tasks = [s.task for s in self.services.values() if s.task is not None]
         for task in tasks:
             task.cancel()
@@ -196,6 +211,39 @@ class Reconciler:
             return
         self._commit(state, observe(state.desired, state.observed, seen, self.clock()))
         state.wake.set()
+
+    async def _sampling(self) -> None:
+        """Every ``SAMPLE_INTERVAL``, each autoscaled service's traffic, as an observation."""
+        while True:
+            await asyncio.sleep(SAMPLE_INTERVAL)
+            for state in list(self.services.values()):
+                if state.desired.scaling is not None and not state.forgotten:
+                    self.sample(state)
+
+    def sample(self, state: ServiceState) -> None:
+        """Take a sample of ``state``'s traffic from the pool (every process's) and plan."""
+        sp = self.pool.services.get(state.name)
+        if sp is None:
+            return
+        inflight = sp.inflight_all()
+        completed, waited = sp.totals()
+        ready = sum(1 for r in state.observed.replicas if r.state is ReplicaState.READY)
+        sample = Sample(
+            self.clock(),
+            sum(inflight.values()),
+            sp.held_all(),
+            completed,
+            waited,
+            ready,
+            tuple(sorted(inflight.items())),
+        )
+        self.observe(state, Sampled(sample))
+
+    def on_waiting(self, service: str) -> None:
+        """The pool began holding requests of ``service``: sample it now, not in a second."""
+        state = self.services.get(service)
+        if state is not None and state.desired.scaling is not None:
+            self.sample(state)
 
     def on_pool_event(self, event: PoolEvent) -> None:
         if event.kind != "changed" or event.upstream is None or event.previous is None:
