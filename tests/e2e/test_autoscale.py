@@ -1,0 +1,160 @@
+"""Autoscaling end to end: a real gateway, real replica processes (the process backend), real
+traffic on loopback. Short windows and delays, so each test takes seconds.
+
+- load stepping 0 -> high -> 0 drives 0 -> N -> 0 replicas with no failed request (the
+  held ones included);
+- a scaled-to-zero service answers its first request once a replica is up: the hold time is
+  the replica's start and probe time plus the sampling and the planning;
+- a cold start that cannot be placed answers the held request 503 with the reason, within
+  ``queue_timeout``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from controller.model import ReplicaState
+
+from .conftest import Gateways, Handle, Load, spec, until
+
+SLOW_SERVER = """
+import os, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+DELAY = float(os.environ.get("DELAY", "0.2"))
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(DELAY)
+        body = b"ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+SCALING: dict[str, Any] = {
+    "target": 2,
+    "window": "2s",
+    "scale_up_delay": "0.5s",
+    "scale_down_delay": "2s",
+}
+
+
+def autoscaled(tmp_path: Path, replicas: str, delay: float = 0.2, **extra: Any) -> dict[str, Any]:
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_SERVER)
+    data = spec(str(tmp_path), 1, commands=[f"{sys.executable} {script} $PORT"])
+    data["replicas"] = replicas
+    data["scaling"] = SCALING
+    data["replica"]["env"] = {"DELAY": str(delay)}
+    return data | extra
+
+
+def live(gw: Handle) -> int:
+    return sum(1 for r in gw.replicas() if r.live)
+
+
+def events(gw: Handle, kind: str) -> list[str]:
+    journal = gw.controller.journal
+    return [e.message for e in journal.since(0) if e.kind == kind and e.service == "web"]
+
+
+async def at_zero(gw: Handle) -> None:
+    await until(
+        lambda: (
+            gw.state().desired.replicas == 0
+            and live(gw) == 0
+            and not gw.replicas(ReplicaState.DRAINING, ReplicaState.STOPPING)
+        ),
+        timeout=20,
+        what="scaled to zero",
+    )
+
+
+async def test_load_stepping_up_and_down_scales_0_to_n_to_0_with_no_failed_request(
+    gateways: Gateways, tmp_path: Path
+) -> None:
+    gw = await gateways.start()
+    await gw.controller.apply(autoscaled(tmp_path, "0..4"))
+    await at_zero(gw)  # it began with one replica, idle: gone after scale_down_delay
+
+    most = {"desired": 0, "ready": 0}
+
+    def track() -> bool:
+        most["desired"] = max(most["desired"], gw.state().desired.replicas)
+        most["ready"] = max(most["ready"], gw.ready())
+        return most["ready"] >= 3
+
+    # 8 clients, 0.2 s a request: about 8 in flight, 4 replicas at target 2.
+    async with Load(gw.url, clients=8, limit=60) as load:
+        await until(track, timeout=20, what="3 or more replicas ready under load")
+        await load.more(100)
+    assert not load.failures, load.summary()
+    assert most["desired"] >= 3, most
+    await at_zero(gw)
+    autoscaled_events = events(gw, "autoscaled")
+    assert any(m.startswith("cold start:") for m in autoscaled_events), autoscaled_events
+    assert any("> target 2" in m for m in autoscaled_events), autoscaled_events
+    assert any(m.startswith("idle for 2 s") for m in autoscaled_events), autoscaled_events
+    assert events(gw, "cold_start"), "the cold start's duration is journalled"
+
+
+async def test_the_first_request_to_a_service_at_zero_is_held_and_answered(
+    gateways: Gateways, tmp_path: Path
+) -> None:
+    gw = await gateways.start()
+    await gw.controller.apply(autoscaled(tmp_path, "0..2", delay=0.0))
+    await at_zero(gw)
+    before = {r.id for r in gw.replicas()}
+    async with aiohttp.ClientSession() as http:
+        started = time.monotonic()
+        async with http.get(gw.url + "/") as response:
+            body = await response.text()
+            held = time.monotonic() - started
+    assert response.status == 200, body
+    assert body == "ok"
+    (replica,) = [r for r in gw.replicas() if r.id not in before]
+    assert replica.ready_since is not None
+    start_and_probe = replica.ready_since - replica.created
+    # The hold is the cold start: the replica's start and probes, plus the sample that sees
+    # the held request (at once, on_waiting) and the routing once it is ready.
+    print(f"\nhold {held:.3f} s; replica start + probe {start_and_probe:.3f} s")
+    assert held >= start_and_probe * 0.9
+    assert held <= start_and_probe + 1.0, (held, start_and_probe)
+    (cold,) = events(gw, "cold_start")
+    assert f"replica {replica.id} ready" in cold
+
+
+@pytest.mark.parametrize("queue_timeout", [5.0])
+async def test_a_cold_start_with_no_capacity_answers_503_with_the_reason(
+    gateways: Gateways, tmp_path: Path, queue_timeout: float
+) -> None:
+    gw = await gateways.start(capacity=0)
+    await gw.controller.apply(autoscaled(tmp_path, "0..2", queue_timeout=queue_timeout))
+    await until(lambda: gw.state().desired.replicas == 0, timeout=20, what="idle at zero")
+    await until(lambda: gw.state().observed.degraded is None, what="not degraded at zero")
+    async with aiohttp.ClientSession() as http:
+        started = time.monotonic()
+        async with http.get(gw.url + "/") as response:
+            body = await response.json()
+            took = time.monotonic() - started
+    assert response.status == 503, body
+    assert response.headers["Retry-After"]
+    assert "no capacity" in body["reason"], body
+    assert "no capacity" in body["message"], body
+    assert took < queue_timeout, took
+    print(f"\n503 after {took:.3f} s: {body['message']}")
+    assert gw.state().observed.degraded is not None
+    assert "no capacity" in (gw.state().observed.degraded or "")
