@@ -307,6 +307,25 @@ async def https_get(port: int, root_pem: str) -> tuple[x509.Certificate, bytes]:
     return x509.load_der_x509_certificate(der), answer
 
 
+async def api_events(handle: Handle, kind: str, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` entries of ``kind`` of the service web, as ``/api/events`` streams
+    them (from the start of the journal: ``Last-Event-ID: 0``)."""
+    url = f"http://127.0.0.1:{handle.gateway.admin.port}/api/events?service=web"
+    found: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url, headers={"Last-Event-ID": "0"}) as r:
+            assert r.status == 200
+            async with asyncio.timeout(10):
+                async for line in r.content:
+                    if line.startswith(b"data: "):
+                        event = json.loads(line[6:])
+                        if event["kind"] == kind:
+                            found.append(event)
+                            if len(found) == count:
+                                return found
+    raise AssertionError("the stream ended")
+
+
 def metric(text: str, series: str) -> float:
     match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
     assert match, f"{series} not in the metrics"
@@ -326,6 +345,7 @@ async def test_a_certificate_is_issued_validated_for_real_and_served(
     [issued] = await until(lambda: entries(handle, "certificate_issued"), 20, "the certificate")
     assert issued.service == "web"
     assert f"certificate for {HOST} issued by Pebble Intermediate CA" in issued.message
+    assert [e["id"] for e in await api_events(handle, "certificate_issued", 1)] == [issued.id]
     # Validated for real: pebble resolved the name here and fetched the answer from the
     # gateway's plain listener.
     assert (HOST, 1) in dns[0].queries
@@ -413,6 +433,8 @@ async def test_an_unreachable_challenge_fails_is_retried_and_the_service_stays_u
     assert second.at - first.at >= 0.375
     assert third.at - second.at >= 0.75
     assert pebble.count(r"authz \S+ set VALID") == 0
+    streamed = await api_events(handle, "certificate_failed", 3)
+    assert [e["message"] for e in streamed] == [e.message for e in (first, second, third)]
     assert (HOST, 1) in dns[0].queries  # the name resolved; the port was closed
     # The service is served over plain HTTP all along.
     assert await plain_get(plain) == (200, "v1")
