@@ -1,7 +1,8 @@
 """The zero-downtime harness: rollouts and faults under continuous load, every request counted.
 
     .venv/bin/python bench/zero_downtime.py [--scenario N ...] [--duration S] [--concurrency C]
-                                            [--workers N]
+                                            [--workers N] [--backend process|docker]
+                                            [--docker-host URL] [--image BASE] [--keep-image]
 
 Each scenario starts the real gateway as a process of its own (``python -m controller.main
 serve``: process backend, traffic and admin listeners on free loopback ports, a temporary
@@ -27,6 +28,17 @@ Scenarios (issue 6):
 ``--workers N`` runs every scenario against a gateway with N worker processes (its results
 go to a section of their own).
 
+``--backend docker`` runs the replicas as containers of one Docker Engine (``--docker-host``,
+default ``$DOCKER_HOST`` or the local socket), configured as two hosts ``a`` and ``b`` with a
+port range and half the capacity each, ports published on 127.0.0.1 only. The replica app
+needs aiohttp: once per run an image is built (``docker build`` through the CLI) FROM
+``--image`` (a base with Python 3.11 at ``python3``, no registry needed) with the app and
+aiohttp's distributions copied from this interpreter's site-packages, tagged by the digest of
+what went into it, and removed at the end unless ``--keep-image`` (or it was there before).
+Scenario 5 kills a container through the engine (SIGKILL, found by its ``gateway.instance``
+and ``gateway.replica`` labels); every container with the gateway's instance label is removed
+at the end. Its results go to a section of their own.
+
 A request failed when it got a non-2xx answer the replica did not produce itself, a
 connection error, a timeout, a short or wrong body, a broken SSE stream, a wrong or missing
 WebSocket echo, or a WebSocket closed under it (1001 too, except where scenarios 7 and 8 say
@@ -37,8 +49,9 @@ notes: they still count as failed.
 Each scenario is bounded (every wait has a deadline), stops by itself and, in a ``finally``,
 stops the gateway (SIGTERM, then SIGKILL of its process group) and SIGKILLs the process group
 of any replica still alive (replicas write ``<id>.pid`` into the scenario's directory; a pid
-is signalled only while ``/proc`` shows it is that replica). The table goes to stdout and,
-when every scenario ran, to the marked section of ``bench/RESULTS.md``.
+is signalled only while ``/proc`` shows it is that replica), or removes any container left
+with its instance label. The table goes to stdout and, when every scenario ran (or with
+``--results yes``), to the marked section of ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
@@ -47,6 +60,8 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -72,6 +87,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.loadgen import KiB, LoadGen, LoadMix, MiB, Outcome, Summary, summarize  # noqa: E402
+from controller.backends.docker import EngineClient, EngineError  # noqa: E402
 
 APP = ROOT / "bench" / "replica_app.py"
 RESULTS = ROOT / "bench" / "RESULTS.md"
@@ -82,6 +98,12 @@ LIVE = frozenset({"requested", "starting", "ready", "unhealthy"})
 LEAVING = frozenset({"draining", "stopping"})
 WALL_OFFSET = time.time() - time.monotonic()
 """Journal times are wall-clock; outcomes are monotonic."""
+DEFAULT_BASE_IMAGE = "local/bookworm-python:test"
+"""A Debian minbase with python3 (what ``.ci/run`` imports): no registry needed."""
+IMAGE_REPOSITORY = "local/zero-downtime-replica"
+IMAGE_APP_DIR = "/replica"
+"""Where the image holds the replica app, its libraries under ``site``."""
+DOCKER_HOSTS = ("a", "b")
 
 
 @dataclass(frozen=True)
@@ -194,6 +216,116 @@ def replica_process(pid: int, piddir: Path) -> bool:
     return APP.name.encode() in cmdline and f"PIDDIR={piddir}".encode() in environ.split(b"\0")
 
 
+# -- replicas as containers ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Docker:
+    """The Docker backend of a run: the engine the hosts name, and the replica app's image."""
+
+    engine: str
+    image: str
+    base: str
+    libraries: tuple[str, ...]
+    """``name version`` of each distribution copied into the image."""
+    version: str = "unknown"
+    """The engine's."""
+
+
+def docker_cli(
+    engine: str, *args: str, timeout: float = 60.0, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DOCKER_HOST": engine, "DOCKER_BUILDKIT": "0"}
+    done = subprocess.run(
+        ["docker", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args[:2])}: {done.stderr.strip() or done.stdout}")
+    return done
+
+
+def replica_libraries(top: str = "aiohttp") -> list[importlib.metadata.Distribution]:
+    """``top`` and what it requires on this interpreter (no extras), as installed here."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = [top]
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in found:
+            continue
+        dist = importlib.metadata.distribution(name)
+        found[name] = dist
+        for text in dist.requires or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return [found[name] for name in sorted(found)]
+
+
+def build_replica_image(engine: str, base: str, workdir: Path) -> tuple[Docker, bool]:
+    """The replica app's image FROM ``base``; returns it and whether it was there before.
+
+    The app is not stdlib-only (aiohttp), and a minbase has no pip: aiohttp and its
+    requirements are copied from this interpreter's site-packages (manylinux wheels, cp311),
+    so the build needs no network, and checks the base's ``python3`` is this minor version
+    and imports them. The tag is the digest of the base's id, the Dockerfile, the app and
+    the libraries' versions.
+    """
+    found = docker_cli(engine, "image", "inspect", "--format", "{{.Id}}", base, check=False)
+    if found.returncode != 0:
+        raise RuntimeError(f"the base image {base} is not on {engine}: {found.stderr.strip()}")
+    context = workdir / "image"
+    site = context / "site"
+    site.mkdir(parents=True)
+    dists = replica_libraries()
+    for dist in dists:
+        for file in dist.files or []:
+            if file.parts[0] == ".." or "__pycache__" in file.parts:
+                continue
+            target = site / file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(str(dist.locate_file(file))), target)
+    shutil.copyfile(APP, context / APP.name)
+    check = (
+        f"import sys; assert sys.version_info[:2] == {tuple(sys.version_info[:2])}, "
+        "'python3 is ' + sys.version.split()[0] + ', the libraries are for another minor'; "
+        "import aiohttp"
+    )
+    dockerfile = "\n".join(
+        [
+            f"FROM {base}",
+            f"COPY site {IMAGE_APP_DIR}/site",
+            f"COPY {APP.name} {IMAGE_APP_DIR}/{APP.name}",
+            f"ENV PYTHONPATH={IMAGE_APP_DIR}/site PYTHONUNBUFFERED=1",
+            f'RUN python3 -c "{check}" && python3 -m compileall -q {IMAGE_APP_DIR}',
+            "",
+        ]
+    )
+    (context / "Dockerfile").write_text(dockerfile)
+    libraries = tuple(f"{d.metadata['Name']} {d.version}" for d in dists)
+    digest = hashlib.sha256()
+    for part in (found.stdout.strip(), dockerfile, APP.read_text(), *libraries):
+        digest.update(part.encode() + b"\0")
+    tag = f"{IMAGE_REPOSITORY}:{digest.hexdigest()[:12]}"
+    existed = docker_cli(engine, "image", "inspect", tag, check=False).returncode == 0
+    if not existed:
+        docker_cli(engine, "build", "--quiet", "--tag", tag, str(context), timeout=300)
+    version = docker_cli(engine, "version", "--format", "{{.Server.Version}}").stdout.strip()
+    return Docker(engine, tag, base, libraries, version), existed
+
+
+def remove_containers_cli(engine: str, instance: str) -> int:
+    """Force-remove every container labelled with ``instance`` (the last resort of a run)."""
+    found = docker_cli(
+        engine, "ps", "--all", "--quiet", "--filter", f"label=gateway.instance={instance}"
+    ).stdout.split()
+    if found:
+        docker_cli(engine, "rm", "--force", *found)
+    return len(found)
+
+
 class AdminError(Exception):
     pass
 
@@ -231,7 +363,8 @@ class Track:
 
 
 class Gateway:
-    """The gateway as a process of its own, its admin API, and the replicas it started."""
+    """The gateway as a process of its own, its admin API, and the replicas it started
+    (processes, or containers with ``docker``)."""
 
     def __init__(
         self,
@@ -240,9 +373,14 @@ class Gateway:
         capacity: int | None = 16,
         shutdown_timeout: float = 10.0,
         workers: int = 1,
+        docker: Docker | None = None,
     ) -> None:
         self.dir = workdir
         self.workers = workers
+        self.docker = docker
+        self.engine = EngineClient(docker.engine) if docker is not None else None
+        self.instance: str | None = None
+        """The gateway's instance id: the label of its containers."""
         self.piddir = workdir / "pids"
         self.piddir.mkdir(parents=True)
         self.capacity = capacity
@@ -251,6 +389,8 @@ class Gateway:
         self.admin_port = free_port()
         base = 26000 + random.randrange(80) * 25
         self.port_range = f"{base}-{base + 24}"
+        # Apart from the process ranges (26000-27999) and tests/e2e/test_docker.py's.
+        self.docker_base = 28000 + random.randrange(40) * 50
         self.token = secrets.token_urlsafe(24)
         self.process: asyncio.subprocess.Process | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -272,17 +412,42 @@ class Gateway:
         return self.dir / "gateway.log"
 
     def config(self) -> dict[str, Any]:
+        backends: dict[str, Any] = {
+            "process": {"capacity": self.capacity, "port_range": self.port_range}
+        }
+        if self.docker is not None:
+            backends["docker"] = {"hosts": self.docker_hosts()}
         return {
             "listen": f"127.0.0.1:{self.port}",
             "admin": {"listen": f"127.0.0.1:{self.admin_port}", "token_env": "GATEWAY_ADMIN_TOKEN"},
             "state_dir": str(self.dir / "state"),
-            "backends": {"process": {"capacity": self.capacity, "port_range": self.port_range}},
+            "backends": backends,
             "proxy": {"shutdown_timeout": self.shutdown_timeout},
             "access_log": {"enabled": False},
             "replicas_on_exit": "stop",
             "log_level": "info",
             "workers": self.workers,
         }
+
+    def docker_hosts(self) -> list[dict[str, Any]]:
+        """Two hosts on the one engine, as tests/e2e/test_docker.py has them: the capacity
+        split between them, 20 ports each, published on 127.0.0.1."""
+        assert self.docker is not None
+        total = 16 if self.capacity is None else self.capacity
+        n = len(DOCKER_HOSTS)
+        hosts = []
+        for i, name in enumerate(DOCKER_HOSTS):
+            first = self.docker_base + 20 * i
+            hosts.append(
+                {
+                    "name": name,
+                    "engine": self.docker.engine,
+                    "address": "127.0.0.1",
+                    "capacity": {"replicas": total // n + (i < total % n)},
+                    "port_range": f"{first}-{first + 19}",
+                }
+            )
+        return hosts
 
     async def start(self) -> None:
         path = self.dir / "gateway.json"
@@ -318,6 +483,8 @@ class Gateway:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the gateway was not ready within 20 s:\n{self.log_tail()}")
             await asyncio.sleep(0.05)
+        if self.docker is not None:
+            self.instance = (self.dir / "state" / "instance-id").read_text().strip()
         self._tasks = [asyncio.create_task(self._poll()), asyncio.create_task(self._follow())]
 
     def log_tail(self, lines: int = 30) -> str:
@@ -436,6 +603,37 @@ class Gateway:
                 pids.append(int(path.read_text()))
         return pids
 
+    async def containers(self, **labels: str) -> list[dict[str, Any]]:
+        """The engine's containers with this gateway's instance label (and ``labels``)."""
+        assert self.engine is not None
+        assert self.instance is not None
+        return await self.engine.containers(
+            {"gateway.instance": self.instance, **{f"gateway.{k}": v for k, v in labels.items()}}
+        )
+
+    async def victims(self, replicas: list[dict[str, Any]]) -> list[tuple[str, int | str]]:
+        """Those of ``replicas`` that can be killed now, each with its pid or container id."""
+        if self.docker is None:
+            return [
+                (r["id"], pid)
+                for r in replicas
+                if (pid := self.pid(r["id"])) and replica_process(pid, self.piddir)
+            ]
+        running = {
+            c["Labels"]["gateway.replica"]: c["Id"]
+            for c in await self.containers(service=SERVICE)
+            if c["State"] == "running"
+        }
+        return [(r["id"], running[r["id"]]) for r in replicas if r["id"] in running]
+
+    async def kill(self, victim: int | str) -> None:
+        """SIGKILL a replica: its process, or its container through the engine."""
+        if isinstance(victim, int):
+            os.kill(victim, signal.SIGKILL)
+        else:
+            assert self.engine is not None
+            await self.engine.kill(victim, "SIGKILL")
+
     def events_of(self, kind: str, since: float = 0.0) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"] == kind and e["mono"] >= since]
 
@@ -446,8 +644,9 @@ class Gateway:
             task.cancel()
         self._tasks = []
 
-    async def close(self) -> list[int]:
-        """Stop the gateway and end every replica left; returns the pids that were left."""
+    async def close(self) -> list[int | str]:
+        """Stop the gateway and end every replica left; returns the pids (or container
+        names) that were left."""
         self.stop_watching()
         process = self.process
         if process is not None and process.returncode is None:
@@ -459,18 +658,45 @@ class Gateway:
                     os.killpg(process.pid, signal.SIGKILL)
                 await process.wait()
         # With replicas_on_exit: stop, the gateway stopped its replicas before it exited.
+        left: list[int | str] = []
+        if self.docker is not None:
+            left += await self._remove_containers()
         deadline = time.monotonic() + 3
-        left = [p for p in self.replica_pids() if replica_process(p, self.piddir)]
-        while left and time.monotonic() < deadline:
+        pids = [p for p in self.replica_pids() if replica_process(p, self.piddir)]
+        while pids and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-            left = [p for p in left if replica_process(p, self.piddir)]
-        for pid in left:
+            pids = [p for p in pids if replica_process(p, self.piddir)]
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)  # each replica leads a process group of its own
         if self.session is not None:
             await self.session.close()
             self.session = None
-        return left
+        return [*left, *pids]
+
+    async def _remove_containers(self) -> list[int | str]:
+        """Force-remove the containers of this instance still there 3 s after the gateway
+        exited (it removes those it stopped); returns their names."""
+        assert self.engine is not None
+        if self.instance is None:
+            await self.engine.close()
+            return []
+        deadline = time.monotonic() + 3
+        left: list[dict[str, Any]] = []
+        try:
+            while True:
+                left = await self.containers()
+                if not left or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.1)
+            for container in left:
+                await self.engine.remove(container["Id"])
+        except EngineError:
+            # The engine does not answer: the run's last resort (the CLI) tries again.
+            return [f"instance {self.instance} (engine error)"]
+        finally:
+            await self.engine.close()
+        return [c["Names"][0].lstrip("/") for c in left]
 
 
 # -- specs and states -------------------------------------------------------------------------
@@ -485,21 +711,22 @@ def make_spec(
     env: dict[str, str] | None = None,
     **rollout: Any,
 ) -> dict[str, Any]:
-    """The service spec of one revision of the replica app (``version`` makes it distinct)."""
-    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(APP))}"
+    """The service spec of one revision of the replica app (``version`` makes it distinct):
+    a process, or a container of the run's image (``backend: docker``)."""
+    variables = {"VERSION": version, "STARTUP_DELAY": f"{p.startup_delay:g}", **(env or {})}
+    replica: dict[str, Any]
+    if gw.docker is None:
+        command = f"{shlex.quote(sys.executable)} {shlex.quote(str(APP))}"
+        replica = {"commands": [command], "env": {**variables, "PIDDIR": str(gw.piddir)}}
+    else:
+        command = f"python3 {IMAGE_APP_DIR}/{APP.name}"  # on $HOST:$PORT, the backend's
+        replica = {"image": gw.docker.image, "commands": [command], "env": variables}
     return {
         "name": SERVICE,
+        **({"backend": "docker"} if gw.docker is not None else {}),
         "route": {"path_prefix": "/"},
         "replicas": p.replicas if replicas is None else replicas,
-        "replica": {
-            "commands": [command],
-            "env": {
-                "VERSION": version,
-                "STARTUP_DELAY": f"{p.startup_delay:g}",
-                "PIDDIR": str(gw.piddir),
-                **(env or {}),
-            },
-        },
+        "replica": replica,
         "probes": [
             {
                 "type": "http",
@@ -632,10 +859,13 @@ class Row:
 class Ctx:
     """What the scenarios share: the profile, a work directory, the gateways they start."""
 
-    def __init__(self, profile: Profile, workroot: Path, verbose: bool = True) -> None:
+    def __init__(
+        self, profile: Profile, workroot: Path, verbose: bool = True, docker: Docker | None = None
+    ) -> None:
         self.profile = profile
         self.workroot = workroot
         self.verbose = verbose
+        self.docker = docker
         self.rows: list[Row] = []
         self._count = 0
 
@@ -653,6 +883,7 @@ class Ctx:
     async def gateway(self, **kwargs: Any) -> AsyncIterator[Gateway]:
         self._count += 1
         kwargs.setdefault("workers", self.profile.workers)
+        kwargs.setdefault("docker", self.docker)
         gw = Gateway(self.workroot / f"gateway-{self._count}", **kwargs)
         first = len(self.rows)
         try:
@@ -938,8 +1169,10 @@ async def scenario_5(ctx: Ctx) -> None:
     rng = random.Random(5)
     async with ctx.gateway() as gw:
         await serve(ctx, gw, make_spec(p, gw, "v1"))
-        row = ctx.row("5", f"SIGKILL of a serving replica every {p.kill_every:g} s")
+        what = "a serving replica" if gw.docker is None else "a serving replica's container"
+        row = ctx.row("5", f"SIGKILL of {what} every {p.kill_every:g} s")
         seen: list[float] = []
+        calls: list[float] = []
         with gw.track() as track:
             async with ctx.loaded(gw, row, mix=p.crash_mix):
                 since = time.monotonic()
@@ -947,17 +1180,16 @@ async def scenario_5(ctx: Ctx) -> None:
                 while time.monotonic() + p.kill_every <= end:
                     await asyncio.sleep(p.kill_every)
                     view = await gw.fresh_view()
-                    victims = [
-                        (r["id"], pid)
-                        for r in ready(view)
-                        if (pid := gw.pid(r["id"])) and replica_process(pid, gw.piddir)
-                    ]
+                    victims = await gw.victims(ready(view))
                     if not victims:
                         row.problems.append("no ready replica to kill")
                         continue
-                    replica_id, pid = rng.choice(victims)
-                    os.kill(pid, signal.SIGKILL)
+                    replica_id, victim = rng.choice(victims)
+                    # The moment the kill is sent: an engine's kill returns once the
+                    # container is dead, after the streams on it broke.
                     killed = time.monotonic()
+                    await gw.kill(victim)
+                    calls.append(time.monotonic() - killed)
                     row.crashes.append((killed, replica_id))
                     await gw.wait(
                         lambda v, rid=replica_id: all(
@@ -982,6 +1214,12 @@ async def scenario_5(ctx: Ctx) -> None:
         row.note(
             f"ready ≥ {track.min_ready} throughout; each kill seen by the controller within "
             f"{max(seen, default=0) * 1000:.0f} ms"
+            + (
+                ""
+                if gw.docker is None
+                else f" of the kill sent (the engine answered it within "
+                f"{max(calls, default=0) * 1000:.0f} ms)"
+            )
         )
         row.check(len(started) >= len(row.crashes), "not every killed replica was replaced")
 
@@ -1153,10 +1391,15 @@ SCENARIOS: dict[int, Callable[[Ctx], Awaitable[None]]] = {
 
 
 async def run_scenarios(
-    numbers: Iterable[int], profile: Profile, workroot: Path, verbose: bool = True
+    numbers: Iterable[int],
+    profile: Profile,
+    workroot: Path,
+    verbose: bool = True,
+    docker: Docker | None = None,
 ) -> list[Row]:
-    """Run scenarios; an error in one becomes a problem of its row and the next one runs."""
-    ctx = Ctx(profile, workroot, verbose)
+    """Run scenarios (replicas as containers with ``docker``); an error in one becomes a
+    problem of its row and the next one runs."""
+    ctx = Ctx(profile, workroot, verbose, docker)
     for number in numbers:
         first = len(ctx.rows)
         try:
@@ -1238,18 +1481,35 @@ def failure_lines(rows: list[Row], limit: int = 6) -> list[str]:
     return out
 
 
-def report(rows: list[Row], command: str, took: float, profile: Profile) -> str:
+def report(
+    rows: list[Row], command: str, took: float, profile: Profile, docker: Docker | None = None
+) -> str:
     mix = profile.mix
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    if docker is None:
+        backend = "process backend, loopback"
+        replicas = "replicas of `bench/replica_app.py`"
+    else:
+        backend = (
+            f"Docker backend: hosts {' and '.join(DOCKER_HOSTS)} on one engine (Docker "
+            f"{docker.version}, `{docker.engine}`), half the capacity and 20 host ports each, "
+            f"published on 127.0.0.1"
+        )
+        replicas = (
+            f"replicas as containers of `bench/replica_app.py` in an image built for the run "
+            f"FROM `{docker.base}` with {', '.join(docker.libraries)} copied from the bench's "
+            f"venv, one container per replica"
+        )
     lines = [
-        "## Zero downtime: rollouts and faults under load"
+        "## Zero downtime"
+        + (" on the Docker backend" if docker is not None else "")
+        + ": rollouts and faults under load"
         + (f", {profile.workers} workers" if profile.workers > 1 else ""),
         "",
         f"Run {now} with `{command}` ({took:.0f} s in all).",
         "",
-        f"Each scenario: the gateway as a process of its own (process backend, loopback, "
-        f"`replicas_on_exit: stop`, {workers_text(profile.workers)}), "
-        f"replicas of `bench/replica_app.py` "
+        f"Each scenario: the gateway as a process of its own ({backend}, "
+        f"`replicas_on_exit: stop`, {workers_text(profile.workers)}), {replicas} "
         f"({profile.startup_delay:g} s start-up, HTTP probe every {profile.probe_interval:g} s), "
         f"and `bench/loadgen.py`: {mix.concurrency} HTTP clients, half sending short GETs back "
         f"to back, half slow requests ({mix.slow[0]:g}-{mix.slow[1]:g} s), SSE streams "
@@ -1307,15 +1567,20 @@ def workers_text(workers: int) -> str:
     return f"traffic served by {workers} worker processes (`--workers {workers}`)"
 
 
-def write_results(section: str, path: Path = RESULTS, workers: int = 1) -> None:
+def write_results(
+    section: str, path: Path = RESULTS, workers: int = 1, backend: str = "process"
+) -> None:
     """Replace the marked section of ``path`` (appending the markers at the end if absent).
 
-    A run with worker processes has a section of its own.
+    A run with worker processes, or on the Docker backend, has a section of its own.
     """
-    start_mark, end_mark = START_MARK, END_MARK
+    name = "zero-downtime"
+    if backend != "process":
+        name += f"-{backend}"
     if workers > 1:
-        start_mark = START_MARK.replace("zero-downtime", f"zero-downtime-workers-{workers}")
-        end_mark = END_MARK.replace("zero-downtime", f"zero-downtime-workers-{workers}")
+        name += f"-workers-{workers}"
+    start_mark = START_MARK.replace("zero-downtime", name)
+    end_mark = END_MARK.replace("zero-downtime", name)
     text = path.read_text() if path.exists() else ""
     block = f"{start_mark}\n{section}\n{end_mark}"
     start, end = text.find(start_mark), text.find(end_mark)
@@ -1327,6 +1592,26 @@ def write_results(section: str, path: Path = RESULTS, workers: int = 1) -> None:
 
 
 # -- main ---------------------------------------------------------------------------------------
+
+
+def clean_up_docker(engine: str, workroot: Path, docker: Docker | None, keep_image: bool) -> None:
+    """Remove every container of the run's gateways (their instance labels) that is left, then
+    the replica image unless it is kept; what fails is said, not raised."""
+    for path in sorted(workroot.glob("gateway-*/state/instance-id")):
+        instance = path.read_text().strip()
+        try:
+            removed = remove_containers_cli(engine, instance)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            print(f"containers of instance {instance} not removed: {e}", file=sys.stderr)
+            continue
+        if removed:
+            print(f"removed {removed} containers of instance {instance}", file=sys.stderr)
+    if docker is None or keep_image:
+        return
+    try:
+        docker_cli(engine, "image", "rm", docker.image)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        print(f"the image {docker.image} was not removed: {e}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1354,6 +1639,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers", type=int, default=1, help="the gateway's worker processes (default 1)"
     )
+    parser.add_argument(
+        "--backend",
+        choices=("process", "docker"),
+        default="process",
+        help="replicas as processes or as containers (default %(default)s)",
+    )
+    parser.add_argument(
+        "--docker-host",
+        default=os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
+        help="the engine of --backend docker (default $DOCKER_HOST or %(default)s)",
+    )
+    parser.add_argument(
+        "--image",
+        default=DEFAULT_BASE_IMAGE,
+        help="--backend docker: the base of the replica image, with python3 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--keep-image", action="store_true", help="--backend docker: keep the replica image"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args(argv)
     numbers = args.scenario or sorted(SCENARIOS)
@@ -1366,19 +1670,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     workroot = Path(tempfile.mkdtemp(prefix="zero-downtime-"))
     started = time.monotonic()
+    docker: Docker | None = None
+    image_existed = True
     try:
-        rows = asyncio.run(run_scenarios(numbers, profile, workroot))
+        if args.backend == "docker":
+            docker, image_existed = build_replica_image(args.docker_host, args.image, workroot)
+            print(f"replica image {docker.image} (FROM {docker.base})", file=sys.stderr)
+        rows = asyncio.run(run_scenarios(numbers, profile, workroot, docker=docker))
     finally:
+        if args.backend == "docker":
+            clean_up_docker(args.docker_host, workroot, docker, image_existed or args.keep_image)
         if args.keep:
             print(f"work directory kept: {workroot}", file=sys.stderr)
         else:
             shutil.rmtree(workroot, ignore_errors=True)
     took = time.monotonic() - started
     command = " ".join([".venv/bin/python bench/zero_downtime.py", *(argv or sys.argv[1:])])
-    section = report(rows, command.strip(), took, profile)
+    section = report(rows, command.strip(), took, profile, docker)
     print(section)
     if args.results == "yes" or (args.results == "auto" and set(numbers) == set(SCENARIOS)):
-        write_results(section, workers=args.workers)
+        write_results(section, workers=args.workers, backend=args.backend)
         print(f"\nwritten to {RESULTS.relative_to(ROOT)}", file=sys.stderr)
     return 0 if all(row.passed for row in rows) else 1
 
