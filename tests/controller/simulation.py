@@ -25,10 +25,11 @@ from controller.actions import (
     Start,
     WakeAt,
 )
+from controller.autoscaler import Sample
 from controller.model import Desired, Intent, Observed, Replica, Rollout, RolloutStatus
 from controller.model import ReplicaState as S
 from controller.planner import plan
-from controller.spec import RolloutStrategy
+from controller.spec import Autoscaling, RolloutStrategy
 from controller.transitions import (
     Change,
     Configure,
@@ -39,6 +40,7 @@ from controller.transitions import (
     Observation,
     Placed,
     Retarget,
+    Sampled,
     SetPaused,
     StartFailed,
     Step,
@@ -78,11 +80,17 @@ class World:
 
     @classmethod
     def create(
-        cls, strategy: RolloutStrategy, replicas: int, capacity: int, *, serving: bool
+        cls,
+        strategy: RolloutStrategy,
+        replicas: int,
+        capacity: int,
+        *,
+        serving: bool,
+        scaling: Autoscaling | None = None,
     ) -> World:
         """Revision 1 at full strength (``serving``), or a new service whose first plan will
-        begin its first rollout."""
-        w = cls(Desired(1, replicas, strategy), Observed(), capacity)
+        begin its first rollout; autoscaled within ``scaling``'s range if given."""
+        w = cls(Desired(1, replicas, strategy, scaling=scaling), Observed(), capacity)
         if serving:
             ids = [w._new_id() for _ in range(replicas)]
             ready = [
@@ -242,6 +250,16 @@ class World:
         r = self.get(replica_id)
         assert r.state is S.STOPPING
         self._observe(Exited(r.id, 0, "stopped", requested=True))
+
+    def sample(self, inflight: int, held: int = 0) -> None:
+        """The data plane's traffic now, as the reconciler samples it: ``inflight`` requests
+        spread over the READY replicas (``held`` waiting when none is)."""
+        ready = [r for r in self.observed.replicas if r.state is S.READY]
+        if not ready:
+            held, inflight = held + inflight, 0
+        per = [(r.id, inflight // len(ready) + (i < inflight % len(ready))) for i, r in
+               enumerate(ready)] if ready else []  # fmt: skip
+        self._observe(Sampled(Sample(self.now, inflight, held, 0, 0, len(ready), tuple(per))))
 
     def settle(self) -> bool:
         """One benign round: every start is placed, probes pass, drains and stops finish.

@@ -51,6 +51,7 @@ from controller.actions import (
     FailRollout,
     Forget,
     PauseRollout,
+    Rescale,
     ResumeRollout,
     SetDegraded,
     Start,
@@ -195,9 +196,12 @@ def takeable(o: Observed, revision: int) -> list[Replica]:
 def check_plan(w: World, before_failure: Observed | None = None) -> list[Action]:
     """One plan: check it against the rules, and apply it."""
     o, d, now = w.observed, w.desired, w.now
+    actions = w.plan()
+    for a in actions:  # the autoscaler's count is what the rest of the plan works to
+        if isinstance(a, Rescale):
+            d = d.replace(replicas=a.count)
     s, target = d.strategy, d.revision
     floor = d.replicas - s.max_unavailable
-    actions = w.plan()
     by_id = {r.id: r for r in o.replicas}
     drained = [by_id[a.replica_id] for a in actions if isinstance(a, Drain)]
     given_up = [by_id[a.replica_id] for a in actions if isinstance(a, FailReplica)]
@@ -225,9 +229,13 @@ def check_plan(w: World, before_failure: Observed | None = None) -> list[Action]
     assert len(wakes) <= 1, f"R7: WakeAt {wakes}"
     assert all(at > now or (at == now and deciding) for at in wakes), f"R7: WakeAt {wakes} at {now}"
     if not failing_rollout:
-        assert fates(plan(blind(o), d, now)) == fates(actions), "R3: a failure decided a fate"
+        assert fates(plan(blind(o), w.desired, now)) == fates(actions), (
+            "R3: a failure decided a fate"
+        )
     if before_failure is not None:
-        earlier = {a.replica_id for a in plan(before_failure, d, now) if isinstance(a, Drain)}
+        earlier = {
+            a.replica_id for a in plan(before_failure, w.desired, now) if isinstance(a, Drain)
+        }
         added = [r.id for r in ready_drained if r.id not in earlier]
         assert not added, f"R3/R4: the failure caused drains of READY {added}"
     live = [r for r in o.replicas if r.live]
