@@ -124,6 +124,21 @@ class Conditions(Schema):
     reason: str | None = None
 
 
+class AutoscalingView(Schema):
+    """An autoscaled service's range and its autoscaler's last change."""
+
+    min: int
+    max: int
+    metric: Literal["concurrency", "rps"]
+    target: float
+    held: int
+    """Requests held now, waiting for a routable replica."""
+    decision: str | None = None
+    """The last change of the count and why."""
+    decided_at: float | None = None
+    """When (Unix time)."""
+
+
 class ServiceView(Schema):
     name: str
     status: ServiceStatus
@@ -138,6 +153,8 @@ class ServiceView(Schema):
     conditions: Conditions
     rollout: RolloutView | None
     """The active rollout, if any."""
+    autoscaling: AutoscalingView | None = None
+    """With a replica range: the autoscaler's settings and last decision."""
 
 
 class ServiceList(Schema):

@@ -23,6 +23,7 @@ from ..state import ServiceState
 from ..store import RevisionRow, RolloutRow
 from .openapi import Operation
 from .schemas import (
+    AutoscalingView,
     Conditions,
     HostView,
     ReplicaView,
@@ -141,6 +142,24 @@ def service_view(controller: Controller, state: ServiceState) -> ServiceView:
         rollout=None
         if rollout is None or not rollout.active
         else rollout_view(controller, state, rollout, wall),
+        autoscaling=autoscaling_view(state, wall),
+    )
+
+
+def autoscaling_view(state: ServiceState, wall: Wall) -> AutoscalingView | None:
+    scaling = state.desired.scaling
+    if scaling is None:
+        return None
+    memory = state.observed.scaler
+    samples = state.observed.samples
+    return AutoscalingView(
+        min=scaling.min,
+        max=scaling.max,
+        metric=scaling.metric,
+        target=scaling.target,
+        held=samples[-1].held if samples else 0,
+        decision=memory.decision or None,
+        decided_at=None if memory.decided_at is None else wall(memory.decided_at),
     )
 
 

@@ -118,6 +118,14 @@ def service_table(views: list[dict[str, Any]], out: TextIO) -> None:
             ]
         )
     table(rows, out)
+    for v in views:  # an autoscaled service's last decision, and why
+        scaling = v.get("autoscaling")
+        if scaling and scaling["decision"]:
+            print(
+                f"{v['name']}: autoscaled {scaling['min']}..{scaling['max']}, "
+                f"{ago(scaling['decided_at'])}: {scaling['decision']}",
+                file=out,
+            )
 
 
 def host_table(hosts: list[dict[str, Any]], out: TextIO) -> None:
@@ -138,6 +146,15 @@ def service_detail(view: dict[str, Any], show_all: bool, out: TextIO) -> None:
     )
     if view["conditions"]["degraded"]:
         print(f"degraded: {view['conditions']['reason']}", file=out)
+    scaling = view.get("autoscaling")
+    if scaling:
+        print(
+            f"autoscaled: replicas {scaling['min']}..{scaling['max']}, {scaling['metric']} "
+            f"target {scaling['target']:g}, {scaling['held']} held",
+            file=out,
+        )
+        if scaling["decision"]:
+            print(f"last decision ({ago(scaling['decided_at'])}): {scaling['decision']}", file=out)
     if view["rollout"] is not None:
         print(progress_text(view["rollout"]), file=out)
     replicas = view["replicas"]

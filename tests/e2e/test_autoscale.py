@@ -11,6 +11,7 @@ traffic on loopback. Short windows and delays, so each test takes seconds.
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from controller.admin.views import service_view
+from controller.cli.render import service_detail, service_table
 from controller.model import ReplicaState
 
 from .conftest import Gateways, Handle, Load, spec, until
@@ -109,6 +112,15 @@ async def test_load_stepping_up_and_down_scales_0_to_n_to_0_with_no_failed_reque
     assert any("> target 2" in m for m in autoscaled_events), autoscaled_events
     assert any(m.startswith("idle for 2 s") for m in autoscaled_events), autoscaled_events
     assert events(gw, "cold_start"), "the cold start's duration is journalled"
+    # Visible: the service view and `gateway status` give the last decision and why.
+    view = service_view(gw.controller, gw.state()).model_dump(mode="json")
+    assert view["desired"] == 0
+    assert view["autoscaling"]["decision"].startswith("idle for 2 s: ")
+    shown = io.StringIO()
+    service_table([view], shown)
+    service_detail(view, False, shown)
+    assert "web: autoscaled 0..4, " in shown.getvalue()
+    assert "last decision (" in shown.getvalue()
 
 
 async def test_the_first_request_to_a_service_at_zero_is_held_and_answered(
