@@ -73,6 +73,10 @@ class Memory:
     decided_at: float | None = None
     cold_start: float | None = None
     """When a scale up from zero began, until a replica is ready (its duration)."""
+    cold_starts: int = 0
+    """Scales up from zero that reached a ready replica."""
+    last_cold_start: float | None = None
+    """How long the last one took, from the decision to the replica ready (seconds)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,9 @@ forgotten with their service.
     gateway_rollouts_total{service,outcome}            complete, failed, aborted, rolled_back
     gateway_rollout_duration_seconds{service}          histogram, from start to end
     gateway_replica_exits_total{service,revision,reason}  replicas' processes that ended
+    gateway_service_held_requests{service}             requests held for a routable replica
+    gateway_service_cold_starts_total{service}         scales from zero that reached a replica
+    gateway_service_cold_start_duration_seconds{service}  histogram, decision to replica ready
     gateway_docker_host_up{host}                       1 while the host's engine answers, else 0
     gateway_acme_orders_total{outcome}                 ACME orders ended: issued, renewed, failed
     gateway_acme_certificate_failures{name}            orders failed in a row for the host
@@ -246,6 +249,74 @@ class ControllerMetrics(Collector):
         )
 
 
+COLD_START_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class AutoscalerMetrics(Collector):
+    """Held requests (the pool's, every process's) and cold starts of autoscaled services."""
+
+    def __init__(self, reconciler: Reconciler) -> None:
+        self._reconciler = reconciler
+        self._durations: dict[str, list[float]] = {}
+        """Per service: counts per bucket of COLD_START_BUCKETS, then +Inf, then the sum."""
+
+    def on_entry(self, entry: Entry) -> None:
+        """A journal listener: a cold start ended; its duration is in the service's memory."""
+        if entry.kind != "cold_start":
+            return
+        state = self._reconciler.services.get(entry.service)
+        took = None if state is None else state.observed.scaler.last_cold_start
+        if took is None:
+            return
+        counts = self._durations.setdefault(entry.service, [0.0] * (len(COLD_START_BUCKETS) + 2))
+        counts[bisect.bisect_left(COLD_START_BUCKETS, took)] += 1
+        counts[-1] += took
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        held, starts, durations = self._families()
+        pools = self._reconciler.pool.services
+        names = set()
+        for name, state in list(self._reconciler.services.items()):
+            if state.forgotten or state.desired.scaling is None:
+                continue
+            names.add(name)
+            sp = pools.get(name)
+            held.add_metric((name,), sp.held_all() if sp is not None else 0)
+            starts.add_metric((name,), state.observed.scaler.cold_starts)
+            counts = self._durations.get(name) or [0.0] * (len(COLD_START_BUCKETS) + 2)
+            cumulative, total = [], 0.0
+            for bound, n in zip((*COLD_START_BUCKETS, float("inf")), counts, strict=False):
+                total += n
+                cumulative.append(("+Inf" if bound == float("inf") else _le(bound), total))
+            durations.add_metric((name,), cumulative, counts[-1])
+        for gone in [s for s in self._durations if s not in names]:
+            del self._durations[gone]
+        yield from (held, starts, durations)
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, CounterMetricFamily, HistogramMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "gateway_service_held_requests",
+                "Requests held now, waiting for a routable replica of the service.",
+                labels=("service",),
+            ),
+            CounterMetricFamily(
+                "gateway_service_cold_starts",
+                "Scales of the service up from zero replicas that reached a ready replica.",
+                labels=("service",),
+            ),
+            HistogramMetricFamily(
+                "gateway_service_cold_start_duration_seconds",
+                "Time from the autoscaler's scale up from zero to the first replica ready.",
+                labels=("service",),
+            ),
+        )
+
+
 class DockerHostMetrics(Collector):
     """``gateway_docker_host_up{host}`` of the Docker backends' hosts, read at scrape time."""
 
@@ -297,6 +368,9 @@ def register(registry: CollectorRegistry, controller: Controller) -> ControllerM
     registry.register(metrics)
     controller.executor.rollout_listeners.append(metrics.on_rollout)
     controller.journal.listen(metrics.on_entry)
+    autoscaler = AutoscalerMetrics(controller.reconciler)
+    registry.register(autoscaler)
+    controller.journal.listen(autoscaler.on_entry)
     docker = [b for b in controller.backends.values() if isinstance(b, DockerBackend)]
     if docker:
         registry.register(DockerHostMetrics(docker))

@@ -224,7 +224,13 @@ def _health(
             took = now - cold
             message = f"cold start: replica {r.id} ready {took:.2f} s after the scale from zero"
             events.append(Event("cold_start", message, r.revision, r.id))
-            out = out.replace(scaler=dataclasses.replace(out.scaler, cold_start=None))
+            memory = dataclasses.replace(
+                out.scaler,
+                cold_start=None,
+                cold_starts=out.scaler.cold_starts + 1,
+                last_cold_start=took,
+            )
+            out = out.replace(scaler=memory)
         return Step(desired, out, tuple(events))
     if not healthy and r.state is ReplicaState.READY:
         sick = r.replace(state=ReplicaState.UNHEALTHY, since=now, healthy=False)

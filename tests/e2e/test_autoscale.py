@@ -147,6 +147,13 @@ async def test_the_first_request_to_a_service_at_zero_is_held_and_answered(
     assert held <= start_and_probe + 1.0, (held, start_and_probe)
     (cold,) = events(gw, "cold_start")
     assert f"replica {replica.id} ready" in cold
+    admin = f"http://127.0.0.1:{gw.gateway.admin.port}/metrics"
+    async with aiohttp.ClientSession() as http, http.get(admin) as response:
+        metrics = await response.text()
+    assert 'gateway_service_cold_starts_total{service="web"} 1.0' in metrics
+    assert 'gateway_service_cold_start_duration_seconds_count{service="web"} 1.0' in metrics
+    assert 'gateway_service_held_requests{service="web"} 0.0' in metrics
+    assert 'gateway_service_desired_replicas{service="web"} 1.0' in metrics
 
 
 @pytest.mark.parametrize("queue_timeout", [5.0])
