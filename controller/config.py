@@ -22,8 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
-from gateway import Duration, ListenAddress, ListenerLimits, Model, ProxyConfig
-from gateway.config import TlsConfig
+from gateway import Duration, ListenAddress, ListenerLimits, Model, ProxyConfig, TlsConfig
 
 from .spec import NAME_PATTERN, ServiceSpec
 

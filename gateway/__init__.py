@@ -23,6 +23,7 @@ from .config import (
     RouteConfig,
     ServiceRouting,
     TimeoutsConfig,
+    TlsConfig,
     parse_address,
     parse_duration,
 )
@@ -40,6 +41,7 @@ from .pool import Lease, Pool, PoolSnapshot, ServicePool
 from .prober import Prober
 from .proxy import Proxy
 from .server import TrafficServer
+from .tls import ReloadReport, Termination
 from .upstream import AdminState, Health, Upstream
 from .workers.supervisor import Supervisor, WorkerSettings
 
@@ -69,6 +71,7 @@ __all__ = [
     "Prober",
     "Proxy",
     "ProxyConfig",
+    "ReloadReport",
     "RequestObserver",
     "RequestRecord",
     "RetriesConfig",
@@ -76,7 +79,9 @@ __all__ = [
     "ServicePool",
     "ServiceRouting",
     "Supervisor",
+    "Termination",
     "TimeoutsConfig",
+    "TlsConfig",
     "TrafficServer",
     "Upstream",
     "UpstreamConnectError",

@@ -17,6 +17,7 @@ import logging
 from .config import ProxyConfig, parse_address
 from .proxy.client import ClientConnection, ConnectionGate
 from .proxy.handler import Proxy
+from .tls import Termination, handshakes
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ class TrafficServer:
         *,
         address: tuple[str, int] | None = None,
         reuse_port: bool = False,
+        tls: Termination | None = None,
+        tls_addresses: list[tuple[str, int]] | None = None,
     ) -> None:
         self.proxy = proxy
         self.config = config
@@ -40,8 +43,16 @@ class TrafficServer:
         """Where to listen: ``config.listen`` unless a worker is given the reserved port."""
         self.reuse_port = reuse_port
         """Bind with SO_REUSEPORT, beside the other workers' listeners on the same port."""
+        self.tls = tls
+        """The certificates and handshake counts of the HTTPS listeners (``listen_tls``)."""
+        if tls_addresses is None:
+            tls_addresses = [parse_address(a, listen=True) for a in config.listen_tls]
+        self.tls_addresses = tls_addresses if tls is not None else []
         self._server: asyncio.Server | None = None
+        self._tls_servers: list[asyncio.Server] = []
         self._port = 0
+        self.tls_ports: list[int] = []
+        """The bound ports of the HTTPS listeners, in ``tls_addresses`` order."""
         self._connections: set[ClientConnection] = set()
 
     @property
@@ -81,10 +92,30 @@ class TrafficServer:
         if server.sockets:
             self._port = server.sockets[0].getsockname()[1]
         self._server = server
+        tls = self.tls
+        if tls is not None and self.tls_addresses:
+            tls.start()
+            secure = handshakes(
+                protocol, tls.store, self.config.tls.handshake_timeout, gate, tls.tally
+            )
+            for host, port in self.tls_addresses:
+                tls_server = await loop.create_server(
+                    secure,
+                    host,
+                    port,
+                    backlog=BACKLOG,
+                    reuse_address=True,
+                    reuse_port=self.reuse_port or None,
+                )
+                self._tls_servers.append(tls_server)
+                self.tls_ports.append(tls_server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests (up to shutdown_timeout), then close."""
         server, self._server = self._server, None
+        tls_servers, self._tls_servers = self._tls_servers, []
+        for tls_server in tls_servers:
+            tls_server.close()
         if server is not None:
             server.close()
             for conn in list(self._connections):
@@ -112,6 +143,10 @@ class TrafficServer:
             for conn in list(self._connections):
                 conn.abort()
             await server.wait_closed()
+        for tls_server in tls_servers:
+            await tls_server.wait_closed()
+        if self.tls is not None:
+            await self.tls.stop()
         await self.proxy.close()
 
     def __repr__(self) -> str:

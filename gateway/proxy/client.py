@@ -88,6 +88,7 @@ class ClientConnection(RequestReader):
         "exchange",
         "on_lost",
         "producer",
+        "secure",
         "send_timed_out",
         "task",
     )
@@ -123,6 +124,8 @@ class ClientConnection(RequestReader):
         self._send_timer: asyncio.TimerHandle | None = None
         self.send_timed_out = False
         """The client left its answer unread for ``send_timeout`` and was cut off."""
+        self.secure = False
+        """Over TLS (set by ``tls.handshake`` before ``connection_made``)."""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 

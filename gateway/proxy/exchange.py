@@ -262,6 +262,7 @@ class Exchange:
             request_id=self.request_id,
             trust_forwarded=self.proxy.config.trust_forwarded,
             address=upstream.address,
+            secure=self.client.secure,
         )
 
     def may_retry(self, kind: FailureKind, tried: Collection[str]) -> bool:

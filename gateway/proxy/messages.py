@@ -25,13 +25,14 @@ def upstream_head(
     request_id: str,
     trust_forwarded: bool,
     address: str,
+    secure: bool = False,
 ) -> list[bytes]:
     """The request line and header lines sent upstream (framing not included); ``address``:
     the upstream's, the Host of a request that had none."""
     plain = request.plain_lines
     if plain is not None and not (request.forwarded and trust_forwarded):
         lines = headers.plain_upstream_request(
-            plain, host=request.host, peer=peer, request_id=request_id
+            plain, host=request.host, peer=peer, request_id=request_id, secure=secure
         )
     else:
         lines = headers.upstream_request(
@@ -41,6 +42,7 @@ def upstream_head(
             request_id=request_id,
             trust_forwarded=trust_forwarded,
             websocket=bool(request.upgrade) and request.is_websocket,
+            secure=secure,
         )
     lines.insert(0, request.method.encode() + b" " + target + b" HTTP/1.1")
     if not request.host:

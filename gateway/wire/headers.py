@@ -120,11 +120,13 @@ def upstream_request(
     request_id: str,
     trust_forwarded: bool,
     websocket: bool = False,
+    secure: bool = False,
 ) -> list[bytes]:
     """The header lines sent upstream for a client request with ``fields``.
 
     ``host`` is the client's Host (empty if it sent none: the caller adds one). ``peer`` is
-    the client's IP address (None on a Unix socket).
+    the client's IP address (None on a Unix socket). ``secure``: it came over TLS
+    (X-Forwarded-Proto: https).
     """
     lines: list[bytes] = []
     tokens: frozenset[bytes] = frozenset()
@@ -160,7 +162,7 @@ def upstream_request(
     elif prior:
         lines.append(b"X-Forwarded-For: " + b", ".join(prior))
     if not proto:
-        lines.append(b"X-Forwarded-Proto: http")
+        lines.append(b"X-Forwarded-Proto: https" if secure else b"X-Forwarded-Proto: http")
     if not forwarded_host and host:
         lines.append(b"X-Forwarded-Host: " + host)
     lines.append(b"X-Request-Id: " + request_id.encode())
@@ -170,7 +172,7 @@ def upstream_request(
 
 
 def plain_upstream_request(
-    kept: bytes, *, host: bytes, peer: str | None, request_id: str
+    kept: bytes, *, host: bytes, peer: str | None, request_id: str, secure: bool = False
 ) -> list[bytes]:
     """``upstream_request`` for a plain head (``plainhead.request``), from its lines that go
     upstream as they are (``kept``): the same lines, when it holds no X-Forwarded-* field to
@@ -178,7 +180,7 @@ def plain_upstream_request(
     lines = [kept] if kept else []
     if peer is not None:
         lines.append(b"X-Forwarded-For: " + peer.encode())
-    lines.append(b"X-Forwarded-Proto: http")
+    lines.append(b"X-Forwarded-Proto: https" if secure else b"X-Forwarded-Proto: http")
     if host:
         lines.append(b"X-Forwarded-Host: " + host)
     lines.append(b"X-Request-Id: " + request_id.encode())

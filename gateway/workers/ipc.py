@@ -8,8 +8,8 @@ pair. Nothing on the request path sends a message: snapshots go out when the poo
 reports come back every ``Setup.report_interval`` and when a draining upstream goes idle.
 
 controller's process -> worker: ``Setup`` (once, first), ``Install``, ``Forget``, ``Abort``,
-``Stop``. worker -> controller's process: ``Ready`` (once, listening), ``Idle``, ``Eject``,
-``Report``.
+``ReloadTls``, ``Stop``. worker -> controller's process: ``Ready`` (once, listening),
+``Idle``, ``Eject``, ``Report``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ class Setup:
     report_interval: float
     services: tuple[Install, ...]
     """Every service as it is now: installed before the worker starts listening."""
+    tls_addresses: tuple[tuple[str, int], ...] = ()
+    """The HTTPS listeners' (host, port), ports reserved like ``port``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,11 @@ class Abort:
 
     service: str
     upstream_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadTls:
+    """Load the TLS certificates that changed on disk (SIGHUP, the admin API, ACME)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +123,13 @@ class Report:
     connections: int
     held: dict[str, int] = field(default_factory=dict)
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    handshakes: tuple[dict[str, int], dict[str, int], dict[str, int]] | None = None
+    """TLS handshakes since the previous report (``tls.HandshakeCounts``); None without TLS."""
 
 
-ToWorker = Setup | Install | Forget | Abort | Stop
+ToWorker = Setup | Install | Forget | Abort | ReloadTls | Stop
 FromWorker = Ready | Idle | Eject | Report
-_MESSAGES = (Setup, Install, Forget, Abort, Stop, Ready, Idle, Eject, Report)
+_MESSAGES = (Setup, Install, Forget, Abort, ReloadTls, Stop, Ready, Idle, Eject, Report)
 
 
 def encode(message: ToWorker | FromWorker) -> bytes:

@@ -40,6 +40,7 @@ from ..config import ProxyConfig, parse_address
 from ..events import PoolEvent
 from ..metrics import GatewayMetrics
 from ..pool import Pool
+from ..tls import Termination
 from . import ipc
 
 log = logging.getLogger(__name__)
@@ -98,14 +99,20 @@ class Supervisor:
         settings: WorkerSettings,
         metrics: GatewayMetrics | None = None,
         registry: CollectorRegistry | None = None,
+        tls: Termination | None = None,
     ) -> None:
         self.pool = pool
+        self.tls = tls
+        """The main process's certificates (status, metrics) and the workers' handshake
+        counts, merged from their reports; each worker serves from certificates of its own."""
         self.config = config
         self.settings = settings
         self.metrics = metrics
         self.workers: dict[int, _Worker] = {}
         """Index -> the running worker of that slot."""
         self._reservation: socket.socket | None = None
+        self._tls_reservations: list[socket.socket] = []
+        self._tls_addresses: list[tuple[str, int]] = []
         self._port = 0
         self._host = ""
         self._stopping = False
@@ -144,17 +151,20 @@ class Supervisor:
         if self._reservation is not None:
             return
         self._host, port = parse_address(self.config.listen, listen=True)
-        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        reservation = socket.socket(family, socket.SOCK_STREAM)
-        reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            reservation.bind((self._host, port))
-        except OSError:
-            reservation.close()
-            raise
+        reservation = _reserve(self._host, port)
         self._reservation = reservation
         self._port = reservation.getsockname()[1]
+        if self.tls is not None:
+            try:
+                for address in self.config.listen_tls:
+                    host, tls_port = parse_address(address, listen=True)
+                    held = _reserve(host, tls_port)
+                    self._tls_reservations.append(held)
+                    self._tls_addresses.append((host, held.getsockname()[1]))
+            except BaseException:
+                await self.stop()
+                raise
+            self.tls.start()
         self.pool.subscribe(self)
         try:
             workers = [await self._spawn(i) for i in range(self.settings.count)]
@@ -197,6 +207,21 @@ class Supervisor:
         if self._reservation is not None:
             self._reservation.close()
             self._reservation = None
+        for held in self._tls_reservations:
+            held.close()
+        self._tls_reservations.clear()
+        if self.tls is not None:
+            await self.tls.stop()
+
+    @property
+    def tls_ports(self) -> list[int]:
+        """The bound ports of the HTTPS listeners, in ``listen_tls`` order."""
+        return [port for _, port in self._tls_addresses]
+
+    def reload_tls(self) -> None:
+        """Every worker loads the certificates that changed on disk."""
+        for worker in self.workers.values():
+            worker.send(ipc.ReloadTls())
 
     async def _spawn(self, index: int) -> _Worker:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -230,6 +255,7 @@ class Supervisor:
                 log_level=self.settings.log_level,
                 report_interval=self.settings.report_interval,
                 services=tuple(self._installs()),
+                tls_addresses=tuple(self._tls_addresses),
             )
         )
         worker.task = asyncio.create_task(self._run(worker), name=f"worker-{index}")
@@ -297,6 +323,8 @@ class Supervisor:
             self.pool.peer_report(worker.pid, message.inflight, message.held, message.counts)
             if self.metrics is not None and message.tally:
                 self.metrics.merge(message.tally)
+            if self.tls is not None and message.handshakes is not None:
+                self.tls.tally.merge(message.handshakes)
         elif isinstance(message, ipc.Idle):
             self.pool.peer_idle(worker.pid, message.service, message.upstream_id, message.version)
         elif isinstance(message, ipc.Eject):
@@ -384,3 +412,18 @@ class Supervisor:
     def __repr__(self) -> str:
         pids = ",".join(str(w.pid) for w in self.workers.values())
         return f"<Supervisor {self._host}:{self._port} workers=[{pids}] stopping={self._stopping}>"
+
+
+def _reserve(host: str, port: int) -> socket.socket:
+    """A socket bound with SO_REUSEPORT that never listens: port 0 resolves once, and the port
+    stays ours for the workers to bind beside it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    reservation = socket.socket(family, socket.SOCK_STREAM)
+    reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        reservation.bind((host, port))
+    except OSError:
+        reservation.close()
+        raise
+    return reservation

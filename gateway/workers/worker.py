@@ -35,6 +35,7 @@ from ..pool import Pool
 from ..proxy.handler import Proxy
 from ..server import TrafficServer
 from ..tally import RequestTally
+from ..tls import Termination
 from ..upstream import AdminState
 from . import ipc
 
@@ -123,7 +124,15 @@ async def serve(channel: socket.socket) -> None:
         observers.append(access_log)
         access_log.start()
     proxy = Proxy(pool, setup.proxy, observers=observers)
-    traffic = TrafficServer(proxy, setup.proxy, address=(setup.host, setup.port), reuse_port=True)
+    tls = Termination(setup.proxy.tls) if setup.tls_addresses else None
+    traffic = TrafficServer(
+        proxy,
+        setup.proxy,
+        address=(setup.host, setup.port),
+        reuse_port=True,
+        tls=tls,
+        tls_addresses=list(setup.tls_addresses),
+    )
 
     def report() -> None:
         send(
@@ -133,6 +142,7 @@ async def serve(channel: socket.socket) -> None:
                 traffic.connections,
                 mirror.held(),
                 mirror.counts(),
+                tls.tally.take() if tls is not None else None,
             )
         )
 
@@ -156,6 +166,8 @@ async def serve(channel: socket.socket) -> None:
                 pool.remove_service(message.service)
             elif isinstance(message, ipc.Abort):
                 mirror.abort(message)
+            elif isinstance(message, ipc.ReloadTls) and tls is not None:
+                tls.reload()
 
     async def reporting() -> None:
         while True:

@@ -1,0 +1,60 @@
+"""TLS termination: HTTPS listeners served by the same connection classes as plain ones.
+
+    names         which certificate covers a server name (PURE)
+    context       the TLS settings of every server context
+    certificates  the certificates from files (and ACME's directory), reloaded on change
+    handshake     each accepted connection's handshake, counted, then a ClientConnection
+    acme          the HTTP-01 challenge answers, on the plain listener
+
+``Termination`` is what a process that serves TLS holds: its certificates, its handshake
+counts, and the task that reloads changed files and rotates ticket keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from ..config import TlsConfig
+from .certificates import Certificate, CertificateError, CertificateStore, ReloadReport
+from .handshake import FAILURE_REASONS, HandshakeCounts, HandshakeTally, handshakes
+
+__all__ = [
+    "FAILURE_REASONS",
+    "Certificate",
+    "CertificateError",
+    "CertificateStore",
+    "HandshakeCounts",
+    "HandshakeTally",
+    "ReloadReport",
+    "Termination",
+    "handshakes",
+]
+
+
+class Termination:
+    """One process's TLS: certificates (``store``), handshake counts, the watch task."""
+
+    def __init__(self, config: TlsConfig) -> None:
+        self.config = config
+        self.store = CertificateStore(config)
+        self.tally = HandshakeTally()
+        self._watch: asyncio.Task[None] | None = None
+
+    def start(self) -> ReloadReport:
+        """Load the certificates and start watching their files."""
+        report = self.store.reload()
+        if self._watch is None:
+            self._watch = asyncio.create_task(self.store.watch(), name="tls-watch")
+        return report
+
+    def reload(self) -> ReloadReport:
+        """Load what changed on disk now (SIGHUP, the admin API, the ACME client)."""
+        return self.store.reload()
+
+    async def stop(self) -> None:
+        task, self._watch = self._watch, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

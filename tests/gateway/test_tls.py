@@ -1,0 +1,339 @@
+"""HTTPS listeners: real OpenSSL handshakes on loopback, certificates from a per-test CA.
+
+The gateway is a ``TrafficServer`` with a ``Termination`` (``listen_tls``), in front of real
+upstreams; clients are Python's ``ssl`` (raw sockets, to see the certificate a handshake got,
+whether its session was resumed) and aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import socket
+import ssl
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import trustme
+
+from gateway import Pool, ProxyConfig, TlsConfig
+from gateway.config import CertificateFiles, ListenerLimits
+from gateway.proxy import Proxy
+from gateway.server import TrafficServer
+from gateway.tls import Termination
+from gateway.tls.names import NameIndex
+
+from .conftest import Recorder, routing
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+def write_pair(ca: trustme.CA, directory: Path, *names: str) -> CertificateFiles:
+    """A certificate for ``names`` signed by ``ca``, written as PEM files in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    issued = ca.issue_cert(*names)
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    issued.private_key_pem.write_to_path(str(key))
+    cert.write_bytes(b"".join(blob.bytes() for blob in issued.cert_chain_pems))
+    return CertificateFiles(cert_file=str(cert), key_file=str(key))
+
+
+def client_context(ca: trustme.CA, **settings: Any) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    for name, value in settings.items():
+        setattr(context, name, value)
+    return context
+
+
+def handshake(
+    port: int,
+    context: ssl.SSLContext,
+    server_name: str | None,
+    session: ssl.SSLSession | None = None,
+    request: bytes = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+) -> tuple[list[str], bool, ssl.SSLSession | None, bytes]:
+    """A blocking TLS client: (the names its certificate has, resumed, session, answer)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname=server_name, session=session) as tls:
+            cert = tls.getpeercert()
+            names = [v for k, v in cert.get("subjectAltName", ()) if k == "DNS"] if cert else []
+            tls.sendall(request)
+            answer = b""
+            while chunk := tls.recv(65536):
+                answer += chunk
+            return names, tls.session_reused, tls.session, answer
+
+
+@pytest.fixture
+async def tls_gateway(
+    pool: Pool, recorder: Recorder
+) -> AsyncIterator[Callable[..., Awaitable[TrafficServer]]]:
+    """``await tls_gateway(TlsConfig(...), **ProxyConfig fields)``: plain and TLS listeners."""
+    started: list[TrafficServer] = []
+
+    async def start(tls: TlsConfig, **config: Any) -> TrafficServer:
+        settings = ProxyConfig(listen="127.0.0.1:0", listen_tls=("127.0.0.1:0",), tls=tls, **config)
+        server = TrafficServer(
+            Proxy(pool, settings, [recorder]), settings, tls=Termination(settings.tls)
+        )
+        await server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        await server.stop()
+
+
+@pytest.fixture
+async def echo(upstream: Callable[..., Awaitable[Any]], pool: Pool) -> None:
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "u1")
+
+
+# -- names (pure) -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("server_name", "found"),
+    [
+        ("a.test", "A"),
+        ("A.Test.", "A"),
+        ("x.w.test", "W"),
+        ("w.test", None),  # a wildcard covers one label, not its parent
+        ("a.b.w.test", None),  # nor two labels
+        ("exact.w.test", "E"),  # exact beats wildcard
+        ("", None),
+        (None, None),
+        ("127.0.0.1", None),
+    ],
+)
+def test_names_exact_then_wildcard_one_label(server_name: str | None, found: str | None) -> None:
+    index = NameIndex.build(
+        [(["a.test"], "A"), (["*.w.test"], "W"), (["exact.w.test"], "E"), (["a.test"], "later")]
+    )
+    assert index.find(server_name) == found
+
+
+# -- serving ------------------------------------------------------------------------------------
+
+
+async def test_https_is_served_and_upstreams_hear_it_came_over_tls(
+    tls_gateway, echo, ca: trustme.CA, tmp_path: Path
+) -> None:
+    pair = write_pair(ca, tmp_path / "a", "a.test")
+    server = await tls_gateway(TlsConfig(certificates=(pair,)))
+    context = client_context(ca)
+    async with aiohttp.ClientSession() as session:
+        url = f"https://a.test:{server.tls_ports[0]}/x"
+        resolver = {"a.test": "127.0.0.1"}
+        connector = aiohttp.TCPConnector(resolver=_Static(resolver), ssl=context)
+        async with aiohttp.ClientSession(connector=connector) as tls_session:
+            for _ in range(3):  # kept alive
+                async with tls_session.get(url) as answer:
+                    assert answer.status == 200
+                    seen = dict((await answer.json())["headers"])
+                    assert seen["X-Forwarded-Proto"] == "https"
+            payload = os.urandom(1000 * 1000)  # a body large enough to be spliced, under TLS
+            async with tls_session.post(url, data=io.BytesIO(payload)) as answer:
+                assert (await answer.json())["body"] == len(payload)
+        async with session.get(f"http://127.0.0.1:{server.port}/x") as answer:
+            assert dict((await answer.json())["headers"])["X-Forwarded-Proto"] == "http"
+    tally = server.tls.tally
+    assert sum(tally.ok.values()) + sum(tally.resumed.values()) == 1
+    assert set(tally.ok) <= {"TLSv1.3", "TLSv1.2"}
+
+
+async def test_sni_chooses_exact_then_wildcard_and_unknown_gets_the_default(
+    tls_gateway, echo, ca: trustme.CA, tmp_path: Path
+) -> None:
+    first = write_pair(ca, tmp_path / "a", "a.test")
+    wild = write_pair(ca, tmp_path / "w", "*.w.test")
+    exact = write_pair(ca, tmp_path / "e", "exact.w.test")
+    server = await tls_gateway(TlsConfig(certificates=(first, wild, exact)))
+    port = server.tls_ports[0]
+    trusting = client_context(ca)
+    anyone = client_context(ca, check_hostname=False)
+    for name, expected in [
+        ("a.test", ["a.test"]),
+        ("x.w.test", ["*.w.test"]),
+        ("exact.w.test", ["exact.w.test"]),
+    ]:
+        names, _, _, answer = await asyncio.to_thread(handshake, port, trusting, name)
+        assert names == expected
+        assert answer.startswith(b"HTTP/1.1 200 ")
+    for name in ("unknown.test", None):  # no SNI, or a name nobody covers: the first listed
+        names, *_ = await asyncio.to_thread(handshake, port, anyone, name)
+        assert names == ["a.test"]
+
+
+async def test_unknown_names_refused_when_asked(
+    tls_gateway, echo, ca: trustme.CA, tmp_path: Path
+) -> None:
+    pair = write_pair(ca, tmp_path / "a", "a.test")
+    server = await tls_gateway(TlsConfig(certificates=(pair,), unknown_name="refuse"))
+    anyone = client_context(ca, check_hostname=False)
+    # Refused during the ClientHello. uvloop closes the connection without flushing the
+    # unrecognized_name alert OpenSSL made, so the client reads an EOF, not the alert.
+    with pytest.raises(ssl.SSLError):
+        await asyncio.to_thread(handshake, server.tls_ports[0], anyone, "unknown.test")
+    names, *_ = await asyncio.to_thread(handshake, server.tls_ports[0], anyone, "a.test")
+    assert names == ["a.test"]
+    assert server.tls.tally.failed["unknown_name"] == 1
+
+
+async def test_sessions_are_resumed_and_rotation_changes_the_ticket_key(
+    tls_gateway, echo, ca: trustme.CA, tmp_path: Path
+) -> None:
+    pair = write_pair(ca, tmp_path / "a", "a.test")
+    server = await tls_gateway(TlsConfig(certificates=(pair,)))
+    port, context = server.tls_ports[0], client_context(ca)
+    _, resumed, session, _ = await asyncio.to_thread(handshake, port, context, "a.test")
+    assert not resumed
+    _, resumed, _, _ = await asyncio.to_thread(handshake, port, context, "a.test", session)
+    assert resumed
+    server.tls.store.rotate()
+    _, resumed, _, _ = await asyncio.to_thread(handshake, port, context, "a.test", session)
+    assert not resumed  # the old ticket's key is gone
+    assert sum(server.tls.tally.resumed.values()) == 1
+
+
+async def test_no_tickets_when_off(tls_gateway, echo, ca: trustme.CA, tmp_path: Path) -> None:
+    pair = write_pair(ca, tmp_path / "a", "a.test")
+    server = await tls_gateway(TlsConfig(certificates=(pair,), session_tickets=False))
+    port, context = server.tls_ports[0], client_context(ca)
+    _, _, session, _ = await asyncio.to_thread(handshake, port, context, "a.test")
+    _, resumed, _, _ = await asyncio.to_thread(handshake, port, context, "a.test", session)
+    assert not resumed
+
+
+async def test_tls_1_1_and_plain_http_and_garbage_are_refused_and_counted(
+    tls_gateway, echo, ca: trustme.CA, tmp_path: Path
+) -> None:
+    pair = write_pair(ca, tmp_path / "a", "a.test")
+    server = await tls_gateway(TlsConfig(certificates=(pair,), handshake_timeout=0.5))
+    port = server.tls_ports[0]
+    old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    old.check_hostname, old.verify_mode = False, ssl.CERT_NONE
+    with warnings.catch_warnings():  # TLS 1.0 and 1.1 are deprecated: that is the point
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old.minimum_version = ssl.TLSVersion.TLSv1
+        old.maximum_version = ssl.TLSVersion.TLSv1_1
+    old.set_ciphers("DEFAULT:@SECLEVEL=0")  # this client would send it; the gateway refuses
+    with pytest.raises(ssl.SSLError):  # closed (uvloop does not flush the alert)
+        await asyncio.to_thread(handshake, port, old, "a.test")
+    for data in (b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", b"\x00garbage" * 20):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(data)
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""  # closed, nothing answered
+        writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"\x16\x03\x01\x00")  # a ClientHello that never finishes
+    async with asyncio.timeout(5):
+        assert await reader.read() == b""  # closed after handshake_timeout
+    writer.close()
+    failed = server.tls.tally.failed
+    assert failed["plain_http"] == 1
+    assert failed["protocol"] == 2  # TLS 1.1, garbage
+    assert failed["timeout"] == 1
+
+
+async def test_a_changed_file_is_served_to_new_connections_and_a_bad_one_refused(
+    tls_gateway, echo, ca: trustme.CA, tmp_path: Path
+) -> None:
+    pair = write_pair(ca, tmp_path / "a", "a.test")
+    server = await tls_gateway(TlsConfig(certificates=(pair,), watch_interval=0))
+    store = server.tls.store
+    port, context = server.tls_ports[0], client_context(ca, check_hostname=False)
+    # A connection opened before the change keeps serving across it.
+    request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", port, ssl=context, server_hostname="a.test"
+    )
+    writer.write(request)
+    assert (await read_answer(reader)).startswith(b"HTTP/1.1 200")
+    before = store.loaded[(pair.cert_file, pair.key_file)]
+
+    renewed = write_pair(ca, tmp_path / "a", "a.test", "b.test")  # same files, new content
+    report = store.reload()
+    assert [c.names for c in report.changed] == [("a.test", "b.test")]
+    names, *_ = await asyncio.to_thread(handshake, port, context, "b.test")
+    assert names == ["a.test", "b.test"]
+    writer.write(request)  # the connection opened before still answers
+    assert (await read_answer(reader)).startswith(b"HTTP/1.1 200")
+    writer.close()
+
+    Path(renewed.key_file).write_text("not a key\n")  # a bad new file: refused, old serves
+    report = store.reload()
+    assert [(r.file, r.reason) for r in report.refused] == [
+        (renewed.key_file, report.refused[0].reason)
+    ]
+    assert "cannot load the pair" in report.refused[0].reason
+    assert store.reload_failures == 1
+    names, *_ = await asyncio.to_thread(handshake, port, context, "b.test")
+    assert names == ["a.test", "b.test"]
+    assert store.loaded[(pair.cert_file, pair.key_file)] is not before
+    store.reload()  # the same bad file again: not counted twice
+    assert store.reload_failures == 1
+
+
+async def test_limits_count_connections_in_their_handshake(
+    tls_gateway, echo, ca: trustme.CA, tmp_path: Path
+) -> None:
+    pair = write_pair(ca, tmp_path / "a", "a.test")
+    server = await tls_gateway(
+        TlsConfig(certificates=(pair,)), limits=ListenerLimits(max_connections=2)
+    )
+    port = server.tls_ports[0]
+    held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async with asyncio.timeout(5):
+        assert await reader.read() == b""  # over the limit: closed before any handshake
+    writer.close()
+    for _, w in held:
+        w.close()
+
+
+async def read_answer(reader: asyncio.StreamReader) -> bytes:
+    """One answer framed by Content-Length, head and body."""
+    async with asyncio.timeout(5):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        return head + await reader.readexactly(length)
+
+
+class _Static(aiohttp.abc.AbstractResolver):
+    """Resolves the test's names to loopback (aiohttp sends SNI for the URL's host)."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list:
+        return [
+            {
+                "hostname": host,
+                "host": self.names[host],
+                "port": port,
+                "family": socket.AF_INET,
+                "proto": 0,
+                "flags": 0,
+            }
+        ]
+
+    async def close(self) -> None:
+        pass
