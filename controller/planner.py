@@ -210,7 +210,12 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
 
     ready = sum(1 for r in live if r.state is ReplicaState.READY)
     degraded: str | None = None
-    if ready < desired.replicas:
+    # An autoscaled service on its way up is not degraded: only below its min, or when a
+    # start failed (a cold start with no capacity, a crash), which the held requests hear.
+    scaling = desired.scaling
+    if ready < desired.replicas and (
+        scaling is None or observed.backoff.failures or ready < scaling.min
+    ):
         degraded = f"{ready} of {desired.replicas} replicas ready"
         if observed.backoff.failures and observed.backoff.reason:
             degraded += f": {observed.backoff.reason}"
