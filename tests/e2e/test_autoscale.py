@@ -2,7 +2,7 @@
 traffic on loopback. Short windows and delays, so each test takes seconds.
 
 - load stepping 0 -> high -> 0 drives 0 -> N -> 0 replicas with no failed request (the
-  held ones included);
+  held ones included), in one process and with two workers;
 - a scaled-to-zero service answers its first request once a replica is up: the hold time is
   the replica's start and probe time plus the sampling and the planning;
 - a cold start that cannot be placed answers the held request 503 with the reason, within
@@ -86,10 +86,13 @@ async def at_zero(gw: Handle) -> None:
     )
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_load_stepping_up_and_down_scales_0_to_n_to_0_with_no_failed_request(
-    gateways: Gateways, tmp_path: Path
+    gateways: Gateways, tmp_path: Path, workers: int
 ) -> None:
-    gw = await gateways.start()
+    """With ``workers: 2`` the requests are held and counted in the worker processes, and
+    reach the controller in their reports."""
+    gw = await gateways.start(workers=workers)
     await gw.controller.apply(autoscaled(tmp_path, "0..4"))
     await at_zero(gw)  # it began with one replica, idle: gone after scale_down_delay
 
