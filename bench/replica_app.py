@@ -19,7 +19,8 @@ Behaviour from the environment (all optional):
 
 - ``STARTUP_DELAY``: seconds before the port is bound (a slow start-up);
 - ``CRASH_AFTER``: ``0`` exits at once with code 3 (before binding); N > 0 exits abruptly
-  (``os._exit(1)``, in-flight connections die with the process) N seconds after binding;
+  (``os._exit(1)``, in-flight connections die with the process) N seconds after binding, its
+  last line saying when (``at`` a Unix time, which the exit's reason in the journal repeats);
 - ``FAIL_PROBE``: non-empty: the probe path answers 500 (it runs, but never becomes ready);
 - ``PIDDIR``: a directory where ``<REPLICA_ID>.pid`` is written at start, so the harness can
   find (and, at the end, clean up) every replica it caused to be started.
@@ -35,6 +36,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from aiohttp import WSMsgType, web
@@ -132,7 +134,13 @@ def build_app() -> web.Application:
 
 
 def _crash() -> None:
-    print(f"replica {REPLICA}: crashing on purpose (CRASH_AFTER)", file=sys.stderr, flush=True)
+    # The moment, for the harness: a backend may hear of the exit later (a container's).
+    at = time.time()
+    print(
+        f"replica {REPLICA}: crashing on purpose (CRASH_AFTER) at {at:.3f}",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(1)
 
 

@@ -66,6 +66,7 @@ import json
 import os
 import platform
 import random
+import re
 import secrets
 import shlex
 import shutil
@@ -104,6 +105,9 @@ IMAGE_REPOSITORY = "local/zero-downtime-replica"
 IMAGE_APP_DIR = "/replica"
 """Where the image holds the replica app, its libraries under ``site``."""
 DOCKER_HOSTS = ("a", "b")
+LABEL_REPLICA = "gateway.replica"
+CRASHED_AT = re.compile(r"crashing on purpose \(CRASH_AFTER\) at (\d+\.\d+)")
+"""The last line of a replica app that crashed on purpose (``replica_app._crash``)."""
 
 
 @dataclass(frozen=True)
@@ -381,6 +385,9 @@ class Gateway:
         self.engine = EngineClient(docker.engine) if docker is not None else None
         self.instance: str | None = None
         """The gateway's instance id: the label of its containers."""
+        self.deaths: dict[str, float] = {}
+        """Replica id -> monotonic time of its container's ``die`` event: when it ended, by the
+        engine (the controller hears of it only once the container was removed)."""
         self.piddir = workdir / "pids"
         self.piddir.mkdir(parents=True)
         self.capacity = capacity
@@ -486,6 +493,8 @@ class Gateway:
         if self.docker is not None:
             self.instance = (self.dir / "state" / "instance-id").read_text().strip()
         self._tasks = [asyncio.create_task(self._poll()), asyncio.create_task(self._follow())]
+        if self.docker is not None:
+            self._tasks.append(asyncio.create_task(self._watch_engine()))
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -557,6 +566,34 @@ class Gateway:
                             self.events.append(event)
             await asyncio.sleep(0.2)
 
+    async def _watch_engine(self) -> None:
+        """The engine's ``die`` events of this instance's containers, into ``deaths``."""
+        assert self.engine is not None
+        assert self.instance is not None
+        while True:
+            with contextlib.suppress(EngineError):
+                stream = await self.engine.events({"gateway.instance": self.instance}, None)
+                try:
+                    async for event in stream:
+                        replica = event.get("Actor", {}).get("Attributes", {}).get(LABEL_REPLICA)
+                        if event.get("Action") == "die" and replica:
+                            self.deaths[replica] = event["timeNano"] / 1e9 - WALL_OFFSET
+                finally:
+                    stream.close()
+            await asyncio.sleep(0.2)
+
+    def exit_lag(self, replicas: Iterable[str], since: float) -> str:
+        """How long after its container's ``die`` event the journal said each of ``replicas``
+        failed (the docker backend reads the logs and removes the container first)."""
+        failed = {e["replica"]: e["mono"] for e in self.events_of("replica_failed", since)}
+        lags = [failed[r] - self.deaths[r] for r in replicas if r in failed and r in self.deaths]
+        if not lags:
+            return ""
+        return (
+            f"the controller reported each exit {min(lags) * 1000:.0f}-{max(lags) * 1000:.0f} ms "
+            "after the engine's die event"
+        )
+
     def view(self, name: str = SERVICE) -> dict[str, Any] | None:
         return self.views.get(name)
 
@@ -620,7 +657,7 @@ class Gateway:
                 if (pid := self.pid(r["id"])) and replica_process(pid, self.piddir)
             ]
         running = {
-            c["Labels"]["gateway.replica"]: c["Id"]
+            c["Labels"][LABEL_REPLICA]: c["Id"]
             for c in await self.containers(service=SERVICE)
             if c["State"] == "running"
         }
@@ -748,6 +785,14 @@ def make_spec(
         }
         | rollout,
     }
+
+
+def crashed_at(event: dict[str, Any]) -> float:
+    """When a replica that crashed on purpose died: the moment its last line names (in the
+    journal's reason), else when the journal heard of it (later on docker: the container is
+    removed first)."""
+    found = CRASHED_AT.search(event["message"])
+    return float(found[1]) - WALL_OFFSET if found else float(event["mono"])
 
 
 def live(view: dict[str, Any], revision: int | None = None) -> list[dict[str, Any]]:
@@ -1038,7 +1083,7 @@ async def failing_rollout(
             )
     if crash:
         row.crashes = [
-            (e["mono"], e["replica"])
+            (crashed_at(e), e["replica"])
             for e in gw.events_of("replica_failed", since)
             if e["revision"] == revision and "exited" in e["message"]
         ]
@@ -1074,6 +1119,9 @@ async def failing_rollout(
         row.note(f"{len(failed)} r{revision} replica failures: {failed[-1]['message'][-70:]}")
     if crash and row.crashes:
         row.note(f"{len(row.crashes)} r{revision} replicas crashed while serving")
+        lag = gw.exit_lag([r for _, r in row.crashes], since)
+        if lag:
+            row.note(lag)
     return row
 
 
@@ -1185,8 +1233,6 @@ async def scenario_5(ctx: Ctx) -> None:
                         row.problems.append("no ready replica to kill")
                         continue
                     replica_id, victim = rng.choice(victims)
-                    # The moment the kill is sent: an engine's kill returns once the
-                    # container is dead, after the streams on it broke.
                     killed = time.monotonic()
                     await gw.kill(victim)
                     calls.append(time.monotonic() - killed)
@@ -1211,16 +1257,19 @@ async def scenario_5(ctx: Ctx) -> None:
             f"no rollout: {len(row.crashes)} SIGKILLs, {len(started)} replacements; "
             f"{p.replicas} ready {back:.1f} s after the last"
         )
-        row.note(
+        note = (
             f"ready ≥ {track.min_ready} throughout; each kill seen by the controller within "
             f"{max(seen, default=0) * 1000:.0f} ms"
-            + (
-                ""
-                if gw.docker is None
-                else f" of the kill sent (the engine answered it within "
+        )
+        if gw.docker is not None:
+            note += (
+                f" of the kill sent (the engine answered it within "
                 f"{max(calls, default=0) * 1000:.0f} ms)"
             )
-        )
+        row.note(note)
+        lag = gw.exit_lag([r for _, r in row.crashes], since)
+        if lag:
+            row.note(lag)
         row.check(len(started) >= len(row.crashes), "not every killed replica was replaced")
 
 
