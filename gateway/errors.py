@@ -6,6 +6,8 @@
     ├── NoRoute                 404  no service matches the request
     ├── NoRoutableUpstream      503  the service has no upstream that may take the request
     ├── RequestTooLarge         413  the body is larger than the service allows
+    ├── OwnAnswer               any  an answer the gateway gives itself, not an error: an
+    │                                ACME challenge's, a redirect to HTTPS
     └── UpstreamError           502  forwarding failed
         ├── UpstreamConnectError     could not connect, or reset before any byte was sent
         ├── UpstreamProtocolError    the upstream answered something that is not HTTP
@@ -72,6 +74,21 @@ class NoRoutableUpstream(GatewayError):
 class RequestTooLarge(GatewayError):
     status = 413
     code = "request_too_large"
+
+
+class OwnAnswer(GatewayError):
+    """An answer the gateway gives itself instead of forwarding (raised where a request is
+    routed, answered as any error is, but with its own status, fields and body)."""
+
+    code = "own_answer"
+
+    def __init__(
+        self, status: int, message: str, headers: dict[str, str], body: bytes = b""
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers
+        self.body = body
 
 
 class UpstreamError(GatewayError):

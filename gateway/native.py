@@ -51,6 +51,7 @@ MODULES = (
     "router",
     "tally",
     "upstream",
+    "proxy.answers",
     "proxy.client",
     "proxy.connector",
     "proxy.exchange",

@@ -109,6 +109,7 @@ class TrafficServer:
                 )
                 self._tls_servers.append(tls_server)
                 self.tls_ports.append(tls_server.sockets[0].getsockname()[1])
+            self.proxy.https_port = self.tls_ports[0]
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests (up to shutdown_timeout), then close."""

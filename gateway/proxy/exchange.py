@@ -31,6 +31,7 @@ from ..errors import (
     BadRequest,
     FailureKind,
     GatewayError,
+    OwnAnswer,
     RequestTimeout,
     RequestTooLarge,
     UpstreamError,
@@ -40,7 +41,7 @@ from ..events import RequestObserver, RequestRecord
 from ..pool import Pool, ServicePool
 from ..upstream import Upstream
 from ..wire import headers, http1
-from . import messages, retry
+from . import answers, messages, retry
 from .client import ClientConnection
 from .connector import Connector, ResponseHead, UpstreamConnection
 from .request import IncomingRequest
@@ -331,6 +332,11 @@ class Exchange:
         client.producer = conn
         chunked, keep_alive, data = messages.client_head(request, head, self.request_id, keep_alive)
         request.keep_alive = keep_alive
+        if client.secure:
+            sp = self.sp
+            hsts = sp.routing.route.hsts if sp is not None else None
+            if hsts is not None:  # one more field before the head's end
+                data = data[:-2] + answers.hsts_field(hsts) + b"\r\n\r\n"
         return chunked, data
 
     def delivered(self, conn: UpstreamConnection, bytes_out: int) -> None:
@@ -363,7 +369,7 @@ class Exchange:
     def error_response(self, exc: GatewayError) -> None:
         """Answer with the gateway's own error (no answer went to the client yet)."""
         self.status = exc.status
-        self.error = exc.code
+        self.error = None if isinstance(exc, OwnAnswer) else exc.code
         request, client = self.request, self.client
         body = request.body
         close = (

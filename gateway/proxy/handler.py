@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Sequence
+from pathlib import Path
 
 from ..config import ProxyConfig
 from ..errors import GatewayError, RequestTooLarge, UpstreamProtocolError, UpstreamTimeout
@@ -38,6 +39,7 @@ from ..events import RequestObserver
 from ..pool import Lease, Pool, ServicePool
 from ..wire import http1
 from . import messages
+from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect
 from .client import ClientConnection
 from .connector import Connector, ResponseHead, UpstreamConnection
 from .exchange import Exchange, Forwarding
@@ -62,6 +64,12 @@ class Proxy(Forwarding):
         super().__init__(pool, config, observers)
         self._relays: set[Relay] = set()
         self._routes = Routes()
+        managed = config.tls.managed_dir
+        self.challenges: Path | None = Path(managed).parent / "challenges" if managed else None
+        """Where the ACME client puts its HTTP-01 answers (``answers``); None without ACME."""
+        self.https_port = 443
+        """Where ``https_redirect`` sends clients: the first HTTPS listener's port once one
+        is bound (``TrafficServer``), else 443 (TLS ended in front of the gateway)."""
 
     async def start(self) -> None:
         """Open the upstream connection pool (idempotent)."""
@@ -158,6 +166,11 @@ class Proxy(Forwarding):
     def _prepare(self, ex: Exchange) -> ServicePool:
         """Route the request and check its limits: its service (``ex.target`` is set)."""
         request = ex.request
+        secure = ex.client.secure
+        challenges = self.challenges
+        if challenges is not None and not secure and request.target.startswith(CHALLENGE_PREFIX):
+            ex.path = request.target.partition(b"?")[0].decode("latin-1")
+            raise challenge_answer(challenges, request.target)
         try:
             service, ex.path, ex.target = self._routes.resolve(
                 self.pool.routes, request.host, request.target
@@ -169,6 +182,8 @@ class Proxy(Forwarding):
         if sp is None:
             raise no_route(request.host, ex.path)
         ex.service = service
+        if not secure and sp.routing.route.https_redirect:
+            raise https_redirect(request.host, request.target, self.https_port)
         limit = sp.routing.limits.max_body_size
         length = request.content_length
         if limit and length is not None and length > limit:

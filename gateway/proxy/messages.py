@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..errors import GatewayError
+from ..errors import GatewayError, OwnAnswer
 from ..wire import headers, http1
 from .connector import ResponseHead
 from .request import IncomingRequest
@@ -111,7 +111,10 @@ def upgrade_head(head: ResponseHead, request_id: str) -> bytes:
 
 
 def gateway_error_response(exc: GatewayError, request_id: str, close: bool) -> bytes:
-    """The JSON answer for a ``GatewayError``."""
+    """The JSON answer for a ``GatewayError`` (an ``OwnAnswer`` is its own)."""
+    if isinstance(exc, OwnAnswer):
+        own = {**exc.headers, "X-Request-Id": request_id}
+        return http1.plain_response(exc.status, exc.body, own, close=close)
     body: dict[str, object] = {**exc.details, "error": exc.code, "message": exc.message}
     body["request_id"] = request_id
     extra = {"X-Request-Id": request_id}

@@ -77,6 +77,17 @@ def response_head(status: int, phrase: bytes, lines: Sequence[bytes]) -> bytes:
     return head + CRLF
 
 
+def plain_response(
+    status: int, body: bytes, headers: Mapping[str, str], *, close: bool = False
+) -> bytes:
+    """A complete response the gateway makes itself, with ``headers`` and ``body`` as given."""
+    lines = [b"Content-Length: %d" % len(body), b"Date: " + http_date()]
+    lines.extend(f"{k}: {v}".encode("latin-1") for k, v in headers.items())
+    if close:
+        lines.append(b"Connection: close")
+    return response_head(status, reason(status), lines) + body
+
+
 def json_response(
     status: int,
     body: Mapping[str, object],

@@ -46,8 +46,12 @@ class Recorder:
         return self.records
 
 
-def routing(name: str, *, hosts=(), prefix=None, strip=False, **settings: Any) -> ServiceRouting:
-    route = RouteConfig(hosts=tuple(hosts), path_prefix=prefix, strip_prefix=strip)
+def routing(
+    name: str, *, hosts=(), prefix=None, strip=False, route_extra=None, **settings: Any
+) -> ServiceRouting:
+    route = RouteConfig(
+        hosts=tuple(hosts), path_prefix=prefix, strip_prefix=strip, **(route_extra or {})
+    )
     return ServiceRouting(name=name, route=route, **settings)
 
 

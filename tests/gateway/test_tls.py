@@ -28,7 +28,7 @@ from gateway.server import TrafficServer
 from gateway.tls import Termination
 from gateway.tls.names import NameIndex
 
-from .conftest import Recorder, routing
+from .conftest import Recorder, raw_request, routing
 
 
 @pytest.fixture(scope="module")
@@ -337,3 +337,84 @@ class _Static(aiohttp.abc.AbstractResolver):
 
     async def close(self) -> None:
         pass
+
+
+# -- answers around HTTPS: ACME challenges, redirects, HSTS --------------------------------------
+
+
+async def test_acme_challenges_are_answered_on_the_plain_listener_only(
+    tls_gateway, pool: Pool, upstream, ca: trustme.CA, tmp_path: Path
+) -> None:
+    route = {"https_redirect": True}  # the challenge path is answered before any redirect
+    pool.set_service(routing("web", hosts=["a.test"], route_extra=route))
+    await upstream("web", "u1")
+    challenges = tmp_path / "acme" / "challenges"
+    challenges.mkdir(parents=True)
+    (challenges / "tok_EN-1").write_bytes(b"tok_EN-1.thumbprint")
+    pair = write_pair(ca, tmp_path / "a", "a.test")
+    managed = str(tmp_path / "acme" / "certificates")
+    server = await tls_gateway(TlsConfig(certificates=(pair,), managed_dir=managed))
+    port = server.port
+    answer = await raw_request(
+        port,
+        b"GET /.well-known/acme-challenge/tok_EN-1 HTTP/1.1\r\nHost: a.test\r\n"
+        b"Connection: close\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert answer.endswith(b"\r\n\r\ntok_EN-1.thumbprint")
+    for target in (b"tok_EN-2", b"..%2Fcertificates", b"a/b", b""):
+        answer = await raw_request(
+            port,
+            b"GET /.well-known/acme-challenge/"
+            + target
+            + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        assert answer.startswith(b"HTTP/1.1 404 "), (target, answer)
+    # Over TLS the path is the service's like any other.
+    _, _, _, answer = await asyncio.to_thread(
+        handshake,
+        server.tls_ports[0],
+        client_context(ca),
+        "a.test",
+        None,
+        b"GET /.well-known/acme-challenge/tok_EN-1 HTTP/1.1\r\nHost: a.test\r\n"
+        b"Connection: close\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b'"upstream": "u1"' in answer
+
+
+async def test_https_redirect_and_hsts(
+    tls_gateway, pool: Pool, upstream, ca: trustme.CA, tmp_path: Path
+) -> None:
+    extra = {"https_redirect": True, "hsts": {"max_age": "1h", "include_subdomains": True}}
+    pool.set_service(routing("web", hosts=["a.test"], route_extra=extra))
+    pool.set_service(routing("other", hosts=["b.test"]))
+    await upstream("web", "u1")
+    await upstream("other", "u2")
+    pair = write_pair(ca, tmp_path / "a", "a.test", "b.test")
+    server = await tls_gateway(TlsConfig(certificates=(pair,)))
+    tls_port = server.tls_ports[0]
+    answer = await raw_request(
+        server.port,
+        b"POST /x?y=1 HTTP/1.1\r\nHost: a.test:8080\r\nContent-Length: 0\r\n"
+        b"Connection: close\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 308 Permanent Redirect\r\n")
+    assert f"\r\nLocation: https://a.test:{tls_port}/x?y=1\r\n".encode() in answer
+    assert b"Strict-Transport-Security" not in answer  # never over plain HTTP
+    answer = await raw_request(
+        server.port, b"GET / HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n"
+    )
+    assert answer.startswith(b"HTTP/1.1 200 ")  # a service without the redirect
+    _, _, _, answer = await asyncio.to_thread(
+        handshake, tls_port, client_context(ca), "a.test", None,
+        b"GET /x HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+    )  # fmt: skip
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b"\r\nStrict-Transport-Security: max-age=3600; includeSubDomains\r\n" in answer
+    _, _, _, answer = await asyncio.to_thread(
+        handshake, tls_port, client_context(ca), "b.test", None,
+        b"GET / HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n",
+    )  # fmt: skip
+    assert b"Strict-Transport-Security" not in answer
