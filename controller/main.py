@@ -35,17 +35,21 @@ from gateway import (
     Pool,
     Prober,
     Proxy,
+    ReloadReport,
     RequestObserver,
     Supervisor,
+    Termination,
     TrafficServer,
     WorkerSettings,
     metrics_handler,
     native,
+    register_tls,
 )
 
 from .acme import AcmeManager
 from .acme.manager import controller_routes
 from .admin.app import AdminServer, build_admin_app, is_loopback
+from .admin.tls import tls_operations
 from .admin.views import certificates_operation
 from .backends import ProcessBackend, StaticBackend
 from .backends.base import Backend
@@ -71,6 +75,8 @@ class Gateway:
     traffic: TrafficServer | Supervisor
     admin: AdminServer
     acme: AcmeManager | None = None
+    tls: Termination | None = None
+    reload_tls: Callable[[], ReloadReport | None] | None = None
 
 
 StoredAs = Literal["live", "deleted", "absent"]
@@ -176,9 +182,38 @@ async def run_gateway(
     metrics = GatewayMetrics(registry)
     metrics.attach(pool)
     register_controller_metrics(registry, controller)
+    # -- HTTPS: certificates from files and from ACME, served by the TLS listeners --
+    proxy_config = config.proxy_config()
+    if config.tls.acme is not None:  # what ACME obtains is loaded from here
+        managed = str(state_dir / "acme" / "certificates")
+        tls_config = proxy_config.tls.model_copy(update={"managed_dir": managed})
+        proxy_config = proxy_config.model_copy(update={"tls": tls_config})
+    tls = Termination(proxy_config.tls) if proxy_config.listen_tls else None
+    if tls is not None:
+        register_tls(registry, tls)
+    traffic: TrafficServer | Supervisor
+
+    def reload_tls() -> ReloadReport | None:
+        """Load the certificate files that changed, here and in every worker."""
+        if tls is None:
+            return None
+        report = tls.reload()
+        if isinstance(traffic, Supervisor):
+            traffic.reload_tls()
+        return report
+
+    async def certificates_changed() -> None:
+        reload_tls()
+
     acme: AcmeManager | None = None
     if config.tls.acme is not None:  # certificates of the routes' hosts, by ACME HTTP-01
-        acme = AcmeManager(config.tls.acme, state_dir, controller_routes(controller), journal)
+        acme = AcmeManager(
+            config.tls.acme,
+            state_dir,
+            controller_routes(controller),
+            journal,
+            on_certificates=certificates_changed,
+        )
         register_acme(registry, acme)
     request_observers: list[RequestObserver] = [metrics]
     access_log: AccessLog | None = None
@@ -188,11 +223,9 @@ async def run_gateway(
         request_observers.append(access_log)
     # -- end observability --
     prober = Prober(pool, observers=[metrics])
-    proxy_config = config.proxy_config()
-    traffic: TrafficServer | Supervisor
     if workers == 1:
         proxy = Proxy(pool, proxy_config, observers=request_observers)
-        traffic = TrafficServer(proxy, proxy_config)
+        traffic = TrafficServer(proxy, proxy_config, tls=tls)
     else:
         settings = WorkerSettings(
             count=workers,
@@ -201,7 +234,9 @@ async def run_gateway(
             else None,
             log_level=config.log_level,
         )
-        traffic = Supervisor(pool, proxy_config, settings, metrics=metrics, registry=registry)
+        traffic = Supervisor(
+            pool, proxy_config, settings, metrics=metrics, registry=registry, tls=tls
+        )
     ready = False
     admin = AdminServer(
         build_admin_app(
@@ -209,7 +244,7 @@ async def run_gateway(
             lambda: ready,
             config.admin_token(),
             metrics_handler=metrics_handler(registry),
-            extra_routes=[certificates_operation(acme)],
+            extra_routes=[certificates_operation(acme), *tls_operations(tls, reload_tls)],
         ),
         config.admin.listen,
     )
@@ -226,6 +261,8 @@ async def run_gateway(
         if acme is not None:  # after the plain listener, which answers its challenges
             await acme.start()
         await admin.start()
+        if tls is not None:  # SIGHUP: load the certificate files that changed
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_tls)
         # What start-up built lives as long as the process: move it out of the cyclic
         # collector's sight, so each collection scans only what traffic allocates.
         gc.collect()
@@ -234,13 +271,15 @@ async def run_gateway(
         log.info("gateway ready: traffic on %s, admin on %s", config.listen, config.admin.listen)
         log.info("data plane: %s", native.running)
         if started is not None:
-            pending = started(Gateway(controller, pool, traffic, admin, acme))
+            pending = started(Gateway(controller, pool, traffic, admin, acme, tls, reload_tls))
             if pending is not None:
                 await pending
         await stop.wait()
         log.info("shutting down: finishing in-flight requests")
     finally:
         ready = False
+        if tls is not None:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         if acme is not None:
             await acme.stop()
         await traffic.stop()

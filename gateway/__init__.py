@@ -42,6 +42,7 @@ from .prober import Prober
 from .proxy import Proxy
 from .server import TrafficServer
 from .tls import ReloadReport, Termination
+from .tls.metrics import register_tls
 from .upstream import AdminState, Health, Upstream
 from .workers.supervisor import Supervisor, WorkerSettings
 
@@ -90,4 +91,5 @@ __all__ = [
     "metrics_handler",
     "parse_address",
     "parse_duration",
+    "register_tls",
 ]

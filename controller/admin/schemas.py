@@ -265,6 +265,39 @@ class HostList(Schema):
     hosts: list[HostView]
 
 
+# -- HTTPS (admin/tls.py) ---------------------------------------------------------------------
+
+
+class TlsCertificateView(Schema):
+    name: str
+    """Its first DNS name (what metrics call it)."""
+    names: list[str]
+    not_after: float
+    """Expiry, seconds since the epoch."""
+    cert_file: str
+    key_file: str
+    acme: bool
+    """Obtained by ACME (under state_dir/acme), not configured."""
+
+
+class TlsRefusalView(Schema):
+    cert_file: str
+    key_file: str
+    file: str
+    """The file that could not be used."""
+    reason: str
+
+
+class TlsView(Schema):
+    enabled: bool
+    certificates: list[TlsCertificateView]
+    refused: list[TlsRefusalView]
+    reload_failures: int
+    """Pairs refused by a load or reload since start (the old certificate kept serving)."""
+    handshakes: dict[str, dict[str, int]]
+    """``ok`` and ``resumed`` by TLS version, ``failed`` by reason, since start."""
+
+
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (ScaleRequest, UndoRequest)
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     ErrorBody,
@@ -280,4 +313,5 @@ RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     EventView,
     Probe,
     HostList,
+    TlsView,
 )
