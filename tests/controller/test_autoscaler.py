@@ -4,6 +4,7 @@ properties over generated load histories. Nothing sleeps: ``now`` is a number.""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -11,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.autoscaler import Decision, Memory, Sample, changed, desired, load, remember
-from controller.spec import Autoscaling
+from controller.errors import SpecError
+from controller.operations import validate_spec
+from controller.spec import COLD_START_QUEUE_TIMEOUT, Autoscaling
 
 
 def scaling(**overrides: object) -> Autoscaling:
@@ -64,6 +67,68 @@ class Run:
             self.changes.append((self.now, self.current, decision.count, decision.reason))
             self.current = decision.count
         return decision
+
+
+# -- the spec -----------------------------------------------------------------------------
+
+BASE = {"name": "web", "route": {"path_prefix": "/"}, "replica": {"commands": ["serve"]}}
+
+
+@pytest.mark.parametrize(
+    ("replicas", "lo", "hi"),
+    [
+        ("1..4", 1, 4),
+        (" 0 .. 3 ", 0, 3),
+        ({"min": 0, "max": 2}, 0, 2),
+        ({"min": 2, "max": 2}, 2, 2),
+    ],
+)
+def test_a_range_is_autoscaled_with_the_defaults(replicas, lo, hi):
+    spec = validate_spec(BASE | {"replicas": replicas})
+    assert spec.autoscaling == Autoscaling(
+        min=lo,
+        max=hi,
+        metric="concurrency",
+        target=10.0,
+        window=60.0,
+        scale_up_delay=6.0,
+        scale_down_delay=60.0,
+    )
+    assert spec.desired_replicas == max(lo, 1)  # a new revision starts once before zero
+    timeout = COLD_START_QUEUE_TIMEOUT if lo == 0 else 0.0
+    assert spec.routing().queue_timeout == timeout
+
+
+def test_a_plain_count_keeps_its_meaning_and_a_set_queue_timeout_is_kept():
+    spec = validate_spec(BASE | {"replicas": 3})
+    assert (spec.autoscaling, spec.desired_replicas) == (None, 3)
+    spec = validate_spec(BASE | {"replicas": "0..2", "queue_timeout": "5s"})
+    assert spec.routing().queue_timeout == 5.0
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"replicas": "4..1"}, "replicas: min (4) is above max (1)"),
+        ({"replicas": "0..0"}, "replicas: max: Input should be greater than or equal to 1"),
+        ({"replicas": "1-4"}, "replicas: a count, {min, max} or 'min..max'"),
+        ({"replicas": {"min": 1}}, "replicas: max: Field required"),
+        ({"replicas": 2, "scaling": {"target": 4}}, "scaling: the replica count is fixed"),
+        ({"scaling": {"target": 4}}, "scaling: the replica count is fixed"),
+        ({"replicas": "0..2", "scaling": {"target": 0}}, "scaling.target"),
+        ({"replicas": "0..2", "scaling": {"metric": "cpu"}}, "scaling.metric"),
+        ({"replicas": "0..101"}, "replicas: max: Input should be less than or equal to 100"),
+    ],
+)
+def test_a_bad_range_or_scaling_is_refused_with_the_field_and_reason(change, reason):
+    with pytest.raises(SpecError, match=re.escape(reason)):
+        validate_spec(BASE | change)
+
+
+def test_a_static_service_is_not_autoscaled():
+    static = BASE | {"backend": "static", "replica": {"addresses": ["127.0.0.1:1"]}}
+    with pytest.raises(SpecError, match="static service's addresses are not autoscaled"):
+        validate_spec(static | {"replicas": "0..1"})
 
 
 # -- tables -------------------------------------------------------------------------------

@@ -150,6 +150,13 @@ async def test_the_first_request_to_a_service_at_zero_is_held_and_answered(
     assert held <= start_and_probe + 1.0, (held, start_and_probe)
     (cold,) = events(gw, "cold_start")
     assert f"replica {replica.id} ready" in cold
+    # A manual scale of an autoscaled service is refused, saying what to change.
+    scale = f"http://127.0.0.1:{gw.gateway.admin.port}/api/services/web/scale"
+    async with aiohttp.ClientSession() as http, http.post(scale, json={"replicas": 3}) as refused:
+        answer = await refused.json()
+    assert refused.status == 409, answer
+    assert "autoscaled (replicas 0..2)" in answer["message"], answer
+    assert "fixed count" in answer["message"], answer
     admin = f"http://127.0.0.1:{gw.gateway.admin.port}/metrics"
     async with aiohttp.ClientSession() as http, http.get(admin) as response:
         metrics = await response.text()
