@@ -20,7 +20,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gateway import Duration, ListenAddress, ListenerLimits, Model, ProxyConfig, TlsConfig
 
@@ -236,6 +236,14 @@ class GatewayConfig(Model):
     """On shutdown, leave process replicas running for the next start to adopt (``keep``),
     or stop them (``stop``)."""
 
+    @model_validator(mode="after")
+    def _tls_needs_certificates(self) -> GatewayConfig:
+        if self.listen_tls and not self.tls.certificates and self.tls.acme is None:
+            raise ValueError(
+                "listen_tls: an HTTPS listener needs tls.certificates or tls.acme to serve"
+            )
+        return self
+
     def proxy_config(self) -> ProxyConfig:
         tls = TlsConfig(**self.tls.model_dump(exclude={"acme"}))
         return ProxyConfig(
@@ -370,6 +378,19 @@ def load_config(path: str | Path, *, workers: int | str | None = None) -> Loaded
     if token_file is not None and not Path(token_file).is_absolute():
         admin = config.admin.model_copy(update={"token_file": str(base / token_file)})
         config = config.model_copy(update={"admin": admin})
+    if config.tls.certificates:  # relative to the config file, as the other paths
+        pairs = tuple(
+            pair.model_copy(
+                update={
+                    "cert_file": str(base / pair.cert_file),
+                    "key_file": str(base / pair.key_file),
+                }
+            )
+            for pair in config.tls.certificates
+        )
+        config = config.model_copy(
+            update={"tls": config.tls.model_copy(update={"certificates": pairs})}
+        )
     return LoadedConfig(
         path=str(file), config=config, state_dir=str(state_dir), services=tuple(services)
     )

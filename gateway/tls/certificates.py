@@ -132,6 +132,8 @@ def load(cert_file: str, key_file: str, *, tickets: bool, managed: bool) -> Cert
         reason = e.reason or str(e)
         if reason == "KEY_VALUES_MISMATCH":
             reason = "the key does not match the certificate"
+        elif "PEM lib" in reason:  # what OpenSSL says of a key file it cannot parse
+            reason = "no PEM private key in it"
         raise CertificateError(key_file, f"cannot load the pair: {reason}") from None
     return Certificate(cert_file, key_file, names, not_after, managed, context, signature)
 
