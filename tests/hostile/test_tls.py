@@ -1,0 +1,326 @@
+"""Hostile clients on the HTTPS listener (issue 23): what each sends, what the gateway does.
+
+The gateway is a ``TrafficServer`` with a ``Termination`` in front of a real upstream, as in
+``tests/gateway/test_tls.py`` (whose helpers these reuse); the attackers are raw sockets, real
+``ssl`` clients and ``openssl s_client``, all on loopback. A handshake refused or cut off is
+counted in ``Termination.tally`` by reason, which is what ``gateway_tls_handshake_failures_total``
+reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import shutil
+import ssl
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+import trustme
+
+from gateway import TlsConfig
+from gateway.config import ListenerLimits
+from gateway.tls import FAILURE_REASONS
+from tests.gateway.test_tls import (  # noqa: F401 - fixtures, registered by import
+    client_context,
+    echo,
+    handshake,
+    tls_gateway,
+    write_pair,
+)
+
+from .conftest import MiB, rss
+
+REQUEST = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+def client_hello(server_name: str = "a.test") -> bytes:
+    """The bytes of a real ClientHello (TLS 1.2 and 1.3 offered), as Python's ssl sends it."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+async def closed_after(port: int, data: bytes, within: float) -> tuple[bytes, float]:
+    """Send ``data`` on a new connection; what came back until the gateway closed, and when."""
+    started = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    got = b""
+    try:
+        writer.write(data)
+        async with asyncio.timeout(within):
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := await reader.read(65536):
+                    got += chunk
+    finally:
+        writer.close()
+    return got, time.perf_counter() - started
+
+
+async def served(port: int, context: ssl.SSLContext) -> float:
+    """A well-behaved client: handshake, one request, the answer. Seconds it took."""
+    started = time.perf_counter()
+    *_, answer = await asyncio.to_thread(handshake, port, context, "a.test")
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    return time.perf_counter() - started
+
+
+@pytest.fixture
+async def https(tls_gateway, echo, ca: trustme.CA, tmp_path: Path):  # noqa: F811
+    """``await https(**TlsConfig and ProxyConfig fields)``: a TLS gateway serving ``a.test``."""
+    pair = write_pair(ca, tmp_path / "a", "a.test")
+
+    async def start(handshake_timeout: float = 10.0, **config):
+        tls = TlsConfig(certificates=(pair,), handshake_timeout=handshake_timeout)
+        return await tls_gateway(tls, **config)
+
+    return start
+
+
+async def test_a_clienthello_trickled_a_byte_at_a_time_is_cut_off_and_costs_nothing_after(
+    https, ca: trustme.CA
+) -> None:
+    """Slowloris on TLS: 100 connections each send a real ClientHello one byte every 50 ms
+    (it would take 25 s); ``handshake_timeout`` (1 s) closes every one, well-behaved clients
+    are served meanwhile, and afterwards every slot of ``max_connections`` (100) is free."""
+    attackers = 100
+    server = await https(
+        handshake_timeout=1.0, limits=ListenerLimits(max_connections=attackers + 1)
+    )
+    port, context = server.tls_ports[0], client_context(ca)
+    hello = client_hello()
+    before = rss()
+
+    async def trickle() -> float:
+        started = time.perf_counter()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for byte in hello:  # never finished within the timeout
+                if reader.at_eof():
+                    break
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.05)
+            async with asyncio.timeout(10):
+                await reader.read()  # the gateway's close
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+        return time.perf_counter() - started
+
+    attacks = [asyncio.create_task(trickle()) for _ in range(attackers)]
+    await asyncio.sleep(0.2)
+    # One slot is left: a client is served while the 100 hold theirs.
+    during = [await served(port, context) for _ in range(5)]
+    lasted = await asyncio.gather(*attacks)
+    print(
+        f"\nTLS slowloris x{attackers} (ClientHello of {len(hello)} bytes, 1 byte / 50 ms):"
+        f" cut off after {min(lasted):.2f}-{max(lasted):.2f} s; a client meanwhile"
+        f" {statistics.median(during) * 1000:.1f} ms; RSS grew {(rss() - before) / MiB:.1f} MiB"
+    )
+    assert min(lasted) > 0.9
+    assert max(lasted) < 3.0  # the 1 s timeout, not the 25 s the attack wanted
+    assert server.tls.tally.failed["timeout"] == attackers
+    assert max(during) < 2.0
+
+    # Nothing is left behind: every slot of max_connections takes a new client at once.
+    held = await asyncio.gather(
+        *(
+            asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="a.test")
+            for _ in range(attackers + 1)
+        )
+    )
+    for _, writer in held:
+        writer.close()
+    assert sum(server.tls.tally.ok.values()) == 5 + attackers + 1
+
+
+GARBAGE = {
+    "random_bytes": bytes(range(256)) * 4,
+    "ssh_banner": b"SSH-2.0-OpenSSH_9.6\r\n",
+    "sslv2_hello": bytes.fromhex("801c01000200030000001001008000") + b"\x01" * 16,
+    "record_too_long": b"\x16\x03\x01\xff\xff" + b"\0" * 64,
+    "server_hello_to_a_server": b"\x16\x03\x03\x00\x04\x02\x00\x00\x00",
+    "alert_first": b"\x15\x03\x03\x00\x02\x02\x28",
+    "hello_then_garbage": client_hello()[:50] + b"\xff" * 2000,
+}
+
+
+@pytest.mark.parametrize("data", GARBAGE.values(), ids=GARBAGE.keys())
+async def test_garbage_instead_of_a_clienthello_is_closed_at_once(
+    https, ca: trustme.CA, recorder, data: bytes
+) -> None:
+    """Bytes that are no ClientHello: OpenSSL refuses them as soon as it reads them, long
+    before the 10 s handshake timeout; nothing reaches an upstream; counted as ``protocol``."""
+    server = await https(handshake_timeout=10.0)
+    port = server.tls_ports[0]
+    got, took = await closed_after(port, data, within=5)
+    assert took < 1.0
+    assert got == b"" or got[:1] == b"\x15"  # nothing, or a TLS alert: never HTTP
+    assert server.tls.tally.failed == dict.fromkeys(FAILURE_REASONS, 0) | {"protocol": 1}
+    assert recorder.records == []
+    assert (await served(port, client_context(ca))) < 2.0  # and the next client is served
+
+
+PLAIN = {
+    "get": b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n",
+    "post": b"POST /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\n\r\nhello",
+    "head_http10": b"HEAD / HTTP/1.0\r\n\r\n",
+    "put": b"PUT /x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("data", PLAIN.values(), ids=PLAIN.keys())
+async def test_plain_http_to_the_tls_port_is_closed_and_counted(
+    https, recorder, data: bytes
+) -> None:
+    """Plain HTTP on the TLS port: nginx answers 400 in plain text; here OpenSSL's refusal
+    (``HTTP_REQUEST``) comes from inside the TLS transport, which gives no way to write on
+    the raw socket, so the connection is closed with nothing sent, at once, and counted as
+    ``plain_http``. Nothing reaches an upstream."""
+    server = await https(handshake_timeout=10.0)
+    got, took = await closed_after(server.tls_ports[0], data, within=5)
+    assert not got.startswith(b"HTTP/")
+    assert got == b"" or got[:1] == b"\x15"
+    assert took < 1.0
+    assert server.tls.tally.failed["plain_http"] == 1
+    assert recorder.records == []
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+async def test_client_initiated_renegotiation_is_refused(https, ca: trustme.CA, tmp_path) -> None:
+    """A TLS 1.2 client asks to renegotiate (``R`` in ``openssl s_client``), the CPU lever of
+    CVE-2011-1473: the server context has ``OP_NO_RENEGOTIATION``, so OpenSSL answers with a
+    ``no_renegotiation`` alert instead of a second handshake; only the first is counted."""
+    server = await https()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    client = await asyncio.create_subprocess_exec(
+        "openssl", "s_client", "-tls1_2", "-connect", f"127.0.0.1:{server.tls_ports[0]}",
+        "-servername", "a.test", "-CAfile", str(ca_file), "-verify_return_error",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert client.stdin is not None
+    assert client.stdout is not None
+    try:
+        async with asyncio.timeout(10):
+            seen = await client.stdout.readuntil(b"---\n")  # the handshake was made
+            while b"Verify return code: 0 (ok)" not in seen:
+                seen += await client.stdout.readuntil(b"\n")
+            client.stdin.write(b"R\n")  # s_client's command: renegotiate
+            await client.stdin.drain()
+            rest = await client.stdout.read()  # to the end: the server's refusal ends it
+            await client.wait()
+    finally:
+        if client.returncode is None:
+            client.kill()
+            await client.wait()
+    text = rest.decode(errors="replace")
+    print(f"\nopenssl s_client -tls1_2, R: {text.strip().splitlines()[-1:]}")
+    assert "RENEGOTIATING" in text
+    assert "no renegotiation" in text
+    tally = server.tls.tally
+    assert tally.ok == {"TLSv1.2": 1}  # the first handshake only
+    assert tally.resumed == {}
+    assert (await served(server.tls_ports[0], client_context(ca))) < 2.0
+
+
+async def test_a_flood_of_handshakes_beyond_max_connections_is_refused_at_accept(
+    https, ca: trustme.CA
+) -> None:
+    """400 clients begin a handshake at once against ``max_connections: 50``: 50 are taken
+    (handshakes in flight count against the limit), the other 350 are closed at accept
+    before OpenSSL sees a byte (no handshake work, none counted as failed); once the 50 go,
+    new clients are served again."""
+    limit, clients = 50, 400
+    server = await https(limits=ListenerLimits(max_connections=limit))
+    port, context = server.tls_ports[0], client_context(ca)
+
+    async def one() -> asyncio.StreamWriter | None:
+        try:
+            async with asyncio.timeout(10):
+                _, writer = await asyncio.open_connection(
+                    "127.0.0.1", port, ssl=context, server_hostname="a.test"
+                )
+            return writer
+        except (ssl.SSLError, ConnectionError):
+            return None
+
+    started = time.perf_counter()
+    outcomes = await asyncio.gather(*(one() for _ in range(clients)))
+    took = time.perf_counter() - started
+    held = [w for w in outcomes if w is not None]
+    tally = server.tls.tally
+    print(
+        f"\n{clients} handshakes at once, max_connections {limit}: {len(held)} taken,"
+        f" {clients - len(held)} refused at accept, in {took:.2f} s"
+    )
+    assert len(held) == limit
+    assert sum(tally.ok.values()) == limit
+    assert sum(tally.failed.values()) == 0  # the refused never reached OpenSSL
+    for writer in held:
+        writer.close()
+    await asyncio.sleep(0.1)  # the closes reach the gateway
+    assert (await served(port, context)) < 2.0
+
+
+async def test_many_idle_tls_connections_do_not_starve_a_new_client(https, ca: trustme.CA) -> None:
+    """1,000 TLS connections that made one request and sit idle in keep-alive, and 500
+    that opened TCP and never sent a ClientHello: a new client is still served at once, and
+    the idle ones are still open (nothing was shed to serve it)."""
+    idle, silent = 1000, 500
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2 * (idle + silent) + 200:
+        pytest.skip(f"ulimit -n {soft} is too low for {idle + silent} connections on each side")
+    server = await https(
+        handshake_timeout=30.0, limits=ListenerLimits(max_connections=idle + silent + 10)
+    )
+    port, context = server.tls_ports[0], client_context(ca)
+    baseline = [await served(port, context) for _ in range(10)]
+
+    gate = asyncio.Semaphore(64)
+
+    async def idle_one() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        async with gate:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=context, server_hostname="a.test"
+            )
+            writer.write(REQUEST)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            return reader, writer
+
+    before = rss()
+    async with asyncio.timeout(40):
+        kept = await asyncio.gather(*(idle_one() for _ in range(idle)))
+        quiet = [await asyncio.open_connection("127.0.0.1", port) for _ in range(silent)]
+    grown = rss() - before
+    try:
+        during = [await served(port, context) for _ in range(10)]
+        alive = sum(not reader.at_eof() for reader, _ in kept)
+    finally:
+        for _, writer in kept + quiet:
+            writer.close()
+    print(
+        f"\n{idle} idle TLS connections + {silent} silent: a new client p50"
+        f" {statistics.median(during) * 1000:.1f} ms (baseline"
+        f" {statistics.median(baseline) * 1000:.1f} ms); RSS of this process (gateway and"
+        f" clients) grew {grown / MiB:.1f} MiB"
+    )
+    assert alive == idle
+    assert max(during) < 2.0
