@@ -466,7 +466,7 @@ async def test_a_restart_reuses_the_stored_certificate_without_an_order(
     assert (pebble.orders(), pebble.count(r"POST /sign-me-up")) == (1, 1)
 
     second = await start(gateways, pebble, plain, tls)
-    await until(lambda: second.state().observed.serving_revision == 1, 15, "web serving")
+    await until(lambda: second.ready() == 1, 15, "web's replica ready again")
     assert second.gateway.acme is not None
     await until(
         lambda: [c.state for c in second.gateway.acme.status()] == ["valid"], 10, "the status"
