@@ -6,11 +6,14 @@ traffic on loopback. Short windows and delays, so each test takes seconds.
 - a scaled-to-zero service answers its first request once a replica is up: the hold time is
   the replica's start and probe time plus the sampling and the planning;
 - a cold start that cannot be placed answers the held request 503 with the reason, within
-  ``queue_timeout``.
+  ``queue_timeout``;
+- a scale-down drains the replica with the fewest requests in flight, and a long request on
+  a drained replica finishes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import sys
 import time
@@ -34,7 +37,8 @@ DELAY = float(os.environ.get("DELAY", "0.2"))
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
-        time.sleep(DELAY)
+        _, _, query = self.path.partition("?s=")
+        time.sleep(float(query) if query else DELAY)
         body = b"ok"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -187,3 +191,44 @@ async def test_a_cold_start_with_no_capacity_answers_503_with_the_reason(
     print(f"\n503 after {took:.3f} s: {body['message']}")
     assert gw.state().observed.degraded is not None
     assert "no capacity" in (gw.state().observed.degraded or "")
+
+
+async def test_a_scale_down_drains_and_the_long_requests_on_it_finish(
+    gateways: Gateways, tmp_path: Path
+) -> None:
+    gw = await gateways.start()
+    data = autoscaled(tmp_path, "1..3", delay=0.2)
+    data["rollout"]["drain_timeout"] = 30
+    await gw.controller.apply(data)
+    await until(lambda: gw.ready() == 1, what="one replica")
+    # Short requests from 6 clients: 6 in flight at target 2 wants 3 replicas.
+    async with Load(gw.url, clients=6, limit=60) as load:
+        await until(lambda: gw.ready() == 3, timeout=20, what="3 replicas under load")
+        await load.more(20)
+    # The short load ended; three long requests, one per replica.
+    pool = gw.controller.pool.service("web")
+    await until(lambda: not sum(pool.inflight_all().values()), what="nothing in flight")
+    async with aiohttp.ClientSession() as http:
+
+        async def long_request() -> tuple[int, str, float]:
+            started = time.monotonic()
+            async with http.get(gw.url + "/?s=6") as response:
+                return response.status, await response.text(), time.monotonic() - started
+
+        longs = []
+        for _ in range(3):  # least outstanding: one on each replica
+            longs.append(asyncio.ensure_future(long_request()))
+            await until(lambda: sum(pool.inflight_all().values()) == len(longs))
+        assert sorted(pool.inflight_all().values()) == [1, 1, 1], pool.inflight_all()
+        # 3 in flight: wants 2; the scale-down drains a replica that holds one of them.
+        await until(lambda: gw.state().desired.replicas < 3, timeout=15, what="a scale-down")
+        draining = gw.replicas(ReplicaState.DRAINING)
+        assert draining, "the replica scaled down drains"
+        assert pool.inflight_all().get(draining[0].id) == 1
+        results = await asyncio.gather(*longs)
+    assert not load.failures, load.summary()
+    assert all(status == 200 and body == "ok" for status, body, _ in results), results
+    assert all(took >= 5.9 for _, _, took in results), results
+    drained = events(gw, "replica_draining")
+    assert any("scaled down" in m for m in drained), drained
+    assert not events(gw, "replica_drain_timeout")
