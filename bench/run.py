@@ -5,6 +5,7 @@ One command, one run, everything on loopback and bounded in time::
     .venv/bin/python bench/run.py --duration 8 --repeat 3
     .venv/bin/python bench/run.py --python .venv/bin/python --python /usr/bin/python3.11
     .venv/bin/python bench/run.py --pure    # also the pure Python data plane, same run
+    .venv/bin/python bench/run.py --tls     # TLS termination: nginx and the gateway (tls.py)
 
 It starts, in a fresh temporary directory, the upstream (nginx, 1 worker, pinned with wrk to
 the load core) and, each pinned to the proxy core, nginx as a reverse proxy (1 worker,
@@ -22,6 +23,10 @@ target's own ``/proc/<pid>/stat``, RSS sampled during the run), at 256 connectio
 After the repetitions, each target in turn holds 10,000 idle keep-alive connections
 (``bench/idle.py``) while its RSS is read. Medians over the repetitions go to
 ``bench/RESULTS.md`` with the ratios gateway/nginx, and to standard output.
+
+``--tls`` runs the TLS comparison instead (``bench/tls.py``): nginx with ``listen ssl`` and the
+gateway with ``listen_tls``, the same certificate and settings, over HTTPS; it writes the
+``tls`` section of ``--output`` and leaves the rest.
 
 Every process it starts gets its own process group and is stopped by pid in a ``finally``
 block, Ctrl-C and SIGTERM included.
@@ -47,6 +52,7 @@ from pathlib import Path
 
 import interpreter
 import results
+import tls
 from idle import IdleResult, idle_step
 from system import (
     Failure,
@@ -63,9 +69,11 @@ from system import (
 )
 from targets import (
     BIG_SIZE,
+    Certificate,
     Limits,
     Run,
     Target,
+    make_certificate,
     start_gateway,
     start_haproxy,
     start_nginx,
@@ -357,6 +365,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also each gateway on its pure Python modules (GATEWAY_NATIVE=0)",
     )
     p.add_argument("--no-stream", action="store_true", help="skip the 10 MiB body")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS termination instead: nginx and the gateway over HTTPS")  # fmt: skip
+    p.add_argument("--tls-key", choices=("rsa", "ecdsa"), default="rsa",
+                   help="the certificate's key: RSA 2048 (default) or ECDSA P-256")  # fmt: skip
+    p.add_argument("--handshake-clients", type=int, default=8,
+                   help="openssl s_time processes at once, for --tls (8)")  # fmt: skip
+    p.add_argument("--no-compile", action="store_true",
+                   help="run the data plane as built (else pure): never build it")  # fmt: skip
     p.add_argument("--access-log", choices=("off", "file"), default="file",
                    help="access logs of nginx, HAProxy and the gateway: a file in the tmp "
                         "dir (default), or off")  # fmt: skip
@@ -413,17 +429,23 @@ def command_line() -> str:
 
 
 def start_targets(
-    procs: Procs, args: argparse.Namespace, lim: Limits, pythons: list[interpreter.Interpreter]
+    procs: Procs,
+    args: argparse.Namespace,
+    lim: Limits,
+    pythons: list[interpreter.Interpreter],
+    certificate: Certificate | None = None,
 ) -> dict[str, Target]:
-    """Start every target and wait until each serves ``/`` (and ``/big`` whole)."""
+    """Start every target and wait until each serves ``/`` (and ``/big`` whole); with a
+    ``certificate``, nginx and the gateways also listen with TLS (HAProxy is left out)."""
     runs = [(python, pure) for python in pythons for pure in (False, True) if pure <= args.pure]
     n_gateways = len(runs) if "gateway" in args.targets else 0
-    up, nginx, haproxy, *rest = free_ports(3 + 2 * n_gateways)
+    up, nginx, haproxy, nginx_tls, *rest = free_ports(4 + 3 * n_gateways)
     targets = {"direct": start_upstream(procs, up, args.load_cpu, lim)}
     wait_serving(targets["direct"].proc, targets["direct"].url())
     if "nginx" in args.targets:
-        targets["nginx"] = start_nginx(procs, nginx, up, args.proxy_cpu, lim)
-    if "haproxy" in args.targets:
+        tls_nginx = (certificate, nginx_tls) if certificate else None
+        targets["nginx"] = start_nginx(procs, nginx, up, args.proxy_cpu, lim, tls_nginx)
+    if "haproxy" in args.targets and certificate is None:
         targets["haproxy"] = start_haproxy(procs, haproxy, up, args.proxy_cpu, lim)
     for i, (python, pure) in enumerate(runs[:n_gateways]):
         name = "gateway" if len(pythons) == 1 else f"gateway-{python.tag}"
@@ -431,8 +453,11 @@ def start_targets(
             name += "-pure"
         if name in targets:
             name = f"{name}-{i + 1}"
-        ports = (rest[2 * i], rest[2 * i + 1], up)
-        targets[name] = start_gateway(procs, name, python, ports, args.proxy_cpu, lim, pure=pure)
+        ports = (rest[3 * i], rest[3 * i + 1], up)
+        tls_gateway = (certificate, rest[3 * i + 2]) if certificate else None
+        targets[name] = start_gateway(
+            procs, name, python, ports, args.proxy_cpu, lim, pure=pure, tls=tls_gateway
+        )
     for target in targets.values():
         wait_serving(target.proc, target.url())  # the gateway: until its probe passed
         if not args.no_stream:
@@ -493,6 +518,11 @@ def main(argv: list[str] | None = None) -> int:
     if "haproxy" in args.targets and shutil.which("haproxy") is None:
         print("bench: haproxy not installed; skipping it", file=sys.stderr)
         args.targets.remove("haproxy")
+    if args.tls and missing_tool(("openssl",)):
+        print("bench: openssl not found (apt-get install openssl)", file=sys.stderr)
+        return 2
+    if args.no_compile:
+        interpreter._native = _native_as_built  # see _native_as_built
     try:
         lim = limits(args)
         pythons = [interpreter.resolve(p) for p in args.python] if "gateway" in args.targets else []
@@ -505,10 +535,15 @@ def main(argv: list[str] | None = None) -> int:
     tmp = work_dir("bench")
     procs = Procs(tmp)
     sources = source_digest()
+    tls_figures = None
     try:
-        targets = start_targets(procs, args, lim, pythons)
+        certificate = make_certificate(tmp, args.tls_key) if args.tls else None
+        targets = start_targets(procs, args, lim, pythons, certificate)
         print(f"bench: {', '.join(targets)} serving; tmp {tmp}", file=sys.stderr)
-        figures = measure(procs, args, targets)
+        if args.tls:
+            tls_figures = tls.measure(procs, args, targets)
+        else:
+            figures = measure(procs, args, targets)
     except Failure as e:
         print(f"bench: {e}", file=sys.stderr)
         return 1
@@ -522,6 +557,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    if tls_figures is not None:
+        gateways = [t for t in targets.values() if t.kind == "gateway"]
+        head = tls_head(args, started_at, load, machine(sources, gateways))
+        names = [name for name, t in targets.items() if t.tls_port is not None]
+        results.publish("tls", tls.report(args, names, tls_figures, head), args.output)
+        return 0
     report = render(args, list(targets.values()), figures, started_at, sources, load)
     # Other benches own marked sections of the same file: keep them.
     kept = results.sections(args.output.read_text()) if args.output.exists() else ""
@@ -530,6 +571,53 @@ def main(argv: list[str] | None = None) -> int:
     print(tables(args, [t.name for t in targets.values()], figures))
     print(f"\nbench: written to {args.output}", file=sys.stderr)
     return 0
+
+
+def _native_as_built(gateway: Path) -> str:
+    """``interpreter._native`` without the build: the status of what is built. The compiled
+    modules live in the checkout (``gateway/_native/``), which others may be testing; a stale
+    build then runs the pure modules, and the report says so."""
+    out = subprocess.run(
+        [str(gateway), "native", "status"], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "GATEWAY_NATIVE": ""},
+    )  # fmt: skip
+    return out.stdout.strip() or f"pure Python: status failed: {out.stderr.strip()}"
+
+
+def tls_head(
+    args: argparse.Namespace,
+    at: datetime.datetime,
+    load: tuple[float, float, float],
+    machine_lines: list[str],
+) -> list[str]:
+    """How the TLS run was made: the command, the settings, the machine."""
+    key = "RSA 2048" if args.tls_key == "rsa" else "ECDSA P-256"
+    return [
+        f"Run {at:%Y-%m-%d %H:%M} UTC with:",
+        "",
+        "```sh",
+        command_line(),
+        "```",
+        "",
+        f"Medians of {args.repeat} interleaved repetitions of {args.duration} s each. nginx "
+        "(1 worker, `listen ssl`) and the gateway (`listen_tls`, 1 process) pinned to CPU "
+        f"{args.proxy_cpu}; wrk, `openssl s_time` and the upstream (nginx, plain HTTP) to CPU "
+        f"{args.load_cpu}. One self-signed {key} certificate for both; TLS 1.2 and 1.3, the "
+        "gateway's TLS 1.2 cipher list in its order for nginx (`ssl_ciphers`, "
+        "`ssl_prefer_server_ciphers on`), OpenSSL's TLS 1.3 suites for both; session tickets "
+        "on for both, nginx with `ssl_session_cache shared:SSL:10m`. Access logs to a file for "
+        "both. `c64`: `wrk -t1 -c64` over HTTPS on the 13-byte body (connections kept); "
+        f"`new`/`resumed`: {args.handshake_clients} `openssl s_time -new`/`-reuse` processes "
+        "at once, each a sequence of connect, handshake (full, or resuming the session of its "
+        "first connection), `GET / HTTP/1.0`, read to the close: connections per second over "
+        "the wall time, and the target's CPU per connection (handshake, request, proxying); "
+        f"`10 MiB`: `wrk -t1 -c{args.stream_connections}` on the 10 MiB body over HTTPS. "
+        f"Load average (1 min) at the start and the end: {load[0]:.2f}, "
+        f"{os.getloadavg()[0]:.2f}: the 2 cores are shared with other work, so the ratios per "
+        "repetition say more than the medians. Method: `bench/README.md`, TLS.",
+        "",
+        *machine_lines,
+    ]
 
 
 def tables(args: argparse.Namespace, order: list[str], figures: Figures) -> str:

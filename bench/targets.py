@@ -8,6 +8,11 @@
   an http probe, and every other setting at its default (access log, metrics, retries,
   passive outlier detection), except that it accepts enough connections for the idle step.
 
+With a ``Certificate`` (``run.py --tls``), nginx and the gateway also listen with TLS on a
+second port, with that certificate and the gateway's TLS settings (``gateway.tls.context``):
+TLS 1.2 and 1.3, its TLS 1.2 cipher list in its order, the server's order preferred, session
+tickets and (nginx) a shared session cache.
+
 ``wrk`` runs one at a time; while it runs, the target's CPU time is read before and after and
 its RSS is sampled.
 """
@@ -18,6 +23,7 @@ import dataclasses
 import json
 import os
 import re
+import ssl
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +83,7 @@ http {{
     }}
     server {{
         listen 127.0.0.1:{port} backlog=4096;
+{tls}
         location / {{
             proxy_pass http://up;
             proxy_http_version 1.1;
@@ -118,6 +125,61 @@ backend be
 """
 
 
+NGINX_TLS = """\
+        listen 127.0.0.1:{port} ssl backlog=4096;
+        ssl_certificate {cert};
+        ssl_certificate_key {key};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_ciphers {ciphers};
+        ssl_prefer_server_ciphers on;
+        ssl_session_cache shared:SSL:10m;
+        ssl_session_timeout 1h;
+        ssl_session_tickets on;"""
+
+SERVER_NAME = "bench.test"
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """A self-signed certificate for ``SERVER_NAME``, served by nginx and the gateway alike."""
+
+    cert: Path
+    key: Path
+    key_type: str
+    """``rsa`` (2048 bits) or ``ecdsa`` (P-256)."""
+
+
+def make_certificate(tmp: Path, key_type: str) -> Certificate:
+    """A certificate made with ``openssl req``, valid for a day."""
+    cert, key = tmp / "tls-cert.pem", tmp / "tls-key.pem"
+    new_key = ["-newkey", "rsa:2048"] if key_type == "rsa" else [
+        "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]  # fmt: skip
+    subprocess.run(
+        ["openssl", "req", "-x509", *new_key, "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", f"/CN={SERVER_NAME}",
+         "-addext", f"subjectAltName=DNS:{SERVER_NAME}"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    key.chmod(0o600)
+    return Certificate(cert, key, key_type)
+
+
+def gateway_ciphers() -> str:
+    """The TLS 1.2 cipher list of the gateway's server contexts, in its order (TLS 1.3's
+    suites are OpenSSL's defaults on both sides)."""
+    from gateway.tls.context import server_context  # the bench runs from the repository
+
+    names = [c["name"] for c in server_context(tickets=True).get_ciphers()]
+    return ":".join(n for n in names if not n.startswith("TLS_"))
+
+
+def client_tls() -> ssl.SSLContext:
+    """A client context that trusts any certificate: the bench's own checks of TLS ports."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    return context
+
+
 @dataclass(frozen=True)
 class Limits:
     """What every target is configured to accept: enough for the idle connections step."""
@@ -137,8 +199,12 @@ class Target:
     interpreter: Interpreter | None = None
     native: bool = False
     """A gateway running its compiled data plane (``gateway/native.py``)."""
+    tls_port: int | None = None
+    """Its TLS listener, if it has one (``run.py --tls``)."""
 
-    def url(self, path: str = "/") -> str:
+    def url(self, path: str = "/", tls: bool = False) -> str:
+        if tls:
+            return f"https://127.0.0.1:{self.tls_port}{path}"
         return f"http://127.0.0.1:{self.port}{path}"
 
 
@@ -157,9 +223,24 @@ def start_upstream(procs: Procs, port: int, cpu: int, limits: Limits) -> Target:
     return Target("direct", port, proc, "direct")
 
 
-def start_nginx(procs: Procs, port: int, upstream: int, cpu: int, limits: Limits) -> Target:
+def start_nginx(
+    procs: Procs,
+    port: int,
+    upstream: int,
+    cpu: int,
+    limits: Limits,
+    tls: tuple[Certificate, int] | None = None,
+) -> Target:
+    """nginx as a reverse proxy on ``port``; with ``tls`` (a certificate and a port), also
+    with TLS on that port."""
     conf = procs.tmp / "nginx.conf"
     log = f"{procs.tmp}/nginx.access.log" if limits.access_log else "off"
+    tls_block = ""
+    if tls is not None:
+        certificate, tls_port = tls
+        tls_block = NGINX_TLS.format(
+            port=tls_port, cert=certificate.cert, key=certificate.key, ciphers=gateway_ciphers()
+        )
     conf.write_text(
         PROXY_NGINX.format(
             tmp=procs.tmp,
@@ -168,10 +249,12 @@ def start_nginx(procs: Procs, port: int, upstream: int, cpu: int, limits: Limits
             access_log=log,
             max_connections=limits.max_connections,
             nofile=limits.nofile,
+            tls=tls_block,
         )
     )
     argv = ["nginx", "-e", str(procs.tmp / "nginx.error.log"), "-p", str(procs.tmp)]
-    return Target("nginx", port, procs.start("nginx", [*argv, "-c", str(conf)], cpu), "nginx")
+    proc = procs.start("nginx", [*argv, "-c", str(conf)], cpu)
+    return Target("nginx", port, proc, "nginx", tls_port=tls[1] if tls else None)
 
 
 def start_haproxy(procs: Procs, port: int, upstream: int, cpu: int, limits: Limits) -> Target:
@@ -187,11 +270,19 @@ def start_haproxy(procs: Procs, port: int, upstream: int, cpu: int, limits: Limi
 
 
 def gateway_config(
-    tmp: Path, name: str, port: int, admin: int, upstream: int, limits: Limits
+    tmp: Path,
+    name: str,
+    port: int,
+    admin: int,
+    upstream: int,
+    limits: Limits,
+    tls: tuple[Certificate, int] | None = None,
 ) -> dict:
     """The gateway's config: defaults everywhere but the addresses, the probe's pace and the
-    connection limit (raised, as for nginx and HAProxy, for the idle connections step)."""
-    return {
+    connection limit (raised, as for nginx and HAProxy, for the idle connections step); with
+    ``tls``, a TLS listener on its port serving its certificate (TLS settings at their
+    defaults: tickets on)."""
+    config: dict = {
         "listen": f"127.0.0.1:{port}",
         "admin": {"listen": f"127.0.0.1:{admin}", "token_file": str(tmp / "admin-token")},
         "state_dir": str(tmp / f"{name}-state"),
@@ -220,6 +311,13 @@ def gateway_config(
             }
         ],
     }
+    if tls is not None:
+        certificate, tls_port = tls
+        config["listen_tls"] = [f"127.0.0.1:{tls_port}"]
+        config["tls"] = {
+            "certificates": [{"cert_file": str(certificate.cert), "key_file": str(certificate.key)}]
+        }
+    return config
 
 
 def start_gateway(
@@ -231,8 +329,10 @@ def start_gateway(
     limits: Limits,
     workers: int = 1,
     pure: bool = False,
+    tls: tuple[Certificate, int] | None = None,
 ) -> Target:
-    """The gateway ``name`` run by ``interpreter``; ``ports`` are (traffic, admin, upstream).
+    """The gateway ``name`` run by ``interpreter``; ``ports`` are (traffic, admin, upstream);
+    ``tls`` (a certificate and a port) adds a TLS listener.
 
     ``cpu`` None leaves it unpinned; ``workers`` > 1 adds ``--workers N`` (worker processes,
     children of the gateway's process, so ``process_tree`` of its pid covers them). It runs
@@ -244,13 +344,15 @@ def start_gateway(
     if not token.exists():
         token.write_text(os.urandom(16).hex())
         token.chmod(0o600)
-    conf.write_text(json.dumps(gateway_config(procs.tmp, name, port, admin, upstream, limits)))
+    config = gateway_config(procs.tmp, name, port, admin, upstream, limits, tls)
+    conf.write_text(json.dumps(config))
     argv = [str(interpreter.gateway), "serve", "-c", str(conf)]
     if workers != 1:
         argv += ["--workers", str(workers)]
     native = interpreter.compiled and not pure
     proc = procs.start(name, argv, cpu, env={"GATEWAY_NATIVE": "1" if native else "0"})
-    return Target(name, port, proc, "gateway", interpreter, native)
+    tls_port = tls[1] if tls else None
+    return Target(name, port, proc, "gateway", interpreter, native, tls_port)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,10 +408,19 @@ def parse_wrk(text: str) -> Run:
 
 
 def wrk(
-    procs: Procs, target: Target, path: str, connections: int, duration: float, cpu: int
+    procs: Procs,
+    target: Target,
+    path: str,
+    connections: int,
+    duration: float,
+    cpu: int,
+    tls: bool = False,
 ) -> Run:
-    """``wrk -t1 -c<connections> -d<duration> --latency`` on ``target``, bounded in time."""
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", target.url(path)]
+    """``wrk -t1 -c<connections> -d<duration> --latency`` on ``target`` (over HTTPS on its
+    TLS port with ``tls``: wrk keeps each connection, so one handshake per connection),
+    bounded in time."""
+    url = target.url(path, tls)
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", url]
     pids = process_tree(target.proc.pid)
     before = cpu_seconds(pids)
     interrupts = wakeup_interrupts()
