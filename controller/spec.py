@@ -10,6 +10,7 @@ once without touching a replica.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from typing import Literal
@@ -23,10 +24,12 @@ from gateway import (
     LoadBalancing,
     Model,
     OutlierConfig,
+    PreviewConfig,
     ProbeConfig,
     RetriesConfig,
     RouteConfig,
     ServiceRouting,
+    StickyConfig,
     TimeoutsConfig,
 )
 
@@ -120,8 +123,71 @@ class ReplicaTemplate(Model):
         return env
 
 
+StrategyName = Literal["rolling", "canary", "blue_green"]
+"""``rolling``: replicas replaced a few at a time, traffic by replica count; ``canary``: the
+new revision takes a weight of the traffic step by step, judged by the analysis;
+``blue_green``: the new revision in full beside the old, no traffic but preview traffic, then
+all of it at once."""
+
+
+def _fraction(value: object) -> object:
+    """``0.01`` or ``"1%"``."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            return float(value.strip()[:-1]) / 100
+        except ValueError:
+            raise ValueError("a fraction (0.01) or a percentage ('1%')") from None
+    return value
+
+
+class CanaryStep(Model):
+    """One step of a canary: the new revision's share of the traffic, and how long it holds
+    it before the analysis is judged and the next step begins."""
+
+    weight: int = Field(ge=1, le=100)
+    """Percent of the requests sent to the new revision."""
+    pause: Duration | None = None
+    """How long the step lasts; none: until ``gateway rollout promote`` (the last step, at
+    100, needs none)."""
+
+
+DEFAULT_STEPS = (CanaryStep(weight=10, pause=60.0), CanaryStep(weight=50, pause=60.0))
+"""A canary given no steps: 10 % then 50 %, a minute each, then all of it."""
+
+
+class AnalysisConfig(Model):
+    """How a canary (or a blue/green preview) is judged on the gateway's own counts of the
+    new revision's requests over each step."""
+
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    """The largest share of 5xx answers (the revision's own and the gateway's errors)."""
+    max_latency_ratio: float | None = Field(default=None, gt=0)
+    """The largest p99 latency of the new revision over the stable one's in the same
+    window; none: latency is not judged."""
+    min_requests: int = Field(default=50, ge=1, le=10_000_000)
+    """Fewer requests than this is not enough data: never a pass."""
+    interval: Duration = Field(default=10.0, gt=0)
+    """How often the analysis is judged while a step holds."""
+
+    @field_validator("max_error_rate", mode="before")
+    @classmethod
+    def _rate(cls, value: object) -> object:
+        return _fraction(value)
+
+
 class RolloutStrategy(Model):
-    """How a service moves from one revision to the next."""
+    """How a service moves from one revision to the next. Not part of the revision: a new
+    strategy applies to the next rollout (and to the one in progress)."""
+
+    strategy: StrategyName = "rolling"
+    steps: tuple[CanaryStep, ...] = ()
+    """Canary only: each step's weight (rising) and pause; a last step at 100 is implied."""
+    analysis: AnalysisConfig | None = None
+    """Canary and blue/green: judge the new revision on its requests; a failed check aborts
+    the rollout. None: steps pass on their pause alone (blue/green waits for promote)."""
+    keep_previous: Duration = 300.0
+    """Blue/green: the previous revision is kept this long after the switch, so that
+    ``rollout undo`` is instant."""
 
     max_surge: int = Field(default=1, ge=0, le=MAX_REPLICAS)
     """Replicas of the target revision started beyond the desired count."""
@@ -148,7 +214,26 @@ class RolloutStrategy(Model):
     def _progress(self) -> RolloutStrategy:
         if self.max_surge == 0 and self.max_unavailable == 0:
             raise ValueError("max_surge and max_unavailable cannot both be 0: nothing could move")
+        if self.steps and self.strategy != "canary":
+            raise ValueError(f"steps: only for strategy canary, not {self.strategy}")
+        if self.analysis is not None and self.strategy == "rolling":
+            raise ValueError("analysis: only for strategy canary or blue_green")
+        weights = [step.weight for step in self.steps]
+        for before, after in itertools.pairwise(weights):
+            if after <= before:
+                raise ValueError(f"steps: weights must rise, {after} follows {before}")
+        for i, step in enumerate(self.steps[:-1]):
+            if step.weight == 100:
+                raise ValueError(f"steps.{i}: weight 100 is the last step")
         return self
+
+    @property
+    def canary_steps(self) -> tuple[CanaryStep, ...]:
+        """The canary's steps, ending at 100 (the default ones if none were given)."""
+        steps = self.steps or DEFAULT_STEPS
+        if steps[-1].weight < 100:
+            steps = (*steps, CanaryStep(weight=100))
+        return steps
 
 
 ScalingMetric = Literal["concurrency", "rps"]
@@ -250,6 +335,10 @@ class ServiceSpec(Model):
     limits: LimitsConfig = LimitsConfig()
     queue_timeout: Duration = 0.0
     rollout: RolloutStrategy = RolloutStrategy()
+    preview: PreviewConfig = PreviewConfig()
+    """Who may ask for one revision by header or host label (routing: not the revision)."""
+    sticky: StickyConfig | None = None
+    """Keep a client on its revision while a canary splits the traffic."""
 
     @field_validator("name")
     @classmethod
@@ -384,6 +473,8 @@ class ServiceSpec(Model):
             outlier=self.outlier,
             limits=self.limits,
             queue_timeout=self.effective_queue_timeout,
+            preview=self.preview,
+            sticky=self.sticky,
         )
 
     def to_json(self) -> str:

@@ -90,6 +90,66 @@ _HOST = re.compile(
 makes the Kelvin sign a ``k``)."""
 
 
+PreviewAllow = Literal["off", "anyone", "token"]
+"""Who may ask for a revision by preview route: nobody, anyone, or a request bearing the
+admin token or one of the service's preview tokens."""
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+class PreviewConfig(Model):
+    """Preview routes: a request asks for one revision of the service, by header
+    (``X-Gateway-Revision: 3``) or by host label (``r3--hello.example.com``)."""
+
+    allow: PreviewAllow = "off"
+    header: str = "X-Gateway-Revision"
+    """The request header that names a revision."""
+    host_prefix: str = Field(default="r", pattern=r"^[a-z]{0,8}$")
+    """A host ``<prefix><revision>--<a host of the route>`` names a revision; "": no host
+    form."""
+    token_header: str = "X-Gateway-Preview-Token"
+    """With ``allow: token``: the header that bears the token (not passed upstream)."""
+    tokens: tuple[str, ...] = ()
+    """SHA-256 digests (hex) of the tokens accepted: the service's; the controller adds the
+    admin token's."""
+
+    @field_validator("header", "token_header")
+    @classmethod
+    def _header(cls, name: str) -> str:
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"not a header name: {name!r}")
+        return name
+
+    @field_validator("tokens")
+    @classmethod
+    def _digests(cls, tokens: tuple[str, ...]) -> tuple[str, ...]:
+        for token in tokens:
+            if not _DIGEST.fullmatch(token):
+                raise ValueError("a token is given by its SHA-256 digest: 64 hex digits")
+        return tokens
+
+
+class StickyConfig(Model):
+    """A client keeps its revision while traffic is split between two: the draw between
+    them is a hash of this header's or cookie's value instead of a random number."""
+
+    header: str | None = None
+    cookie: str | None = Field(default=None, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, name: str | None) -> str | None:
+        if name is not None and not _TOKEN.fullmatch(name):
+            raise ValueError(f"not a header name: {name!r}")
+        return name
+
+    @model_validator(mode="after")
+    def _one(self) -> StickyConfig:
+        if (self.header is None) == (self.cookie is None):
+            raise ValueError("a header or a cookie, one of the two")
+        return self
+
+
 class Hsts(Model):
     """The ``Strict-Transport-Security`` header (RFC 6797)."""
 
@@ -237,6 +297,9 @@ class ServiceRouting(Model):
     retries: RetriesConfig = RetriesConfig()
     outlier: OutlierConfig = OutlierConfig()
     limits: LimitsConfig = LimitsConfig()
+    preview: PreviewConfig = PreviewConfig()
+    sticky: StickyConfig | None = None
+    """Keep a client on its revision while traffic is split (None: a random draw)."""
     queue_timeout: Duration = 0.0
     """Wait this long for an upstream to become routable before answering 503."""
 
