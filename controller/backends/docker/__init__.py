@@ -4,7 +4,7 @@ hosts and replicas), ``backend`` (containers started, stopped, watched and adopt
 
 from .backend import DockerBackend, DockerHost, HostListener, HostState
 from .container import DEFAULT_CONTAINER_PORT, container_script
-from .engine import EngineClient, EngineError, EngineUnreachable
+from .engine import EngineClient, EngineError, EngineTls, EngineUnreachable
 from .placement import HostLoad, NoRoom, place
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "DockerHost",
     "EngineClient",
     "EngineError",
+    "EngineTls",
     "EngineUnreachable",
     "HostListener",
     "HostLoad",

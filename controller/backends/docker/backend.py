@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import BackendError, NoCapacity, StartFailed
 from ..base import Exit, ExitHandler, Launch, Running
 from .container import LABEL, container_config, container_name, exit_reason, signed_code
-from .engine import EngineClient, EngineError, EngineUnreachable
+from .engine import EngineClient, EngineError, EngineUnreachable, EventStream
 from .hosts import DockerHost, HostListener, HostRecord, HostState, ReplicaRecord
 from .placement import HostLoad, NoRoom, place
 
@@ -61,6 +61,10 @@ REPLICAS_WITH_LOGS_KEPT = 256
 CONNECT_WAIT = 5.0
 """How long ``connect`` (and so a first ``start``) waits for each engine's first answer."""
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
+HEARTBEAT, HEARTBEAT_TIMEOUT = 2.0, 5.0
+"""While its event stream is open, an engine is pinged every HEARTBEAT seconds: one that does
+not answer within HEARTBEAT_TIMEOUT (a stopped or hung process keeps its sockets open and
+says nothing) is unreachable."""
 PORT_ATTEMPTS = 3
 ORPHAN_GRACE = 60.0
 """After the first ``connect()``, how long a container this backend does not know is left be."""
@@ -89,7 +93,8 @@ class DockerBackend:
         if len(set(names)) != len(names):
             raise ValueError("host names must be unique")
         self._hosts = {
-            h.name: HostRecord(h, EngineClient(h.engine), next_port=h.port_range[0]) for h in hosts
+            h.name: HostRecord(h, EngineClient(h.engine, h.tls), next_port=h.port_range[0])
+            for h in hosts
         }
         self._instance = instance
         self._stop_grace_default = stop_grace_default
@@ -419,6 +424,8 @@ class DockerBackend:
                 await host.client.remove(replica.container)
             except EngineError as exc:
                 log.warning("replica %s: container not read or removed: %s", rid, exc.message)
+                if isinstance(exc, EngineUnreachable):
+                    host.unremoved.add(replica.container)
         self._keep_logs(rid, lines)
         if host.replicas.get(rid) is replica:
             del host.replicas[rid]
@@ -456,11 +463,9 @@ class DockerBackend:
                     backoff = BACKOFF_FIRST
                     assert host.answered is not None
                     host.answered.set()
-                    async for event in events:
-                        self._on_event(host, event)
+                    await self._follow(host, events)
                 finally:
                     events.close()
-                raise EngineUnreachable(f"engine {host.client.engine}: event stream ended")
             except EngineError as exc:
                 if host.reachable or host.error != exc.message:
                     log.warning("docker host %s unreachable: %s", host.name, exc.message)
@@ -469,6 +474,30 @@ class DockerBackend:
                 host.answered.set()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _follow(self, host: HostRecord, events: EventStream) -> None:
+        """Read the host's events while its engine answers the heartbeat; raises EngineError
+        when either ends."""
+        reading = asyncio.ensure_future(self._read(host, events))
+        beating = asyncio.ensure_future(self._heartbeat(host))
+        try:
+            done, _ = await asyncio.wait({reading, beating}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reading, beating):
+                task.cancel()
+            await asyncio.wait({reading, beating})
+        for task in done:
+            task.result()
+        raise EngineUnreachable(f"engine {host.client.engine}: event stream ended")
+
+    async def _read(self, host: HostRecord, events: EventStream) -> None:
+        async for event in events:
+            self._on_event(host, event)
+
+    async def _heartbeat(self, host: HostRecord) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT)
+            await host.client.ping(HEARTBEAT_TIMEOUT)
 
     def _reachable(self, host: HostRecord, reachable: bool, error: str) -> None:
         host.reachable, host.error = reachable, error
@@ -494,6 +523,9 @@ class DockerBackend:
         )
 
     async def _relist(self, host: HostRecord) -> None:
+        for container in list(host.unremoved):
+            await host.client.remove(container)
+            host.unremoved.discard(container)
         found = await host.client.containers(self._labels(host))
         host.listing = {c["Id"]: c for c in found}
         for replica in list(host.replicas.values()):

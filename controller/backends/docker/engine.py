@@ -1,17 +1,22 @@
 """A Docker Engine API client on aiohttp: the few calls the Docker backend makes.
 
-aiohttp speaks HTTP/1.1 over the engine's unix socket (``UnixConnector``) or TCP, on the
-gateway's own event loop; nothing blocks and nothing shells out to the ``docker`` CLI. Every
-library error is translated here, once: ``EngineUnreachable`` when no answer came (connection
-refused, socket missing, timeout), ``EngineError`` (with the HTTP status) when the engine
+aiohttp speaks HTTP/1.1 over the engine's unix socket (``UnixConnector``) or TCP, plain or
+with TLS (Docker's ``--tlsverify`` model: the client shows its certificate, the engine's is
+verified against the CA and the engine's host name), on the gateway's own event loop; nothing
+blocks and nothing shells out to the ``docker`` CLI. Every library error is translated here,
+once: ``EngineUnreachable`` when no answer came (connection refused, socket missing, timeout,
+a TLS handshake refused either way), ``EngineError`` (with the HTTP status) when the engine
 answered with an error. Each call names the engine in its message.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import ssl
 import struct
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -21,6 +26,22 @@ API_VERSION = "v1.41"
 """Docker 20.10's API; later engines serve it too (their minimum is 1.24)."""
 CONNECT_TIMEOUT = 5.0
 REQUEST_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTls:
+    """The files of a ``tcp://`` engine's TLS: the CA that signed the engine's certificate,
+    and the client's certificate and key."""
+
+    ca_file: str
+    cert_file: str
+    key_file: str
+
+    def context(self) -> ssl.SSLContext:
+        """A client context; raises OSError or ssl.SSLError when a file cannot be used."""
+        context = ssl.create_default_context(cafile=self.ca_file)
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return context
 
 
 class EngineError(Exception):
@@ -49,18 +70,26 @@ def image_reference(image: str) -> tuple[str, str]:
 
 
 class EngineClient:
-    """One engine: ``unix:///var/run/docker.sock`` or ``tcp://host:port`` (plain HTTP)."""
+    """One engine: ``unix:///var/run/docker.sock``, or ``tcp://host:port``: with TLS when
+    ``tls`` is given, else plain HTTP (a trusted network only)."""
 
-    def __init__(self, engine: str) -> None:
+    def __init__(self, engine: str, tls: EngineTls | None = None) -> None:
         parts = urlsplit(engine)
-        if parts.scheme == "unix" and parts.path:
+        self._ssl: ssl.SSLContext | None = None
+        if parts.scheme == "unix" and parts.path and tls is None:
             self._socket: str | None = parts.path
             self._base = f"http://docker/{API_VERSION}"
         elif parts.scheme == "tcp" and parts.hostname and parts.port:
             self._socket = None
-            self._base = f"http://{parts.netloc}/{API_VERSION}"
+            scheme = "http" if tls is None else "https"
+            self._base = f"{scheme}://{parts.netloc}/{API_VERSION}"
+            if tls is not None:
+                self._ssl = tls.context()
         else:
-            raise ValueError(f"not an engine address: {engine!r} (unix:///PATH or tcp://HOST:PORT)")
+            raise ValueError(
+                f"not an engine address: {engine!r} (unix:///PATH, or tcp://HOST:PORT with TLS "
+                "or without)"
+            )
         self.engine = engine
         self._session: aiohttp.ClientSession | None = None
 
@@ -70,7 +99,7 @@ class EngineClient:
             if self._socket is not None:
                 connector = aiohttp.UnixConnector(path=self._socket, limit=0)
             else:
-                connector = aiohttp.TCPConnector(limit=0)
+                connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl or False)
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT, sock_connect=CONNECT_TIMEOUT),
@@ -104,13 +133,15 @@ class EngineClient:
                 data = await response.read()
                 status = response.status
         except (aiohttp.ClientConnectionError, OSError, TimeoutError) as exc:
+            # TLS refused either way (a certificate not trusted) is a ClientConnectionError too:
+            # the engine is out of reach until the files or the engine change.
             raise EngineUnreachable(f"engine {self.engine}: {_describe(exc)}") from exc
         if status < 300 or status in ok:
             return status, data
         raise EngineError(f"engine {self.engine}: {_message(data) or status}", status)
 
-    async def ping(self) -> None:
-        await self._call("GET", "/_ping")
+    async def ping(self, seconds: float = REQUEST_TIMEOUT) -> None:
+        await self._call("GET", "/_ping", seconds=seconds)
 
     async def image_exists(self, image: str) -> bool:
         status, _ = await self._call("GET", f"/images/{quote(image, safe='')}/json", ok=(404,))
@@ -190,10 +221,15 @@ class EngineClient:
         if since is not None:
             params["since"] = since
         try:
-            response = await self._http().get(
-                self._base + "/events",
-                params=params,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT),
+            # An engine that accepts the connection but does not answer (a stopped process)
+            # must not hold the caller: the head of the answer comes within REQUEST_TIMEOUT.
+            response = await asyncio.wait_for(
+                self._http().get(
+                    self._base + "/events",
+                    params=params,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT),
+                ),
+                REQUEST_TIMEOUT,
             )
         except (aiohttp.ClientConnectionError, OSError, TimeoutError) as exc:
             raise EngineUnreachable(f"engine {self.engine}: {_describe(exc)}") from exc

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base import Launch
-from .engine import EngineClient
+from .engine import EngineClient, EngineTls
 
 __all__ = ["DockerHost", "HostListener", "HostRecord", "HostState", "ReplicaRecord"]
 
@@ -26,6 +26,10 @@ class DockerHost:
     """Where the replicas' ports are published, and where the gateway reaches them."""
     capacity: int = 8
     port_range: tuple[int, int] = (21000, 21999)
+    gpus: int = 0
+    """GPUs the host has for replicas that ask for some."""
+    tls: EngineTls | None = None
+    """A ``tcp://`` engine's TLS files; None: plain HTTP."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,9 @@ class HostRecord:
     next_port: int = 0
     pulls: dict[str, asyncio.Lock] = field(default_factory=dict)
     sweeping: asyncio.Task[None] | None = None
+    unremoved: set[str] = field(default_factory=set)
+    """Containers whose exit was reported but that the engine did not remove (it went away
+    meanwhile): removed when it answers again."""
 
     @property
     def name(self) -> str:

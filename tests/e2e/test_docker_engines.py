@@ -1,0 +1,459 @@
+"""End to end on two real Docker Engines: the test engine (``$GATEWAY_TEST_DOCKER_HOST``) as host
+``a``, and a second ``dockerd`` started by this module as host ``b``.
+
+The second engine has its own unix socket, data root, exec root, pid file and bridge (a
+bridge interface made for it, on a private /24 no route of this machine uses: with ``--bridge
+none`` dockerd would delete ``docker0`` under the first engine), and also listens on
+``tcp://127.0.0.1:<port>`` with ``--tlsverify`` (certificates from a trustme CA). It stops
+only what it started, by pid, and removes its bridge. Starting it needs root: otherwise these
+tests are skipped, saying so (under ``$CI`` they fail).
+
+Replicas publish their ports on 127.0.0.1 (docker-proxy, as ``--iptables=false``); no test
+sends traffic to a bridge address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from controller.backends.docker import EngineClient, EngineTls
+from tests.controller.test_backend_docker import ENGINE, IMAGE, engine_or_skip, remove_labelled
+
+from .conftest import PROBE, ROLLOUT, Gateways, Load, serving, until
+
+ROOTFS = Path(
+    os.environ.get("GATEWAY_TEST_ROOTFS", "/var/cache/gateway-ci/rootfs-bookworm-python3.tar")
+)
+"""The test image's root file system, imported into the second engine."""
+START_WAIT = 60.0
+STOP_WAIT = 30.0
+
+
+def _skip(why: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _private_subnet() -> ipaddress.IPv4Network:
+    """A /24 of 10.0.0.0/8 that overlaps no route or address of this machine."""
+    used = []
+    shown = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=True)
+    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True, check=True)
+    for line in shown.stdout.splitlines():
+        used.append(ipaddress.ip_network(line.split()[3], strict=False))
+    for line in routes.stdout.splitlines():
+        first = line.split()[0]
+        if first != "default":
+            used.append(ipaddress.ip_network(first, strict=False))
+    for third in range(200, 256):
+        candidate = ipaddress.ip_network(f"10.{os.getpid() % 200 + 20}.{third}.0/24")
+        if not any(candidate.overlaps(net) for net in used):
+            return candidate
+    raise AssertionError("no free private /24 for the second engine's bridge")
+
+
+def _ping(path: str) -> bool:
+    """The engine at the unix socket ``path`` answers ``GET /_ping`` (blocking: fixture only)."""
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(2)
+            sock.connect(path)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            return sock.recv(64).startswith(b"HTTP/1.")
+    except OSError:
+        return False
+
+
+@dataclass
+class Engine:
+    """A ``dockerd`` of this test module: start, stop (by signal), start again."""
+
+    root: Path
+    exec_root: Path
+    bridge: str
+    tcp_port: int
+    tls: EngineTls
+    process: subprocess.Popen[bytes] | None = None
+    log: list[Path] = field(default_factory=list)
+
+    @property
+    def socket(self) -> str:
+        return str(self.root / "docker.sock")
+
+    @property
+    def unix(self) -> str:
+        return f"unix://{self.socket}"
+
+    @property
+    def tcp(self) -> str:
+        return f"tcp://127.0.0.1:{self.tcp_port}"
+
+    def args(self, tls_dir: Path) -> list[str]:
+        config = self.root / "daemon.json"
+        config.write_text("{}")  # not /etc/docker/daemon.json: nothing of the first engine's
+        return [
+            "dockerd",
+            "--config-file", str(config),
+            "--host", self.unix,
+            "--host", self.tcp,
+            "--tlsverify",
+            "--tlscacert", str(tls_dir / "ca.pem"),
+            "--tlscert", str(tls_dir / "server.pem"),
+            "--tlskey", str(tls_dir / "server.key"),
+            "--data-root", str(self.root / "data"),
+            "--exec-root", str(self.exec_root),
+            "--pidfile", str(self.root / "docker.pid"),
+            "--bridge", self.bridge,
+            "--iptables=false",
+            "--ip-masq=false",
+            "--log-level", "warn",
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        assert self.process is None or self.process.poll() is not None
+        log = self.root / f"dockerd-{len(self.log) + 1}.log"
+        self.log.append(log)
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                self.args(self.root / "tls"),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + START_WAIT
+        while not _ping(self.socket):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the second dockerd did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def signal(self, signum: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def stop(self) -> None:
+        """SIGTERM (SIGKILL after STOP_WAIT) and wait; its containerd ends with it."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGCONT)  # should a test have left it stopped
+        process.terminate()
+        try:
+            process.wait(STOP_WAIT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            pid_file = self.exec_root / "containerd" / "containerd.pid"
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+
+
+def _write_tls(ca: Any, directory: Path) -> EngineTls:
+    """The engine's certificate (for 127.0.0.1) and a client's, both signed by ``ca``."""
+    directory.mkdir()
+    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    server.private_key_pem.write_to_path(str(directory / "server.key"))
+    server.cert_chain_pems[0].write_to_path(str(directory / "server.pem"))
+    client = ca.issue_cert("gateway-test-client")
+    client.private_key_pem.write_to_path(str(directory / "client.key"))
+    client.cert_chain_pems[0].write_to_path(str(directory / "client.pem"))
+    return EngineTls(
+        str(directory / "ca.pem"), str(directory / "client.pem"), str(directory / "client.key")
+    )
+
+
+@pytest.fixture(scope="module")
+def second_engine() -> Iterator[Engine]:
+    if os.geteuid() != 0:
+        _skip("a second dockerd (its bridge, data root and mounts) needs root")
+    if shutil.which("dockerd") is None or shutil.which("docker") is None:
+        _skip("dockerd and the docker CLI are not installed")
+    if not ROOTFS.exists():
+        _skip(f"{ROOTFS} (the test image's root file system) is missing")
+    import trustme
+
+    root = Path(tempfile.mkdtemp(prefix="gateway-engine-"))
+    # containerd's socket lives under the exec root: keep its path short (108 bytes at most).
+    exec_root = Path(tempfile.mkdtemp(prefix="gwx", dir="/tmp"))
+    bridge = f"gwt{os.getpid() % 1_000_000}"
+    subnet = _private_subnet()
+    engine = Engine(root, exec_root, bridge, _free_port(), _write_tls(trustme.CA(), root / "tls"))
+    made_bridge = False
+    try:
+        subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+        made_bridge = True
+        gateway_address = f"{next(subnet.hosts())}/{subnet.prefixlen}"
+        subprocess.run(["ip", "addr", "add", gateway_address, "dev", bridge], check=True)
+        subprocess.run(["ip", "link", "set", bridge, "up"], check=True)
+        engine.start()
+        subprocess.run(
+            ["docker", "-H", engine.unix, "import", str(ROOTFS), IMAGE],
+            check=True,
+            capture_output=True,
+        )
+        yield engine
+    finally:
+        engine.stop()
+        if made_bridge:
+            subprocess.run(["ip", "link", "delete", bridge], check=False)
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(exec_root, ignore_errors=True)
+
+
+async def remove_labelled_on(engine: str, instance: str, tls: EngineTls | None = None) -> int:
+    client = EngineClient(engine, tls)
+    try:
+        found = await client.containers({"gateway.instance": instance})
+        for container in found:
+            await client.remove(container["Id"])
+        return len(found)
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def two_engines(tmp_path: Path, second_engine: Engine) -> AsyncIterator[Gateways]:
+    await engine_or_skip()
+    g = Gateways(tmp_path)
+    try:
+        yield g
+    finally:
+        try:
+            await g.close()
+        finally:
+            path = g.state_dir / "instance-id"
+            if path.exists():
+                instance = path.read_text().strip()
+                left = await remove_labelled(instance)
+                if second_engine.process is not None and second_engine.process.poll() is None:
+                    left += await remove_labelled_on(second_engine.unix, instance)
+                assert left == 0, "containers left"
+
+
+def two_engine_config(
+    g: Gateways, second: Engine, capacity: int = 3, engine_b: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    base = 25000 + (os.getpid() % 100) * 20
+    hosts = [
+        {
+            "name": "a",
+            "engine": ENGINE,
+            "capacity": {"replicas": capacity},
+            "port_range": f"{base}-{base + 9}",
+        },
+        {
+            "name": "b",
+            "engine": second.unix,
+            "capacity": {"replicas": capacity},
+            "port_range": f"{base + 10}-{base + 19}",
+            **(engine_b or {}),
+        },
+    ]
+    return {"process": {"port_range": g.port_range}, "docker": {"hosts": hosts}}
+
+
+def docker_spec(version: str, replicas: int) -> dict[str, Any]:
+    return {
+        "name": "web",
+        "backend": "docker",
+        "route": {"path_prefix": "/"},
+        "replicas": replicas,
+        "replica": {
+            "image": IMAGE,
+            "pull": "never",
+            "env": {"VERSION": version},
+            "commands": [
+                "mkdir -p /tmp/site",
+                'echo -n "$VERSION" > /tmp/site/index.html',
+                "python3 -m http.server $PORT --directory /tmp/site",
+            ],
+        },
+        "probes": [PROBE],
+        "retries": {"attempts": 2},
+        "rollout": ROLLOUT,
+    }
+
+
+def placed(gw: Any) -> dict[str, str]:
+    """Replica id -> the host its container runs on."""
+    return {rid: r.handle["host"] for rid, r in gw.controller.executor.running.items()}
+
+
+def hosts_of(gw: Any) -> list[str]:
+    return sorted(placed(gw).values())
+
+
+async def host_up(gw: Any, host: str) -> float:
+    admin = f"http://127.0.0.1:{gw.gateway.admin.port}/metrics"
+    async with aiohttp.ClientSession() as http, http.get(admin) as response:
+        text = await response.text()
+    series = f'gateway_docker_host_up{{host="{host}"}} '
+    line = next(line for line in text.splitlines() if line.startswith(series))
+    return float(line.removeprefix(series))
+
+
+def journal(gw: Any, kind: str) -> list[str]:
+    return [e.message for e in gw.controller.journal.since(0) if e.kind == kind]
+
+
+LIVE_STATES = ("requested", "starting", "ready", "unhealthy")
+
+
+def live(gw: Any) -> list[Any]:
+    return [r for r in gw.state().observed.replicas if r.state in LIVE_STATES]
+
+
+# -- the tests ------------------------------------------------------------------------------------
+
+
+async def test_a_rolling_update_over_two_engines_costs_no_request(
+    two_engines: Gateways, second_engine: Engine
+) -> None:
+    gw = await two_engines.start(backends=two_engine_config(two_engines, second_engine))
+    await serving(gw, docker_spec("v1", 4))
+    assert hosts_of(gw) == ["a", "a", "b", "b"]
+    async with Load(gw.url) as load:
+        await load.more()
+        assert load.bodies() == {"v1"}
+        result = await gw.controller.apply(docker_spec("v2", 4))
+        assert (result.action, result.revision) == ("rollout", 2)
+        await until(
+            lambda: (
+                gw.state().observed.rollout is None
+                and gw.ready(2) == 4
+                and not [r for r in live(gw) if r.revision == 1]
+            ),
+            60,
+            "four ready replicas of revision 2 only",
+        )
+        after = load.mark()
+        await load.more()
+    assert not load.failures, load.summary()
+    assert load.bodies(after) == {"v2"}
+    assert gw.rollouts()[0].status == "complete"
+    await until(lambda: len(placed(gw)) == 4, 10, "the revision-1 containers to be gone")
+    assert hosts_of(gw) == ["a", "a", "b", "b"]
+    # Host b's containers are on the second engine, not on the first.
+    instance = (two_engines.state_dir / "instance-id").read_text().strip()
+    client = EngineClient(second_engine.unix)
+    try:
+        on_b = await client.containers({"gateway.instance": instance})
+    finally:
+        await client.close()
+    assert sorted(c["Id"] for c in on_b) == sorted(
+        gw.controller.executor.running[rid].handle["container"]
+        for rid, host in placed(gw).items()
+        if host == "b"
+    )
+
+
+async def test_the_second_engine_stopped_and_started_again(
+    two_engines: Gateways, second_engine: Engine
+) -> None:
+    """SIGTERM to dockerd (live-restore off) stops its containers with it: their exits are
+    replica exits, host b reads unreachable, and no replacement can be placed (a is full): the
+    service is degraded, never stopped, and never holds more than its 4 replicas. Once b
+    answers again its replicas are replaced there; requests sent after that all succeed."""
+    gw = await two_engines.start(backends=two_engine_config(two_engines, second_engine, 2))
+    await serving(gw, docker_spec("v1", 4))
+    before = placed(gw)
+    on_a = {rid for rid, host in before.items() if host == "a"}
+    assert sorted(before.values()) == ["a", "a", "b", "b"]
+    assert await host_up(gw, "b") == 1
+    most = 0
+
+    def counted() -> int:
+        nonlocal most
+        most = max(most, len(placed(gw)))
+        return most
+
+    async with Load(gw.url) as load:
+        await load.more()
+        await asyncio.to_thread(second_engine.stop)  # off the loop: the gateway serves on
+        stopped_at = time.monotonic()
+        await until(lambda: journal(gw, "host_unreachable"), 15, "host b unreachable")
+        assert await host_up(gw, "b") == 0
+        degraded = await until(
+            lambda: counted() and "b: unreachable" in (gw.state().observed.degraded or ""),
+            15,
+            "web degraded: host b unreachable",
+        )
+        assert set(placed(gw)) == on_a  # a's replicas untouched, nothing started for b's
+        await load.more()
+        await asyncio.to_thread(second_engine.start)
+        await until(lambda: journal(gw, "host_reachable"), 30, "host b reachable again")
+        assert await host_up(gw, "b") == 1
+        await until(
+            lambda: counted() and gw.ready(1) == 4 and not gw.state().observed.degraded,
+            30,
+            "host b's two replicas to be replaced and web to recover",
+        )
+        after = load.mark()
+        await load.more()
+    assert degraded
+    assert most <= 4, "more replicas than desired"
+    now = placed(gw)
+    assert sorted(now.values()) == ["a", "a", "b", "b"]
+    assert on_a <= set(now)
+    assert not set(now) & {rid for rid, host in before.items() if host == "b"}
+    assert gw.state().desired.replicas == 4
+    assert gw.state().observed.rollout is None
+    assert [m for m in journal(gw, "host_unreachable") if "docker host b" in m]
+    # Only requests in flight on b's containers as they were stopped may fail.
+    assert len(load.failures) <= load.clients, load.summary()
+    assert all(o.at <= stopped_at for o in load.failures), load.summary()
+    assert not [o for o in load.outcomes[after:] if o.failed], load.summary()
+    assert load.bodies(after) == {"v1"}
+
+
+async def test_the_second_engine_frozen_and_thawed_keeps_its_replicas(
+    two_engines: Gateways, second_engine: Engine
+) -> None:
+    """SIGSTOP: the engine keeps its sockets open and answers nothing; its containers serve
+    on. The heartbeat reports host b unreachable; nothing is stopped, started or replaced,
+    and no request fails. SIGCONT: reachable again, the same replicas."""
+    gw = await two_engines.start(backends=two_engine_config(two_engines, second_engine, 2))
+    await serving(gw, docker_spec("v1", 4))
+    before = placed(gw)
+    async with Load(gw.url) as load:
+        await load.more()
+        second_engine.signal(signal.SIGSTOP)
+        try:
+            await until(lambda: journal(gw, "host_unreachable"), 15, "host b unreachable")
+            assert await host_up(gw, "b") == 0
+            await load.more()
+            assert placed(gw) == before
+        finally:
+            second_engine.signal(signal.SIGCONT)
+        await until(lambda: journal(gw, "host_reachable"), 40, "host b reachable again")
+        assert await host_up(gw, "b") == 1
+        await load.more()
+    assert not load.failures, load.summary()
+    assert placed(gw) == before
+    assert not journal(gw, "replica_failed")
+    assert gw.ready(1) == 4
+    assert load.bodies() == {"v1"}
