@@ -192,7 +192,12 @@ class AcmeManager:
         """The hosts as the routes say now: a new one starts from its stored certificate (if
         valid, it is served and renewed in its time: no order); a gone one is forgotten (its
         files stay)."""
-        self._demand = demand(self._routes(), self.config.all_routes)
+        try:
+            routes = list(self._routes())
+        except Exception:  # keep the hosts known: a bug here must not end every renewal
+            log.exception("the services' routes could not be read; the hosts known are kept")
+            return
+        self._demand = demand(routes, self.config.all_routes)
         for host in [h for h in self._hosts if h not in self._demand.hosts]:
             del self._hosts[host]
             self._issuers.pop(host, None)
