@@ -75,6 +75,28 @@ class ProcessBackendConfig(Model):
 class DockerCapacity(Model):
     replicas: int = Field(default=8, ge=0)
     """Most replicas on the host at once; beyond it placement looks elsewhere."""
+    gpus: int = Field(default=0, ge=0, le=1024)
+    """GPUs for replicas that ask for some (``replica.gpus``); 0: none is placed here."""
+
+
+def _absolute_file(value: str) -> str:
+    if not Path(value).is_absolute():
+        raise ValueError("must be an absolute path")
+    if not Path(value).is_file():
+        raise ValueError(f"no such file: {value}")
+    return value
+
+
+class DockerTls(Model):
+    """A ``tcp://`` engine's TLS, as Docker's ``--tlsverify``: the engine's certificate is
+    verified against ``ca_file`` (and the engine's host name), the gateway shows its own."""
+
+    ca_file: str
+    cert_file: str
+    """The client certificate (PEM) the engine verifies against its ``--tlscacert``."""
+    key_file: str
+
+    _files = field_validator("ca_file", "cert_file", "key_file")(_absolute_file)
 
 
 class DockerHostConfig(Model):
@@ -83,7 +105,9 @@ class DockerHostConfig(Model):
     name: str = Field(pattern=NAME_PATTERN)
     """What reasons, logs and the container labels call the host."""
     engine: str = "unix:///var/run/docker.sock"
-    """``unix:///PATH`` or ``tcp://HOST:PORT`` (plain HTTP: a trusted network only)."""
+    """``unix:///PATH`` or ``tcp://HOST:PORT``: with ``tls`` (port 2376 by custom), or
+    plain HTTP without it (a trusted network only: the engine's API is root on the host)."""
+    tls: DockerTls | None = None
     address: str = "127.0.0.1"
     """The host's address the replicas' ports are published on, and the gateway connects to."""
     capacity: DockerCapacity = DockerCapacity()
@@ -104,7 +128,18 @@ class DockerHostConfig(Model):
             return value
         if parts.scheme == "tcp" and parts.hostname and port and parts.path in ("", "/"):
             return value
+        if parts.scheme == "ssh":
+            raise ValueError(
+                "ssh:// engines are not supported yet: forward the engine's socket "
+                "(ssh -nNT -L /PATH.sock:/var/run/docker.sock user@host) and use unix:///PATH.sock"
+            )
         raise ValueError("must be unix:///PATH or tcp://HOST:PORT")
+
+    @model_validator(mode="after")
+    def _tls_over_tcp(self) -> DockerHostConfig:
+        if self.tls is not None and not self.engine.startswith("tcp://"):
+            raise ValueError("tls: only for a tcp:// engine")
+        return self
 
     @property
     def ports(self) -> tuple[int, int]:

@@ -53,7 +53,7 @@ from .admin.tls import tls_operations
 from .admin.views import certificates_operation
 from .backends import ProcessBackend, StaticBackend
 from .backends.base import Backend
-from .backends.docker import DockerBackend, DockerHost
+from .backends.docker import DockerBackend, DockerHost, EngineTls
 from .cli import add_commands as add_client_commands
 from .config import ConfigError, ConfigService, GatewayConfig, LoadedConfig, load_config
 from .errors import ControllerError
@@ -307,7 +307,15 @@ def instance_id(state_dir: Path) -> str:
 def docker_backend(config: GatewayConfig, instance: str) -> DockerBackend:
     assert config.backends.docker is not None
     hosts = [
-        DockerHost(h.name, h.engine, h.address, h.capacity.replicas, h.ports)
+        DockerHost(
+            h.name,
+            h.engine,
+            h.address,
+            h.capacity.replicas,
+            h.ports,
+            gpus=h.capacity.gpus,
+            tls=None if h.tls is None else EngineTls(**h.tls.model_dump()),
+        )
         for h in config.backends.docker.hosts
     ]
     return DockerBackend(hosts, instance, orphan_grace=config.backends.docker.orphan_grace)

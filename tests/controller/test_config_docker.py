@@ -51,8 +51,15 @@ def test_without_backends_docker_there_is_none(tmp_path: Path) -> None:
         ({"hosts": []}, "backends.docker.hosts: Tuple should have at least 1 item"),
         (
             {"hosts": [{"name": "a", "engine": "ssh://me@h"}]},
+            "backends.docker.hosts.0.engine: ssh:// engines are not supported yet: forward the "
+            "engine's socket (ssh -nNT -L /PATH.sock:/var/run/docker.sock user@host) and use "
+            "unix:///PATH.sock",
+        ),
+        (
+            {"hosts": [{"name": "a", "engine": "http://h:2376"}]},
             "backends.docker.hosts.0.engine: must be unix:///PATH or tcp://HOST:PORT",
         ),
+        ({"hosts": [{"name": "a", "capacity": {"gpus": -1}}]}, "capacity.gpus"),
         (
             {"hosts": [{"name": "a", "engine": "tcp://h"}]},
             "backends.docker.hosts.0.engine: must be unix:///PATH or tcp://HOST:PORT",
@@ -75,3 +82,52 @@ def test_bad_docker_hosts_are_refused_naming_the_field(
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, {"backends": {"docker": docker}}))
     assert message in str(caught.value)
+
+
+def test_a_tls_engine_is_read_and_reaches_the_backend(tmp_path: Path) -> None:
+    files = {}
+    for name in ("ca_file", "cert_file", "key_file"):
+        files[name] = str(tmp_path / f"{name}.pem")
+        (tmp_path / f"{name}.pem").write_text("not read at load")
+    hosts = [
+        {
+            "name": "box",
+            "engine": "tcp://box.example:2376",
+            "tls": files,
+            "capacity": {"replicas": 4, "gpus": 2},
+        }
+    ]
+    loaded = load_config(write(tmp_path, {"backends": {"docker": {"hosts": hosts}}}))
+    assert loaded.config.backends.docker is not None
+    (box,) = loaded.config.backends.docker.hosts
+    assert box.tls is not None
+    assert (box.tls.ca_file, box.capacity.gpus) == (files["ca_file"], 2)
+    plain = {"name": "a", "engine": "tcp://10.0.0.7:2375"}
+    loaded = load_config(write(tmp_path, {"backends": {"docker": {"hosts": [plain]}}}))
+    assert loaded.config.backends.docker is not None
+    assert loaded.config.backends.docker.hosts[0].tls is None  # plain TCP stays allowed
+
+
+def test_bad_tls_files_are_refused_naming_the_field(tmp_path: Path) -> None:
+    good = tmp_path / "ok.pem"
+    good.write_text("x")
+    files = {"ca_file": str(good), "cert_file": str(good), "key_file": str(good)}
+    cases = [
+        (
+            {**files, "ca_file": "ca.pem"},
+            "tcp://h:2376",
+            "hosts.0.tls.ca_file: must be an absolute path",
+        ),
+        (
+            {**files, "key_file": str(tmp_path / "gone.pem")},
+            "tcp://h:2376",
+            f"tls.key_file: no such file: {tmp_path / 'gone.pem'}",
+        ),
+        (files, "unix:///var/run/docker.sock", "hosts.0: tls: only for a tcp:// engine"),
+        ({"ca_file": str(good)}, "tcp://h:2376", "tls.cert_file: Field required"),
+    ]
+    for tls, engine, message in cases:
+        host = {"name": "a", "engine": engine, "tls": tls}
+        with pytest.raises(ConfigError) as caught:
+            load_config(write(tmp_path, {"backends": {"docker": {"hosts": [host]}}}))
+        assert message in str(caught.value)
