@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import shutil
@@ -32,7 +33,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.backends.docker import EngineClient, EngineTls
+from controller.backends.docker import EngineClient, EngineError, EngineTls, EngineUnreachable
 from tests.controller.test_backend_docker import ENGINE, IMAGE, engine_or_skip, remove_labelled
 
 from .conftest import PROBE, ROLLOUT, Gateways, Load, serving, until
@@ -330,10 +331,54 @@ def live(gw: Any) -> list[Any]:
 # -- the tests ------------------------------------------------------------------------------------
 
 
+def tls_host(second: Engine) -> dict[str, Any]:
+    """Host b as the second engine's TLS listener, with the client's files."""
+    return {"engine": second.tcp, "tls": dataclasses.asdict(second.tls)}
+
+
+async def test_a_tls_engine_answers_only_a_client_with_a_certificate_of_its_ca(
+    second_engine: Engine, tmp_path: Path
+) -> None:
+    import trustme
+
+    trusted = EngineClient(second_engine.tcp, second_engine.tls)
+    try:
+        await trusted.ping()
+    finally:
+        await trusted.close()
+    stranger = _write_tls(trustme.CA(), tmp_path / "other")  # a CA the engine does not know
+    cases = [
+        # The engine's certificate is not signed by the CA the client trusts.
+        (stranger, "certificate verify failed"),
+        # The client's certificate is not of the engine's CA: the engine ends the handshake.
+        (
+            dataclasses.replace(
+                second_engine.tls, cert_file=stranger.cert_file, key_file=stranger.key_file
+            ),
+            "",
+        ),
+    ]
+    for tls, why in cases:
+        client = EngineClient(second_engine.tcp, tls)
+        try:
+            with pytest.raises(EngineUnreachable, match=f"engine {second_engine.tcp}: .*{why}"):
+                await client.ping()
+        finally:
+            await client.close()
+    plain = EngineClient(second_engine.tcp)  # plain HTTP to the TLS port: the engine says so
+    try:
+        with pytest.raises(EngineError, match="HTTP request to an HTTPS server"):
+            await plain.ping()
+    finally:
+        await plain.close()
+
+
 async def test_a_rolling_update_over_two_engines_costs_no_request(
     two_engines: Gateways, second_engine: Engine
 ) -> None:
-    gw = await two_engines.start(backends=two_engine_config(two_engines, second_engine))
+    """Host b is the second engine's TLS listener (tcp://127.0.0.1, client certificate)."""
+    config = two_engine_config(two_engines, second_engine, engine_b=tls_host(second_engine))
+    gw = await two_engines.start(backends=config)
     await serving(gw, docker_spec("v1", 4))
     assert hosts_of(gw) == ["a", "a", "b", "b"]
     async with Load(gw.url) as load:
@@ -359,7 +404,7 @@ async def test_a_rolling_update_over_two_engines_costs_no_request(
     assert hosts_of(gw) == ["a", "a", "b", "b"]
     # Host b's containers are on the second engine, not on the first.
     instance = (two_engines.state_dir / "instance-id").read_text().strip()
-    client = EngineClient(second_engine.unix)
+    client = EngineClient(second_engine.tcp, second_engine.tls)
     try:
         on_b = await client.containers({"gateway.instance": instance})
     finally:
