@@ -6,12 +6,14 @@ and for nginx a shared session cache; both proxy to the same upstream over plain
 to the proxy core, with the load on the other one. Per repetition, interleaved, each target:
 
 - ``c64``: ``wrk -t1 -c64`` over HTTPS (connections kept: one handshake each): requests/s,
-  p99, CPU per request;
+  p99, CPU per request; and the same on the plain port (``plain``), so that what TLS itself
+  costs each target a request is their difference;
 - ``new`` and ``reuse``: a new TLS connection per request, ``openssl s_time -new`` (a full
-  handshake each) and ``-reuse`` (each resumes the first one's session), ``--handshake-clients``
-  processes at once, each a sequence of connect, handshake, ``GET / HTTP/1.0`` (with a Host),
-  read to the close: connections per second over the run's wall time, and the target's CPU per connection;
-- ``big``: ``wrk -t1 -c4 /big`` over HTTPS, the 10 MiB body: MiB/s.
+  handshake each) and ``-reuse`` (each resumes the first one's session),
+  ``--handshake-clients`` processes at once, each a sequence of connect, handshake,
+  ``GET / HTTP/1.0`` (with a Host), read to the close: connections per second over the run's
+  wall time, and the target's CPU per connection;
+- ``big``: ``wrk -t1 -c4 /big`` over HTTPS, the 10 MiB body: MiB/s, and CPU per body.
 
 Then each target holds ``--idle-connections`` idle TLS keep-alive connections (``idle.py
 --tls``) while its RSS is read. The figures go to the ``tls`` section of ``--output``, with
@@ -104,7 +106,8 @@ def s_time(
 
 
 def session(target: Target) -> str:
-    """Check ``target``'s TLS port answers s_time's request with 200, and say what was negotiated and whether a second connection resumed."""
+    """Check ``target``'s TLS port answers s_time's request with 200; say what was
+    negotiated and whether a second connection resumed."""
     context = client_tls()
     said, reused, saved = "", False, None
     for attempt in range(2):
@@ -135,11 +138,11 @@ def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) 
         shift = rep % len(order)
         for name in order[shift:] + order[:shift]:
             target = targets[name]
-            loads: list[tuple[str, str, int]] = [("c64", "/", args.connections)]
+            loads = [("c64", "/", args.connections, True), ("plain", "/", args.connections, False)]
             if not args.no_stream:
-                loads.append(("big", "/big", args.stream_connections))
-            for kind, path, conns in loads:
-                run = wrk(procs, target, path, conns, args.duration, args.load_cpu, tls=True)
+                loads.append(("big", "/big", args.stream_connections, True))
+            for kind, path, conns, over_tls in loads:
+                run = wrk(procs, target, path, conns, args.duration, args.load_cpu, over_tls)
                 figures.runs.setdefault(name, {}).setdefault(kind, []).append(run)
                 print(
                     f"bench: tls rep {rep + 1}/{args.repeat} {name:8} {kind:5} "
@@ -208,15 +211,25 @@ def _columns() -> list[tuple[str, Series, int, str]]:
     def mib(f: TlsFigures, n: str) -> list[float | None]:
         return [r.bytes_per_s / 1024**2 for r in f.runs.get(n, {}).get("big", [])]
 
+    def cpu_big(f: TlsFigures, n: str) -> list[float | None]:
+        return [r.cpu_us / 1e3 if r.cpu_us else None for r in f.runs.get(n, {}).get("big", [])]
+
+    def tls_own(f: TlsFigures, n: str) -> list[float | None]:
+        over, plain = run("c64", "cpu_us")(f, n), run("plain", "cpu_us")(f, n)
+        return [a - b if a and b else None for a, b in zip(over, plain, strict=False)]
+
     return [
         ("rps c64", run("c64", "rps"), 0, ""),
         ("p99 c64 (ms)", run("c64", "p99_ms"), 2, ""),
         ("CPU us/req c64", run("c64", "cpu_us"), 1, "at most 1.2 (goal 1.0)"),
+        ("CPU us/req c64 plain", run("plain", "cpu_us"), 1, ""),
+        ("TLS's own us/req", tls_own, 1, ""),
         ("new conn/s", hs("new", "per_s"), 0, "at least 0.8"),
         ("CPU us/conn new", hs("new", "cpu_us"), 0, ""),
         ("resumed conn/s", hs("reuse", "per_s"), 0, "at least 0.8"),
         ("CPU us/conn resumed", hs("reuse", "cpu_us"), 0, ""),
         ("10 MiB MiB/s", mib, 0, "at least 0.8"),
+        ("CPU ms/10 MiB", cpu_big, 1, ""),
     ]
 
 
