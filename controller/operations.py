@@ -162,7 +162,7 @@ class Controller:
         if not changes:
             return ApplyResult("unchanged", spec.name, previous, previous)
         action: ApplyAction = "updated"
-        if spec.desired_replicas != state.desired.replicas:
+        if _count(spec, state) != state.desired.replicas:
             action = "scaled"
         return ApplyResult(action, spec.name, previous, previous, None, changes)
 
@@ -180,7 +180,7 @@ class Controller:
                     spec.name, spec.template_key(), spec.to_json()
                 ).number
             self.store.update_service(
-                spec.name, spec_json=spec.to_json(), desired_replicas=spec.desired_replicas
+                spec.name, spec_json=spec.to_json(), desired_replicas=_count(spec, state)
             )
             retarget = Retarget(number, "apply")
             await self.reconciler.submit(state, [retarget, configure], spec=spec, revision=number)
@@ -193,7 +193,7 @@ class Controller:
             )
         previous = state.desired.revision
         self.store.update_service(
-            spec.name, spec_json=spec.to_json(), desired_replicas=spec.desired_replicas
+            spec.name, spec_json=spec.to_json(), desired_replicas=_count(spec, state)
         )
         self.journal.record(
             spec.name, "service_updated", f"{plan.action}: {', '.join(plan.changes)}", previous
@@ -453,6 +453,13 @@ class Controller:
 
 def _static(spec: ServiceSpec) -> bool:
     return spec.backend == "static"
+
+
+def _count(spec: ServiceSpec, state: ServiceState) -> int:
+    """The count an apply of ``spec`` leaves ``state`` at: the spec's, or for an autoscaled
+    one the count it has, within the range (``transitions.intend``, ``Configure``)."""
+    scaling = spec.autoscaling
+    return spec.desired_replicas if scaling is None else scaling.clamp(state.desired.replicas)
 
 
 def _configure(spec: ServiceSpec) -> Configure:

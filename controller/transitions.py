@@ -3,9 +3,9 @@
 Three kinds of input change a service's ``(desired, observed)`` pair, each by a function here:
 
 - ``decide``: a decision of the planner (a start is ``requested``, a drain is ``draining``,
-  a rollout begins, fails, completes);
+  a rollout begins, fails, completes, the autoscaler moves the count);
 - ``observe``: what the backend, the pool and the executor saw (a replica placed, a start
-  that raised, a health verdict, a finished drain, an exit);
+  that raised, a health verdict, a finished drain, an exit, a sample of the traffic);
 - ``intend``: what the user asked (an apply, a scale, a pause, an undo, a delete).
 
 Each returns the new pair and the journal entries that record the change; none performs
