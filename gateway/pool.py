@@ -48,6 +48,39 @@ MAX_HELD = 1000
 
 
 @dataclass(frozen=True, slots=True)
+class Split:
+    """Traffic split by revision (a canary, a blue/green switch): ``weight`` percent of the
+    requests go to the routable upstreams of ``revision`` (``chosen``), the rest to the other
+    routable ones (``rest``), whatever the replica counts; then the service's policy picks
+    among them. A side with nothing routable gives its share to the other: a weight never
+    makes a 503. Both sides are worked out once per snapshot, so a pick only draws."""
+
+    revision: int
+    weight: int
+    chosen: tuple[Upstream, ...] = ()
+    rest: tuple[Upstream, ...] = ()
+    threshold: float = 0.0
+    """``weight / 100``: a draw in [0, 1) below it takes ``chosen``."""
+
+    @classmethod
+    def of(cls, revision: int, weight: int, routable: Iterable[Upstream] = ()) -> Split:
+        chosen: list[Upstream] = []
+        rest: list[Upstream] = []
+        for upstream in routable:
+            (chosen if upstream.revision == revision else rest).append(upstream)
+        return cls(revision, weight, tuple(chosen), tuple(rest), weight / 100)
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return by_fields(self)
+
+    def group(self, draw: float) -> tuple[Upstream, ...]:
+        """The upstreams a request with ``draw`` (uniform in [0, 1)) goes to."""
+        if draw < self.threshold:
+            return self.chosen or self.rest
+        return self.rest or self.chosen
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSnapshot:
     """A service's upstreams at one moment. ``routable`` is precomputed for the hot path."""
 
@@ -58,13 +91,33 @@ class PoolSnapshot:
     failure: str = ""
     """Why the service has nothing to route to, as the controller said (a cold start that
     failed): while it stands and nothing is routable, requests get 503 with it at once."""
+    split: Split | None = None
+    """The traffic split by revision the controller set; None: by the policy alone."""
 
     @classmethod
     def of(
-        cls, service: str, version: int, upstreams: Iterable[Upstream], failure: str = ""
+        cls,
+        service: str,
+        version: int,
+        upstreams: Iterable[Upstream],
+        failure: str = "",
+        split: tuple[int, int] | None = None,
     ) -> PoolSnapshot:
+        """``split``: (revision, weight) to split the routable upstreams by."""
         ups = tuple(upstreams)
-        return cls(service, version, ups, tuple(u for u in ups if u.routable), failure)
+        routable = tuple(u for u in ups if u.routable)
+        by = None if split is None else Split.of(split[0], split[1], routable)
+        return cls(service, version, ups, routable, failure, by)
+
+    @property
+    def weights(self) -> tuple[int, int] | None:
+        """(revision, weight) of the split, or None."""
+        split = self.split
+        return None if split is None else (split.revision, split.weight)
+
+    def of_revision(self, revision: int) -> tuple[Upstream, ...]:
+        """The routable upstreams of ``revision`` (a preview route's)."""
+        return tuple(u for u in self.routable if u.revision == revision)
 
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return by_fields(self)
@@ -171,8 +224,12 @@ class ServicePool:
     # -- picks and leases (hot path) --------------------------------------------------------
 
     def pick(self, exclude: frozenset[str] = frozenset()) -> Upstream | None:
-        candidates = self.snapshot.routable
+        snapshot = self.snapshot
+        candidates = snapshot.routable
         self.cursor += 1
+        split = snapshot.split
+        if split is not None:
+            candidates = split.group(self._owner.rng.random())
         if exclude:
             candidates = tuple(u for u in candidates if u.id not in exclude)
         elif len(candidates) == 1:
@@ -357,13 +414,20 @@ class ServicePool:
     # -- changes ------------------------------------------------------------------------------
 
     def _publish(
-        self, upstreams: Iterable[Upstream], version: int | None = None, failure: str | None = None
+        self,
+        upstreams: Iterable[Upstream],
+        version: int | None = None,
+        failure: str | None = None,
+        split: tuple[int, int] | bool | None = True,
     ) -> None:
+        """A new snapshot of ``upstreams``; ``failure`` and ``split`` as they were unless
+        given (``split``: True keeps it, None drops it)."""
         if version is None:
             version = self._owner._next_version()
         if failure is None:
             failure = self.snapshot.failure
-        self.snapshot = PoolSnapshot.of(self.routing.name, version, upstreams, failure)
+        weights = self.snapshot.weights if isinstance(split, bool) else split
+        self.snapshot = PoolSnapshot.of(self.routing.name, version, upstreams, failure, weights)
         if (self.snapshot.routable or failure) and self._routable_waiters:
             for waiter in self._routable_waiters:
                 if not waiter.done():
@@ -544,6 +608,17 @@ class Pool:
         pool._publish(pool.snapshot.upstreams, failure=failure)
         self._emit("service_set", service, reason=failure or "failure cleared")
 
+    def set_split(self, service: str, split: tuple[int, int] | None) -> None:
+        """Split the service's traffic: (revision, weight) sends ``weight`` percent of its
+        requests to ``revision``'s routable upstreams and the rest to the others; None: by
+        the policy alone (``Split``)."""
+        pool = self.services.get(service)
+        if pool is None or pool.snapshot.weights == split:
+            return
+        pool._publish(pool.snapshot.upstreams, split=split)
+        reason = "split cleared" if split is None else f"revision {split[0]} at {split[1]}%"
+        self._emit("service_set", service, reason=reason)
+
     def probe_passed(self, service: str, upstream_id: str) -> None:
         """An active probe passed: lift an ejection whose time is up."""
         pool = self.services.get(service)
@@ -622,7 +697,7 @@ class Pool:
         gone = old.keys() - new.keys()
         for uid in gone:
             pool.outliers.pop(uid, None)
-        pool._publish(snapshot.upstreams, snapshot.version, snapshot.failure)
+        pool._publish(snapshot.upstreams, snapshot.version, snapshot.failure, snapshot.weights)
         for uid, upstream in new.items():
             previous = old.get(uid)
             if previous is None:
