@@ -13,7 +13,7 @@ import hashlib
 import itertools
 import json
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -50,7 +50,17 @@ MEMORY_PATTERN = r"^[1-9][0-9]{0,12}[kmg]?$"
 """Bytes, or a count of KiB (k), MiB (m) or GiB (g): ``512m``."""
 USER_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$"
 """``user``, ``uid``, ``user:group`` or ``uid:gid``."""
-DOCKER_FIELDS = ("image", "pull", "resources", "user")
+MAX_GPUS = 64
+GPU_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+"""A GPU as Docker's ``--gpus device=`` names it: an index (``0``) or a UUID (``GPU-3a2f...``)."""
+MAX_VOLUMES = 32
+VOLUME_PATTERN = (
+    r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,254}|/[^:\x00]{0,4095}):/[^:\x00]{0,4095}(:(ro|rw))?$"
+)
+"""Docker's short syntax: ``NAME:/PATH`` (a named volume) or ``/HOST/PATH:/PATH``, then
+``:ro`` or ``:rw`` (the default)."""
+_VOLUME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")
+DOCKER_FIELDS = ("image", "pull", "resources", "user", "gpus", "volumes")
 """Template fields only the docker backend reads."""
 _MEMORY_UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3}
 
@@ -74,6 +84,67 @@ class Resources(Model):
         return int(self.memory.rstrip("kmg")) * unit
 
 
+Gpus = (
+    Annotated[int, Field(ge=1, le=MAX_GPUS)]
+    | Literal["all"]
+    | Annotated[
+        tuple[Annotated[str, Field(pattern=GPU_ID_PATTERN)], ...],
+        Field(min_length=1, max_length=MAX_GPUS, json_schema_extra={"uniqueItems": True}),
+    ]
+)
+"""A count of GPUs, ``all`` of the host's, or the ids of the devices."""
+
+
+def gpu_count(gpus: Gpus | None, host_gpus: int) -> int:
+    """How many of a host's GPUs a replica asking for ``gpus`` holds (``all``: every one)."""
+    if gpus is None:
+        return 0
+    if gpus == "all":
+        return host_gpus
+    return gpus if isinstance(gpus, int) else len(gpus)
+
+
+def _gpus(value: object) -> object:
+    """One clear reason for a ``gpus`` that is none of its forms (rather than one per form)."""
+    if value is None or value == "all":
+        return value
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has one number type
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 1 <= value <= MAX_GPUS:
+            raise ValueError(f"a count from 1 to {MAX_GPUS}")
+        return value
+    if isinstance(value, (list, tuple)):
+        if not 1 <= len(value) <= MAX_GPUS:
+            raise ValueError(f"from 1 to {MAX_GPUS} device ids")
+        for item in value:
+            if not isinstance(item, str) or not re.fullmatch(GPU_ID_PATTERN, item):
+                raise ValueError(f"not a device id: {item!r} (an index such as 0, or a UUID)")
+        if len(set(value)) != len(value):
+            raise ValueError("a device id is listed twice")
+        return tuple(value)
+    raise ValueError("a count, 'all', or a list of device ids")
+
+
+def _volume(volume: str) -> str:
+    parts = volume.split(":")
+    if len(parts) not in (2, 3):
+        raise ValueError(f"{volume!r}: SOURCE:/PATH or SOURCE:/PATH:ro|rw")
+    source, target = parts[0], parts[1]
+    if len(parts) == 3 and parts[2] not in ("ro", "rw"):
+        raise ValueError(f"{volume!r}: the mode is ro or rw, not {parts[2]!r}")
+    if not target.startswith("/"):
+        raise ValueError(f"{volume!r}: the container path must be absolute")
+    if not source.startswith("/") and not _VOLUME_NAME.fullmatch(source):
+        raise ValueError(
+            f"{volume!r}: the source is a volume name (letters, digits, _ . -) "
+            "or an absolute host path"
+        )
+    if not re.fullmatch(VOLUME_PATTERN, volume):
+        raise ValueError(f"{volume!r}: a path too long or holding NUL")
+    return volume
+
+
 class ReplicaTemplate(Model):
     """What one replica runs. Part of the revision."""
 
@@ -95,6 +166,28 @@ class ReplicaTemplate(Model):
     """Docker backend: CPU and memory limits."""
     user: str | None = Field(default=None, pattern=USER_PATTERN)
     """Docker backend: the user the container runs as (by default the image's)."""
+    gpus: Gpus | None = None
+    """Docker backend: GPUs (NVIDIA driver): a count, ``all`` of the host's, or device ids.
+    A replica is placed only on a host with that many GPUs free (``capacity.gpus``)."""
+    volumes: (
+        Annotated[
+            tuple[Annotated[str, Field(json_schema_extra={"pattern": VOLUME_PATTERN})], ...],
+            Field(max_length=MAX_VOLUMES),
+        ]
+        | None
+    ) = None
+    """Docker backend: ``NAME:/PATH`` (a named volume, made if missing) or
+    ``/HOST/PATH:/PATH``, each optionally ``:ro`` (read only) or ``:rw``."""
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus_form(cls, value: object) -> object:
+        return _gpus(value)
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, volumes: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if volumes is None else tuple(_volume(v) for v in volumes)
 
     @field_validator("commands")
     @classmethod
