@@ -18,6 +18,7 @@ from controller.actions import (
     FailRollout,
     Forget,
     PauseRollout,
+    Rescale,
     ResumeRollout,
     SetDegraded,
     Start,
@@ -25,6 +26,7 @@ from controller.actions import (
     Undrain,
     WakeAt,
 )
+from controller.autoscaler import Sample
 from controller.model import (
     Backoff,
     Desired,
@@ -35,7 +37,7 @@ from controller.model import (
     RolloutKind,
     RolloutStatus,
 )
-from controller.spec import RolloutStrategy
+from controller.spec import Autoscaling, RolloutStrategy
 from controller.transitions import (
     KEEP_TERMINAL,
     Configure,
@@ -47,6 +49,7 @@ from controller.transitions import (
     Observation,
     Placed,
     Retarget,
+    Sampled,
     SetPaused,
     StartFailed,
     Step,
@@ -487,3 +490,66 @@ def test_a_delete_is_recorded_and_journaled():
     step = intend(d, o, [Delete()])
     assert step.desired.deleting
     assert step.events == (Event("service_deleting", "deleting: draining every replica"),)
+
+
+# -- the autoscaler ---------------------------------------------------------------------------
+
+AUTOSCALING = Autoscaling(
+    min=0,
+    max=4,
+    metric="concurrency",
+    target=2.0,
+    window=10.0,
+    scale_up_delay=0.0,
+    scale_down_delay=5.0,
+)
+
+
+def test_rescale_moves_the_count_remembers_and_journals():
+    d = Desired(1, 0, STRATEGY, scaling=AUTOSCALING)
+    why = "cold start: 1 requests held, no replica: 0 -> 1"
+    step = decide(d, Observed(target=1), Rescale(1, why), NOW)
+    assert step.desired.replicas == 1
+    memory = step.observed.scaler
+    assert (memory.last_change, memory.decision, memory.decided_at) == (NOW, why, NOW)
+    assert memory.cold_start == NOW  # from zero: a cold start begins
+    assert step.events == (Event("autoscaled", why, 1),)
+    down = decide(step.desired, step.observed, Rescale(0, "idle for 5 s: 1 -> 0"), NOW + 9)
+    assert down.desired.replicas == 0
+    assert down.observed.scaler.cold_start is None
+
+
+def test_a_cold_start_ends_when_a_replica_is_ready_with_its_duration():
+    d = Desired(1, 1, STRATEGY, scaling=AUTOSCALING)
+    o = Observed((replica("a", 1, S.STARTING, address="127.0.0.1:1"),), target=1)
+    o = decide(d.replace(replicas=0), o, Rescale(1, "cold start"), NOW).observed
+    step = observe(d, o, HealthChanged("a", True, ""), NOW + 2.5)
+    kinds = [e.kind for e in step.events]
+    assert kinds == ["replica_ready", "cold_start"]
+    assert step.events[1].message == "cold start: replica a ready 2.50 s after the scale from zero"
+    memory = step.observed.scaler
+    assert (memory.cold_start, memory.cold_starts, memory.last_cold_start) == (None, 1, 2.5)
+    # The next replica ready is no cold start.
+    again = observe(d, step.observed, HealthChanged("a", True, ""), NOW + 3)
+    assert [e.kind for e in again.events] == []
+
+
+def test_samples_are_kept_as_far_back_as_the_autoscaler_reads_and_remembered():
+    d = Desired(1, 1, STRATEGY, scaling=AUTOSCALING)
+    o = Observed(target=1)
+    for t in range(30):
+        o = observe(d, o, Sampled(Sample(float(t), 3 if t == 20 else 0)), float(t)).observed
+    horizon = max(AUTOSCALING.window, AUTOSCALING.scale_down_delay) + 2.0
+    assert [s.at for s in o.samples] == [float(t) for t in range(30) if t > 29 - horizon]
+    assert o.scaler.last_above == 20.0  # 3 in flight on 1 replica > target 2
+    fixed = Desired(1, 1, STRATEGY)
+    kept = observe(fixed, o, Sampled(Sample(31.0, 0)), 31.0).observed
+    assert kept.samples == (Sample(31.0, 0),)  # a fixed count keeps the latest only
+
+
+def test_configure_with_scaling_keeps_the_count_within_the_range():
+    d = Desired(1, 6, STRATEGY)
+    step = intend(d, Observed(), [Configure(1, STRATEGY, scaling=AUTOSCALING)])
+    assert (step.desired.replicas, step.desired.scaling) == (4, AUTOSCALING)
+    back = intend(step.desired, Observed(), [Configure(2, STRATEGY)])
+    assert (back.desired.replicas, back.desired.scaling) == (2, None)
