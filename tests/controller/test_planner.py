@@ -20,6 +20,7 @@ from controller.actions import (
     FailRollout,
     Forget,
     PauseRollout,
+    Rescale,
     ResumeRollout,
     SetDegraded,
     Start,
@@ -27,6 +28,7 @@ from controller.actions import (
     Undrain,
     WakeAt,
 )
+from controller.autoscaler import Memory, Sample
 from controller.model import (
     Backoff,
     Intent,
@@ -38,7 +40,7 @@ from controller.model import (
     RolloutStatus,
 )
 from controller.planner import Desired, backoff_delay, fmt_seconds, plan
-from controller.spec import RolloutStrategy
+from controller.spec import Autoscaling, RolloutStrategy
 
 S = ReplicaState
 NO_CAPACITY = "no capacity: 1 of 1 slots in use"
@@ -855,3 +857,59 @@ def test_after_a_failure_no_second_start_while_one_is_with_the_backend():
     assert not [a for a in actions if isinstance(a, Start)]
     actions = plan(observed.replace(replicas=()), Desired(1, 3, strategy), now=10.0)
     assert [a for a in actions if isinstance(a, Start)] == [Start(1)]
+
+
+# -- rule 11: the autoscaler --------------------------------------------------------------
+
+SCALING = Autoscaling(
+    min=0,
+    max=3,
+    metric="concurrency",
+    target=2.0,
+    window=10.0,
+    scale_up_delay=0.0,
+    scale_down_delay=5.0,
+)
+
+
+def autoscaled(replicas: int) -> Desired:
+    return Desired(1, replicas, RolloutStrategy(), scaling=SCALING)
+
+
+def test_a_held_request_at_zero_rescales_first_then_starts():
+    o = Observed(serving_revision=1, target=1, samples=(Sample(100.0, 0, held=1),))
+    actions = plan(o, autoscaled(0), 100.0)
+    assert actions[:2] == [
+        Rescale(1, "cold start: 1 requests held, no replica: 0 -> 1"),
+        Start(1),
+    ]
+    # On its way up it is not degraded: no SetDegraded at all.
+    assert not [a for a in actions if isinstance(a, SetDegraded)]
+
+
+def test_idle_drains_the_last_replicas_to_zero():
+    """Rule 6: only a delete or the autoscaler of a min: 0 service gone idle drains the last."""
+    samples = tuple(Sample(float(t), 0) for t in range(90, 101))
+    o = Observed((ready("a", 1),), serving_revision=1, target=1, samples=samples)
+    actions = plan(o, autoscaled(1), 100.0)
+    assert actions == [Rescale(0, "idle for 5 s: 1 -> 0"), Drain("a", "scaled down")]
+
+
+def test_load_within_the_delay_keeps_the_count():
+    samples = tuple(Sample(float(t), 0) for t in range(90, 101))
+    o = Observed((ready("a", 1),), serving_revision=1, target=1, samples=samples)
+    o = o.replace(scaler=Memory(last_above=97.0))
+    assert plan(o, autoscaled(1), 100.0) == []
+
+
+def test_a_failed_cold_start_is_degraded_with_the_reason():
+    o = Observed(
+        (gone("a", 1, S.FAILED, NO_CAPACITY),),
+        serving_revision=1,
+        target=1,
+        backoff=Backoff(1, 99.0, NO_CAPACITY),
+        samples=(Sample(100.0, 0, held=2),),
+    )
+    actions = plan(o, autoscaled(1), 100.0)
+    assert SetDegraded(f"0 of 1 replicas ready: {NO_CAPACITY}") in actions
+    assert not [a for a in actions if isinstance(a, (Drain, Rescale))]
