@@ -68,6 +68,8 @@ POLICIES: Final[Mapping[str, Policy]] = {
     "round_robin": round_robin,
     "least_outstanding": least_outstanding,
     "p2c": p2c,
+    # ``hash`` hashes a request's key in the pool (``hashring``); a request without one:
+    "hash": least_outstanding,
 }
 
 

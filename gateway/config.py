@@ -79,7 +79,8 @@ class Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-LoadBalancing = Literal["round_robin", "least_outstanding", "p2c"]
+LoadBalancing = Literal["round_robin", "least_outstanding", "p2c", "hash"]
+"""``hash``: consistent hashing of a request key (``ServiceRouting.affinity``)."""
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
 """An HTTP header name (RFC 9110 5.1)."""
@@ -284,6 +285,71 @@ class OutlierConfig(Model):
 class LimitsConfig(Model):
     max_body_size: int = Field(default=64 * 1024 * 1024, ge=0)
     """Largest request body accepted, in bytes (413 beyond it); 0 means no limit."""
+    max_in_flight_per_replica: int | None = Field(default=None, ge=1, le=1_000_000)
+    """Most requests one replica is sent at once (off by default); more wait in the service's
+    queue, oldest first, for ``queue_timeout`` at most, then 503. With worker processes each
+    enforces its share, ``max(1, n // workers)``."""
+    max_queue: int = Field(default=1000, ge=0, le=100_000)
+    """Requests waiting for a slot under ``max_in_flight_per_replica`` at most (per
+    process); beyond, 503 at once."""
+
+
+RequestKey = Annotated[str, BeforeValidator(lambda v: _check_key(v))]
+"""Where a request's key comes from: ``ip`` (the client's address), ``header:NAME``,
+``cookie:NAME`` (affinity only) or ``token`` (the bearer token's id; rate limits only)."""
+
+
+def _check_key(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    kind, sep, name = value.partition(":")
+    if value in ("ip", "token"):
+        return value
+    if sep and kind == "header" and _TOKEN.fullmatch(name):
+        return f"header:{name.lower()}"
+    if sep and kind == "cookie" and _COOKIE.fullmatch(name):
+        return value
+    raise ValueError(f"not a key: {value!r} (ip, header:NAME, cookie:NAME or token)")
+
+
+_COOKIE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
+
+
+class RateLimit(Model):
+    """A token bucket per key for requests whose path starts with ``path_prefix``."""
+
+    path_prefix: str = "/"
+    key: RequestKey = "ip"
+    rps: float = Field(gt=0, le=1_000_000)
+    """Tokens added per second."""
+    burst: int = Field(default=0, ge=0, le=1_000_000)
+    """The bucket's size: requests allowed at once after a quiet spell (0: ``ceil(rps)``)."""
+
+    @field_validator("path_prefix")
+    @classmethod
+    def _prefix(cls, prefix: str) -> str:
+        if not prefix.startswith("/") or any(c in prefix for c in "?# \t\r\n"):
+            raise ValueError("must start with '/' and hold no '?', '#' or space")
+        return prefix
+
+    @field_validator("key")
+    @classmethod
+    def _no_cookie(cls, key: str) -> str:
+        if key.startswith("cookie:"):
+            raise ValueError("a rate limit's key is ip, header:NAME or token")
+        return key
+
+
+class AuthRouting(Model):
+    """What the data plane checks of a request to a service with ``auth``: a bearer token
+    whose SHA-256 is one of ``tokens``. Only hashes cross to the data plane."""
+
+    header: str = "authorization"
+    """Lower-cased; ``authorization`` carries ``Bearer <token>``, any other header the token."""
+    pass_token: bool = False
+    """Send the header upstream (by default it is stripped)."""
+    tokens: dict[str, str] = Field(default_factory=dict)
+    """SHA-256 of each token (hex) -> the token's id."""
 
 
 class ServiceRouting(Model):
@@ -301,7 +367,13 @@ class ServiceRouting(Model):
     sticky: StickyConfig | None = None
     """Keep a client on its revision while traffic is split (None: a random draw)."""
     queue_timeout: Duration = 0.0
-    """Wait this long for an upstream to become routable before answering 503."""
+    """Wait this long for an upstream to become routable (or, under
+    ``limits.max_in_flight_per_replica``, for a slot) before answering 503."""
+    auth: AuthRouting | None = None
+    """Requests need a bearer token (None: open)."""
+    rate_limits: tuple[RateLimit, ...] = ()
+    affinity: RequestKey | None = None
+    """``load_balancing: hash``: the request key hashed onto the routable upstreams."""
 
 
 class ListenerLimits(Model):

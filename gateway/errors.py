@@ -2,6 +2,8 @@
 
     GatewayError
     ├── BadRequest              400  a request that cannot be served as it was sent
+    ├── Unauthorized            401  the service needs a bearer token: none, or a wrong one
+    ├── TooManyRequests         429  over a rate limit of the service
     ├── RequestTimeout          408  the request body paused or trickled too long
     ├── NoRoute                 404  no service matches the request
     ├── NoRoutableUpstream      503  the service has no upstream that may take the request
@@ -32,6 +34,8 @@ whose status ``retries.on_status`` retries) or ``other``."""
 class GatewayError(Exception):
     status = 500
     code = "gateway_error"
+    fields: tuple[tuple[str, str], ...] = ()
+    """Header fields of the answer beyond the JSON body's own."""
 
     def __init__(self, message: str, *, kind: FailureKind = "other", **details: object) -> None:
         super().__init__(message)
@@ -43,6 +47,26 @@ class GatewayError(Exception):
 class BadRequest(GatewayError):
     status = 400
     code = "bad_request"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    code = "unauthorized"
+    fields = (("WWW-Authenticate", 'Bearer realm="gateway"'),)
+
+
+class TooManyRequests(GatewayError):
+    """429, with ``Retry-After`` and the ``RateLimit-*`` fields of the rule that refused."""
+
+    status = 429
+    code = "rate_limited"
+
+    def __init__(
+        self, message: str, retry_after: int, fields: tuple[tuple[str, str], ...], **details: object
+    ) -> None:
+        super().__init__(message, kind="client", **details)
+        self.retry_after = retry_after
+        self.fields = fields
 
 
 class RequestTimeout(GatewayError, TimeoutError):

@@ -36,6 +36,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
@@ -292,6 +293,7 @@ class GatewayMetrics:
         self.unrecorded = 0
         """Records of services no longer in the pool, not recorded (they would be stale)."""
         registry.register(_InflightCollector(self))
+        registry.register(_GuardCollector(self))
 
     def attach(self, pool: Pool) -> None:
         """Follow ``pool``: take in what is in it now, subscribe, report its in-flight counts."""
@@ -544,6 +546,75 @@ class _InflightCollector(Collector):
             "gateway_inflight_requests",
             "Requests (and streams, WebSockets) in flight on the upstream.",
             labels=("service", "upstream"),
+        )
+
+
+class _GuardCollector(Collector):
+    """Auth outcomes, rate-limited requests and the slot queue, read from the pool's
+    counters (``ServicePool.counted_all``, workers' included) at scrape time."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        auth, limited, queued, waited, timeouts = self._families()
+        pool = self._metrics._pool
+        if pool is not None:
+            for name, sp in list(pool.services.items()):
+                routing = sp.routing
+                counts = sp.counted_all()
+                if routing.auth is not None:
+                    for outcome in ("ok", "missing", "wrong"):
+                        auth.add_metric((name, outcome), counts.get(f"auth_{outcome}", 0))
+                if routing.rate_limits:
+                    limited.add_metric((name,), counts.get("rate_limited", 0))
+                if routing.limits.max_in_flight_per_replica:
+                    queued.add_metric((name,), sp.queued_all())
+                    waited.add_metric(
+                        (name,), int(counts.get("queued", 0)), counts.get("queue_wait_seconds", 0.0)
+                    )
+                    timeouts.add_metric(
+                        (name,), counts.get("queue_timeout", 0) + counts.get("queue_full", 0)
+                    )
+        yield from (auth, limited, queued, waited, timeouts)
+
+    @staticmethod
+    def _families() -> tuple[
+        CounterMetricFamily,
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        SummaryMetricFamily,
+        CounterMetricFamily,
+    ]:
+        return (
+            CounterMetricFamily(
+                "gateway_auth_requests",
+                "Requests to a service with auth, by outcome: ok, missing or wrong token.",
+                labels=("service", "outcome"),
+            ),
+            CounterMetricFamily(
+                "gateway_rate_limited_requests",
+                "Requests refused with 429 by a rate limit of the service.",
+                labels=("service",),
+            ),
+            GaugeMetricFamily(
+                "gateway_service_queued_requests",
+                "Requests waiting for a slot under max_in_flight_per_replica.",
+                labels=("service",),
+            ),
+            SummaryMetricFamily(
+                "gateway_service_queue_wait_seconds",
+                "Time requests waited for a slot under max_in_flight_per_replica.",
+                labels=("service",),
+            ),
+            CounterMetricFamily(
+                "gateway_service_queue_rejected_requests",
+                "Requests answered 503 by the slot queue: full, or no slot within queue_timeout.",
+                labels=("service",),
+            ),
         )
 
 

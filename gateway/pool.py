@@ -29,11 +29,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import balancer
+from . import balancer, hashring, ratelimit
 from .config import ServiceRouting
 from .errors import NoRoutableUpstream
 from .events import EventKind, PoolEvent, PoolSubscriber
@@ -189,6 +190,15 @@ class Lease:
 
 
 @dataclass(slots=True)
+class _SlotWaiter:
+    """A request waiting in a service's slot queue (``ServicePool.wait_slot``)."""
+
+    future: asyncio.Future[Lease]
+    task: asyncio.Task[Any] | None
+    key: bytes | None
+
+
+@dataclass(slots=True)
 class _Drain:
     done: asyncio.Future[bool]
     version: int
@@ -220,27 +230,97 @@ class ServicePool:
         """Requests (attempts) finished on an upstream here: a running total."""
         self.peer_counts = [0, 0]
         """What the peers reported of the two totals above (completed, waited), summed."""
+        self.counters: dict[str, float] = {}
+        """Running totals of the guards (``proxy.guard``) and the slot queue: ``auth_ok``,
+        ``auth_missing``, ``auth_wrong``, ``rate_limited``, ``queued``, ``queue_timeout``,
+        ``queue_wait_seconds``."""
+        self.peer_counters: dict[str, float] = {}
+        """The peers' reports of ``counters``, summed."""
+        self.peer_queued: dict[int, int] = {}
+        """Each peer's slot queue as of its last report."""
+        self._slot_waiters: deque[_SlotWaiter] = deque()
+        self._rules: tuple[ratelimit.Rule, ...] = ()
+        self._rules_of: object = None
+        self._ring: hashring.Ring | None = None
+        self._ring_of: tuple[Upstream, ...] = ()
+        self.cap = 0
+        self.configure()
+
+    def configure(self) -> None:
+        """Take in what ``routing`` says (when it is set or changed): the per-process cap."""
+        cap = self.routing.limits.max_in_flight_per_replica
+        self.cap = max(1, cap // self._owner.share) if cap else 0
+        if self._slot_waiters:
+            self._hand_slots()
 
     # -- picks and leases (hot path) --------------------------------------------------------
 
-    def pick(self, exclude: frozenset[str] = frozenset()) -> Upstream | None:
+    def pick(
+        self, exclude: frozenset[str] = frozenset(), key: bytes | None = None
+    ) -> Upstream | None:
+        """A routable upstream (not in ``exclude``, under the cap) by the service's policy;
+        ``key``: the request's affinity key, for ``hash``."""
         snapshot = self.snapshot
         candidates = snapshot.routable
         self.cursor += 1
         split = snapshot.split
         if split is not None:
             candidates = split.group(self._owner.rng.random())
-        if exclude:
+        cap = self.cap
+        if cap:
+            inflight = self.inflight
+            candidates = tuple(
+                u for u in candidates if u.id not in exclude and inflight.get(u.id, 0) < cap
+            )
+            if not candidates:
+                return None
+        elif exclude:
             candidates = tuple(u for u in candidates if u.id not in exclude)
-        elif len(candidates) == 1:
+        if len(candidates) == 1:
             return candidates[0]  # every policy's choice
+        if key is not None and candidates:
+            return self._hashed(candidates, key)
         return balancer.pick(
             self.routing.load_balancing, candidates, self.inflight, self._owner.rng, self.cursor
         )
 
-    def lease(self, exclude: frozenset[str] = frozenset()) -> Lease | None:
+    def _hashed(self, candidates: tuple[Upstream, ...], key: bytes) -> Upstream:
+        """The owner of ``key`` on the ring of the routable upstreams, or the next one round
+        among ``candidates``: an upstream that leaves moves only its own keys."""
+        routable = self.snapshot.routable
+        ring = self._ring
+        if ring is None or self._ring_of is not routable:
+            ids = tuple(u.id for u in routable)
+            if ring is None or ring.ids != ids:
+                ring = self._ring = hashring.Ring(ids)
+            self._ring_of = routable
+        skip: frozenset[str] | tuple[()] = ()
+        if len(candidates) != len(routable):
+            skip = frozenset(u.id for u in routable) - {u.id for u in candidates}
+        uid = ring.lookup(hashring.key_hash(key), skip)
+        for upstream in candidates:
+            if upstream.id == uid:
+                return upstream
+        return candidates[0]
+
+    def has_room(self, upstream: Upstream) -> bool:
+        """Whether ``upstream`` may take one more request under the cap."""
+        return not self.cap or self.inflight.get(upstream.id, 0) < self.cap
+
+    def rate_rules(self) -> tuple[ratelimit.Rule, ...]:
+        """The service's rate limits with their buckets here (made again when they change)."""
+        limits = self.routing.rate_limits
+        if self._rules_of is not limits:
+            if self._rules_of != limits:
+                self._rules = ratelimit.rules(limits, self._owner.share)
+            self._rules_of = limits
+        return self._rules
+
+    def lease(
+        self, exclude: frozenset[str] = frozenset(), key: bytes | None = None
+    ) -> Lease | None:
         """Pick a routable upstream and count a request in flight on it, or None."""
-        upstream = self.pick(exclude)
+        upstream = self.pick(exclude, key)
         if upstream is None:
             return None
         return self.lease_of(upstream, asyncio.current_task(self._owner.loop))
@@ -272,8 +352,12 @@ class ServicePool:
             leases.discard(holder)
         if count > 0:
             self.inflight[uid] = count
+            if self._slot_waiters:
+                self._hand_slots()
             return
         self.inflight.pop(uid, None)
+        if self._slot_waiters:
+            self._hand_slots()
         self.leases.pop(uid, None)
         if self._drains:
             self._settle(uid)
@@ -389,6 +473,82 @@ class ServicePool:
                 self._routable_waiters.remove(waiter)
         return bool(self.snapshot.routable)
 
+    # -- the slot queue (``limits.max_in_flight_per_replica``) ---------------------------------
+
+    async def wait_slot(self, within: float, key: bytes | None = None) -> Lease:
+        """Wait, in FIFO order, for a routable upstream with room under the cap: the oldest
+        waiter takes the first slot freed (``_hand_slots``). At most ``limits.max_queue``
+        wait; beyond, or after ``within`` seconds, the 503 (``NoRoutableUpstream``)."""
+        counters = self.counters
+        waiters = self._slot_waiters
+        if within <= 0 or len(waiters) >= self.routing.limits.max_queue:
+            counters["queue_full"] = counters.get("queue_full", 0) + 1
+            raise self.unavailable(
+                f"every replica has {self.cap} requests in flight and {len(waiters)} wait already"
+            )
+        loop = self._owner.loop
+        waiter = _SlotWaiter(loop.create_future(), asyncio.current_task(loop), key)
+        waiters.append(waiter)
+        counters["queued"] = counters.get("queued", 0) + 1
+        began = loop.time()
+        future = waiter.future
+        try:
+            async with asyncio.timeout(within):
+                return await future
+        except BaseException as exc:
+            if future.done() and not future.cancelled():
+                future.result().release()  # handed a slot, but leaving without it
+            else:
+                future.cancel()
+                if waiter in waiters:
+                    waiters.remove(waiter)
+            if isinstance(exc, TimeoutError):
+                counters["queue_timeout"] = counters.get("queue_timeout", 0) + 1
+                raise self.unavailable(f"no slot free within {within:g} s") from None
+            raise
+        finally:
+            counters["queue_wait_seconds"] = (
+                counters.get("queue_wait_seconds", 0) + loop.time() - began
+            )
+
+    def _hand_slots(self) -> None:
+        """Give the slots that are free to the oldest waiters, each its own lease."""
+        waiters = self._slot_waiters
+        while waiters:
+            waiter = waiters[0]
+            if waiter.future.done():
+                waiters.popleft()
+                continue
+            upstream = self.pick(key=waiter.key)
+            if upstream is None:
+                return
+            waiters.popleft()
+            waiter.future.set_result(self.lease_of(upstream, waiter.task))
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot here now."""
+        return len(self._slot_waiters)
+
+    def peer_counted(self, peer: int, counters: dict[str, float], queued: int) -> None:
+        """A peer's ``counters`` since its previous report, and its slot queue now."""
+        mine = self.peer_counters
+        for name, value in counters.items():
+            mine[name] = mine.get(name, 0) + value
+        self.peer_queued[peer] = queued
+
+    def counted_all(self) -> dict[str, float]:
+        """``counters``, here and in the peers."""
+        out = dict(self.counters)
+        for name, value in self.peer_counters.items():
+            out[name] = out.get(name, 0) + value
+        return out
+
+    def queued_all(self) -> int:
+        """Requests waiting for a slot now, here and in the peers (their last reports)."""
+        peers = self._owner.peers
+        return self.queued + sum(n for p, n in self.peer_queued.items() if p in peers)
+
     def unavailable(self, why: str = "") -> NoRoutableUpstream:
         """The 503 error for this service, saying what its upstreams are doing (and ``why``,
         or the failure the controller gave)."""
@@ -433,6 +593,8 @@ class ServicePool:
                 if not waiter.done():
                     waiter.set_result(None)
             self._routable_waiters.clear()
+        if self._slot_waiters:
+            self._hand_slots()
 
     def _update(self, upstream_id: str, reason: str, **changes: object) -> Upstream | None:
         old = self.snapshot.get(upstream_id)
@@ -483,6 +645,9 @@ class Pool:
         """Each peer's last reported held requests, service -> count."""
         self.max_held = MAX_HELD
         """Requests a service holds at most in this process (``ServicePool.queue``)."""
+        self.share = 1
+        """Processes that serve this pool's services (each worker its share of rate limits
+        and of ``max_in_flight_per_replica``): set by a worker before it installs any."""
         self.on_waiting: Callable[[str], object] | None = None
         """Called with a service's name when it begins holding requests (the first held
         here, or a peer's report of some where it had none): the autoscaler's cue."""
@@ -534,6 +699,7 @@ class Pool:
             pool = self.services[routing.name] = ServicePool(self, routing)
         else:
             pool.routing = routing
+            pool.configure()
             for outlier in pool.outliers.values():
                 outlier.config = routing.outlier
         self._rebuild_routes()

@@ -122,6 +122,10 @@ class Exchange:
     """Where the answer's body goes while it streams, served without a task."""
     held: str | None = None
     """The upstream this holds the request in flight on without a task, until ``_end``."""
+    affinity: bytes | None = None
+    """The key ``load_balancing: hash`` hashes (``guard``), once routed."""
+    strip: bytes | None = None
+    """A header (lower-cased) not sent upstream: the service's token (``guard``)."""
 
     def __init__(
         self, proxy: Forwarding, client: ClientConnection, request: IncomingRequest
@@ -264,6 +268,7 @@ class Exchange:
             trust_forwarded=self.proxy.config.trust_forwarded,
             address=upstream.address,
             secure=self.client.secure,
+            drop=self.strip,
         )
 
     def may_retry(self, kind: FailureKind, tried: Collection[str]) -> bool:

@@ -38,7 +38,7 @@ from ..errors import GatewayError, RequestTooLarge, UpstreamProtocolError, Upstr
 from ..events import RequestObserver
 from ..pool import Lease, Pool, ServicePool
 from ..wire import http1
-from . import messages
+from . import guard, messages
 from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect
 from .client import ClientConnection
 from .connector import Connector, ResponseHead, UpstreamConnection
@@ -113,7 +113,7 @@ class Proxy(Forwarding):
             ex.record(self.loop.time())
             client.finished(request)
             return True
-        upstream = None if sp.routing.timeouts.total else sp.pick()
+        upstream = None if sp.routing.timeouts.total else sp.pick(key=ex.affinity)
         conn = None
         if upstream is not None:
             connector = self._connector
@@ -184,6 +184,9 @@ class Proxy(Forwarding):
         ex.service = service
         if not secure and sp.routing.route.https_redirect:
             raise https_redirect(request.host, request.target, self.https_port)
+        routing = sp.routing
+        if routing.auth is not None or routing.rate_limits or routing.affinity is not None:
+            guard.admit(ex, sp, self.config.trust_forwarded, self.loop.time())
         limit = sp.routing.limits.max_body_size
         length = request.content_length
         if limit and length is not None and length > limit:
@@ -210,16 +213,20 @@ class Proxy(Forwarding):
             assert picked is not None
             tried.add(picked.id)
         else:
-            if picked is not None and picked in sp.snapshot.routable:
+            if picked is not None and picked in sp.snapshot.routable and sp.has_room(picked):
                 # Still routable since ``begin`` picked it.
                 lease = sp.lease_of(picked, asyncio.current_task())
             else:
-                lease = sp.lease()
+                lease = sp.lease(key=ex.affinity)
             if lease is None:
-                await sp.queue(sp.routing.queue_timeout)  # held, or the 503 raised
-                lease = sp.lease()
+                if not sp.snapshot.routable:
+                    await sp.queue(sp.routing.queue_timeout)  # held, or the 503 raised
+                    lease = sp.lease(key=ex.affinity)
                 if lease is None:
-                    raise sp.unavailable()
+                    if not sp.cap:
+                        raise sp.unavailable()
+                    # Every replica is at its cap: wait for a slot (FIFO), or the 503.
+                    lease = await sp.wait_slot(sp.routing.queue_timeout, ex.affinity)
         request = ex.request
         websocket = bool(request.upgrade) and request.is_websocket
         while True:
@@ -228,7 +235,7 @@ class Proxy(Forwarding):
                     raise failed.error from None
                 ex.retries += 1
                 ex.retry_reasons += (failed.kind,)
-                lease = sp.lease(frozenset(tried))
+                lease = sp.lease(frozenset(tried), ex.affinity)
                 if lease is None:
                     raise failed.error from None
                 failed = None

@@ -26,11 +26,13 @@ def upstream_head(
     trust_forwarded: bool,
     address: str,
     secure: bool = False,
+    drop: bytes | None = None,
 ) -> list[bytes]:
     """The request line and header lines sent upstream (framing not included); ``address``:
-    the upstream's, the Host of a request that had none."""
+    the upstream's, the Host of a request that had none; ``drop``: a field not sent (a
+    service's token, lower-cased)."""
     plain = request.plain_lines
-    if plain is not None and not (request.forwarded and trust_forwarded):
+    if plain is not None and drop is None and not (request.forwarded and trust_forwarded):
         lines = headers.plain_upstream_request(
             plain, host=request.host, peer=peer, request_id=request_id, secure=secure
         )
@@ -43,6 +45,7 @@ def upstream_head(
             trust_forwarded=trust_forwarded,
             websocket=bool(request.upgrade) and request.is_websocket,
             secure=secure,
+            drop=drop,
         )
     lines.insert(0, request.method.encode() + b" " + target + b" HTTP/1.1")
     if not request.host:
@@ -121,4 +124,6 @@ def gateway_error_response(exc: GatewayError, request_id: str, close: bool) -> b
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         extra["Retry-After"] = str(retry_after)
+    for name, value in exc.fields:
+        extra[name] = value
     return http1.json_response(exc.status, body, extra, close=close)

@@ -121,12 +121,14 @@ def upstream_request(
     trust_forwarded: bool,
     websocket: bool = False,
     secure: bool = False,
+    drop: bytes | None = None,
 ) -> list[bytes]:
     """The header lines sent upstream for a client request with ``fields``.
 
     ``host`` is the client's Host (empty if it sent none: the caller adds one). ``peer`` is
     the client's IP address (None on a Unix socket). ``secure``: it came over TLS
-    (X-Forwarded-Proto: https).
+    (X-Forwarded-Proto: https). ``drop``: a field (lower-cased name) that stays here, every
+    instance of it: a service's token that is not passed upstream.
     """
     lines: list[bytes] = []
     tokens: frozenset[bytes] = frozenset()
@@ -148,6 +150,8 @@ def upstream_request(
                 elif lower == b"x-forwarded-host":
                     forwarded_host = True
                     lines.append(name + b": " + value)
+            continue
+        if lower == drop:
             continue
         lines.append(name + b": " + value)
     if tokens and not tokens <= HOP_BY_HOP:

@@ -48,6 +48,8 @@ class Setup:
     """Every service as it is now: installed before the worker starts listening."""
     tls_addresses: tuple[tuple[str, int], ...] = ()
     """The HTTPS listeners' (host, port), ports reserved like ``port``."""
+    workers: int = 1
+    """How many workers serve: each enforces its share of rate limits and in-flight caps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,9 @@ class Report:
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
     handshakes: tuple[dict[str, int], dict[str, int], dict[str, int]] | None = None
     """TLS handshakes since the previous report (``tls.HandshakeCounts``); None without TLS."""
+    guards: dict[str, tuple[dict[str, float], int]] = field(default_factory=dict)
+    """Per service, ``ServicePool.counters`` since the previous report and the requests
+    waiting for a slot now."""
 
 
 ToWorker = Setup | Install | Forget | Abort | ReloadTls | Stop

@@ -256,6 +256,7 @@ class Supervisor:
                 report_interval=self.settings.report_interval,
                 services=tuple(self._installs()),
                 tls_addresses=tuple(self._tls_addresses),
+                workers=self.settings.count,
             )
         )
         worker.task = asyncio.create_task(self._run(worker), name=f"worker-{index}")
@@ -321,6 +322,10 @@ class Supervisor:
             worker.connections = message.connections
             worker.served += sum(message.tally.outcomes.values())
             self.pool.peer_report(worker.pid, message.inflight, message.held, message.counts)
+            for service, (counters, queued) in message.guards.items():
+                sp = self.pool.services.get(service)
+                if sp is not None:
+                    sp.peer_counted(worker.pid, counters, queued)
             if self.metrics is not None and message.tally:
                 self.metrics.merge(message.tally)
             if self.tls is not None and message.handshakes is not None:

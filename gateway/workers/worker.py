@@ -50,6 +50,8 @@ class Mirror:
         self.send = send
         self._watching: set[tuple[str, str]] = set()
         self._counted: dict[str, tuple[int, int]] = {}
+        self._guarded: dict[str, dict[str, float]] = {}
+        self._queued: set[str] = set()
 
     def install(self, message: ipc.Install) -> None:
         service = message.routing.name
@@ -83,6 +85,21 @@ class Mirror:
     def held(self) -> dict[str, int]:
         return {name: sp.held for name, sp in self.pool.services.items() if sp.held}
 
+    def guards(self) -> dict[str, tuple[dict[str, float], int]]:
+        """Per service, its counters since the previous call and its slot queue now."""
+        out: dict[str, tuple[dict[str, float], int]] = {}
+        for name, sp in self.pool.services.items():
+            was = self._guarded.get(name, {})
+            delta = {k: v - was.get(k, 0) for k, v in sp.counters.items() if v != was.get(k, 0)}
+            if delta or sp.queued or name in self._queued:
+                out[name] = (delta, sp.queued)
+            self._guarded[name] = dict(sp.counters)
+            if sp.queued:
+                self._queued.add(name)
+            else:
+                self._queued.discard(name)
+        return out
+
     def counts(self) -> dict[str, tuple[int, int]]:
         """(completed, waited) per service since the previous call."""
         out: dict[str, tuple[int, int]] = {}
@@ -113,6 +130,7 @@ async def serve(channel: socket.socket) -> None:
             writer.write(ipc.encode(message))
 
     pool = Pool(clock=loop.time, propose_ejection=lambda s, u, r: send(ipc.Eject(s, u, r)))
+    pool.share = setup.workers
     mirror = Mirror(pool, send)
     for install in setup.services:
         mirror.install(install)
@@ -143,6 +161,7 @@ async def serve(channel: socket.socket) -> None:
                 mirror.held(),
                 mirror.counts(),
                 tls.tally.take() if tls is not None else None,
+                mirror.guards(),
             )
         )
 

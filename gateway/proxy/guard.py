@@ -1,0 +1,170 @@
+"""What a service asks of a request before it is forwarded: a bearer token, rate limits,
+and the key its affinity hashes. Run by ``Proxy._prepare`` once the request is routed, only
+for a service that set one of them (``ServiceRouting.auth``, ``rate_limits``, ``affinity``).
+
+Auth: the token is the value of ``auth.header`` (``Authorization: Bearer <token>`` by
+default); its SHA-256 is looked up among the service's token hashes (``AuthRouting.tokens``),
+one dict lookup. Only hashes reach the data plane, so a token is never held, logged or sent
+back; and the lookup's time depends on the digest, which a client cannot steer a byte at a
+time, not on how much of a guessed token is right. A token longer than ``MAX_TOKEN`` is
+wrong without being hashed. Each check is counted by outcome (``ok``, ``missing``,
+``wrong``) in the pool's counters. Unless ``pass_token``, the header is not sent upstream.
+
+Rate limits: each rule whose ``path_prefix`` the path starts with spends a token of its key's
+bucket (``ratelimit``); the first empty one refuses with 429, ``Retry-After`` and the
+``RateLimit-*`` fields. The client's address is the socket peer, or with
+``proxy.trust_forwarded`` the last X-Forwarded-For hop: the one the trusted proxy in front
+added; the hops before it are the client's to write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Final
+
+from ..config import AuthRouting
+from ..errors import TooManyRequests, Unauthorized
+from ..pool import ServicePool
+from .exchange import Exchange
+from .request import IncomingRequest
+
+MAX_TOKEN: Final = 1024
+"""Bytes: an API key is tens of bytes; a longer one is refused without being hashed."""
+MAX_KEY: Final = 64
+"""A rate-limit key (a header's value) longer than this is kept as its digest, so the table's
+memory is bounded by its count of keys alone."""
+_AUTHORIZATION: Final = b"authorization"
+
+
+def field(request: IncomingRequest, name: bytes) -> bytes | None:
+    """The value of the request's last ``name`` field (lower-cased name), or None."""
+    found = None
+    for key, value in request.headers:
+        if key.lower() == name:
+            found = value
+    return found
+
+
+def authenticate(auth: AuthRouting, request: IncomingRequest) -> tuple[str, str | None]:
+    """("ok", the token's id), ("missing", None) or ("wrong", None)."""
+    header = auth.header.encode()
+    value = field(request, header)
+    if value is None:
+        return "missing", None
+    if header == _AUTHORIZATION:
+        scheme, _, value = value.strip().partition(b" ")
+        if scheme.lower() != b"bearer":
+            return ("missing", None) if not scheme else ("wrong", None)
+    token = value.strip()
+    if not token:
+        return "missing", None
+    if len(token) > MAX_TOKEN:
+        return "wrong", None
+    token_id = auth.tokens.get(hashlib.sha256(token).hexdigest())
+    if token_id is None:
+        return "wrong", None
+    return "ok", token_id
+
+
+def client_ip(request: IncomingRequest, peer: str | None, trust_forwarded: bool) -> str:
+    """The client's address: the socket peer, or behind a trusted proxy the last
+    X-Forwarded-For hop (the one that proxy appended)."""
+    if trust_forwarded:
+        last = None
+        for key, value in request.headers:
+            if key.lower() == b"x-forwarded-for":
+                last = value
+        if last is not None:
+            hop = last.rpartition(b",")[2].strip()
+            if hop:
+                return hop[:MAX_KEY].decode("latin-1")
+    return peer or ""
+
+
+def admit(ex: Exchange, sp: ServicePool, trust_forwarded: bool, now: float) -> None:
+    """``check`` the routed request of ``ex``: refused, or let through with its affinity
+    key (``Exchange.affinity``) and the token's header to strip (``Exchange.strip``)."""
+    ex.affinity = check(sp, ex.request, ex.path, ex.client.peer, trust_forwarded, now)
+    auth = sp.routing.auth
+    if auth is not None and not auth.pass_token:
+        ex.strip = auth.header.encode()
+
+
+def check(
+    sp: ServicePool,
+    request: IncomingRequest,
+    path: str,
+    peer: str | None,
+    trust_forwarded: bool,
+    now: float,
+) -> bytes | None:
+    """Refuse the request (``Unauthorized``, ``TooManyRequests``) or let it through; returns
+    the affinity key to hash, if the service has one and the request carries it."""
+    routing = sp.routing
+    counters = sp.counters
+    token_id = None
+    auth = routing.auth
+    if auth is not None:
+        outcome, token_id = authenticate(auth, request)
+        name = "auth_" + outcome
+        counters[name] = counters.get(name, 0) + 1
+        if token_id is None:
+            message = (
+                "this service needs a bearer token"
+                if outcome == "missing"
+                else "the bearer token is not valid for this service"
+            )
+            raise Unauthorized(message, service=routing.name)
+    if routing.rate_limits:
+        for rule in sp.rate_rules():
+            if not path.startswith(rule.path_prefix):
+                continue
+            key = rule.key
+            if key == "ip":
+                value = client_ip(request, peer, trust_forwarded)
+            elif key == "token":
+                value = token_id or ""
+            else:
+                raw = field(request, rule.header) or b""
+                if len(raw) > MAX_KEY:
+                    raw = hashlib.blake2b(raw, digest_size=16).hexdigest().encode()
+                value = raw.decode("latin-1")
+            verdict = rule.buckets.take(value, now)
+            if not verdict.allowed:
+                counters["rate_limited"] = counters.get("rate_limited", 0) + 1
+                retry = max(1, math.ceil(verdict.retry_after))
+                window = rule.buckets.burst / rule.buckets.rps
+                fields = (
+                    ("RateLimit-Limit", str(verdict.limit)),
+                    ("RateLimit-Remaining", "0"),
+                    ("RateLimit-Reset", str(max(1, math.ceil(verdict.reset)))),
+                    ("RateLimit-Policy", f"{verdict.limit};w={window:g}"),
+                )
+                raise TooManyRequests(
+                    f"over the rate limit of {rule.rps:g} requests per second "
+                    f"(burst {rule.burst}) for {rule.path_prefix}",
+                    retry,
+                    fields,
+                    service=routing.name,
+                )
+    affinity = routing.affinity
+    if affinity is None:
+        return None
+    if affinity == "ip":
+        return client_ip(request, peer, trust_forwarded).encode() or None
+    kind, _, name = affinity.partition(":")
+    if kind == "header":
+        return field(request, name.encode()) or None
+    return cookie(request, name.encode()) or None
+
+
+def cookie(request: IncomingRequest, name: bytes) -> bytes | None:
+    """The value of cookie ``name`` in the request's Cookie fields, or None."""
+    for key, value in request.headers:
+        if key.lower() == b"cookie":
+            for pair in value.split(b";"):
+                k, sep, v = pair.strip().partition(b"=")
+                if sep and k == name:
+                    return v
+    return None
