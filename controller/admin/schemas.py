@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from ..acme.manager import CertificateState
 from ..spec import MAX_REPLICAS
 
 SPEC_MARK = "x-service-spec"
@@ -265,6 +266,36 @@ class HostList(Schema):
     hosts: list[HostView]
 
 
+# -- certificates obtained by ACME (views.certificates_operation) --------------------------
+
+
+class CertificateView(Schema):
+    """One host's certificate obtained by ACME."""
+
+    name: str
+    """The host (the certificate's directory under ``<state_dir>/acme/certificates``)."""
+    services: list[str]
+    """The services whose routes name it."""
+    state: CertificateState
+    names: list[str]
+    issuer: str | None
+    not_before: float | None
+    not_after: float | None
+    next_order: float | None
+    """When the renewal, or the retry of a failed order, is due."""
+    ordering: bool
+    failures: int
+    """Orders failed in a row (0 after a success)."""
+    last_error: str | None
+
+
+class CertificateList(Schema):
+    enabled: bool
+    """Whether ``tls.acme`` is configured."""
+    directory: str | None
+    certificates: list[CertificateView]
+
+
 # -- HTTPS (admin/tls.py) ---------------------------------------------------------------------
 
 
@@ -314,4 +345,5 @@ RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     Probe,
     HostList,
     TlsView,
+    CertificateList,
 )

@@ -15,7 +15,7 @@ from aiohttp import web
 from gateway import Upstream
 
 from ..acme import AcmeManager
-from ..acme.manager import CertificateState, CertificateStatus
+from ..acme.manager import CertificateStatus
 from ..backends import Backend
 from ..model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
 from ..operations import Controller
@@ -24,6 +24,8 @@ from ..store import RevisionRow, RolloutRow
 from .openapi import Operation
 from .schemas import (
     AutoscalingView,
+    CertificateList,
+    CertificateView,
     Conditions,
     HostView,
     ReplicaView,
@@ -31,7 +33,6 @@ from .schemas import (
     RevisionView,
     RolloutRecord,
     RolloutView,
-    Schema,
     ServiceStatus,
     ServiceView,
     UpstreamView,
@@ -240,33 +241,6 @@ def host_views(backends: Mapping[str, Backend]) -> list[HostView]:
 # -- certificates (ACME) ----------------------------------------------------------------------
 
 
-class CertificateView(Schema):
-    """One host's certificate obtained by ACME."""
-
-    name: str
-    """The host (the certificate's directory under ``<state_dir>/acme/certificates``)."""
-    services: list[str]
-    """The services whose routes name it."""
-    state: CertificateState
-    names: list[str]
-    issuer: str | None
-    not_before: float | None
-    not_after: float | None
-    next_order: float | None
-    """When the renewal, or the retry of a failed order, is due."""
-    ordering: bool
-    failures: int
-    """Orders failed in a row (0 after a success)."""
-    last_error: str | None
-
-
-class CertificateList(Schema):
-    enabled: bool
-    """Whether ``tls.acme`` is configured."""
-    directory: str | None
-    certificates: list[CertificateView]
-
-
 def certificate_view(status: CertificateStatus) -> CertificateView:
     return CertificateView(
         name=status.name,
@@ -305,5 +279,5 @@ def certificates_operation(manager: AcmeManager | None) -> Operation:
         "/api/certificates",
         list_certificates,
         "Certificates obtained by ACME: names, expiry, next renewal, last error",
-        {200: None},
+        {200: CertificateList},
     )
