@@ -17,13 +17,21 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
 from controller.backends import Exit, Launch
-from controller.backends.docker import DockerBackend, DockerHost, EngineClient, HostState, place
+from controller.backends.docker import (
+    DockerBackend,
+    DockerHost,
+    EngineClient,
+    HostState,
+    NoRoom,
+    place,
+)
 from controller.backends.docker.container import container_config
 from controller.backends.docker.placement import HostLoad
 from controller.errors import NoCapacity, StartFailed
@@ -280,6 +288,74 @@ async def test_capacity_full_names_the_hosts(harness: Harness) -> None:
     assert backend.in_use == 0
 
 
+async def test_a_replica_asking_for_gpus_has_no_room_on_hosts_without(harness: Harness) -> None:
+    backend = harness.backend([harness.host("a", 2), harness.host("b", 2)])
+    with pytest.raises(NoCapacity) as caught:
+        await backend.start(launch("g1", gpus=1))
+    assert caught.value.message == (
+        "no capacity: 2 of 2 hosts full or short of GPUs "
+        "(a: 0 of 0 GPUs free, 1 needed, b: 0 of 0 GPUs free, 1 needed)"
+    )
+    assert backend.in_use == 0
+
+
+async def fetch(host: str, port: int, path: str, timeout: float = 10.0) -> str:
+    """The replica's body for GET ``path``, retried until it listens."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(f"http://{host}:{port}{path}") as response:
+                    return await response.text()
+            except aiohttp.ClientError:
+                if loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+
+
+async def test_volumes_a_named_one_outlives_its_replica_a_host_path_read_only(
+    harness: Harness, tmp_path: Path
+) -> None:
+    volume = f"gateway-test-{harness.instance[:12]}"
+    backend = harness.backend()
+    try:
+        writer = launch(
+            "w1",
+            commands=["echo -n kept > /data/index.html", "python3 -m http.server $PORT -d /data"],
+            volumes=[f"{volume}:/data"],
+        )
+        first = await backend.start(writer)
+        assert await fetch(first.host, first.port, "/index.html") == "kept"
+        await backend.stop("w1", 1.0)
+        # A new container of the same volume reads what the first one wrote; read only, it
+        # cannot write there (the ``!`` ends the container if it could).
+        reader = launch(
+            "r1",
+            commands=["! touch /data/x 2>/dev/null", "python3 -m http.server $PORT -d /data"],
+            volumes=[f"{volume}:/data:ro", f"{tmp_path}:/site:ro"],
+        )
+        (tmp_path / "page.txt").write_text("from the host")
+        second = await backend.start(reader)
+        assert await fetch(second.host, second.port, "/index.html") == "kept"
+        client = EngineClient(ENGINE)
+        try:
+            info = await client.inspect(second.handle["container"])
+        finally:
+            await client.close()
+        assert info is not None
+        mounts = {m["Destination"]: (m["Type"], m["RW"]) for m in info["Mounts"]}
+        assert mounts == {"/data": ("volume", False), "/site": ("bind", False)}
+        await backend.stop("r1", 1.0)
+        assert not harness.exit_of("r1").result().reason.startswith("exited")
+    finally:
+        socket_path = ENGINE.removeprefix("unix://")
+        connector = aiohttp.UnixConnector(path=socket_path)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async with session.delete(f"http://docker/v1.41/volumes/{volume}") as response:
+                assert response.status in (204, 404), await response.text()
+
+
 async def test_two_hosts_spread_a_service(harness: Harness) -> None:
     backend = harness.backend([harness.host("a", 4), harness.host("b", 4)])
     one = await backend.start(launch("s1"))
@@ -319,6 +395,40 @@ def test_placement_spreads_then_takes_the_most_room() -> None:
     )
 
 
+def test_placement_counts_gpus_and_says_when_they_are_short() -> None:
+    def load(name: str, used: int, gpus: int, gpus_used: int, needed: int) -> HostLoad:
+        return HostLoad(name, 4, used, True, 0, 0, gpus, gpus_used, needed)
+
+    # 2 GPUs needed: only where 2 are free, even with fewer replicas elsewhere.
+    assert place([load("a", 0, 2, 1, 2), load("b", 3, 4, 2, 2)]) == "b"
+    assert place([load("a", 0, 0, 0, 0), load("b", 1, 4, 0, 0)]) == "a"  # none asked for
+    none = place([load("a", 4, 2, 0, 2), load("b", 1, 4, 3, 2), load("c", 0, 0, 0, 1)])
+    assert isinstance(none, NoRoom)
+    assert none.reason == (
+        "no capacity: 3 of 3 hosts full or short of GPUs "
+        "(a: 4 of 4, b: 1 of 4 GPUs free, 2 needed, c: 0 of 0 GPUs free, 1 needed)"
+    )
+
+
+async def test_the_backend_places_by_free_gpus(tmp_path: object) -> None:
+    """Placement as the backend sees it (no engine needed: the load, not a start)."""
+    hosts = [DockerHost("a", "unix:///nowhere", gpus=1), DockerHost("b", "unix:///nowhere", gpus=4)]
+    backend = DockerBackend(hosts, "instance")
+    try:
+        loads = [backend._load(h, launch("r1", gpus=2)) for h in backend._hosts.values()]
+        assert [(h.gpus, h.gpus_needed) for h in loads] == [(1, 2), (4, 2)]
+        every = [backend._load(h, launch("r1", gpus="all")) for h in backend._hosts.values()]
+        assert [h.gpus_needed for h in every] == [1, 4]
+        ids = [
+            backend._load(h, launch("r1", gpus=["0", "1", "2"])) for h in backend._hosts.values()
+        ]
+        assert [h.gpus_needed for h in ids] == [3, 3]
+        plain = [backend._load(h, launch("r1")) for h in backend._hosts.values()]
+        assert [h.gpus_needed for h in plain] == [0, 0]
+    finally:
+        await backend.close()
+
+
 # -- the spec: what the docker backend takes, and what the others refuse ----------------------
 
 DOCKER_SPEC: dict[str, object] = {
@@ -333,6 +443,8 @@ DOCKER_SPEC: dict[str, object] = {
         "resources": {"cpus": 0.5, "memory": "512m"},
         "user": "1000:1000",
         "pull": "always",
+        "gpus": 2,
+        "volumes": ["models:/models:ro", "/srv/cache:/cache"],
     },
 }
 
@@ -359,6 +471,43 @@ def test_a_docker_spec_and_what_the_other_backends_refuse() -> None:
         (
             {**DOCKER_SPEC, "replica": {"image": "x", "resources": {"memory": "lots"}}},
             "replica.resources.memory",
+        ),
+        (
+            {**process, "replica": {"commands": [SERVER], "gpus": 1}},
+            "replica.gpus: only for the docker backend",
+        ),
+        (
+            {**process, "replica": {"commands": [SERVER], "volumes": ["d:/d"]}},
+            "replica.volumes: only for the docker backend",
+        ),
+        ({**DOCKER_SPEC, "replica": {"image": "x", "gpus": 0}}, "replica.gpus: a count from 1"),
+        (
+            {**DOCKER_SPEC, "replica": {"image": "x", "gpus": "some"}},
+            "replica.gpus: a count, 'all', or a list of device ids",
+        ),
+        (
+            {**DOCKER_SPEC, "replica": {"image": "x", "gpus": ["0", "0"]}},
+            "replica.gpus: a device id is listed twice",
+        ),
+        (
+            {**DOCKER_SPEC, "replica": {"image": "x", "gpus": ["0", "a b"]}},
+            "replica.gpus: not a device id: 'a b'",
+        ),
+        (
+            {**DOCKER_SPEC, "replica": {"image": "x", "volumes": ["data:srv"]}},
+            "replica.volumes: 'data:srv': the container path must be absolute",
+        ),
+        (
+            {**DOCKER_SPEC, "replica": {"image": "x", "volumes": ["/h:/srv:rx"]}},
+            "replica.volumes: '/h:/srv:rx': the mode is ro or rw, not 'rx'",
+        ),
+        (
+            {**DOCKER_SPEC, "replica": {"image": "x", "volumes": ["./h:/srv"]}},
+            "replica.volumes: './h:/srv': the source is a volume name",
+        ),
+        (
+            {**DOCKER_SPEC, "replica": {"image": "x", "volumes": ["/srv"]}},
+            "replica.volumes: '/srv': SOURCE:/PATH or SOURCE:/PATH:ro|rw",
         ),
     ]
     for data, reason in cases:
@@ -396,7 +545,16 @@ def test_the_api_document_states_the_docker_rules() -> None:
     with_docker = Validator(build_document(OPERATIONS_TABLE, ("process", "static", "docker")))
     with_docker.validate(service, DOCKER_SPEC)
     process = {**DOCKER_SPEC, "backend": "process", "replicas": 1}
-    for bad in (process, {**DOCKER_SPEC, "replica": {"commands": [SERVER]}}):
+    replica = DOCKER_SPEC["replica"]
+    assert isinstance(replica, dict)
+    for bad in (
+        process,
+        {**DOCKER_SPEC, "replica": {"commands": [SERVER]}},
+        {**DOCKER_SPEC, "replica": {**replica, "gpus": ["0", "0"]}},
+        {**DOCKER_SPEC, "replica": {**replica, "gpus": 0}},
+        {**DOCKER_SPEC, "replica": {**replica, "volumes": ["data:srv"]}},
+        {**DOCKER_SPEC, "replica": {**replica, "volumes": ["/h:/srv:rx"]}},
+    ):
         with pytest.raises(SchemaError):
             with_docker.validate(service, bad)
     without = Validator(build_document(OPERATIONS_TABLE, ("process", "static")))
@@ -531,11 +689,27 @@ def test_the_create_body_of_a_launch() -> None:
     assert host["PortBindings"] == {"8080/tcp": [{"HostIp": "10.0.0.5", "HostPort": "21007"}]}
     assert (host["NanoCpus"], host["Memory"], host["Init"]) == (500_000_000, 512 * 2**20, True)
     assert body["User"] == "1000:1000"
+    assert host["DeviceRequests"] == [{"Driver": "nvidia", "Count": 2, "Capabilities": [["gpu"]]}]
+    assert host["Binds"] == ["models:/models:ro", "/srv/cache:/cache"]
+    every = ReplicaTemplate(image="x", gpus="all")
+    devices = ReplicaTemplate.model_validate({"image": "x", "gpus": ["0", "GPU-3a2f"]})
+    requests = [
+        container_config(Launch("web", 1, "r", t), "127.0.0.1", 1, {})["HostConfig"][
+            "DeviceRequests"
+        ]
+        for t in (every, devices)
+    ]
+    assert requests == [
+        [{"Driver": "nvidia", "Count": -1, "Capabilities": [["gpu"]]}],
+        [{"Driver": "nvidia", "DeviceIDs": ["0", "GPU-3a2f"], "Capabilities": [["gpu"]]}],
+    ]
     image_only = ReplicaTemplate(image="x")
     plain = container_config(Launch("web", 1, "r", image_only), "127.0.0.1", 1, {})
     assert "Cmd" not in plain  # the image's own command
     assert "Entrypoint" not in plain
     assert "PORT=8000" in plain["Env"]
+    assert "DeviceRequests" not in plain["HostConfig"]
+    assert "Binds" not in plain["HostConfig"]
     assert container_name("0123456789", Launch("web", 1, "r/1", image_only)) == (
         "gateway-01234567-web-r-1"
     )

@@ -40,6 +40,7 @@ from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendError, NoCapacity, StartFailed
+from ...spec import gpu_count
 from ..base import Exit, ExitHandler, Launch, Running
 from .container import LABEL, container_config, container_name, exit_reason, signed_code
 from .engine import EngineClient, EngineError, EngineUnreachable, EventStream
@@ -307,6 +308,8 @@ class DockerBackend:
 
     def _load(self, host: HostRecord, launch: Launch) -> HostLoad:
         mine = [r for r in host.replicas.values() if r.launch.service == launch.service]
+        gpus = host.config.gpus
+        needed = gpu_count(launch.template.gpus, gpus)
         return HostLoad(
             name=host.name,
             capacity=host.config.capacity,
@@ -314,6 +317,12 @@ class DockerBackend:
             reachable=host.reachable,
             service_replicas=sum(1 for r in mine),
             revision_replicas=sum(1 for r in mine if r.launch.revision == launch.revision),
+            gpus=gpus,
+            gpus_in_use=sum(
+                gpu_count(r.launch.template.gpus, gpus) for r in host.replicas.values()
+            ),
+            # Asking for GPUs is asking for one at least (``all`` of a host without any).
+            gpus_needed=max(needed, 1) if launch.template.gpus is not None else 0,
         )
 
     def _allocate_port(self, host: HostRecord, skip: frozenset[int] = frozenset()) -> int:

@@ -5,7 +5,9 @@ template's commands as one ``/bin/sh -c`` script (they replace the image's entry
 command), its env plus ``PORT`` (the container's port, ``DEFAULT_CONTAINER_PORT`` unless the
 template sets one), ``HOST``, ``REPLICA_ID``, ``SERVICE`` and ``REVISION``, the labels, the port
 published on one host address only, an init as PID 1, no restart policy (the controller
-replaces a replica that ended), and the template's CPU and memory limits and user.
+replaces a replica that ended), the template's CPU and memory limits and user, its GPUs (as
+``docker run --gpus``: a device request to the ``nvidia`` driver) and its volumes (``Binds``,
+Docker's short syntax: a named volume missing on the host is made by the engine).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ def container_config(
             host_config["NanoCpus"] = int(resources.cpus * 1e9)
         if resources.memory_bytes is not None:
             host_config["Memory"] = resources.memory_bytes
+    if template.gpus is not None:
+        host_config["DeviceRequests"] = [device_request(template.gpus)]
+    if template.volumes:
+        host_config["Binds"] = list(template.volumes)
     config: dict[str, Any] = {
         "Image": template.image,
         "Env": [f"{k}={v}" for k, v in env.items()],
@@ -80,6 +86,18 @@ def container_config(
     if template.user is not None:
         config["User"] = template.user
     return config
+
+
+def device_request(gpus: int | str | Sequence[str]) -> dict[str, Any]:
+    """The ``DeviceRequests`` entry of ``docker run --gpus``: a count (``all``: -1) or ids."""
+    request: dict[str, Any] = {"Driver": "nvidia", "Capabilities": [["gpu"]]}
+    if gpus == "all":
+        request["Count"] = -1
+    elif isinstance(gpus, int):
+        request["Count"] = gpus
+    else:
+        request["DeviceIDs"] = list(gpus)
+    return request
 
 
 def container_script(commands: Sequence[str]) -> str:

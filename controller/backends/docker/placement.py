@@ -2,13 +2,16 @@
 
 Rules, in order:
 
-1. Only a reachable host with a free slot (``in_use < capacity``) can take a replica.
+1. Only a reachable host with a free slot (``in_use < capacity``) and, for a replica that
+   asks for GPUs, as many GPUs free as it needs (at least one: ``all`` on a host without
+   GPUs is no room) can take a replica.
 2. Among those, the one holding the fewest replicas of the launch's revision, then of its
    service (a revision's replicas spread over hosts, also while a rollout replaces the
    previous one), then the one with the most free slots, then the first listed.
 3. None can: ``NoRoom`` with a reason naming every host, e.g.
    ``no capacity: 2 of 2 hosts full (a: 2 of 2, b: 1 of 1)``; an unreachable host reads
-   ``b: unreachable``.
+   ``b: unreachable``, one short of GPUs ``b: 1 of 4 GPUs free, 2 needed`` (and the count
+   reads ``hosts full or short of GPUs``).
 """
 
 from __future__ import annotations
@@ -29,10 +32,27 @@ class HostLoad:
     """Replicas of the service being placed that the host holds (of any revision)."""
     revision_replicas: int = 0
     """Those of them that are of the revision being placed."""
+    gpus: int = 0
+    """The host's GPUs."""
+    gpus_in_use: int = 0
+    gpus_needed: int = 0
+    """GPUs the replica being placed would hold here (0: it asks for none)."""
 
     @property
     def room(self) -> int:
         return self.capacity - self.in_use if self.reachable else 0
+
+    @property
+    def gpus_short(self) -> bool:
+        return self.gpus_needed > self.gpus - self.gpus_in_use
+
+    def describe(self) -> str:
+        if not self.reachable:
+            return f"{self.name}: unreachable"
+        if self.room > 0 and self.gpus_short:
+            free = self.gpus - self.gpus_in_use
+            return f"{self.name}: {free} of {self.gpus} GPUs free, {self.gpus_needed} needed"
+        return f"{self.name}: {self.in_use} of {self.capacity}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,16 +65,14 @@ def place(hosts: Sequence[HostLoad]) -> str | NoRoom:
     candidates = [
         (h.revision_replicas, h.service_replicas, -h.room, i, h.name)
         for i, h in enumerate(hosts)
-        if h.room > 0
+        if h.room > 0 and not h.gpus_short
     ]
     if candidates:
         return min(candidates)[-1]
     full = sum(1 for h in hosts if h.reachable)
-    what = [
-        f"{h.name}: {h.in_use} of {h.capacity}" if h.reachable else f"{h.name}: unreachable"
-        for h in hosts
-    ]
-    counted = f"{full} of {len(hosts)} hosts full"
+    what = [h.describe() for h in hosts]
+    short = any(h.room > 0 and h.gpus_short for h in hosts)
+    counted = f"{full} of {len(hosts)} hosts full" + (" or short of GPUs" if short else "")
     if full < len(hosts):
         counted += f", {len(hosts) - full} unreachable"
     return NoRoom(f"no capacity: {counted} ({', '.join(what)})")
