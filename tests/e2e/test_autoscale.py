@@ -170,11 +170,14 @@ async def test_the_first_request_to_a_service_at_zero_is_held_and_answered(
     assert 'gateway_service_desired_replicas{service="web"} 1.0' in metrics
 
 
-@pytest.mark.parametrize("queue_timeout", [5.0])
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_a_cold_start_with_no_capacity_answers_503_with_the_reason(
-    gateways: Gateways, tmp_path: Path, queue_timeout: float
+    gateways: Gateways, tmp_path: Path, workers: int
 ) -> None:
-    gw = await gateways.start(capacity=0)
+    """With ``workers: 2`` the request is held in a worker, which hears the reason with the
+    pool's snapshot."""
+    queue_timeout = 5.0
+    gw = await gateways.start(capacity=0, workers=workers)
     await gw.controller.apply(autoscaled(tmp_path, "0..2", queue_timeout=queue_timeout))
     await until(lambda: gw.state().desired.replicas == 0, timeout=20, what="idle at zero")
     await until(lambda: gw.state().observed.degraded is None, what="not degraded at zero")
