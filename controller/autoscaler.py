@@ -198,7 +198,8 @@ def desired(
         count = min(wants, spec.max)
         if count > current:
             if current == 0:
-                why = f"cold start: {last.held} requests held, no replica: 0 -> {count}"
+                held = "1 request" if last.held == 1 else f"{last.held} requests"
+                why = f"cold start: {held} held, no replica: 0 -> {count}"
             else:
                 per = up / current
                 why = (

@@ -143,7 +143,7 @@ def test_concurrency_above_target_scales_up_with_the_reason():
 def test_a_held_request_with_no_replica_is_a_cold_start_at_once():
     run = Run(scaling(scale_up_delay=6.0, target=100.0), current=0)
     run.second(1)
-    assert run.changes == [(1.0, 0, 1, "cold start: 1 requests held, no replica: 0 -> 1")]
+    assert run.changes == [(1.0, 0, 1, "cold start: 1 request held, no replica: 0 -> 1")]
     assert run.memory.cold_start == 1.0
 
 

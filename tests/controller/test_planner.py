@@ -880,7 +880,7 @@ def test_a_held_request_at_zero_rescales_first_then_starts():
     o = Observed(serving_revision=1, target=1, samples=(Sample(100.0, 0, held=1),))
     actions = plan(o, autoscaled(0), 100.0)
     assert actions[:2] == [
-        Rescale(1, "cold start: 1 requests held, no replica: 0 -> 1"),
+        Rescale(1, "cold start: 1 request held, no replica: 0 -> 1"),
         Start(1),
     ]
     # On its way up it is not degraded: no SetDegraded at all.

@@ -507,7 +507,7 @@ AUTOSCALING = Autoscaling(
 
 def test_rescale_moves_the_count_remembers_and_journals():
     d = Desired(1, 0, STRATEGY, scaling=AUTOSCALING)
-    why = "cold start: 1 requests held, no replica: 0 -> 1"
+    why = "cold start: 1 request held, no replica: 0 -> 1"
     step = decide(d, Observed(target=1), Rescale(1, why), NOW)
     assert step.desired.replicas == 1
     memory = step.observed.scaler
