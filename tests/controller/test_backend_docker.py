@@ -741,3 +741,57 @@ def test_the_commands_script_execs_a_plain_last_command() -> None:
     assert container_script(["a", "b x"]) == "{ a\n} && { exec b x\n}"
     assert container_script(["a | b"]) == "{ a | b\n}"
     assert container_script(["X=1 run"]) == "{ X=1 run\n}"
+
+
+# -- pulling.py: pull progress over a recorded stream (pure) --------------------------------
+
+
+def down(current: int, total: int, layer: str) -> dict[str, object]:
+    return {
+        "status": "Downloading",
+        "progressDetail": {"current": current, "total": total},
+        "id": layer,
+    }
+
+
+RECORDED_PULL = [
+    {"status": "Pulling from library/web", "id": "1.2"},
+    {"status": "Already exists", "progressDetail": {}, "id": "aaa"},
+    {"status": "Pulling fs layer", "progressDetail": {}, "id": "bbb"},
+    {"status": "Pulling fs layer", "progressDetail": {}, "id": "ccc"},
+    {"status": "Waiting", "progressDetail": {}, "id": "ccc"},
+    down(1_000_000, 4_000_000, "bbb"),
+    down(500_000, 10_000_000, "ccc"),
+    down(3_000_000, 4_000_000, "bbb"),
+    {"status": "Verifying Checksum", "progressDetail": {}, "id": "bbb"},
+    {"status": "Download complete", "progressDetail": {}, "id": "bbb"},
+    {"status": "Extracting", "progressDetail": {"current": 32768, "total": 4_000_000}, "id": "bbb"},
+    {"status": "Pull complete", "progressDetail": {}, "id": "bbb"},
+    down(10_000_000, 10_000_000, "ccc"),
+    {"status": "Download complete", "progressDetail": {}, "id": "ccc"},
+    {"status": "Pull complete", "progressDetail": {}, "id": "ccc"},
+    {"status": "Digest: sha256:0123"},
+    {"status": "Status: Downloaded newer image for registry.example/web:1.2"},
+]  # fmt: skip
+
+
+def test_pull_progress_is_summed_over_layers_and_said_every_two_seconds() -> None:
+    from controller.backends.docker import PullProgress
+
+    progress = PullProgress("registry.example/web:1.2", "a")
+    said: list[tuple[float, str]] = []
+    lines = []
+    for i, message in enumerate(RECORDED_PULL):
+        progress.feed(message)
+        lines.append(progress.text())
+        now = i * 0.5  # a message every half second
+        if progress.due(now):
+            said.append((now, progress.text()))
+    head = "pulling registry.example/web:1.2 on a: "
+    assert lines[1] == head + "1 of 1 layers"  # the tag's line is no layer; aaa is there
+    assert lines[6] == head + "1 of 3 layers, 1.5 of 14.0 MB"
+    assert lines[7] == head + "1 of 3 layers, 3.5 of 14.0 MB"
+    assert lines[10] == head + "2 of 3 layers, 4.5 of 14.0 MB"  # extracting: downloaded
+    assert lines[-1] == head + "3 of 3 layers, 14.0 of 14.0 MB"
+    assert [at for at, _ in said] == [0.0, 2.0, 4.0, 6.0, 8.0]
+    assert said[2][1] == lines[8]

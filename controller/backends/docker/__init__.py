@@ -1,11 +1,13 @@
 """The Docker backend: ``engine`` (the Engine API client), ``placement`` (pure: which host),
-``container`` (pure: a container's create body and exit reason), ``hosts`` (the records of
+``container`` (pure: a container's create body and exit reason), ``pulling`` (pure: pull
+progress summed over layers), ``hosts`` (the records of
 hosts and replicas), ``backend`` (containers started, stopped, watched and adopted)."""
 
-from .backend import DockerBackend, DockerHost, HostListener, HostState
+from .backend import DockerBackend, DockerHost, HostListener, HostState, PullListener
 from .container import DEFAULT_CONTAINER_PORT, container_script
 from .engine import EngineClient, EngineError, EngineTls, EngineUnreachable
 from .placement import HostLoad, NoRoom, place
+from .pulling import PullProgress
 
 __all__ = [
     "DEFAULT_CONTAINER_PORT",
@@ -19,6 +21,8 @@ __all__ = [
     "HostLoad",
     "HostState",
     "NoRoom",
+    "PullListener",
+    "PullProgress",
     "container_script",
     "place",
 ]

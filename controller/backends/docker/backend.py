@@ -36,7 +36,7 @@ import logging
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendError, NoCapacity, StartFailed
@@ -46,12 +46,13 @@ from .container import LABEL, container_config, container_name, exit_reason, sig
 from .engine import EngineClient, EngineError, EngineUnreachable, EventStream
 from .hosts import DockerHost, HostListener, HostRecord, HostState, ReplicaRecord
 from .placement import HostLoad, NoRoom, place
+from .pulling import PullProgress
 
 if TYPE_CHECKING:
     from ...spec import ReplicaTemplate
     from ..base import Backend
 
-__all__ = ["DockerBackend", "DockerHost", "HostListener", "HostState"]
+__all__ = ["DockerBackend", "DockerHost", "HostListener", "HostState", "PullListener"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ says nothing) is unreachable."""
 PORT_ATTEMPTS = 3
 ORPHAN_GRACE = 60.0
 """After the first ``connect()``, how long a container this backend does not know is left be."""
+PullListener = Callable[[str, str], None]
+"""Hears ``(service, line)``: a line of an image pull for a replica of the service."""
 _PORT_TAKEN = re.compile(r"port is already allocated|address already in use", re.I)
 
 
@@ -104,6 +107,8 @@ class DockerBackend:
         """Loop time from which unknown containers are orphans."""
         self._sweeper: asyncio.Task[None] | None = None
         self.host_listeners: list[HostListener] = []
+        self.pull_listeners: list[PullListener] = []
+        """Hear each image pull, a line every ``SAY_EVERY`` seconds."""
         self._exit_handler: ExitHandler | None = None
         self._kept_logs: OrderedDict[str, list[str]] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -165,7 +170,7 @@ class DockerBackend:
         )
         host.replicas[rid] = replica
         try:
-            await self._ensure_image(host, template)
+            await self._ensure_image(host, template, launch.service)
             await self._run(host, replica)
         except BaseException as exc:
             del host.replicas[rid]
@@ -338,7 +343,9 @@ class DockerBackend:
                 return port
         raise StartFailed(f"host {host.name}: port range {low}-{high} exhausted")
 
-    async def _ensure_image(self, host: HostRecord, template: ReplicaTemplate) -> None:
+    async def _ensure_image(
+        self, host: HostRecord, template: ReplicaTemplate, service: str
+    ) -> None:
         image = template.image
         assert image is not None
         lock = host.pulls.setdefault(image, asyncio.Lock())
@@ -350,13 +357,28 @@ class DockerBackend:
                 raise StartFailed(f"image not found: {image} (pull: never)")
             try:
                 log.info("pulling %s on %s", image, host.name)
-                await host.client.pull(image)
+                progress = PullProgress(image, host.name, service)
+                loop = asyncio.get_running_loop()
+
+                def heard(message: dict[str, Any]) -> None:
+                    progress.feed(message)
+                    if progress.due(loop.time()):
+                        self._say_pull(progress)
+
+                await host.client.pull(image, heard)
             except EngineUnreachable:
                 raise
             except EngineError as exc:
                 if pull == "always":
                     raise StartFailed(f"image pull failed: {image}: {exc.message}") from exc
                 raise StartFailed(f"image not found: {image} (pull failed: {exc.message})") from exc
+
+    def _say_pull(self, progress: PullProgress) -> None:
+        for listener in list(self.pull_listeners):
+            try:
+                listener(progress.service, progress.text())
+            except Exception:
+                log.exception("pull listener failed for %s", progress.image)
 
     async def _run(self, host: HostRecord, replica: ReplicaRecord) -> None:
         """Create and start the container; on a host port taken by something else, again

@@ -15,7 +15,7 @@ import asyncio
 import json
 import ssl
 import struct
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -147,20 +147,38 @@ class EngineClient:
         status, _ = await self._call("GET", f"/images/{quote(image, safe='')}/json", ok=(404,))
         return status != 404
 
-    async def pull(self, image: str) -> None:
-        """Pull ``image``; raises EngineError with the engine's reason when it fails (the
-        reason may come inside the progress stream of a 200 answer)."""
+    async def pull(
+        self, image: str, progress: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        """Pull ``image``, each message of the engine's progress stream given to ``progress``
+        as it comes; raises EngineError with the engine's reason when it fails (the reason may
+        come inside the progress stream of a 200 answer)."""
         name, tag = image_reference(image)
-        _, data = await self._call(
-            "POST", "/images/create", params={"fromImage": name, "tag": tag}, seconds=None
-        )
-        for line in data.splitlines():
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(message, dict) and message.get("error"):
-                raise EngineError(f"engine {self.engine}: {message['error']}")
+        try:
+            async with self._http().post(
+                self._base + "/images/create",
+                params={"fromImage": name, "tag": tag},
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT),
+            ) as response:
+                if response.status >= 300:
+                    data = await response.read()
+                    raise EngineError(
+                        f"engine {self.engine}: {_message(data) or response.status}",
+                        response.status,
+                    )
+                async for line in response.content:
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        continue
+                    if not isinstance(message, dict):
+                        continue
+                    if message.get("error"):
+                        raise EngineError(f"engine {self.engine}: {message['error']}")
+                    if progress is not None:
+                        progress(message)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+            raise EngineUnreachable(f"engine {self.engine}: {_describe(exc)}") from exc
 
     async def create(self, name: str, config: dict[str, Any]) -> str:
         _, data = await self._call("POST", "/containers/create", params={"name": name}, body=config)
