@@ -176,6 +176,12 @@ async def run_gateway(
     if config.backends.docker is not None:  # opt-in: the embedded default is process only
         docker = docker_backend(config, instance_id(state_dir))
         backends["docker"] = docker
+
+        def say_pull(service: str, line: str) -> None:
+            # A pull's progress, a line every 2 s, among the service's events.
+            journal.record(service, "image_pulling", line)
+
+        docker.pull_listeners.append(say_pull)
     controller = Controller(pool, backends, store, journal, loop.time, time.time)
     # -- observability: metrics on one registry (served at the admin /metrics), access log --
     registry = CollectorRegistry()

@@ -63,6 +63,7 @@ EventKind = Literal[
     "upstream_ejection_ended",
     "host_unreachable",
     "host_reachable",
+    "image_pulling",
     "certificate_issued",
     "certificate_renewed",
     "certificate_failed",
