@@ -555,7 +555,12 @@ class DockerBackend:
 
     async def _relist(self, host: HostRecord) -> None:
         for container in list(host.unremoved):
-            await host.client.remove(container)
+            try:
+                await host.client.remove(container)
+            except EngineUnreachable:
+                raise
+            except EngineError as exc:  # the engine's own trouble: the orphan sweep retries
+                log.warning("container %.12s not removed: %s", container, exc.message)
             host.unremoved.discard(container)
         found = await host.client.containers(self._labels(host))
         host.listing = {c["Id"]: c for c in found}
