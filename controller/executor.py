@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from gateway import Pool, Upstream
 
+from . import tokens
 from .actions import (
     AbandonRollout,
     Action,
@@ -37,7 +38,7 @@ from .actions import (
     Undrain,
 )
 from .backends.base import Backend, Launch, Running
-from .errors import BackendError
+from .errors import BackendError, StoreUnavailable
 from .model import Observed, Replica, ReplicaState, Rollout
 from .spec import ServiceSpec
 from .state import ServiceState
@@ -127,7 +128,23 @@ class Executor:
                 pass
 
     def set_routing(self, spec: ServiceSpec) -> None:
-        self.pool.set_service(spec.routing())
+        """Set the service's routing in the pool, with its bearer tokens' digests."""
+        self.pool.set_service(spec.routing(self.token_digests(spec)))
+
+    def token_digests(self, spec: ServiceSpec) -> dict[str, str] | None:
+        """The digests of the service's tokens (``controller.tokens``): its config's, then
+        the store's; None without auth. A store that cannot be read adds none (closed)."""
+        if spec.auth is None:
+            return None
+        digests = tokens.configured(spec.auth)
+        try:
+            stored = self.store.tokens(spec.name)
+        except StoreUnavailable as e:
+            log.warning("%s: tokens of the store not read: %s", spec.name, e)
+            stored = []
+        for row in stored:
+            digests.setdefault(row.digest, row.id)
+        return digests
 
     def count_failures(self, state: ServiceState, rollout: Rollout) -> None:
         try:

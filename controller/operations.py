@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from gateway import Pool
 
+from . import tokens as bearer
 from .backends.base import Backend, Launch, Running
 from .config import format_validation_error
 from .errors import Conflict, NotFound, SpecError
@@ -32,6 +33,7 @@ from .reconciler import Reconciler
 from .spec import ServiceSpec
 from .state import ServiceState
 from .store import Store
+from .tokens import TokenInfo
 from .transitions import Configure, Delete, Retarget, SetPaused
 
 log = logging.getLogger(__name__)
@@ -339,6 +341,42 @@ class Controller:
             raise NotFound(f"no upstream {upstream_id!r} in {name!r}", service=name)
         self.pool.undrain(name, upstream_id)
         self.journal.record(name, "upstream_undrained", f"upstream {upstream_id} undrained")
+
+    # -- bearer tokens -------------------------------------------------------------------------
+
+    def _auth(self, name: str) -> ServiceState:
+        state = self.state(name)
+        if state.spec.auth is None:
+            reason = "the service has no auth: apply a spec with auth: {type: bearer} first"
+            raise Conflict(f"auth: {reason}", errors=[{"field": "auth", "reason": reason}])
+        return state
+
+    def tokens(self, name: str) -> list[TokenInfo]:
+        """The service's tokens by id (never a token, nor its digest)."""
+        auth = self.state(name).spec.auth
+        configured = bearer.configured(auth) if auth is not None else {}
+        stored = [(r.id, r.label, r.created_at) for r in self.store.tokens(name)]
+        return bearer.infos(configured.values(), stored)
+
+    def add_token(self, name: str, token: str | None, label: str) -> tuple[TokenInfo, str]:
+        """Keep a token for the service (a new one if ``token`` is None) and apply it at
+        once, here and in every worker; the token is returned to be shown once."""
+        state = self._auth(name)
+        token = token if token is not None else bearer.new_token()
+        row = self.store.add_token(name, bearer.new_id(), bearer.digest(token), label)
+        self.executor.set_routing(state.spec)
+        self.journal.record(name, "service_updated", f"token {row.id} added")
+        return TokenInfo(row.id, "api", row.label, row.created_at), token
+
+    def revoke_token(self, name: str, token_id: str) -> None:
+        """Forget a token added through the API; it is refused from now on."""
+        state = self.state(name)
+        if token_id.startswith(("file:", "env:")):
+            reason = f"{token_id} comes from the spec's auth.tokens_{token_id.split(':')[0]}"
+            raise Conflict(f"token: {reason}: remove it there", service=name)
+        self.store.revoke_token(name, token_id)
+        self.executor.set_routing(state.spec)
+        self.journal.record(name, "service_updated", f"token {token_id} revoked")
 
     # -- start-up ------------------------------------------------------------------------------
 

@@ -13,12 +13,14 @@ import hashlib
 import itertools
 import json
 import re
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gateway import (
     Address,
+    AuthRouting,
     Duration,
     LimitsConfig,
     LoadBalancing,
@@ -26,6 +28,8 @@ from gateway import (
     OutlierConfig,
     PreviewConfig,
     ProbeConfig,
+    RateLimit,
+    RequestKey,
     RetriesConfig,
     RouteConfig,
     ServiceRouting,
@@ -408,6 +412,60 @@ def _replica_range(value: object) -> object:
     return value
 
 
+MAX_RATE_LIMITS = 16
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
+
+
+class AuthConfig(Model):
+    """``auth``: requests need a bearer token, an API key (routing: not the revision).
+
+    Tokens come from ``tokens_file`` (one a line; blank lines and ``#`` comments skipped),
+    from ``tokens_env`` (the gateway's environment variable, tokens separated by commas or
+    spaces) and from the admin API (``POST /api/services/{name}/tokens``, kept hashed in the
+    store). Only their SHA-256 digests reach the data plane."""
+
+    type: Literal["bearer"] = "bearer"
+    tokens_file: str | None = Field(default=None, max_length=4096)
+    """An absolute path, read when the spec is applied (and when tokens change)."""
+    tokens_env: str | None = Field(default=None, pattern=ENV_NAME_PATTERN, max_length=256)
+    header: str = "Authorization"
+    """``Authorization`` carries ``Bearer <token>``; any other header the token alone."""
+    pass_token: bool = False
+    """Send the token's header upstream too (by default the gateway strips it)."""
+
+    @field_validator("tokens_file")
+    @classmethod
+    def _absolute(cls, path: str | None) -> str | None:
+        if path is not None and (not path.startswith("/") or "\x00" in path):
+            raise ValueError(f"must be an absolute path, not {path!r}")
+        return path
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, name: str) -> str:
+        if not _HEADER_NAME.fullmatch(name):
+            raise ValueError(f"not a header name: {name!r}")
+        return name
+
+
+class Balancing(Model):
+    """``load_balancing: {policy, key}``: ``hash`` sends each key to one replica."""
+
+    policy: LoadBalancing
+    key: RequestKey | None = None
+    """``hash`` only: ``ip``, ``header:NAME`` or ``cookie:NAME``."""
+
+    @model_validator(mode="after")
+    def _key(self) -> Balancing:
+        if self.policy == "hash" and self.key is None:
+            raise ValueError("policy hash needs a key: ip, header:NAME or cookie:NAME")
+        if self.policy != "hash" and self.key is not None:
+            raise ValueError(f"a key is for policy hash, not {self.policy}")
+        if self.key == "token":
+            raise ValueError("key: ip, header:NAME or cookie:NAME")
+        return self
+
+
 class ServiceSpec(Model):
     """A named, routed set of replicas."""
 
@@ -421,7 +479,8 @@ class ServiceSpec(Model):
     """How to autoscale (with a range only; a range without it takes the defaults)."""
     replica: ReplicaTemplate
     probes: tuple[ProbeConfig, ...] = ()
-    load_balancing: LoadBalancing = "least_outstanding"
+    load_balancing: LoadBalancing | Balancing = "least_outstanding"
+    """A policy's name, or ``{policy: hash, key: ...}`` for affinity."""
     timeouts: TimeoutsConfig = TimeoutsConfig()
     retries: RetriesConfig = RetriesConfig()
     outlier: OutlierConfig = OutlierConfig()
@@ -432,6 +491,24 @@ class ServiceSpec(Model):
     """Who may ask for one revision by header or host label (routing: not the revision)."""
     sticky: StickyConfig | None = None
     """Keep a client on its revision while a canary splits the traffic."""
+    auth: AuthConfig | None = None
+    """Requests need a bearer token (none: open)."""
+    rate_limits: tuple[RateLimit, ...] = ()
+    """Token buckets per key (``ip``, ``header:NAME`` or ``token``) for path prefixes."""
+
+    @model_validator(mode="after")
+    def _guards(self) -> ServiceSpec:
+        if self.load_balancing == "hash":
+            raise ValueError(
+                "load_balancing: hash needs a key: {policy: hash, key: ip | header:NAME | "
+                "cookie:NAME}"
+            )
+        if len(self.rate_limits) > MAX_RATE_LIMITS:
+            raise ValueError(f"rate_limits: at most {MAX_RATE_LIMITS}")
+        for i, limit in enumerate(self.rate_limits):
+            if limit.key == "token" and self.auth is None:
+                raise ValueError(f"rate_limits.{i}.key: token needs auth on the service")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -554,12 +631,27 @@ class ServiceSpec(Model):
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
-    def routing(self) -> ServiceRouting:
-        """What the data plane needs of this service."""
+    def routing(self, tokens: Mapping[str, str] | None = None) -> ServiceRouting:
+        """What the data plane needs of this service; ``tokens``: the digests of its bearer
+        tokens (SHA-256 hex -> id), from wherever they are kept (``controller.tokens``)."""
+        balancing = self.load_balancing
+        policy, affinity = (
+            (balancing.policy, balancing.key)
+            if isinstance(balancing, Balancing)
+            else (balancing, None)
+        )
+        auth = self.auth
         return ServiceRouting(
             name=self.name,
             route=self.route,
-            load_balancing=self.load_balancing,
+            load_balancing=policy,
+            affinity=affinity,
+            auth=None
+            if auth is None
+            else AuthRouting(
+                header=auth.header.lower(), pass_token=auth.pass_token, tokens=dict(tokens or {})
+            ),
+            rate_limits=self.rate_limits,
             probes=self.effective_probes,
             timeouts=self.timeouts,
             retries=self.retries,

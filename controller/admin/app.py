@@ -34,6 +34,7 @@ from .handlers import (
     ApiError,
 )
 from .openapi import Handler, Operation
+from .tokens import TOKEN_OPERATIONS
 
 __all__ = ["CONTROLLER", "READY", "AdminServer", "build_admin_app", "is_loopback"]
 
@@ -168,7 +169,7 @@ def build_admin_app(
     app[STOPPING] = asyncio.Event()
     app[KEEPALIVE] = sse_keepalive
     app[MAX_BODY_SIZE] = client_max_size
-    operations = [*OPERATIONS_TABLE, *(_operation(r) for r in extra_routes)]
+    operations = [*OPERATIONS_TABLE, *TOKEN_OPERATIONS, *(_operation(r) for r in extra_routes)]
     if metrics_handler is not None:
         operations.append(
             Operation(

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from ..acme.manager import CertificateState
 from ..spec import MAX_REPLICAS
+from ..tokens import TOKEN_PATTERN
 
 SPEC_MARK = "x-service-spec"
 """Marks where the document refers to ServiceSpec (pydantic would resolve a ``$ref`` here)."""
@@ -140,6 +141,40 @@ class AutoscalingView(Schema):
     """When (Unix time)."""
 
 
+class AuthView(Schema):
+    header: str
+    pass_token: bool
+    tokens: int
+    """Tokens accepted now (the spec's file and variable, and the API's)."""
+    ok: int
+    """Requests so far with a token accepted, here and in the workers."""
+    missing: int
+    wrong: int
+
+
+class RateLimitView(Schema):
+    path_prefix: str
+    key: str
+    rps: float
+    burst: int
+
+
+class GuardsView(Schema):
+    """What a service asks of its requests; a service with none has no ``guards``."""
+
+    auth: AuthView | None
+    rate_limits: list[RateLimitView]
+    rate_limited: int
+    """Requests refused with 429 so far."""
+    affinity: str | None
+    """``load_balancing: hash``: the key hashed."""
+    max_in_flight_per_replica: int | None
+    queued: int
+    """Requests waiting for a slot now."""
+    queue_rejected: int
+    """Requests the slot queue answered 503 so far (full, or no slot in time)."""
+
+
 class ServiceView(Schema):
     name: str
     status: ServiceStatus
@@ -156,6 +191,8 @@ class ServiceView(Schema):
     """The active rollout, if any."""
     autoscaling: AutoscalingView | None = None
     """With a replica range: the autoscaler's settings and last decision."""
+    guards: GuardsView | None = None
+    """With auth, rate limits, hash affinity or an in-flight cap: them and their counts."""
 
 
 class ServiceList(Schema):
@@ -329,7 +366,43 @@ class TlsView(Schema):
     """``ok`` and ``resumed`` by TLS version, ``failed`` by reason, since start."""
 
 
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (ScaleRequest, UndoRequest)
+class TokenRequest(RequestBody):
+    token: str | None = Field(default=None, pattern=TOKEN_PATTERN)
+    """The token to accept (printable ASCII, 16 to 1024 characters); by default the gateway
+    makes one (256 random bits) and answers it once."""
+    label: str = Field(default="", max_length=200)
+    """Who or what the token is for."""
+
+
+class TokenView(Schema):
+    id: str
+    source: Literal["api", "file", "env"]
+    """Added through the API, or from the spec's ``auth.tokens_file`` / ``tokens_env``."""
+    label: str
+    created_at: float | None
+    """Wall-clock seconds; none for the spec's tokens."""
+
+
+class TokenList(Schema):
+    service: str
+    tokens: list[TokenView]
+
+
+class TokenAdded(Schema):
+    service: str
+    token: TokenView
+    secret: str | None
+    """The token the gateway made: shown this once, kept only as its digest. None when the
+    caller gave it."""
+
+
+class TokenRevoked(Schema):
+    service: str
+    id: str
+    revoked: bool
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (ScaleRequest, UndoRequest, TokenRequest)
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     ErrorBody,
     ServiceView,
@@ -346,4 +419,7 @@ RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     HostList,
     TlsView,
     CertificateList,
+    TokenList,
+    TokenAdded,
+    TokenRevoked,
 )

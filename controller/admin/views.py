@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from math import ceil
 from typing import Any
 
 from aiohttp import web
@@ -23,11 +24,14 @@ from ..state import ServiceState
 from ..store import RevisionRow, RolloutRow
 from .openapi import Operation
 from .schemas import (
+    AuthView,
     AutoscalingView,
     CertificateList,
     CertificateView,
     Conditions,
+    GuardsView,
     HostView,
+    RateLimitView,
     ReplicaView,
     RevisionProgress,
     RevisionView,
@@ -144,6 +148,44 @@ def service_view(controller: Controller, state: ServiceState) -> ServiceView:
         if rollout is None or not rollout.active
         else rollout_view(controller, state, rollout, wall),
         autoscaling=autoscaling_view(state, wall),
+        guards=guards_view(controller, state.name),
+    )
+
+
+def guards_view(controller: Controller, name: str) -> GuardsView | None:
+    """Auth, rate limits, affinity and the in-flight cap of the service, with their counts
+    (here and in the workers); None when it has none of them."""
+    sp = controller.pool.services.get(name)
+    if sp is None:
+        return None
+    routing = sp.routing
+    cap = routing.limits.max_in_flight_per_replica
+    if routing.auth is None and not routing.rate_limits and routing.affinity is None and not cap:
+        return None
+    counts = sp.counted_all()
+    auth = routing.auth
+    return GuardsView(
+        auth=None
+        if auth is None
+        else AuthView(
+            header=auth.header,
+            pass_token=auth.pass_token,
+            tokens=len(auth.tokens),
+            ok=int(counts.get("auth_ok", 0)),
+            missing=int(counts.get("auth_missing", 0)),
+            wrong=int(counts.get("auth_wrong", 0)),
+        ),
+        rate_limits=[
+            RateLimitView(
+                path_prefix=r.path_prefix, key=r.key, rps=r.rps, burst=r.burst or ceil(r.rps)
+            )
+            for r in routing.rate_limits
+        ],
+        rate_limited=int(counts.get("rate_limited", 0)),
+        affinity=routing.affinity,
+        max_in_flight_per_replica=cap,
+        queued=sp.queued_all(),
+        queue_rejected=int(counts.get("queue_timeout", 0) + counts.get("queue_full", 0)),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TextIO
@@ -15,6 +16,7 @@ from .client import Client
 from .exits import EXIT_OK, EXIT_UNUSABLE, CliError
 from .following import follow_change, replica_ids
 from .render import (
+    ago,
     certificate_table,
     describe_apply,
     dump,
@@ -23,6 +25,7 @@ from .render import (
     rollout_table,
     service_detail,
     service_table,
+    table,
 )
 
 
@@ -181,6 +184,47 @@ async def cmd_drain(client: Client, args: argparse.Namespace, out: TextIO) -> in
             f"{upstream['state']}, {upstream['inflight']} in flight",
             file=out,
         )
+    return EXIT_OK
+
+
+async def cmd_token(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    """``token list|add|revoke``: a service's bearer tokens, by id. ``add`` makes a token
+    (printed once) unless ``--stdin`` gives one: never on the command line, where ``ps`` and
+    the shell's history would keep it."""
+    path = f"/api/services/{quote(args.name)}/tokens"
+    if args.token_command == "list":
+        data = await client.call("GET", path)
+        if args.json:
+            dump(data, out)
+        elif not data["tokens"]:
+            print(f"{args.name}: no tokens", file=out)
+        else:
+            rows = [["ID", "SOURCE", "LABEL", "ADDED"]]
+            for t in data["tokens"]:
+                added = ago(t["created_at"]) if t["created_at"] is not None else "-"
+                rows.append([t["id"], t["source"], t["label"] or "-", added])
+            table(rows, out)
+        return EXIT_OK
+    if args.token_command == "revoke":
+        data = await client.call("DELETE", f"{path}/{quote(args.id)}")
+        if args.json:
+            dump(data, out)
+        else:
+            print(f"{args.name}: token {data['id']} revoked", file=out)
+        return EXIT_OK
+    body: dict[str, Any] = {"label": args.label}
+    if args.stdin:
+        token = sys.stdin.readline().strip()
+        if not token:
+            raise CliError("no token on standard input", EXIT_UNUSABLE)
+        body["token"] = token
+    data = await client.call("POST", path, body)
+    if args.json:
+        dump(data, out)
+    else:
+        print(f"{args.name}: token {data['token']['id']} added", file=out)
+        if data["secret"] is not None:
+            print(f"token (shown once, keep it now): {data['secret']}", file=out)
     return EXIT_OK
 
 

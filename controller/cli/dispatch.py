@@ -22,6 +22,7 @@ from .commands import (
     cmd_rollout,
     cmd_scale,
     cmd_status,
+    cmd_token,
 )
 from .exits import EXIT_CODES, EXIT_PIPE, EXIT_UNUSABLE, CliError
 
@@ -156,3 +157,28 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     delete = add("delete", cmd_delete, "drain and stop a service, then forget it")
     delete.add_argument("name")
+
+    # Like "rollout": the common options on each action, none on "token" itself.
+    token = sub.add_parser("token", help="a service's bearer tokens (auth)")
+    token.set_defaults(func=_runner(cmd_token), client_command=cmd_token, command="token")
+    token_actions = token.add_subparsers(dest="token_command", required=True)
+    for action, text in (
+        ("list", "the service's tokens by id"),
+        ("add", "add a token (made and printed once, or read from --stdin)"),
+        ("revoke", "revoke a token added through the API"),
+    ):
+        parser = token_actions.add_parser(
+            action,
+            parents=[common],
+            help=text,
+            epilog=EXIT_CODES,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        parser.add_argument("name")
+        if action == "add":
+            parser.add_argument("--label", default="", help="who or what the token is for")
+            parser.add_argument(
+                "--stdin", action="store_true", help="read the token from standard input"
+            )
+        elif action == "revoke":
+            parser.add_argument("id")

@@ -155,6 +155,8 @@ def service_detail(view: dict[str, Any], show_all: bool, out: TextIO) -> None:
         )
         if scaling["decision"]:
             print(f"last decision ({ago(scaling['decided_at'])}): {scaling['decision']}", file=out)
+    if view.get("guards"):
+        guards_text(view["guards"], out)
     if view["rollout"] is not None:
         print(progress_text(view["rollout"]), file=out)
     replicas = view["replicas"]
@@ -177,6 +179,34 @@ def service_detail(view: dict[str, Any], show_all: bool, out: TextIO) -> None:
         table(rows, out)
     if len(shown) < len(replicas):
         print(f"({len(replicas) - len(shown)} stopped or failed not shown: --all)", file=out)
+
+
+def guards_text(guards: dict[str, Any], out: TextIO) -> None:
+    """A service's auth, rate limits, affinity and in-flight cap, a line each that is on."""
+    auth = guards["auth"]
+    if auth is not None:
+        passed = ", passed upstream" if auth["pass_token"] else ""
+        print(
+            f"auth: bearer in {auth['header']}{passed}, {auth['tokens']} tokens; requests "
+            f"{auth['ok']} ok, {auth['missing']} missing, {auth['wrong']} wrong",
+            file=out,
+        )
+    for r in guards["rate_limits"]:
+        print(
+            f"rate limit: {r['path_prefix']} by {r['key']}, {r['rps']:g}/s burst {r['burst']}",
+            file=out,
+        )
+    if guards["rate_limits"]:
+        print(f"rate limited: {guards['rate_limited']} requests (429)", file=out)
+    if guards["affinity"] is not None:
+        print(f"affinity: hash of {guards['affinity']}", file=out)
+    cap = guards["max_in_flight_per_replica"]
+    if cap:
+        print(
+            f"in flight per replica: at most {cap}; {guards['queued']} queued now, "
+            f"{guards['queue_rejected']} rejected (503)",
+            file=out,
+        )
 
 
 def rollout_table(rollouts: list[dict[str, Any]], out: TextIO) -> None:

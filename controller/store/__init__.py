@@ -8,13 +8,15 @@ service applied from the gateway config, the digest of the document last applied
 - ``database``: the connection, ``BEGIN IMMEDIATE`` transactions, SQLite errors translated
   (``StoreUnavailable``, ``Conflict``), the migration on open; ``schema``: the versions.
 - ``services``: services and revisions; ``rollouts``; ``events``; ``replicas``;
-  ``config_applied``. ``rows``: the frozen rows they return.
+  ``config_applied``; ``tokens`` (bearer tokens added through the API, by digest).
+  ``rows``: the frozen rows they return.
 
 Invariants:
 
 - Every write is one transaction, compound operations (``apply_revision``, ``create_rollout``,
   ``finish_rollout``, ``delete_service``) included. A crash at any moment, SIGKILL too, leaves
   either the old state or the new one; a write that returned is durable.
+- A service's tokens go with it when it is deleted.
 - A service's revisions are numbered 1, 2, 3... without gaps for the life of the file. A
   deleted service stays as a tombstone (``deleted``) with its revisions, rollouts and events,
   for audit and so that a re-created service continues from the highest number it ever used.
@@ -52,12 +54,14 @@ from .rows import (
     RolloutRow,
     RolloutStatus,
     ServiceRow,
+    TokenRow,
 )
 from .schema import SCHEMA_VERSION
 from .services import UNSET, Services
+from .tokens import Tokens
 
 
-class Store(Services, Rollouts, Events, Replicas, ConfigApplied):
+class Store(Services, Rollouts, Events, Replicas, ConfigApplied, Tokens):
     """The controller's state in one SQLite file. See the package docstring for the contract.
 
     ``readonly=True`` opens the file with SQLite's ``mode=ro``: reads work, every write raises
@@ -118,4 +122,5 @@ __all__ = [
     "RolloutStatus",
     "ServiceRow",
     "Store",
+    "TokenRow",
 ]

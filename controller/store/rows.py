@@ -88,6 +88,18 @@ class ReplicaRow:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenRow:
+    """A bearer token of a service, added through the admin API: its digest, never itself."""
+
+    id: str
+    service: str
+    digest: str
+    """SHA-256 of the token, hex."""
+    label: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class ConfigAppliedRow:
     """The document last applied to a service from the gateway config, and from where."""
 

@@ -85,6 +85,17 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             applied_at REAL NOT NULL
         )""",
     ),
+    (
+        # Bearer tokens added through the admin API, by their SHA-256 digest only.
+        """CREATE TABLE tokens (
+            id TEXT PRIMARY KEY,
+            service TEXT NOT NULL REFERENCES services (name),
+            digest TEXT NOT NULL,
+            label TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL,
+            UNIQUE (service, digest)
+        )""",
+    ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

@@ -168,6 +168,7 @@ class Services(Database):
                 return False
             now = self._clock()
             conn.execute("DELETE FROM replicas WHERE service = ?", (name,))
+            conn.execute("DELETE FROM tokens WHERE service = ?", (name,))
             conn.execute(
                 "UPDATE rollouts SET status = 'aborted', reason = 'service deleted',"
                 f" finished_at = ? WHERE service = ? AND status IN ({sql_list(ACTIVE_STATUSES)})",

@@ -346,6 +346,21 @@ async def test_every_response_matches_the_document(h: Harness, checked: Checked)
     await c.call("GET", svc, name="web")
     await c.call("GET", "/api/services")
 
+    # Bearer tokens (auth is routing: applied at once, no rollout).
+    tokens = svc + "/tokens"
+    await c.call("POST", tokens, status=409, name="web")  # no auth on the service yet
+    await c.call("PUT", svc, {**spec("web", 2), "auth": {"type": "bearer"}}, name="web")
+    added = await c.call("POST", tokens, status=201, name="web")
+    await c.call("POST", tokens, {"token": "t" * 32, "label": "ci"}, status=201, name="web")
+    await c.call("POST", tokens, {"token": "t" * 32}, status=409, name="web")
+    await c.call("POST", tokens, {"token": "short"}, status=422, name="web")
+    await c.call("GET", tokens, name="web")
+    await c.call("GET", tokens, status=404, name="nope")
+    revoke = tokens + "/{token}"
+    await c.call("DELETE", revoke, name="web", token=added["token"]["id"])
+    await c.call("DELETE", revoke, status=404, name="web", token="tok_nope")
+    await c.call("DELETE", revoke, status=409, name="web", token="file:0123")
+
     # Rollout control.
     await c.call("POST", svc + "/rollout/pause", status=409, name="web")
     await c.call("PUT", svc, spec("web", 2, "v2"), name="web")
