@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .analysis import Outcome
 from .model import AbandonedAs, RolloutKind
+from .spec import StrategyName
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class BeginRollout:
     from_revision: int | None
     to_revision: int
     kind: RolloutKind
+    strategy: StrategyName = "rolling"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,48 @@ class ResumeRollout:
 
 
 @dataclass(frozen=True, slots=True)
+class SetWeight:
+    """A staged rollout's step ``step`` (of ``steps``) holds the target at ``weight`` percent
+    of the traffic from now: its pause and its analysis window begin."""
+
+    rollout_id: int
+    step: int
+    steps: int
+    weight: int
+
+
+@dataclass(frozen=True, slots=True)
+class NextStep:
+    """A staged rollout moves on to ``step``: its replicas start as its weight needs."""
+
+    rollout_id: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class Judge:
+    """The analysis judged the step's window (``controller.analysis``)."""
+
+    rollout_id: int
+    outcome: Outcome
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Promote:
+    """``rollout promote``: the rollout skips its remaining steps (a blue/green switches)."""
+
+    rollout_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SetSplit:
+    """Split the service's traffic by revision in the pool: (revision, weight) or None."""
+
+    split: tuple[int, int] | None
+
+
+@dataclass(frozen=True, slots=True)
 class Rescale:
     """The autoscaler moves the desired count to ``count``, for ``reason``."""
 
@@ -148,6 +193,11 @@ Action = (
     | AbandonRollout
     | PauseRollout
     | ResumeRollout
+    | SetWeight
+    | NextStep
+    | Judge
+    | Promote
+    | SetSplit
     | Rescale
     | SetDegraded
     | Forget

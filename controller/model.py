@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
+from .analysis import NO_TRAFFIC, Outcome, Traffic
 from .autoscaler import Memory, Sample
-from .spec import Autoscaling, RolloutStrategy
+from .spec import Autoscaling, RolloutStrategy, StrategyName
 
 RolloutKind = Literal["rollout", "rollback", "undo"]
 """``rollout``: to a new target (an apply); ``rollback``: back to the revision a failed or
@@ -47,6 +48,9 @@ EventKind = Literal[
     "rollout_resumed",
     "rollout_aborted",
     "rollout_superseded",
+    "rollout_step",
+    "rollout_promoted",
+    "rollout_analysis",
     "replica_started",
     "replica_ready",
     "replica_unhealthy",
@@ -172,10 +176,34 @@ class Rollout:
     failures: int = 0
     """Target-revision replicas that failed during this rollout."""
     reason: str = ""
+    strategy: StrategyName = "rolling"
+    """How it moves (``controller.steps``): a rollback and an undo are rolling."""
+    step: int = 0
+    """Canary: the index of the current step; blue/green: 0 before the switch, 1 after."""
+    step_since: float | None = None
+    """When the current step began, if not with the rollout (its replicas started as needed
+    for its weight)."""
+    holding_since: float | None = None
+    """When the step's weight was set (its replicas available): its window and pause begin."""
+    weight: int = 0
+    """The target revision's share of the traffic, percent, as last set."""
+    promoted: bool = False
+    """``rollout promote`` was asked: the remaining steps are skipped."""
+    baseline: Traffic = NO_TRAFFIC
+    """The traffic counts when the step's weight was set: where its analysis window begins."""
+    verdict: Outcome | None = None
+    analysis: str = ""
+    """The last analysis' reason, with its figures."""
+    judged_at: float = 0.0
 
     @property
     def active(self) -> bool:
         return self.status in ACTIVE_ROLLOUT
+
+    @property
+    def staged(self) -> bool:
+        """Moved by steps and weights (canary, blue/green), not by replica counts."""
+        return self.strategy != "rolling"
 
     def replace(self, **changes: object) -> Rollout:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -217,6 +245,10 @@ class Observed:
     only, for a fixed count)."""
     scaler: Memory = dataclasses.field(default_factory=Memory)
     """What the autoscaler remembers between decisions."""
+    traffic: Traffic = NO_TRAFFIC
+    """The latest sample of the request counts per revision (a staged rollout's analysis)."""
+    split: tuple[int, int] | None = None
+    """The traffic split by revision as last set in the pool: (revision, weight percent)."""
 
     def replace(self, **changes: object) -> Observed:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -240,6 +272,8 @@ class Desired:
     """The target's replicas are static addresses that something else runs (rule 9)."""
     scaling: Autoscaling | None = None
     """The autoscaler's range and settings; None: ``replicas`` is a fixed count."""
+    promote: bool = False
+    """``rollout promote`` asked, not yet taken by the active rollout."""
 
     def replace(self, **changes: object) -> Desired:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -39,6 +39,10 @@ Rules (ARCHITECTURE.md), with D = desired replicas and T = the target revision:
     decided first from the traffic samples and applied as a ``Rescale``; the rest of the plan
     works to that count. A scale-down drains the replicas that disturb least: not ready
     first, then the fewest requests in flight, newest first.
+12. A canary or blue/green rollout moves by steps and traffic weights (``controller.steps``,
+    its rules a to f), judged by the analysis of the gateway's own counts
+    (``controller.analysis``); the pool's split follows the rollout's weight. A failed
+    analysis fails the rollout as rule 3 does, the weight back to 0 at once.
 
 Starts are bounded by ``D + max_surge`` over live and leaving replicas together (a replica
 that is draining still holds a backend slot; counting it keeps a full fleet from failing the
@@ -49,7 +53,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import autoscaler
+from . import autoscaler, steps
 from .actions import (
     AbandonRollout,
     Action,
@@ -61,9 +65,11 @@ from .actions import (
     Forget,
     MarkServing,
     PauseRollout,
+    Promote,
     Rescale,
     ResumeRollout,
     SetDegraded,
+    SetSplit,
     Start,
     Stop,
     Undrain,
@@ -74,7 +80,7 @@ from .spec import RolloutStrategy
 
 __all__ = ["Desired", "backoff_delay", "fmt_seconds", "plan"]
 
-PAUSED_BY_REQUEST = "paused by request"
+PAUSED_BY_REQUEST = steps.PAUSED_BY_REQUEST
 
 
 def backoff_delay(failures: int, strategy: RolloutStrategy) -> float:
@@ -122,6 +128,9 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
         actions.extend(_retarget(observed, desired, rollout))
         actions.append(WakeAt(now))
         return actions
+    if rollout is not None and desired.promote:  # rule 12e
+        actions.append(Promote(rollout.id))
+        rollout = rollout.replace(promoted=True)
     if rollout is not None:  # rule 8
         if rollout.status is RolloutStatus.PROGRESSING and desired.paused:
             actions.append(PauseRollout(rollout.id, PAUSED_BY_REQUEST))
@@ -156,11 +165,11 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
 
     if rollout is not None and not paused:  # rule 3
         failed: str | None = None
-        deadline = rollout.started + s.progress_deadline
+        deadline = steps.deadline(rollout, s)
         if rollout.failures > s.retries:
             reason = observed.backoff.reason or "replicas of the new revision failed"
             failed = f"{reason} (after {rollout.failures} failures)"
-        elif now >= deadline:
+        elif deadline is not None and now >= deadline:
             failed = f"not complete within {fmt_seconds(s.progress_deadline)}"
             if observed.backoff.failures and observed.backoff.reason:
                 failed += f"; last failure: {observed.backoff.reason}"
@@ -168,22 +177,54 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
             actions.extend(_fail(observed, desired, rollout, failed))
             actions.append(WakeAt(now))
             return actions
-        wake.append(deadline)
+        if deadline is not None:
+            wake.append(deadline)
 
     available_new = [r for r in new if r.available(now, s.min_ready)]
     for r in new:
         if r.state is ReplicaState.READY and r.ready_since is not None and r not in available_new:
             wake.append(r.ready_since + s.min_ready)
 
+    staged = rollout is not None and rollout.staged
+    full = True
+    if rollout is not None and staged and not paused:  # rule 12
+        moves, failed = steps.progress(observed, desired, rollout, now, len(available_new), wake)
+        actions.extend(moves)
+        if failed is not None:
+            actions.extend(_fail(observed, desired, rollout, failed))
+            actions.append(WakeAt(now))
+            return actions
+        if moves:
+            wake.append(now)  # the step moved: plan again with it
+    if rollout is not None and staged:
+        full = steps.full(rollout, s, now, wake)
+
     if not paused:
         pending = sum(1 for r in new if r.state is ReplicaState.REQUESTED)
+        want, limit = desired.replicas, desired.replicas + s.max_surge
+        if rollout is not None and staged:
+            want = steps.wanted(rollout, s, desired.replicas)
+            limit = desired.replicas + want
+        elif rollout is not None and rollout.promoted:
+            limit = 2 * desired.replicas  # rule 12e: every remaining replica at once
         actions.extend(
-            _starts(observed, desired, now, len(new), len(live) + len(leaving), pending, wake)
+            _starts(
+                observed,
+                desired,
+                now,
+                want,
+                limit,
+                len(new),
+                len(live) + len(leaving),
+                pending,
+                wake,
+            )
         )
         inflight = observed.samples[-1].inflight_of if observed.samples else _nothing
-        actions.extend(
-            _drains(desired, observed.serving_revision, old, new, available_new, inflight)
-        )
+        if full:  # rule 12: nothing old goes before the target holds all the traffic
+            actions.extend(
+                _drains(desired, observed.serving_revision, old, new, available_new, inflight)
+            )
 
     # Rule 9: nothing serves yet that a first static rollout could wait to replace.
     placed_first = (
@@ -192,7 +233,7 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
         and rollout.from_revision is None
         and not any(r.state is ReplicaState.REQUESTED for r in new)
     )
-    at_strength = not old and len(new) == desired.replicas
+    at_strength = not old and len(new) == desired.replicas and full
     if (
         rollout is not None
         and not paused  # a pause asked in this plan holds the rollout as it is
@@ -222,6 +263,10 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
     if degraded != observed.degraded:
         actions.append(SetDegraded(degraded))
 
+    split = steps.split(rollout, desired, observed)
+    if split != observed.split:
+        actions.append(SetSplit(split))
+
     if wake:
         actions.append(WakeAt(min(wake)))
     return actions
@@ -245,17 +290,24 @@ def _retarget(observed: Observed, desired: Desired, rollout: Rollout | None) -> 
             actions.append(AbandonRollout(rollout.id, "superseded", why))
     # A rollback returns from the target it abandons; any other rollout leaves what serves.
     since = observed.target if kind == "rollback" else observed.serving_revision
-    actions.append(BeginRollout(since, to, kind))
+    strategy = desired.strategy.strategy if kind == "rollout" else "rolling"
+    if rollout is not None and rollout.staged and desired.intent == "abort":
+        actions.append(SetSplit((to, 100)))  # rule 12: the weight back to 0 at once
+    actions.append(BeginRollout(since, to, kind, strategy))
     actions.extend(_undrains(observed, desired.replicas, to))
     return actions
 
 
 def _fail(observed: Observed, desired: Desired, rollout: Rollout, reason: str) -> list[Action]:
     """Rule 3: pause the rollout, or end it failed and roll back to where it started."""
+    back = rollout.from_revision
     if desired.strategy.on_failure == "pause" and rollout.kind != "rollback":
+        if rollout.staged:  # rule 12: the weight back to 0 at once
+            return [SetSplit((rollout.to_revision, 0)), PauseRollout(rollout.id, reason)]
         return [PauseRollout(rollout.id, reason)]
     actions: list[Action] = [FailRollout(rollout.id, reason)]
-    back = rollout.from_revision
+    if rollout.staged:
+        actions.append(SetSplit(None if back is None else (back, 100)))
     # A failed rollback does not roll back in turn: that would return to the revision that
     # just failed, and could go back and forth for ever.
     if rollout.kind != "rollback" and back is not None:
@@ -304,14 +356,18 @@ def _starts(
     observed: Observed,
     desired: Desired,
     now: float,
+    want: int,
+    limit: int,
     new_count: int,
     occupied: int,
     pending: int,
     wake: list[float],
 ) -> list[Action]:
+    """Starts toward ``want`` replicas of the target, with at most ``limit`` replicas live
+    and leaving together."""
     s = desired.strategy
-    room = desired.replicas + s.max_surge - occupied
-    count = min(desired.replicas - new_count, room)
+    room = limit - occupied
+    count = min(want - new_count, room)
     if count <= 0:
         return []
     backoff = observed.backoff

@@ -29,16 +29,22 @@ from .actions import (
     FailReplica,
     FailRollout,
     Forget,
+    Judge,
     MarkServing,
+    NextStep,
     PauseRollout,
+    Promote,
     Rescale,
     ResumeRollout,
     SetDegraded,
+    SetSplit,
+    SetWeight,
     Start,
     Stop,
     Undrain,
     WakeAt,
 )
+from .analysis import Traffic
 from .autoscaler import Decision, Sample, changed, horizon, remember
 from .model import (
     Backoff,
@@ -134,7 +140,15 @@ class Sampled:
     sample: Sample
 
 
-Observation = Placed | StartFailed | HealthChanged | DrainDone | Exited | Sampled
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """The service's request counts per revision, sampled from the data plane (for the
+    analysis of a staged rollout)."""
+
+    traffic: Traffic
+
+
+Observation = Placed | StartFailed | HealthChanged | DrainDone | Exited | Sampled | Counted
 
 MAX_SAMPLES = 10_000
 """A bound on the samples kept, whatever the autoscaler's horizon."""
@@ -145,6 +159,8 @@ def observe(desired: Desired, observed: Observed, seen: Observation, now: float)
     already terminal) is left alone."""
     if isinstance(seen, Sampled):
         return Step(desired, _sampled(desired, observed, seen.sample))
+    if isinstance(seen, Counted):
+        return Step(desired, observed.replace(traffic=seen.traffic))
     r = _find(observed, seen.replica_id)
     if r is None or r.terminal:
         return Step(desired, observed)
@@ -282,11 +298,22 @@ def decide(
                 final = ReplicaState.FAILED if r.failure else ReplicaState.STOPPED
                 return Step(desired, _put(observed, r.replace(state=final, since=now)))
             return Step(desired, _put(observed, r.replace(state=ReplicaState.STOPPING, since=now)))
-        case BeginRollout(from_revision=since, to_revision=to, kind=kind):
-            begun = Rollout(rollout_id, since, to, kind, RolloutStatus.PROGRESSING, now)
-            event = Event("rollout_started", f"{kind} {rollout_id}: {_move(since, to)}", to)
+        case BeginRollout(from_revision=since, to_revision=to, kind=kind, strategy=strategy):
+            begun = Rollout(
+                rollout_id,
+                since,
+                to,
+                kind,
+                RolloutStatus.PROGRESSING,
+                now,
+                strategy=strategy,
+            )
+            message = f"{kind} {rollout_id}: {_move(since, to)}"
+            if strategy != "rolling":
+                message += f" ({strategy.replace('_', '/')})"
+            event = Event("rollout_started", message, to)
             return Step(
-                desired.replace(revision=to, paused=False),
+                desired.replace(revision=to, paused=False, promote=False),
                 observed.replace(rollout=begun, target=to, backoff=Backoff()),
                 (event,),
             )
@@ -335,12 +362,64 @@ def decide(
             rollout = _active(observed, rid)
             if rollout is None:
                 return Step(desired, observed)
-            # A rollout paused by its own failure gets its retries afresh on resume.
+            # A rollout paused by its own failure gets its retries afresh on resume; a staged
+            # one holds its step's weight again once its replicas are available, with a
+            # fresh window.
             resumed = rollout.replace(
                 status=RolloutStatus.PROGRESSING, reason="", failures=0, started=now
             )
+            if rollout.staged:
+                resumed = resumed.replace(step_since=now, holding_since=None)
             event = Event("rollout_resumed", f"rollout {rollout.id} resumed", rollout.to_revision)
             return Step(desired, observed.replace(rollout=resumed, backoff=Backoff()), (event,))
+        case SetWeight(rollout_id=rid, step=index, steps=steps, weight=weight):
+            rollout = _active(observed, rid)
+            if rollout is None:
+                return Step(desired, observed)
+            held = rollout.replace(
+                step=index,
+                weight=weight,
+                holding_since=now,
+                baseline=observed.traffic,
+                judged_at=now,
+                verdict=None,
+                analysis="",
+            )
+            to = rollout.to_revision
+            share = "no traffic but preview" if weight == 0 else f"{weight}% of the traffic"
+            message = (
+                f"{rollout.kind} {rid}: revision {to} takes {share} (step {index + 1} of {steps})"
+            )
+            return Step(
+                desired,
+                observed.replace(rollout=held),
+                (Event("rollout_step", message, to),),
+            )
+        case NextStep(rollout_id=rid, step=index):
+            rollout = _active(observed, rid)
+            if rollout is None:
+                return Step(desired, observed)
+            moved = rollout.replace(step=index, step_since=now, holding_since=None)
+            return Step(desired, observed.replace(rollout=moved))
+        case Judge(rollout_id=rid, outcome=outcome, reason=reason):
+            rollout = _active(observed, rid)
+            if rollout is None:
+                return Step(desired, observed)
+            judged = rollout.replace(verdict=outcome, analysis=reason, judged_at=now)
+            message = f"{rollout.kind} {rid}: {outcome}: {reason}"
+            event = Event("rollout_analysis", message, rollout.to_revision)
+            return Step(desired, observed.replace(rollout=judged), (event,))
+        case Promote(rollout_id=rid):
+            rollout = _active(observed, rid)
+            if rollout is None:
+                return Step(desired.replace(promote=False), observed)
+            promoted = rollout.replace(promoted=True)
+            event = Event("rollout_promoted", f"{rollout.kind} {rid} promoted", rollout.to_revision)
+            return Step(
+                desired.replace(promote=False), observed.replace(rollout=promoted), (event,)
+            )
+        case SetSplit(split=split):
+            return Step(desired, observed.replace(split=split))
         case Rescale(count=count, reason=reason):
             before = desired.replicas
             memory = changed(observed.scaler, now, before, Decision(count, reason))
@@ -405,7 +484,12 @@ class Delete:
     pass
 
 
-Change = Retarget | Configure | SetPaused | Delete
+@dataclass(frozen=True, slots=True)
+class AskPromote:
+    """``rollout promote``: the active rollout skips its remaining steps."""
+
+
+Change = Retarget | Configure | SetPaused | Delete | AskPromote
 
 
 def intend(desired: Desired, observed: Observed, changes: Iterable[Change]) -> Step:
@@ -424,6 +508,8 @@ def intend(desired: Desired, observed: Observed, changes: Iterable[Change]) -> S
                 )
             case SetPaused(paused=paused):
                 desired = desired.replace(paused=paused)
+            case AskPromote():
+                desired = desired.replace(promote=True)
             case Delete():
                 desired = desired.replace(deleting=True)
                 events.append(Event("service_deleting", "deleting: draining every replica"))

@@ -25,14 +25,17 @@ from controller.actions import (
     Start,
     WakeAt,
 )
+from controller.analysis import Counts, Traffic
 from controller.autoscaler import Sample
 from controller.model import Desired, Intent, Observed, Replica, Rollout, RolloutStatus
 from controller.model import ReplicaState as S
 from controller.planner import plan
 from controller.spec import Autoscaling, RolloutStrategy
 from controller.transitions import (
+    AskPromote,
     Change,
     Configure,
+    Counted,
     Delete,
     DrainDone,
     Exited,
@@ -77,6 +80,14 @@ class World:
     next_replica: int = 0
     next_rollout: int = 1
     next_revision: int = 2
+    errors: dict[int, float] = field(default_factory=dict)
+    """The share of a revision's requests it answers with a 5xx."""
+    counts: dict[int, Counts] = field(default_factory=dict)
+    """Requests each revision answered so far: the data plane's running totals."""
+    served: dict[int, int] = field(default_factory=dict)
+    """Requests each revision answered, as the pool's split sent them (what a client saw)."""
+    taken: list[Action] = field(default_factory=list)
+    """Every action applied, in order."""
 
     @classmethod
     def create(
@@ -168,6 +179,7 @@ class World:
         starts (and whether it has a slot for them)."""
         for action in actions:
             self.log.append(f"  {action}")
+            self.taken.append(action)
             match action:
                 case Start():
                     used = self.slots_in_use()
@@ -261,6 +273,42 @@ class World:
                enumerate(ready)] if ready else []  # fmt: skip
         self._observe(Sampled(Sample(self.now, inflight, held, 0, 0, len(ready), tuple(per))))
 
+    def requests(self, n: int) -> None:
+        """``n`` requests through the pool as its split sends them (the share of each side,
+        the one with nothing ready giving its share to the other; without a split, by ready
+        replica counts), then the reconciler's sample of the counts."""
+        ready: dict[int, int] = {}
+        for r in self.observed.replicas:
+            if r.state is S.READY:
+                ready[r.revision] = ready.get(r.revision, 0) + 1
+        total = sum(ready.values())
+        shares: dict[int, float] = {}
+        split = self.observed.split
+        if total and split is not None:
+            revision, weight = split
+            chosen = ready.get(revision, 0)
+            rest = total - chosen
+            share = weight / 100 if chosen and rest else (1.0 if chosen else 0.0)
+            for rev, count in ready.items():
+                if rev == revision:
+                    shares[rev] = share
+                else:
+                    shares[rev] = (1 - share) * count / rest
+        elif total:
+            shares = {rev: count / total for rev, count in ready.items()}
+        for rev, share in shares.items():
+            k = round(n * share)
+            if not k:
+                continue
+            bad = round(k * self.errors.get(rev, 0.0))
+            before = self.counts.get(rev, Counts(0, 0, (0, 0)))
+            self.counts[rev] = Counts(
+                before.requests + k, before.errors + bad, (before.latency[0] + k, 0)
+            )
+            self.served[rev] = self.served.get(rev, 0) + k
+        traffic = Traffic(self.now, (0.1,), tuple(sorted(self.counts.items())))
+        self._observe(Counted(traffic))
+
     def settle(self) -> bool:
         """One benign round: every start is placed, probes pass, drains and stops finish.
         Whether anything changed."""
@@ -296,6 +344,9 @@ class World:
 
     def user_pause(self, paused: bool) -> None:
         self._intend(SetPaused(paused))
+
+    def user_promote(self) -> None:
+        self._intend(AskPromote())
 
     def user_delete(self) -> None:
         self._intend(Delete())
