@@ -1,0 +1,46 @@
+"""A replica for the guard tests: says which replica answered and what headers it got.
+
+    PORT=9000 REPLICA_ID=web-1 python tests/e2e/echo_replica.py
+
+``GET /anything``: ``{"replica", "path", "headers"}`` as JSON (header names lower-cased);
+``GET /slow?s=N``: the same after N seconds (requests are served each in a thread, so many
+can be held at once). Standard library only: it starts in a few tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        if url.path == "/slow":
+            time.sleep(float(parse_qs(url.query).get("s", ["0"])[0]))
+        body = json.dumps(
+            {
+                "replica": os.environ.get("REPLICA_ID", ""),
+                "path": url.path,
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler)
+    server.daemon_threads = True
+    server.serve_forever()
