@@ -34,6 +34,7 @@ from .actions import (
     Rescale,
     ResumeRollout,
     SetDegraded,
+    SetSplit,
     Stop,
     Undrain,
 )
@@ -74,6 +75,8 @@ class Executor:
         self.running: dict[str, Running] = {}
         """Replicas the backends run, by id: started here or adopted at start-up."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self.admin_digest: str | None = None
+        """SHA-256 (hex) of the admin token: it opens preview routes allowed by token."""
 
     # -- decisions that need an identity first -------------------------------------------------
 
@@ -120,6 +123,8 @@ class Executor:
                     self.store.update_service(state.name, desired_replicas=count)
                 except Exception as e:
                     log.warning("%s: autoscaled count not persisted: %s", state.name, e)
+            case SetSplit(split=split):
+                self.pool.set_split(state.name, split)
             case SetDegraded(reason=reason):
                 # The data plane answers held requests with the reason a start failed.
                 failure = reason if reason and state.observed.backoff.failures else ""
@@ -128,8 +133,18 @@ class Executor:
                 pass
 
     def set_routing(self, spec: ServiceSpec) -> None:
-        """Set the service's routing in the pool, with its bearer tokens' digests."""
-        self.pool.set_service(spec.routing(self.token_digests(spec)))
+        """Set the service's routing in the pool, with its bearer tokens' digests (and, for
+        preview routes allowed by token, the admin token's and the service tokens')."""
+        digests = self.token_digests(spec)
+        routing = spec.routing(digests)
+        preview = routing.preview
+        if preview.allow == "token":
+            tokens = [*preview.tokens, *(digests or ())]
+            if self.admin_digest is not None:
+                tokens.append(self.admin_digest)
+            preview = preview.model_copy(update={"tokens": tuple(dict.fromkeys(tokens))})
+            routing = routing.model_copy(update={"preview": preview})
+        self.pool.set_service(routing)
 
     def token_digests(self, spec: ServiceSpec) -> dict[str, str] | None:
         """The digests of the service's tokens (``controller.tokens``): its config's, then

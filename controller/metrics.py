@@ -317,6 +317,61 @@ class AutoscalerMetrics(Collector):
         )
 
 
+class RolloutMetrics(Collector):
+    """Canary and blue/green rollouts: the weight of each split, each analysis result."""
+
+    def __init__(self, reconciler: Reconciler) -> None:
+        self._reconciler = reconciler
+        self._results: dict[tuple[str, str], int] = {}
+
+    def on_entry(self, entry: Entry) -> None:
+        """A journal listener: an analysis judged (its outcome is the rollout's verdict)."""
+        if entry.kind != "rollout_analysis":
+            return
+        state = self._reconciler.services.get(entry.service)
+        rollout = None if state is None else state.observed.rollout
+        if rollout is None or rollout.verdict is None:
+            return
+        key = (entry.service, rollout.verdict)
+        self._results[key] = self._results.get(key, 0) + 1
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        weight, results = self._families()
+        names = set()
+        for name, state in list(self._reconciler.services.items()):
+            if state.forgotten:
+                continue
+            names.add(name)
+            split = state.observed.split
+            if split is not None:
+                weight.add_metric((name, str(split[0])), split[1])
+        for (name, outcome), count in list(self._results.items()):
+            if name in names:
+                results.add_metric((name, outcome), count)
+            else:
+                del self._results[(name, outcome)]
+        yield from (weight, results)
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "gateway_rollout_weight",
+                "Percent of a service's requests its traffic split sends to the revision "
+                "(canary, blue/green); absent without a split.",
+                labels=("service", "revision"),
+            ),
+            CounterMetricFamily(
+                "gateway_rollout_analysis",
+                "Analyses of canary and blue/green steps by result (pass, fail, wait).",
+                labels=("service", "result"),
+            ),
+        )
+
+
 class DockerHostMetrics(Collector):
     """``gateway_docker_host_up{host}`` of the Docker backends' hosts, read at scrape time."""
 
@@ -371,6 +426,9 @@ def register(registry: CollectorRegistry, controller: Controller) -> ControllerM
     autoscaler = AutoscalerMetrics(controller.reconciler)
     registry.register(autoscaler)
     controller.journal.listen(autoscaler.on_entry)
+    rollouts = RolloutMetrics(controller.reconciler)
+    registry.register(rollouts)
+    controller.journal.listen(rollouts.on_entry)
     docker = [b for b in controller.backends.values() if isinstance(b, DockerBackend)]
     if docker:
         registry.register(DockerHostMetrics(docker))

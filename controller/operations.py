@@ -34,7 +34,7 @@ from .spec import ServiceSpec
 from .state import ServiceState
 from .store import Store
 from .tokens import TokenInfo
-from .transitions import Configure, Delete, Retarget, SetPaused
+from .transitions import AskPromote, Configure, Delete, Retarget, SetPaused
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +285,15 @@ class Controller:
             state = self.state(name)
             self._active(state, RolloutStatus.PAUSED)
             await self.reconciler.submit(state, [SetPaused(False)])
+            return self._now_active(state)
+
+    async def promote(self, name: str) -> Rollout:
+        """Skip the active rollout's remaining steps: a canary goes to 100 %, a blue/green
+        switches, a rolling update starts every remaining replica at once."""
+        async with self._lock(name):
+            state = self.state(name)
+            self._active(state, RolloutStatus.PROGRESSING, RolloutStatus.PAUSED)
+            await self.reconciler.submit(state, [AskPromote()])
             return self._now_active(state)
 
     async def abort(self, name: str) -> Rollout:

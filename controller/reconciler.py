@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from gateway import Health, Pool, PoolEvent
 
 from .actions import Action, BeginRollout, Forget, Start, WakeAt
+from .analysis import Counts, Traffic
 from .autoscaler import Sample
 from .backends.base import Backend, Exit
 from .executor import Executor
@@ -33,6 +34,7 @@ from .state import ServiceState
 from .store import Store
 from .transitions import (
     Change,
+    Counted,
     Exited,
     HealthChanged,
     Observation,
@@ -94,6 +96,9 @@ class Reconciler:
                 state.wake.clear()
                 state.wake_at = None
                 waiters = self._waiters.pop(state.name, [])
+                rollout = state.observed.rollout
+                if rollout is not None and rollout.active and rollout.staged:
+                    self.count(state, wake=False)  # the counts as of this plan
                 now = self.clock()
                 for action in plan(state.observed, state.desired, now):
                     try:
@@ -213,12 +218,38 @@ class Reconciler:
         state.wake.set()
 
     async def _sampling(self) -> None:
-        """Every ``SAMPLE_INTERVAL``, each autoscaled service's traffic, as an observation."""
+        """Every ``SAMPLE_INTERVAL``, each autoscaled service's traffic, and the request
+        counts of each service in a staged rollout (canary, blue/green), as observations."""
         while True:
             await asyncio.sleep(SAMPLE_INTERVAL)
             for state in list(self.services.values()):
-                if state.desired.scaling is not None and not state.forgotten:
+                if state.forgotten:
+                    continue
+                if state.desired.scaling is not None:
                     self.sample(state)
+                rollout = state.observed.rollout
+                if rollout is not None and rollout.active and rollout.staged:
+                    self.count(state)
+
+    def count(self, state: ServiceState, *, wake: bool = True) -> None:
+        """Take ``state``'s request counts per revision from the data plane (and plan)."""
+        counts = self.pool.request_counts
+        if counts is None:
+            return
+        bounds, revisions = counts(state.name)
+        now = self.clock()
+        traffic = Traffic(
+            now,
+            bounds,
+            tuple(
+                (revision, Counts(requests, errors, latency))
+                for revision, (requests, errors, latency) in sorted(revisions.items())
+            ),
+        )
+        if wake:
+            self.observe(state, Counted(traffic))
+        else:
+            self._commit(state, observe(state.desired, state.observed, Counted(traffic), now))
 
     def sample(self, state: ServiceState) -> None:
         """Take a sample of ``state``'s traffic from the pool (every process's) and plan."""

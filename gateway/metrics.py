@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 
 from .errors import GatewayError
 from .events import PoolEvent, ProbeResult, RequestRecord
-from .pool import Pool
+from .pool import Pool, RequestCounts
 from .tally import LATENCY_BUCKETS, Buckets, Tally, latency_bucket
 from .upstream import Upstream
 
@@ -303,6 +303,25 @@ class GatewayMetrics:
             for upstream in service.snapshot.upstreams:
                 self._add(upstream)
         pool.subscribe(self)
+        pool.request_counts = self.revision_counts
+
+    def revision_counts(self, service: str) -> RequestCounts:
+        """``service``'s requests so far per revision (the workers' as last merged): the
+        counts a canary's analysis reads (``Pool.request_counts``)."""
+        entry = self._services.get(service)
+        out: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+        if entry is None or not service:
+            return LATENCY_BUCKETS, out
+        for revision, series in list(entry.revisions.items()):
+            if revision is None:
+                continue
+            total = errors = 0
+            for key, count in series.codes.items():
+                total += count
+                if int(key) >= 500:
+                    errors += count
+            out[revision] = (total, errors, tuple(series.duration.counts))
+        return LATENCY_BUCKETS, out
 
     # -- the pool -----------------------------------------------------------------------------
 

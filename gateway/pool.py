@@ -45,6 +45,10 @@ from .upstream import AdminState, Health, Upstream, by_fields
 log = logging.getLogger(__name__)
 
 MAX_HELD = 1000
+
+RequestCounts = tuple[tuple[float, ...], dict[int, tuple[int, int, tuple[int, ...]]]]
+"""The latency buckets' bounds, and per revision: (requests answered, of them 5xx, requests
+per latency bucket, +Inf last). Running totals."""
 """Requests one service holds at most per process while nothing is routable; beyond, 503."""
 
 
@@ -651,6 +655,9 @@ class Pool:
         self.on_waiting: Callable[[str], object] | None = None
         """Called with a service's name when it begins holding requests (the first held
         here, or a peer's report of some where it had none): the autoscaler's cue."""
+        self.request_counts: Callable[[str], RequestCounts] | None = None
+        """A service's requests so far per revision, every process's, where they are
+        counted (``GatewayMetrics.attach`` sets it): what a canary's analysis reads."""
 
     def _next_version(self) -> int:
         self._version += 1

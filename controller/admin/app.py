@@ -10,6 +10,7 @@ compared in constant time). The token is never logged, and neither is a request'
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -165,6 +166,8 @@ def build_admin_app(
     # /api/events shows the data plane's health transitions too (once, however many apps).
     controller.journal.follow(controller.pool)
     app[CONTROLLER] = controller
+    if token:  # it opens the preview routes allowed by token (``PreviewConfig``)
+        controller.executor.admin_digest = hashlib.sha256(token.encode()).hexdigest()
     app[READY] = ready
     app[STOPPING] = asyncio.Event()
     app[KEEPALIVE] = sse_keepalive

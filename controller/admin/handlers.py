@@ -303,6 +303,11 @@ async def pause_rollout(request: web.Request) -> web.Response:
     return _rollout_response(request, name, await _controller(request).pause(name))
 
 
+async def promote_rollout(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    return _rollout_response(request, name, await _controller(request).promote(name))
+
+
 async def resume_rollout(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     return _rollout_response(request, name, await _controller(request).resume(name))
@@ -492,6 +497,9 @@ OPERATIONS_TABLE: list[Operation] = [
     Operation("POST", f"{SERVICE}/rollout/pause", pause_rollout, "Pause the active rollout",
               {200: RolloutView}, errors=(404, 409)),
     Operation("POST", f"{SERVICE}/rollout/resume", resume_rollout, "Resume a paused rollout",
+              {200: RolloutView}, errors=(404, 409)),
+    Operation("POST", f"{SERVICE}/rollout/promote", promote_rollout,
+              "Skip the remaining steps: a canary to 100%, a blue/green switched at once",
               {200: RolloutView}, errors=(404, 409)),
     Operation("POST", f"{SERVICE}/rollout/abort", abort_rollout,
               "Stop the rollout and return to the revision it started from",

@@ -119,6 +119,18 @@ class RolloutView(Schema):
     """How many failures the rollout may take before it fails."""
     reason: str
     progress: list[RevisionProgress]
+    strategy: Literal["rolling", "canary", "blue_green"] = "rolling"
+    step: int | None = None
+    """Canary and blue/green: the current step, from 1 (blue/green: 1 before the switch)."""
+    steps: int | None = None
+    weight: int | None = None
+    """The target revision's share of the traffic now, percent."""
+    weights: list[int] = []
+    """Each step's weight."""
+    promoted: bool = False
+    analysis: str | None = None
+    """The last analysis, with its figures."""
+    verdict: Literal["pass", "fail", "wait"] | None = None
 
 
 class Conditions(Schema):

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from gateway import Upstream
 
+from .. import steps
 from ..acme import AcmeManager
 from ..acme.manager import CertificateStatus
 from ..backends import Backend
@@ -113,7 +114,25 @@ def rollout_view(
         retries=state.desired.strategy.retries,
         reason=rollout.reason,
         progress=progress(state, rollout),
+        **_staged(state, rollout),
     )
+
+
+def _staged(state: ServiceState, rollout: Rollout) -> dict[str, Any]:
+    """A canary's or blue/green's step, weights and last analysis."""
+    if not rollout.staged:
+        return {"strategy": rollout.strategy, "promoted": rollout.promoted}
+    weights = steps.step_weights(rollout, state.desired.strategy)
+    return {
+        "strategy": rollout.strategy,
+        "step": min(rollout.step, len(weights) - 1) + 1,
+        "steps": len(weights),
+        "weight": rollout.weight,
+        "weights": list(weights),
+        "promoted": rollout.promoted,
+        "analysis": rollout.analysis or None,
+        "verdict": rollout.verdict,
+    }
 
 
 def service_status(state: ServiceState) -> ServiceStatus:

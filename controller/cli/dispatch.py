@@ -118,6 +118,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         ("history", "every rollout, newest first"),
         ("pause", "pause the active rollout"),
         ("resume", "resume a paused rollout and follow it"),
+        ("promote", "skip the remaining steps (a canary to 100%, blue/green switched) and follow"),
         ("abort", "stop the rollout, go back to the revision it started from and follow that"),
         ("undo", "roll back to the previous revision (or --to-revision) and follow it"),
     ):
@@ -131,7 +132,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         parser.add_argument("name")
         if action == "undo":
             parser.add_argument("--to-revision", type=int, metavar="N")
-        if action in ("resume", "abort", "undo"):
+        if action in ("resume", "promote", "abort", "undo"):
             add_follow_options(parser)
 
     scale = add("scale", cmd_scale, "set a service's replica count and follow the scale")

@@ -66,6 +66,13 @@ def progress_text(rollout: dict[str, Any]) -> str:
             parts.append(f"r{p['revision']} {p['ready']} ready")
     text = f"{rollout['kind']} {rollout['id']}: {revisions_text(rollout)}, {rollout['status']}: "
     text += ", ".join(parts)
+    if rollout.get("step") is not None:
+        text += f"; {rollout['strategy'].replace('_', '/')} step {rollout['step']}"
+        text += f" of {rollout['steps']} at {rollout['weight']}%"
+        if rollout.get("promoted"):
+            text += ", promoted"
+        if rollout.get("analysis"):
+            text += f"; {rollout['analysis']}"
     if rollout["failures"]:
         text += f"; {rollout['failures']} failed (of {rollout['retries']} allowed)"
     if rollout["reason"]:

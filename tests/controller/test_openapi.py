@@ -363,11 +363,13 @@ async def test_every_response_matches_the_document(h: Harness, checked: Checked)
 
     # Rollout control.
     await c.call("POST", svc + "/rollout/pause", status=409, name="web")
+    await c.call("POST", svc + "/rollout/promote", status=409, name="web")
     await c.call("PUT", svc, spec("web", 2, "v2"), name="web")
     await h.settle()
     await c.call("POST", svc + "/rollout/pause", name="web")
     await c.call("POST", svc + "/rollout/resume", name="web")
     await c.call("POST", svc + "/rollout/resume", status=409, name="web")
+    await c.call("POST", svc + "/rollout/promote", name="web")
     await c.call("POST", svc + "/rollout/abort", name="web")
     await c.call("POST", svc + "/rollout/undo", {"revision": 2}, name="web")
     await c.call("POST", svc + "/rollout/undo", {"revision": "x"}, status=422, name="web")
