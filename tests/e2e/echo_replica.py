@@ -2,7 +2,8 @@
 
     PORT=9000 REPLICA_ID=web-1 python tests/e2e/echo_replica.py
 
-``GET /anything``: ``{"replica", "path", "headers"}`` as JSON (header names lower-cased);
+``GET /anything``: ``{"replica", "path", "headers", "most"}`` as JSON (header names
+lower-cased; ``most``: the most ``/slow`` requests it has held at once so far);
 ``GET /slow?s=N``: the same after N seconds (requests are served each in a thread, so many
 can be held at once). Standard library only: it starts in a few tens of milliseconds.
 """
@@ -11,9 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+LOCK = threading.Lock()
+COUNTS = {"now": 0, "most": 0}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -21,13 +26,21 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
-        if url.path == "/slow":
-            time.sleep(float(parse_qs(url.query).get("s", ["0"])[0]))
+        if url.path == "/slow":  # the probes' "/" is not counted: they bypass the proxy
+            with LOCK:
+                COUNTS["now"] += 1
+                COUNTS["most"] = max(COUNTS["most"], COUNTS["now"])
+            try:
+                time.sleep(float(parse_qs(url.query).get("s", ["0"])[0]))
+            finally:
+                with LOCK:
+                    COUNTS["now"] -= 1
         body = json.dumps(
             {
                 "replica": os.environ.get("REPLICA_ID", ""),
                 "path": url.path,
                 "headers": {k.lower(): v for k, v in self.headers.items()},
+                "most": COUNTS["most"],
             }
         ).encode()
         self.send_response(200)
