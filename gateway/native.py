@@ -60,6 +60,7 @@ MODULES = (
     "proxy.guard",
     "proxy.handler",
     "proxy.messages",
+    "proxy.preview",
     "proxy.reader",
     "proxy.request",
     "proxy.retry",

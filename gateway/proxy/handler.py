@@ -33,19 +33,26 @@ import asyncio
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from .. import balancer
 from ..config import ProxyConfig
-from ..errors import GatewayError, RequestTooLarge, UpstreamProtocolError, UpstreamTimeout
+from ..errors import (
+    GatewayError,
+    NoRoute,
+    RequestTooLarge,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
 from ..events import RequestObserver
 from ..pool import Lease, Pool, ServicePool
 from ..wire import http1
-from . import guard, messages
+from . import guard, messages, preview
 from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect
 from .client import ClientConnection
 from .connector import Connector, ResponseHead, UpstreamConnection
 from .exchange import Exchange, Forwarding
 from .request import IncomingRequest
 from .retry import Failed
-from .routing import Routes, Unroutable, no_route
+from .routing import Routes, Unroutable, no_route, route
 from .streams import ResponseStream
 from .websocket import Relay
 
@@ -113,9 +120,12 @@ class Proxy(Forwarding):
             ex.record(self.loop.time())
             client.finished(request)
             return True
-        upstream = None if sp.routing.timeouts.total else sp.pick(key=ex.affinity)
+        total = sp.routing.timeouts.total
+        upstream = ex.upstream  # a preview route's, picked already
+        if upstream is None and not total:
+            upstream = sp.pick(key=ex.affinity)
         conn = None
-        if upstream is not None:
+        if upstream is not None and not total:
             connector = self._connector
             assert connector is not None
             conn = connector.idle(upstream.host, upstream.port)
@@ -171,17 +181,26 @@ class Proxy(Forwarding):
         if challenges is not None and not secure and request.target.startswith(CHALLENGE_PREFIX):
             ex.path = request.target.partition(b"?")[0].decode("latin-1")
             raise challenge_answer(challenges, request.target)
+        label: tuple[bytes, int, bytes] | None = None
         try:
             service, ex.path, ex.target = self._routes.resolve(
                 self.pool.routes, request.host, request.target
             )
         except Unroutable as exc:
             ex.path = exc.path
-            raise exc.error from None
+            label = preview.labelled(request.host)
+            if label is None or not isinstance(exc.error, NoRoute):
+                raise exc.error from None
+            try:  # r3--hello.example.com: a preview route, if its service allows them
+                service, ex.path, ex.target = route(self.pool.routes, label[2], request.target)
+            except Unroutable:
+                raise exc.error from None
         sp = self.pool.services.get(service)
         if sp is None:
             raise no_route(request.host, ex.path)
         ex.service = service
+        if sp.routing.preview.allow != "off" or label is not None:
+            self._preview(ex, sp, label)
         if not secure and sp.routing.route.https_redirect:
             raise https_redirect(request.host, request.target, self.https_port)
         routing = sp.routing
@@ -200,6 +219,34 @@ class Proxy(Forwarding):
                 raise body.error  # a broken body is refused before any upstream sees it
         ex.sp = sp
         return sp
+
+    def _preview(
+        self, ex: Exchange, sp: ServicePool, label: tuple[bytes, int, bytes] | None
+    ) -> None:
+        """A request that asks for one revision (``preview``): its upstream picked now, among
+        that revision's routable ones, by the service's policy; the preview token removed."""
+        request = ex.request
+        config = sp.routing.preview
+        headers = request.headers
+        revision = preview.asked(
+            config, headers, label and label[0], label[1] if label is not None else None
+        )
+        if revision is None:
+            if label is not None:  # a labelled host of a service without preview routes
+                raise no_route(request.host, ex.path)
+            return
+        token = config.token_header.lower().encode()
+        if any(name.lower() == token for name, _ in headers):
+            headers[:] = [(name, value) for name, value in headers if name.lower() != token]
+            request.plain_lines = None  # the head goes upstream from ``headers``
+        candidates = sp.snapshot.of_revision(revision)
+        sp.cursor += 1
+        upstream = balancer.pick(
+            sp.routing.load_balancing, candidates, sp.inflight, self.pool.rng, sp.cursor
+        )
+        if upstream is None:
+            raise sp.unavailable(f"no routable upstream of revision {revision}")
+        ex.upstream = upstream
 
     async def _attempts(self, ex: Exchange, sp: ServicePool, failed: Failed | None) -> None:
         """Lease an upstream and forward, retrying while ``Exchange.may_retry`` allows.
