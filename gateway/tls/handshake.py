@@ -129,7 +129,7 @@ class Handshake(asyncio.Protocol):
         try:
             waiter = coro.send(None)
         except StopIteration as done:
-            self._done(cast(asyncio.Transport, done.value))  # start_tls returns a transport
+            self._done(cast(asyncio.Transport | None, done.value))
         except (Exception, asyncio.CancelledError) as exc:
             self._gate.open -= 1
             self._coro = None
@@ -137,10 +137,17 @@ class Handshake(asyncio.Protocol):
         else:
             cast(asyncio.Future[None], waiter).add_done_callback(self._step)
 
-    def _done(self, transport: asyncio.Transport) -> None:
+    def _done(self, transport: asyncio.Transport | None) -> None:
         self._gate.open -= 1
         self._coro = None
-        ssl_object = cast(ssl.SSLObject, transport.get_extra_info("ssl_object"))
+        ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        if transport is None or not isinstance(ssl_object, ssl.SSLObject):
+            # uvloop ends start_tls with no handshake when the client closed before its
+            # first byte (a port scan, a TCP health check): a close, not an error.
+            self._tally.failed["closed"] += 1
+            if transport is not None:
+                transport.abort()
+            return
         self._tally.succeeded(ssl_object.version() or "unknown", ssl_object.session_reused)
         conn = self._conn
         conn.secure = True

@@ -336,11 +336,6 @@ async def test_many_idle_tls_connections_do_not_starve_a_new_client(https, ca: t
     assert max(during) < 2.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="uvloop: a connection closed before its first byte makes start_tls return a "
-    "transport with no ssl_object; Handshake._done raises AttributeError in the loop",
-)
 def test_a_connection_closed_before_its_first_byte_is_counted_not_an_error_under_uvloop(
     ca: trustme.CA, tmp_path: Path
 ) -> None:
