@@ -7,8 +7,9 @@ default); its SHA-256 is looked up among the service's token hashes (``AuthRouti
 one dict lookup. Only hashes reach the data plane, so a token is never held, logged or sent
 back; and the lookup's time depends on the digest, which a client cannot steer a byte at a
 time, not on how much of a guessed token is right. A token longer than ``MAX_TOKEN`` is
-wrong without being hashed. Each check is counted by outcome (``ok``, ``missing``,
-``wrong``) in the pool's counters. Unless ``pass_token``, the header is not sent upstream.
+wrong without being hashed, and so is a request with the header twice. Each check is counted
+by outcome (``ok``, ``missing``, ``wrong``) in the pool's counters. Unless ``pass_token``, the
+header is not sent upstream.
 
 Rate limits: each rule whose ``path_prefix`` the path starts with spends a token of its key's
 bucket (``ratelimit``); the first empty one refuses with 429, ``Retry-After`` and the
@@ -49,7 +50,14 @@ def field(request: IncomingRequest, name: bytes) -> bytes | None:
 def authenticate(auth: AuthRouting, request: IncomingRequest) -> tuple[str, str | None]:
     """("ok", the token's id), ("missing", None) or ("wrong", None)."""
     header = auth.header.encode()
-    value = field(request, header)
+    value = None
+    for key, found in request.headers:
+        if key.lower() == header:
+            if value is not None:
+                # Two: which one would an upstream read? None is taken (with pass_token, the
+                # unchecked one could reach it).
+                return "wrong", None
+            value = found
     if value is None:
         return "missing", None
     if header == _AUTHORIZATION:

@@ -34,8 +34,10 @@ def request(*fields: tuple[bytes, bytes]) -> IncomingRequest:
         ([(b"Authorization", b"Bearer " + TOKEN[:-1])], ("wrong", None)),
         ([(b"Authorization", b"Bearer " + TOKEN + b"x")], ("wrong", None)),
         ([(b"Authorization", b"Bearer " + b"a" * 5000)], ("wrong", None)),
-        # The last field counts, as an upstream reading one value would.
+        # Twice, even the same: an upstream might read the one not checked.
         ([(b"Authorization", b"Bearer " + TOKEN), (b"Authorization", b"Bearer no")],
+         ("wrong", None)),
+        ([(b"Authorization", b"Bearer " + TOKEN), (b"authorization", b"Bearer " + TOKEN)],
          ("wrong", None)),
     ],
 )  # fmt: skip
