@@ -290,7 +290,9 @@ def _retarget(observed: Observed, desired: Desired, rollout: Rollout | None) -> 
             actions.append(AbandonRollout(rollout.id, "superseded", why))
     # A rollback returns from the target it abandons; any other rollout leaves what serves.
     since = observed.target if kind == "rollback" else observed.serving_revision
-    strategy = desired.strategy.strategy if kind == "rollout" else "rolling"
+    # A first rollout has nothing to split the traffic with: it is rolling (rule 12f).
+    staged = kind == "rollout" and since is not None
+    strategy = desired.strategy.strategy if staged else "rolling"
     if rollout is not None and rollout.staged and desired.intent == "abort":
         actions.append(SetSplit((to, 100)))  # rule 12: the weight back to 0 at once
     actions.append(BeginRollout(since, to, kind, strategy))

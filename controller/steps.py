@@ -19,8 +19,8 @@ e. ``rollout promote`` skips the remaining steps (to the last one); on a rolling
    starts every remaining replica at once instead of ``max_surge`` at a time.
 f. While a staged rollout waits for its replicas the ``progress_deadline`` runs from its
    step's beginning; while a step holds, only the analysis can fail it. A rollback and an
-   undo are rolling; with a staged strategy and the revision they return to at full
-   strength they take all the traffic at once.
+   undo are rolling, and so is a service's first rollout; with a staged strategy and the
+   revision they return to at full strength they take all the traffic at once.
 """
 
 from __future__ import annotations
