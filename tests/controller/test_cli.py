@@ -576,3 +576,47 @@ async def test_refusals_are_one_line_errors(running: Running) -> None:
     assert code == 2
     assert err.startswith("gateway: ")
     assert err.count("\n") == 1
+
+
+async def test_tokens_and_the_guards_in_status(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``gateway token add|list|revoke`` and the guards under ``gateway status web``."""
+    spec = running.spec_file(
+        "v1",
+        replicas=1,
+        auth={"type": "bearer"},
+        rate_limits=[{"path_prefix": "/web", "key": "token", "rps": 5, "burst": 10}],
+        load_balancing={"policy": "hash", "key": "cookie:sid"},
+        limits={"max_in_flight_per_replica": 4},
+    )
+    code, out, err = await running.gw("apply", "-f", spec)
+    assert code == 0, out + err
+    code, out, _ = await running.gw("token", "add", "web", "--label", "ci")
+    assert code == 0
+    added, shown = out.splitlines()
+    token_id = added.split()[2]
+    assert added == f"web: token {token_id} added"
+    secret = shown.rsplit(" ", 1)[1]
+    assert len(secret) == 43
+    monkeypatch.setattr(sys, "stdin", io.StringIO("given-token-from-stdin\n"))
+    code, out, _ = await running.gw("token", "add", "web", "--stdin")
+    assert code == 0
+    assert len(out.splitlines()) == 1  # a given token is never printed back
+    code, out, _ = await running.gw("token", "list", "web")
+    assert code == 0
+    assert out.splitlines()[0].split() == ["ID", "SOURCE", "LABEL", "ADDED"]
+    assert token_id in out
+    assert secret not in out
+    assert "given-token-from-stdin" not in out
+    code, out, _ = await running.gw("token", "revoke", "web", token_id)
+    assert (code, out) == (0, f"web: token {token_id} revoked\n")
+    code, _, err = await running.gw("token", "revoke", "web", token_id)
+    assert code != 0
+    assert "no token" in err
+    code, out, _ = await running.gw("status", "web")
+    assert code == 0
+    assert "auth: bearer in authorization, 1 tokens; requests 0 ok, 0 missing, 0 wrong" in out
+    assert "rate limit: /web by token, 5/s burst 10" in out
+    assert "affinity: hash of cookie:sid" in out
+    assert "in flight per replica: at most 4; 0 queued now, 0 rejected (503)" in out
