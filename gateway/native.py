@@ -66,6 +66,7 @@ MODULES = (
     "proxy.retry",
     "proxy.routing",
     "proxy.streams",
+    "proxy.sticky",
     "proxy.upstream_connection",
     "wire.batch",
     "wire.headers",

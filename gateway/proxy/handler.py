@@ -34,7 +34,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from .. import balancer
-from ..config import ProxyConfig
+from ..config import ProxyConfig, StickyConfig
 from ..errors import (
     GatewayError,
     NoRoute,
@@ -43,9 +43,9 @@ from ..errors import (
     UpstreamTimeout,
 )
 from ..events import RequestObserver
-from ..pool import Lease, Pool, ServicePool
+from ..pool import Lease, Pool, ServicePool, Split
 from ..wire import http1
-from . import guard, messages, preview
+from . import guard, messages, preview, sticky
 from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect
 from .client import ClientConnection
 from .connector import Connector, ResponseHead, UpstreamConnection
@@ -201,6 +201,9 @@ class Proxy(Forwarding):
         ex.service = service
         if sp.routing.preview.allow != "off" or label is not None:
             self._preview(ex, sp, label)
+        split = sp.snapshot.split
+        if split is not None and ex.upstream is None and sp.routing.sticky is not None:
+            self._sticky(ex, sp, split, sp.routing.sticky)
         if not secure and sp.routing.route.https_redirect:
             raise https_redirect(request.host, request.target, self.https_port)
         routing = sp.routing
@@ -247,6 +250,21 @@ class Proxy(Forwarding):
         if upstream is None:
             raise sp.unavailable(f"no routable upstream of revision {revision}")
         ex.upstream = upstream
+
+    def _sticky(self, ex: Exchange, sp: ServicePool, split: Split, config: StickyConfig) -> None:
+        """A request of a sticky service while its traffic is split: the side its client's
+        key draws (``sticky``), then the service's policy among that side's upstreams."""
+        key = sticky.value(config, ex.request.headers)
+        if key is None:
+            return  # a random draw, as any request's
+        sp.cursor += 1
+        ex.upstream = balancer.pick(
+            sp.routing.load_balancing,
+            split.group(sticky.draw(key)),
+            sp.inflight,
+            self.pool.rng,
+            sp.cursor,
+        )
 
     async def _attempts(self, ex: Exchange, sp: ServicePool, failed: Failed | None) -> None:
         """Lease an upstream and forward, retrying while ``Exchange.may_retry`` allows.

@@ -209,3 +209,25 @@ async def test_preview_routes_reach_the_revision_asked_for_or_are_refused(
         await gw.controller.apply(canary_spec("2", preview={"allow": "off"}, **bg))
         assert (await get(host | asked | token))[:2] == (200, "v1")
         assert (await get({"Host": "r2--hello.example.com"}))[0] == 404
+
+
+async def test_sticky_clients_keep_their_revision_during_a_canary(gateways: Gateways) -> None:
+    gw = await gateways.start()
+    steps = [{"weight": 50}]  # no pause: held until promoted
+    sticky = {"sticky": {"header": "X-User"}}
+    await serving(gw, canary_spec("1", strategy="canary", steps=steps) | sticky)
+    await gw.controller.apply(canary_spec("2", strategy="canary", steps=steps) | sticky)
+    await until(lambda: gw.state().observed.split == (2, 50), 20, "revision 2 at 50%")
+    seen: dict[str, set[str]] = {}
+    async with aiohttp.ClientSession() as session:
+        for i in range(40):
+            user = f"user-{i}"
+            for _ in range(10):
+                headers = {"Host": "hello.example.com", "X-User": user}
+                async with session.get(gw.url, headers=headers) as response:
+                    assert response.status == 200
+                    seen.setdefault(user, set()).add(await response.text())
+    assert all(len(versions) == 1 for versions in seen.values()), seen
+    on_canary = sum(1 for versions in seen.values() if versions == {"v2"})
+    print(f"sticky: {on_canary} of 40 users on the canary at 50%")
+    assert 8 <= on_canary <= 32  # 50% of 40: within 4.4 standard deviations
