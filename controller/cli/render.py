@@ -121,10 +121,14 @@ def service_table(views: list[dict[str, Any]], out: TextIO) -> None:
                 revision_text(v),
                 f"{v['ready']}/{v['desired']}",
                 v["status"],
-                "-" if rollout is None else f"{rollout['id']} {rollout['status']}",
+                "-" if rollout is None else _rollout_cell(rollout),
             ]
         )
     table(rows, out)
+    for v in views:  # a canary's or blue/green's last analysis
+        rollout = v["rollout"]
+        if rollout is not None and rollout.get("analysis"):
+            print(f"{v['name']}: {rollout['analysis']}", file=out)
     for v in views:  # an autoscaled service's last decision, and why
         scaling = v.get("autoscaling")
         if scaling and scaling["decision"]:
@@ -133,6 +137,16 @@ def service_table(views: list[dict[str, Any]], out: TextIO) -> None:
                 f"{ago(scaling['decided_at'])}: {scaling['decision']}",
                 file=out,
             )
+
+
+def _rollout_cell(rollout: dict[str, Any]) -> str:
+    """``3 progressing``, and for a canary or blue/green ``canary 2/3 r4 25%``."""
+    cell = f"{rollout['id']} {rollout['status']}"
+    if rollout.get("step") is not None:
+        strategy = rollout["strategy"].replace("_", "/")
+        cell += f" {strategy} {rollout['step']}/{rollout['steps']}"
+        cell += f" r{rollout['to_revision']} {rollout['weight']}%"
+    return cell
 
 
 def host_table(hosts: list[dict[str, Any]], out: TextIO) -> None:
