@@ -36,32 +36,70 @@ MAX_KEY: Final = 64
 """A rate-limit key (a header's value) longer than this is kept as its digest, so the table's
 memory is bounded by its count of keys alone."""
 _AUTHORIZATION: Final = b"authorization"
+_COUNTED: Final = {"ok": "auth_ok", "missing": "auth_missing", "wrong": "auth_wrong"}
+
+
+def values(request: IncomingRequest, name: bytes) -> list[bytes]:
+    """The values of the request's ``name`` fields (lower-cased name), in order, without the
+    spaces around them. A head read by ``plainhead`` is searched as the block it came in
+    (``bytes.find`` on it lower-cased, in C), not split into fields."""
+    raw = request.raw_fields
+    if not raw:
+        return [value for key, value in request.headers if key.lower() == name]
+    out: list[bytes] = []
+    low = b"\n" + raw.lower()  # every line, the first too, after a LF: raw's index + 1
+    needle = b"\n" + name + b":"
+    at = low.find(needle)
+    while at >= 0:
+        start = at + len(needle)
+        end = low.find(b"\r", start)
+        if end < 0:
+            end = len(low)
+        out.append(raw[start - 1 : end - 1].strip(b" \t"))
+        at = low.find(needle, end)
+    return out
 
 
 def field(request: IncomingRequest, name: bytes) -> bytes | None:
     """The value of the request's last ``name`` field (lower-cased name), or None."""
-    found = None
-    for key, value in request.headers:
-        if key.lower() == name:
-            found = value
-    return found
+    found = values(request, name)
+    return found[-1] if found else None
+
+
+def strip(request: IncomingRequest, name: bytes) -> None:
+    """Take the ``name`` fields out of the lines a plain head sends upstream as they are
+    (``IncomingRequest.plain_lines``), so it keeps its shortcut (``messages.upstream_head``);
+    any other head drops them as its fields are written (``Exchange.strip``)."""
+    plain = request.plain_lines
+    if not plain:
+        return
+    low = b"\r\n" + plain.lower()  # every line after a CRLF: plain's index + 2
+    needle = b"\r\n" + name + b":"
+    at = low.find(needle)  # the line begins at plain[at], its CRLF is plain[end - 2 : end]
+    while at >= 0:
+        end = low.find(b"\r\n", at + len(needle))
+        if end < 0:  # the last line: the CRLF before it goes with it
+            plain = plain[: max(at - 2, 0)]
+            break
+        plain = plain[:at] + plain[end:]
+        low = low[:at] + low[end:]
+        at = low.find(needle, at)
+    request.plain_lines = plain
 
 
 def authenticate(auth: AuthRouting, request: IncomingRequest) -> tuple[str, str | None]:
     """("ok", the token's id), ("missing", None) or ("wrong", None)."""
     header = auth.header.encode()
-    value = None
-    for key, found in request.headers:
-        if key.lower() == header:
-            if value is not None:
-                # Two: which one would an upstream read? None is taken (with pass_token, the
-                # unchecked one could reach it).
-                return "wrong", None
-            value = found
-    if value is None:
+    found = values(request, header)
+    if not found:
         return "missing", None
+    if len(found) > 1:
+        # Two: which one would an upstream read? None is taken (with pass_token, the
+        # unchecked one could reach it).
+        return "wrong", None
+    value = found[0]
     if header == _AUTHORIZATION:
-        scheme, _, value = value.strip().partition(b" ")
+        scheme, _, value = value.partition(b" ")
         if scheme.lower() != b"bearer":
             return ("missing", None) if not scheme else ("wrong", None)
     token = value.strip()
@@ -93,10 +131,13 @@ def client_ip(request: IncomingRequest, peer: str | None, trust_forwarded: bool)
 def admit(ex: Exchange, sp: ServicePool, trust_forwarded: bool, now: float) -> None:
     """``check`` the routed request of ``ex``: refused, or let through with its affinity
     key (``Exchange.affinity``) and the token's header to strip (``Exchange.strip``)."""
-    ex.affinity = check(sp, ex.request, ex.path, ex.client.peer, trust_forwarded, now)
+    request = ex.request
+    ex.affinity = check(sp, request, ex.path, ex.client.peer, trust_forwarded, now)
     auth = sp.routing.auth
     if auth is not None and not auth.pass_token:
-        ex.strip = auth.header.encode()
+        name = auth.header.encode()
+        ex.strip = name
+        strip(request, name)
 
 
 def check(
@@ -115,7 +156,7 @@ def check(
     auth = routing.auth
     if auth is not None:
         outcome, token_id = authenticate(auth, request)
-        name = "auth_" + outcome
+        name = _COUNTED[outcome]
         counters[name] = counters.get(name, 0) + 1
         if token_id is None:
             message = (

@@ -30,9 +30,9 @@ def upstream_head(
 ) -> list[bytes]:
     """The request line and header lines sent upstream (framing not included); ``address``:
     the upstream's, the Host of a request that had none; ``drop``: a field not sent (a
-    service's token, lower-cased)."""
+    service's token, lower-cased: a plain head's lines are without it already, ``guard``)."""
     plain = request.plain_lines
-    if plain is not None and drop is None and not (request.forwarded and trust_forwarded):
+    if plain is not None and not (request.forwarded and trust_forwarded):
         lines = headers.plain_upstream_request(
             plain, host=request.host, peer=peer, request_id=request_id, secure=secure
         )

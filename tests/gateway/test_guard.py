@@ -137,3 +137,39 @@ def test_the_affinity_key() -> None:
     assert guard.check(sp, request(), "/", "1.1.1.1", False, 0.0) is None
     sp = pool_of(load_balancing="hash", affinity="ip").service("svc")
     assert guard.check(sp, request(), "/", "1.1.1.1", False, 0.0) == b"1.1.1.1"
+
+
+def plain_head(block: bytes, kept: bytes) -> IncomingRequest:
+    """A head as ``plainhead`` leaves it: the block of field lines, the lines kept as they
+    are for the upstream, no fields parsed."""
+    req = IncomingRequest(None)
+    req.raw_fields = block
+    req.plain_lines = kept
+    return req
+
+
+@pytest.mark.parametrize(
+    ("kept", "stripped"),
+    [
+        (b"Authorization: Bearer t\r\nAccept: */*", b"Accept: */*"),
+        (b"Accept: */*\r\nAuthorization: Bearer t", b"Accept: */*"),
+        (b"Accept: */*\r\nauthorization: Bearer t\r\nX-A: 1", b"Accept: */*\r\nX-A: 1"),
+        (b"Authorization: Bearer t", b""),
+        (b"X-Authorization: 1\r\nAuthorization-Info: 2",
+         b"X-Authorization: 1\r\nAuthorization-Info: 2"),
+    ],
+)  # fmt: skip
+def test_a_plain_heads_lines_lose_the_token_and_nothing_else(kept: bytes, stripped: bytes) -> None:
+    req = plain_head(b"Host: h\r\n" + kept, kept)
+    guard.strip(req, b"authorization")
+    assert req.plain_lines == stripped
+
+
+def test_a_plain_head_is_searched_as_its_block() -> None:
+    block = b"Host: h\r\nAUTHORIZATION:   Bearer " + TOKEN + b"  \r\nX-Authorization: no"
+    req = plain_head(block, block)
+    assert guard.values(req, b"authorization") == [b"Bearer " + TOKEN]
+    assert guard.authenticate(AUTH, req) == ("ok", "tok_1")
+    assert req._headers is None  # the fields were never split
+    twice = plain_head(block + b"\r\nAuthorization: Bearer " + TOKEN, b"")
+    assert guard.authenticate(AUTH, twice) == ("wrong", None)
