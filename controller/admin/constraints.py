@@ -22,6 +22,7 @@ from ..spec import (
     MAX_COMMANDS,
     MAX_ENV,
     MAX_ENV_VALUE,
+    MAX_RATE_LIMITS,
     MAX_REPLICAS,
 )
 
@@ -68,6 +69,55 @@ def add(schemas: dict[str, Schema], backends: Iterable[str]) -> None:
     _route(schemas["RouteConfig"])
     _probe(schemas["ProbeConfig"])
     _rollout(schemas["RolloutStrategy"])
+    _guards(schemas)
+
+
+_HEADER_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}"
+RATE_KEY = rf"^(ip|token|header:{_HEADER_TOKEN})$"
+AFFINITY_KEY = rf"^(ip|header:{_HEADER_TOKEN}|cookie:[!#$%&'*+.^_`|~0-9A-Za-z-]{{1,128}})$"
+RATE_PREFIX = r"^/[^?# \t\r\n]*$"
+
+
+def _guards(schemas: dict[str, Schema]) -> None:
+    """auth, rate_limits and load_balancing's hash form (``ServiceSpec._guards``)."""
+    auth = schemas["AuthConfig"]["properties"]
+    auth["header"]["pattern"] = HEADER_NAME
+    _string_option(auth["tokens_file"])["pattern"] = "^/[^\\u0000]*$"
+    rate = schemas["RateLimit"]["properties"]
+    rate["path_prefix"]["pattern"] = RATE_PREFIX
+    rate["key"]["pattern"] = RATE_KEY
+    rate["key"]["description"] = "ip, header:NAME or token (the bearer token's id: needs auth)"
+    balancing = schemas["Balancing"]
+    _string_option(balancing["properties"]["key"])["pattern"] = AFFINITY_KEY
+    # A key with hash and only with hash (Balancing._key).
+    balancing["anyOf"] = [
+        {
+            "required": ["policy", "key"],
+            "properties": {"policy": {"const": "hash"}, "key": {"type": "string"}},
+        },
+        {
+            "properties": {
+                "policy": {"enum": ["round_robin", "least_outstanding", "p2c"]},
+                "key": {"type": "null"},
+            }
+        },
+    ]
+    spec = schemas["ServiceSpec"]
+    props = spec["properties"]
+    props["rate_limits"]["maxItems"] = MAX_RATE_LIMITS
+    plain = next(o for o in props["load_balancing"]["anyOf"] if o.get("type") == "string")
+    plain["enum"] = [p for p in plain["enum"] if p != "hash"]  # the hash form has a key
+    props["load_balancing"]["description"] = "A policy's name, or {policy: hash, key} for affinity."
+    # A rate limit keyed by token needs auth.
+    no_token_key = {"items": {"properties": {"key": {"not": {"const": "token"}}}}}
+    spec.setdefault("allOf", []).append(
+        {
+            "anyOf": [
+                {"properties": {"rate_limits": no_token_key}},
+                {"required": ["auth"], "properties": {"auth": {"type": "object"}}},
+            ]
+        }
+    )
 
 
 def _string_option(node: Schema) -> Schema:

@@ -491,6 +491,16 @@ def _spec_with(field: str, value: Any) -> dict[str, Any]:
             base["probes"] = [{"interval": value}]
         case "address":
             base.update(backend="static", replica={"addresses": [value]})
+        case "rate_key":
+            base.update(auth={"type": "bearer"}, rate_limits=[{"rps": 1, "key": value}])
+        case "rate_prefix":
+            base["rate_limits"] = [{"rps": 1, "path_prefix": value}]
+        case "affinity_key":
+            base["load_balancing"] = {"policy": "hash", "key": value}
+        case "auth_header":
+            base["auth"] = {"header": value}
+        case "tokens_file":
+            base["auth"] = {"tokens_file": value}
     return base
 
 
@@ -506,6 +516,11 @@ FIELD_PATTERNS = {
     "header_value": r"^[\x00-\x20\x7fa-z]{0,4}$",
     "interval": r"^\s?[0-9.]{0,5}(ms|s|m|h)?\s?$",
     "address": r"^[\[\]:a-z0-9 .]{0,10}$",
+    "rate_key": r"^(ip|token|cookie|header|[a-z:\n -]){0,4}$",
+    "rate_prefix": r"^[/a-z?# \t\n]{0,5}$",
+    "affinity_key": r"^(ip|token|cookie|header|[a-zA-Z:\n -]){0,4}$",
+    "auth_header": r"^[!#$%&'*+.^_`|~0-9A-Za-z:\n -]{0,5}$",
+    "tokens_file": r"^[/a-z\x00.]{0,5}$",
 }
 """Per field: strings near the edge of its rule (both sides of it), to draw from."""
 
