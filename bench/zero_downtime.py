@@ -23,7 +23,11 @@ Scenarios (issue 6):
 6. an apply that supersedes a rollout in progress (6a), an undo in the middle of one (6b);
 7. a slow request and an SSE stream in flight on an old replica when its drain starts
    complete; a WebSocket open past ``drain_timeout`` is closed with 1001 (expected);
-8. SIGTERM to the gateway process with requests in flight: they complete, it exits 0.
+8. SIGTERM to the gateway process with requests in flight: they complete, it exits 0;
+9. a canary r1 -> r2 at 20 % then 50 % (analysed), then 100 %: the share of requests r2
+   answered at each step, within 4 binomial standard deviations + 2 points (issue 27);
+10. blue/green r1 -> r2: no traffic to r2 before ``rollout promote``, then all of it, then
+    ``rollout undo`` takes all traffic back to r1 with nothing started.
 
 ``--workers N`` runs every scenario against a gateway with N worker processes (its results
 go to a section of their own).
@@ -1427,6 +1431,112 @@ async def scenario_8(ctx: Ctx) -> None:
         )
 
 
+# -- scenarios 9 and 10: canary and blue/green ---------------------------------------------------
+
+
+def shares(row: Row, steps: list[dict[str, Any]], revision: int) -> list[tuple[int, float, int]]:
+    """Per step (its ``rollout_step`` event to the next): (weight, the share of the short
+    requests ``revision`` answered, their count)."""
+    out = []
+    for i, event in enumerate(steps):
+        weight = int(event["message"].split(" takes ")[1].split("%")[0])
+        end = steps[i + 1]["mono"] if i + 1 < len(steps) else float("inf")
+        window = [
+            o
+            for o in row.outcomes
+            if o.kind == "short" and not o.failed and event["mono"] + 0.05 < o.start < end
+        ]
+        if window:
+            got = sum(1 for o in window if o.revision == revision) / len(window)
+            out.append((weight, got, len(window)))
+    return out
+
+
+async def scenario_9(ctx: Ctx) -> None:
+    p = ctx.profile
+    canary: dict[str, Any] = {
+        "strategy": "canary",
+        "steps": [{"weight": 20, "pause": 3}, {"weight": 50, "pause": 3}],
+        "analysis": {"max_error_rate": 0.01, "min_requests": 20, "interval": 1},
+    }
+    async with ctx.gateway() as gw:
+        await serve(ctx, gw, make_spec(p, gw, "v1", **canary))
+        row = ctx.row("9", "canary r1→r2: 20 % then 50 % (3 s each, analysed), then 100 %")
+        before = await gw.last_rollout_id()
+        began = time.monotonic()
+        async with ctx.loaded(gw, row):
+            await gw.apply(make_spec(p, gw, "v2", **canary))
+            await gw.wait(lambda v: settled(v, 2, p.replicas), p.deadline * 2, "r2 in full")
+            done = time.monotonic()
+        rollouts = await gw.rollouts_since(before)
+        row.rollout = describe_rollouts(rollouts)
+        row.check([r["status"] for r in rollouts] == ["complete"], f"rollouts: {row.rollout}")
+        seen = shares(row, gw.events_of("rollout_step", began), 2)
+        row.check(len(seen) >= 2, f"steps seen: {seen}")
+        for weight, got, n in seen[:-1]:
+            tolerance = 4 * (weight / 100 * (1 - weight / 100) / n) ** 0.5 + 0.02
+            row.check(abs(got - weight / 100) <= tolerance, f"at {weight}%: r2 {got:.1%} of {n}")
+        row.note(
+            "r2's share of the requests per step: "
+            + ", ".join(f"{w}% asked, {g:.1%} of {n}" for w, g, n in seen)
+        )
+        only_revision_after(row, done, 2)
+
+
+async def scenario_10(ctx: Ctx) -> None:
+    p = ctx.profile
+    bg: dict[str, Any] = {"strategy": "blue_green", "keep_previous": 60}
+    async with ctx.gateway() as gw:
+        await serve(ctx, gw, make_spec(p, gw, "v1", **bg))
+        row = ctx.row("10", "blue/green r1→r2: preview only, promote, then an instant undo")
+        before = await gw.last_rollout_id()
+        async with ctx.loaded(gw, row):
+            await gw.apply(make_spec(p, gw, "v2", **bg))
+            await gw.wait(
+                lambda v: len(ready(v, 2)) == p.replicas and (v.get("rollout") or {}).get("step"),
+                p.deadline,
+                "green in full at 0 %",
+            )
+            preview = time.monotonic()
+            await asyncio.sleep(1.0)
+            promoted = time.monotonic()
+            await gw.call("POST", f"/api/services/{SERVICE}/rollout/promote", {})
+            await gw.wait(
+                lambda v: (v.get("rollout") or {}).get("weight") == 100, p.deadline, "the switch"
+            )
+            await asyncio.sleep(1.0)
+            undone = time.monotonic()
+            await gw.undo()
+            await gw.wait(lambda v: settled(v, 1, p.replicas), p.deadline, "r1 alone again")
+            done = time.monotonic()
+        before_switch = {
+            o.revision
+            for o in row.outcomes
+            if o.kind == "short" and not o.failed and preview < o.start < promoted
+        }
+        row.check(before_switch == {1}, f"before the switch, answered by {before_switch}")
+        rollouts = await gw.rollouts_since(before)
+        row.rollout = describe_rollouts(rollouts)
+        kinds = [(r["kind"], r["to_revision"], r["status"]) for r in rollouts]
+        row.check(
+            kinds == [("rollout", 2, "superseded"), ("undo", 1, "complete")],
+            f"rollouts were {kinds}",
+        )
+        started = gw.events_of("replica_started", undone)
+        row.check(not started, f"the undo started {len(started)} replicas")
+        to_green = [
+            o.start
+            for o in row.outcomes
+            if o.kind == "short" and o.revision == 2 and o.start > undone
+        ]
+        last = f"{max(to_green) - undone:.3f} s" if to_green else "none"
+        row.note(
+            f"undo: nothing started; last request sent to r2 after it: {last}; "
+            f"r1 alone (r2 drained, stopped) in {done - undone:.2f} s"
+        )
+        only_revision_after(row, done, 1)
+
+
 SCENARIOS: dict[int, Callable[[Ctx], Awaitable[None]]] = {
     1: scenario_1,
     2: scenario_2,
@@ -1436,6 +1546,8 @@ SCENARIOS: dict[int, Callable[[Ctx], Awaitable[None]]] = {
     6: scenario_6,
     7: scenario_7,
     8: scenario_8,
+    9: scenario_9,
+    10: scenario_10,
 }
 
 
