@@ -69,6 +69,25 @@ class Buckets:
         self.evicted = 0
         """Keys pushed out of the table to keep it within ``max_keys``: a running total."""
 
+    def allow(self, key: str, now: float) -> bool:
+        """``take(key, now).allowed``, without the ``Verdict``: what every request pays."""
+        table = self._tat
+        tat = table.get(key)
+        if tat is None:
+            tat = now
+        else:
+            table.move_to_end(key)
+            if tat < now:
+                tat = now
+        after = tat + self.interval
+        if after - now > self.window + 1e-9:
+            return False
+        table[key] = after
+        if len(table) > self.max_keys:
+            table.popitem(last=False)
+            self.evicted += 1
+        return True
+
     def take(self, key: str, now: float) -> Verdict:
         """Spend a token of ``key``'s bucket at ``now``, if it has one."""
         table = self._tat

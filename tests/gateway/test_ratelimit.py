@@ -121,3 +121,11 @@ def test_bad_arguments_are_refused() -> None:
         Buckets(0, 1)
     with pytest.raises(ValueError, match="burst"):
         Buckets(1, 0)
+
+
+@pytest.mark.parametrize(("rps", "burst", "timeline"), TIMELINES)
+def test_allow_spends_as_take_does(rps: float, burst: int, timeline: list[tuple]) -> None:
+    taken, allowed = Buckets(rps, burst), Buckets(rps, burst)
+    for now, *_ in timeline:
+        assert allowed.allow("k", now) == taken.take("k", now).allowed
+    assert allowed._tat == taken._tat
