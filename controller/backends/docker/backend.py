@@ -179,7 +179,9 @@ class DockerBackend:
                 with contextlib.suppress(EngineError):
                     await host.client.remove(replica.container)
             if isinstance(exc, EngineUnreachable):
-                self._reachable(host, False, exc.message)
+                # The watcher alone says whether a host answers (a start that failed on an
+                # engine's way out must not mark its successor unreachable): it pings now.
+                host.recheck.set()
                 raise StartFailed(f"host {host.name} unreachable: {exc.message}") from exc
             if isinstance(exc, EngineError):
                 raise StartFailed(f"host {host.name}: {exc.message}") from exc
@@ -455,8 +457,7 @@ class DockerBackend:
                 await host.client.remove(replica.container)
             except EngineError as exc:
                 log.warning("replica %s: container not read or removed: %s", rid, exc.message)
-                if isinstance(exc, EngineUnreachable):
-                    host.unremoved.add(replica.container)
+                host.unremoved.add(replica.container)  # an engine shutting down, say
         self._keep_logs(rid, lines)
         if host.replicas.get(rid) is replica:
             del host.replicas[rid]
@@ -527,7 +528,9 @@ class DockerBackend:
 
     async def _heartbeat(self, host: HostRecord) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(host.recheck.wait(), HEARTBEAT)
+            host.recheck.clear()
             await host.client.ping(HEARTBEAT_TIMEOUT)
 
     def _reachable(self, host: HostRecord, reachable: bool, error: str) -> None:

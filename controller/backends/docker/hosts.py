@@ -83,9 +83,11 @@ class HostRecord:
     next_port: int = 0
     pulls: dict[str, asyncio.Lock] = field(default_factory=dict)
     sweeping: asyncio.Task[None] | None = None
+    recheck: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set to have the watcher ping the engine at once (a call to it found no answer)."""
     unremoved: set[str] = field(default_factory=set)
-    """Containers whose exit was reported but that the engine did not remove (it went away
-    meanwhile): removed when it answers again."""
+    """Containers whose exit was reported but that the engine did not remove (it went away,
+    or was shutting down): removed at its next (re)connection."""
 
     @property
     def name(self) -> str:
