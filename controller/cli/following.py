@@ -2,24 +2,28 @@
 
 The follower listens to the server-sent events of the service and reads the service's state
 after each (and at least every ``POLL`` seconds, should the stream break), printing a progress
-line whenever it changes. A rollout ends ``EXIT_OK`` once complete, ``EXIT_FAILED`` once it
-ended otherwise or paused on a failure; a scale ``EXIT_OK`` once every replica is ready,
-``EXIT_DEGRADED`` once it settled short (``scale_outcome``). A ``--timeout`` reached raises
-``CliError``; what was started goes on.
+line whenever it changes, and each image pull's progress line as the gateway journals it
+(docker backend, ``say_pulls``). A rollout ends ``EXIT_OK`` once complete, ``EXIT_FAILED``
+once it ended otherwise or paused on a failure; a scale ``EXIT_OK`` once every replica is
+ready, ``EXIT_DEGRADED`` once it settled short (``scale_outcome``). A ``--timeout`` reached
+raises ``CliError``; what was started goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
 
+import aiohttp
+
 from .client import Client
 from .exits import EXIT_DEGRADED, EXIT_FAILED, EXIT_OK, CliError
-from .render import progress_text
+from .render import progress_text, pull_text
 
 POLL = 1.0
 """Seconds between reads of a followed service when no event arrives."""
@@ -156,7 +160,7 @@ async def follow_change(
         async def step(state: Follow) -> None:
             await _step_scale(client, name, known, state, say)
 
-    return await follow(client, name, step, limit, last)
+    return await follow(client, name, step, limit, last, say)
 
 
 def replica_ids(view: dict[str, Any] | None) -> frozenset[str]:
@@ -169,10 +173,31 @@ async def follow(
     step: Callable[[Follow], Coroutine[Any, Any, None]],
     limit: float | None,
     last: str = "",
+    say: Callable[[str], None] | None = None,
 ) -> Follow:
-    """Call ``step`` after every event of the service (at least every POLL) until it ends."""
+    """Call ``step`` after every event of the service (at least every POLL) until it ends;
+    ``say`` hears the image pulls' progress lines meanwhile."""
     state = Follow(last=last)
     deadline = None if limit is None else asyncio.get_running_loop().time() + limit
+    if say is None:
+        return await _follow(client, name, step, state, deadline, limit)
+    pulls = asyncio.create_task(say_pulls(client, name, say), name=f"pulls:{name}")
+    try:
+        return await _follow(client, name, step, state, deadline, limit)
+    finally:
+        pulls.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pulls
+
+
+async def _follow(
+    client: Client,
+    name: str,
+    step: Callable[[Follow], Coroutine[Any, Any, None]],
+    state: Follow,
+    deadline: float | None,
+    limit: float | None,
+) -> Follow:
     async with client.watch(name) as changed:
         while True:
             changed.clear()
@@ -187,3 +212,21 @@ async def follow(
                 wait = min(wait, left)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), wait)
+
+
+async def say_pulls(client: Client, name: str, say: Callable[[str], None]) -> None:
+    """Say each image pull progress line of the service as the gateway journals it, until
+    cancelled (best effort, as ``Client.watch``: a stream that breaks says no more)."""
+    url = f"{client.target.url}/api/events?service={quote(name)}"
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError, ValueError):
+        async with client.session.get(url, headers=client.headers, timeout=timeout) as response:
+            if response.status != 200:
+                return
+            async for raw in response.content:
+                line = raw.decode("utf-8", "replace")
+                if line.startswith("data:"):
+                    event = json.loads(line[5:])
+                    text = pull_text(event) if isinstance(event, dict) else None
+                    if text is not None:
+                        say(text)

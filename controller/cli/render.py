@@ -267,3 +267,15 @@ def certificate_table(certificates: list[dict[str, Any]], out: TextIO) -> None:
             ]
         )
     table(rows, out)
+
+
+PULL_KIND = "image_pulling"
+"""The journal's kind of an image pull's progress line (docker backend)."""
+
+
+def pull_text(event: dict[str, Any]) -> str | None:
+    """The line ``gateway apply`` prints for a journal entry while it follows: an image
+    pull's progress (``pulling IMAGE on HOST: 2 of 3 layers, 4.5 of 14.0 MB``), else None."""
+    if event.get("kind") != PULL_KIND or not isinstance(event.get("message"), str):
+        return None
+    return str(event["message"])

@@ -560,3 +560,55 @@ async def test_the_second_engine_frozen_and_thawed_keeps_its_replicas(
     assert not journal(gw, "replica_failed")
     assert gw.ready(1) == 4
     assert load.bodies() == {"v1"}
+
+
+async def test_apply_following_prints_the_pull_progress_the_backend_reports(
+    gateways: Gateways, tmp_path: Path
+) -> None:
+    """Backend -> journal (image_pulling, the service's) -> /api/events -> the follower's
+    lines. No registry here to pull from: the lines are those of a recorded pull stream, as the
+    backend's throttle lets them through, handed to what the gateway wired to the backend."""
+    from controller.backends.docker import PullProgress
+    from controller.cli.client import Client, Target
+    from controller.cli.following import say_pulls
+    from tests.controller.test_backend_docker import RECORDED_PULL
+
+    gone = {"name": "a", "engine": f"unix://{tmp_path}/no-engine.sock", "port_range": "24990-24999"}
+    gw = await gateways.start(
+        backends={"process": {"port_range": gateways.port_range}, "docker": {"hosts": [gone]}}
+    )
+    backend = gw.controller.backends["docker"]
+    progress = PullProgress("registry.example/web:1.2", "a", "web")
+    lines = []
+    for i, message in enumerate(RECORDED_PULL):
+        progress.feed(message)
+        if progress.due(i * 0.5):
+            lines.append(progress.text())
+    said: list[str] = []
+    url = f"http://127.0.0.1:{gw.gateway.admin.port}"
+    async with aiohttp.ClientSession() as session:
+        client = Client(session, Target(url, None))
+        following = asyncio.create_task(say_pulls(client, "web", said.append))
+        try:
+            # The stream is open once a line said before the pull comes through.
+            assert backend.pull_listeners, "nothing hears the backend's pulls"
+            for _ in range(100):
+                for listener in backend.pull_listeners:
+                    listener("web", "pulling ready")
+                await asyncio.sleep(0.05)
+                if said:
+                    break
+            assert said, "the follower heard no pull line"
+            said.clear()
+            gw.controller.journal.record("web", "service_updated", "not a pull line")
+            for listener in backend.pull_listeners:
+                listener("api", "another service's pull")
+                for line in lines:
+                    listener("web", line)
+            await until(lambda: len(said) >= len(lines), 5, "the pull lines")
+        finally:
+            following.cancel()
+    assert said == lines
+    assert said[-1] == "pulling registry.example/web:1.2 on a: 3 of 3 layers, 14.0 of 14.0 MB"
+    entries = [e for e in gw.controller.journal.since(0) if e.kind == "image_pulling"]
+    assert {e.service for e in entries} == {"web", "api"}
