@@ -45,12 +45,14 @@ TOKEN = "bench-token-" + "7" * 40
 REPO = Path(__file__).resolve().parent.parent
 
 
-def guarded_config(config: dict, tmp: Path) -> dict:
+def guarded_config(config: dict, tmp: Path, only: str | None = None) -> dict:
     tokens = tmp / "tokens"
     tokens.write_text("".join(f"other-token-{i:040d}\n" for i in range(99)) + TOKEN + "\n")
     service = config["services"][0]
-    service["auth"] = {"type": "bearer", "tokens_file": str(tokens)}
-    service["rate_limits"] = [{"path_prefix": "/", "key": "ip", "rps": 1e6, "burst": 1_000_000}]
+    if only != "rate-limit":
+        service["auth"] = {"type": "bearer", "tokens_file": str(tokens)}
+    if only != "auth":
+        service["rate_limits"] = [{"path_prefix": "/", "key": "ip", "rps": 1e6, "burst": 1_000_000}]
     return config
 
 
@@ -108,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--proxy-cpu", type=int, default=0)
     parser.add_argument("--load-cpu", type=int, default=1)
     parser.add_argument("--pure", action="store_true", help="the pure Python data plane")
+    parser.add_argument(
+        "--only", choices=["auth", "rate-limit"], help="guard with one of the two (no output)"
+    )
     parser.add_argument("--output", type=Path, default=results.RESULTS)
     args = parser.parse_args(argv)
     tool = missing_tool()
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         (tmp / "admin-token").write_text(os.urandom(16).hex())
         upstream = start_upstream(procs, up, args.load_cpu, lim)
         plain = gateway_config(tmp, "plain", p1, a1, up, lim)
-        guarded = guarded_config(gateway_config(tmp, "guarded", p2, a2, up, lim), tmp)
+        guarded = guarded_config(gateway_config(tmp, "guarded", p2, a2, up, lim), tmp, args.only)
         targets = [
             start(procs, "plain", plain, args.proxy_cpu, args.pure),
             start(procs, "guarded", guarded, args.proxy_cpu, args.pure),
@@ -150,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
                      statistics.median(c for _, c in runs)))  # fmt: skip
     ratio = rows[1][2] / rows[0][2]
     per_rep = [g[1] / p[1] for p, g in zip(figures["plain"], figures["guarded"], strict=True)]
+    # The package the gateways import: this checkout's, or PYTHONPATH's (a clean copy of a
+    # commit, built there, when this checkout is shared and holds others' edits).
+    root = Path(os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or REPO)
     sources = hashlib.sha256(
-        b"".join(p.read_bytes() for p in sorted((REPO / "gateway").rglob("*.py")))
+        b"".join(p.read_bytes() for p in sorted((root / "gateway").rglob("*.py")))
     ).hexdigest()[:12]
     text = "\n".join(
         [
@@ -172,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             + ").",
         ]
     )
+    if args.only:
+        print(text)  # a decomposition: not the section's figures
+        return 0
     results.publish("guards", text, args.output)
     return 0
 
