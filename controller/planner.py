@@ -225,6 +225,8 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
             actions.extend(
                 _drains(desired, observed.serving_revision, old, new, available_new, inflight)
             )
+        else:
+            actions.extend(_superseded(desired, observed.serving_revision, old))
 
     # Rule 9: nothing serves yet that a first static rollout could wait to replace.
     placed_first = (
@@ -384,6 +386,17 @@ def _starts(
             return []
         count = 1
     return [Start(desired.revision) for _ in range(count)]
+
+
+def _superseded(desired: Desired, serving: int | None, old: list[Replica]) -> list[Action]:
+    """Rule 12: while a staged rollout holds the old revision, the replicas of any other
+    (a superseded canary's) go, once the serving revision is at strength without them: the
+    split's other side is the serving revision alone."""
+    stable = sum(1 for r in old if r.revision == serving and r.state is ReplicaState.READY)
+    if serving is None or stable < desired.replicas - desired.strategy.max_unavailable:
+        return []
+    why = f"replaced by revision {desired.revision}"
+    return [Drain(r.id, why) for r in old if r.revision != serving]
 
 
 def _nothing(replica_id: str) -> int:

@@ -3,7 +3,8 @@
 Rules (the planner's rule 12), with D the desired count and T the target revision:
 
 a. A canary step of weight w wants ``ceil(D * w / 100)`` replicas of T (at least one),
-   started beside the old ones, which all stay: nothing old is drained before T holds 100.
+   started beside the old ones: nothing of the serving revision is drained before T holds
+   100 (a superseded canary's replicas go once the serving revision is at strength).
    Once they are available the step holds T at w percent of the traffic (``SetWeight``),
    whatever the replica counts: its pause and its analysis window begin.
 b. A step holds for its ``pause``; with ``analysis`` it is judged every ``interval`` and at

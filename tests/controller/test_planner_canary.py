@@ -332,3 +332,16 @@ def _check(w: World, replicas: int, error: float) -> None:
         assert split[1] <= rollout.weight or split[1] == 0, w.describe()
     if split is not None and split[0] == 2 and split[1] == 100 and rollout is not None:
         assert rollout.promoted or error < 0.2 or rollout.verdict != "fail", w.describe()
+
+
+def test_an_apply_during_a_canary_drains_the_superseded_canary_only() -> None:
+    w = World.create(canary(), 4, 20, serving=True)
+    w.user_apply()
+    run_until(w, lambda w: split_of(w) == (2, 25))
+    w.user_apply()  # revision 3 supersedes the canary of 2
+    run_until(w, lambda w: split_of(w) == (3, 25))
+    assert live(w, 2) == 0  # the superseded canary takes no share of the traffic
+    assert live(w, 1) == 4
+    assert w.ended[0].status is RolloutStatus.SUPERSEDED
+    run_until(w, World.converged)
+    assert w.desired.revision == 3
