@@ -99,15 +99,34 @@ class DockerTls(Model):
     _files = field_validator("ca_file", "cert_file", "key_file")(_absolute_file)
 
 
+class DockerSsh(Model):
+    """How the gateway reaches an ``ssh://`` engine (its socket forwarded by ``ssh -L``)."""
+
+    identity_file: str | None = None
+    """The private key (absolute path); by default ssh's own keys or agent."""
+    known_hosts_file: str | None = None
+    """Where the host's key is checked (absolute path); by default ssh's ``known_hosts``."""
+    socket: str = Field(default="/var/run/docker.sock", pattern=r"^/[^\x00]*$")
+    """The engine's socket on the remote host."""
+
+    @field_validator("identity_file", "known_hosts_file")
+    @classmethod
+    def _file(cls, value: str | None) -> str | None:
+        return None if value is None else _absolute_file(value)
+
+
 class DockerHostConfig(Model):
     """One Docker Engine that runs replicas."""
 
     name: str = Field(pattern=NAME_PATTERN)
     """What reasons, logs and the container labels call the host."""
     engine: str = "unix:///var/run/docker.sock"
-    """``unix:///PATH`` or ``tcp://HOST:PORT``: with ``tls`` (port 2376 by custom), or
-    plain HTTP without it (a trusted network only: the engine's API is root on the host)."""
+    """``unix:///PATH``; ``tcp://HOST:PORT`` with ``tls`` (port 2376 by custom), or plain
+    HTTP without it (a trusted network only: the engine's API is root on the host); or
+    ``ssh://USER@HOST[:PORT]`` (the remote socket forwarded by an ``ssh`` child)."""
     tls: DockerTls | None = None
+    ssh: DockerSsh | None = None
+    """An ``ssh://USER@HOST[:PORT]`` engine's key, known hosts and remote socket."""
     address: str = "127.0.0.1"
     """The host's address the replicas' ports are published on, and the gateway connects to."""
     capacity: DockerCapacity = DockerCapacity()
@@ -128,17 +147,23 @@ class DockerHostConfig(Model):
             return value
         if parts.scheme == "tcp" and parts.hostname and port and parts.path in ("", "/"):
             return value
-        if parts.scheme == "ssh":
-            raise ValueError(
-                "ssh:// engines are not supported yet: forward the engine's socket "
-                "(ssh -nNT -L /PATH.sock:/var/run/docker.sock user@host) and use unix:///PATH.sock"
-            )
-        raise ValueError("must be unix:///PATH or tcp://HOST:PORT")
+        if (
+            parts.scheme == "ssh"
+            and parts.hostname
+            and parts.path in ("", "/")
+            and not parts.query
+            and not parts.password
+        ):
+            if port is not None or ":" not in parts.netloc.rpartition("@")[2]:
+                return value
+        raise ValueError("must be unix:///PATH, tcp://HOST:PORT or ssh://[USER@]HOST[:PORT]")
 
     @model_validator(mode="after")
     def _tls_over_tcp(self) -> DockerHostConfig:
         if self.tls is not None and not self.engine.startswith("tcp://"):
             raise ValueError("tls: only for a tcp:// engine")
+        if self.ssh is not None and not self.engine.startswith("ssh://"):
+            raise ValueError("ssh: only for an ssh:// engine")
         return self
 
     @property

@@ -53,7 +53,7 @@ from .admin.tls import tls_operations
 from .admin.views import certificates_operation
 from .backends import ProcessBackend, StaticBackend
 from .backends.base import Backend
-from .backends.docker import DockerBackend, DockerHost, EngineTls
+from .backends.docker import DockerBackend, DockerHost, EngineTls, SshOptions
 from .cli import add_commands as add_client_commands
 from .config import ConfigError, ConfigService, GatewayConfig, LoadedConfig, load_config
 from .errors import ControllerError
@@ -321,6 +321,7 @@ def docker_backend(config: GatewayConfig, instance: str) -> DockerBackend:
             h.ports,
             gpus=h.capacity.gpus,
             tls=None if h.tls is None else EngineTls(**h.tls.model_dump()),
+            ssh=None if h.ssh is None else SshOptions(**h.ssh.model_dump()),
         )
         for h in config.backends.docker.hosts
     ]

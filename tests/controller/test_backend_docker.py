@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -30,7 +31,9 @@ from controller.backends.docker import (
     EngineClient,
     HostState,
     NoRoom,
+    SshOptions,
     place,
+    ssh_command,
 )
 from controller.backends.docker.container import container_config
 from controller.backends.docker.placement import HostLoad
@@ -795,3 +798,117 @@ def test_pull_progress_is_summed_over_layers_and_said_every_two_seconds() -> Non
     assert lines[-1] == head + "3 of 3 layers, 14.0 of 14.0 MB"
     assert [at for at, _ in said] == [0.0, 2.0, 4.0, 6.0, 8.0]
     assert said[2][1] == lines[8]
+
+
+# -- ssh:// engines: the engine's socket through a real sshd on loopback ----------------------
+
+
+@dataclass
+class Sshd:
+    port: int
+    options: SshOptions
+    process: asyncio.subprocess.Process
+
+
+@pytest.fixture
+async def sshd(tmp_path: Path) -> AsyncIterator[Sshd]:
+    """An ``sshd`` of its own on 127.0.0.1 (a host key and authorized_keys made here); the
+    test engine's socket is the "remote" one. Root only (sshd's privilege separation)."""
+    import shutil
+    import socket
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("sshd", path="/usr/sbin:/usr/bin") is None:
+        pytest.skip("needs root and openssh-server (sshd)")
+    if not ENGINE.startswith("unix://"):
+        pytest.skip("the remote engine is the test engine's unix socket")
+    await engine_or_skip()
+    keys = tmp_path / "ssh"
+    keys.mkdir()
+    for name in ("host_key", "client_key"):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True
+        )
+    (keys / "authorized_keys").write_text((keys / "client_key.pub").read_text())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    host_key = (keys / "host_key.pub").read_text().split()
+    (keys / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key[0]} {host_key[1]}\n")
+    config = keys / "sshd_config"
+    config.write_text(
+        f"ListenAddress 127.0.0.1\nPort {port}\nHostKey {keys / 'host_key'}\n"
+        f"AuthorizedKeysFile {keys / 'authorized_keys'}\nPidFile {keys / 'sshd.pid'}\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+        "PermitRootLogin prohibit-password\nStrictModes no\nAllowStreamLocalForwarding yes\n"
+    )
+    os.makedirs("/run/sshd", exist_ok=True)  # its privilege separation directory
+    with open(keys / "sshd.log", "wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            "/usr/sbin/sshd", "-D", "-e", "-f", str(config),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=log,
+        )  # fmt: skip
+    try:
+        for _ in range(100):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        options = SshOptions(
+            str(keys / "client_key"), str(keys / "known_hosts"), ENGINE.removeprefix("unix://")
+        )
+        yield Sshd(port, options, process)
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+async def test_an_ssh_engine_through_its_forwarded_socket_restarted_when_it_ends(
+    harness: Harness, sshd: Sshd
+) -> None:
+    host = dataclasses.replace(
+        harness.host("s", 2), engine=f"ssh://root@127.0.0.1:{sshd.port}", ssh=sshd.options
+    )
+    backend = harness.backend([host])
+    heard: list[HostState] = []
+    backend.host_listeners.append(heard.append)
+    running = await backend.start(launch("r1"))
+    assert running.handle["host"] == "s"
+    assert await answer(running.host, running.port) == "200"
+    tunnel = backend._hosts["s"].tunnel
+    assert tunnel is not None
+    assert tunnel.starts == 1
+    pid = tunnel.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # the link went away: the child is started again
+    await until_true(lambda: tunnel.starts == 2 and tunnel.ready.is_set(), 15)
+    await until_true(lambda: backend.hosts()[0].reachable, 15)
+    assert [s.engine for s in heard] == [host.engine] * len(heard)
+    assert not harness.exit_of("r1").done()  # nothing stopped because the link went away
+    assert await answer(running.host, running.port) == "200"
+    await backend.stop("r1", 1.0)
+    assert harness.exit_of("r1").result().requested
+    second = tunnel.pid
+    await backend.close()
+    assert second is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(second, 0)  # stopped with the backend, by its pid
+    assert not os.path.exists(tunnel.local)
+
+
+def test_the_ssh_command_forwards_the_remote_socket() -> None:
+    options = SshOptions("/k/id", "/k/known", "/run/docker.sock")
+    command = ssh_command("ssh://deploy@box.example:2222", "/tmp/g/box.sock", options)
+    assert command[:2] == ["ssh", "-nNT"]
+    assert command[-3:] == ["-L", "/tmp/g/box.sock:/run/docker.sock", "deploy@box.example"]
+    for option in ("BatchMode=yes", "ExitOnForwardFailure=yes", "StrictHostKeyChecking=yes"):
+        assert option in command
+    assert ["-p", "2222"] == command[command.index("-p") : command.index("-p") + 2]
+    assert "UserKnownHostsFile=/k/known" in command
+    plain = ssh_command("ssh://box", "/s", SshOptions())
+    assert plain[-3:] == ["-L", "/s:/var/run/docker.sock", "box"]
+    assert "-p" not in plain
+    assert "-i" not in plain

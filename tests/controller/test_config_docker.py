@@ -50,19 +50,34 @@ def test_without_backends_docker_there_is_none(tmp_path: Path) -> None:
     [
         ({"hosts": []}, "backends.docker.hosts: Tuple should have at least 1 item"),
         (
-            {"hosts": [{"name": "a", "engine": "ssh://me@h"}]},
-            "backends.docker.hosts.0.engine: ssh:// engines are not supported yet: forward the "
-            "engine's socket (ssh -nNT -L /PATH.sock:/var/run/docker.sock user@host) and use "
-            "unix:///PATH.sock",
+            {"hosts": [{"name": "a", "engine": "ssh://me:secret@h"}]},
+            "backends.docker.hosts.0.engine: must be unix:///PATH, tcp://HOST:PORT or "
+            "ssh://[USER@]HOST[:PORT]",
+        ),
+        (
+            {"hosts": [{"name": "a", "engine": "ssh://me@h:port"}]},
+            "backends.docker.hosts.0.engine: must be unix:///PATH",
         ),
         (
             {"hosts": [{"name": "a", "engine": "http://h:2376"}]},
-            "backends.docker.hosts.0.engine: must be unix:///PATH or tcp://HOST:PORT",
+            "backends.docker.hosts.0.engine: must be unix:///PATH",
+        ),
+        (
+            {"hosts": [{"name": "a", "ssh": {"socket": "/run/docker.sock"}}]},
+            "backends.docker.hosts.0: ssh: only for an ssh:// engine",
+        ),
+        (
+            {"hosts": [{"name": "a", "engine": "ssh://h", "ssh": {"identity_file": "id"}}]},
+            "backends.docker.hosts.0.ssh.identity_file: must be an absolute path",
+        ),
+        (
+            {"hosts": [{"name": "a", "engine": "ssh://h", "ssh": {"socket": "docker.sock"}}]},
+            "backends.docker.hosts.0.ssh.socket",
         ),
         ({"hosts": [{"name": "a", "capacity": {"gpus": -1}}]}, "capacity.gpus"),
         (
             {"hosts": [{"name": "a", "engine": "tcp://h"}]},
-            "backends.docker.hosts.0.engine: must be unix:///PATH or tcp://HOST:PORT",
+            "backends.docker.hosts.0.engine: must be unix:///PATH, tcp://HOST:PORT or ssh://",
         ),
         (
             {"hosts": [{"name": "a"}, {"name": "a"}]},
@@ -131,3 +146,22 @@ def test_bad_tls_files_are_refused_naming_the_field(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as caught:
             load_config(write(tmp_path, {"backends": {"docker": {"hosts": [host]}}}))
         assert message in str(caught.value)
+
+
+def test_an_ssh_engine_is_read_and_reaches_the_backend(tmp_path: Path) -> None:
+    key = tmp_path / "id_ed25519"
+    key.write_text("not read at load")
+    ssh = {"identity_file": str(key), "socket": "/run/user/1000/docker.sock"}
+    hosts = [{"name": "box", "engine": "ssh://deploy@box.example:2222", "ssh": ssh}]
+    loaded = load_config(write(tmp_path, {"backends": {"docker": {"hosts": hosts}}}))
+    assert loaded.config.backends.docker is not None
+    (box,) = loaded.config.backends.docker.hosts
+    assert box.ssh is not None
+    assert (box.ssh.identity_file, box.ssh.known_hosts_file) == (str(key), None)
+    backend = docker_backend(loaded.config, "instance")
+    (state,) = backend.hosts()
+    assert state.engine == "ssh://deploy@box.example:2222"
+    plain = {"name": "b", "engine": "ssh://box.example"}  # ssh's own keys and known hosts
+    loaded = load_config(write(tmp_path, {"backends": {"docker": {"hosts": [plain]}}}))
+    assert loaded.config.backends.docker is not None
+    assert loaded.config.backends.docker.hosts[0].ssh is None

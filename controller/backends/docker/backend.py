@@ -34,7 +34,10 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import re
+import shutil
+import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
@@ -47,6 +50,7 @@ from .engine import EngineClient, EngineError, EngineUnreachable, EventStream
 from .hosts import DockerHost, HostListener, HostRecord, HostState, ReplicaRecord
 from .placement import HostLoad, NoRoom, place
 from .pulling import PullProgress
+from .tunnel import SshOptions, Tunnel
 
 if TYPE_CHECKING:
     from ...spec import ReplicaTemplate
@@ -96,11 +100,9 @@ class DockerBackend:
         names = [h.name for h in hosts]
         if len(set(names)) != len(names):
             raise ValueError("host names must be unique")
-        self._hosts = {
-            h.name: HostRecord(h, EngineClient(h.engine, h.tls), next_port=h.port_range[0])
-            for h in hosts
-        }
+        self._tunnels_dir: str | None = None
         self._instance = instance
+        self._hosts = {h.name: self._record(h) for h in hosts}
         self._stop_grace_default = stop_grace_default
         self._orphan_grace = orphan_grace
         self._sweep_at: float | None = None
@@ -113,6 +115,19 @@ class DockerBackend:
         self._kept_logs: OrderedDict[str, list[str]] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+
+    def _record(self, host: DockerHost) -> HostRecord:
+        if not host.engine.startswith("ssh://"):
+            client = EngineClient(host.engine, host.tls)
+            return HostRecord(host, client, next_port=host.port_range[0])
+        if self._tunnels_dir is None:  # made at connect(), removed at close()
+            name = f"gateway-ssh-{self._instance[:12]}-{os.getpid()}"
+            self._tunnels_dir = os.path.join(tempfile.gettempdir(), name)
+        local = os.path.join(self._tunnels_dir, f"{host.name}.sock")
+        tunnel = Tunnel(host.engine, local, host.ssh or SshOptions())
+        record = HostRecord(host, EngineClient(f"unix://{local}"), next_port=host.port_range[0])
+        record.tunnel = tunnel
+        return record
 
     # -- the Backend protocol -------------------------------------------------------------
 
@@ -141,6 +156,15 @@ class DockerBackend:
         if self._sweep_at is None:
             self._sweep_at = self._loop.time() + self._orphan_grace
             self._sweeper = _guarded_task(self._sweep_after_grace(), "docker-orphans")
+        tunnels = []
+        if self._tunnels_dir is not None:
+            os.makedirs(self._tunnels_dir, mode=0o700, exist_ok=True)
+        for host in self._hosts.values():
+            if host.tunnel is not None and host.tunneling is None:
+                host.tunneling = _guarded_task(host.tunnel.run(), f"docker-ssh:{host.name}")
+                tunnels.append(host.tunnel.ready.wait())
+        with contextlib.suppress(TimeoutError):  # a watcher retries a tunnel not up yet
+            await asyncio.wait_for(asyncio.gather(*tunnels), CONNECT_WAIT)
         for host in self._hosts.values():
             if host.watcher is None:
                 host.answered = asyncio.Event()
@@ -302,6 +326,13 @@ class DockerBackend:
             await asyncio.wait(tasks)
         for host in self._hosts.values():
             await host.client.close()
+        tunnels = [h.tunneling for h in self._hosts.values() if h.tunneling is not None]
+        for task in tunnels:
+            task.cancel()
+        if tunnels:
+            await asyncio.wait(tunnels)
+        if self._tunnels_dir is not None:
+            shutil.rmtree(self._tunnels_dir, ignore_errors=True)
 
     def __repr__(self) -> str:
         hosts = ", ".join(
@@ -549,7 +580,7 @@ class DockerBackend:
     def _state(self, host: HostRecord) -> HostState:
         return HostState(
             host.name,
-            host.client.engine,
+            host.config.engine,
             host.reachable,
             host.error,
             len(host.replicas),

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..base import Launch
 from .engine import EngineClient, EngineTls
+from .tunnel import SshOptions, Tunnel
 
 __all__ = ["DockerHost", "HostListener", "HostRecord", "HostState", "ReplicaRecord"]
 
@@ -21,7 +22,7 @@ class DockerHost:
 
     name: str
     engine: str
-    """``unix:///var/run/docker.sock`` or ``tcp://host:port``."""
+    """``unix:///var/run/docker.sock``, ``tcp://host:port`` or ``ssh://user@host[:port]``."""
     address: str = "127.0.0.1"
     """Where the replicas' ports are published, and where the gateway reaches them."""
     capacity: int = 8
@@ -30,6 +31,8 @@ class DockerHost:
     """GPUs the host has for replicas that ask for some."""
     tls: EngineTls | None = None
     """A ``tcp://`` engine's TLS files; None: plain HTTP."""
+    ssh: SshOptions | None = None
+    """An ``ssh://`` engine's options (None: ssh's defaults)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,9 @@ class HostRecord:
     next_port: int = 0
     pulls: dict[str, asyncio.Lock] = field(default_factory=dict)
     sweeping: asyncio.Task[None] | None = None
+    tunnel: Tunnel | None = None
+    """An ``ssh://`` engine's forward, supervised by ``tunneling``."""
+    tunneling: asyncio.Task[None] | None = None
     recheck: asyncio.Event = field(default_factory=asyncio.Event)
     """Set to have the watcher ping the engine at once (a call to it found no answer)."""
     unremoved: set[str] = field(default_factory=set)
