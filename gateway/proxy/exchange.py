@@ -126,6 +126,8 @@ class Exchange:
     """The key ``load_balancing: hash`` hashes (``guard``), once routed."""
     strip: bytes | None = None
     """A header (lower-cased) not sent upstream: the service's token (``guard``)."""
+    pinned: int | None = None
+    """The revision a preview route asked for: no attempt goes to another (``preview``)."""
 
     def __init__(
         self, proxy: Forwarding, client: ClientConnection, request: IncomingRequest

@@ -250,6 +250,7 @@ class Proxy(Forwarding):
         if upstream is None:
             raise sp.unavailable(f"no routable upstream of revision {revision}")
         ex.upstream = upstream
+        ex.pinned = revision
 
     def _sticky(self, ex: Exchange, sp: ServicePool, split: Split, config: StickyConfig) -> None:
         """A request of a sticky service while its traffic is split: the side its client's
@@ -272,6 +273,8 @@ class Proxy(Forwarding):
         ``ex.upstream``: the upstream ``begin`` picked; ``failed``: its attempt failed already.
         """
         tried: set[str] = set()
+        if ex.pinned is not None:  # a preview route: nor a retry goes to another revision
+            tried.update(u.id for u in sp.snapshot.upstreams if u.revision != ex.pinned)
         lease = None
         picked = ex.upstream
         if failed is not None:
@@ -282,7 +285,7 @@ class Proxy(Forwarding):
                 # Still routable since ``begin`` picked it.
                 lease = sp.lease_of(picked, asyncio.current_task())
             else:
-                lease = sp.lease(key=ex.affinity)
+                lease = sp.lease(frozenset(tried), ex.affinity)
             if lease is None:
                 if not sp.snapshot.routable:
                     await sp.queue(sp.routing.queue_timeout)  # held, or the 503 raised
