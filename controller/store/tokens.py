@@ -21,10 +21,10 @@ class Tokens(Database):
     """The ``tokens`` table."""
 
     def tokens(self, service: str) -> list[TokenRow]:
-        """The service's tokens, oldest first (ids and labels: digests stay in the store)."""
+        """The service's tokens in the order they were added (the API shows only ids)."""
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {TOKEN_COLS} FROM tokens WHERE service = ? ORDER BY created_at, id",
+                f"SELECT {TOKEN_COLS} FROM tokens WHERE service = ? ORDER BY rowid",
                 (service,),
             ).fetchall()
         return [TokenRow(*row) for row in rows]
