@@ -178,6 +178,17 @@ class Engine:
                 time.sleep(0.1)
             if _is_containerd(containerd):
                 os.kill(containerd, signal.SIGKILL)
+        self.unmount()
+
+    def unmount(self) -> None:
+        """Unmount what the engine left mounted under its root (a container's overlay that its
+        shutdown stopped may stay mounted: the next engine could not remove it, and the
+        directory could not be deleted)."""
+        prefix = f"{self.root}/"
+        with open("/proc/mounts") as mounts:
+            points = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+        for point in sorted(points, key=len, reverse=True):
+            subprocess.run(["umount", point], check=False, capture_output=True)
 
 
 def _is_containerd(pid: int) -> bool:
@@ -237,6 +248,7 @@ def second_engine() -> Iterator[Engine]:
         yield engine
     finally:
         engine.stop()
+        engine.unmount()
         for log in engine.log:  # shown by pytest when a test of the module failed
             with contextlib.suppress(OSError):
                 print(f"-- {log.name}:\n{log.read_text()[-8000:]}")
