@@ -14,6 +14,10 @@ Invariants:
   read (kept in memory, ``logs``) and the container removed. ``stop`` returns after that.
 - An engine that cannot be reached is skipped by placement and retried with backoff; its
   replicas are left as they are and nothing is stopped or reported because of it. The
+  watcher alone decides reachability: its event stream and a heartbeat (a stopped engine
+  keeps its sockets and says nothing); a call that found no engine has it ping at once.
+- An ``ssh://`` host's engine is reached through a local socket forwarded by an ``ssh``
+  child (``tunnel``), started at ``connect()``, restarted with backoff, stopped at ``close()``. The
   ``host_listeners`` hear each change of a host's reachability (not its first success). A ``stop``
   it did not answer raises BackendError and is sent again once the engine answers.
 
