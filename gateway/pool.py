@@ -200,6 +200,7 @@ class _SlotWaiter:
     future: asyncio.Future[Lease]
     task: asyncio.Task[Any] | None
     key: bytes | None
+    exclude: frozenset[str]
 
 
 @dataclass(slots=True)
@@ -479,10 +480,13 @@ class ServicePool:
 
     # -- the slot queue (``limits.max_in_flight_per_replica``) ---------------------------------
 
-    async def wait_slot(self, within: float, key: bytes | None = None) -> Lease:
-        """Wait, in FIFO order, for a routable upstream with room under the cap: the oldest
-        waiter takes the first slot freed (``_hand_slots``). At most ``limits.max_queue``
-        wait; beyond, or after ``within`` seconds, the 503 (``NoRoutableUpstream``)."""
+    async def wait_slot(
+        self, within: float, key: bytes | None = None, exclude: frozenset[str] = frozenset()
+    ) -> Lease:
+        """Wait, in FIFO order, for a routable upstream (not in ``exclude``) with room under
+        the cap: the oldest waiter takes the first slot freed (``_hand_slots``). At most
+        ``limits.max_queue`` wait; beyond, or after ``within`` seconds, the 503
+        (``NoRoutableUpstream``)."""
         counters = self.counters
         waiters = self._slot_waiters
         if within <= 0 or len(waiters) >= self.routing.limits.max_queue:
@@ -491,7 +495,7 @@ class ServicePool:
                 f"every replica has {self.cap} requests in flight and {len(waiters)} wait already"
             )
         loop = self._owner.loop
-        waiter = _SlotWaiter(loop.create_future(), asyncio.current_task(loop), key)
+        waiter = _SlotWaiter(loop.create_future(), asyncio.current_task(loop), key, exclude)
         waiters.append(waiter)
         counters["queued"] = counters.get("queued", 0) + 1
         began = loop.time()
@@ -516,17 +520,24 @@ class ServicePool:
             )
 
     def _hand_slots(self) -> None:
-        """Give the slots that are free to the oldest waiters, each its own lease."""
+        """Give the slots that are free to the oldest waiters that may take them, each its
+        own lease. A waiter restricted to some upstreams (``exclude``: a preview route's
+        revision) lets those behind it take a slot it may not; one that may take any and
+        finds none ends the round: no slot is free."""
         waiters = self._slot_waiters
-        while waiters:
-            waiter = waiters[0]
+        i = 0
+        while i < len(waiters):
+            waiter = waiters[i]
             if waiter.future.done():
-                waiters.popleft()
+                del waiters[i]
                 continue
-            upstream = self.pick(key=waiter.key)
+            upstream = self.pick(waiter.exclude, waiter.key)
             if upstream is None:
-                return
-            waiters.popleft()
+                if not waiter.exclude:
+                    return
+                i += 1
+                continue
+            del waiters[i]
             waiter.future.set_result(self.lease_of(upstream, waiter.task))
 
     @property

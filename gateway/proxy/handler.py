@@ -289,12 +289,14 @@ class Proxy(Forwarding):
             if lease is None:
                 if not sp.snapshot.routable:
                     await sp.queue(sp.routing.queue_timeout)  # held, or the 503 raised
-                    lease = sp.lease(key=ex.affinity)
+                    lease = sp.lease(frozenset(tried), ex.affinity)
                 if lease is None:
                     if not sp.cap:
                         raise sp.unavailable()
-                    # Every replica is at its cap: wait for a slot (FIFO), or the 503.
-                    lease = await sp.wait_slot(sp.routing.queue_timeout, ex.affinity)
+                    # Every replica it may use is at its cap: wait for a slot (FIFO), or 503.
+                    lease = await sp.wait_slot(
+                        sp.routing.queue_timeout, ex.affinity, frozenset(tried)
+                    )
         request = ex.request
         websocket = bool(request.upgrade) and request.is_websocket
         while True:

@@ -135,3 +135,19 @@ def test_per_process_share_of_the_cap() -> None:
         update={"limits": pool.service("svc").routing.limits.model_copy(
             update={"max_in_flight_per_replica": 5})}))  # fmt: skip
     assert pool.service("svc").cap == 2
+
+
+async def test_a_waiter_kept_off_some_upstreams_lets_the_next_take_their_slot() -> None:
+    """A preview route's request may only use its revision's upstreams: it waits for one of
+    those, and a slot freed elsewhere goes to the next waiter that may take it."""
+    sp = capped("a", "b", cap=1).service("svc")
+    on_a, on_b = sp.lease_of(sp.snapshot.routable[0]), sp.lease_of(sp.snapshot.routable[1])
+    only_a = asyncio.ensure_future(sp.wait_slot(5.0, exclude=frozenset({"b"})))
+    anyone = asyncio.ensure_future(sp.wait_slot(5.0))
+    await asyncio.sleep(0)
+    on_b.release()
+    lease = await anyone
+    assert lease.upstream.id == "b"
+    assert not only_a.done()
+    on_a.release()
+    assert (await only_a).upstream.id == "a"
