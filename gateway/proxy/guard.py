@@ -36,7 +36,11 @@ MAX_KEY: Final = 64
 """A rate-limit key (a header's value) longer than this is kept as its digest, so the table's
 memory is bounded by its count of keys alone."""
 _AUTHORIZATION: Final = b"authorization"
-_COUNTED: Final = {"ok": "auth_ok", "missing": "auth_missing", "wrong": "auth_wrong"}
+MISSING: Final = "\x00missing"
+WRONG: Final = "\x00wrong"
+"""What ``token_of`` says of a request without a token, or a wrong one: never an id."""
+TWICE: Final = b"\r"
+"""What ``_one`` says of a field given twice: never a value (a value holds no CR)."""
 
 
 def values(request: IncomingRequest, name: bytes) -> list[bytes]:
@@ -60,13 +64,14 @@ def values(request: IncomingRequest, name: bytes) -> list[bytes]:
     return out
 
 
-def _one(request: IncomingRequest, name: bytes) -> tuple[bytes | None, bool]:
-    """The value of the request's first ``name`` field (lower-cased name), or None; and
-    whether another follows. ``values`` without a list, for the token on every request."""
+def _one(request: IncomingRequest, name: bytes) -> bytes | None:
+    """The value of the request's only ``name`` field (lower-cased name); None if it has
+    none, ``TWICE`` if more than one. ``values`` without a list, for the token of every
+    request (nothing made but the value: no tuple for the collector to track)."""
     raw = request.raw_fields
     if not raw:
         found = values(request, name)
-        return (found[0] if found else None), len(found) > 1
+        return (found[0] if len(found) == 1 else TWICE) if found else None
     low = raw.lower()
     needle = b"\n" + name + b":"
     if low.startswith(needle[1:]):
@@ -74,12 +79,14 @@ def _one(request: IncomingRequest, name: bytes) -> tuple[bytes | None, bool]:
     else:
         at = low.find(needle)
         if at < 0:
-            return None, False
+            return None
         start = at + len(needle)
     end = low.find(b"\r", start)
     if end < 0:
         end = len(low)
-    return raw[start:end].strip(b" \t"), low.find(needle, end) >= 0
+    if low.find(needle, end) >= 0:
+        return TWICE
+    return raw[start:end].strip(b" \t")
 
 
 def field(request: IncomingRequest, name: bytes) -> bytes | None:
@@ -111,27 +118,32 @@ def strip(request: IncomingRequest, name: bytes) -> None:
 
 def authenticate(auth: AuthRouting, request: IncomingRequest) -> tuple[str, str | None]:
     """("ok", the token's id), ("missing", None) or ("wrong", None)."""
+    token_id = token_of(auth, request)
+    if token_id == MISSING or token_id == WRONG:
+        return ("missing" if token_id == MISSING else "wrong"), None
+    return "ok", token_id
+
+
+def token_of(auth: AuthRouting, request: IncomingRequest) -> str:
+    """The id of the request's token, or ``MISSING`` or ``WRONG``."""
     header = auth.header.encode()
-    value, more = _one(request, header)
+    value = _one(request, header)
     if value is None:
-        return "missing", None
-    if more:
-        # Twice: which one would an upstream read? Neither is taken (with pass_token, the
+        return MISSING
+    if value == TWICE:
+        # Which one would an upstream read? Neither is taken (with pass_token, the
         # unchecked one could reach it).
-        return "wrong", None
+        return WRONG
     if header == _AUTHORIZATION:
         scheme, _, value = value.partition(b" ")
         if scheme.lower() != b"bearer":
-            return ("missing", None) if not scheme else ("wrong", None)
+            return WRONG if scheme else MISSING
     token = value.strip()
     if not token:
-        return "missing", None
+        return MISSING
     if len(token) > MAX_TOKEN:
-        return "wrong", None
-    token_id = auth.tokens.get(hashlib.sha256(token).hexdigest())
-    if token_id is None:
-        return "wrong", None
-    return "ok", token_id
+        return WRONG
+    return auth.tokens.get(hashlib.sha256(token).hexdigest(), WRONG)
 
 
 def client_ip(request: IncomingRequest, peer: str | None, trust_forwarded: bool) -> str:
@@ -176,16 +188,17 @@ def check(
     token_id = None
     auth = routing.auth
     if auth is not None:
-        outcome, token_id = authenticate(auth, request)
-        name = _COUNTED[outcome]
-        counters[name] = counters.get(name, 0) + 1
-        if token_id is None:
-            message = (
+        token_id = token_of(auth, request)
+        if token_id == MISSING or token_id == WRONG:
+            name = "auth_missing" if token_id == MISSING else "auth_wrong"
+            counters[name] = counters.get(name, 0) + 1
+            raise Unauthorized(
                 "this service needs a bearer token"
-                if outcome == "missing"
-                else "the bearer token is not valid for this service"
+                if token_id == MISSING
+                else "the bearer token is not valid for this service",
+                service=routing.name,
             )
-            raise Unauthorized(message, service=routing.name)
+        counters["auth_ok"] = counters.get("auth_ok", 0) + 1
     if routing.rate_limits:
         for rule in sp.rate_rules():
             if not path.startswith(rule.path_prefix):
@@ -194,7 +207,7 @@ def check(
             if key == "ip":
                 value = client_ip(request, peer, trust_forwarded)
             elif key == "token":
-                value = token_id or ""
+                value = token_id or ""  # (auth is on: a rule keyed by token needs it)
             else:
                 raw = field(request, rule.header) or b""
                 if len(raw) > MAX_KEY:
