@@ -70,44 +70,6 @@ def add(schemas: dict[str, Schema], backends: Iterable[str]) -> None:
     _probe(schemas["ProbeConfig"])
     _rollout(schemas["RolloutStrategy"])
     _guards(schemas)
-    _canary(schemas)
-    _autoscaling(schemas["ServiceSpec"])
-
-
-def _canary(schemas: dict[str, Schema]) -> None:
-    """Preview and sticky settings (``PreviewConfig``, ``StickyConfig`` validators)."""
-    preview = schemas["PreviewConfig"]["properties"]
-    preview["header"]["pattern"] = HEADER_NAME
-    preview["token_header"]["pattern"] = HEADER_NAME
-    preview["tokens"]["items"]["pattern"] = "^[0-9a-f]{64}$"
-    sticky = schemas["StickyConfig"]
-    _string_option(sticky["properties"]["header"])["pattern"] = HEADER_NAME
-    # A header or a cookie, one of the two (StickyConfig._one).
-    sticky["oneOf"] = [
-        {"required": ["header"], "properties": {"header": {"type": "string"}}},
-        {"required": ["cookie"], "properties": {"cookie": {"type": "string"}}},
-    ]
-
-
-def _autoscaling(spec: Schema) -> None:
-    """A count from 0 to MAX_REPLICAS (``ServiceSpec._replicas_count``); ``scaling`` only with
-    a range of replicas (``ServiceSpec._scaling``). That a range's min is at most its max is
-    the one rule JSON Schema cannot state (it compares no two fields): the description says
-    it, and the API refuses such a range with 422."""
-    count = next(o for o in spec["properties"]["replicas"]["anyOf"] if o.get("type") == "integer")
-    count.update(minimum=0, maximum=MAX_REPLICAS)
-    spec.setdefault("allOf", []).append(
-        {
-            "anyOf": [
-                {"not": {"required": ["scaling"]}},
-                {"properties": {"scaling": {"type": "null"}}},
-                {
-                    "required": ["replicas"],
-                    "properties": {"replicas": {"type": "object"}},
-                },
-            ]
-        }
-    )
 
 
 _HEADER_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}"
@@ -196,17 +158,7 @@ def _spec(spec: Schema, backends: list[str]) -> None:
                 },
                 "anyOf": [
                     {"properties": {"replica": {"properties": {"port": {"type": "null"}}}}},
-                    {
-                        "properties": {
-                            "replicas": {
-                                "anyOf": [
-                                    {"type": "null"},
-                                    {"type": "integer", "maximum": 1},
-                                    {"type": "object", "properties": {"max": {"maximum": 1}}},
-                                ]
-                            }
-                        }
-                    },
+                    {"properties": {"replicas": {"anyOf": [{"type": "null"}, {"maximum": 1}]}}},
                 ],
             }
         )
@@ -215,8 +167,7 @@ def _spec(spec: Schema, backends: list[str]) -> None:
         at_most = [
             {
                 "properties": {
-                    # A count: a range is not for a static service (ServiceSpec._scaling).
-                    "replicas": {"type": "integer", "maximum": n},
+                    "replicas": {"maximum": n},
                     "replica": {"properties": {"addresses": {"minItems": n}}},
                 }
             }
