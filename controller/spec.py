@@ -362,12 +362,14 @@ class ScalingConfig(Model):
     """``concurrency`` reads long streams as the load they are; ``rps`` counts completions."""
     target: float = Field(default=10.0, gt=0, le=1_000_000)
     """The metric's value per replica the autoscaler aims at."""
-    window: Duration = Field(default=60.0, gt=0, le=3600)
-    """The mean over this long sizes a scale-down (Knative's stable window)."""
-    scale_up_delay: Duration = Field(default=6.0, le=3600)
+    window: Duration = 60.0
+    """The mean over this long sizes a scale-down (Knative's stable window; 0: the latest
+    sample). Durations here have no upper bound: JSON Schema cannot hold a duration written
+    as a string ("2h") to one, and the API document must refuse what the API refuses."""
+    scale_up_delay: Duration = 6.0
     """A scale-up follows the mean over this long (0: the latest sample): a spike held this
     long scales up (Knative's panic window, 10% of its stable window)."""
-    scale_down_delay: Duration = Field(default=60.0, le=86400)
+    scale_down_delay: Duration = 60.0
     """No scale-down within this long of the last change or of load above target; with
     ``min: 0``, idle this long goes to zero."""
 

@@ -70,6 +70,44 @@ def add(schemas: dict[str, Schema], backends: Iterable[str]) -> None:
     _probe(schemas["ProbeConfig"])
     _rollout(schemas["RolloutStrategy"])
     _guards(schemas)
+    _canary(schemas)
+    _autoscaling(schemas["ServiceSpec"])
+
+
+def _canary(schemas: dict[str, Schema]) -> None:
+    """Preview and sticky settings (``PreviewConfig``, ``StickyConfig`` validators)."""
+    preview = schemas["PreviewConfig"]["properties"]
+    preview["header"]["pattern"] = HEADER_NAME
+    preview["token_header"]["pattern"] = HEADER_NAME
+    preview["tokens"]["items"]["pattern"] = "^[0-9a-f]{64}$"
+    sticky = schemas["StickyConfig"]
+    _string_option(sticky["properties"]["header"])["pattern"] = HEADER_NAME
+    # A header or a cookie, one of the two (StickyConfig._one).
+    sticky["oneOf"] = [
+        {"required": ["header"], "properties": {"header": {"type": "string"}}},
+        {"required": ["cookie"], "properties": {"cookie": {"type": "string"}}},
+    ]
+
+
+def _autoscaling(spec: Schema) -> None:
+    """A count from 0 to MAX_REPLICAS (``ServiceSpec._replicas_count``); ``scaling`` only with
+    a range of replicas (``ServiceSpec._scaling``). That a range's min is at most its max is
+    the one rule JSON Schema cannot state (it compares no two fields): the description says
+    it, and the API refuses such a range with 422."""
+    count = next(o for o in spec["properties"]["replicas"]["anyOf"] if o.get("type") == "integer")
+    count.update(minimum=0, maximum=MAX_REPLICAS)
+    spec.setdefault("allOf", []).append(
+        {
+            "anyOf": [
+                {"not": {"required": ["scaling"]}},
+                {"properties": {"scaling": {"type": "null"}}},
+                {
+                    "required": ["replicas"],
+                    "properties": {"replicas": {"type": "object"}},
+                },
+            ]
+        }
+    )
 
 
 _HEADER_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}"
@@ -158,7 +196,17 @@ def _spec(spec: Schema, backends: list[str]) -> None:
                 },
                 "anyOf": [
                     {"properties": {"replica": {"properties": {"port": {"type": "null"}}}}},
-                    {"properties": {"replicas": {"anyOf": [{"type": "null"}, {"maximum": 1}]}}},
+                    {
+                        "properties": {
+                            "replicas": {
+                                "anyOf": [
+                                    {"type": "null"},
+                                    {"type": "integer", "maximum": 1},
+                                    {"type": "object", "properties": {"max": {"maximum": 1}}},
+                                ]
+                            }
+                        }
+                    },
                 ],
             }
         )
@@ -167,7 +215,8 @@ def _spec(spec: Schema, backends: list[str]) -> None:
         at_most = [
             {
                 "properties": {
-                    "replicas": {"maximum": n},
+                    # A count: a range is not for a static service (ServiceSpec._scaling).
+                    "replicas": {"type": "integer", "maximum": n},
                     "replica": {"properties": {"addresses": {"minItems": n}}},
                 }
             }
@@ -264,6 +313,7 @@ def _probe(probe: Schema) -> None:
 
 def _rollout(rollout: Schema) -> None:
     # max_surge and max_unavailable are not both 0 (max_surge defaults to 1, the other to 0).
+    # Steps only for a canary, analysis only for canary or blue_green (RolloutStrategy).
     rollout["allOf"] = [
         {
             "anyOf": [
@@ -274,5 +324,22 @@ def _rollout(rollout: Schema) -> None:
                     "properties": {"max_unavailable": {"minimum": 1}},
                 },
             ]
-        }
+        },
+        {
+            "anyOf": [
+                {"not": {"required": ["steps"]}},
+                {"properties": {"steps": {"maxItems": 0}}},
+                {"required": ["strategy"], "properties": {"strategy": {"const": "canary"}}},
+            ]
+        },
+        {
+            "anyOf": [
+                {"not": {"required": ["analysis"]}},
+                {"properties": {"analysis": {"type": "null"}}},
+                {
+                    "required": ["strategy"],
+                    "properties": {"strategy": {"enum": ["canary", "blue_green"]}},
+                },
+            ]
+        },
     ]
