@@ -2,12 +2,15 @@
 # local bases the Dockerfile is built from (tests/e2e/test_image.py).
 # Exports GATEWAY_TEST_DOCKER_HOST, GATEWAY_TEST_IMAGE, GATEWAY_TEST_BUILD_BASE,
 # GATEWAY_TEST_RUN_BASE and GATEWAY_TEST_BUILD_CA_CERTS; registers its cleanup with on_exit.
-# Docker Engine and debootstrap (Debian packages "docker.io" and "debootstrap"), if missing.
-if ! command -v docker >/dev/null || ! command -v dockerd >/dev/null \
-    || ! command -v debootstrap >/dev/null; then
+# Docker Engine and debootstrap (Debian packages "docker.io" and "debootstrap"), if missing;
+# and what the second engine's tests use: "iproute2" (its bridge), "openssh-server" and
+# "openssh-client" (an ssh:// engine through a real sshd on loopback).
+has() { command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ]; } # sshd is in sbin
+if ! has docker || ! has dockerd || ! has debootstrap || ! has ip || ! has sshd || ! has ssh; then
     $sudo apt-get update -qq
     $sudo env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends docker.io debootstrap >/dev/null
+        apt-get install -y -qq --no-install-recommends docker.io debootstrap iproute2 \
+        openssh-server openssh-client >/dev/null
 fi
 
 engine_answers() { # SOCKET: true when an engine answers /_ping there
