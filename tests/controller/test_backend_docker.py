@@ -222,6 +222,7 @@ async def test_adopt_after_a_new_backend_instance(harness: Harness) -> None:
         await client.close()
     end = await asyncio.wait_for(harness.exit_of("keep"), 10)
     assert not end.requested
+    await second.close()  # the exit is reported first; close lets its container's removal end
     assert await remove_labelled(harness.instance) == 1  # "gone", never adopted
 
 
@@ -663,6 +664,7 @@ async def went_away(harness: Harness, proxy: SocketProxy) -> None:
     assert end.code == -15
     assert end.reason.startswith("killed by signal 15 (SIGTERM)")
     assert backend.in_use == 0
+    await backend.close()  # the exit is reported first: the removal ends before the proxy goes
 
 
 # -- container.py: the create body and the exit reason (pure) --------------------------------

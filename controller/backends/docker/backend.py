@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 NO_CAPACITY_RETRY_AFTER = 5.0
 LOG_LINES_KEPT = 1000
 """Lines of a removed container's output kept in memory."""
+REMOVAL_WAIT = 10.0
+"""How long ``close`` waits for the removal of containers whose exits were reported."""
 REPLICAS_WITH_LOGS_KEPT = 256
 CONNECT_WAIT = 5.0
 """How long ``connect`` (and so a first ``start``) waits for each engine's first answer."""
@@ -112,6 +114,9 @@ class DockerBackend:
         self._sweep_at: float | None = None
         """Loop time from which unknown containers are orphans."""
         self._sweeper: asyncio.Task[None] | None = None
+        self._removals: set[asyncio.Task[None]] = set()
+        """Every exit being reported (``_report``): those whose exit was reported go on to
+        remove their container, which ``close`` lets finish."""
         self.host_listeners: list[HostListener] = []
         self.pull_listeners: list[PullListener] = []
         """Hear each image pull, a line every ``SAY_EVERY`` seconds."""
@@ -328,6 +333,8 @@ class DockerBackend:
             host.replicas.clear()
         if tasks:
             await asyncio.wait(tasks)
+        if self._removals:  # dead containers: let their removal finish (it is quick)
+            await asyncio.wait(set(self._removals), timeout=REMOVAL_WAIT)
         for host in self._hosts.values():
             await host.client.close()
         tunnels = [h.tunneling for h in self._hosts.values() if h.tunneling is not None]
@@ -474,25 +481,29 @@ class DockerBackend:
     def _finish(self, replica: ReplicaRecord, code: int | None) -> None:
         if replica.finishing is None:
             rid = replica.launch.replica_id
-            replica.finishing = _guarded_task(self._report(replica, code), f"exit:{rid}")
+            replica.finishing = task = _guarded_task(self._report(replica, code), f"exit:{rid}")
+            self._removals.add(task)
+            task.add_done_callback(self._removals.discard)
 
     async def _report(self, replica: ReplicaRecord, code: int | None) -> None:
-        """Read the exit status and the last logs, remove the container, report the exit."""
+        """Read the exit status and the last logs (at once, both), report the exit, then
+        remove the container: the exit reaches the controller, and the dead replica leaves
+        the pool, without waiting for the removal."""
         await replica.started.wait()
         host, rid = replica.host, replica.launch.replica_id
         lines: list[str] = []
-        if replica.container is not None:
+        container = replica.container
+        if container is not None:
             try:
-                info = await host.client.inspect(replica.container)
+                info, lines = await asyncio.gather(
+                    host.client.inspect(container), host.client.logs(container, LOG_LINES_KEPT)
+                )
                 if info is not None:
                     state = info.get("State") or {}
                     code = state.get("ExitCode", code)
                     replica.oom = replica.oom or bool(state.get("OOMKilled"))
-                lines = await host.client.logs(replica.container, LOG_LINES_KEPT)
-                await host.client.remove(replica.container)
             except EngineError as exc:
-                log.warning("replica %s: container not read or removed: %s", rid, exc.message)
-                host.unremoved.add(replica.container)  # an engine shutting down, say
+                log.warning("replica %s: container not read: %s", rid, exc.message)
         self._keep_logs(rid, lines)
         if host.replicas.get(rid) is replica:
             del host.replicas[rid]
@@ -504,6 +515,12 @@ class DockerBackend:
                 self._exit_handler(Exit(rid, signed, reason, replica.stop_requested))
             except Exception:
                 log.exception("exit handler failed for replica %s", rid)
+        if container is not None:
+            try:
+                await host.client.remove(container)
+            except EngineError as exc:
+                log.warning("replica %s: container not removed: %s", rid, exc.message)
+                host.unremoved.add(container)  # an engine shutting down, say
         if not replica.done.done():
             replica.done.set_result(None)
 
