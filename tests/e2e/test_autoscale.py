@@ -122,7 +122,10 @@ async def test_load_stepping_up_and_down_scales_0_to_n_to_0_with_no_failed_reque
     # Visible: the service view and `gateway status` give the last decision and why.
     view = service_view(gw.controller, gw.state()).model_dump(mode="json")
     assert view["desired"] == 0
-    assert view["autoscaling"]["decision"].startswith("idle for 2 s: ")
+    # The last step to zero reads either way: idle for scale_down_delay, or (from several
+    # replicas at once) no load below target.
+    decision = view["autoscaling"]["decision"]
+    assert decision.startswith("idle for 2 s: ") or decision.endswith("-> 0"), decision
     shown = io.StringIO()
     service_table([view], shown)
     service_detail(view, False, shown)
