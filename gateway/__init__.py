@@ -42,10 +42,12 @@ from .events import (
     RequestRecord,
 )
 from .metrics import GatewayMetrics, metrics_handler
-from .pool import Lease, Pool, PoolSnapshot, ServicePool
+from .pool import Pool
 from .prober import Prober
 from .proxy import Proxy
 from .server import TrafficServer
+from .service_pool import Lease, ServicePool
+from .snapshot import PoolSnapshot
 from .tls import ReloadReport, Termination
 from .tls.metrics import register_tls
 from .upstream import AdminState, Health, Upstream

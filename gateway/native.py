@@ -49,6 +49,8 @@ MODULES = (
     "metrics",
     "outlier",
     "pool",
+    "service_pool",
+    "snapshot",
     "ratelimit",
     "router",
     "tally",

@@ -38,7 +38,8 @@ from ..errors import (
     UpstreamProtocolError,
 )
 from ..events import RequestObserver, RequestRecord
-from ..pool import Pool, ServicePool
+from ..pool import Pool
+from ..service_pool import ServicePool
 from ..upstream import Upstream
 from ..wire import headers, http1
 from . import answers, messages, retry

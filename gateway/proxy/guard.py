@@ -26,7 +26,7 @@ from typing import Final
 
 from ..config import AuthRouting
 from ..errors import TooManyRequests, Unauthorized
-from ..pool import ServicePool
+from ..service_pool import ServicePool
 from .exchange import Exchange
 from .request import IncomingRequest
 

@@ -43,7 +43,9 @@ from ..errors import (
     UpstreamTimeout,
 )
 from ..events import RequestObserver
-from ..pool import Lease, Pool, ServicePool, Split
+from ..pool import Pool
+from ..service_pool import Lease, ServicePool
+from ..snapshot import Split
 from ..wire import http1
 from . import guard, messages, preview, sticky
 from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect

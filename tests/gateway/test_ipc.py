@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from gateway.config import ProxyConfig
-from gateway.pool import PoolSnapshot
+from gateway.snapshot import PoolSnapshot
 from gateway.tally import RequestTally
 from gateway.upstream import AdminState, Upstream
 from gateway.workers import ipc

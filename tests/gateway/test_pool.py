@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 from gateway.config import OutlierConfig, RouteConfig, ServiceRouting
 from gateway.events import PoolEvent
-from gateway.pool import Lease, Pool, PoolSnapshot
+from gateway.pool import Pool
+from gateway.service_pool import Lease
+from gateway.snapshot import PoolSnapshot
 from gateway.upstream import AdminState, Health, Upstream
 
 

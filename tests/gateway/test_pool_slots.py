@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from gateway.errors import NoRoutableUpstream
-from gateway.pool import Lease
+from gateway.service_pool import Lease
 from gateway.upstream import Health
 
 from .test_pool import make_pool

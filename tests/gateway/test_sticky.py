@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from gateway.config import StickyConfig
 from gateway.health import Health
-from gateway.pool import Split
 from gateway.proxy.sticky import draw, value
+from gateway.snapshot import Split
 from gateway.upstream import Upstream
 
 
