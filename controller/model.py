@@ -24,7 +24,8 @@ from typing import Literal
 
 from .analysis import NO_TRAFFIC, Outcome, Traffic
 from .autoscaler import Memory, Sample
-from .spec import Autoscaling, RolloutStrategy, StrategyName
+from .scaling import Autoscaling
+from .spec import RolloutStrategy, StrategyName
 
 RolloutKind = Literal["rollout", "rollback", "undo"]
 """``rollout``: to a new target (an apply); ``rollback``: back to the revision a failed or

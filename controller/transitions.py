@@ -57,7 +57,8 @@ from .model import (
     Rollout,
     RolloutStatus,
 )
-from .spec import Autoscaling, RolloutStrategy
+from .scaling import Autoscaling
+from .spec import RolloutStrategy
 
 KEEP_TERMINAL = 20
 """Stopped and failed replicas kept per service for status and the planner's history."""

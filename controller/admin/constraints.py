@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..scaling import MAX_REPLICAS
 from ..spec import (
     DOCKER_FIELDS,
     ENV_NAME_PATTERN,
@@ -23,7 +24,6 @@ from ..spec import (
     MAX_ENV,
     MAX_ENV_VALUE,
     MAX_RATE_LIMITS,
-    MAX_REPLICAS,
 )
 
 Schema = dict[str, Any]

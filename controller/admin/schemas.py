@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from ..acme.manager import CertificateState
-from ..spec import MAX_REPLICAS
+from ..scaling import MAX_REPLICAS
 from ..tokens import TOKEN_PATTERN
 
 SPEC_MARK = "x-service-spec"

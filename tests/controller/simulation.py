@@ -30,7 +30,8 @@ from controller.autoscaler import Sample
 from controller.model import Desired, Intent, Observed, Replica, Rollout, RolloutStatus
 from controller.model import ReplicaState as S
 from controller.planner import plan
-from controller.spec import Autoscaling, RolloutStrategy
+from controller.scaling import Autoscaling
+from controller.spec import RolloutStrategy
 from controller.transitions import (
     AskPromote,
     Change,

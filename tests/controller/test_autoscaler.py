@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from controller.autoscaler import Decision, Memory, Sample, changed, desired, load, remember
 from controller.errors import SpecError
 from controller.operations import validate_spec
-from controller.spec import COLD_START_QUEUE_TIMEOUT, Autoscaling
+from controller.scaling import COLD_START_QUEUE_TIMEOUT, Autoscaling
 
 
 def scaling(**overrides: object) -> Autoscaling:

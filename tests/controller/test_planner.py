@@ -40,7 +40,8 @@ from controller.model import (
     RolloutStatus,
 )
 from controller.planner import Desired, backoff_delay, fmt_seconds, plan
-from controller.spec import Autoscaling, RolloutStrategy
+from controller.scaling import Autoscaling
+from controller.spec import RolloutStrategy
 
 S = ReplicaState
 NO_CAPACITY = "no capacity: 1 of 1 slots in use"

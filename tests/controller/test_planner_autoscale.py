@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from controller.actions import Drain, Rescale, SetDegraded
 from controller.autoscaler import Sample
 from controller.model import ReplicaState
-from controller.spec import Autoscaling, RolloutStrategy
+from controller.scaling import Autoscaling
+from controller.spec import RolloutStrategy
 from controller.transitions import Sampled, observe
 
 from .simulation import World

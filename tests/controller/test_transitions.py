@@ -37,7 +37,8 @@ from controller.model import (
     RolloutKind,
     RolloutStatus,
 )
-from controller.spec import Autoscaling, RolloutStrategy
+from controller.scaling import Autoscaling
+from controller.spec import RolloutStrategy
 from controller.transitions import (
     KEEP_TERMINAL,
     Configure,

@@ -27,7 +27,8 @@ from controller.admin.app import OPEN_PATHS, build_admin_app
 from controller.backends import FakeBackend
 from controller.journal import Journal
 from controller.operations import Controller
-from controller.spec import MAX_COMMANDS, MAX_ENV, MAX_REPLICAS
+from controller.scaling import MAX_REPLICAS
+from controller.spec import MAX_COMMANDS, MAX_ENV
 from controller.store import Store
 from gateway import Pool
 from tests.controller.conftest import h, spec  # noqa: F401 - the controller harness fixture
