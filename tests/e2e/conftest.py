@@ -336,6 +336,7 @@ class Load:
         self.clients = clients
         self.limit = limit
         self.outcomes: list[Outcome] = []
+        self._marks: dict[int, float] = {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -374,14 +375,20 @@ class Load:
             return Outcome(now, i, None, "", repr(e), time.monotonic() - now)
 
     def mark(self) -> int:
-        return len(self.outcomes)
+        """A point in the load: ``bodies(mark)`` counts only requests sent after it."""
+        index = len(self.outcomes)
+        self._marks[index] = time.monotonic()
+        return index
 
     @property
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.failed]
 
     def bodies(self, since: int = 0) -> set[str]:
-        return {o.body for o in self.outcomes[since:] if not o.failed}
+        """The bodies answered since the mark ``since``, to requests sent after it: those in
+        flight at the mark (sent to what served before it) are answered after it too."""
+        sent_after = self._marks.get(since, 0.0)
+        return {o.body for o in self.outcomes[since:] if not o.failed and o.at >= sent_after}
 
     async def more(self, count: int = 50) -> None:
         """Wait until ``count`` more requests were answered."""
