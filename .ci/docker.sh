@@ -46,6 +46,11 @@ stop_ci_dockerd() {
         $sudo kill -0 "$pid" 2>/dev/null || break
         sleep 0.2
     done
+    # The engine leaves its network namespaces' bind mounts behind: unmount them first.
+    local mount
+    for mount in "$ci_dockerd_dir"/exec/netns/*; do
+        [ -e "$mount" ] && $sudo umount "$mount" 2>/dev/null
+    done
     $sudo rm -rf "$ci_dockerd_dir"
 }
 if ! engine_answers "$docker_socket"; then
