@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -33,14 +32,12 @@ import results
 from system import (
     Failure,
     Procs,
-    cpu_seconds,
     free_ports,
     missing_tool,
-    process_tree,
     stop_on_signals,
     work_dir,
 )
-from targets import Limits, Target, gateway_config, parse_wrk, start_upstream
+from targets import Limits, Target, gateway_config, native_status, start_upstream, wrk_cpu
 
 REPO = Path(__file__).resolve().parent.parent
 WEIGHT = 25
@@ -95,30 +92,6 @@ def hold_canary(config: dict, token: str, weight: int) -> None:
     raise Failure(f"the canary is not held at {weight}%")
 
 
-def run_wrk(procs: Procs, target: Target, duration: float, cpu: int) -> tuple[float, float]:
-    """(requests/s, CPU microseconds per request) of one wrk -c64 run."""
-    pids = process_tree(target.proc.pid)
-    before = cpu_seconds(pids)
-    argv = ["wrk", "-t1", "-c64", f"-d{duration:g}s", "--latency", target.url()]
-    proc = procs.start(f"wrk-{target.name}", argv, cpu)
-    proc.popen.wait(duration + 30)
-    procs.finish(proc)
-    used = cpu_seconds(pids) - before
-    run = parse_wrk(proc.log.read_text())
-    if run.errors:
-        raise Failure(f"{target.name}: wrk errors: {run.error_kinds}")
-    return run.rps, used / run.requests * 1e6
-
-
-def native_status(pure: bool) -> str:
-    gateway = Path(sys.executable).parent / "gateway"
-    env = {**os.environ, "GATEWAY_NATIVE": "0" if pure else ""}
-    out = subprocess.run(
-        [str(gateway), "native", "status"], capture_output=True, text=True, env=env
-    )
-    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=8.0)
@@ -160,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         hold_canary(split, token, args.weight)
         del upstream, second
         for target in targets:  # warm-up
-            run_wrk(procs, target, 2, args.load_cpu)
+            wrk_cpu(procs, target, 2, args.load_cpu)
         for rep in range(args.repeat):
             for target in targets if rep % 2 == 0 else targets[::-1]:
-                rps, cpu = run_wrk(procs, target, args.duration, args.load_cpu)
+                rps, cpu = wrk_cpu(procs, target, args.duration, args.load_cpu)
                 figures[target.name].append((rps, cpu))
                 print(f"bench: rep {rep + 1} {target.name:6} {rps:>9,.0f} rps  "
                       f"CPU {cpu:6.1f} us/req", file=sys.stderr)  # fmt: skip

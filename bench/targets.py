@@ -25,6 +25,7 @@ import os
 import re
 import ssl
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -443,3 +444,33 @@ def wrk(
     if run.requests and interrupts is not None and interrupts_after is not None:
         wakeups = (interrupts_after - interrupts) / run.requests
     return dataclasses.replace(run, cpu_us=cpu_us, rss_mib=rss.max, wakeups=wakeups)
+
+
+def wrk_cpu(
+    procs: Procs, target: Target, duration: float, cpu: int, headers: tuple[str, ...] = ()
+) -> tuple[float, float]:
+    """(requests/s, CPU microseconds per request of ``target``) of one ``wrk -c64`` run, each
+    request with ``headers`` (``"Name: value"``)."""
+    pids = process_tree(target.proc.pid)
+    before = cpu_seconds(pids)
+    argv = ["wrk", "-t1", "-c64", f"-d{duration:g}s", "--latency"]
+    for header in headers:
+        argv += ["-H", header]
+    proc = procs.start(f"wrk-{target.name}", [*argv, target.url()], cpu)
+    proc.popen.wait(duration + 30)
+    procs.finish(proc)
+    used = cpu_seconds(pids) - before
+    run = parse_wrk(proc.log.read_text())
+    if run.errors:
+        raise Failure(f"{target.name}: wrk errors: {run.error_kinds}")
+    return run.rps, used / run.requests * 1e6
+
+
+def native_status(pure: bool) -> str:
+    """What ``gateway native status`` says of the venv's gateway (pure: GATEWAY_NATIVE=0)."""
+    gateway = Path(sys.executable).parent / "gateway"
+    env = {**os.environ, "GATEWAY_NATIVE": "0" if pure else ""}
+    out = subprocess.run(
+        [str(gateway), "native", "status"], capture_output=True, text=True, env=env
+    )
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "unknown"
