@@ -70,7 +70,10 @@ def docker_config(g: Gateways) -> dict[str, Any]:
     return {"process": {"port_range": g.port_range}, "docker": {"hosts": hosts}}
 
 
-def docker_spec(version: str, replicas: int = 2, image: str = IMAGE) -> dict[str, Any]:
+def docker_spec(
+    version: str, replicas: int = 2, image: str = IMAGE, **replica: Any
+) -> dict[str, Any]:
+    """A service ``web`` whose containers answer ``version``; ``replica``: more of its fields."""
     return {
         "name": "web",
         "backend": "docker",
@@ -78,6 +81,7 @@ def docker_spec(version: str, replicas: int = 2, image: str = IMAGE) -> dict[str
         "replicas": replicas,
         "replica": {
             "image": image,
+            **replica,
             "env": {"VERSION": version},
             "commands": [
                 "mkdir -p /tmp/site",

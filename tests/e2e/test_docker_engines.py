@@ -36,7 +36,8 @@ import pytest
 from controller.backends.docker import EngineClient, EngineError, EngineTls, EngineUnreachable
 from tests.controller.test_backend_docker import ENGINE, IMAGE, engine_or_skip, remove_labelled
 
-from .conftest import PROBE, ROLLOUT, Gateways, Load, until
+from .conftest import Gateways, Load, until
+from .test_docker import docker_spec as plain_docker_spec
 
 ROOTFS = Path(
     os.environ.get("GATEWAY_TEST_ROOTFS", "/var/cache/gateway-ci/rootfs-bookworm-python3.tar")
@@ -320,25 +321,7 @@ def two_engine_config(
 
 
 def docker_spec(version: str, replicas: int) -> dict[str, Any]:
-    return {
-        "name": "web",
-        "backend": "docker",
-        "route": {"path_prefix": "/"},
-        "replicas": replicas,
-        "replica": {
-            "image": IMAGE,
-            "pull": "never",
-            "env": {"VERSION": version},
-            "commands": [
-                "mkdir -p /tmp/site",
-                'echo -n "$VERSION" > /tmp/site/index.html',
-                "python3 -m http.server $PORT --directory /tmp/site",
-            ],
-        },
-        "probes": [PROBE],
-        "retries": {"attempts": 2},
-        "rollout": ROLLOUT,
-    }
+    return plain_docker_spec(version, replicas, pull="never")
 
 
 def placed(gw: Any) -> dict[str, str]:
