@@ -5,6 +5,7 @@ ControllerError
 ├── NotFound             404  no such service, revision or replica
 ├── Conflict             409  the action does not fit the current state
 ├── StoreUnavailable     503  the state database cannot be written
+│   └── Deposed          503  a write fenced by this node's leadership, refused: another leads
 └── BackendError              a backend could not do what it was asked
     ├── NoCapacity            the fleet is full; ``retry_after`` hints when to try again
     └── StartFailed           the replica could not be started (bad command, directory...)
@@ -45,6 +46,13 @@ class Conflict(ControllerError):
 class StoreUnavailable(ControllerError):
     status = 503
     code = "store_unavailable"
+
+
+class Deposed(StoreUnavailable):
+    """A write fenced by this node's leadership was refused by etcd: the lease behind it is
+    gone and another node may lead. Nothing of the write happened; the node stops acting."""
+
+    code = "deposed"
 
 
 class BackendError(ControllerError):
