@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client import CollectorRegistry
 
@@ -53,7 +53,6 @@ from .admin.tls import tls_operations
 from .admin.views import certificates_operation
 from .backends import ProcessBackend, StaticBackend
 from .backends.base import Backend
-from .backends.docker import DockerBackend, DockerHost, EngineTls, SshOptions
 from .cli import add_commands as add_client_commands
 from .config import ConfigError, ConfigService, GatewayConfig, LoadedConfig, load_config
 from .errors import ControllerError
@@ -62,6 +61,9 @@ from .metrics import register as register_controller_metrics
 from .metrics import register_acme
 from .operations import Controller
 from .store import ConfigAppliedRow, Store
+
+if TYPE_CHECKING:  # imported where used: most gateways run no Docker backend
+    from .backends.docker import DockerBackend
 
 log = logging.getLogger("gateway")
 
@@ -311,6 +313,8 @@ def instance_id(state_dir: Path) -> str:
 
 
 def docker_backend(config: GatewayConfig, instance: str) -> DockerBackend:
+    from .backends.docker import DockerBackend, DockerHost, EngineTls, SshOptions
+
     assert config.backends.docker is not None
     hosts = [
         DockerHost(

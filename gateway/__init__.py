@@ -1,57 +1,151 @@
 """The data plane: a health-gated reverse proxy.
 
-The control plane uses it only through the names below.
+The control plane uses it only through the names below. They are imported on first use
+(PEP 562): a worker process (``gateway.workers.worker``) imports this package first, and
+must not pay for what only the controller's process uses (the metrics' aiohttp handler, the
+prober's aiohttp client, the supervisor).
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from . import native
 
 native.use(__path__)  # first: the compiled modules, if built from these sources (native.py)
 
-from .accesslog import AccessLog
-from .config import (
-    Address,
-    AuthRouting,
-    Duration,
-    LimitsConfig,
-    ListenAddress,
-    ListenerLimits,
-    LoadBalancing,
-    Model,
-    OutlierConfig,
-    PreviewConfig,
-    ProbeConfig,
-    ProxyConfig,
-    RateLimit,
-    RequestKey,
-    RetriesConfig,
-    RouteConfig,
-    ServiceRouting,
-    StickyConfig,
-    TimeoutsConfig,
-    TlsConfig,
-    parse_address,
-    parse_duration,
-)
-from .errors import GatewayError, NoRoutableUpstream, UpstreamConnectError, UpstreamTimeout
-from .events import (
-    PoolEvent,
-    PoolSubscriber,
-    ProbeObserver,
-    ProbeResult,
-    RequestObserver,
-    RequestRecord,
-)
-from .metrics import GatewayMetrics, metrics_handler
-from .pool import Pool
-from .prober import Prober
-from .proxy import Proxy
-from .server import TrafficServer
-from .service_pool import Lease, ServicePool
-from .snapshot import PoolSnapshot
-from .tls import ReloadReport, Termination
-from .tls.metrics import register_tls
-from .upstream import AdminState, Health, Upstream
-from .workers.supervisor import Supervisor, WorkerSettings
+if TYPE_CHECKING:
+    from .accesslog import AccessLog
+    from .config import (
+        Address,
+        AuthRouting,
+        Duration,
+        LimitsConfig,
+        ListenAddress,
+        ListenerLimits,
+        LoadBalancing,
+        Model,
+        OutlierConfig,
+        PreviewConfig,
+        ProbeConfig,
+        ProxyConfig,
+        RateLimit,
+        RequestKey,
+        RetriesConfig,
+        RouteConfig,
+        ServiceRouting,
+        StickyConfig,
+        TimeoutsConfig,
+        TlsConfig,
+        parse_address,
+        parse_duration,
+    )
+    from .errors import (
+        GatewayError,
+        NoRoutableUpstream,
+        UpstreamConnectError,
+        UpstreamTimeout,
+    )
+    from .events import (
+        PoolEvent,
+        PoolSubscriber,
+        ProbeObserver,
+        ProbeResult,
+        RequestObserver,
+        RequestRecord,
+    )
+    from .metrics import (
+        GatewayMetrics,
+        metrics_handler,
+    )
+    from .pool import Pool
+    from .prober import Prober
+    from .proxy import Proxy
+    from .server import TrafficServer
+    from .service_pool import (
+        Lease,
+        ServicePool,
+    )
+    from .snapshot import PoolSnapshot
+    from .tls import (
+        ReloadReport,
+        Termination,
+    )
+    from .tls.metrics import register_tls
+    from .upstream import (
+        AdminState,
+        Health,
+        Upstream,
+    )
+    from .workers.supervisor import (
+        Supervisor,
+        WorkerSettings,
+    )
+
+_WHERE: dict[str, str] = {
+    "AccessLog": ".accesslog",
+    "Address": ".config",
+    "AdminState": ".upstream",
+    "AuthRouting": ".config",
+    "Duration": ".config",
+    "GatewayError": ".errors",
+    "GatewayMetrics": ".metrics",
+    "Health": ".upstream",
+    "Lease": ".service_pool",
+    "LimitsConfig": ".config",
+    "ListenAddress": ".config",
+    "ListenerLimits": ".config",
+    "LoadBalancing": ".config",
+    "Model": ".config",
+    "NoRoutableUpstream": ".errors",
+    "OutlierConfig": ".config",
+    "Pool": ".pool",
+    "PoolEvent": ".events",
+    "PoolSnapshot": ".snapshot",
+    "PoolSubscriber": ".events",
+    "PreviewConfig": ".config",
+    "ProbeConfig": ".config",
+    "ProbeObserver": ".events",
+    "ProbeResult": ".events",
+    "Prober": ".prober",
+    "Proxy": ".proxy",
+    "ProxyConfig": ".config",
+    "RateLimit": ".config",
+    "ReloadReport": ".tls",
+    "RequestKey": ".config",
+    "RequestObserver": ".events",
+    "RequestRecord": ".events",
+    "RetriesConfig": ".config",
+    "RouteConfig": ".config",
+    "ServicePool": ".service_pool",
+    "ServiceRouting": ".config",
+    "StickyConfig": ".config",
+    "Supervisor": ".workers.supervisor",
+    "Termination": ".tls",
+    "TimeoutsConfig": ".config",
+    "TlsConfig": ".config",
+    "TrafficServer": ".server",
+    "Upstream": ".upstream",
+    "UpstreamConnectError": ".errors",
+    "UpstreamTimeout": ".errors",
+    "WorkerSettings": ".workers.supervisor",
+    "metrics_handler": ".metrics",
+    "parse_address": ".config",
+    "parse_duration": ".config",
+    "register_tls": ".tls.metrics",
+}
+"""Each public name -> the module that defines it."""
+
+
+def __getattr__(name: str) -> object:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AccessLog",
