@@ -34,6 +34,9 @@ from gateway.proxy.handler import Proxy
 from gateway.server import TrafficServer
 from gateway.upstream import Health, Upstream
 
+FRAMES = 3
+"""Frames of each allocation site shown, innermost first."""
+
 CLIENT = r"""
 import socket, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
@@ -87,7 +90,7 @@ async def measure(connections: int, top: int) -> None:
     try:
         gc.collect()
         count0, size0 = _objects()
-        tracemalloc.start()
+        tracemalloc.start(FRAMES)
         traced0 = tracemalloc.get_traced_memory()[0]
         client = await asyncio.create_subprocess_exec(
             sys.executable, "-c", CLIENT, str(server.port), str(connections),
@@ -101,6 +104,7 @@ async def measure(connections: int, top: int) -> None:
         await asyncio.sleep(0.5)  # the last answers' callbacks
         gc.collect()
         traced = tracemalloc.get_traced_memory()[0] - traced0
+        sites = tracemalloc.take_snapshot().statistics("traceback")
         tracemalloc.stop()
         count1, size1 = _objects()
         print(native.running)
@@ -112,6 +116,14 @@ async def measure(connections: int, top: int) -> None:
             if n > 0.005:
                 each = (size1[kind] - size0[kind]) / connections
                 print(f"  {n:5.2f} x {kind}: {each:,.0f}")
+        print("where the traced bytes were allocated, per connection (file:line: bytes):")
+        for stat in sites[:top]:
+            if stat.size / connections >= 8:
+                where = " < ".join(
+                    f"{Path(f.filename).name}:{f.lineno}" for f in reversed(stat.traceback)
+                )
+                each, blocks = stat.size / connections, stat.count / connections
+                print(f"  {where}: {each:,.0f} ({blocks:.2f} blocks)")
         client.stdin.write(b"\n")
         await client.stdin.drain()
         await asyncio.wait_for(client.wait(), 30)
