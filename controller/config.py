@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from gateway import Duration, ListenAddress, ListenerLimits, Model, ProxyConfig, TlsConfig
 
+from .cluster.config import NodeConfig, StateConfig
 from .spec import NAME_PATTERN, ServiceSpec
 
 
@@ -295,6 +296,10 @@ class GatewayConfig(Model):
     replicas_on_exit: Literal["keep", "stop"] = "keep"
     """On shutdown, leave process replicas running for the next start to adopt (``keep``),
     or stop them (``stop``)."""
+    state: StateConfig = StateConfig()
+    """Where the state lives: SQLite on this node (default), or etcd shared by a cluster."""
+    node: NodeConfig = NodeConfig()
+    """This process as a node of a cluster (with ``state.store: etcd``)."""
 
     @model_validator(mode="after")
     def _tls_needs_certificates(self) -> GatewayConfig:

@@ -49,6 +49,7 @@ from gateway import (
 from .acme import AcmeManager
 from .acme.manager import controller_routes
 from .admin.app import AdminServer, build_admin_app, is_loopback
+from .admin.cluster import cluster_operations
 from .admin.tls import tls_operations
 from .admin.views import certificates_operation
 from .backends import ProcessBackend, StaticBackend
@@ -252,7 +253,11 @@ async def run_gateway(
             lambda: ready,
             config.admin_token(),
             metrics_handler=metrics_handler(registry),
-            extra_routes=[certificates_operation(acme), *tls_operations(tls, reload_tls)],
+            extra_routes=[
+                certificates_operation(acme),
+                *tls_operations(tls, reload_tls),
+                *cluster_operations(None),
+            ],
         ),
         config.admin.listen,
     )

@@ -152,15 +152,17 @@ def build_admin_app(
     extra_routes: Iterable[Operation | web.RouteDef] = (),
     client_max_size: int = MAX_BODY,
     sse_keepalive: float = SSE_KEEPALIVE,
+    middlewares: Iterable[Callable[..., Any]] = (),
 ) -> web.Application:
     """The admin app. ``token`` None: no auth (only allowed on a loopback listener).
 
     ``metrics_handler`` is mounted at ``/metrics`` without auth; ``extra_routes`` (operations,
     or aiohttp route defs such as ``web.get(path, handler)``) are mounted and documented like
-    the built-in ones, with auth unless their path is in OPEN_PATHS.
+    the built-in ones, with auth unless their path is in OPEN_PATHS. ``middlewares`` run
+    inside auth (the cluster's forwarding to the leader: ``admin.cluster``).
     """
     app = web.Application(
-        middlewares=[errors_middleware, auth_middleware(token)],
+        middlewares=[errors_middleware, auth_middleware(token), *middlewares],
         client_max_size=client_max_size,
     )
     # /api/events shows the data plane's health transitions too (once, however many apps).

@@ -435,3 +435,28 @@ RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
     TokenAdded,
     TokenRevoked,
 )
+
+
+class ClusterNodeView(Schema):
+    name: str
+    address: str
+    """Where its admin API answers (and takes the requests other nodes forward)."""
+    leader: bool
+    started_at: float
+    """Wall-clock seconds."""
+    replicas: int | None = None
+    """Replicas running on it (placed by the leader), when it reports them."""
+    capacity: int | None = None
+
+
+class ClusterView(Schema):
+    store: Literal["sqlite", "etcd"]
+    """``sqlite``: one node, no cluster (``node`` and ``leader`` are null)."""
+    node: str | None
+    """The node that answered."""
+    leader: str | None
+    """The node that leads, as this node last saw it (null: none now)."""
+    store_reachable: bool = True
+    store_reason: str = ""
+    """Why etcd is unreachable, when it is."""
+    nodes: list[ClusterNodeView]

@@ -21,6 +21,7 @@ from .render import (
     describe_apply,
     dump,
     host_table,
+    node_table,
     progress_text,
     rollout_table,
     service_detail,
@@ -89,9 +90,13 @@ async def cmd_status(client: Client, args: argparse.Namespace, out: TextIO) -> i
     hosts = (await client.call("GET", "/api/hosts"))["hosts"]
     acme = await client.call("GET", "/api/certificates", allow=(404,)) or {}
     certificates = acme.get("certificates") or []
+    cluster = await client.call("GET", "/api/cluster", allow=(404,)) or {}
     if args.json:
-        dump({**data, "hosts": hosts, "certificates": certificates}, out)
+        dump({**data, "hosts": hosts, "certificates": certificates, "cluster": cluster}, out)
         return EXIT_OK
+    if cluster.get("store") == "etcd":
+        node_table(cluster, out)
+        print(file=out)
     if not data["services"]:
         print("no services", file=out)
     else:

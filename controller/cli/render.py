@@ -159,6 +159,21 @@ def host_table(hosts: list[dict[str, Any]], out: TextIO) -> None:
     table(rows, out)
 
 
+def node_table(cluster: dict[str, Any], out: TextIO) -> None:
+    """The nodes of a cluster, which one leads, and whether etcd answers."""
+    rows = [["NODE", "ROLE", "REPLICAS", "ADDRESS"]]
+    for n in cluster["nodes"]:
+        role = "leader" if n["leader"] else "follower"
+        capacity = "-" if n.get("capacity") is None else str(n["capacity"])
+        replicas = "-" if n.get("replicas") is None else f"{n['replicas']}/{capacity}"
+        rows.append([n["name"], role, replicas, n["address"]])
+    table(rows, out)
+    if cluster["leader"] is None:
+        print("no node leads now (an election is under way, or etcd is unreachable)", file=out)
+    if not cluster.get("store_reachable", True):
+        print(f"etcd unreachable from {cluster['node']}: {cluster['store_reason']}", file=out)
+
+
 def service_detail(view: dict[str, Any], show_all: bool, out: TextIO) -> None:
     print(
         f"{view['name']}: {view['status']}, revision {revision_text(view)}, "

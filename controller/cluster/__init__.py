@@ -1,0 +1,1 @@
+"""A cluster of gateway nodes sharing one state in etcd (docs/cluster.md)."""

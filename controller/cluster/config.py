@@ -1,0 +1,117 @@
+"""The config of the state store and of this node in a cluster (``state`` and ``node``).
+
+``state.store: sqlite`` (the default) keeps the state in ``<state_dir>/gateway.db`` on one node.
+``state.store: etcd`` keeps it in etcd under ``state.etcd.prefix``, shared by every node that
+names the same endpoints and prefix: each node serves traffic, one leads (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from gateway import Duration, Model
+
+NODE_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$"
+
+
+class EtcdTls(Model):
+    """TLS to etcd: the CA that signed its certificates, and a client pair if it asks for one."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> EtcdTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
+class EtcdConfig(Model):
+    endpoints: tuple[str, ...] = Field(min_length=1)
+    """Client URLs of the etcd members, e.g. ``http://10.0.0.1:2379``."""
+    prefix: str = "/gateway/"
+    """Every key of this cluster lies under it: two clusters can share one etcd."""
+    tls: EtcdTls | None = None
+    username: str | None = None
+    password_env: str | None = None
+    """The environment variable that holds the password of ``username``."""
+    timeout: Duration = Field(default=2.0, gt=0)
+    """How long one etcd call may take, every member tried, before it counts as unreachable."""
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            parts = urlsplit(url)
+            if (
+                parts.scheme not in ("http", "https")
+                or not parts.hostname
+                or parts.path
+                not in (
+                    "",
+                    "/",
+                )
+            ):
+                raise ValueError(f"{url!r}: an endpoint is http(s)://host:port")
+        return tuple(u.rstrip("/") for u in value)
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not value.startswith("/") or "\x00" in value:
+            raise ValueError("must start with '/'")
+        return value if value.endswith("/") else value + "/"
+
+    @model_validator(mode="after")
+    def _credentials(self) -> EtcdConfig:
+        if (self.username is None) != (self.password_env is None):
+            raise ValueError("username and password_env go together")
+        return self
+
+    def password(self) -> str | None:
+        return None if self.password_env is None else os.environ.get(self.password_env, "")
+
+
+class StateConfig(Model):
+    store: Literal["sqlite", "etcd"] = "sqlite"
+    etcd: EtcdConfig | None = None
+
+    @model_validator(mode="after")
+    def _etcd(self) -> StateConfig:
+        if self.store == "etcd" and self.etcd is None:
+            raise ValueError("store etcd needs state.etcd (endpoints at least)")
+        if self.store == "sqlite" and self.etcd is not None:
+            raise ValueError("state.etcd is only read with store: etcd")
+        return self
+
+
+class NodeConfig(Model):
+    """This gateway process as a node of a cluster (read with ``state.store: etcd`` only)."""
+
+    name: str = Field(
+        default_factory=lambda: socket.gethostname().lower(), pattern=NODE_NAME_PATTERN
+    )
+    """Unique in the cluster; the host name by default."""
+    address: str | None = None
+    """The URL other nodes and the CLI reach this node's admin API at (writes are forwarded to
+    the leader there); by default ``http://`` + ``admin.listen``."""
+    lease_ttl: int = Field(default=5, ge=2, le=60)
+    """Seconds: a node that stops renewing its lease is gone from the cluster after this long,
+    and a leader that cannot renew stops acting before it ends."""
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r}: the address is http(s)://host:port of the admin API")
+        return value.rstrip("/")
