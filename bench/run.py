@@ -6,6 +6,8 @@ One command, one run, everything on loopback and bounded in time::
     .venv/bin/python bench/run.py --python .venv/bin/python --python /usr/bin/python3.11
     .venv/bin/python bench/run.py --pure    # also the pure Python data plane, same run
     .venv/bin/python bench/run.py --tls     # TLS termination: nginx and the gateway (tls.py)
+    .venv/bin/python bench/run.py --sse     # server-sent events: latency per event (sse.py)
+    .venv/bin/python bench/run.py --split   # CPU per request with a canary split (split.py)
 
 It starts, in a fresh temporary directory, the upstream (nginx, 1 worker, pinned with wrk to
 the load core) and, each pinned to the proxy core, nginx as a reverse proxy (1 worker,
@@ -26,7 +28,9 @@ After the repetitions, each target in turn holds 10,000 idle keep-alive connecti
 
 ``--tls`` runs the TLS comparison instead (``bench/tls.py``): nginx with ``listen ssl`` and the
 gateway with ``listen_tls``, the same certificate and settings, over HTTPS; it writes the
-``tls`` section of ``--output`` and leaves the rest.
+``tls`` section of ``--output`` and leaves the rest. ``--sse`` (``bench/sse.py``) and
+``--split`` (the setup of ``bench/split.py``) are steps of their own in the same way: each
+writes its section (``sse``, ``split-step``) and nothing else.
 
 Every process it starts gets its own process group and is stopped by pid in a ``finally``
 block, Ctrl-C and SIGTERM included.
@@ -52,6 +56,8 @@ from pathlib import Path
 
 import interpreter
 import results
+import split
+import sse
 import tls
 from idle import IdleResult, idle_step
 from system import (
@@ -73,12 +79,15 @@ from targets import (
     Limits,
     Run,
     Target,
+    gateway_config,
     make_certificate,
+    native_status,
     start_gateway,
     start_haproxy,
     start_nginx,
     start_upstream,
     wrk,
+    wrk_cpu,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -371,6 +380,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the certificate's key: RSA 2048 (default) or ECDSA P-256")  # fmt: skip
     p.add_argument("--handshake-clients", type=int, default=8,
                    help="openssl s_time processes at once, for --tls (8)")  # fmt: skip
+    p.add_argument("--sse", action="store_true",
+                   help="server-sent events instead: latency per event, nginx with "
+                        "proxy_buffering off and the gateway (sse.py)")  # fmt: skip
+    p.add_argument("--sse-streams", type=int, default=100, help="streams at once, --sse (100)")
+    p.add_argument("--sse-interval", type=float, default=5.0,
+                   help="ms between two events of a stream, --sse (5)")  # fmt: skip
+    p.add_argument("--split", action="store_true",
+                   help="CPU per request with a canary split (25%%) against the plain "
+                        "service instead (the setup of split.py)")  # fmt: skip
     p.add_argument("--no-compile", action="store_true",
                    help="run the data plane as built (else pure): never build it")  # fmt: skip
     p.add_argument("--access-log", choices=("off", "file"), default="file",
@@ -530,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: {e}", file=sys.stderr)
         return 1
     stop_on_signals()
+    if args.sse or args.split:
+        return step(args, lim, pythons[0])
     started_at = datetime.datetime.now(datetime.UTC)
     load = os.getloadavg()
     tmp = work_dir("bench")
@@ -570,6 +590,135 @@ def main(argv: list[str] | None = None) -> int:
     args.output.write_text(report.rstrip("\n") + "\n" + ("\n" + kept if kept else ""))
     print(tables(args, [t.name for t in targets.values()], figures))
     print(f"\nbench: written to {args.output}", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the steps of their own: --sse, --split
+
+
+def measure_split(procs: Procs, args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
+    """``split.py``'s comparison: two gateways (one process each, the proxy core) over the
+    same two upstreams, ``plain`` (one revision) and ``split`` (a canary held at
+    ``split.WEIGHT`` %); per repetition, the order alternating, (requests/s, CPU us/request)
+    of ``wrk -t1 -c64``."""
+    others = Procs(work_dir("split-upstream"))  # the second nginx, in a directory of its own
+    lim = Limits(max_connections=1024, nofile=4096, access_log=args.access_log == "file")
+    figures: dict[str, list[tuple[float, float]]] = {"plain": [], "split": []}
+    try:
+        up, up2, p1, a1, p2, a2 = free_ports(6)
+        token = os.urandom(16).hex()
+        (procs.tmp / "admin-token").write_text(token)
+        start_upstream(procs, up, args.load_cpu, lim)
+        start_upstream(others, up2, args.load_cpu, lim)
+        plain = gateway_config(procs.tmp, "plain", p1, a1, up, lim)
+        canary = gateway_config(procs.tmp, "split", p2, a2, up, lim)
+        plain["services"][0]["replica"]["addresses"].append(f"127.0.0.1:{up2}")
+        service = canary["services"][0]
+        service["replicas"] = 1  # the canary's replica takes the second address
+        service["replica"]["addresses"].append(f"127.0.0.1:{up2}")
+        pure = args.pure
+        gateways = [split.start(procs, "plain", plain, args.proxy_cpu, pure),
+                    split.start(procs, "split", canary, args.proxy_cpu, pure)]  # fmt: skip
+        split.hold_canary(canary, token, split.WEIGHT)
+        for target in gateways:
+            wrk_cpu(procs, target, args.warmup, args.load_cpu)
+        for rep in range(args.repeat):
+            for target in gateways if rep % 2 == 0 else gateways[::-1]:
+                rps, cpu = wrk_cpu(procs, target, args.duration, args.load_cpu)
+                figures[target.name].append((rps, cpu))
+                print(f"bench: split rep {rep + 1} {target.name:6} {rps:>9,.0f} rps  "
+                      f"CPU {cpu:6.1f} us/req", file=sys.stderr)  # fmt: skip
+        view = split.admin(canary, token, "GET", "/api/services/bench")
+        if (view.get("rollout") or {}).get("weight") != split.WEIGHT:
+            raise Failure("the canary did not hold its weight through the runs")
+    finally:
+        others.stop_all_uninterrupted()
+        shutil.rmtree(others.tmp, ignore_errors=True)
+    return figures
+
+
+def split_report(
+    args: argparse.Namespace, figures: dict[str, list[tuple[float, float]]], head: list[str]
+) -> str:
+    rows = [
+        f"| {name} | {statistics.median(r for r, _ in runs):,.0f} | "
+        f"{statistics.median(c for _, c in runs):.1f} |"
+        for name, runs in figures.items()
+    ]
+    ratios = [s[1] / p[1] for p, s in zip(figures["plain"], figures["split"], strict=True)]
+    return "\n".join([
+        "## A canary split: CPU per request (bench/run.py --split)",
+        "",
+        *head,
+        "",
+        f"`wrk -t1 -c64`, {args.duration} s a run; `split` holds a canary at {split.WEIGHT}% "
+        "(two revisions, every request draws its side, then the policy picks within it), "
+        "`plain` is the same service over the same two upstreams with one revision. "
+        "Medians of the repetitions, the order alternating.",
+        "",
+        "| gateway | requests/s | CPU us/request |",
+        "| --- | ---: | ---: |",
+        *rows,
+        "",
+        "split/plain CPU per request, per repetition: "
+        + ", ".join(f"{r:.3f}" for r in ratios)
+        + f" (median **{statistics.median(ratios):.3f}**).",
+    ])  # fmt: skip
+
+
+def step(args: argparse.Namespace, lim: Limits, python: interpreter.Interpreter) -> int:
+    """``--sse`` or ``--split``: a comparison of its own, written to its own section."""
+    name = "sse" if args.sse else "split-step"
+    started_at = datetime.datetime.now(datetime.UTC)
+    load = os.getloadavg()
+    tmp = work_dir(name)
+    procs = Procs(tmp)
+    sources = source_digest()
+    gateways: list[Target] = []
+    try:
+        if args.sse:
+            targets = sse.start(procs, args, python, lim)
+            gateways = [t for t in targets.values() if t.kind == "gateway"]
+            sse_figures = sse.measure(procs, args, targets)
+        else:
+            split_figures = measure_split(procs, args)
+    except Failure as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bench: interrupted; stopping everything", file=sys.stderr)
+        return 130
+    finally:
+        procs.stop_all_uninterrupted()
+        if args.keep_tmp:
+            print(f"bench: configs and logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    at = f"{started_at:%Y-%m-%d %H:%M} UTC"
+    placement = (f"The proxies pinned to CPU {args.proxy_cpu}, the load (and the upstreams) to "
+                 f"CPU {args.load_cpu}.")  # fmt: skip
+    if not args.sse:
+        placement += f" Data plane: {native_status(args.pure)}."
+    head = [
+        f"Run {at} with:",
+        "",
+        "```sh",
+        command_line(),
+        "```",
+        "",
+        f"Repetitions: {args.repeat}. {placement} Access logs "
+        f"{'to a file' if args.access_log == 'file' else 'off'}. Load average (1 min) at the "
+        f"start and the end: {load[0]:.2f}, {os.getloadavg()[0]:.2f}: the 2 cores are shared "
+        "with other work, so the ratios per repetition say more than the medians.",
+        "",
+        *machine(sources, gateways),
+    ]
+    if args.sse:
+        text = sse.report(args, sse_figures, head)
+    else:
+        text = split_report(args, split_figures, head)
+    results.publish(name, text, args.output)
     return 0
 
 

@@ -1,0 +1,328 @@
+"""Memory per process: the gateway's worker and main processes against an nginx worker.
+
+    .venv/bin/python bench/memory.py --duration 6 --repeat 3 [--idle-connections 10000]
+
+Starts, as ``run.py`` does, the upstream (nginx, with wrk on the load core), nginx as a proxy
+(1 worker) and two gateways as users run them (``targets.gateway_config``), all on the proxy
+core: ``gateway`` (one process) and ``gateway-w2`` (``--workers 2``: a main process that runs
+the controller, the probes and the admin API, and two worker processes that serve). For
+every process of each tree it reads VmRSS and, from ``/proc/PID/smaps_rollup``, the USS
+(private pages: what another worker adds) and the PSS; idle (after a settle), then under
+``wrk -t1 -c64`` (the largest of samples every 0.25 s), interleaved over ``--repeat``
+repetitions, the order rotating. Then each target in turn holds ``--idle-connections`` idle
+keep-alive connections (``idle.idle_step``, as ``run.py``'s idle step): KiB per connection.
+And, in fresh interpreters, what importing a worker's and the main process's modules costs
+(VmRSS after ``import gateway.workers.worker`` / ``controller.main``).
+
+Writes the ``memory`` section of ``--output`` (default ``bench/out/memory.md``, gitignored).
+The gateways run their data plane as built (``gateway native status``): it never builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import results
+from idle import IdleResult, idle_step
+from interpreter import Interpreter
+from system import (
+    Failure,
+    Procs,
+    free_ports,
+    missing_tool,
+    process_tree,
+    raise_nofile,
+    stop_on_signals,
+    wait_serving,
+    work_dir,
+)
+from targets import Limits, Target, native_status, start_gateway, start_nginx, start_upstream
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Mem:
+    """MiB of one process: resident, private (USS) and proportional (PSS)."""
+
+    rss: float
+    uss: float
+    pss: float
+
+
+def mem(pid: int) -> Mem | None:
+    """One process's figures from ``smaps_rollup`` (None once it is gone)."""
+    kib: dict[str, int] = {}
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines()[1:]:
+        key, _, rest = line.partition(":")
+        with contextlib.suppress(ValueError, IndexError):
+            kib[key] = int(rest.split()[0])
+    uss = kib.get("Private_Clean", 0) + kib.get("Private_Dirty", 0)
+    return Mem(kib.get("Rss", 0) / 1024, uss / 1024, kib.get("Pss", 0) / 1024)
+
+
+def roles(target: Target) -> dict[str, int]:
+    """The processes of a target's tree by role: ``main`` and ``worker-N`` (nginx: its
+    master is ``main``; a gateway without workers has only ``main``)."""
+    pids = process_tree(target.proc.pid)
+    # The root is taskset's exec of the target itself: the same pid.
+    out = {"main": pids[0]}
+    for i, pid in enumerate(sorted(pids[1:]), 1):
+        out[f"worker-{i}"] = pid
+    return out
+
+
+class Sampler:
+    """The largest RSS and USS of each process, sampled every ``interval`` s from a thread."""
+
+    def __init__(self, pids: dict[str, int], interval: float = 0.25) -> None:
+        self.pids = pids
+        self.interval = interval
+        self.max: dict[str, Mem] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            for role, pid in self.pids.items():
+                now = mem(pid)
+                if now is None:
+                    continue
+                top = self.max.setdefault(role, now)
+                top.rss, top.uss, top.pss = (max(top.rss, now.rss), max(top.uss, now.uss),
+                                             max(top.pss, now.pss))  # fmt: skip
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class Figures:
+    idle: dict[str, dict[str, Mem]] = field(default_factory=dict)
+    """target -> role -> figures, idle before the load."""
+    loaded: dict[str, list[dict[str, Mem]]] = field(default_factory=dict)
+    """target -> per repetition, role -> the largest figures under load."""
+    rps: dict[str, list[float]] = field(default_factory=dict)
+    conns: dict[str, IdleResult] = field(default_factory=dict)
+    imports: dict[str, float] = field(default_factory=dict)
+
+
+def wrk_sampled(procs: Procs, target: Target, duration: int, cpu: int) -> tuple[float, dict]:
+    """``wrk -t1 -c64`` on ``target`` while its processes are sampled."""
+    argv = ["wrk", "-t1", "-c64", f"-d{duration}s", target.url()]
+    with Sampler(roles(target)) as sampler:
+        proc = procs.start(f"wrk-{target.name}", argv, cpu)
+        try:
+            proc.popen.wait(duration + 30)
+        finally:
+            procs.finish(proc)
+    text = proc.log.read_text()
+    rps = next((float(w.split()[1]) for w in text.splitlines() if w.startswith("Requests/sec")),
+               0.0)  # fmt: skip
+    return rps, sampler.max
+
+
+def import_rss(module: str, pure: bool) -> float:
+    """VmRSS (MiB) of a fresh interpreter once ``module`` is imported."""
+    code = (f"import {module}, re; s = open('/proc/self/status').read(); "
+            "print(int(re.search(r'VmRSS:\\s+(\\d+)', s).group(1)))")  # fmt: skip
+    env = {**os.environ, "GATEWAY_NATIVE": "0" if pure else ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=REPO, timeout=60, check=True)  # fmt: skip
+    return int(out.stdout.strip()) / 1024
+
+
+def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) -> Figures:
+    figures = Figures()
+    for module in ("uvloop", "gateway.workers.worker", "controller.main"):
+        figures.imports[module] = import_rss(module, args.pure)
+    for target in targets.values():  # warm-up, then the idle figures
+        wrk_sampled(procs, target, args.warmup, args.load_cpu)
+    for name, target in targets.items():
+        figures.idle[name] = {r: m for r, p in roles(target).items() if (m := mem(p))}
+    order = list(targets)
+    for rep in range(args.repeat):
+        shift = rep % len(order)
+        for name in order[shift:] + order[:shift]:
+            rps, top = wrk_sampled(procs, targets[name], args.duration, args.load_cpu)
+            figures.loaded.setdefault(name, []).append(top)
+            figures.rps.setdefault(name, []).append(rps)
+            worst = ", ".join(f"{r} {m.rss:.1f}/{m.uss:.1f}" for r, m in top.items())
+            print(f"bench: rep {rep + 1} {name:10} {rps:>9,.0f} rps  RSS/USS MiB: {worst}",
+                  file=sys.stderr)  # fmt: skip
+    if args.idle_connections:
+        for name in ("nginx", "gateway"):
+            result = idle_step(procs, targets[name], args.idle_connections, args.load_cpu)
+            figures.conns[name] = result
+            print(f"bench: idle {name}: {result.kib_per_connection or 0:.2f} KiB/conn",
+                  file=sys.stderr)  # fmt: skip
+    return figures
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def report(args: argparse.Namespace, figures: Figures, load: tuple[float, ...]) -> str:
+    def loaded(name: str, role: str, attr: str) -> list[float]:
+        return [getattr(rep[role], attr) for rep in figures.loaded.get(name, []) if role in rep]
+
+    def worker_roles(name: str) -> list[str]:
+        return sorted(r for r in figures.idle.get(name, {}) if r.startswith("worker"))
+
+    rows = []
+    for name in figures.idle:
+        for role in ["main", *worker_roles(name)]:
+            idle = figures.idle[name].get(role)
+            if idle is None:
+                continue
+            label = "master" if name == "nginx" and role == "main" else role
+            rows.append(
+                f"| {name} | {label} | {idle.rss:.1f} | {idle.uss:.1f} | {idle.pss:.1f} | "
+                f"{_median(loaded(name, role, 'rss')):.1f} | "
+                f"{_median(loaded(name, role, 'uss')):.1f} |"
+            )
+    ratio_rows = []
+    ngx = "worker-1"
+    for name in ("gateway", "gateway-w2"):
+        for role in ["main"] if name == "gateway" else worker_roles(name):
+            for attr in ("rss", "uss"):
+                mine, theirs = loaded(name, role, attr), loaded("nginx", ngx, attr)
+                each = [a / b for a, b in zip(mine, theirs, strict=False) if b > 0]
+                text = ", ".join(f"{r:.2f}" for r in each)
+                what = "the process" if name == "gateway" else role
+                ratio_rows.append(f"| {name} {what} / nginx worker | {attr.upper()} | {text} | "
+                                  f"**{_median(each):.2f}** |")  # fmt: skip
+    conn_rows = [
+        f"| {name} | {r.connections:,} | {r.rss_before:.1f} | {r.rss_with:.1f} | "
+        f"{r.kib_per_connection or 0:.2f} | {r.rss_after:.1f} |"
+        for name, r in figures.conns.items()
+    ]
+    imports = ", ".join(f"`{m}` {v:.1f}" for m, v in figures.imports.items())
+    plane = native_status(args.pure)
+    lines = [
+        "## Memory per process (bench/memory.py)",
+        "",
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, `bench/memory.py "
+        f"--duration {args.duration} --repeat {args.repeat} --idle-connections "
+        f"{args.idle_connections}{' --pure' if args.pure else ''}`; data plane: {plane}. "
+        f"Load average at the start and the end: {load[0]:.2f}, {os.getloadavg()[0]:.2f}. "
+        f"nginx (1 worker), `gateway` (1 process) and `gateway-w2` (`--workers 2`) on CPU "
+        f"{args.proxy_cpu}, wrk and the upstream on CPU {args.load_cpu}; access logs to a "
+        "file, the gateways at their defaults (probes, metrics, retries, passive ejection).",
+        "",
+        "MiB per process. USS: private pages (`Private_Clean + Private_Dirty` of "
+        "`smaps_rollup`), what one more worker costs; RSS also counts the shared libraries "
+        "(libpython, uvloop, OpenSSL) each process maps. Idle: after the warm-up; under load: "
+        f"the largest of samples every 0.25 s during `wrk -t1 -c64 -d{args.duration}s`, "
+        "median over repetitions.",
+        "",
+        "| target | process | RSS idle | USS idle | PSS idle | RSS under load | USS under load |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        *rows,
+        "",
+        "Ratios under load, per repetition, and their median (issue 29: a worker at most 2):",
+        "",
+        "| ratio | of | per repetition | median |",
+        "| --- | --- | --- | ---: |",
+        *ratio_rows,
+        "",
+        f"Imports alone, VmRSS (MiB) of a fresh interpreter after importing: {imports}.",
+    ]
+    if conn_rows:
+        lines += [
+            "",
+            f"Idle keep-alive connections (`idle.py`, {args.idle_connections:,} held, each "
+            "after one `GET /`); the single-process gateway:",
+            "",
+            "| target | held | RSS before | RSS with | KiB/conn | RSS after close |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            *conn_rows,
+        ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--duration", type=int, default=6)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--idle-connections", type=int, default=10_000, help="0 skips")
+    p.add_argument("--pure", action="store_true", help="the pure Python data plane")
+    p.add_argument("--proxy-cpu", type=int, default=0)
+    p.add_argument("--load-cpu", type=int, default=1)
+    p.add_argument("--output", type=Path, default=REPO / "bench" / "out" / "memory.md")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tool = missing_tool()
+    if tool is not None:
+        print(f"bench: {tool} not found", file=sys.stderr)
+        return 2
+    stop_on_signals()
+    nofile = raise_nofile()
+    lim = Limits(max(4096, min(nofile, args.idle_connections + 10_000)), nofile, True)
+    status = native_status(args.pure)
+    version = sys.version.split()[0]
+    python = Interpreter(Path(sys.executable), sys.executable, version, False, False, "-", status)
+    load = os.getloadavg()
+    tmp = work_dir("memory")
+    procs = Procs(tmp)
+    try:
+        up, ngx, p1, a1, p2, a2 = free_ports(6)
+        upstream = start_upstream(procs, up, args.load_cpu, lim)
+        wait_serving(upstream.proc, upstream.url())
+        targets = {
+            "nginx": start_nginx(procs, ngx, up, args.proxy_cpu, lim),
+            "gateway": start_gateway(
+                procs, "gateway", python, (p1, a1, up), args.proxy_cpu, lim, pure=args.pure
+            ),
+            "gateway-w2": start_gateway(
+                procs,
+                "gateway-w2",
+                python,
+                (p2, a2, up),
+                args.proxy_cpu,
+                lim,
+                workers=2,
+                pure=args.pure,
+            ),
+        }
+        for target in targets.values():
+            wait_serving(target.proc, target.url())
+        figures = measure(procs, args, targets)
+    except Failure as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 1
+    finally:
+        procs.stop_all_uninterrupted()
+        shutil.rmtree(tmp, ignore_errors=True)
+    results.publish("memory", report(args, figures, load), args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
