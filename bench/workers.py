@@ -18,6 +18,14 @@ probe every second, retries), each its own process with its own port:
   machine with no core to spare for the workers (2 cores, one taken by wrk and the upstream)
   this is the fair measure of what workers cost per request.
 
+- ``gateway-2-spread``: ``--workers 2`` with one worker pinned to each core (worker 1 and
+  the main process on the proxy core, worker 2 on the load core, beside wrk and the
+  upstream): every core serves, and the load generator shares the second core with a worker
+  (this machine has no third core to give it);
+- ``nginx-2-spread``: nginx with 2 workers placed the same way (``worker_cpu_affinity``,
+  ``listen ... reuseport`` as the gateway's workers bind): what the same placement does to a
+  proxy that scales, the reference for what stops the gateway's scaling.
+
 ``gateway-1`` is the control for ``gateway-2``: the same placement (none), one worker count
 apart. Then, interleaved (the order rotates each repetition), for each target: a warm-up
 ``wrk`` of ``--warmup`` seconds and a measured ``wrk -t1 -c64`` of ``--duration`` seconds.
@@ -25,7 +33,9 @@ CPU per request is the user+sys time of the target's whole process tree (for a g
 workers: the main process, which runs the controller, probes and admin API, plus every worker;
 the tree is read when the run starts, since the workers are children) over the requests wrk
 completed. For a gateway with workers each worker's CPU during the run is also read, as a
-share of the workers' total: how evenly the kernel spread the connections (SO_REUSEPORT). The
+share of the workers' total, and the client connections each worker holds halfway through
+the run (its socket descriptors matched against ``/proc/net/tcp``'s established connections
+on the target's port): how evenly the kernel spread the connections (SO_REUSEPORT). The
 machine's busy time (``/proc/stat``) during each run says whether both cores were saturated.
 
 Medians over the repetitions, with the ratios gateway-2/gateway-1, each gateway/nginx, are
@@ -44,6 +54,7 @@ import resource
 import shutil
 import statistics
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,7 +74,16 @@ from system import (
     wait_serving,
     work_dir,
 )
-from targets import Limits, Run, Target, start_gateway, start_nginx, start_upstream, wrk
+from targets import (
+    PROXY_NGINX,
+    Limits,
+    Run,
+    Target,
+    start_gateway,
+    start_nginx,
+    start_upstream,
+    wrk,
+)
 
 OUT = Path(__file__).resolve().parent / "out" / "workers.md"
 
@@ -88,6 +108,57 @@ def _is_worker(pid: int) -> bool:
     return b"gateway.workers.worker" in argv
 
 
+def _workers(target: Target) -> list[int]:
+    """The processes that serve: a gateway's workers, an nginx master's children."""
+    tree = process_tree(target.proc.pid)
+    if target.kind == "nginx":
+        return sorted(tree[1:])
+    return sorted(pid for pid in tree if _is_worker(pid))
+
+
+def _established(port: int) -> set[str]:
+    """Socket inodes of the established TCP connections whose local port is ``port``."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def connections_per_worker(workers: list[int], port: int) -> list[int]:
+    """How many of the client connections to ``port`` each worker holds now."""
+    inodes = _established(port)
+    out = []
+    for pid in workers:
+        held = 0
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            out.append(0)
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                held += 1
+        out.append(held)
+    return out
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Pin every thread of ``pid`` to ``cpu`` (``sched_setaffinity`` is per thread)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task), {cpu})
+
+
 @dataclass
 class Measured:
     """One measured wrk run and what the target's processes did meanwhile."""
@@ -104,6 +175,8 @@ class Measured:
     """CPU per request of the gateway's main process alone (with workers: not serving)."""
     shares: list[float] = field(default_factory=list)
     """Each worker's share of the workers' CPU during the run, largest first."""
+    spread: list[int] = field(default_factory=list)
+    """Client connections each worker held halfway through the run, largest first."""
     note: str = ""
 
 
@@ -120,12 +193,24 @@ def measured_wrk(
     the machine's busy time and the CPU of everything else this benchmark started."""
     root = target.proc.pid
     pids = process_tree(root)
-    workers = [pid for pid in pids if _is_worker(pid)]
+    workers = _workers(target) if target.kind == "nginx" and len(pids) > 2 else []
+    workers = workers or [pid for pid in pids if _is_worker(pid)]
+    spread: list[int] = []
+    halfway = threading.Timer(
+        duration / 2, lambda: spread.extend(connections_per_worker(workers, target.port))
+    )
     ours = sorted({pid for proc in procs.started for pid in process_tree(proc.pid)})
     before = {pid: cpu_seconds([pid]) for pid in pids}
     ours0, wrk0 = cpu_seconds(ours), _children_cpu()
     busy0, total0 = _busy_ticks()
-    run = wrk(procs, target, "/", connections, duration, load_cpu)
+    if len(workers) > 1:
+        halfway.start()
+    try:
+        run = wrk(procs, target, "/", connections, duration, load_cpu)
+    finally:
+        halfway.cancel()
+        if halfway.is_alive():
+            halfway.join()
     busy1, total1 = _busy_ticks()
     ours1, wrk1 = cpu_seconds(ours), _children_cpu()
     after = {pid: cpu_seconds([pid]) for pid in pids}
@@ -141,7 +226,8 @@ def measured_wrk(
     tree = sum(after.values()) - sum(before.values())
     others = max(0.0, busy * ncpu - mine / wall) if wall > 0 else 0.0
     out = Measured(run, busy, tree / run.seconds, others, note=note)
-    if workers and run.requests:
+    out.spread = sorted(spread, reverse=True)
+    if len(workers) > 1 and run.requests:
         out.main_us = (after[root] - before[root]) / run.requests * 1e6
         used = [after[pid] - before[pid] for pid in workers]
         if sum(used) > 0:
@@ -159,6 +245,9 @@ class Variant:
     what: str
     workers: int
     pinned: bool
+    spread: bool = False
+    """One worker per core: worker i on CPU (proxy + i) mod cores, the main process on the
+    proxy core."""
 
 
 def variants(args: argparse.Namespace) -> list[Variant]:
@@ -175,7 +264,40 @@ def variants(args: argparse.Namespace) -> list[Variant]:
             args.workers,
             True,
         ),
+        Variant(
+            f"gateway-{args.workers}-spread",
+            f"gateway --workers {args.workers}, a worker per core",
+            args.workers,
+            False,
+            spread=True,
+        ),
+        Variant(
+            f"nginx-{args.workers}-spread",
+            f"nginx, {args.workers} workers (reuseport), a worker per core",
+            args.workers,
+            False,
+            spread=True,
+        ),
     ]
+
+
+def start_nginx_workers(
+    procs: Procs, name: str, port: int, upstream: int, workers: int, limits: Limits
+) -> Target:
+    """nginx as ``start_nginx`` starts it, with ``workers`` workers, one per core
+    (``worker_cpu_affinity auto``) and a listener each (``reuseport``)."""
+    tmp = procs.tmp / name
+    tmp.mkdir()
+    conf = PROXY_NGINX.format(
+        tmp=tmp, port=port, upstream=upstream, access_log=f"{tmp}/access.log",
+        max_connections=limits.max_connections, nofile=limits.nofile, tls="",
+    )  # fmt: skip
+    conf = conf.replace("worker_processes 1;", f"worker_processes {workers};\n"
+                        "worker_cpu_affinity auto;")  # fmt: skip
+    conf = conf.replace("backlog=4096;", "reuseport backlog=4096;")
+    (tmp / "nginx.conf").write_text(conf)
+    argv = ["nginx", "-e", f"{tmp}/error.log", "-p", str(tmp), "-c", f"{tmp}/nginx.conf"]
+    return Target(name, port, procs.start(name, argv, None), "nginx")
 
 
 def start_targets(
@@ -188,18 +310,25 @@ def start_targets(
     targets = {"nginx": start_nginx(procs, nginx_port, up, args.proxy_cpu, limits)}
     for v in variants(args)[1:]:
         port, admin = free_ports(2)
+        if v.name.startswith("nginx"):
+            targets[v.name] = start_nginx_workers(procs, v.name, port, up, v.workers, limits)
+            continue
         cpu = args.proxy_cpu if v.pinned else None
         targets[v.name] = start_gateway(
             procs, v.name, python, (port, admin, up), cpu, limits, workers=v.workers
         )
     for target in targets.values():
         wait_serving(target.proc, target.url())
+    cores = os.cpu_count() or 1
     for v in variants(args):
         if v.workers > 1:
-            tree = process_tree(targets[v.name].proc.pid)
-            found = [pid for pid in tree if _is_worker(pid)]
+            found = _workers(targets[v.name])
             if len(found) != v.workers:
                 raise Failure(f"{v.name}: {len(found)} worker processes, not {v.workers}")
+            if v.spread and v.name.startswith("gateway"):
+                pin(targets[v.name].proc.pid, args.proxy_cpu)
+                for i, pid in enumerate(found):
+                    pin(pid, (args.proxy_cpu + i) % cores)
     return targets
 
 
@@ -220,7 +349,7 @@ def measure(
                 f"workers: rep {rep + 1}/{args.repeat} {name:17} {r.rps:>8,.0f} rps  "
                 f"p50 {r.p50_ms:6.2f} ms  p99 {r.p99_ms:6.2f} ms  CPU {_fmt(r.cpu_us, 1):>5} "
                 f"us/req  {m.cores:.2f} cores  busy {m.busy:4.0%}  others {m.others:.2f}  "
-                f"shares {_shares(m.shares)}  errors {r.errors}"
+                f"shares {_shares(m.shares)}  conns {_spread(m.spread)}  errors {r.errors}"
                 + (f"  ({m.note})" if m.note else ""),
                 file=sys.stderr,
             )
@@ -237,6 +366,10 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 
 def _shares(shares: list[float]) -> str:
     return " / ".join(f"{s:.0%}" for s in shares) if shares else "-"
+
+
+def _spread(spread: list[int]) -> str:
+    return " / ".join(str(n) for n in spread) if spread else "-"
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -274,7 +407,9 @@ def report(
             [
                 f"`{v.name}`",
                 v.what,
-                f"CPU {args.proxy_cpu}" if v.pinned else "no",
+                f"CPU {args.proxy_cpu}"
+                if v.pinned
+                else ("a worker per core" if v.spread else "no"),
                 _fmt(_median([m.run.rps for m in ms])),
                 _fmt(_median([m.run.p50_ms for m in ms]), 2),
                 _fmt(_median([m.run.p99_ms for m in ms]), 2),
@@ -283,6 +418,12 @@ def report(
                 _fmt(_median([m.cores for m in ms]), 2),
                 _fmt(_median([m.main_us for m in ms]), 2) if v.workers > 1 else "-",
                 _shares(shares),
+                " / ".join(
+                    _fmt(_median([m.spread[i] for m in ms if len(m.spread) > i]))
+                    for i in range(v.workers)
+                )
+                if v.workers > 1
+                else "-",
                 f"{_median([m.busy for m in ms]) or 0:.0%}",
                 _fmt(_median([m.others for m in ms]), 2),
                 str(sum(m.run.errors for m in ms)),
@@ -290,13 +431,14 @@ def report(
         )
     head = ["target", "what", "pinned", "rps", "p50 (ms)", "p99 (ms)", "CPU us/req",
             "CPU vs nginx", "cores used", "main process us/req", "worker CPU shares",
-            "machine busy", "other load (cores)", "errors"]  # fmt: skip
+            "connections per worker", "machine busy", "other load (cores)", "errors"]  # fmt: skip
     table = "\n".join("| " + " | ".join(row) + " |" for row in [head, ["---"] * len(head), *rows])
     every = []
     for v in vs:
         cells = [
             f"{m.run.rps:,.0f} rps, {_fmt(m.run.cpu_us, 1)} us/req"
             + (f", shares {_shares(m.shares)}" if m.shares else "")
+            + (f", connections {_spread(m.spread)}" if m.spread else "")
             + f", {m.cores:.2f} cores, busy {m.busy:.0%}, others {m.others:.2f}"
             + (f", errors {m.run.errors} ({m.run.error_kinds})" if m.run.errors else "")
             + (f", {m.note}" if m.note else "")
@@ -340,11 +482,41 @@ def report(
             f"{_ratio(cpu(many), cpu('gateway-1'))} with neither pinned (the workers then "
             "compete with wrk and the upstream for the cores).",
             "",
+            *scaling(args, runs),
+            "",
             "Every run:",
             "",
             *every,
         ]
     )
+
+
+def scaling(args: argparse.Namespace, runs: dict[str, list[Measured]]) -> list[str]:
+    """Every core: a worker per core against one process on the proxy core, for the gateway
+    and for nginx, repetition by repetition."""
+    n = args.workers
+    lines = []
+    for many, one in ((f"gateway-{n}-spread", "gateway-1-pinned"), (f"nginx-{n}-spread", "nginx")):
+        if many not in runs or one not in runs:
+            continue
+        pairs = list(zip(runs[many], runs[one], strict=False))
+        rps = [a.run.rps / b.run.rps for a, b in pairs if b.run.rps]
+        cpu = [a.run.cpu_us / b.run.cpu_us for a, b in pairs if a.run.cpu_us and b.run.cpu_us]
+        lines.append(
+            f"- `{many}` over `{one}`: requests/s "
+            + ", ".join(f"{r:.2f}" for r in rps)
+            + f" (median **{_median(list(rps)) or 0:.2f}**), CPU per request "
+            + ", ".join(f"{r:.2f}" for r in cpu)
+            + f" (median **{_median(list(cpu)) or 0:.2f}**)"
+        )
+    if not lines:
+        return []
+    return [
+        f"Every core ({n} workers, one per core, wrk and the upstream on CPU {args.load_cpu} "
+        f"beside worker {n}), per repetition:",
+        "",
+        *lines,
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
