@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -289,3 +291,33 @@ def test_on_uvloop(cluster: EtcdCluster, tmp_path: Path) -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(main()) in ([b"1", b"2"], [b"1", b"?"])
+
+
+async def test_authentication(tmp_path: Path) -> None:
+    with EtcdCluster(tmp_path, 1) as single:
+        endpoint = single.endpoints[0]
+        for args in (["user", "add", "root:secret"], ["auth", "enable"]):
+            subprocess.run(
+                ["etcdctl", "--endpoints", endpoint, *args],
+                check=True,
+                capture_output=True,
+                env={**os.environ, "ETCDCTL_API": "3"},
+            )
+        client = EtcdClient(single.endpoints, username="root", password="secret")
+        anonymous = EtcdClient(single.endpoints)
+        wrong = EtcdClient(single.endpoints, username="root", password="wrong")
+        try:
+            revision = await client.put(b"/auth/k", b"1")
+            assert (await client.get(b"/auth/k"))[0][0].mod_revision == revision
+            client._token = "stale.token"  # as after etcd restarted or the token expired
+            assert (await client.get(b"/auth/k"))[0][0].value == b"1"
+            async for batch in client.watch(b"/auth/k", start_revision=revision):
+                assert batch[0].kv.value == b"1"
+                break
+            with pytest.raises(EtcdError):
+                await anonymous.get(b"/auth/k")
+            with pytest.raises(EtcdError, match="authentication failed"):
+                await wrong.get(b"/auth/k")
+        finally:
+            for c in (client, anonymous, wrong):
+                await c.close()
