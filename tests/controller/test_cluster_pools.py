@@ -1,0 +1,497 @@
+"""The cluster's pools: records and reports (pure), then a leader and two followers on etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from controller.cluster.membership import (
+    AddUpstream,
+    DrainUpstream,
+    Member,
+    NodeReport,
+    PeerTable,
+    PoolRecord,
+    RemoveService,
+    RemoveUpstream,
+    SetFailure,
+    SetService,
+    SetSplit,
+    UndrainUpstream,
+    plan,
+    record_of,
+    report_of,
+)
+from controller.cluster.pools import Follower, Peers, Publisher, pools_key
+from controller.etcd import EtcdClient
+from gateway import AdminState, Health, Pool, PoolEvent, ProbeConfig, RouteConfig, ServiceRouting
+from gateway import Upstream as Up
+from tests.etcd_cluster import EtcdCluster, etcd_binary
+
+
+def routing(name: str = "web", **changes: Any) -> ServiceRouting:
+    return ServiceRouting.model_validate(
+        {"name": name, "route": RouteConfig(path_prefix=f"/{name}"), **changes}
+    )
+
+
+def up(uid: str, port: int = 9000, service: str = "web", **changes: Any) -> Up:
+    return Up(uid, service, "127.0.0.1", port, **changes)
+
+
+def pool_with(*upstreams: Up, name: str = "web") -> Pool:
+    pool = Pool(clock=lambda: 0.0, rng=random.Random(0))
+    pool.set_service(routing(name))
+    for upstream in upstreams:
+        pool.add_upstream(upstream)
+    return pool
+
+
+# -- records ----------------------------------------------------------------------------------
+
+
+def test_a_record_round_trips_through_json() -> None:
+    probe = ProbeConfig(path="/ready", interval=1.0)
+    record = PoolRecord(
+        routing("web", load_balancing="round_robin"),
+        (
+            Member("a", "10.0.0.1", 80, revision=2, weight=3, probes=(probe,)),
+            Member("b", "::1", 81, admin=AdminState.DRAINING, since=7, timeout=12.5),
+        ),
+        split=(2, 10),
+        failure="cold start failed",
+        version=9,
+    )
+    assert PoolRecord.decode(record.encode()) == record
+
+
+@pytest.mark.parametrize("data", [b"", b"{}", b"[]", b'{"routing": {"name": "x"}}', b"\xff"])
+def test_a_malformed_record_is_a_value_error(data: bytes) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 (what it says matters less than its type)
+        PoolRecord.decode(data)
+
+
+def test_health_and_ejection_never_change_a_records_content() -> None:
+    pool = pool_with(up("a"), up("b", 9001))
+    sp = pool.service("web")
+    before = record_of(sp.routing, sp.snapshot)
+    pool.set_health("web", "a", Health.HEALTHY)
+    pool.set_health("web", "b", Health.UNHEALTHY)
+    after = record_of(sp.routing, sp.snapshot)
+    assert after.version > before.version
+    assert after.content == before.content
+    assert after.content.version == 0
+
+
+async def test_a_draining_upstream_carries_its_drain() -> None:
+    pool = pool_with(up("a"))
+    pool.drain("web", "a", 5.0)
+    sp = pool.service("web")
+    record = record_of(sp.routing, sp.snapshot, {"a": (4, 5.0)})
+    assert record.upstreams == (
+        Member("a", "127.0.0.1", 9000, admin=AdminState.DRAINING, since=4, timeout=5.0),
+    )
+    # Without a known drain: the snapshot's version, which is at least the drain's.
+    assert record_of(sp.routing, sp.snapshot).upstreams[0].since == sp.snapshot.version
+
+
+# -- plan: a follower's steps -----------------------------------------------------------------
+
+
+def test_plan_for_a_new_service() -> None:
+    record = PoolRecord(
+        routing(),
+        (Member("a", "h", 1), Member("b", "h", 2, admin=AdminState.DRAINING, since=3)),
+        split=(1, 20),
+        failure="",
+    )
+    assert plan(None, None, record) == [
+        SetService(record.routing),
+        AddUpstream(Up("a", "web", "h", 1)),
+        AddUpstream(Up("b", "web", "h", 2)),
+        DrainUpstream("b", None),
+        SetSplit((1, 20)),
+    ]
+
+
+def test_plan_of_a_key_deleted() -> None:
+    assert plan(routing(), None, None) == [RemoveService("web")]
+    assert plan(None, None, None) == []
+
+
+def test_plan_removes_moves_drains_and_undrains() -> None:
+    pool = pool_with(up("gone"), up("moved", 9001), up("back", 9002), up("going", 9003))
+    pool.set_health("web", "going", Health.HEALTHY)
+    sp = pool.service("web")
+    sp._publish(  # "back" draining as a follower's pool has it after an earlier record
+        tuple(
+            u.replace(admin=AdminState.DRAINING) if u.id == "back" else u
+            for u in sp.snapshot.upstreams
+        )
+    )
+    record = PoolRecord(
+        routing(),
+        (
+            Member("moved", "127.0.0.1", 9999),
+            Member("back", "127.0.0.1", 9002),
+            Member("going", "127.0.0.1", 9003, admin=AdminState.DRAINING, since=8, timeout=3.0),
+        ),
+        failure="no capacity",
+    )
+    assert plan(sp.routing, sp.snapshot, record) == [
+        RemoveUpstream("gone"),
+        RemoveUpstream("moved"),
+        AddUpstream(Up("moved", "web", "127.0.0.1", 9999)),
+        UndrainUpstream("back"),
+        DrainUpstream("going", 3.0),
+        SetFailure("no capacity"),
+    ]
+
+
+def test_plan_changes_the_routing_and_keeps_upstreams() -> None:
+    pool = pool_with(up("a"))
+    sp = pool.service("web")
+    record = record_of(routing(load_balancing="round_robin"), sp.snapshot)
+    assert plan(sp.routing, sp.snapshot, record) == [SetService(record.routing)]
+
+
+def test_a_changed_probe_makes_the_upstream_anew() -> None:
+    pool = pool_with(up("a"))
+    sp = pool.service("web")
+    probe = ProbeConfig(path="/health")
+    record = PoolRecord(routing(), (Member("a", "127.0.0.1", 9000, probes=(probe,)),))
+    assert plan(sp.routing, sp.snapshot, record) == [
+        RemoveUpstream("a"),
+        AddUpstream(Up("a", "web", "127.0.0.1", 9000, probes=(probe,))),
+    ]
+
+
+async def test_a_followers_pool_reaches_the_leaders_record() -> None:
+    leader = pool_with(up("a"), up("b", 9001, revision=2), up("c", 9002))
+    leader.set_health("web", "a", Health.HEALTHY)
+    leader.drain("web", "c", 5.0)
+    leader.set_split("web", (2, 30))
+    leader.set_failure("web", "why")
+    sp = leader.service("web")
+    record = record_of(sp.routing, sp.snapshot)
+    follower = Pool(clock=lambda: 0.0)
+    follower_records = _Applier(follower)
+    follower_records.apply(record)
+    fsp = follower.service("web")
+    mirrored = record_of(fsp.routing, fsp.snapshot)
+    assert _without_since(mirrored) == _without_since(record)
+    assert [u.health for u in fsp.snapshot.upstreams] == [Health.UNKNOWN] * 3
+    assert plan(fsp.routing, fsp.snapshot, record) == []
+
+
+def _without_since(record: PoolRecord) -> PoolRecord:
+    """Drains' versions are each pool's own."""
+    members = tuple(dataclasses.replace(m, since=0) for m in record.upstreams)
+    return dataclasses.replace(record, upstreams=members, version=0)
+
+
+@dataclass
+class _Applier:
+    """The steps taken on a pool the simplest way (the real one is ``Follower._take``)."""
+
+    pool: Pool
+    done: list[object] = field(default_factory=list)
+
+    def apply(self, record: PoolRecord) -> None:
+        sp = self.pool.services.get(record.service)
+        for step in plan(sp.routing if sp else None, sp.snapshot if sp else None, record):
+            match step:
+                case SetService(r):
+                    self.pool.set_service(r)
+                case AddUpstream(u):
+                    self.pool.add_upstream(u)
+                case DrainUpstream(uid, timeout):
+                    self.done.append(self.pool.drain(record.service, uid, timeout or 1.0))
+                case SetSplit(split):
+                    self.pool.set_split(record.service, split)
+                case SetFailure(failure):
+                    self.pool.set_failure(record.service, failure)
+                case _:
+                    raise AssertionError(step)
+
+
+# -- reports ----------------------------------------------------------------------------------
+
+
+def test_a_report_round_trips_and_says_only_drains_the_record_has() -> None:
+    pool = pool_with(up("a"), up("b", 9001), up("c", 9002))
+    pool.set_health("web", "a", Health.HEALTHY)
+    record = PoolRecord(
+        routing(),
+        (
+            Member("a", "127.0.0.1", 9000),
+            Member("b", "127.0.0.1", 9001, admin=AdminState.DRAINING, since=6),
+            Member("c", "127.0.0.1", 9002),
+        ),
+    )
+    report = report_of(
+        [pool.service("web").snapshot], {"web": record}, [("web", "b"), ("web", "c"), ("x", "y")]
+    )
+    assert report == NodeReport({"web": frozenset({"a"})}, {("web", "b"): 6})
+    assert NodeReport.decode(report.encode()) == report
+    assert NodeReport.decode(b'{"routable": {}, "idle": {"s/u/v": 3}}').idle == {("s", "u/v"): 3}
+    with pytest.raises(ValueError):  # noqa: PT011
+        NodeReport.decode(b"{}")
+
+
+def test_peer_table() -> None:
+    table = PeerTable()
+    assert table.routable_everywhere("web", "a")  # nobody else serves
+    assert table.update("n1", NodeReport({"web": frozenset({"a", "b"})}))
+    assert not table.update("n1", NodeReport({"web": frozenset({"a", "b"})}))
+    assert table.update("n2", NodeReport({"web": frozenset({"a"})}))
+    assert table.routable_everywhere("web", "a")
+    assert not table.routable_everywhere("web", "b")
+    assert not table.routable_everywhere("api", "a")
+    assert table.number("n1") == -1
+    assert table.number("n2") == -2
+    assert table.remove("n2")
+    assert not table.remove("n2")
+    assert table.routable_everywhere("web", "b")
+    assert table.number("n2") == -2  # stable for the table's life
+    assert repr(table) == "<PeerTable nodes=['n1']>"
+
+
+# -- a leader and two followers on etcd -------------------------------------------------------
+
+pytestmark_etcd = pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed")
+
+
+class Changes:
+    """Wakes ``until`` on any change: a pool event, a report taken in, a follower's status."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.statuses: list[tuple[str, str]] = []
+
+    def on_pool_event(self, event: PoolEvent) -> None:
+        self.event.set()
+
+    def poke(self, *_: object) -> None:
+        self.event.set()
+
+    def status(self, node: str) -> Callable[[str], None]:
+        def record(status: str) -> None:
+            self.statuses.append((node, status))
+            self.event.set()
+
+        return record
+
+    async def until(self, condition: Callable[[], bool], timeout: float = 5.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not condition():
+                self.event.clear()
+                await self.event.wait()
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), 1).start()
+    yield cluster
+    cluster.close()
+
+
+@dataclass
+class Cluster:
+    """One leader's pool and two followers' pools, each node with its own etcd client."""
+
+    etcd: EtcdCluster
+    prefix: str
+    changes: Changes
+    clients: list[EtcdClient]
+    leader: Pool
+    publisher: Publisher
+    peers: Peers
+    pools: dict[str, Pool]
+    followers: dict[str, Follower]
+    leases: dict[str, int]
+
+    async def stop(self) -> None:
+        for follower in self.followers.values():
+            await follower.stop()
+        await self.peers.stop()
+        await self.publisher.stop()
+        for client in self.clients:
+            await client.close()
+
+    def has(self, node: str, uid: str, service: str = "web") -> bool:
+        return self.pools[node].upstream(service, uid) is not None
+
+    def admin(self, node: str, uid: str, service: str = "web") -> AdminState | None:
+        upstream = self.pools[node].upstream(service, uid)
+        return None if upstream is None else upstream.admin
+
+    def idle(self, node: str) -> dict[tuple[str, str], int]:
+        report = self.peers.table.reports.get(node)
+        return {} if report is None else dict(report.idle)
+
+
+RETRY = (0.05, 0.2)
+
+
+@pytest.fixture
+async def cluster(etcd: EtcdCluster, request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
+    prefix = f"/test/{request.node.name}/"
+    changes = Changes()
+    clients = [EtcdClient(etcd.endpoints, timeout=0.5) for _ in range(3)]
+    leader = Pool(rng=random.Random(0))
+    leader.subscribe(changes)
+    publisher = Publisher(clients[0], prefix, leader, list, delay=0.01, retry=RETRY)
+    peers = Peers(clients[0], prefix, leader, "n0", on_change=changes.poke, retry=RETRY)
+    pools: dict[str, Pool] = {}
+    followers: dict[str, Follower] = {}
+    leases: dict[str, int] = {}
+    for i, node in enumerate(("n1", "n2"), start=1):
+        pool = pools[node] = Pool(rng=random.Random(i))
+        pool.subscribe(changes)
+        leases[node] = await clients[i].grant(30)
+        followers[node] = Follower(
+            clients[i],
+            prefix,
+            pool,
+            node,
+            lambda node=node: leases[node],
+            on_status=changes.status(node),
+            delay=0.01,
+            retry=RETRY,
+        )
+    await publisher.start()
+    await peers.start()
+    for follower in followers.values():
+        await follower.start()
+    c = Cluster(etcd, prefix, changes, clients, leader, publisher, peers, pools, followers, leases)
+    await changes.until(lambda: c.peers.nodes == ["n1", "n2"])
+    yield c
+    await c.stop()
+
+
+def add_web(c: Cluster, *upstreams: Up) -> None:
+    c.leader.set_service(routing())
+    for upstream in upstreams:
+        c.leader.add_upstream(upstream)
+        c.leader.set_health("web", upstream.id, Health.HEALTHY)
+
+
+@pytestmark_etcd
+async def test_an_upstream_added_on_the_leader_appears_on_every_follower(cluster: Cluster) -> None:
+    c = cluster
+    add_web(c, up("a"))
+    await c.changes.until(lambda: c.has("n1", "a") and c.has("n2", "a"))
+    for node in ("n1", "n2"):
+        # Health is each node's own: it starts unknown, whatever the leader's probes said.
+        assert c.pools[node].upstream("web", "a") == up("a")
+    assert not c.peers.routable_everywhere("web", "a")
+    c.pools["n1"].set_health("web", "a", Health.HEALTHY)
+    await c.changes.until(lambda: "a" in c.peers.table.reports["n1"].routable.get("web", ()))
+    assert not c.peers.routable_everywhere("web", "a")  # n2 does not route to it yet
+    c.pools["n2"].set_health("web", "a", Health.HEALTHY)
+    await c.changes.until(lambda: c.peers.routable_everywhere("web", "a"))
+
+    # Health on the leader writes nothing.
+    await c.publisher.flushed()
+    writes = c.publisher.writes
+    c.leader.set_health("web", "a", Health.UNHEALTHY)
+    await c.publisher.flushed()
+    assert c.publisher.writes == writes
+
+    # Several changes at once: one transaction.
+    requests = c.publisher.requests
+    c.leader.add_upstream(up("b", 9001))
+    c.leader.set_split("web", (0, 50))
+    c.leader.set_failure("web", "why")
+    await c.publisher.flushed()
+    assert c.publisher.requests == requests + 1
+    await c.changes.until(lambda: c.has("n1", "b") and c.has("n2", "b"))
+    for node in ("n1", "n2"):
+        snapshot = c.pools[node].service("web").snapshot
+        assert (snapshot.weights, snapshot.failure) == ((0, 50), "why")
+
+    # Removed on the leader, removed everywhere; so is the service.
+    c.leader.remove_upstream("web", "a")
+    await c.changes.until(lambda: not c.has("n1", "a") and not c.has("n2", "a"))
+    c.leader.remove_service("web")
+    await c.changes.until(lambda: not c.pools["n1"].services and not c.pools["n2"].services)
+    kvs, _ = await c.clients[0].get(pools_key(c.prefix), prefix=True)
+    assert kvs == []
+
+
+async def drain_with_a_request_on_n1(c: Cluster) -> tuple[asyncio.Future[bool], Any]:
+    """Upstream ``a`` on every node, a request in flight on it in n1, then the leader drains it."""
+    add_web(c, up("a"), up("b", 9001))
+    await c.changes.until(lambda: c.has("n1", "a") and c.has("n2", "a"))
+    c.pools["n1"].set_health("web", "a", Health.HEALTHY)
+    lease = c.pools["n1"].service("web").lease()
+    assert lease is not None
+    assert lease.upstream.id == "a"
+    drain = c.leader.drain("web", "a", 10.0)
+    await c.changes.until(lambda: c.admin("n1", "a") == c.admin("n2", "a") == AdminState.DRAINING)
+    # n2 holds nothing of it and says so; n1 holds a request.
+    await c.changes.until(lambda: ("web", "a") in c.idle("n2"))
+    assert c.idle("n1") == {}
+    assert not drain.done()
+    return drain, lease
+
+
+@pytestmark_etcd
+async def test_a_drain_on_the_leader_waits_for_every_follower(cluster: Cluster) -> None:
+    c = cluster
+    drain, lease = await drain_with_a_request_on_n1(c)
+    lease.release()
+    assert await asyncio.wait_for(drain, 5) is True
+    assert c.idle("n1") == c.idle("n2")
+
+    # Taken back on the leader: active everywhere, and no longer idle in any report.
+    c.leader.undrain("web", "a")
+    await c.changes.until(lambda: c.admin("n1", "a") == c.admin("n2", "a") == AdminState.ACTIVE)
+    await c.changes.until(lambda: c.idle("n1") == c.idle("n2") == {})
+
+    # Drained again: the reports of the earlier drain do not complete this one.
+    c.pools["n2"].set_health("web", "a", Health.HEALTHY)
+    lease = c.pools["n2"].service("web").lease()
+    assert lease is not None
+    drain = c.leader.drain("web", "a", 10.0)
+    await c.changes.until(lambda: ("web", "a") in c.idle("n1"))
+    assert not drain.done()
+    lease.release()
+    assert await asyncio.wait_for(drain, 5) is True
+
+
+@pytestmark_etcd
+async def test_a_node_whose_report_is_gone_holds_nothing(cluster: Cluster) -> None:
+    c = cluster
+    drain, lease = await drain_with_a_request_on_n1(c)
+    await c.clients[1].revoke(c.leases["n1"])  # n1 is gone with its lease
+    assert await asyncio.wait_for(drain, 5) is True
+    assert c.peers.nodes == ["n2"]
+    lease.release()
+
+
+@pytestmark_etcd
+async def test_a_drain_timeout_comes_with_the_record(cluster: Cluster) -> None:
+    c = cluster
+    await c.publisher.stop()
+    c.publisher = Publisher(
+        c.clients[0], c.prefix, c.leader, list, drain_timeout=lambda s, u: 0.05, delay=0.01
+    )
+    await c.publisher.start()
+    add_web(c, up("a"))
+    await c.changes.until(lambda: c.has("n1", "a"))
+    c.pools["n1"].set_health("web", "a", Health.HEALTHY)
+    lease = c.pools["n1"].service("web").lease()
+    assert lease is not None
+    aborted = asyncio.Event()
+    lease.on_abort = aborted.set
+    c.leader.drain("web", "a", 10.0)
+    await asyncio.wait_for(aborted.wait(), 5)  # n1's own drain timed out after 0.05 s
+    lease.release()
