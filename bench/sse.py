@@ -422,7 +422,9 @@ def _f(value: float | None, digits: int = 0) -> str:
 
 
 def _per_rep(a: list[float | None], b: list[float | None]) -> str:
-    ratios = [x / y for x, y in zip(a, b, strict=False) if x is not None and y]
+    # A difference at or under 0 (direct slower than a proxy in a busy repetition) has no ratio.
+    ratios = [x / y for x, y in zip(a, b, strict=False) if x is not None and y is not None
+              and x > 0 and y > 0]  # fmt: skip
     if not ratios:
         return "-"
     return ", ".join(f"{r:.2f}" for r in ratios) + f" (median **{statistics.median(ratios):.2f}**)"
