@@ -41,6 +41,7 @@ from controller.cluster.membership import (
     record_of,
     report_of,
 )
+from controller.errors import Deposed
 from controller.etcd import (
     Compacted,
     Compare,
@@ -85,7 +86,8 @@ class Publisher:
     """On the leader: keeps ``<prefix>pools/<service>`` equal to its pool's records.
 
     A ``PoolSubscriber``. ``fence`` gives the compares that hold only while this node leads
-    (put in every transaction); when one fails the publisher stops and calls ``on_deposed``.
+    (put in every transaction); when one fails, or ``fence`` raises ``Deposed``, the publisher
+    stops and calls ``on_deposed``.
     ``drain_timeout(service, upstream_id)`` is a drain's timeout for the followers, read when
     the drain begins (None: theirs). Records of services the pool does not have are left as
     they are unless ``prune``: a leader that has not loaded its services yet must not remove
@@ -226,6 +228,10 @@ class Publisher:
 
     async def _flush(self) -> None:
         """One fenced transaction with the records that changed (``MAX_OPS`` at most)."""
+        try:
+            fence = self.fence()
+        except Deposed as exc:  # the election knows already
+            raise _Deposed from exc
         ops: list[Op] = []
         done: dict[str, PoolRecord | None] = {}
         for service in sorted(self._dirty):
@@ -243,7 +249,7 @@ class Publisher:
         if not ops:
             return
         try:
-            result = await self.client.txn(self.fence(), ops)
+            result = await self.client.txn(fence, ops)
         except BaseException:
             self._dirty.update(done)
             raise
@@ -314,6 +320,8 @@ class Follower:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
+        """Follow in the background: load the records (or, started again, resume the watch
+        after the last revision seen) and report."""
         self.pool.subscribe(self)
         self._wake.set()  # the first report goes out at once, empty if need be
         self._tasks = [
@@ -347,7 +355,7 @@ class Follower:
 
     async def _follow(self) -> None:
         pause = self.retry[0]
-        load = True
+        load = not self.revision  # started again: resume the watch where it was
         while True:
             try:
                 if load:

@@ -29,7 +29,7 @@ from controller.cluster.membership import (
     report_of,
 )
 from controller.cluster.pools import Follower, Peers, Publisher, pools_key
-from controller.etcd import EtcdClient
+from controller.etcd import Compare, EtcdClient
 from gateway import AdminState, Health, Pool, PoolEvent, ProbeConfig, RouteConfig, ServiceRouting
 from gateway import Upstream as Up
 from tests.etcd_cluster import EtcdCluster, etcd_binary
@@ -495,3 +495,73 @@ async def test_a_drain_timeout_comes_with_the_record(cluster: Cluster) -> None:
     c.leader.drain("web", "a", 10.0)
     await asyncio.wait_for(aborted.wait(), 5)  # n1's own drain timed out after 0.05 s
     lease.release()
+
+
+@pytestmark_etcd
+async def test_with_etcd_gone_followers_keep_their_pools_and_resume(cluster: Cluster) -> None:
+    c = cluster
+    add_web(c, up("a"))
+    await c.changes.until(lambda: c.has("n1", "a") and c.has("n2", "a"))
+    before = {node: pool.service("web").snapshot.upstreams for node, pool in c.pools.items()}
+    await asyncio.to_thread(c.etcd.stop_all)
+    try:
+        await c.changes.until(lambda: all(f.status == "unreachable" for f in c.followers.values()))
+        c.leader.add_upstream(up("b", 9001))  # the publisher retries until etcd is back
+        c.leader.drain("web", "a", 30.0)
+        for node, pool in c.pools.items():
+            assert pool.service("web").snapshot.upstreams == before[node]
+        assert c.peers.nodes == ["n1", "n2"]  # nobody heard of leaves nothing
+    finally:
+        c.etcd.start_member(0)
+        await asyncio.to_thread(c.etcd.wait_healthy)
+    await c.changes.until(lambda: c.has("n1", "b") and c.has("n2", "b"), timeout=10)
+    await c.changes.until(lambda: c.admin("n1", "a") == c.admin("n2", "a") == AdminState.DRAINING)
+    assert all(f.status == "watching" for f in c.followers.values())
+    await c.changes.until(lambda: ("web", "a") in c.idle("n1") and ("web", "a") in c.idle("n2"))
+
+
+@pytestmark_etcd
+async def test_a_follower_started_again_after_a_compaction_loads_anew(cluster: Cluster) -> None:
+    c = cluster
+    add_web(c, up("a"))
+    c.leader.set_service(routing("api"))
+    await c.changes.until(lambda: c.has("n1", "a") and "api" in c.pools["n1"].services)
+    await c.followers["n1"].stop()
+    await c.changes.until(lambda: c.peers.nodes == ["n2"])  # its report went with it
+    c.leader.remove_upstream("web", "a")
+    c.leader.add_upstream(up("b", 9001))
+    c.leader.remove_service("api")
+    await c.publisher.flushed()
+    _, revision = await c.clients[0].get(b"/nothing")
+    await c.clients[0].compact(revision)
+    await c.followers["n1"].start()
+    await c.changes.until(lambda: c.has("n1", "b") and not c.has("n1", "a"))
+    assert set(c.pools["n1"].services) == {"web"}
+    await c.changes.until(lambda: c.peers.nodes == ["n1", "n2"])
+
+
+@pytestmark_etcd
+async def test_a_deposed_leader_writes_nothing(cluster: Cluster) -> None:
+    c = cluster
+    leader_key = f"{c.prefix}leader".encode()
+    await c.clients[0].put(leader_key, b"n0")
+    await c.publisher.stop()
+    deposed = asyncio.Event()
+    c.publisher = Publisher(
+        c.clients[0],
+        c.prefix,
+        c.leader,
+        lambda: [Compare(leader_key, "VALUE", "EQUAL", b"n0")],
+        on_deposed=deposed.set,
+        delay=0.01,
+    )
+    await c.publisher.start()
+    add_web(c, up("a"))
+    await c.changes.until(lambda: c.has("n1", "a"))
+    await c.clients[0].put(leader_key, b"n3")
+    c.leader.add_upstream(up("b", 9001))
+    await asyncio.wait_for(deposed.wait(), 5)
+    assert c.publisher.deposed
+    kvs, _ = await c.clients[0].get(pools_key(c.prefix, "web"))
+    assert [m.id for m in PoolRecord.decode(kvs[0].value).upstreams] == ["a"]
+    await c.publisher.flushed()  # returns: a deposed publisher has nothing left to do
