@@ -6,14 +6,11 @@ Keys (``prefix`` ends with ``/``; records and reports are ``membership``'s JSON)
   only when its content changed, several services in one transaction, each fenced by the
   leadership; deleted when the service is removed.
 - ``<prefix>reports/<node>``: a follower's report (``Follower``), bound to the node's lease,
-  so a node that dies stops counting on its own.
+  so a node that dies stops counting on its own. The leader reads them (``peers.Peers``).
 
-``Follower`` loads the records, then watches them (never polls) and makes its own pool match
-(``membership.plan``); its own prober decides health. With etcd unreachable it changes
-nothing and serves what it has, then resumes the watch where it was (reloading everything
-when that revision was compacted). ``Peers`` (on the leader) makes each reporting node a peer
-of the leader's pool: a drain there waits for every live node's idle report, and a node
-whose report disappears holds nothing any more.
+``Follower`` loads the records, then watches them (``feed.Feed``, never polling) and makes its
+own pool match (``membership.plan``); its own prober decides health. With etcd unreachable
+it changes nothing and serves what it has, then resumes the watch where it was.
 """
 
 from __future__ import annotations
@@ -21,14 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
 
+from controller.cluster.feed import RETRY, Feed, Status, cancel_task, guarded_task
 from controller.cluster.membership import (
     AddUpstream,
     DrainUpstream,
     NodeReport,
-    PeerTable,
     PoolRecord,
     RemoveService,
     RemoveUpstream,
@@ -42,32 +38,20 @@ from controller.cluster.membership import (
     report_of,
 )
 from controller.errors import Deposed
-from controller.etcd import (
-    Compacted,
-    Compare,
-    Delete,
-    EtcdClient,
-    EtcdError,
-    EtcdUnavailable,
-    KeyValue,
-    Op,
-    Put,
-    WatchEvent,
-)
+from controller.etcd import Compare, Delete, EtcdClient, EtcdError, EtcdUnavailable, Op, Put
 from gateway import AdminState, Pool, PoolEvent
 
 log = logging.getLogger(__name__)
 
 DEBOUNCE = 0.05
 """Seconds changes are gathered before one write: a rollout step makes several at once."""
-RETRY = (0.1, 2.0)
-"""The first and the longest pause before trying etcd again (doubling in between)."""
 MAX_OPS = 100
 """Writes in one transaction at most (etcd refuses more than 128 by default)."""
+MAX_BYTES = 512 * 1024
+"""Record bytes one transaction gathers before it is sent (etcd refuses requests over 1.5
+MiB by default; a record is written alone whatever its size)."""
 DRAIN_TIMEOUT = 30.0
 """A follower's drain timeout when the record gives none (the spec's default)."""
-
-Status = Literal["starting", "watching", "unreachable", "stopped"]
 
 
 def pools_key(prefix: str, service: str = "") -> bytes:
@@ -138,11 +122,11 @@ class Publisher:
                 if upstream.admin is AdminState.DRAINING:
                     self._drains[name, upstream.id] = (sp.snapshot.version, None)
         self.pool.subscribe(self)
-        self._task = _guarded(self._run(), f"cluster publisher {self.prefix}")
+        self._task = guarded_task(self._run(), f"cluster publisher {self.prefix}")
 
     async def stop(self) -> None:
         self.pool.unsubscribe(self)
-        await _cancel(self._task)
+        await cancel_task(self._task)
         self._task = None
 
     async def flushed(self) -> None:
@@ -227,15 +211,17 @@ class Publisher:
         self._dirty.update(self.pool.services)
 
     async def _flush(self) -> None:
-        """One fenced transaction with the records that changed (``MAX_OPS`` at most)."""
+        """One fenced transaction with the records that changed (``MAX_OPS`` and about
+        ``MAX_BYTES`` at most; the rest stay dirty for the next)."""
         try:
             fence = self.fence()
         except Deposed as exc:  # the election knows already
             raise _Deposed from exc
         ops: list[Op] = []
+        size = 0
         done: dict[str, PoolRecord | None] = {}
         for service in sorted(self._dirty):
-            if len(ops) == MAX_OPS:
+            if len(ops) == MAX_OPS or size >= MAX_BYTES:
                 break
             self._dirty.discard(service)
             record = self.record(service)
@@ -244,7 +230,9 @@ class Publisher:
                     ops.append(Delete(pools_key(self.prefix, service)))
                     done[service] = None
             elif self._written.get(service) != record.content:
-                ops.append(Put(pools_key(self.prefix, service), record.encode()))
+                value = record.encode()
+                size += len(value)
+                ops.append(Put(pools_key(self.prefix, service), value))
                 done[service] = record.content
         if not ops:
             return
@@ -277,8 +265,8 @@ class Follower:
     draining upstreams it holds nothing of.
 
     A ``PoolSubscriber`` of its own pool (for the report). ``drain_timeout`` is a drain's
-    timeout here when the record gives none. ``on_status`` hears ``watching`` once the records
-    are loaded and the watch is open, ``unreachable`` when etcd is not, ``stopped``.
+    timeout here when the record gives none. ``on_status`` hears the feed's status changes
+    (``feed.Status``).
     """
 
     def __init__(
@@ -301,19 +289,18 @@ class Follower:
         self.node = node
         self.lease = lease
         self.drain_timeout = drain_timeout
-        self.on_status = on_status
         self.delay = delay
         self.retry = retry
         self.lease_check = lease_check
         """Seconds between looks at ``lease()``: a new lease (the old one expired with the
         report) makes the report written again."""
-        self.status: Status = "starting"
-        self.requests = 0
-        """etcd requests made (reads, watches opened, reports written)."""
+        self.feed = Feed(
+            client, pools_key(prefix), self._load, self.change, on_status=on_status, retry=retry
+        )
+        self.reports = 0
+        """Reports written (or tried)."""
         self.records: dict[str, PoolRecord] = {}
         """The records applied, by service: the services this follower keeps."""
-        self.revision = 0
-        """The etcd revision the pools are known at."""
         self._drains: dict[tuple[str, str], asyncio.Future[bool]] = {}
         self._reported: tuple[NodeReport, int] | None = None
         self._wake = asyncio.Event()
@@ -325,84 +312,48 @@ class Follower:
         self.pool.subscribe(self)
         self._wake.set()  # the first report goes out at once, empty if need be
         self._tasks = [
-            _guarded(self._follow(), f"cluster follower {self.node}"),
-            _guarded(self._report(), f"cluster report {self.node}"),
+            guarded_task(self.feed.run(), f"cluster follower {self.node}"),
+            guarded_task(self._report(), f"cluster report {self.node}"),
         ]
 
     async def stop(self) -> None:
         """Stop following (the pool stays as it is) and take the report away."""
         self.pool.unsubscribe(self)
         for task in self._tasks:
-            await _cancel(task)
+            await cancel_task(task)
         self._tasks = []
-        self._set_status("stopped")
+        self.feed.set_status("stopped")
         if self._reported is not None:
             with contextlib.suppress(EtcdUnavailable, EtcdError):
-                self.requests += 1
+                self.reports += 1
                 await self.client.delete(reports_key(self.prefix, self.node))
             self._reported = None
 
     def on_pool_event(self, event: PoolEvent) -> None:
         self._wake.set()
 
-    def _set_status(self, status: Status) -> None:
-        if status != self.status:
-            self.status = status
-            if self.on_status is not None:
-                self.on_status(status)
+    @property
+    def status(self) -> Status:
+        return self.feed.status
+
+    @property
+    def requests(self) -> int:
+        """etcd requests made: loads, watches opened, reports written."""
+        return self.feed.requests + self.reports
 
     # -- the records --------------------------------------------------------------------------
 
-    async def _follow(self) -> None:
-        pause = self.retry[0]
-        load = not self.revision  # started again: resume the watch where it was
-        while True:
-            try:
-                if load:
-                    kvs, revision = await self.client.get(pools_key(self.prefix), prefix=True)
-                    self.requests += 1
-                    self._load(kvs)
-                    self.revision = revision
-                    load = False
-                self.requests += 1
-                watch = self.client.watch(
-                    pools_key(self.prefix), prefix=True, start_revision=self.revision + 1
-                )
-                self._set_status("watching")
-                pause = self.retry[0]
-                async for events in watch:
-                    self._events(events)
-            except Compacted:
-                log.info("pool records: revision %d compacted, loading again", self.revision)
-                load = True
-            except (EtcdUnavailable, EtcdError) as exc:
-                self._set_status("unreachable")
-                log.warning("pool records: etcd: %s; serving what is known", exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, self.retry[1])
-
-    def _service(self, key: bytes) -> str:
-        return key.decode()[len(pools_key(self.prefix)) :]
-
-    def _load(self, kvs: Sequence[KeyValue]) -> None:
-        present: set[str] = set()
-        for kv in kvs:
-            service = self._service(kv.key)
-            present.add(service)
-            self._put(service, kv.value)
-        for service in list(self.records.keys() - present):
+    def _load(self, values: dict[str, bytes]) -> None:
+        for service, value in values.items():
+            self.change(service, value)
+        for service in list(self.records.keys() - values.keys()):
             self.apply(service, None)
 
-    def _events(self, events: Sequence[WatchEvent]) -> None:
-        for event in events:
-            service = self._service(event.kv.key)
-            if event.type == "DELETE":
-                self.apply(service, None)
-            else:
-                self._put(service, event.kv.value)
-            self.revision = max(self.revision, event.kv.mod_revision)
-
-    def _put(self, service: str, value: bytes) -> None:
+    def change(self, service: str, value: bytes | None) -> None:
+        """The record of ``service`` is now ``value`` (None: deleted)."""
+        if value is None:
+            self.apply(service, None)
+            return
         try:
             record = PoolRecord.decode(value)
         except ValueError as exc:
@@ -420,7 +371,10 @@ class Follower:
             return []  # not one of the cluster's services
         steps = plan(sp.routing if sp else None, sp.snapshot if sp else None, record)
         for step in steps:
-            self._take(service, step)
+            try:
+                self._take(service, step)
+            except Exception:  # one step's failure must not stop the watch or the others
+                log.exception("pool of %s: %r failed", service, step)
         if record is None:
             self.records.pop(service, None)
         else:
@@ -446,7 +400,9 @@ class Follower:
                 self._drains.pop((service, upstream_id), None)
             case DrainUpstream(upstream_id, timeout):
                 key = (service, upstream_id)
-                done = pool.drain(service, upstream_id, timeout or self.drain_timeout)
+                done = pool.drain(
+                    service, upstream_id, self.drain_timeout if timeout is None else timeout
+                )
                 self._drains[key] = done
                 done.add_done_callback(lambda _: self._wake.set())
             case UndrainUpstream(upstream_id):
@@ -477,7 +433,7 @@ class Follower:
             if not lease or self._reported == (report, lease):
                 continue
             try:
-                self.requests += 1
+                self.reports += 1
                 await self.client.put(
                     reports_key(self.prefix, self.node), report.encode(), lease=lease
                 )
@@ -493,145 +449,5 @@ class Follower:
     def __repr__(self) -> str:
         return (
             f"<Follower {self.node} {self.status} services={len(self.records)} "
-            f"revision={self.revision} drains={len(self._drains)} requests={self.requests}>"
+            f"revision={self.feed.revision} drains={len(self._drains)} requests={self.requests}>"
         )
-
-
-class Peers:
-    """On the leader: every node that reports is a peer of the leader's pool.
-
-    A node's drains complete when it reports itself idle on them (``peer_idle``, with the
-    drain's ``since``); a node whose report is gone (its lease ended) leaves (``peer_left``):
-    it holds nothing, so no drain waits for it. ``node`` is the leader's own name, whose
-    report (from when it followed) is not a peer's. ``on_change(node)`` is called after each
-    report is taken in, for the loop that waits for "routable everywhere".
-    """
-
-    def __init__(
-        self,
-        client: EtcdClient,
-        prefix: str,
-        pool: Pool,
-        node: str = "",
-        *,
-        on_change: Callable[[str], object] | None = None,
-        retry: tuple[float, float] = RETRY,
-    ) -> None:
-        self.client = client
-        self.prefix = prefix
-        self.pool = pool
-        self.node = node
-        self.on_change = on_change
-        self.retry = retry
-        self.table = PeerTable()
-        self.requests = 0
-        self.revision = 0
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._task = _guarded(self._run(), f"cluster peers {self.prefix}")
-
-    async def stop(self) -> None:
-        """Stop, and let every node go: no drain of the pool waits for them any more."""
-        await _cancel(self._task)
-        self._task = None
-        for node in list(self.table.reports):
-            self._left(node)
-
-    def routable_everywhere(self, service: str, upstream_id: str) -> bool:
-        """Routable on every node that reports (one that has not reported it: not routable)."""
-        return self.table.routable_everywhere(service, upstream_id)
-
-    @property
-    def nodes(self) -> list[str]:
-        return sorted(self.table.reports)
-
-    async def _run(self) -> None:
-        pause = self.retry[0]
-        load = True
-        while True:
-            try:
-                if load:
-                    kvs, revision = await self.client.get(reports_key(self.prefix), prefix=True)
-                    self.requests += 1
-                    self._load(kvs)
-                    self.revision = revision
-                    load = False
-                self.requests += 1
-                watch = self.client.watch(
-                    reports_key(self.prefix), prefix=True, start_revision=self.revision + 1
-                )
-                pause = self.retry[0]
-                async for events in watch:
-                    for event in events:
-                        self._event(event)
-                        self.revision = max(self.revision, event.kv.mod_revision)
-            except Compacted:
-                load = True
-            except (EtcdUnavailable, EtcdError) as exc:
-                # The peers stay as they are: a node etcd does not hear from may still serve.
-                log.warning("node reports: etcd: %s; again in %.1f s", exc, pause)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, self.retry[1])
-
-    def _name(self, key: bytes) -> str:
-        return key.decode()[len(reports_key(self.prefix)) :]
-
-    def _load(self, kvs: Sequence[KeyValue]) -> None:
-        present = {self._name(kv.key) for kv in kvs}
-        for node in list(self.table.reports.keys() - present):
-            self._left(node)
-        for kv in kvs:
-            self._take(self._name(kv.key), kv.value)
-
-    def _event(self, event: WatchEvent) -> None:
-        node = self._name(event.kv.key)
-        if event.type == "DELETE":
-            self._left(node)
-        else:
-            self._take(node, event.kv.value)
-
-    def _take(self, node: str, value: bytes) -> None:
-        if node == self.node:
-            return
-        try:
-            report = NodeReport.decode(value)
-        except ValueError as exc:
-            log.error("report of node %s unreadable: %s", node, exc)
-            return
-        peer = self.table.number(node)
-        if self.table.update(node, report):
-            log.info("node %s reports (pool peer %d)", node, peer)
-            self.pool.peer_joined(peer)
-        for (service, uid), since in report.idle.items():
-            self.pool.peer_idle(peer, service, uid, since)
-        if self.on_change is not None:
-            self.on_change(node)
-
-    def _left(self, node: str) -> None:
-        if self.table.remove(node):
-            log.info("node %s no longer reports: it holds nothing", node)
-            self.pool.peer_left(self.table.number(node))
-            if self.on_change is not None:
-                self.on_change(node)
-
-    def __repr__(self) -> str:
-        return f"<Peers {self.prefix} nodes={self.nodes} requests={self.requests}>"
-
-
-def _guarded(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-    task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
-    task.add_done_callback(_log_unexpected_end)
-    return task
-
-
-def _log_unexpected_end(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("task %s ended unexpectedly", task.get_name(), exc_info=task.exception())
-
-
-async def _cancel(task: asyncio.Task[None] | None) -> None:
-    if task is None or task.done():
-        return
-    task.cancel()
-    await asyncio.wait([task])  # its CancelledError stays in it; ours, if any, goes on

@@ -28,7 +28,8 @@ from controller.cluster.membership import (
     record_of,
     report_of,
 )
-from controller.cluster.pools import Follower, Peers, Publisher, pools_key
+from controller.cluster.peers import Peers
+from controller.cluster.pools import Follower, Publisher, pools_key
 from controller.etcd import Compare, EtcdClient
 from gateway import AdminState, Health, Pool, PoolEvent, ProbeConfig, RouteConfig, ServiceRouting
 from gateway import Upstream as Up
