@@ -264,6 +264,79 @@ def test_peer_table() -> None:
     assert repr(table) == "<PeerTable nodes=['n1']>"
 
 
+# -- Peers and Follower without etcd: what they do with what a feed hands them -----------------
+
+NOWHERE = ["http://127.0.0.1:9"]
+"""An etcd that is never called: these tests hand records and reports in directly."""
+
+
+async def test_peers_make_reporting_nodes_pool_peers() -> None:
+    leader = pool_with(up("a"))
+    leader.set_health("web", "a", Health.HEALTHY)
+    changed: list[str] = []
+    peers = Peers(EtcdClient(NOWHERE), "/p/", leader, "me", on_change=changed.append)
+    peers.change("me", NodeReport().encode())  # its own report, from when it followed
+    assert peers.nodes == []
+    peers.change("n1", NodeReport({"web": frozenset({"a"})}).encode())
+    peers.change("n2", b"not json")
+    assert (peers.nodes, leader.peers, changed) == (["n1"], {-1}, ["n1"])
+    assert peers.routable_everywhere("web", "a")
+
+    drain = leader.drain("web", "a", 10.0)
+    version = leader.service("web").snapshot.version
+    peers.change("n1", NodeReport(idle={("web", "a"): version - 1}).encode())  # an older drain
+    assert not drain.done()
+    assert not peers.routable_everywhere("web", "a")
+    peers.change("n1", NodeReport(idle={("web", "a"): version}).encode())
+    assert drain.done()
+
+    drain = leader.drain("web", "b", 10.0)  # unknown: done at once
+    leader.add_upstream(up("b", 9001))
+    drain = leader.drain("web", "b", 10.0)
+    assert not drain.done()
+    peers.change("n1", None)  # its lease ended: it holds nothing
+    assert drain.done()
+    assert (peers.nodes, leader.peers) == ([], set())
+    peers.change("n1", NodeReport().encode())
+    assert leader.peers == {-1}  # the same number again
+    await peers.stop()
+    assert leader.peers == set()
+
+
+async def test_a_follower_applies_records_and_reports_its_drains() -> None:
+    pool = Pool(rng=random.Random(0))
+    follower = Follower(EtcdClient(NOWHERE), "/p/", pool, "n1", lambda: 0)
+    record = PoolRecord(routing(), (Member("a", "127.0.0.1", 9000), Member("b", "h", 1)))
+    follower.change("web", record.encode())
+    follower.change("api", b"{}")  # unreadable: ignored
+    follower.change("other", record.encode())  # a record under another name: ignored
+    assert set(pool.services) == {"web"}
+    pool.set_health("web", "a", Health.HEALTHY)
+    lease = pool.service("web").lease()
+    assert lease is not None
+    assert follower.report() == NodeReport({"web": frozenset({"a"})})
+
+    draining = dataclasses.replace(
+        record,
+        upstreams=(
+            Member("a", "127.0.0.1", 9000, admin=AdminState.DRAINING, since=5),
+            Member("b", "h", 1),
+        ),
+    )
+    follower.change("web", draining.encode())
+    assert pool.upstream("web", "a").admin is AdminState.DRAINING
+    assert follower.report() == NodeReport()
+    lease.release()
+    assert await pool.drain("web", "a", 1.0) is True  # the follower's drain, done
+    assert follower.report() == NodeReport(idle={("web", "a"): 5})
+
+    # The service's key deleted: gone here too; a key of no service of ours: nothing.
+    follower.change("web", None)
+    follower.change("nothing", None)
+    assert pool.services == {}
+    assert follower.report() == NodeReport()
+
+
 # -- a leader and two followers on etcd -------------------------------------------------------
 
 pytestmark_etcd = pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed")
