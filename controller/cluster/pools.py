@@ -131,6 +131,8 @@ class Publisher:
 
     async def flushed(self) -> None:
         """Return once every change so far is in etcd (or the publisher was deposed)."""
+        if self.deposed:
+            return
         if self._dirty or self._wake.is_set():
             self._flushed.clear()
         await self._flushed.wait()
@@ -197,8 +199,8 @@ class Publisher:
             self._wake.clear()
 
     async def _load(self) -> None:
-        kvs, _ = await self.client.get(pools_key(self.prefix), prefix=True)
         self.requests += 1
+        kvs, _ = await self.client.get(pools_key(self.prefix), prefix=True)
         self._written = {}
         for kv in kvs:
             service = kv.key.decode()[len(pools_key(self.prefix)) :]
@@ -236,13 +238,12 @@ class Publisher:
                 done[service] = record.content
         if not ops:
             return
+        self.requests += 1
         try:
             result = await self.client.txn(fence, ops)
         except BaseException:
-            self._dirty.update(done)
+            self._dirty.update(done)  # it may or may not have been applied: again
             raise
-        finally:
-            self.requests += 1
         if not result.succeeded:
             raise _Deposed
         self.writes += len(ops)

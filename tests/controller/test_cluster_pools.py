@@ -644,3 +644,28 @@ async def test_a_deposed_leader_writes_nothing(cluster: Cluster) -> None:
     kvs, _ = await c.clients[0].get(pools_key(c.prefix, "web"))
     assert [m.id for m in PoolRecord.decode(kvs[0].value).upstreams] == ["a"]
     await c.publisher.flushed()  # returns: a deposed publisher has nothing left to do
+
+
+@pytestmark_etcd
+async def test_many_services_in_few_transactions_and_pruning(cluster: Cluster) -> None:
+    c = cluster
+    await c.publisher.flushed()
+    requests = c.publisher.requests
+    names = [f"s{i:03}" for i in range(150)]
+    for name in names:
+        c.leader.set_service(routing(name))
+    await c.publisher.flushed()
+    assert c.publisher.requests == requests + 2  # 100 writes in a transaction at most
+    await c.changes.until(lambda: sorted(c.pools["n2"].services) == names)
+
+    # A new leader whose pool lacks some services leaves them be, unless told to prune.
+    await c.publisher.stop()
+    c.leader.remove_service("s000")
+    for prune in (False, True):
+        c.publisher = Publisher(c.clients[0], c.prefix, c.leader, list, prune=prune, delay=0.01)
+        await c.publisher.start()
+        await c.publisher.flushed()
+        await c.publisher.stop()
+        assert c.publisher.writes == int(prune)
+    await c.changes.until(lambda: "s000" not in c.pools["n1"].services)
+    assert sorted(c.pools["n1"].services) == names[1:]
