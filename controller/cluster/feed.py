@@ -51,6 +51,8 @@ class Feed:
         """The etcd revision the keys are known at (0: not loaded yet)."""
         self.requests = 0
         """etcd requests made: loads and watches opened."""
+        self.loaded = asyncio.Event()
+        """Set once the keys were loaded (``on_load`` called), and from then on."""
 
     def set_status(self, status: Status) -> None:
         if status != self.status:
@@ -72,6 +74,7 @@ class Feed:
                     kvs, revision = await self.client.get(self.prefix, prefix=True)
                     self.on_load({self._name(kv.key): kv.value for kv in kvs})
                     self.revision = revision
+                    self.loaded.set()
                     load = False
                 self.requests += 1
                 watch = self.client.watch(

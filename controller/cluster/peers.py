@@ -50,8 +50,10 @@ class Peers:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Load the reports, then watch them, in the background."""
+        """Load the reports, then watch them, in the background (``loaded`` says when the
+        nodes that report are peers: a drain begun before waits for none of them)."""
         self.feed.revision = 0  # the table starts empty: load it whole
+        self.feed.loaded.clear()
         self._task = guarded_task(self.feed.run(), f"cluster peers {self.feed.prefix!r}")
 
     async def stop(self) -> None:
@@ -60,6 +62,10 @@ class Peers:
         self._task = None
         for node in list(self.table.reports):
             self._left(node)
+
+    async def loaded(self) -> None:
+        """Return once the reports were loaded: every node that reported is a peer."""
+        await self.feed.loaded.wait()
 
     @property
     def requests(self) -> int:

@@ -443,6 +443,7 @@ async def cluster(etcd: EtcdCluster, request: pytest.FixtureRequest) -> AsyncIte
         )
     await publisher.start()
     await peers.start()
+    await asyncio.wait_for(peers.loaded(), 5)
     for follower in followers.values():
         await follower.start()
     c = Cluster(etcd, prefix, changes, clients, leader, publisher, peers, pools, followers, leases)
