@@ -33,7 +33,7 @@ from controller.cluster.pools import Follower, Publisher, pools_key
 from controller.etcd import Compare, EtcdClient
 from gateway import AdminState, Health, Pool, PoolEvent, ProbeConfig, RouteConfig, ServiceRouting
 from gateway import Upstream as Up
-from tests.etcd_cluster import EtcdCluster, etcd_binary
+from tests.etcd_cluster import EtcdCluster
 
 
 def routing(name: str = "web", **changes: Any) -> ServiceRouting:
@@ -339,8 +339,6 @@ async def test_a_follower_applies_records_and_reports_its_drains() -> None:
 
 # -- a leader and two followers on etcd -------------------------------------------------------
 
-pytestmark_etcd = pytest.mark.skipif(etcd_binary() is None, reason="etcd is not installed")
-
 
 class Changes:
     """Wakes ``until`` on any change: a pool event, a report taken in, a follower's status."""
@@ -371,6 +369,7 @@ class Changes:
 
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """One etcd member for the module (skipped without etcd, failed under CI)."""
     cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), 1).start()
     yield cluster
     cluster.close()
@@ -459,7 +458,6 @@ def add_web(c: Cluster, *upstreams: Up) -> None:
         c.leader.set_health("web", upstream.id, Health.HEALTHY)
 
 
-@pytestmark_etcd
 async def test_an_upstream_added_on_the_leader_appears_on_every_follower(cluster: Cluster) -> None:
     c = cluster
     add_web(c, up("a"))
@@ -519,7 +517,6 @@ async def drain_with_a_request_on_n1(c: Cluster) -> tuple[asyncio.Future[bool], 
     return drain, lease
 
 
-@pytestmark_etcd
 async def test_a_drain_on_the_leader_waits_for_every_follower(cluster: Cluster) -> None:
     c = cluster
     drain, lease = await drain_with_a_request_on_n1(c)
@@ -543,7 +540,6 @@ async def test_a_drain_on_the_leader_waits_for_every_follower(cluster: Cluster) 
     assert await asyncio.wait_for(drain, 5) is True
 
 
-@pytestmark_etcd
 async def test_a_node_whose_report_is_gone_holds_nothing(cluster: Cluster) -> None:
     c = cluster
     drain, lease = await drain_with_a_request_on_n1(c)
@@ -557,7 +553,6 @@ async def test_a_node_whose_report_is_gone_holds_nothing(cluster: Cluster) -> No
     assert c.idle("n1") == {("web", "a"): c.idle("n2")[("web", "a")]}
 
 
-@pytestmark_etcd
 async def test_a_drain_timeout_comes_with_the_record(cluster: Cluster) -> None:
     c = cluster
     await c.publisher.stop()
@@ -577,7 +572,6 @@ async def test_a_drain_timeout_comes_with_the_record(cluster: Cluster) -> None:
     lease.release()
 
 
-@pytestmark_etcd
 async def test_with_etcd_gone_followers_keep_their_pools_and_resume(cluster: Cluster) -> None:
     c = cluster
     add_web(c, up("a"))
@@ -600,7 +594,6 @@ async def test_with_etcd_gone_followers_keep_their_pools_and_resume(cluster: Clu
     assert await asyncio.wait_for(drain, 5) is True  # both nodes said they hold nothing
 
 
-@pytestmark_etcd
 async def test_a_follower_started_again_after_a_compaction_loads_anew(cluster: Cluster) -> None:
     c = cluster
     add_web(c, up("a"))
@@ -620,7 +613,6 @@ async def test_a_follower_started_again_after_a_compaction_loads_anew(cluster: C
     await c.changes.until(lambda: c.peers.nodes == ["n1", "n2"])
 
 
-@pytestmark_etcd
 async def test_a_deposed_leader_writes_nothing(cluster: Cluster) -> None:
     c = cluster
     leader_key = f"{c.prefix}leader".encode()
@@ -647,7 +639,6 @@ async def test_a_deposed_leader_writes_nothing(cluster: Cluster) -> None:
     await c.publisher.flushed()  # returns: a deposed publisher has nothing left to do
 
 
-@pytestmark_etcd
 async def test_many_services_in_few_transactions_and_pruning(cluster: Cluster) -> None:
     c = cluster
     await c.publisher.flushed()
