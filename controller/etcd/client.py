@@ -97,12 +97,16 @@ class EtcdClient:
         password: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         page_size: int = 1000,
+        watch_check: float = 5.0,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint")
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.timeout = timeout
         self.page_size = page_size
+        self.watch_check = watch_check
+        """Seconds a watch may stay silent before its member is asked whether it still
+        answers (a paused member keeps its connections open and says nothing)."""
         self.requests = 0
         """HTTP requests sent, every attempt and authentication counted."""
         self._username = username
@@ -224,7 +228,15 @@ class EtcdClient:
             events = watch_events(first)
             if events:
                 yield events
-            async for line in lines:
+            while True:
+                try:
+                    async with asyncio.timeout(self.watch_check):
+                        line = await lines.readline()
+                except TimeoutError:
+                    await self._check_alive(endpoint)
+                    continue
+                if line is None:
+                    break
                 message = _watch_message(line, endpoint)
                 if message.get("canceled"):
                     _watch_canceled(message, endpoint)
@@ -237,9 +249,7 @@ class EtcdClient:
         finally:
             response.close()
 
-    async def _open_watch(
-        self, body: Json
-    ) -> tuple[aiohttp.ClientResponse, Json, AsyncIterator[bytes]]:
+    async def _open_watch(self, body: Json) -> tuple[aiohttp.ClientResponse, Json, _Lines]:
         """POST the watch to the first endpoint that confirms it was created."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
@@ -253,8 +263,11 @@ class EtcdClient:
                         response = await self._send(endpoint, "/v3/watch", body, _REQUIRE_LEADER)
                         if response.status != 200:
                             _raise_answer(response.status, await response.read(), endpoint)
-                        lines = _lines(response.content)
-                        first = _watch_message(await anext(lines), endpoint)
+                        lines = _Lines(response.content)
+                        line = await lines.readline()
+                        if line is None:
+                            raise _Unreachable("the watch stream ended at once")
+                        first = _watch_message(line, endpoint)
                     if first.get("canceled"):
                         _watch_canceled(first, endpoint)
                     self._current = index
@@ -269,7 +282,7 @@ class EtcdClient:
                     authenticated = True
                     self._token = None
                     await self._authenticate(deadline)
-                except (_Unreachable, TimeoutError, StopAsyncIteration) as e:
+                except (_Unreachable, TimeoutError, aiohttp.ClientError, OSError) as e:
                     if response is not None:
                         response.close()
                     reasons[endpoint] = _why(e)
@@ -279,6 +292,20 @@ class EtcdClient:
                     raise
             if await self._out_of_time(deadline):
                 raise _unavailable("watch", reasons)
+
+    async def _check_alive(self, endpoint: str) -> None:
+        """A watch heard nothing for ``watch_check`` seconds: quiet keys, or a member that
+        stopped (paused, cut off) and keeps the connection open. Ask it a linearizable read
+        (it needs a leader to answer); no answer in ``timeout`` ends the watch."""
+        body = {"key": b64(b"\x00"), "limit": "1", "keys_only": True}
+        try:
+            await self._post(endpoint, "/v3/kv/range", body, self.timeout)
+        except _StaleToken:
+            pass  # it answered
+        except (_Unreachable, EtcdError) as e:
+            raise EtcdUnavailable(
+                f"etcd {endpoint}: the watch's member stopped answering: {e}", {endpoint: str(e)}
+            ) from None
 
     # --- the calls --------------------------------------------------------------------------
 
@@ -462,14 +489,23 @@ def _watch_canceled(message: Json, endpoint: str) -> None:
     raise EtcdUnavailable(f"etcd {endpoint}: the watch ended: {reason}")
 
 
-async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The stream's lines, whatever their length (aiohttp's readline caps one line)."""
-    buffer = b""
-    async for chunk in content.iter_any():
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            if line.strip():
-                yield line
-    if buffer.strip():
-        yield buffer
+class _Lines:
+    """The lines of a stream, whatever their length (aiohttp's readline caps one line).
+
+    ``readline`` may be cancelled (a timeout) and called again: nothing is lost."""
+
+    def __init__(self, content: aiohttp.StreamReader) -> None:
+        self._content = content
+        self._buffer = b""
+        self._ready: list[bytes] = []
+
+    async def readline(self) -> bytes | None:
+        """The next non-empty line; None at the end of the stream."""
+        while not self._ready:
+            chunk = await self._content.readany()
+            if not chunk:
+                last, self._buffer = self._buffer, b""
+                return last if last.strip() else None
+            *complete, self._buffer = (self._buffer + chunk).split(b"\n")
+            self._ready.extend(line for line in complete if line.strip())
+        return self._ready.pop(0)

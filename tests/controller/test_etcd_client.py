@@ -247,6 +247,48 @@ async def test_a_broken_watch_stream_raises_unavailable(
         restore(cluster)
 
 
+async def test_a_watch_on_a_paused_member_raises_unavailable(
+    cluster: EtcdCluster, prefix: bytes
+) -> None:
+    client = EtcdClient(cluster.endpoints, timeout=1.0, watch_check=0.5)
+    try:
+        await client.put(prefix + b"k", b"1")
+        watch = client.watch(prefix + b"k")
+        first = asyncio.ensure_future(anext(watch))
+        await asyncio.sleep(0.3)
+        paused = cluster.endpoints.index(client.current)
+        cluster.pause_member(paused)
+        started = time.monotonic()
+        with pytest.raises(EtcdUnavailable, match="stopped answering"):
+            await asyncio.wait_for(first, 5)
+        assert time.monotonic() - started < 0.5 + 1.0 + 0.5
+        # Watching again goes to a member that answers.
+        again = client.watch(prefix + b"k")
+        pending = asyncio.ensure_future(anext(again))
+        await asyncio.sleep(0.3)
+        revision = await client.put(prefix + b"k", b"2")
+        batch = await asyncio.wait_for(pending, 5)
+        assert batch[0].kv.mod_revision == revision
+        await again.aclose()  # type: ignore[attr-defined]
+    finally:
+        restore(cluster)
+        await client.close()
+
+
+async def test_a_quiet_watch_stays_open(cluster: EtcdCluster, prefix: bytes) -> None:
+    client = EtcdClient(cluster.endpoints, timeout=1.0, watch_check=0.2)
+    try:
+        watch = client.watch(prefix + b"k")
+        pending = asyncio.ensure_future(anext(watch))
+        await asyncio.sleep(1.0)  # five checks, all answered
+        assert not pending.done()
+        revision = await client.put(prefix + b"k", b"1")
+        assert (await asyncio.wait_for(pending, 5))[0].kv.mod_revision == revision
+        await watch.aclose()  # type: ignore[attr-defined]
+    finally:
+        await client.close()
+
+
 async def test_all_members_stopped_then_back(
     cluster: EtcdCluster, client: EtcdClient, prefix: bytes
 ) -> None:
