@@ -333,6 +333,26 @@ class Follower:
     def on_pool_event(self, event: PoolEvent) -> None:
         self._wake.set()
 
+    def handover(self) -> list[tuple[str, str]]:
+        """On the node that now leads, once stopped and once its ``Peers`` are ``loaded``:
+        begin again the drains this follower began, so they wait for every node that reports
+        (a drain waits for the peers it began with, and a follower's had none but its
+        workers). Undrained and drained again in one go: no request is picked in between, and
+        the workers and the publisher only see the second. The (service, upstream id)s."""
+        again: list[tuple[str, str]] = []
+        for service, uid in list(self._drains):
+            upstream = self.pool.upstream(service, uid)
+            if upstream is None or upstream.admin is not AdminState.DRAINING:
+                continue
+            record = self.records.get(service)
+            member = record.member(uid) if record is not None else None
+            timeout = member.timeout if member is not None else None
+            self.pool.undrain(service, uid)
+            self.pool.drain(service, uid, self.drain_timeout if timeout is None else timeout)
+            again.append((service, uid))
+        self._drains.clear()
+        return again
+
     @property
     def status(self) -> Status:
         return self.feed.status

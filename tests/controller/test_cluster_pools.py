@@ -337,6 +337,28 @@ async def test_a_follower_applies_records_and_reports_its_drains() -> None:
     assert follower.report() == NodeReport()
 
 
+async def test_a_follower_that_leads_hands_its_drains_over_to_the_nodes() -> None:
+    pool = Pool(rng=random.Random(0))
+    follower = Follower(EtcdClient(NOWHERE), "/p/", pool, "n1", lambda: 0)
+    record = PoolRecord(
+        routing(), (Member("a", "127.0.0.1", 9000, admin=AdminState.DRAINING, since=3),)
+    )
+    follower.change("web", record.encode())
+    pool.set_health("web", "a", Health.HEALTHY)  # as it was before the drain
+    sp = pool.service("web")
+    lease = sp.lease_of(sp.snapshot.upstreams[0])
+    await follower.stop()
+    pool.peer_joined(-1)  # its Peers loaded: another node reports
+    assert follower.handover() == [("web", "a")]
+    assert follower.handover() == []
+    drain = pool.drain("web", "a", 10.0)
+    assert pool.upstream("web", "a").admin is AdminState.DRAINING
+    lease.release()
+    assert not drain.done()  # the other node has not said it holds nothing
+    pool.peer_idle(-1, "web", "a", sp.snapshot.version)
+    assert await drain is True
+
+
 # -- a leader and two followers on etcd -------------------------------------------------------
 
 
