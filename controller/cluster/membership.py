@@ -1,11 +1,11 @@
 """What the nodes of a cluster share of a pool, and what each node reports back. PURE.
 
-The leader publishes each service's *pool record* (``<prefix>/pools/<service>``): its routing,
+The leader publishes each service's *pool record* (``<prefix>pools/<service>``): its routing,
 its upstreams' membership and admin state, its traffic split and failure, and the leader's
 snapshot version. Never health or ejections: every node probes and ejects for itself. Every
 other node (a follower) turns a record into the steps that make its own pool match (``plan``).
 
-Each follower publishes a *node report* (``<prefix>/reports/<node>``): which upstreams it can
+Each follower publishes a *node report* (``<prefix>reports/<node>``): which upstreams it can
 route to, and which draining upstreams it holds nothing of (``idle``), each with the version
 the leader gave that drain (``Member.since``). The leader reads the reports (``PeerTable``): a
 drain there completes once every live node is idle on it; "a replacement is serving" means
