@@ -186,3 +186,27 @@ async def test_a_lost_lease_is_replaced_and_the_node_campaigns_again(
     assert only.election.term > first_term
     assert [e.kind for e in only.lease_events] == ["granted", "lost", "granted"]
     assert [t.leading for t in only.transitions] == [True, False, True]
+
+
+async def test_etcd_down_then_back(node: NodeFactory, cluster: EtcdCluster) -> None:
+    nodes = [await node(f"n{i}") for i in range(2)]
+    leader = await first_leader(nodes, 5)
+    cluster.stop_all()
+    try:
+        # Nobody can vouch for a lease: the leader stops by its local deadline.
+        await asyncio.wait_for(leader.election.deposed(), TTL + 0.5)
+        assert not any(n.election.leading for n in nodes)
+        assert leader.lease_events[-1].kind == "lapsed"
+        assert "etcd unavailable" in leader.keeper.unreachable
+        with pytest.raises(Deposed):
+            leader.election.fence()
+    finally:
+        for i in range(len(cluster.members)):
+            cluster.start_member(i)
+        cluster.wait_healthy()
+    # etcd restores the leases it had: the cluster goes on, one node leads again.
+    again = await first_leader(nodes, 10)
+    assert again.election.fence()
+    assert [n.election.leading for n in nodes].count(True) == 1
+    for n in nodes:
+        assert await asyncio.wait_for(n.election.wait_leader(), 5) == again.name

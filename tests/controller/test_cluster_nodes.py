@@ -142,3 +142,24 @@ def test_records_round_trip_and_bad_ones_are_skipped() -> None:
     assert NodeRecord.from_kv(newer) == NodeRecord("n", "http://x")
     assert NodeRecord.from_kv(KeyValue(b"k", b"not json", 1, 1, 1, 0)) is None
     assert NodeRecord.from_kv(KeyValue(b"k", b'{"name": "n"}', 1, 1, 1, 0)) is None
+
+
+async def test_the_view_stays_while_etcd_is_down(node, cluster: EtcdCluster) -> None:
+    a = await node("a")
+    b = await node("b")
+    await asyncio.wait_for(a.registry.wait(names("a", "b")), 5)
+    lapsed = asyncio.Event()
+    a.keeper.subscribe(lambda event: event.kind == "lapsed" and lapsed.set())
+    cluster.stop_all()
+    try:
+        await asyncio.wait_for(lapsed.wait(), TTL + 1)  # etcd answers nothing
+        assert not a.keeper.valid()
+        assert sorted(a.registry.nodes) == ["a", "b"]
+    finally:
+        for i in range(len(cluster.members)):
+            cluster.start_member(i)
+        cluster.wait_healthy()
+    await asyncio.wait_for(a.keeper.wait_valid(), 10)
+    await b.registry.update(replicas=1)
+    await asyncio.wait_for(a.registry.wait(lambda ns: "b" in ns and ns["b"].replicas == 1), 10)
+    assert sorted(a.registry.nodes) == ["a", "b"]

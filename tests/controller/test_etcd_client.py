@@ -235,10 +235,10 @@ async def test_a_paused_member_costs_a_share_of_the_timeout(
 async def test_a_broken_watch_stream_raises_unavailable(
     cluster: EtcdCluster, client: EtcdClient, prefix: bytes
 ) -> None:
-    await client.put(prefix + b"k", b"1")
-    watch = client.watch(prefix + b"k")
+    revision = await client.put(prefix + b"k", b"1")
+    watch = client.watch(prefix + b"k", start_revision=revision)
+    assert (await anext(watch))[0].kv.value == b"1"  # the watch is open
     first = asyncio.ensure_future(anext(watch))
-    await asyncio.sleep(0.3)
     cluster.kill_member(cluster.endpoints.index(client.current))
     try:
         with pytest.raises(EtcdUnavailable):
@@ -252,10 +252,10 @@ async def test_a_watch_on_a_paused_member_raises_unavailable(
 ) -> None:
     client = EtcdClient(cluster.endpoints, timeout=1.0, watch_check=0.5)
     try:
-        await client.put(prefix + b"k", b"1")
-        watch = client.watch(prefix + b"k")
+        revision = await client.put(prefix + b"k", b"1")
+        watch = client.watch(prefix + b"k", start_revision=revision)
+        assert (await anext(watch))[0].kv.value == b"1"  # the watch is open
         first = asyncio.ensure_future(anext(watch))
-        await asyncio.sleep(0.3)
         paused = cluster.endpoints.index(client.current)
         cluster.pause_member(paused)
         started = time.monotonic()
@@ -263,11 +263,8 @@ async def test_a_watch_on_a_paused_member_raises_unavailable(
             await asyncio.wait_for(first, 5)
         assert time.monotonic() - started < 0.5 + 1.0 + 0.5
         # Watching again goes to a member that answers.
-        again = client.watch(prefix + b"k")
-        pending = asyncio.ensure_future(anext(again))
-        await asyncio.sleep(0.3)
-        revision = await client.put(prefix + b"k", b"2")
-        batch = await asyncio.wait_for(pending, 5)
+        again = client.watch(prefix + b"k", start_revision=revision)
+        batch = await asyncio.wait_for(anext(again), 5)
         assert batch[0].kv.mod_revision == revision
         await again.aclose()  # type: ignore[attr-defined]
     finally:
