@@ -130,6 +130,21 @@ class _SlotWaiter:
     exclude: frozenset[str]
 
 
+def token_digests(tokens: dict[str, str]) -> dict[bytes, str]:
+    """``AuthRouting.tokens`` (SHA-256 hex digest -> id) by the digest itself: a request's
+    token is looked up by ``sha256(token).digest()``, without making its hex form. Only
+    the keys a hex digest could equal (lower-case hex of 32 bytes) are kept."""
+    out: dict[bytes, str] = {}
+    for key, token_id in tokens.items():
+        try:
+            digest = bytes.fromhex(key)
+        except ValueError:
+            continue
+        if len(digest) == 32 and digest.hex() == key:
+            out[digest] = token_id
+    return out
+
+
 class ServicePool:
     """One service: its routing config, its current snapshot and its in-flight leases."""
 
@@ -166,12 +181,47 @@ class ServicePool:
         self._ring: hashring.Ring | None = None
         self._ring_of: tuple[Upstream, ...] = ()
         self.cap = 0
+        self.total_timeout = 0.0
+        self.read_timeout = 0.0
+        self.max_body_size = 0
+        self.previews = False
+        self.https_redirect = False
+        self.guarded = False
+        self.rate_limited = False
+        self.affinity: str | None = None
+        self.auth_on = False
+        self.auth_header = b""
+        self.auth_digests: dict[bytes, str] = {}
+        """``auth.tokens`` by digest (``token_digests``)."""
+        self.auth_strip = False
         self.configure()
 
     def configure(self) -> None:
-        """Take in what ``routing`` says (when it is set or changed): the per-process cap."""
-        cap = self.routing.limits.max_in_flight_per_replica
+        """Take in what ``routing`` says (when it is set or changed): the per-process cap, and
+        the settings every request reads, kept as plain attributes (a field of a config
+        model is read through pydantic's ``__getattr__`` hook: a slow attribute, and a
+        request read a dozen of them)."""
+        routing = self.routing
+        cap = routing.limits.max_in_flight_per_replica
         self.cap = max(1, cap // self._owner.share) if cap else 0
+        self.total_timeout = routing.timeouts.total or 0.0
+        """``timeouts.total``; 0: none."""
+        self.read_timeout = routing.timeouts.read
+        self.max_body_size = routing.limits.max_body_size
+        self.previews = routing.preview.allow != "off"
+        """Preview routes are on: a request may ask for a revision."""
+        self.https_redirect = routing.route.https_redirect
+        self.rate_limited = bool(routing.rate_limits)
+        self.affinity = routing.affinity
+        self.guarded = routing.auth is not None or self.rate_limited or self.affinity is not None
+        """A request is checked by ``proxy.guard`` (auth, rate limits, an affinity key)."""
+        auth = routing.auth
+        self.auth_on = auth is not None
+        self.auth_header = auth.header.encode() if auth is not None else b""
+        """The header that bears the token (lower-cased)."""
+        self.auth_digests = token_digests(auth.tokens) if auth is not None else {}
+        self.auth_strip = auth is not None and not auth.pass_token
+        """The token's header is not sent upstream."""
         if self._slot_waiters:
             self._hand_slots()
 

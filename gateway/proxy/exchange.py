@@ -69,12 +69,16 @@ class Forwarding:
     _connector: Connector | None
     task_free: int
     handed_on: int
+    trust_forwarded: bool
+    """``config.trust_forwarded``, read on every request (a plain attribute: see
+    ``ServicePool.configure``)."""
 
     def __init__(
         self, pool: Pool, config: ProxyConfig, observers: Sequence[RequestObserver] = ()
     ) -> None:
         self.pool = pool
         self.config = config
+        self.trust_forwarded = config.trust_forwarded
         self.observers = tuple(observers)
         self._connector: Connector | None = None
         self.task_free = 0
@@ -160,7 +164,7 @@ class Exchange:
             body=False,
             chunked=False,
             head_only=request.method == "HEAD",
-            read_timeout=sp.routing.timeouts.read,
+            read_timeout=sp.read_timeout,
             waiter=self,
         )
 
@@ -268,8 +272,8 @@ class Exchange:
             target,
             peer=self.client.peer,
             request_id=self.request_id,
-            trust_forwarded=self.proxy.config.trust_forwarded,
-            address=upstream.address,
+            trust_forwarded=self.proxy.trust_forwarded,
+            address="" if self.request.host else upstream.address,  # made only if used
             secure=self.client.secure,
             drop=self.strip,
         )

@@ -26,10 +26,12 @@ from typing import Final
 
 from ..config import AuthRouting
 from ..errors import TooManyRequests, Unauthorized
-from ..service_pool import ServicePool
+from ..service_pool import ServicePool, token_digests
+from ..wire import plainhead
 from .exchange import Exchange
 from .request import IncomingRequest
 
+_sha256: Final = hashlib.sha256
 MAX_TOKEN: Final = 1024
 """Bytes: an API key is tens of bytes; a longer one is refused without being hashed."""
 MAX_KEY: Final = 64
@@ -39,8 +41,10 @@ _AUTHORIZATION: Final = b"authorization"
 MISSING: Final = "\x00missing"
 WRONG: Final = "\x00wrong"
 """What ``token_of`` says of a request without a token, or a wrong one: never an id."""
-TWICE: Final = b"\r"
+TWICE: Final = plainhead.TWICE
 """What ``_one`` says of a field given twice: never a value (a value holds no CR)."""
+_AUTHORIZATION_LINE: Final = len(b"authorization: ")
+"""Bytes before the value of a plain head's Authorization line (``strip``)."""
 
 
 def values(request: IncomingRequest, name: bytes) -> list[bytes]:
@@ -72,6 +76,11 @@ def _one(request: IncomingRequest, name: bytes) -> bytes | None:
     if not raw:
         found = values(request, name)
         return (found[0] if len(found) == 1 else TWICE) if found else None
+    if name == _AUTHORIZATION:  # noted as the head was read (``plainhead``)
+        value = request.authorization
+        if value is None or value == TWICE:
+            return value
+        return value.strip(b" \t")
     low = raw.lower()
     needle = b"\n" + name + b":"
     if low.startswith(needle[1:]):
@@ -102,6 +111,18 @@ def strip(request: IncomingRequest, name: bytes) -> None:
     plain = request.plain_lines
     if not plain:
         return
+    if name == _AUTHORIZATION and request.raw_fields:  # found as the head was read
+        at = request.authorization_at
+        value = request.authorization
+        if value is None:
+            return  # none
+        if value != TWICE and at >= 0:
+            end = at + _AUTHORIZATION_LINE + len(value)  # its CRLF, unless it is the last
+            if end >= len(plain):
+                request.plain_lines = plain[: max(at - 2, 0)]
+            else:
+                request.plain_lines = plain[:at] + plain[end + 2 :]
+            return
     low = b"\r\n" + plain.lower()  # every line after a CRLF: plain's index + 2
     needle = b"\r\n" + name + b":"
     at = low.find(needle)  # the line begins at plain[at], its CRLF is plain[end - 2 : end]
@@ -126,7 +147,11 @@ def authenticate(auth: AuthRouting, request: IncomingRequest) -> tuple[str, str 
 
 def token_of(auth: AuthRouting, request: IncomingRequest) -> str:
     """The id of the request's token, or ``MISSING`` or ``WRONG``."""
-    header = auth.header.encode()
+    return _token_id(request, auth.header.encode(), token_digests(auth.tokens))
+
+
+def _token_id(request: IncomingRequest, header: bytes, digests: dict[bytes, str]) -> str:
+    """``token_of`` with the auth's header (encoded) and tokens (``token_digests``)."""
     value = _one(request, header)
     if value is None:
         return MISSING
@@ -135,15 +160,18 @@ def token_of(auth: AuthRouting, request: IncomingRequest) -> str:
         # unchecked one could reach it).
         return WRONG
     if header == _AUTHORIZATION:
-        scheme, _, value = value.partition(b" ")
-        if scheme.lower() != b"bearer":
-            return WRONG if scheme else MISSING
+        if value.startswith(b"Bearer "):  # as nearly every client spells it
+            value = value[7:]
+        else:
+            scheme, _, value = value.partition(b" ")
+            if scheme.lower() != b"bearer":
+                return WRONG if scheme else MISSING
     token = value.strip()
     if not token:
         return MISSING
     if len(token) > MAX_TOKEN:
         return WRONG
-    return auth.tokens.get(hashlib.sha256(token).hexdigest(), WRONG)
+    return digests.get(_sha256(token).digest(), WRONG)
 
 
 def client_ip(request: IncomingRequest, peer: str | None, trust_forwarded: bool) -> str:
@@ -166,9 +194,8 @@ def admit(ex: Exchange, sp: ServicePool, trust_forwarded: bool, now: float) -> N
     key (``Exchange.affinity``) and the token's header to strip (``Exchange.strip``)."""
     request = ex.request
     ex.affinity = check(sp, request, ex.path, ex.client.peer, trust_forwarded, now)
-    auth = sp.routing.auth
-    if auth is not None and not auth.pass_token:
-        name = auth.header.encode()
+    if sp.auth_strip:
+        name = sp.auth_header
         ex.strip = name
         strip(request, name)
 
@@ -186,9 +213,8 @@ def check(
     routing = sp.routing
     counters = sp.counters
     token_id = None
-    auth = routing.auth
-    if auth is not None:
-        token_id = token_of(auth, request)
+    if sp.auth_on:
+        token_id = _token_id(request, sp.auth_header, sp.auth_digests)
         if token_id == MISSING or token_id == WRONG:
             name = "auth_missing" if token_id == MISSING else "auth_wrong"
             counters[name] = counters.get(name, 0) + 1
@@ -199,7 +225,7 @@ def check(
                 service=routing.name,
             )
         counters["auth_ok"] = counters.get("auth_ok", 0) + 1
-    if routing.rate_limits:
+    if sp.rate_limited:
         for rule in sp.rate_rules():
             if not path.startswith(rule.path_prefix):
                 continue
@@ -231,7 +257,7 @@ def check(
                     fields,
                     service=routing.name,
                 )
-    affinity = routing.affinity
+    affinity = sp.affinity
     if affinity is None:
         return None
     if affinity == "ip":

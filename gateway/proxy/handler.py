@@ -122,7 +122,7 @@ class Proxy(Forwarding):
             ex.record(self.loop.time())
             client.finished(request)
             return True
-        total = sp.routing.timeouts.total
+        total = sp.total_timeout
         upstream = ex.upstream  # a preview route's, picked already
         if upstream is None and not total:
             upstream = sp.pick(key=ex.affinity)
@@ -201,17 +201,16 @@ class Proxy(Forwarding):
         if sp is None:
             raise no_route(request.host, ex.path)
         ex.service = service
-        if sp.routing.preview.allow != "off" or label is not None:
+        if sp.previews or label is not None:
             self._preview(ex, sp, label)
         split = sp.snapshot.split
         if split is not None and ex.upstream is None and sp.routing.sticky is not None:
             self._sticky(ex, sp, split, sp.routing.sticky)
-        if not secure and sp.routing.route.https_redirect:
+        if not secure and sp.https_redirect:
             raise https_redirect(request.host, request.target, self.https_port)
-        routing = sp.routing
-        if routing.auth is not None or routing.rate_limits or routing.affinity is not None:
-            guard.admit(ex, sp, self.config.trust_forwarded, self.loop.time())
-        limit = sp.routing.limits.max_body_size
+        if sp.guarded:
+            guard.admit(ex, sp, self.trust_forwarded, self.loop.time())
+        limit = sp.max_body_size
         length = request.content_length
         if limit and length is not None and length > limit:
             raise RequestTooLarge(
@@ -384,7 +383,7 @@ class Proxy(Forwarding):
             body=streamed,
             chunked=request.chunked,
             head_only=request.method == "HEAD",
-            read_timeout=sp.routing.timeouts.read,
+            read_timeout=sp.read_timeout,
         )
         if body is not None:
             ex.bytes_in = body.received

@@ -62,6 +62,49 @@ LINGER_BYTES: Final = 64 * 1024 * 1024
 """At most this much is discarded while lingering; then the connection is dropped."""
 
 
+class Limits:
+    """A listener's ``ListenerLimits`` as plain attributes, one object shared by its
+    connections: a field of a config model is read through pydantic's ``__getattr__`` hook,
+    a slow attribute, and every request reads some."""
+
+    __slots__ = (
+        "body_min_rate",
+        "body_timeout",
+        "header_timeout",
+        "keepalive_timeout",
+        "max_header_size",
+        "send_timeout",
+    )
+
+    def __init__(self, limits: ListenerLimits) -> None:
+        self.max_header_size = limits.max_header_size
+        self.header_timeout = limits.header_timeout
+        self.keepalive_timeout = limits.keepalive_timeout
+        self.body_timeout = limits.body_timeout
+        self.body_min_rate = limits.body_min_rate
+        self.send_timeout = limits.send_timeout
+
+
+class _LastLimits:
+    """The ``Limits`` made last, and of what (a listener's connections share one)."""
+
+    of: ListenerLimits | None = None
+    limits: Limits | None = None
+
+
+_last_limits: Final = _LastLimits()
+
+
+def limits_of(config: ListenerLimits) -> Limits:
+    """The ``Limits`` of ``config``: the last one made, if it was made of it."""
+    last = _last_limits
+    limits = last.limits
+    if limits is None or last.of is not config:
+        limits = last.limits = Limits(config)
+        last.of = config
+    return limits
+
+
 class RequestReader(asyncio.Protocol):
     """Reads requests off one client connection: parse, limit, time out, splice bodies."""
 
@@ -93,7 +136,7 @@ class RequestReader(asyncio.Protocol):
     )
 
     def __init__(self, limits: ListenerLimits, buffers: Buffers) -> None:
-        self._limits = limits
+        self._limits = limits_of(limits)
         self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
@@ -220,7 +263,7 @@ class RequestReader(asyncio.Protocol):
         """A whole plain request head, read without llhttp (``plainhead``): what the parser's
         callbacks would have made of it. False (nothing done) if its Host is not well formed:
         then llhttp's way refuses it."""
-        method, target, block, kept, host, request_id, keep_alive, forwarded = plain
+        method, target, block, kept, host, request_id, keep_alive, forwarded, auth, auth_at = plain
         if host and host != self._host_checked:
             if not HOST.fullmatch(host):
                 return False
@@ -229,6 +272,9 @@ class RequestReader(asyncio.Protocol):
         request.raw_fields = block
         request.plain_lines = kept
         request.forwarded = forwarded
+        if auth is not None:
+            request.authorization = auth
+            request.authorization_at = auth_at
         request.method = method
         request.target = target
         request.host = host

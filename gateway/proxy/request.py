@@ -197,6 +197,11 @@ class IncomingRequest:
     None for a head llhttp read."""
     forwarded = False
     """Whether a head read by ``plainhead`` holds an X-Forwarded-* field."""
+    authorization: bytes | None = None
+    """The Authorization value of a head read by ``plainhead`` (``plainhead.TWICE`` if it
+    has more than one), so that ``guard`` need not search its fields again."""
+    authorization_at = -1
+    """Where that field's line begins in ``plain_lines`` (-1: not there)."""
 
     def __init__(self, headers: Fields | None) -> None:
         self._headers = headers

@@ -84,10 +84,16 @@ _REFUSED: Final = 6
 _EXPECT: Final = 7
 _FORWARDED: Final = 8
 """X-Forwarded-For, -Host, -Proto: rewritten in a request, passed on in an answer."""
+_AUTHORIZATION: Final = 9
+"""Noted in a request (a service's bearer token: ``proxy.guard``), passed on as it is."""
+
+TWICE: Final = b"\r"
+"""What ``request`` gives as the Authorization value of a head that holds the field more
+than once: never a value (a value holds no CR)."""
 
 
 def _kind(data: bytes, start: int, end: int) -> int:
-    """What the field named ``data[start:end]`` is: one read here, one dropped or rewritten
+    """What the field named ``data[start:end]`` is: one read or noted here, one dropped or rewritten
     (``headers.RESPONSE_DROPPED``, ``headers.upstream_request``), one that sends the head to
     llhttp, or plain.
 
@@ -103,6 +109,8 @@ def _kind(data: bytes, start: int, end: int) -> int:
         return _CONTENT_LENGTH if _is(data, start, b"content-length") else _PLAIN
     if n == 12:
         return _REQUEST_ID if _is(data, start, b"x-request-id") else _PLAIN
+    if n == 13:
+        return _AUTHORIZATION if _is(data, start, b"authorization") else _PLAIN
     if n == 17:
         if _is(data, start, b"transfer-encoding") or _is(data, start, b"sec-websocket-key"):
             return _REFUSED
@@ -128,12 +136,17 @@ def _kind(data: bytes, start: int, end: int) -> int:
     return _PLAIN
 
 
-PlainRequest = tuple[str, bytes, bytes, "bytes | None", bytes, "bytes | None", bool, bool]
+PlainRequest = tuple[
+    str, bytes, bytes, "bytes | None", bytes, "bytes | None", bool, bool, "bytes | None", int
+]
 """A request head read here: method, target, its field lines (``fields`` makes the list of
 them), those of its lines that go upstream as they are (``headers.plain_upstream_request``;
 None unless every field is spelled ``name: value``, with one space, as they go upstream),
 Host (empty if none), X-Request-Id (the last one, or None), whether the connection is kept
-alive after it, and whether it holds an X-Forwarded-* field."""
+alive after it, whether it holds an X-Forwarded-* field, the value of its Authorization
+field (None if none, ``TWICE`` if more than one; trailing spaces and tabs kept, as llhttp
+reports them), and where that field's line begins in the lines that go upstream (-1 if
+there are none)."""
 
 PlainAnswer = tuple[int, bytes, bytes, int, Fields, bool, int]
 """An answer read here: status, phrase, the block of its end-to-end fields (as
@@ -272,6 +285,9 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
     connection = False
     forwarded = False
     spelled = True  # every field spelled "name: value", as ``upstream_request`` writes it
+    authorization: bytes | None = None
+    authorization_at = -1
+    kept_length = 0  # of the runs in ``kept``, each with the CRLF that joins it to the next
     while i < n and data[i] != _CR:
         start = i
         colon, value_at, end = _field(data, i, n, max_field)
@@ -284,6 +300,13 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
         kind = _kind(data, start, colon)
         if kind == _PLAIN:
             continue  # goes upstream as it is: part of the run
+        if kind == _AUTHORIZATION:  # goes upstream as it is too, unless a guard strips it
+            if authorization is None:
+                authorization = data[value_at:end]
+                authorization_at = kept_length + start - run
+            else:
+                authorization = TWICE
+            continue
         if kind == _HOST:
             if has_host:
                 return None
@@ -304,13 +327,25 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
             return None  # framing, an upgrade: llhttp's
         if start > run:
             kept.append(data[run : start - 2])
+            kept_length += start - run
         run = i
     if i + 2 != n:
         return None  # a blank line before the end: more follows the head
     block_end = i - 2 if i > block_at else i
     # Unless a field is spelled otherwise: then ``upstream_request`` writes them all.
     lines = _kept(data, kept, block_at, run, block_end) if spelled else None
-    return method, target, data[block_at:block_end], lines, host, request_id, keep_alive, forwarded
+    return (
+        method,
+        target,
+        data[block_at:block_end],
+        lines,
+        host,
+        request_id,
+        keep_alive,
+        forwarded,
+        authorization,
+        authorization_at if spelled else -1,
+    )
 
 
 def fields(block: bytes) -> Fields:
@@ -358,7 +393,13 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
             return None
         i = end + 2
         kind = _kind(data, start, colon)
-        if kind == _PLAIN or kind == _HOST or kind == _EXPECT or kind == _FORWARDED:
+        if (
+            kind == _PLAIN
+            or kind == _HOST
+            or kind == _EXPECT
+            or kind == _FORWARDED
+            or kind == _AUTHORIZATION
+        ):
             continue  # kept: part of the run
         if kind == _REFUSED:
             return None

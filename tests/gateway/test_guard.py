@@ -13,6 +13,8 @@ from gateway.errors import TooManyRequests, Unauthorized
 from gateway.pool import Pool
 from gateway.proxy import guard
 from gateway.proxy.request import IncomingRequest
+from gateway.service_pool import token_digests
+from gateway.wire import plainhead
 
 TOKEN = b"k3y-" + b"x" * 40
 AUTH = AuthRouting(tokens={hashlib.sha256(TOKEN).hexdigest(): "tok_1"})
@@ -139,12 +141,19 @@ def test_the_affinity_key() -> None:
     assert guard.check(sp, request(), "/", "1.1.1.1", False, 0.0) == b"1.1.1.1"
 
 
-def plain_head(block: bytes, kept: bytes) -> IncomingRequest:
-    """A head as ``plainhead`` leaves it: the block of field lines, the lines kept as they
-    are for the upstream, no fields parsed."""
+def plain_head(block: bytes) -> IncomingRequest:
+    """A head with the field lines ``block`` as the reader leaves one ``plainhead`` read:
+    the block, the lines kept as they are for the upstream, the Authorization field noted,
+    no fields parsed."""
+    plain = plainhead.request(b"GET / HTTP/1.1\r\n" + block + b"\r\n\r\n", 16384)
+    assert plain is not None
+    _, _, raw, kept, _, _, _, _, auth, auth_at = plain
     req = IncomingRequest(None)
-    req.raw_fields = block
+    req.raw_fields = raw
     req.plain_lines = kept
+    if auth is not None:
+        req.authorization = auth
+        req.authorization_at = auth_at
     return req
 
 
@@ -160,16 +169,27 @@ def plain_head(block: bytes, kept: bytes) -> IncomingRequest:
     ],
 )  # fmt: skip
 def test_a_plain_heads_lines_lose_the_token_and_nothing_else(kept: bytes, stripped: bytes) -> None:
-    req = plain_head(b"Host: h\r\n" + kept, kept)
+    req = plain_head(kept)
+    assert req.plain_lines == kept
     guard.strip(req, b"authorization")
     assert req.plain_lines == stripped
+    custom = plain_head(kept.replace(b"uthorization", b"pi-key-1234567"))
+    guard.strip(custom, b"api-key-1234567")  # a header not noted as read: searched for
+    assert custom.plain_lines == stripped.replace(b"uthorization", b"pi-key-1234567")
 
 
 def test_a_plain_head_is_searched_as_its_block() -> None:
     block = b"Host: h\r\nAUTHORIZATION:   Bearer " + TOKEN + b"  \r\nX-Authorization: no"
-    req = plain_head(block, block)
+    req = plain_head(block)
     assert guard.values(req, b"authorization") == [b"Bearer " + TOKEN]
     assert guard.authenticate(AUTH, req) == ("ok", "tok_1")
     assert req._headers is None  # the fields were never split
-    twice = plain_head(block + b"\r\nAuthorization: Bearer " + TOKEN, b"")
+    twice = plain_head(block + b"\r\nAuthorization: Bearer " + TOKEN)
     assert guard.authenticate(AUTH, twice) == ("wrong", None)
+
+
+def test_tokens_are_looked_up_by_digest_as_by_their_hex_form() -> None:
+    digest = hashlib.sha256(TOKEN).digest()
+    tokens = {digest.hex(): "tok_1", digest.hex().upper(): "tok_2", "not hex": "tok_3"}
+    # Only a key a hex digest could equal is kept: the others never matched either.
+    assert token_digests(tokens) == {digest: "tok_1"}

@@ -83,7 +83,7 @@ def check_request(data: bytes) -> bool:
     plain = plainhead.request(data, MAX_FIELD)
     if plain is None:
         return False
-    method, target, block, kept, host, request_id, keep_alive, forwarded = plain
+    method, target, block, kept, host, request_id, keep_alive, forwarded, auth, auth_at = plain
     fields = plainhead.fields(block)
     messages = llhttp_request(data)
     assert messages is not None, data
@@ -125,6 +125,15 @@ def check_request(data: bytes) -> bool:
                 (peer is not None) + 1 + bool(host) + 1,  # X-Forwarded-*, X-Request-Id
             ), data
     assert forwarded == any(name.startswith(b"x-forwarded-") for name in names)
+    # Authorization, noted as read: its value, and where its line is in the kept lines.
+    tokens = [value for name, value in fields if name.lower() == b"authorization"]
+    assert auth == (None if not tokens else tokens[0] if len(tokens) == 1 else plainhead.TWICE)
+    if auth is None or auth == plainhead.TWICE or kept is None:
+        assert auth_at == -1 or kept is None or auth == plainhead.TWICE, data
+    else:
+        line = kept[auth_at:].partition(b"\r\n")[0]
+        assert auth_at == 0 or kept[auth_at - 2 : auth_at] == b"\r\n", data
+        assert line.lower() == b"authorization: " + auth.lower(), data
     return True
 
 
@@ -172,6 +181,12 @@ REQUESTS = [
     b"PUT /f HTTP/1.1\r\nTE: trailers\r\nHost: h\r\nX-Forwarded-For: 1.2.3.4\r\n"
     b"Keep-Alive: 5\r\nX-A: 1\r\nExpect: nothing\r\nX-Forwarded-Proto: https\r\n"
     b"x-forwarded-host: o\r\nTrailer: x\r\nProxy-Authorization: b\r\nX-B: 2\r\n\r\n",
+    # Authorization, noted where it is among the kept lines (after dropped ones, twice).
+    b"GET /v1/chat HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer k3y-abc\r\nAccept: */*\r\n\r\n",
+    b"GET / HTTP/1.1\r\nKeep-Alive: 1\r\nX-A: 1\r\nX-Request-Id: q\r\nX-B: 2\r\n"
+    b"authorization: Bearer z \r\nX-C: 3\r\n\r\n",
+    b"POST /x HTTP/1.1\r\nX-Request-Id: r\r\nAuthorization:  Bearer t\r\nX-A: 1\r\n"
+    b"AUTHORIZATION: Basic x\r\n\r\n",
 ]
 
 ANSWERS = [
@@ -183,6 +198,7 @@ ANSWERS = [
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 5\r\nTE: x\r\nTrailer: y\r\n"
     b"Proxy-Authenticate: z\r\nRetry-After: 1\r\n\r\nbusy!",
     b"HTTP/1.1 201 Created\r\nLocation: /x\r\nContent-Length: 4\r\nA: b\r\n\r\n\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nAuthorization: x\r\nContent-Length: 2\r\n\r\nok",
 ]
 
 # As many fields as a head may hold: read here, requests and answers alike (one more: llhttp).
