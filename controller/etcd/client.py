@@ -4,12 +4,12 @@ Calls are plain HTTP POSTs through one aiohttp session; nothing blocks. The reco
 wire form are in ``wire``, the errors in ``errors``.
 
 Failover: a call starts at the endpoint that answered last and goes round the others until one
-answers or ``timeout`` (for the whole call) passes. Each attempt gets an equal share of what
-is left, so a member that hangs (paused, partitioned) costs a share, not the whole call, and a
-refused connection costs nothing. An answer that says the member cannot serve now (no leader,
-request timed out, 5xx) counts as no answer. A write retried elsewhere after a timeout may have
-been applied twice (etcd gives no idempotency key): a ``txn`` caller that compares first sees
-its own earlier write.
+answers or ``timeout`` (for the whole call) passes. Each attempt gets half of what is left (the
+last one all of it), so a member that hangs (paused, partitioned) costs half the call, and a
+refused connection nothing. An answer that says the member cannot serve now (no leader, request
+timed out, 5xx) counts as no answer. A write retried elsewhere after a timeout may have been
+applied twice (etcd gives no idempotency key): a ``txn`` caller that compares first sees its
+own earlier write.
 
 Watches are one streaming POST each (one JSON object per line); a broken stream ends the
 iterator with ``EtcdUnavailable``: the caller watches again from the revision after the last
@@ -351,7 +351,10 @@ class EtcdClient:
             if left <= 0:
                 return
             index = (start + step) % count
-            yield index, self.endpoints[index], left / (count - step)
+            # Half of what is left while another endpoint remains: a slow but healthy member
+            # gets time to answer (a write retried elsewhere may be applied twice), a hung
+            # one costs half the call.
+            yield index, self.endpoints[index], left / min(2, count - step)
 
     async def _out_of_time(self, deadline: float) -> bool:
         """After a round every endpoint failed: pause a little, unless the time is up."""

@@ -217,7 +217,7 @@ async def test_a_killed_member_changes_nothing(
         restore(cluster)
 
 
-async def test_a_paused_member_costs_a_share_of_the_timeout(
+async def test_a_paused_member_costs_half_the_timeout(
     cluster: EtcdCluster, client: EtcdClient, prefix: bytes
 ) -> None:
     await client.put(prefix + b"k", b"1")
