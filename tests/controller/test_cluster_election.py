@@ -210,3 +210,27 @@ async def test_etcd_down_then_back(node: NodeFactory, cluster: EtcdCluster) -> N
     assert [n.election.leading for n in nodes].count(True) == 1
     for n in nodes:
         assert await asyncio.wait_for(n.election.wait_leader(), 5) == again.name
+
+
+async def test_a_process_that_was_stopped_wakes_up_not_leading(node: NodeFactory) -> None:
+    nodes = [await node(f"n{i}") for i in range(2)]
+    old = await first_leader(nodes, 5)
+    # The whole process stops (SIGSTOP): no task, no timer runs until it continues.
+    time.sleep(TTL + 0.5)
+    # Before anything else runs, what it reads says it does not lead.
+    assert not old.election.leading
+    assert old.election.leader is None or old.election.leader != old.name
+    with pytest.raises(Deposed):
+        old.election.fence()
+    # Then the loop runs again: its term has ended for good; a leader follows.
+    await asyncio.sleep(0)
+    await first_leader(nodes, TTL + 2)
+    assert [n.election.leading for n in nodes].count(True) == 1
+    assert [t.leading for t in old.transitions][:2] == [True, False]
+    assert old.transitions[1].reason in (
+        "the lease was not renewed in time",
+        "the lease lapsed before it was renewed",
+        "etcd no longer has the lease",
+        "the leader key was deleted",
+        f"{nodes[1 - nodes.index(old)].name} leads",
+    )
