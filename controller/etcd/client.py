@@ -246,6 +246,11 @@ class EtcdClient:
             raise EtcdUnavailable(f"etcd {endpoint}: the watch stream ended")
         except (aiohttp.ClientError, OSError) as e:
             raise EtcdUnavailable(f"etcd {endpoint}: the watch stream broke: {_why(e)}") from e
+        except (_Unreachable, _StaleToken) as e:
+            # An error in the stream: the member lost its leader (hasleader), or its token.
+            raise EtcdUnavailable(
+                f"etcd {endpoint}: the watch ended: {e}", {endpoint: str(e)}
+            ) from e
         finally:
             response.close()
 
@@ -269,16 +274,19 @@ class EtcdClient:
                             raise _Unreachable("the watch stream ended at once")
                         first = _watch_message(line, endpoint)
                     if first.get("canceled"):
-                        _watch_canceled(first, endpoint)
+                        response.close()
+                        try:
+                            _watch_canceled(first, endpoint)
+                        except EtcdUnavailable as e:  # this member cannot watch now
+                            reasons[endpoint] = str(e)
+                            continue
                     self._current = index
                     return response, first, lines
                 except _StaleToken:
                     if response is not None:
                         response.close()
                     if authenticated:
-                        raise EtcdError(
-                            f"etcd {endpoint} refused a fresh auth token (or asks for one)", 16
-                        ) from None
+                        raise _refused_token(endpoint) from None
                     authenticated = True
                     self._token = None
                     await self._authenticate(deadline)
@@ -323,9 +331,7 @@ class EtcdClient:
                     answer = await self._post(endpoint, path, body, budget)
                 except _StaleToken:
                     if authenticated:
-                        raise EtcdError(
-                            f"etcd {endpoint} refused a fresh auth token (or asks for one)", 16
-                        ) from None
+                        raise _refused_token(endpoint) from None
                     authenticated = True
                     self._token = None
                     continue
@@ -399,6 +405,8 @@ class EtcdClient:
 
     async def _authenticate(self, deadline: float) -> None:
         """Get a token for ``username``; etcd replicates it to every member."""
+        if self._username is None:
+            raise EtcdError("etcd asks for authentication: give the client a username", 16)
         body = {"name": self._username, "password": self._password or ""}
         reasons: dict[str, str] = {}
         while True:

@@ -272,6 +272,28 @@ async def test_a_watch_on_a_paused_member_raises_unavailable(
         await client.close()
 
 
+async def test_a_watch_ends_when_its_member_loses_the_leader(
+    cluster: EtcdCluster, prefix: bytes
+) -> None:
+    client = EtcdClient(cluster.endpoints, timeout=1.0, watch_check=60)
+    try:
+        revision = await client.put(prefix + b"k", b"1")
+        watch = client.watch(prefix + b"k", start_revision=revision)
+        assert (await anext(watch))[0].kv.value == b"1"
+        first = asyncio.ensure_future(anext(watch))
+        kept = cluster.endpoints.index(client.current)
+        for i in range(len(cluster.members)):
+            if i != kept:
+                cluster.kill_member(i)
+        # Alone, the member loses its leader and ends the watch (gRPC metadata hasleader),
+        # long before the watch would check it.
+        with pytest.raises(EtcdUnavailable, match="no leader"):
+            await asyncio.wait_for(first, 10)
+    finally:
+        restore(cluster)
+        await client.close()
+
+
 async def test_a_quiet_watch_stays_open(cluster: EtcdCluster, prefix: bytes) -> None:
     client = EtcdClient(cluster.endpoints, timeout=1.0, watch_check=0.2)
     try:
