@@ -29,18 +29,22 @@ from .actions import (
     FailReplica,
     FailRollout,
     Forget,
+    Judge,
     MarkServing,
+    NextStep,
     PauseRollout,
+    Promote,
     Rescale,
     ResumeRollout,
     SetDegraded,
     SetSplit,
+    SetWeight,
     Stop,
     Undrain,
 )
 from .backends.base import Backend, Launch, Running
 from .errors import BackendError, StoreUnavailable
-from .model import Observed, Replica, ReplicaState, Rollout
+from .model import Observed, Replica, ReplicaState, Rollout, strategy_state
 from .spec import ServiceSpec
 from .state import ServiceState
 from .store import Store
@@ -84,10 +88,17 @@ class Executor:
     def new_replica_id(service: str, revision: int) -> str:
         return f"{service}-{revision}-{secrets.token_hex(3)}"
 
-    def record_rollout(self, state: ServiceState, action: BeginRollout) -> int:
-        """Persist a rollout about to begin (superseding the active one); its id."""
+    def record_rollout(
+        self, state: ServiceState, action: BeginRollout, begun: Rollout | None = None
+    ) -> int:
+        """Persist a rollout about to begin (superseding the active one), with the strategy
+        state of ``begun`` (the rollout as it begins), in the same transaction; its id."""
         row = self.store.create_rollout(
-            state.name, action.from_revision, action.to_revision, action.kind
+            state.name,
+            action.from_revision,
+            action.to_revision,
+            action.kind,
+            strategy_json=None if begun is None else strategy_state(begun),
         )
         return row.id
 
@@ -112,9 +123,23 @@ class Executor:
             case MarkServing(revision=revision):
                 self.store.update_service(state.name, serving_revision=revision)
             case PauseRollout(rollout_id=rid, reason=reason):
-                self.store.update_rollout(rid, status="paused", reason=reason)
+                strategy = self._strategy(state, rid)
+                self.store.update_rollout(
+                    rid, status="paused", reason=reason, strategy_json=strategy
+                )
             case ResumeRollout(rollout_id=rid):
-                self.store.update_rollout(rid, status="progressing", reason="")
+                # Its retries afresh, and its deadline from now (the strategy state's start).
+                strategy = self._strategy(state, rid)
+                self.store.update_rollout(
+                    rid, status="progressing", reason="", retries_used=0, strategy_json=strategy
+                )
+            case (
+                SetWeight(rollout_id=rid)
+                | NextStep(rollout_id=rid)
+                | Judge(rollout_id=rid)
+                | Promote(rollout_id=rid)
+            ):
+                self._record_strategy(state, rid)
             case Forget():
                 self.pool.remove_service(state.name)
                 self.store.delete_service(state.name)
@@ -160,6 +185,24 @@ class Executor:
         for row in stored:
             digests.setdefault(row.digest, row.id)
         return digests
+
+    @staticmethod
+    def _strategy(state: ServiceState, rollout_id: int) -> str | None:
+        """The strategy state of the service's rollout ``rollout_id`` as decided (None: it is
+        no longer the active one)."""
+        rollout = state.observed.rollout
+        if rollout is None or rollout.id != rollout_id:
+            return None
+        return strategy_state(rollout)
+
+    def _record_strategy(self, state: ServiceState, rollout_id: int) -> None:
+        strategy = self._strategy(state, rollout_id)
+        if strategy is None:
+            return
+        try:
+            self.store.update_rollout(rollout_id, strategy_json=strategy)
+        except Exception as e:  # the store being down must not stop the loop
+            log.warning("%s: rollout %d's step not persisted: %s", state.name, rollout_id, e)
 
     def count_failures(self, state: ServiceState, rollout: Rollout) -> None:
         try:

@@ -18,9 +18,10 @@ probes run, no client request reaches it. ``ready``: probes passed; the pool rou
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from .analysis import NO_TRAFFIC, Outcome, Traffic
 from .autoscaler import Memory, Sample
@@ -196,10 +197,19 @@ class Rollout:
     analysis: str = ""
     """The last analysis' reason, with its figures."""
     judged_at: float = 0.0
+    begun: float | None = dataclasses.field(default=None, compare=False)
+    """When it began, as its record's ``started_at`` says (``started`` moves on a resume):
+    what the times of its strategy state are kept relative to. None: ``started``. Not
+    compared: no decision reads it, only the record's (de)serialiser."""
 
     @property
     def active(self) -> bool:
         return self.status in ACTIVE_ROLLOUT
+
+    @property
+    def anchor(self) -> float:
+        """When it began (``begun``, else ``started``)."""
+        return self.started if self.begun is None else self.begun
 
     @property
     def staged(self) -> bool:
@@ -208,6 +218,77 @@ class Rollout:
 
     def replace(self, **changes: object) -> Rollout:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def strategy_state(rollout: Rollout) -> str:
+    """What a rollout's record keeps of how it moves (``rollouts.strategy_json``), as JSON:
+    its strategy, step, weight, promotion and last analysis, and its times as seconds after
+    it began (its record's ``started_at``, wall-clock): ``started`` (moved by a resume),
+    ``step_since``, ``holding_since``, ``judged_at``; null where not set. Not its baseline:
+    request counts belong to the process that counted them."""
+    anchor = rollout.anchor
+
+    def since(t: float | None) -> float | None:
+        return None if t is None else t - anchor
+
+    holding = rollout.holding_since
+    data: dict[str, Any] = {
+        "strategy": rollout.strategy,
+        "step": rollout.step,
+        "weight": rollout.weight,
+        "promoted": rollout.promoted,
+        "started": since(rollout.started),
+        "step_since": since(rollout.step_since),
+        "holding_since": since(holding),
+        "judged_at": None if holding is None else since(rollout.judged_at),
+        "verdict": rollout.verdict,
+        "analysis": rollout.analysis,
+    }
+    return json.dumps(data, separators=(",", ":"))
+
+
+def restore_strategy(
+    rollout: Rollout, text: str | None, now: float, traffic: Traffic = NO_TRAFFIC
+) -> Rollout:
+    """``rollout`` as read back from its record (``started`` from its ``started_at``, on the
+    clock of ``now``) with the strategy state the record keeps (``strategy_state``; None:
+    none kept, it stays as it is). Its times come back relative to when it began, none
+    later than ``now``. The analysis window begins again at ``traffic``, the counts of the
+    process now running (those of the one that wrote the record are gone); a step's pause
+    goes on where it was. ``ValueError`` for a state that cannot be read."""
+    if text is None:
+        return rollout
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"a rollout's strategy state is a JSON object, not {text[:40]!r}")
+    anchor = rollout.anchor
+
+    def at(key: str) -> float | None:
+        value = data.get(key)
+        return None if value is None else min(now, anchor + float(value))
+
+    strategy = data.get("strategy", "rolling")
+    if strategy not in get_args(StrategyName):
+        raise ValueError(f"unknown rollout strategy {strategy!r}")
+    verdict = data.get("verdict")
+    if verdict is not None and verdict not in get_args(Outcome):
+        raise ValueError(f"unknown analysis verdict {verdict!r}")
+    started = at("started")
+    judged = at("judged_at")
+    return rollout.replace(
+        begun=anchor,
+        started=rollout.started if started is None else started,
+        strategy=strategy,
+        step=int(data.get("step", 0)),
+        weight=int(data.get("weight", 0)),
+        promoted=bool(data.get("promoted", False)),
+        step_since=at("step_since"),
+        holding_since=at("holding_since"),
+        judged_at=0.0 if judged is None else judged,
+        verdict=verdict,
+        analysis=str(data.get("analysis", "")),
+        baseline=traffic,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterable, Mapping
 from gateway import Health, Pool, PoolEvent
 
 from .actions import Action, BeginRollout, Forget, Start, WakeAt
-from .analysis import Counts, Traffic
+from .analysis import NO_TRAFFIC, Counts, Traffic
 from .autoscaler import Sample
 from .backends.base import Backend, Exit
 from .executor import Executor
 from .journal import Journal
-from .model import ReplicaState
+from .model import ReplicaState, restore_strategy
 from .planner import plan
 from .spec import ServiceSpec
 from .state import ServiceState
@@ -76,6 +76,9 @@ class Reconciler:
     # -- loops ---------------------------------------------------------------------------------
 
     def add(self, state: ServiceState) -> None:
+        """Run ``state``'s loop; an active rollout read back from the store (a restart, a new
+        leader) first takes back how it moved (``_restore``)."""
+        self._restore(state)
         self.services[state.name] = state
         for r in state.observed.replicas:
             self._owner[r.id] = state.name
@@ -84,6 +87,36 @@ class Reconciler:
         if self._sampler is None:
             self._sampler = asyncio.create_task(self._sampling(), name="reconcile:samples")
             self._sampler.add_done_callback(self._loop_ended)
+
+    def _restore(self, state: ServiceState) -> None:
+        """The active rollout goes on at the step, weight and times its record keeps
+        (``model.restore_strategy``). A record that keeps none, or cannot be read, leaves it
+        as it is: a rolling update."""
+        rollout = state.observed.rollout
+        if rollout is None or not rollout.active:
+            return
+        try:
+            row = self.store.rollout(rollout.id)
+            if row is None or row.strategy_json is None:
+                return
+            traffic = self._traffic(state.name)
+            restored = restore_strategy(rollout, row.strategy_json, self.clock(), traffic)
+        except Exception as e:
+            log.warning(
+                "%s: rollout %d's strategy state not restored, it goes on as a rolling update: %s",
+                state.name,
+                rollout.id,
+                e,
+            )
+            return
+        state.observed = state.observed.replace(rollout=restored, traffic=traffic)
+        if restored.staged:
+            message = (
+                f"{restored.kind} {restored.id} ({restored.strategy.replace('_', '/')}) goes on "
+                f"at step {restored.step + 1}, revision {restored.to_revision} at "
+                f"{restored.weight}%{' (promoted)' if restored.promoted else ''}"
+            )
+            self.journal.record(state.name, "service_restored", message, restored.to_revision)
 
     def wake(self, name: str) -> None:
         state = self.services.get(name)
@@ -133,7 +166,9 @@ class Reconciler:
                 )
                 self.executor.start(state, replica_id, revision)
             case BeginRollout(to_revision=to):
-                rollout_id = self.executor.record_rollout(state, action)
+                # The rollout as it begins, its strategy state recorded with it.
+                begun = decide(state.desired, state.observed, action, now).observed.rollout
+                rollout_id = self.executor.record_rollout(state, action, begun)
                 step = decide(state.desired, state.observed, action, now, rollout_id=rollout_id)
                 self._commit(state, step)
                 self._follow_template(state, to)
@@ -231,21 +266,28 @@ class Reconciler:
                 if rollout is not None and rollout.active and rollout.staged:
                     self.count(state)
 
-    def count(self, state: ServiceState, *, wake: bool = True) -> None:
-        """Take ``state``'s request counts per revision from the data plane (and plan)."""
+    def _traffic(self, service: str) -> Traffic:
+        """``service``'s request counts per revision in the data plane now (none without a
+        source of counts)."""
         counts = self.pool.request_counts
         if counts is None:
-            return
-        bounds, revisions = counts(state.name)
-        now = self.clock()
-        traffic = Traffic(
-            now,
+            return NO_TRAFFIC
+        bounds, revisions = counts(service)
+        return Traffic(
+            self.clock(),
             bounds,
             tuple(
                 (revision, Counts(requests, errors, latency))
                 for revision, (requests, errors, latency) in sorted(revisions.items())
             ),
         )
+
+    def count(self, state: ServiceState, *, wake: bool = True) -> None:
+        """Take ``state``'s request counts per revision from the data plane (and plan)."""
+        if self.pool.request_counts is None:
+            return
+        traffic = self._traffic(state.name)
+        now = traffic.at
         if wake:
             self.observe(state, Counted(traffic))
         else:

@@ -366,8 +366,13 @@ def decide(
             # A rollout paused by its own failure gets its retries afresh on resume; a staged
             # one holds its step's weight again once its replicas are available, with a
             # fresh window.
+            # ``begun`` keeps when it began: its record's times are relative to that.
             resumed = rollout.replace(
-                status=RolloutStatus.PROGRESSING, reason="", failures=0, started=now
+                status=RolloutStatus.PROGRESSING,
+                reason="",
+                failures=0,
+                started=now,
+                begun=rollout.anchor,
             )
             if rollout.staged:
                 resumed = resumed.replace(step_since=now, holding_since=None)

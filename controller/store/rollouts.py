@@ -60,17 +60,26 @@ class Rollouts(Database):
         *,
         spec_json: str | None = None,
         desired_replicas: int | None = None,
+        strategy_json: str | None = None,
     ) -> RolloutRow:
         """Start a rollout to an existing revision, in one transaction.
 
         The active rollout, if any, is superseded; the service's target revision becomes
-        ``to_revision`` (and its spec and desired count, when given).
+        ``to_revision`` (and its spec and desired count, when given). ``strategy_json``: how
+        it moves (``RolloutRow.strategy_json``).
         """
         _check_kind(kind)
         with self._write() as conn:
             live_service(conn, service)
             return self._start_rollout(
-                conn, service, from_revision, to_revision, kind, spec_json, desired_replicas
+                conn,
+                service,
+                from_revision,
+                to_revision,
+                kind,
+                spec_json,
+                desired_replicas,
+                strategy_json,
             )
 
     def apply_revision(
@@ -110,6 +119,7 @@ class Rollouts(Database):
         kind: RolloutKind,
         spec_json: str | None,
         desired_replicas: int | None,
+        strategy_json: str | None = None,
     ) -> RolloutRow:
         require_revision(conn, service, from_revision)
         require_revision(conn, service, to_revision)
@@ -121,8 +131,8 @@ class Rollouts(Database):
         )
         cursor = conn.execute(
             "INSERT INTO rollouts (service, from_revision, to_revision, kind, status,"
-            " started_at) VALUES (?, ?, ?, ?, 'progressing', ?)",
-            (service, from_revision, to_revision, kind, now),
+            " started_at, strategy_json) VALUES (?, ?, ?, ?, 'progressing', ?, ?)",
+            (service, from_revision, to_revision, kind, now, strategy_json),
         )
         conn.execute(
             "UPDATE services SET target_revision = ?, spec_json = coalesce(?, spec_json),"
@@ -141,6 +151,7 @@ class Rollouts(Database):
             0,
             now,
             None,
+            strategy_json,
         )
 
     def update_rollout(
@@ -151,9 +162,11 @@ class Rollouts(Database):
         reason: str | None = None,
         retries_used: int | None = None,
         finished: bool = False,
+        strategy_json: str | None = None,
     ) -> RolloutRow:
-        """Change a rollout's record; ``finished`` stamps ``finished_at``. Not the service:
-        to end a rollout and move the service, use ``finish_rollout``."""
+        """Change a rollout's record; ``finished`` stamps ``finished_at``; ``strategy_json``
+        replaces how it moves (``RolloutRow.strategy_json``), in the same transaction. Not
+        the service: to end a rollout and move the service, use ``finish_rollout``."""
         if status is not None:
             _check_status(status)
         with self._write() as conn:
@@ -161,8 +174,9 @@ class Rollouts(Database):
             conn.execute(
                 "UPDATE rollouts SET status = coalesce(?, status), reason = coalesce(?, reason),"
                 " retries_used = coalesce(?, retries_used),"
+                " strategy_json = coalesce(?, strategy_json),"
                 " finished_at = CASE WHEN ? THEN ? ELSE finished_at END WHERE id = ?",
-                (status, reason, retries_used, finished, self._clock(), id),
+                (status, reason, retries_used, strategy_json, finished, self._clock(), id),
             )
             return _rollout_in(conn, id)
 

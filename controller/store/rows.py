@@ -60,6 +60,8 @@ class RolloutRow:
     retries_used: int
     started_at: float
     finished_at: float | None
+    strategy_json: str | None = None
+    """How it moves, as ``controller.model.strategy_state`` writes it; None: not kept."""
 
     @property
     def active(self) -> bool:
@@ -118,7 +120,7 @@ SERVICE_COLS: Final = (
 REVISION_COLS: Final = "service, number, template_key, spec_json, created_at"
 ROLLOUT_COLS: Final = (
     "id, service, from_revision, to_revision, kind, status, reason, retries_used, started_at,"
-    " finished_at"
+    " finished_at, strategy_json"
 )
 EVENT_COLS: Final = "id, at, service, kind, message, revision, replica"
 REPLICA_COLS: Final = "service, replica_id, revision, backend, handle_json, created_at"

@@ -67,7 +67,7 @@ def snapshot(db: Path) -> dict[str, list[tuple[object, ...]]]:
 
 
 def test_schema_created(store: Store, db: Path) -> None:
-    assert store.schema_version() == SCHEMA_VERSION == 3
+    assert store.schema_version() == SCHEMA_VERSION == 4
     conn = raw(db)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -133,7 +133,7 @@ def test_migrates_a_version_1_database_and_keeps_its_data(db: Path) -> None:
         conn.execute("INSERT INTO services VALUES ('web', '{}', NULL, NULL, 2, 0, 0, 0)")
     conn.close()
     with Store(db, clock=FakeClock()) as s:
-        assert s.schema_version() == SCHEMA_VERSION == 3
+        assert s.schema_version() == SCHEMA_VERSION == 4
         service = s.service("web")
         assert service is not None
         assert service.desired_replicas == 2
