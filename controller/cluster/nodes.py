@@ -227,6 +227,8 @@ class NodeRegistry:
             if record is not None:
                 nodes[record.name] = record
         self.revision = revision
+        if self._written[0] and self.me.name not in nodes:
+            self._rewrite()  # deleted while the watch was down (see _apply)
         self._publish(nodes)
 
     def _apply(self, batch: list[WatchEvent]) -> None:

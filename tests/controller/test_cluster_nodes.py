@@ -163,3 +163,12 @@ async def test_the_view_stays_while_etcd_is_down(node, cluster: EtcdCluster) -> 
     await b.registry.update(replicas=1)
     await asyncio.wait_for(a.registry.wait(lambda ns: "b" in ns and ns["b"].replicas == 1), 10)
     assert sorted(a.registry.nodes) == ["a", "b"]
+
+
+async def test_a_record_missing_from_a_reload_is_written_again(node) -> None:
+    a = await node("a")
+    await asyncio.wait_for(a.registry.wait(names("a")), 5)
+    # A reload after a broken watch that no longer finds our record (deleted meanwhile).
+    a.registry._reset([], a.registry.revision)
+    await asyncio.wait_for(a.registry.wait(lambda ns: a.registry.registrations == 2), 5)
+    assert a.registry.registered
