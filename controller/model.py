@@ -224,14 +224,14 @@ def strategy_state(rollout: Rollout) -> str:
     """What a rollout's record keeps of how it moves (``rollouts.strategy_json``), as JSON:
     its strategy, step, weight, promotion and last analysis, and its times as seconds after
     it began (its record's ``started_at``, wall-clock): ``started`` (moved by a resume),
-    ``step_since``, ``holding_since``, ``judged_at``; null where not set. Not its baseline:
-    request counts belong to the process that counted them."""
+    ``step_since``, ``holding_since``, ``judged_at``; null where not set (``judged_at``: 0,
+    never judged). Not its baseline: request counts belong to the process that counted
+    them."""
     anchor = rollout.anchor
 
     def since(t: float | None) -> float | None:
         return None if t is None else t - anchor
 
-    holding = rollout.holding_since
     data: dict[str, Any] = {
         "strategy": rollout.strategy,
         "step": rollout.step,
@@ -239,8 +239,9 @@ def strategy_state(rollout: Rollout) -> str:
         "promoted": rollout.promoted,
         "started": since(rollout.started),
         "step_since": since(rollout.step_since),
-        "holding_since": since(holding),
-        "judged_at": None if holding is None else since(rollout.judged_at),
+        "holding_since": since(rollout.holding_since),
+        # 0: never judged (a time on no clock), kept as such.
+        "judged_at": None if rollout.judged_at == 0.0 else since(rollout.judged_at),
         "verdict": rollout.verdict,
         "analysis": rollout.analysis,
     }

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.actions import SetSplit, SetWeight
-from controller.model import ReplicaState, RolloutStatus
+from controller.analysis import NO_TRAFFIC
+from controller.model import (
+    ReplicaState,
+    Rollout,
+    RolloutStatus,
+    restore_strategy,
+    strategy_state,
+)
 from controller.spec import RolloutStrategy
 
 from .simulation import World
@@ -310,6 +317,7 @@ def test_staged_histories_keep_the_rules(
                 if r is not None:
                     w.crash(r.id, 1)
         _check(w, replicas, error)
+        _restores_exactly(w)
     w.user_pause(False)
     w.user_promote()  # a blue/green, or a canary step with no pause, waits for it
     run_until(w, World.converged, limit=2000)
@@ -332,6 +340,75 @@ def _check(w: World, replicas: int, error: float) -> None:
         assert split[1] <= rollout.weight or split[1] == 0, w.describe()
     if split is not None and split[0] == 2 and split[1] == 100 and rollout is not None:
         assert rollout.promoted or error < 0.2 or rollout.verdict != "fail", w.describe()
+
+
+def _rebuilt(rollout: Rollout, shift: float = 0.0) -> Rollout:
+    """``rollout`` as the restore reads it back from its record's columns alone, on a clock
+    ``shift`` ahead (``Controller.restore``)."""
+    r = rollout
+    return Rollout(
+        r.id, r.from_revision, r.to_revision, r.kind, r.status, r.anchor + shift, r.failures,
+        r.reason,
+    )  # fmt: skip
+
+
+def _restores_exactly(w: World) -> None:
+    """At any moment, the active rollout read back from its record is the rollout itself
+    (the baseline aside: the counts are the process's)."""
+    rollout = w.observed.rollout
+    if rollout is None or not rollout.active:
+        return
+    restored = restore_strategy(_rebuilt(rollout), strategy_state(rollout), w.now, rollout.baseline)
+    assert restored == rollout, w.describe()
+
+
+# -- restored after a restart ----------------------------------------------------------------
+
+
+def test_a_canary_at_step_2_of_3_is_restored_exactly_on_another_clock() -> None:
+    w = World.create(canary(), 4, 20, serving=True)
+    w.user_apply()
+    run_until(w, lambda w: split_of(w) == (2, 50))
+    for _ in range(4):
+        tick(w)
+    rollout = w.observed.rollout
+    assert rollout is not None
+    assert (rollout.step, rollout.weight, rollout.verdict) == (1, 50, "pass")
+    assert rollout.analysis.startswith("analysis: error rate 0% <= 1% over ")
+    shift = 50_000.0  # the new process' clock, and 7 s of downtime
+    now = w.now + shift + 7
+    restored = restore_strategy(_rebuilt(rollout, shift), strategy_state(rollout), now)
+    assert rollout.holding_since is not None
+    assert rollout.step_since is not None
+    assert restored == rollout.replace(
+        started=rollout.started + shift,
+        step_since=rollout.step_since + shift,
+        holding_since=rollout.holding_since + shift,
+        judged_at=rollout.judged_at + shift,
+        baseline=NO_TRAFFIC,  # the analysis window begins again with the new counts
+    )
+    assert restored.begun == rollout.started + shift
+
+
+def test_a_resumed_rollout_keeps_its_new_start_and_times_never_come_back_in_the_future() -> None:
+    rollout = Rollout(
+        3, 1, 2, "rollout", RolloutStatus.PROGRESSING, 130.0, strategy="canary", step=1,
+        step_since=130.0, holding_since=140.0, weight=50, judged_at=150.0, begun=100.0,
+    )  # fmt: skip
+    text = strategy_state(rollout)
+    back = restore_strategy(_rebuilt(rollout, 1000), text, 1160.0)
+    assert (back.started, back.step_since, back.holding_since, back.judged_at) == (
+        1130.0,
+        1130.0,
+        1140.0,
+        1150.0,
+    )
+    # The wall clock went back while it was down: the restore put its start at ``now``.
+    back = restore_strategy(_rebuilt(rollout).replace(started=500.0, begun=None), text, 500.0)
+    assert back.holding_since == back.judged_at == back.started == 500.0
+    with pytest.raises(ValueError, match="unknown rollout strategy"):
+        restore_strategy(rollout, '{"strategy": "linear"}', 0.0)
+    assert restore_strategy(rollout, None, 0.0) is rollout
 
 
 def test_an_apply_during_a_canary_drains_the_superseded_canary_only() -> None:

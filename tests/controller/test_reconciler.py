@@ -6,10 +6,12 @@ and checks what the controller did, including what it must never do (the backgro
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from controller.errors import Conflict, NoCapacity, SpecError
-from controller.model import ReplicaState
+from controller.model import ReplicaState, RolloutStatus
 from gateway import Health
 
 from .conftest import Harness, spec
@@ -323,3 +325,176 @@ async def test_reapplying_the_serving_spec_mid_rollout_keeps_its_replicas(h: Har
     assert not h.replicas("web", *LIVE, revision=2)
     assert [r.number for r in h.store.revisions("web")] == [1, 2]
     assert h.state("web").observed.rollout is None
+
+
+# -- a staged rollout survives a restart (issue 27) -------------------------------------------
+
+SHIFT = 50_000.0
+"""The restarted controller's monotonic clock reads this much more than the first's."""
+
+STEPS = [{"weight": 25, "pause": 10}, {"weight": 50, "pause": 10}]
+
+
+async def restart(h: Harness, downtime: float = 0.0) -> None:
+    """Close the controller (its replicas keep running) and, ``downtime`` later, start another
+    on the same store, with a monotonic clock of another origin (``SHIFT``) and a wall clock
+    that agrees with the store's."""
+    from controller.journal import Journal
+    from controller.operations import Controller
+    from gateway import Pool
+
+    await h.controller.close()
+    h.clock.advance(downtime)
+
+    def mono() -> float:
+        return h.clock.now + SHIFT
+
+    def wall() -> float:
+        return h.clock.now + 1_700_000_000
+
+    pool = Pool(clock=mono)
+    controller = Controller(
+        pool, {"process": h.backend}, h.store, Journal(h.store, mono), mono, wall
+    )
+    controller.restore()
+    h.controller, h.pool = controller, pool
+    await h.settle()
+
+
+def shifted(rollout: Any, by: float) -> dict[str, Any]:
+    """What a restore must bring back of ``rollout``: its times on a clock ``by`` ahead."""
+
+    def move(t: float | None) -> float | None:
+        return None if t is None else t + by
+
+    return {
+        "id": rollout.id,
+        "status": rollout.status,
+        "strategy": rollout.strategy,
+        "step": rollout.step,
+        "weight": rollout.weight,
+        "promoted": rollout.promoted,
+        "verdict": rollout.verdict,
+        "analysis": rollout.analysis,
+        "reason": rollout.reason,
+        "started": move(rollout.started),
+        "step_since": move(rollout.step_since),
+        "holding_since": move(rollout.holding_since),
+    }
+
+
+async def canary_at_step_2(h: Harness, **rollout: Any) -> None:
+    """Revision 2 of four replicas held at 50 % (step 2 of 3), 4 s into its 10 s pause."""
+    strategy = {"strategy": "canary", "steps": STEPS, **rollout}
+    await serving(h, replicas=4, rollout=strategy)
+    await h.controller.apply(spec("web", 4, version="v2", rollout=strategy))
+    await h.settle()
+    await h.pass_probes("web", revision=2)
+    assert h.state("web").observed.split == (2, 25)
+    await h.advance(10)
+    await h.pass_probes("web", revision=2)
+    assert h.state("web").observed.split == (2, 50)
+    await h.advance(4)
+
+
+async def test_a_canary_at_step_2_of_3_goes_on_at_its_step_after_a_restart(h: Harness) -> None:
+    await canary_at_step_2(h)
+    before = h.state("web").observed.rollout
+    assert (before.strategy, before.step, before.weight) == ("canary", 1, 50)
+    kept = h.store.active_rollout("web")
+    assert kept is not None
+    assert kept.strategy_json is not None
+
+    await restart(h, downtime=3)
+    after = h.state("web").observed.rollout
+    assert shifted(after, 0) == shifted(before, SHIFT)
+    assert h.state("web").observed.split == (2, 50)  # set in the new pool at once
+    assert h.pool.service("web").snapshot.split is not None
+    assert len(h.backend.started) == 6  # nothing started again: 4 old, 2 canary
+    assert any("goes on at step 2, revision 2 at 50%" in e.message for e in h.store.events("web"))
+    await h.pass_probes("web")
+
+    # Its pause goes on where it was: 10 s from when the weight was set, downtime included.
+    await h.advance(2.5)
+    assert h.state("web").observed.rollout.step == 1
+    await h.advance(1)
+    assert h.state("web").observed.rollout.step == 2
+    for _ in range(5):
+        await h.pass_probes("web", revision=2)
+        await h.advance(1)
+    assert h.state("web").observed.rollout is None
+    assert h.ready("web", revision=2) == 4
+    assert [r.status for r in h.store.rollouts("web")][:1] == ["complete"]
+
+
+async def test_a_paused_canary_stays_paused_at_its_weight_after_a_restart(h: Harness) -> None:
+    await canary_at_step_2(h)
+    await h.controller.pause("web")
+    before = h.state("web").observed.rollout
+    assert before.status is RolloutStatus.PAUSED
+
+    await restart(h, downtime=30)  # longer than the pause: a paused step does not move
+    after = h.state("web").observed.rollout
+    assert shifted(after, 0) == shifted(before, SHIFT)
+    assert h.state("web").desired.paused
+    assert h.state("web").observed.split == (2, 50)
+    await h.pass_probes("web")
+    await h.advance(60)
+    assert h.state("web").observed.rollout.step == 1
+    assert h.state("web").observed.split == (2, 50)
+
+    await h.controller.resume("web")  # the step holds its weight again, a fresh pause
+    await h.settle()
+    assert h.state("web").observed.rollout.status is RolloutStatus.PROGRESSING
+    assert h.store.active_rollout("web").retries_used == 0
+    await h.advance(11)
+    assert h.state("web").observed.rollout.step == 2
+
+
+async def test_a_blue_green_after_its_switch_keeps_blue_for_keep_previous_across_a_restart(
+    h: Harness,
+) -> None:
+    bg = {"strategy": "blue_green", "keep_previous": 60}
+    await serving(h, replicas=2, rollout=bg)
+    await h.controller.apply(spec("web", 2, version="v2", rollout=bg))
+    await h.settle()
+    await h.pass_probes("web", revision=2)
+    assert h.state("web").observed.split == (2, 0)
+    await h.controller.promote("web")
+    await h.settle()
+    assert h.state("web").observed.split == (2, 100)
+    await h.advance(20)
+    before = h.state("web").observed.rollout
+    assert (before.strategy, before.step, before.weight, before.promoted) == (
+        "blue_green",
+        1,
+        100,
+        True,
+    )
+
+    await restart(h, downtime=5)
+    after = h.state("web").observed.rollout
+    assert shifted(after, 0) == shifted(before, SHIFT)
+    assert h.state("web").observed.split == (2, 100)
+    await h.pass_probes("web")
+    # Blue is kept 60 s after the switch: 25 s have passed, downtime included.
+    await h.advance(34)
+    assert h.ready("web", revision=1) == 2
+    await h.advance(1.5)
+    assert not h.replicas("web", *LIVE, revision=1)
+    await h.advance(1)
+    assert h.state("web").observed.rollout is None
+    assert h.state("web").observed.serving_revision == 2
+
+
+async def test_a_rollout_whose_record_keeps_no_strategy_state_goes_on_as_a_rolling_update(
+    h: Harness,
+) -> None:
+    """A record written before strategy_json existed (or unreadable) is a rolling update."""
+    await canary_at_step_2(h)
+    rid = h.state("web").observed.rollout.id
+    with h.store._write() as conn:
+        conn.execute("UPDATE rollouts SET strategy_json = 'not json' WHERE id = ?", (rid,))
+    await restart(h)
+    rollout = h.state("web").observed.rollout
+    assert (rollout.id, rollout.strategy) == (rid, "rolling")

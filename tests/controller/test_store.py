@@ -367,6 +367,57 @@ def test_create_rollout_to_an_existing_revision(store: Store) -> None:
         store.create_rollout("web", 1, 2, "sideways")  # type: ignore[arg-type]
 
 
+def test_a_rollout_keeps_its_strategy_state_with_its_record(store: Store, db: Path) -> None:
+    """Written with the rollout (create) and with the decision that changes it (update), in
+    the one transaction of each; the other updates leave it as it is."""
+    r1, ro1 = store.apply_revision("web", '{"v": 1}', "k1", 1, None)
+    assert ro1.strategy_json is None
+    store.finish_rollout(ro1.id, "complete", "", r1.number)
+    r2 = store.add_revision("web", "k2", '{"v": 2}')
+    begun = '{"strategy":"canary","step":0,"weight":0}'
+    ro2 = store.create_rollout("web", r1.number, r2.number, "rollout", strategy_json=begun)
+    assert ro2.strategy_json == begun
+    assert store.active_rollout("web") == ro2
+    held = '{"strategy":"canary","step":1,"weight":50}'
+    paused = store.update_rollout(ro2.id, status="paused", reason="why", strategy_json=held)
+    assert (paused.status, paused.strategy_json) == ("paused", held)
+    counted = store.update_rollout(ro2.id, retries_used=2)
+    assert counted.strategy_json == held
+    done = store.finish_rollout(ro2.id, "complete", "", r2.number)
+    assert done.strategy_json == held  # kept in the history
+    conn = raw(db)
+    try:
+        query = "SELECT strategy_json FROM rollouts WHERE id = ?"
+        (text,) = conn.execute(query, (ro2.id,)).fetchone()
+    finally:
+        conn.close()
+    assert text == held
+
+
+def test_a_version_3_database_gains_the_strategy_column_and_keeps_its_rollouts(
+    db: Path,
+) -> None:
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at REAL)")
+        for number, statements in enumerate(_MIGRATIONS[:3], 1):
+            for statement in statements:
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version VALUES (?, 0)", (number,))
+        conn.execute("INSERT INTO services VALUES ('web', '{}', NULL, 1, 2, 0, 0, 0)")
+        conn.execute("INSERT INTO revisions VALUES ('web', 1, 'k1', '{}', 0)")
+        conn.execute(
+            "INSERT INTO rollouts (service, from_revision, to_revision, kind, status, started_at)"
+            " VALUES ('web', NULL, 1, 'rollout', 'progressing', 5)"
+        )
+    conn.close()
+    with Store(db, clock=FakeClock()) as s:
+        assert s.schema_version() == SCHEMA_VERSION == 4
+        active = s.active_rollout("web")
+        assert active is not None
+        assert (active.started_at, active.strategy_json) == (5, None)
+
+
 def test_update_rollout(store: Store) -> None:
     _, ro = store.apply_revision("web", "{}", "k1", 1, None)
     paused = store.update_rollout(ro.id, status="paused", reason="new replica failed")
