@@ -111,7 +111,9 @@ class ClusterBackend:
         self._starts: dict[str, _Start] = {}
         self._ended: dict[str, asyncio.Future[None]] = {}
         """Stops waiting for the replica's exit report."""
-        self._reported: set[str] = set()
+        self._retired: set[str] = set()
+        """Replicas reported ended or withdrawn, until their placement's delete is seen: an
+        older write of their placement, seen late, does not bring them back."""
         self._exit_handler: ExitHandler | None = None
         self._feeds = self._make_feeds()
         self._tasks: list[asyncio.Task[None]] = []
@@ -237,6 +239,16 @@ class ClusterBackend:
         self._books.placements[rid] = placement
         try:
             await self._place(placement, fence)
+        except (StartFailed, Deposed):
+            self._starts.pop(rid, None)  # not written: nothing to withdraw
+            if self._books.placements.get(rid) is placement:
+                del self._books.placements[rid]
+            raise
+        except BaseException:  # cancelled: it may have been written
+            self._starts.pop(rid, None)
+            self._withdraw(placement)
+            raise
+        try:
             async with asyncio.timeout(self.answer_timeout):
                 running = await asyncio.shield(start.answer)
         except TimeoutError:
@@ -289,15 +301,17 @@ class ClusterBackend:
 
     def _withdraw(self, placement: Placement) -> None:
         rid = placement.launch.replica_id
-        if self._books.placements.get(rid) is placement:
+        current = self._books.placements.get(rid)
+        if current is not None and current.node == placement.node:
             del self._books.placements[rid]
-        key = self.keys.placement(placement.node, rid)
-        self._cleanup(rid, [Delete(key)])
+        self._retired.add(rid)
+        # Its records go too; a node that started it late sees the placement go and stops it.
+        self._cleanup(rid, self._record_deletes(rid, placement.node))
 
     async def stop(self, replica_id: str, grace: float) -> None:
         """Ask its node to stop the replica (fenced); return once its exit was reported."""
         placement = self._books.placements.get(replica_id)
-        if placement is None or replica_id in self._reported:
+        if placement is None or replica_id in self._retired:
             return
         ended = self._ended.get(replica_id)
         if ended is None:
@@ -314,7 +328,7 @@ class ClusterBackend:
                 if result.ranges and result.ranges[0]:
                     raise Deposed(f"stopping {replica_id}: the leadership fence was refused")
                 return  # its placement is gone: it was reported, or is being
-            if self._books.placements.get(replica_id) is placement:
+            if self._books.placements.get(replica_id) == placement:
                 self._books.placements[replica_id] = stopping
         await asyncio.shield(ended)
 
@@ -362,6 +376,9 @@ class ClusterBackend:
             parsed = self._placement(name, raw)
             if parsed is not None:
                 placements[parsed.launch.replica_id] = parsed
+        self._retired &= set(placements)
+        for rid in self._retired:
+            del placements[rid]
         for rid, start in self._starts.items():  # not written yet, or the write not seen yet
             placements.setdefault(rid, start.placement)
         self._books.placements = placements
@@ -369,11 +386,12 @@ class ClusterBackend:
     def _placement_changed(self, name: str, raw: bytes | None) -> None:
         if raw is None:
             _, _, rid = name.partition("/")
+            self._retired.discard(rid)
             if rid not in self._starts:
                 self._books.placements.pop(rid, None)
             return
         parsed = self._placement(name, raw)
-        if parsed is not None:
+        if parsed is not None and parsed.launch.replica_id not in self._retired:
             self._books.placements[parsed.launch.replica_id] = parsed
 
     def _placement(self, name: str, raw: bytes) -> Placement | None:
@@ -489,9 +507,9 @@ class ClusterBackend:
 
     def _report(self, event: Exit) -> None:
         rid = event.replica_id
-        if rid in self._reported:
+        if rid in self._retired:
             return
-        self._reported.add(rid)
+        self._retired.add(rid)
         log.info("replica %s: %s", rid, event.reason)
         if self._exit_handler is not None:
             try:
@@ -544,7 +562,6 @@ class ClusterBackend:
                     log.info("not cleaning up after %s: the leadership fence was refused", rid)
                     self._cleanups.clear()
                     break
-                self._reported.discard(rid)
 
     # -- helpers ------------------------------------------------------------------------------
 

@@ -273,6 +273,14 @@ async def keys_under(world: World, what: str) -> list[bytes]:
     return [kv.key for kv in kvs]
 
 
+async def until_no_keys(world: World, *under: str) -> None:
+    deadline = time.monotonic() + 5
+    for what in under:
+        while await keys_under(world, what):
+            assert time.monotonic() < deadline, f"{what} left behind"
+            await asyncio.sleep(0.05)
+
+
 async def test_starts_spread_over_the_nodes_answer_and_stop(world: World) -> None:
     a = await world.node("a", "127.0.0.2")
     b = await world.node("b", "127.0.0.3")
@@ -295,11 +303,7 @@ async def test_starts_spread_over_the_nodes_answer_and_stop(world: World) -> Non
         assert pid is not None
         await until(lambda pid=pid: gone(pid))
     await until(lambda: world.leader.placed() == {})
-    for what in ("placements/", "running/", "exits/"):
-        deadline = time.monotonic() + 5
-        while await keys_under(world, what):
-            assert time.monotonic() < deadline, f"{what} left behind"
-            await asyncio.sleep(0.05)
+    await until_no_keys(world, "placements/", "running/", "exits/")
 
 
 async def test_a_crash_is_an_exit(world: World) -> None:
@@ -321,7 +325,8 @@ async def test_a_start_that_fails_on_the_node(world: World) -> None:
     empty = Launch("web", 1, "web-1-e", ReplicaTemplate())
     with pytest.raises(StartFailed, match="node a: the template has no command"):
         await world.leader.start(empty)
-    await until(lambda: world.leader.placed() == {})
+    assert world.leader.placed() == {}
+    await until_no_keys(world, "placements/", "failed/")
 
 
 async def test_no_capacity_on_any_node(world: World) -> None:
@@ -384,3 +389,70 @@ async def test_a_restarted_agent_adopts_its_replicas(world: World, tmp_path: Pat
     assert running_launch.replica_id == "web-1-a"
     await world.leader.stop("web-1-a", 2.0)
     assert (await world.exit_of("web-1-a")).requested
+
+
+async def test_a_node_that_does_not_answer(world: World) -> None:
+    a = await world.node("a", "127.0.0.2")
+    await asyncio.wait_for(world.leader.wait(agents(1)), 10)
+    await a.agent.close()  # its capacity record stays: bound to the node's lease
+    world.leader.answer_timeout = 0.5
+    with pytest.raises(StartFailed, match=r"node a did not answer within 0\.5 s"):
+        await world.leader.start(launch(world, "web-1-a"))
+    assert world.leader.placed() == {}
+    await until_no_keys(world, "placements/")
+
+
+async def test_a_new_leader_adopts_and_hears_what_it_missed(world: World) -> None:
+    await world.node("a", "127.0.0.2")
+    await asyncio.wait_for(world.leader.wait(agents(1)), 10)
+    kept = await world.leader.start(launch(world, "web-1-a"))
+    crashed = await world.leader.start(launch(world, "web-1-b"))
+    await world.leader.close()
+    assert crashed.pid is not None
+    os.killpg(crashed.pid, signal.SIGKILL)
+    await until(lambda: gone(crashed.pid))  # type: ignore[arg-type]
+    # The agent's exit record is in etcd before the next leader reads.
+    await until_no_keys(world, "running/web-1-b")
+    fence_key = world.prefix.encode() + LEADER_KEY
+    leader = ClusterBackend(
+        world.client, world.prefix, lambda: [Compare(fence_key, "VALUE", "EQUAL", b"me")]
+    )
+    heard: list[Exit] = []
+    leader.set_exit_handler(heard.append)
+    try:
+        await asyncio.wait_for(leader.open(), 10)
+        assert [(e.replica_id, e.requested) for e in heard] == [("web-1-b", False)]
+        adopted = leader.adopt(launch(world, "web-1-a"), kept.handle)
+        assert adopted is not None
+        assert (adopted.host, adopted.port, adopted.handle) == (kept.host, kept.port, kept.handle)
+        assert leader.adopt(launch(world, "web-1-b"), crashed.handle) is None
+        assert leader.adopt(launch(world, "web-1-a"), {**kept.handle, "node": "b"}) is None
+        await leader.stop("web-1-a", 2.0)
+        assert heard[-1].replica_id == "web-1-a"
+        assert heard[-1].requested
+    finally:
+        await leader.close()
+
+
+async def test_with_etcd_away_nothing_stops_and_exits_come_later(
+    world: World, etcd: EtcdCluster
+) -> None:
+    a = await world.node("a", "127.0.0.2")
+    await asyncio.wait_for(world.leader.wait(agents(1)), 10)
+    kept = await world.leader.start(launch(world, "web-1-a"))
+    crashed = await world.leader.start(launch(world, "web-1-b"))
+    etcd.stop_all()
+    try:
+        assert crashed.pid is not None
+        os.killpg(crashed.pid, signal.SIGKILL)
+        await until(lambda: a.backend.in_use == 1)
+        await asyncio.sleep(0.5)  # the agent tries to write meanwhile, and fails
+        assert world.exits == []
+    finally:
+        etcd.start_member(0)
+        etcd.wait_healthy()
+    event = await world.exit_of("web-1-b")
+    assert not event.requested
+    assert await get(kept.host, kept.port) == "web-1-a"
+    assert a.backend.in_use == 1
+    assert world.leader.placed() == {"web-1-a": "a"}
