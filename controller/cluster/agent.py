@@ -110,7 +110,6 @@ class Agent:
         self._outbox = _Outbox()
         self._tasks: list[asyncio.Task[None]] = []
         self._work: set[asyncio.Task[None]] = set()
-        self._capacity_lease = 0
 
     def __repr__(self) -> str:
         return (
@@ -248,14 +247,14 @@ class Agent:
             # Asked to stop what does not run here (it ended while the agent was away).
             self._record_exit(rid, Exit(rid, None, "not running on the node", requested=True))
         else:
-            self._spawn(self._start(placement), f"agent:{self.node}:start:{rid}")
+            # Held before the first await: a stop in the same batch finds it.
+            local = self._local[rid] = _Local(placement.launch)
+            self._spawn(self._start(rid, local), f"agent:{self.node}:start:{rid}")
 
     # -- running replicas ---------------------------------------------------------------------
 
-    async def _start(self, placement: Placement) -> None:
-        launch = placement.launch
-        rid = launch.replica_id
-        local = self._local[rid] = _Local(launch)
+    async def _start(self, rid: str, local: _Local) -> None:
+        launch = local.launch
         try:
             running = await self.backend.start(launch)
         except NoCapacity as e:
@@ -383,7 +382,6 @@ class Agent:
         except BaseException:
             self._outbox.capacity_dirty = True
             raise
-        self._capacity_lease = lease
         return True
 
 

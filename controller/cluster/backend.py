@@ -330,7 +330,18 @@ class ClusterBackend:
                 return  # its placement is gone: it was reported, or is being
             if self._books.placements.get(replica_id) == placement:
                 self._books.placements[replica_id] = stopping
-        await asyncio.shield(ended)
+        limit = max(grace, 0.0) + self.answer_timeout
+        try:
+            async with asyncio.timeout(limit):
+                await asyncio.shield(ended)
+        except TimeoutError:
+            # Told as ended; the node, if it comes back, sees the placement gone and stops it.
+            node = placement.node
+            reason = f"node {node} did not report the stop within {limit:g} s"
+            log.warning("replica %s: %s", replica_id, reason)
+            self._books.placements.pop(replica_id, None)
+            self._report(Exit(replica_id, None, reason, requested=True))
+            self._cleanup(replica_id, self._placement_deletes(replica_id, node))
 
     def adopt(self, launch: Launch, handle: dict[str, Any]) -> Running | None:
         """The replica, if its node is alive, has its placement and says it runs it."""
@@ -442,6 +453,7 @@ class ClusterBackend:
             return  # start() withdraws the placement; this record goes with it
         if start is None and self._settled:
             self._books.placements.pop(rid, None)
+            self._retired.add(rid)
             self._cleanup(rid, self._record_deletes(rid, record.node))
 
     def _exits_loaded(self, kvs: dict[str, bytes]) -> None:
@@ -467,6 +479,7 @@ class ClusterBackend:
         for rid, failed in list(self._books.failed.items()):
             if rid not in self._starts:
                 self._books.placements.pop(rid, None)
+                self._retired.add(rid)
                 self._cleanup(rid, self._record_deletes(rid, failed.node))
         placed_on = {p.node for p in self._books.placements.values()}
         for node in sorted(placed_on - self._books.nodes):
@@ -497,13 +510,7 @@ class ClusterBackend:
             del self._books.placements[rid]
             reason = f"node {node} is gone"
             self._report(Exit(rid, None, reason, requested=placement.stop is not None))
-            # The running record stays: a node that comes back adopts and stops the replica.
-            ops: list[Op] = [
-                Delete(self.keys.placement(node, rid)),
-                Delete(self.keys.failed_key(rid)),
-                Delete(self.keys.exit_key(rid)),
-            ]
-            self._cleanup(rid, ops)
+            self._cleanup(rid, self._placement_deletes(rid, node))
 
     def _report(self, event: Exit) -> None:
         rid = event.replica_id
@@ -519,6 +526,14 @@ class ClusterBackend:
         ended = self._ended.pop(rid, None)
         if ended is not None and not ended.done():
             ended.set_result(None)
+
+    def _placement_deletes(self, rid: str, node: str) -> list[Op]:
+        """All but the running record: a node that comes back adopts and stops the replica."""
+        return [
+            Delete(self.keys.placement(node, rid)),
+            Delete(self.keys.failed_key(rid)),
+            Delete(self.keys.exit_key(rid)),
+        ]
 
     def _record_deletes(self, rid: str, node: str) -> list[Op]:
         return [

@@ -456,3 +456,30 @@ async def test_with_etcd_away_nothing_stops_and_exits_come_later(
     assert await get(kept.host, kept.port) == "web-1-a"
     assert a.backend.in_use == 1
     assert world.leader.placed() == {"web-1-a": "a"}
+
+
+async def test_an_agent_back_stops_what_was_stopped_while_it_was_away(
+    world: World, tmp_path: Path
+) -> None:
+    a = await world.node("a", "127.0.0.2")
+    await asyncio.wait_for(world.leader.wait(agents(1)), 10)
+    running = await world.leader.start(launch(world, "web-1-a"))
+    await a.agent.close()
+    await a.backend.close()
+    world.leader.answer_timeout = 0.5
+    await world.leader.stop("web-1-a", 0.0)
+    event = await world.exit_of("web-1-a")
+    assert event == Exit("web-1-a", None, "node a did not report the stop within 0.5 s", True)
+    await until_no_keys(world, "placements/")
+    assert await keys_under(world, "running/web-1-a")  # the node's, to adopt
+    assert running.pid is not None
+    assert not gone(running.pid)
+    backend = ProcessBackend(
+        capacity=2, port_range=(41050, 41099), log_dir=tmp_path / "a", host="127.0.0.2"
+    )
+    a.backend = backend
+    a.agent = Agent(a.client, world.prefix, "a", backend, lambda: a.keeper.lease, stop_grace=1)
+    await asyncio.wait_for(a.agent.open(), 10)
+    await until(lambda: gone(running.pid))  # type: ignore[arg-type]
+    await until_no_keys(world, "running/", "exits/")
+    assert [e.replica_id for e in world.exits] == ["web-1-a"]  # reported once
