@@ -18,10 +18,11 @@ probe every second, retries), each its own process with its own port:
   machine with no core to spare for the workers (2 cores, one taken by wrk and the upstream)
   this is the fair measure of what workers cost per request.
 
-- ``gateway-2-spread``: ``--workers 2`` with one worker pinned to each core (worker 1 and
-  the main process on the proxy core, worker 2 on the load core, beside wrk and the
-  upstream): every core serves, and the load generator shares the second core with a worker
-  (this machine has no third core to give it);
+- ``gateway-2-spread``: ``--workers 2`` with one worker pinned to each core (``spread_cpus``:
+  the cores other than the load core when there are enough, else every core from the proxy
+  core on; the main process on the proxy core). On a 2-core machine worker 2 shares the load
+  core with wrk and the upstream (no third core to give them); with 3 or more the load keeps
+  a core of its own;
 - ``nginx-2-spread``: nginx with 2 workers placed the same way (``worker_cpu_affinity``,
   ``listen ... reuseport`` as the gateway's workers bind): what the same placement does to a
   proxy that scales, the reference for what stops the gateway's scaling.
@@ -153,6 +154,16 @@ def connections_per_worker(workers: list[int], port: int) -> list[int]:
     return out
 
 
+def spread_cpus(args: argparse.Namespace) -> list[int]:
+    """The cores the ``-spread`` targets' workers go to, worker i on the i-th (wrapping):
+    every core but the load core if that leaves one a worker, else every core."""
+    cpus = sorted(os.sched_getaffinity(0))
+    free = [c for c in cpus if c != args.load_cpu]
+    chosen = free if len(free) >= args.workers else cpus
+    start = chosen.index(args.proxy_cpu) if args.proxy_cpu in chosen else 0
+    return chosen[start:] + chosen[:start]
+
+
 def pin(pid: int, cpu: int) -> None:
     """Pin every thread of ``pid`` to ``cpu`` (``sched_setaffinity`` is per thread)."""
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -246,8 +257,7 @@ class Variant:
     workers: int
     pinned: bool
     spread: bool = False
-    """One worker per core: worker i on CPU (proxy + i) mod cores, the main process on the
-    proxy core."""
+    """One worker per core (``spread_cpus``), the main process on the proxy core."""
 
 
 def variants(args: argparse.Namespace) -> list[Variant]:
@@ -282,18 +292,19 @@ def variants(args: argparse.Namespace) -> list[Variant]:
 
 
 def start_nginx_workers(
-    procs: Procs, name: str, port: int, upstream: int, workers: int, limits: Limits
+    procs: Procs, name: str, port: int, upstream: int, cpus: list[int], limits: Limits
 ) -> Target:
-    """nginx as ``start_nginx`` starts it, with ``workers`` workers, one per core
-    (``worker_cpu_affinity auto``) and a listener each (``reuseport``)."""
+    """nginx as ``start_nginx`` starts it, with a worker on each of ``cpus``
+    (``worker_cpu_affinity``) and a listener each (``reuseport``)."""
+    masks = " ".join(format(1 << cpu, "b") for cpu in cpus)
     tmp = procs.tmp / name
     tmp.mkdir()
     conf = PROXY_NGINX.format(
         tmp=tmp, port=port, upstream=upstream, access_log=f"{tmp}/access.log",
         max_connections=limits.max_connections, nofile=limits.nofile, tls="",
     )  # fmt: skip
-    conf = conf.replace("worker_processes 1;", f"worker_processes {workers};\n"
-                        "worker_cpu_affinity auto;")  # fmt: skip
+    conf = conf.replace("worker_processes 1;", f"worker_processes {len(cpus)};\n"
+                        f"worker_cpu_affinity {masks};")  # fmt: skip
     conf = conf.replace("backlog=4096;", "reuseport backlog=4096;")
     (tmp / "nginx.conf").write_text(conf)
     argv = ["nginx", "-e", f"{tmp}/error.log", "-p", str(tmp), "-c", f"{tmp}/nginx.conf"]
@@ -311,7 +322,8 @@ def start_targets(
     for v in variants(args)[1:]:
         port, admin = free_ports(2)
         if v.name.startswith("nginx"):
-            targets[v.name] = start_nginx_workers(procs, v.name, port, up, v.workers, limits)
+            cpus = [spread_cpus(args)[i % len(spread_cpus(args))] for i in range(v.workers)]
+            targets[v.name] = start_nginx_workers(procs, v.name, port, up, cpus, limits)
             continue
         cpu = args.proxy_cpu if v.pinned else None
         targets[v.name] = start_gateway(
@@ -319,7 +331,7 @@ def start_targets(
         )
     for target in targets.values():
         wait_serving(target.proc, target.url())
-    cores = os.cpu_count() or 1
+    cpus = spread_cpus(args)
     for v in variants(args):
         if v.workers > 1:
             found = _workers(targets[v.name])
@@ -328,7 +340,7 @@ def start_targets(
             if v.spread and v.name.startswith("gateway"):
                 pin(targets[v.name].proc.pid, args.proxy_cpu)
                 for i, pid in enumerate(found):
-                    pin(pid, (args.proxy_cpu + i) % cores)
+                    pin(pid, cpus[i % len(cpus)])
     return targets
 
 
@@ -409,7 +421,11 @@ def report(
                 v.what,
                 f"CPU {args.proxy_cpu}"
                 if v.pinned
-                else ("a worker per core" if v.spread else "no"),
+                else (
+                    "CPUs " + ", ".join(map(str, spread_cpus(args)[: v.workers]))
+                    if v.spread
+                    else "no"
+                ),
                 _fmt(_median([m.run.rps for m in ms])),
                 _fmt(_median([m.run.p50_ms for m in ms]), 2),
                 _fmt(_median([m.run.p99_ms for m in ms]), 2),
@@ -511,9 +527,12 @@ def scaling(args: argparse.Namespace, runs: dict[str, list[Measured]]) -> list[s
         )
     if not lines:
         return []
+    cpus = spread_cpus(args)
+    placed = ", ".join(f"worker {i + 1} on CPU {cpus[i % len(cpus)]}" for i in range(n))
+    shared = args.load_cpu in cpus[:n]
     return [
-        f"Every core ({n} workers, one per core, wrk and the upstream on CPU {args.load_cpu} "
-        f"beside worker {n}), per repetition:",
+        f"Every core ({placed}; wrk and the upstream on CPU {args.load_cpu}"
+        f"{', shared with a worker' if shared else ', a core of their own'}), per repetition:",
         "",
         *lines,
     ]
