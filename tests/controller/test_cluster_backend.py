@@ -8,17 +8,20 @@ address (127.0.0.2, 127.0.0.3) and its Agent; replicas are real processes answer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+import uvloop
 
 from controller.backends import Exit, Launch, ProcessBackend
 from controller.cluster.agent import Agent
@@ -172,6 +175,12 @@ LEADER_KEY = b"leader"
 
 @pytest.fixture
 async def world(etcd: EtcdCluster, tmp_path: Path) -> AsyncIterator[World]:
+    async with opened_world(etcd, tmp_path) as w:
+        yield w
+
+
+@contextlib.asynccontextmanager
+async def opened_world(etcd: EtcdCluster, tmp_path: Path) -> AsyncIterator[World]:
     prefix = f"/cluster-backend-test/{next(_prefixes)}/"
     script = tmp_path / "server.py"
     script.write_text(SERVER_PY)
@@ -219,17 +228,19 @@ async def world(etcd: EtcdCluster, tmp_path: Path) -> AsyncIterator[World]:
 
     await asyncio.wait_for(leader.open(), 10)
     w = World(prefix, leader, client, exits, exited, node, f"{sys.executable} {script}")
-    yield w
-    await leader.close()
-    for n in made:
-        for rid in list(n.backend._replicas):
-            await n.backend.stop(rid, 0.5)
-        await n.agent.close()
-        await n.backend.close()
-        await n.registry.stop()
-        await n.keeper.stop()
-        await n.client.close()
-    await client.close()
+    try:
+        yield w
+    finally:
+        await leader.close()
+        for n in made:
+            for rid in list(n.backend._replicas):
+                await n.backend.stop(rid, 0.5)
+            await n.agent.close()
+            await n.backend.close()
+            await n.registry.stop()
+            await n.keeper.stop()
+            await n.client.close()
+        await client.close()
 
 
 def launch(world: World, rid: str, service: str = "web", revision: int = 1) -> Launch:
@@ -483,3 +494,28 @@ async def test_an_agent_back_stops_what_was_stopped_while_it_was_away(
     await until(lambda: gone(running.pid))  # type: ignore[arg-type]
     await until_no_keys(world, "running/", "exits/")
     assert [e.replica_id for e in world.exits] == ["web-1-a"]  # reported once
+
+
+# -- uvloop ---------------------------------------------------------------------------------
+
+ON_UVLOOP: list[Callable[[World], Coroutine[Any, Any, None]]] = [
+    test_starts_spread_over_the_nodes_answer_and_stop,
+    test_a_crash_is_an_exit,
+    test_a_node_whose_key_is_gone_takes_its_replicas,
+    test_a_node_that_does_not_answer,
+]
+
+
+@pytest.mark.parametrize("case", ON_UVLOOP, ids=lambda case: case.__name__)
+def test_on_uvloop(
+    case: Callable[[World], Coroutine[Any, Any, None]], etcd: EtcdCluster, tmp_path: Path
+) -> None:
+    """The gateway runs on uvloop: some of the tests above again, on a uvloop loop."""
+
+    async def run() -> None:
+        async with opened_world(etcd, tmp_path) as w:
+            await case(w)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert type(runner.get_loop()).__module__.startswith("uvloop")
+        runner.run(run())
