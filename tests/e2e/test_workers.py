@@ -8,6 +8,7 @@ controller in this process drains an old replica only once both workers hold not
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 from pathlib import Path
 
@@ -96,3 +97,20 @@ async def test_workers_stop_by_themselves_when_the_main_process_is_killed(gatewa
         await process.wait()
     # Each worker sees its channel end, stops accepting, finishes and exits.
     await until(lambda: not any(alive(pid) for pid in workers), 10, "the workers to exit")
+
+
+def test_a_worker_imports_neither_aiohttp_nor_the_control_plane():
+    """A worker is spawned, so it holds only what its imports bring: the admin API's and the
+    prober's aiohttp, the controller and the supervisor stay in the main process (a worker's
+    memory is counted once per core)."""
+    code = (
+        "import sys, gateway.workers.worker\n"
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('gateway.'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.splitlines()
+    packages, modules = set(out[0].split()), set(out[1].split())
+    assert not packages & {"aiohttp", "controller", "yaml"}, packages
+    assert not modules & {"gateway.metrics", "gateway.prober", "gateway.workers.supervisor"}
