@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +223,113 @@ async def test_restart_does_not_bring_back_a_service_deleted_through_the_api(
     assert "web" not in second.controller.service_names()
     assert "web: deleted through the API since" in caplog.text
     assert second.started_pids == []
+
+
+# -- a canary in progress survives a restart (issue 27) ----------------------------------------
+
+
+def _held(db: Path, weight: int) -> Any:
+    """The active rollout once its record says the canary holds ``weight``, else None."""
+    rollouts, _ = _stored(db)
+    active = [r for r in rollouts if r.active and r.strategy_json]
+    if not active:
+        return None
+    state = json.loads(active[0].strategy_json)
+    held = state["weight"] == weight and state["holding_since"] is not None
+    return active[0] if held else None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+async def test_a_canary_goes_on_at_its_weight_after_the_gateway_process_ends(
+    gateways: Gateways, tmp_path: Path, signum: signal.Signals
+) -> None:
+    """The gateway that began the canary is a process of its own, ended by ``signum`` while
+    the canary holds revision 2 at 50 %: the next one goes on at 50 % (not as a rolling
+    update), for what is left of the step's pause, then completes. The clients are those
+    of the next gateway, once its adopted replicas are ready (as the tests above)."""
+    from .test_canary import canary_spec, share, tolerance
+
+    steps = [{"weight": 50, "pause": 15}]
+    analysis = {"max_error_rate": 0.01, "min_requests": 30, "interval": 1}
+    canary = {"strategy": "canary", "steps": steps, "analysis": analysis}
+    spec_file = tmp_path / "web.json"
+    spec_file.write_text(json.dumps(canary_spec("1", **canary)))
+    services = [str(spec_file)]
+    first = await gateways.start(on_exit="keep", services=services)
+    await until(lambda: first.ready(1) == 2, 15, "revision 1 from the file")
+    await first.stop()
+
+    spec_file.write_text(json.dumps(canary_spec("2", **canary)))  # the next start applies it
+    config = gateways.config(on_exit="keep", services=services, log_level="warning")
+    path = gateways.write_config(config)
+    db = gateways.state_dir / "gateway.db"
+    with open(tmp_path / "second-gateway.log", "wb") as output:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "controller.main",
+            "serve",
+            "-c",
+            str(path),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=output,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    try:
+        held = await until(lambda: _held(db, 50), 30, "the canary at 50% in the store")
+        await asyncio.sleep(2)  # into its pause
+        process.send_signal(signum)
+        await asyncio.wait_for(process.wait(), 10)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        gateways.other_pids |= set(_stored(db)[1].values())
+    ended = asyncio.get_running_loop().time()
+    kept = _stored(db)[1]
+    assert len(kept) == 3, kept  # two of revision 1, the canary's one of revision 2
+    assert all(alive(pid) for pid in kept.values())
+
+    third = await gateways.start(on_exit="stop", services=services)
+    rollout = third.state().observed.rollout
+    assert rollout is not None
+    assert (rollout.id, rollout.strategy, rollout.step, rollout.weight) == (
+        held.id,
+        "canary",
+        0,
+        50,
+    )
+    assert third.state().observed.split == (2, 50)
+    assert third.pids() == kept  # adopted
+    await until(lambda: third.ready(1) == 2 and third.ready(2) == 1, 5, "the adopted replicas")
+    async with Load(third.url, clients=8, limit=60) as load:
+        start = load.mark()
+        await until(lambda: third.state().observed.split != (2, 50), 30, "the step to end")
+        step_ended = asyncio.get_running_loop().time()
+        window = [o for o in load.outcomes[start:] if o.at < time.monotonic() - 0.1]
+        await until(
+            lambda: third.state().observed.rollout is None and third.state().observed.split is None,
+            30,
+            "completion",
+        )
+        after = load.mark()
+        await load.more(200)
+    assert not load.failures, load.summary()
+    seen, n = share(window, "v2")
+    print(
+        f"{signum.name}: after the restart revision 2 served {seen:.1%} of {n} at 50%; the step "
+        f"ended {step_ended - ended:.1f} s after the first gateway did; {len(load.outcomes)} "
+        f"requests, {len(load.failures)} failed"
+    )
+    assert abs(seen - 0.5) <= tolerance(0.5, n), (seen, n)
+    # The pause went on where it was (15 s from the weight, 2 s of it before the end), not
+    # again from the restart.
+    assert step_ended - ended < 14.5
+    assert load.bodies(after) == {"v2"}
+    assert len(third.started_pids) == 1  # the second replica of revision 2, for step 2 (100)
+    assert [(r.id, r.status) for r in third.rollouts()][:1] == [(held.id, "complete")]
+    messages = [e.message for e in third.controller.journal.since(0) if e.service == "web"]
+    assert any("goes on at step 1, revision 2 at 50%" in m for m in messages)
+    assert any("pass: analysis:" in m and "at weight 50" in m for m in messages)
