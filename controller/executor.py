@@ -246,7 +246,13 @@ class Executor:
         """A replica still running from before a restart joins the pool, to be probed."""
         self.running[replica.id] = running
         spec = state.revisions[replica.revision]
-        self.pool.add_upstream(self.upstream_of(state.name, spec, replica, running))
+        upstream = self.upstream_of(state.name, spec, replica, running)
+        known = self.pool.upstream(state.name, replica.id)
+        if known is not None and (known.host, known.port) == (upstream.host, upstream.port):
+            return  # a cluster node that followed the leader has it, probed: it stays as it is
+        if known is not None:
+            self.pool.remove_upstream(state.name, replica.id, "address changed")
+        self.pool.add_upstream(upstream)
 
     @staticmethod
     def upstream_of(

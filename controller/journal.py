@@ -103,6 +103,9 @@ class Journal:
         self._listeners: list[Listener] = []
         self._followed: list[Pool] = []
         self._fallback_id = 0
+        self.persist = True
+        """False on a cluster node that does not lead: only the leader writes the state, so
+        what this node sees (its own probes' verdicts) is logged and streamed, not stored."""
 
     def record(
         self,
@@ -113,11 +116,15 @@ class Journal:
         replica: str | None = None,
     ) -> Entry:
         log.info("%s: %s", service, message)
-        try:
-            row = self._store.add_event(service, kind, message, revision, replica)
+        row = None
+        if self.persist:
+            try:
+                row = self._store.add_event(service, kind, message, revision, replica)
+            except StoreUnavailable as e:
+                log.warning("event not persisted (%s): %s", e.message, message)
+        if row is not None:
             entry = Entry(row.id, row.at, service, kind, message, revision, replica)
-        except StoreUnavailable as e:
-            log.warning("event not persisted (%s): %s", e.message, message)
+        else:
             self._fallback_id -= 1
             entry = Entry(
                 self._fallback_id, self._wall(), service, kind, message, revision, replica

@@ -72,6 +72,11 @@ class Reconciler:
         self.pool = pool
         self._sampler: asyncio.Task[None] | None = None
         pool.on_waiting = self.on_waiting
+        self.gate: Callable[[str, str], bool] | None = None
+        """In a cluster, on the leader: whether an upstream healthy here is routable on every
+        node that serves too (``cluster.peers``). A replica becomes ready only then, so that
+        "a replacement is serving" holds on every node. None: this node is enough."""
+        self._gated: set[tuple[str, str]] = set()
 
     # -- loops ---------------------------------------------------------------------------------
 
@@ -209,6 +214,8 @@ class Reconciler:
         if self._sampler is not None:
             self._sampler.cancel()
             await asyncio.gather(self._sampler, return_exceptions=True)
+            self._sampler = None  # a cluster node that leads again adds services again
+        self._gated.clear()
         tasks = [s.task for s in self.services.values() if s.task is not None]
         for task in tasks:
             task.cancel()
@@ -329,7 +336,26 @@ class Reconciler:
         if event.upstream.health is Health.UNKNOWN:
             return
         healthy = event.upstream.health is Health.HEALTHY
+        key = (event.service, event.upstream.id)
+        self._gated.discard(key)
+        if healthy and self.gate is not None and not self.gate(*key):
+            self._gated.add(key)  # ready once every node routes to it too: ``regate``
+            return
         self.observe(state, HealthChanged(event.upstream.id, healthy, event.reason))
+
+    def regate(self) -> None:
+        """Another node's view changed: replicas healthy here that every node now routes to
+        become ready."""
+        for key in list(self._gated):
+            service, upstream_id = key
+            state = self.services.get(service)
+            upstream = self.pool.upstream(service, upstream_id)
+            if state is None or upstream is None or upstream.health is not Health.HEALTHY:
+                self._gated.discard(key)
+                continue
+            if self.gate is None or self.gate(service, upstream_id):
+                self._gated.discard(key)
+                self.observe(state, HealthChanged(upstream_id, True, "routable on every node"))
 
     def on_exit(self, exit: Exit) -> None:
         """A backend reports that a replica ended."""
