@@ -183,7 +183,8 @@ class Agent:
         answered = set(self._mine(failed_kvs, keys.failed, FailedRecord.from_json))
         answered |= set(self._mine(exit_kvs, keys.exits, ExitRecord.from_json))
         self._placements = placements
-        self._answered = {rid for rid in answered if rid in placements}
+        # Kept from before a reload too: an answer still in the outbox is not in etcd yet.
+        self._answered = {rid for rid in answered | self._answered if rid in placements}
         self.revision = result.revision
         for rid, record in running.items():
             if rid not in self._local and rid not in self._answered:
