@@ -71,16 +71,28 @@ _last: Final = _Second()
 _MILLIS: Final = tuple(f".{ms:03d}Z" for ms in range(1000))
 """The end of a stamp, by millisecond. (A format spec in an f-string costs more than the rest
 of the line compiled with mypyc, which makes it a ``str.format`` call.)"""
+_SMALL: Final = tuple(str(n) for n in range(256))
+"""Small numbers as text (counts of retries, revisions, short bodies): looked up, not made."""
+_TENTHS: Final = tuple(f".{n}" for n in range(10))
 
 
-def _stamp(at: float) -> str:
-    """``at`` as ISO 8601 UTC with milliseconds; the part to the second is cached."""
+def _second(at: float) -> str:
+    """The stamp of ``at`` to the second (ISO 8601 UTC), made once a second."""
     second = int(at)
     last = _last
     if last.at != second:
         last.text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
         last.at = second
-    return last.text + _MILLIS[int((at - second) * 1000)]
+    return last.text
+
+
+def _stamp(at: float) -> str:
+    """``at`` as ISO 8601 UTC with milliseconds; the part to the second is cached."""
+    return _second(at) + _MILLIS[int((at - int(at)) * 1000)]
+
+
+def _number(n: int) -> str:
+    return _SMALL[n] if 0 <= n < 256 else str(n)
 
 
 def fields(at: float, r: RequestRecord) -> dict[str, object]:
@@ -145,21 +157,27 @@ def _tenths(seconds: float) -> str:
         whole = int(tenths)
         if not 0.4999 < tenths - whole < 0.5001:
             n = int(tenths + 0.5)
-            return f"{n // 10}.{n % 10}"
+            return _number(n // 10) + _TENTHS[n % 10]
     return "%.1f" % (seconds * 1000)
 
 
 def format_plain(at: float, r: RequestRecord) -> str:
-    revision = "-" if r.revision is None else str(r.revision)
+    return _plain(at, r, "")
+
+
+def _plain(at: float, r: RequestRecord, end: str) -> str:
+    """The plain line of ``r`` at ``at``, then ``end``: one string made of its pieces (each
+    piece looked up where it can be: a small number, the stamp's second and millisecond)."""
+    revision = r.revision
     path = _PATHS.get(r.path)
     if path is None:
         path = _log_path(r.path)
-    duration = _tenths(r.duration)
     return (
-        f"{_stamp(at)} {r.request_id} {r.service or '-'} {revision} {r.upstream_id or '-'} "
-        f'"{r.method} {path}" {r.status} '
-        f"{duration}ms in={r.bytes_in} out={r.bytes_out} retries={r.retries}"
-        f" error={r.error or '-'}"
+        f"{_second(at)}{_MILLIS[int((at - int(at)) * 1000)]} {r.request_id} "
+        f"{r.service or '-'} {'-' if revision is None else _number(revision)} "
+        f'{r.upstream_id or "-"} "{r.method} {path}" {r.status} {_tenths(r.duration)}ms '
+        f"in={_number(r.bytes_in)} out={_number(r.bytes_out)} retries={_number(r.retries)}"
+        f" error={r.error or '-'}{end}"
     )
 
 
@@ -209,6 +227,8 @@ class AccessLog:
         self.format = format
         self.path = path
         self._format = FORMATTERS[format]
+        self._plain = self._format is format_plain
+        """Plain lines are made by a direct call, with their newline (``_plain``)."""
         self._stream = stream
         self._clock = clock
         self._queue: deque[str] = deque()
@@ -244,7 +264,10 @@ class AccessLog:
         if len(queue) < self._limit:
             if not queue:
                 self._wake.set()  # once a batch: the writer empties the queue
-            queue.append(self._format(self._clock(), record) + "\n")
+            if self._plain:
+                queue.append(_plain(self._clock(), record, "\n"))
+            else:
+                queue.append(self._format(self._clock(), record) + "\n")
         else:
             self._drop(1)
 

@@ -31,6 +31,11 @@ from typing import Final
 
 from .headers import Fields
 
+try:  # compiled, a machine integer (mypy's extensions are there wherever it was built)
+    from mypy_extensions import i64
+except ImportError:  # interpreted without them: an int
+    i64 = int  # type: ignore[misc]
+
 COMPILED: Final = not __file__.endswith(".py")
 """Whether this module runs compiled with mypyc (``native.py``). Only then do the callers
 read plain heads here: interpreted, a loop over each byte costs more than llhttp and its
@@ -44,7 +49,7 @@ METHODS: Final = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")
 """The methods read here."""
 
 
-def _token(c: int) -> bool:
+def _token(c: i64) -> bool:
     """Whether ``c`` is a byte of a field name (RFC 9110 ``tchar``).
 
     Comparisons, not a table: a bytes table indexed is a call a byte, compiled."""
@@ -92,13 +97,13 @@ TWICE: Final = b"\r"
 than once: never a value (a value holds no CR)."""
 
 
-def _kind(data: bytes, start: int, end: int) -> int:
+def _kind(data: bytes, start: i64, end: i64) -> int:
     """What the field named ``data[start:end]`` is: one read or noted here, one dropped or rewritten
     (``headers.RESPONSE_DROPPED``, ``headers.upstream_request``), one that sends the head to
     llhttp, or plain.
 
     By length first, then compared with literals (constants, compiled)."""
-    n = end - start
+    n: i64 = end - start
     if n == 4:
         return _HOST if _is(data, start, b"host") else _PLAIN
     if n == 10:
@@ -154,25 +159,25 @@ PlainAnswer = tuple[int, bytes, bytes, int, Fields, bool, int]
 the connection is kept alive, and where the body begins."""
 
 
-def _is(data: bytes, start: int, name: bytes) -> bool:
+def _is(data: bytes, start: i64, name: bytes) -> bool:
     """Whether ``data`` holds ``name`` (lower case, letters and ``-``) at ``start``, in any
     case (the caller checked the length).
 
     Each byte is compared ORed with 0x20, which lowers a letter; of the token bytes only
     letters become a letter or ``-`` that way."""
-    k = 0
-    n = len(name)
+    k: i64 = 0
+    n: i64 = len(name)
     while k < n and (data[start + k] | 0x20) == name[k]:
         k += 1
     return k == n
 
 
-def _at(data: bytes, start: int, text: bytes) -> bool:
+def _at(data: bytes, start: i64, text: bytes) -> bool:
     """Whether ``data`` holds ``text`` at ``start`` (a loop: ``startswith`` is a call)."""
-    n = len(text)
+    n: i64 = len(text)
     if start + n > len(data):
         return False
-    k = 0
+    k: i64 = 0
     while k < n and data[start + k] == text[k]:
         k += 1
     return k == n
@@ -212,11 +217,11 @@ def _method(data: bytes) -> str:
     return ""
 
 
-def _field_end(data: bytes, i: int, n: int) -> int:
+def _field_end(data: bytes, i: i64, n: i64) -> i64:
     """Where the field value from ``i`` ends (its CR, followed by LF), or -1 if a byte up to
     there is not read here or ``data`` ends first (it ends at ``n``)."""
     while i < n:
-        c = data[i]
+        c: i64 = data[i]
         if (c < 32 or c > 126) and c != 9:
             break  # not HTAB, SP or printable ASCII (llhttp takes obs-text too: not here)
         i += 1
@@ -225,11 +230,11 @@ def _field_end(data: bytes, i: int, n: int) -> int:
     return i
 
 
-def _name_end(data: bytes, i: int, n: int) -> int:
+def _name_end(data: bytes, i: i64, n: i64) -> i64:
     """Where the field name from ``i`` ends: its colon; -1 if there is none after a token."""
     start = i
     while i < n:
-        c = data[i]
+        c: i64 = data[i]
         if not 97 <= c | 0x20 <= 122 and not _token(c):  # letters first, without a call
             break
         i += 1
@@ -238,46 +243,35 @@ def _name_end(data: bytes, i: int, n: int) -> int:
     return i
 
 
-def _skip_space(data: bytes, i: int, n: int) -> int:
+def _skip_space(data: bytes, i: i64, n: i64) -> i64:
     while i < n and (data[i] == _SP or data[i] == _HT):
         i += 1
     return i
 
 
-def _field(data: bytes, i: int, n: int, max_field: int) -> tuple[int, int, int]:
-    """The field line from ``i``: where its colon, its value and its CR are; the colon at -1
-    if it is not read here, or name and value together are longer than ``max_field``."""
-    colon = _name_end(data, i, n)
-    if colon < 0:
-        return -1, 0, 0
-    value_at = _skip_space(data, colon + 1, n)
-    end = _field_end(data, value_at, n)
-    if end < 0 or colon - i + end - value_at > max_field:
-        return -1, 0, 0
-    return colon, value_at, end
-
-
 def request(data: bytes, max_field: int) -> PlainRequest | None:
     """The request head that is the whole of ``data``, if it is plain; else None."""
-    n = len(data)
+    n: i64 = len(data)
     if n < 18 or not _at(data, n - 4, b"\r\n\r\n"):
         return None
     method = _method(data)
     if not method:
         return None
-    i = len(method) + 1
+    limit: i64 = max_field
+    i: i64 = len(method) + 1
     if data[i] != _SLASH:
         return None
-    start = i
+    start: i64 = i
     while 33 <= data[i] <= 126:  # stops at the end's CR at the latest
         i += 1
-    if i - start > max_field or not _at(data, i, b" HTTP/1.1\r\n"):
+    if i - start > limit or not _at(data, i, b" HTTP/1.1\r\n"):
         return None
     target = data[start:i]
     i += 11
-    block_at = run = i  # run: the start of the run of kept lines before the current line
+    block_at: i64 = i
+    run: i64 = i  # the start of the run of kept lines before the current line
     kept: list[bytes] = []
-    count = 0
+    count: i64 = 0
     host = b""
     has_host = False  # an empty Host is one too
     request_id: bytes | None = None
@@ -286,13 +280,18 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
     forwarded = False
     spelled = True  # every field spelled "name: value", as ``upstream_request`` writes it
     authorization: bytes | None = None
-    authorization_at = -1
-    kept_length = 0  # of the runs in ``kept``, each with the CRLF that joins it to the next
+    authorization_at: i64 = -1
+    kept_length: i64 = 0  # of the runs in ``kept``, each with the CRLF that joins them
     while i < n and data[i] != _CR:
+        # A field line: its name up to the colon, its value, its CR (``_field_end``).
         start = i
-        colon, value_at, end = _field(data, i, n, max_field)
+        colon = _name_end(data, i, n)
         count += 1
         if colon < 0 or count > MAX_FIELDS:
+            return None
+        value_at = _skip_space(data, colon + 1, n)
+        end = _field_end(data, value_at, n)
+        if end < 0 or colon - i + end - value_at > limit:
             return None
         i = end + 2
         if value_at != colon + 2 or data[colon + 1] != _SP:
@@ -363,7 +362,7 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
     """The answer that is the whole of ``data``, head and body, if it is plain; else None.
 
     Not for the answer to a HEAD request (its Content-Length describes no body here)."""
-    n = len(data)
+    n: i64 = len(data)
     if n < 17 or not _at(data, 0, b"HTTP/1.1 "):
         return None
     d0, d1, d2 = data[9] - 48, data[10] - 48, data[11] - 48
@@ -372,24 +371,29 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
     status = d0 * 100 + d1 * 10 + d2
     if status < 200 or status > 599 or status == 204 or status == 304:
         return None
+    limit: i64 = max_field
     i = _field_end(data, 13, n)  # the phrase is read as a value is
     if i < 0:
         return None
     phrase = data[13:i]
     i += 2
-    block_at = i
+    block_at: i64 = i
     kept: list[bytes] = []
-    run = i  # the start of the run of kept lines before the current line
-    count = 0
-    content_length = -1
+    run: i64 = i  # the start of the run of kept lines before the current line
+    count: i64 = 0
+    content_length: i64 = -1
     hop: Fields = []
     keep_alive = True
     connection = False
     while i < n and data[i] != _CR:
-        start = i
-        colon, value_at, end = _field(data, i, n, max_field)
+        start = i  # a field line, read as ``request`` reads one
+        colon = _name_end(data, i, n)
         count += 1
         if colon < 0 or count > MAX_FIELDS:
+            return None
+        value_at = _skip_space(data, colon + 1, n)
+        end = _field_end(data, value_at, n)
+        if end < 0 or colon - i + end - value_at > limit:
             return None
         i = end + 2
         kind = _kind(data, start, colon)
@@ -409,7 +413,7 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
             content_length = 0
             k = value_at
             while k < end:
-                c = data[k] - 48
+                c: i64 = data[k] - 48
                 if c < 0 or c > 9:
                     return None
                 content_length = content_length * 10 + c
