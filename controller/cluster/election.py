@@ -207,6 +207,7 @@ class Election:
     async def _campaign(self) -> int | None:
         """One campaign; the revision it read the key at, None to try again."""
         lease = await self.keeper.wait_valid()
+        self._wake.clear()  # lease events so far are in this campaign; later ones wake us
         self.campaigns += 1
         try:
             result = await self.client.txn(

@@ -138,7 +138,8 @@ class NodeRegistry:
         return lambda: self._listeners.remove(listener)
 
     async def wait(self, predicate: Callable[[Mapping[str, NodeRecord]], bool]) -> None:
-        """Return once ``predicate(nodes)`` holds."""
+        """Return once ``predicate(nodes)`` holds (checked after every change of the view and
+        every registration)."""
         while not predicate(self.nodes):
             await self._changed.wait()
 
@@ -200,6 +201,7 @@ class NodeRegistry:
                     continue
                 self._written = (lease, version)
                 self.registrations += 1
+                self._notify()
                 log.info("node %s registered (lease %x)", self.me.name, lease)
             await self._wake.wait()
 
@@ -263,6 +265,9 @@ class NodeRegistry:
                 listener(self.nodes)
             except Exception:
                 log.exception("nodes listener failed")
+        self._notify()
+
+    def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
