@@ -2,7 +2,9 @@
 
 These frozen records are what the planner reads. The reconciler builds them from what the
 backend, the pool and the store report; nothing here performs I/O or reads a clock. Times are
-monotonic seconds (the event loop's clock).
+monotonic seconds (the event loop's clock). A rollout's strategy state goes to its record and
+comes back after a restart through ``strategy_state`` and ``restore_strategy``, its times
+relative to when it began, so they need no clock of their own.
 
 Replica lifecycle::
 
