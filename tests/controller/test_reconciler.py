@@ -487,6 +487,26 @@ async def test_a_blue_green_after_its_switch_keeps_blue_for_keep_previous_across
     assert h.state("web").observed.serving_revision == 2
 
 
+async def test_a_canary_waiting_for_its_first_replica_is_still_a_canary_after_a_restart(
+    h: Harness,
+) -> None:
+    """Its strategy is recorded with the rollout (create_rollout), before any step."""
+    strategy = {"strategy": "canary", "steps": STEPS}
+    await serving(h, replicas=4, rollout=strategy)
+    await h.controller.apply(spec("web", 4, version="v2", rollout=strategy))
+    await h.settle()
+    before = h.state("web").observed.rollout
+    assert (before.strategy, before.step, before.holding_since) == ("canary", 0, None)
+
+    await restart(h, downtime=1)
+    after = h.state("web").observed.rollout
+    assert shifted(after, 0) == shifted(before, SHIFT)
+    await h.pass_probes("web")
+    assert h.state("web").observed.split == (2, 25)
+    assert len(h.replicas("web", *LIVE, revision=1)) == 4  # nothing old goes before 100 %
+    assert len(h.replicas("web", *LIVE, revision=2)) == 1
+
+
 async def test_a_rollout_whose_record_keeps_no_strategy_state_goes_on_as_a_rolling_update(
     h: Harness,
 ) -> None:
