@@ -507,6 +507,36 @@ async def test_a_canary_waiting_for_its_first_replica_is_still_a_canary_after_a_
     assert len(h.replicas("web", *LIVE, revision=2)) == 1
 
 
+async def test_a_resumed_rolling_update_keeps_its_fresh_deadline_across_a_restart(
+    h: Harness,
+) -> None:
+    """A resume gives the deadline afresh; the record keeps when (not only the first start)."""
+    rolling = {"progress_deadline": 30, "start_timeout": 600}
+    await serving(h, replicas=2, rollout=rolling)
+    await h.controller.apply(spec("web", 2, version="v2", rollout=rolling))
+    await h.settle()
+    await h.controller.pause("web")
+    await h.advance(100)
+    await h.controller.resume("web")
+    await h.settle()
+    before = h.state("web").observed.rollout
+    assert before.started == h.clock.now
+
+    await restart(h, downtime=5)
+    after = h.state("web").observed.rollout
+    assert after.started == before.started + SHIFT
+    await h.advance(20)  # 25 s after the resume: within its 30 s
+    assert h.state("web").observed.rollout is not None
+    assert h.store.active_rollout("web") is not None
+    assert h.state("web").observed.rollout.id == before.id
+    await h.advance(6)
+    assert h.state("web").observed.rollout.kind == "rollback"
+    failed = h.store.rollout(before.id)
+    assert failed is not None
+    assert failed.status == "failed"
+    assert failed.reason.startswith("not complete within 30s")
+
+
 async def test_a_rollout_whose_record_keeps_no_strategy_state_goes_on_as_a_rolling_update(
     h: Harness,
 ) -> None:
