@@ -309,6 +309,17 @@ class GatewayConfig(Model):
             )
         return self
 
+    @model_validator(mode="after")
+    def _cluster_backends(self) -> GatewayConfig:
+        if self.state.store == "etcd" and self.backends.docker is not None:
+            raise ValueError(
+                "backends.docker: not yet with state.store etcd (a cluster runs process replicas"
+                " on its nodes; Docker Engines are for one node)"
+            )
+        if self.state.store == "etcd" and self.workers != 1:
+            raise ValueError("workers: a cluster node serves from its own process (workers: 1)")
+        return self
+
     def proxy_config(self) -> ProxyConfig:
         tls = TlsConfig(**self.tls.model_dump(exclude={"acme"}))
         return ProxyConfig(

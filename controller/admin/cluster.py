@@ -14,7 +14,8 @@ the certificate and TLS routes (each node has its own listeners), ``/healthz``, 
 
 With no leader (an election under way, or etcd unreachable) a forwarded request gets 503
 ``no_leader`` with ``Retry-After``; on the leader, a write while etcd is unreachable gets 503
-``store_unavailable`` before anything is changed.
+``store_unavailable`` before anything is changed, and a write is answered only once what it
+changed is in etcd.
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ class Membership(Protocol):
     def store_reason(self) -> str:
         """Why the store is unreachable (empty while it is reachable)."""
 
+    async def committed(self) -> None:
+        """Return once what was written so far is in etcd; raise ``StoreUnavailable`` (or
+        ``Deposed``) when it cannot be."""
+
 
 def _local(path: str) -> bool:
     return not path.startswith("/api/") or any(
@@ -109,6 +114,9 @@ def cluster_middleware(
                     headers={"Retry-After": "2"},
                 )
             response = await handler(request)
+            if request.method in WRITE_METHODS:
+                # A write answered here is in etcd: the leader's store writes locally first.
+                await membership.committed()
             response.headers[LEADER_HEADER] = membership.node
             return response
         leader = membership.leader()

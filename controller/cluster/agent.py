@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -132,6 +133,20 @@ class Agent:
         for task in [*self._tasks, *self._work]:
             await cancel_task(task)
         self._tasks.clear()
+
+    async def stop_all(self, grace: float | None = None) -> None:
+        """Stop every replica this node runs (a node leaving for good: ``replicas_on_exit:
+        stop``), their exit records written (not requested: the leader places them again
+        elsewhere) before it returns, as far as etcd takes them."""
+        grace = self.stop_grace if grace is None else grace
+        await asyncio.gather(
+            *(self.backend.stop(rid, grace) for rid in list(self._local)),
+            return_exceptions=True,
+        )
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                while self._outbox.items:  # noqa: ASYNC110 - no "written" event; bounded
+                    await asyncio.sleep(0.02)
 
     def republish(self) -> None:
         """Write the capacity record again (call it when the node has a new lease)."""

@@ -7,16 +7,20 @@ names the same endpoints and prefix: each node serves traffic, one leads (docs/c
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
+import re
 import socket
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from gateway import Duration, Model
+from gateway import Duration, Model, parse_address
 
 NODE_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$"
+HOST_PATTERN = r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?"
 
 
 class EtcdTls(Model):
@@ -100,8 +104,9 @@ class NodeConfig(Model):
     )
     """Unique in the cluster; the host name by default."""
     address: str | None = None
-    """The URL other nodes and the CLI reach this node's admin API at (writes are forwarded to
-    the leader there); by default ``http://`` + ``admin.listen``."""
+    """This node's host address (an IP or a name the other nodes resolve): its replicas listen
+    there, and the other nodes reach its admin API there, on ``admin.listen``'s port. By
+    default ``admin.listen``'s host, unless that is a wildcard (then 127.0.0.1)."""
     lease_ttl: int = Field(default=5, ge=2, le=60)
     """Seconds: a node that stops renewing its lease is gone from the cluster after this long,
     and a leader that cannot renew stops acting before it ends."""
@@ -111,7 +116,15 @@ class NodeConfig(Model):
     def _address(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{value!r}: the address is http(s)://host:port of the admin API")
-        return value.rstrip("/")
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.ip_address(value))
+        if not re.fullmatch(HOST_PATTERN, value):
+            raise ValueError(f"{value!r}: a host address (an IP or a host name), without port")
+        return value
+
+    def host(self, admin_listen: str) -> str:
+        """``address``, or the admin listener's host unless it is a wildcard."""
+        if self.address is not None:
+            return self.address
+        host, _ = parse_address(admin_listen, listen=True)
+        return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host

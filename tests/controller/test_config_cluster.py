@@ -26,7 +26,7 @@ def test_etcd_store_with_its_defaults() -> None:
     config = GatewayConfig.model_validate(
         {
             "state": {"store": "etcd", "etcd": {"endpoints": ["http://127.0.0.1:2379/"]}},
-            "node": {"name": "node-a", "address": "http://127.0.0.2:8081"},
+            "node": {"name": "node-a", "address": "127.0.0.2"},
         }
     )
     assert config.state.etcd is not None
@@ -34,6 +34,13 @@ def test_etcd_store_with_its_defaults() -> None:
     assert config.state.etcd.prefix == "/gateway/"
     assert config.node.name == "node-a"
     assert config.node.lease_ttl == 5
+    assert config.node.host("0.0.0.0:8081") == "127.0.0.2"
+
+
+def test_node_host_defaults_to_the_admin_listener_host() -> None:
+    node = GatewayConfig.model_validate({}).node
+    assert node.host("127.0.0.3:8081") == "127.0.0.3"
+    assert node.host("0.0.0.0:8081") == "127.0.0.1"
 
 
 @pytest.mark.parametrize(
@@ -66,7 +73,8 @@ def test_etcd_store_with_its_defaults() -> None:
             "username and password_env go together",
         ),
         ({"node": {"name": "Node_A"}}, "node.name", "should match pattern"),
-        ({"node": {"address": "127.0.0.2:8081"}}, "node.address", "http(s)://host:port"),
+        ({"node": {"address": "127.0.0.2:8081"}}, "node.address", "without port"),
+        ({"node": {"address": "http://a"}}, "node.address", "without port"),
         ({"node": {"lease_ttl": 1}}, "node.lease_ttl", "greater than or equal to 2"),
     ],
 )
