@@ -59,7 +59,7 @@ from .config import ConfigError, ConfigService, GatewayConfig, LoadedConfig, loa
 from .errors import ControllerError
 from .journal import Journal
 from .metrics import register as register_controller_metrics
-from .metrics import register_acme
+from .metrics import register_acme, register_docker
 from .operations import Controller
 from .store import ConfigAppliedRow, Store
 
@@ -191,6 +191,8 @@ async def run_gateway(
     metrics = GatewayMetrics(registry)
     metrics.attach(pool)
     register_controller_metrics(registry, controller)
+    if docker is not None:
+        register_docker(registry, controller, docker)
     # -- HTTPS: certificates from files and from ACME, served by the TLS listeners --
     proxy_config = config.proxy_config()
     if config.tls.acme is not None:  # what ACME obtains is loaded from here

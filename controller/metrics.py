@@ -35,7 +35,7 @@ from __future__ import annotations
 import bisect
 import signal
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -48,10 +48,12 @@ from prometheus_client.registry import Collector
 
 from .acme import AcmeManager
 from .acme.manager import ORDER_OUTCOMES
-from .backends.docker import DockerBackend, HostState
 from .journal import Entry, Journal
 from .model import LEAVING, LIVE, EventKind, ReplicaState
 from .operations import Controller
+
+if TYPE_CHECKING:  # imported by main only when a Docker backend is configured
+    from .backends.docker import DockerBackend, HostState
 from .reconciler import Reconciler
 
 REPLICA_STATES: tuple[ReplicaState, ...] = tuple(s for s in ReplicaState if s in LIVE | LEAVING)
@@ -429,12 +431,16 @@ def register(registry: CollectorRegistry, controller: Controller) -> ControllerM
     rollouts = RolloutMetrics(controller.reconciler)
     registry.register(rollouts)
     controller.journal.listen(rollouts.on_entry)
-    docker = [b for b in controller.backends.values() if isinstance(b, DockerBackend)]
-    if docker:
-        registry.register(DockerHostMetrics(docker))
-        for backend in docker:
-            backend.host_listeners.append(HostJournal(controller.journal))
     return metrics
+
+
+def register_docker(
+    registry: CollectorRegistry, controller: Controller, docker: DockerBackend
+) -> None:
+    """The Docker hosts' metrics and events, for a gateway with a Docker backend (main
+    imports that backend only then)."""
+    registry.register(DockerHostMetrics([docker]))
+    docker.host_listeners.append(HostJournal(controller.journal))
 
 
 class AcmeMetrics(Collector):

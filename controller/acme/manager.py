@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gateway import RouteConfig
 
@@ -34,10 +34,12 @@ from ..config import AcmeConfig
 from ..journal import Entry, Journal
 from ..model import EventKind
 from ..operations import Controller
-from .client import AcmeClient, Issued
 from .errors import AcmeError
 from .schedule import Demand, HostState, Policy, demand, next_step, renewal_time
 from .store import AcmeStore, StoredCertificate
+
+if TYPE_CHECKING:  # the client (josepy, requests, cryptography) only once ACME is configured
+    from .client import Issued
 
 log = logging.getLogger("gateway.acme")
 
@@ -56,7 +58,7 @@ host cannot get one by HTTP-01 (``last_error`` says why)."""
 
 Routes = Callable[[], Iterable[tuple[str, RouteConfig]]]
 Reload = Callable[[], Awaitable[object]]
-Orderer = Callable[[str], Awaitable[Issued]]
+Orderer = Callable[[str], Awaitable["Issued"]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,8 @@ class AcmeManager:
     ) -> None:
         self.config = config
         self.store = AcmeStore(state_dir / "acme")
+        from .client import AcmeClient
+
         self.client = AcmeClient(config, self.store)
         self._obtain = obtain or self.client.obtain
         self._routes = routes

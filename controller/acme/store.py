@@ -27,10 +27,6 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.x509.oid import NameOID
-
 from .errors import StoreError
 from .schedule import Certificate
 
@@ -75,6 +71,10 @@ class StoredCertificate:
 def parse_certificate(name: str, chain_pem: bytes, key_pem: bytes) -> StoredCertificate:
     """The names and validity of the chain's leaf; ``StoreError`` if either file is not PEM
     or the key is not the leaf's."""
+    from cryptography import x509  # imported here: a gateway without ACME never needs it
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509.oid import NameOID
+
     try:
         leaf = x509.load_pem_x509_certificate(chain_pem)
     except ValueError as e:
