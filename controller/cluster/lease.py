@@ -6,6 +6,7 @@ lease. The keeper renews it every TTL/3 and feeds every answer to the node's ``L
 
 - ``granted``: a new lease; register again with it (everything bound to an old one is gone);
 - ``lost``: etcd says the lease is gone (it expired, or was revoked): so is all bound to it;
+  also sent by ``stop`` (the node no longer holds it, revoked or left to expire);
 - ``lapsed``: the local deadline passed with no renewal (etcd unreachable, the process paused):
   the lease may still exist, the node cannot vouch for it, its term as leader has ended;
 - ``restored``: a renewal succeeded after a lapse: etcd still had the lease.
