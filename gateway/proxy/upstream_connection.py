@@ -210,13 +210,14 @@ class UpstreamConnection(asyncio.Protocol):
             # Nothing was asked: an idle connection must stay silent.
             self.abort()
             return
-        self._last_read = self._loop.time()
         if self._head is None and not self._head_only and plainhead.COMPILED:
-            # The answer's first read: most are the whole answer, of the plainest shape.
+            # The answer's first read: most are the whole answer, of the plainest shape. (Its
+            # time is not read: the answer is over, and it went idle as good as when sent.)
             plain = plainhead.answer(data, self._max_field)
             if plain is not None:
                 self._plain_answer(plain, data)
                 return
+        self._last_read = self._loop.time()
         if self._raw_remaining and self._raw_started:
             self._raw_body(data)
             return

@@ -180,15 +180,18 @@ def plain_upstream_request(
 ) -> list[bytes]:
     """``upstream_request`` for a plain head (``plainhead.request``), from its lines that go
     upstream as they are (``kept``): the same lines, when it holds no X-Forwarded-* field to
-    trust (its Connection field names nothing but keep-alive or close, and no upgrade)."""
-    lines = [kept] if kept else []
+    trust (its Connection field names nothing but keep-alive or close, and no upgrade).
+
+    One item, all the lines: made in one join of their pieces (a line each cost a bytes
+    object made, then joined again)."""
+    pieces = [kept, b"\r\n"] if kept else []
     if peer is not None:
-        lines.append(b"X-Forwarded-For: " + peer.encode())
-    lines.append(b"X-Forwarded-Proto: https" if secure else b"X-Forwarded-Proto: http")
+        pieces += (b"X-Forwarded-For: ", peer.encode(), b"\r\n")
+    pieces.append(b"X-Forwarded-Proto: https\r\n" if secure else b"X-Forwarded-Proto: http\r\n")
     if host:
-        lines.append(b"X-Forwarded-Host: " + host)
-    lines.append(b"X-Request-Id: " + request_id.encode())
-    return lines
+        pieces += (b"X-Forwarded-Host: ", host, b"\r\n")
+    pieces += (b"X-Request-Id: ", request_id.encode())
+    return [b"".join(pieces)]
 
 
 ResponseFields = tuple[bytes, int | None, bool, Fields]
