@@ -145,9 +145,22 @@ class EtcdCluster:
         log.close()
 
     def start(self, timeout: float = 20.0) -> EtcdCluster:
-        for i in range(len(self.members)):
-            self.start_member(i)
-        self.wait_healthy(timeout)
+        """Start every member; wait until each answers. A port taken between ``free_port``
+        and etcd's bind (another test's member) makes a fresh try on other ports."""
+        for attempt in range(3):
+            for i in range(len(self.members)):
+                self.start_member(i)
+            try:
+                self.wait_healthy(timeout)
+                return self
+            except RuntimeError as e:
+                if "address already in use" not in str(e) or attempt == 2:
+                    raise
+                self.close()
+                for member in self.members:
+                    shutil.rmtree(member.data_dir, ignore_errors=True)
+                    member.process = None
+                    member.client_port, member.peer_port = free_port(), free_port()
         return self
 
     def healthy(self, index: int) -> bool:
