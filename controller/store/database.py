@@ -160,6 +160,7 @@ class Database:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
+                self._committing(conn)
                 conn.execute("COMMIT")
             except BaseException:
                 self.failed_writes += 1
@@ -170,6 +171,10 @@ class Database:
                         conn.execute("ROLLBACK")
                 raise
             self.writes += 1
+
+    def _committing(self, conn: sqlite3.Connection) -> None:
+        """Called in each write transaction before its COMMIT; raising rolls it back. The etcd
+        store (``store.etcd``) turns the rows the transaction changed into etcd operations."""
 
     def _migrate(self) -> None:
         if self.readonly:
