@@ -43,13 +43,14 @@ from gateway import (
     WorkerSettings,
     metrics_handler,
     native,
+    parse_address,
     register_tls,
 )
 
 from .acme import AcmeManager
 from .acme.manager import controller_routes
 from .admin.app import AdminServer, build_admin_app, is_loopback
-from .admin.cluster import cluster_operations
+from .admin.cluster import cluster_middleware, cluster_operations
 from .admin.tls import tls_operations
 from .admin.views import certificates_operation
 from .backends import ProcessBackend, StaticBackend
@@ -65,6 +66,10 @@ from .store import ConfigAppliedRow, Store
 
 if TYPE_CHECKING:  # imported where used: most gateways run no Docker backend
     from .backends.docker import DockerBackend
+
+if TYPE_CHECKING:
+    from .etcd import EtcdClient
+    from .node import ClusterNode
 
 log = logging.getLogger("gateway")
 
@@ -162,19 +167,35 @@ async def run_gateway(
     loop = asyncio.get_running_loop()
     state_dir = Path(loaded.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before serving
-    store = Store(state_dir / "gateway.db")
+    etcd = config.state.etcd if config.state.store == "etcd" else None
+    client: EtcdClient | None = None
+    store: Store
+    if etcd is None:
+        store = Store(state_dir / "gateway.db")
+    else:  # a cluster (opt-in: its modules are imported only then)
+        from .cluster.connect import connect
+        from .store.etcd import EtcdStore
+
+        client = connect(etcd)
+        store = EtcdStore(client, etcd.prefix, time.time)
     journal = Journal(store, time.time)
     pool = Pool(clock=loop.time)
     process = config.backends.process
-    backends: dict[str, Backend] = {
-        "process": ProcessBackend(
-            capacity=process.capacity,
-            port_range=process.ports,
-            log_dir=state_dir / "logs",
-            log_max_bytes=process.log_max_bytes,
-        ),
-        "static": StaticBackend(),
-    }
+    local = ProcessBackend(
+        capacity=process.capacity,
+        port_range=process.ports,
+        log_dir=state_dir / "logs",
+        log_max_bytes=process.log_max_bytes,
+        host="127.0.0.1" if etcd is None else config.node.host(config.admin.listen),
+    )
+    process_backend: Backend = local
+    if client is not None and etcd is not None:
+        from .node import idle_backend
+
+        # The leader places process replicas on the nodes, whose agents run them with
+        # ``local``: ``ClusterNode`` puts its backend here for each term.
+        process_backend = idle_backend(client, etcd.prefix)
+    backends: dict[str, Backend] = {"process": process_backend, "static": StaticBackend()}
     docker: DockerBackend | None = None
     if config.backends.docker is not None:  # opt-in: the embedded default is process only
         docker = docker_backend(config, instance_id(state_dir))
@@ -249,6 +270,33 @@ async def run_gateway(
             pool, proxy_config, settings, metrics=metrics, registry=registry, tls=tls
         )
     ready = False
+    node: ClusterNode | None = None
+    middlewares = []
+    if client is not None and etcd is not None:
+        from .node import ClusterNode
+        from .store.etcd import EtcdStore
+
+        assert isinstance(store, EtcdStore)
+
+        async def apply_config() -> None:
+            await apply_config_services(controller, store, loaded.services)
+
+        host = config.node.host(config.admin.listen)
+        admin_port = parse_address(config.admin.listen, listen=True)[1]
+        node = ClusterNode(
+            etcd=etcd,
+            node=config.node,
+            address=f"http://{host}:{admin_port}",
+            listen=(config.listen, *config.listen_tls),
+            client=client,
+            store=store,
+            pool=pool,
+            controller=controller,
+            journal=journal,
+            local=local,
+            apply_config=apply_config,
+        )
+        middlewares.append(cluster_middleware(node, node.session))
     admin = AdminServer(
         build_admin_app(
             controller,
@@ -258,8 +306,9 @@ async def run_gateway(
             extra_routes=[
                 certificates_operation(acme),
                 *tls_operations(tls, reload_tls),
-                *cluster_operations(None),
+                *cluster_operations(node),
             ],
+            middlewares=middlewares,
         ),
         config.admin.listen,
     )
@@ -268,8 +317,11 @@ async def run_gateway(
     try:
         if docker is not None:
             await docker.connect()  # each engine's containers are known before adoption
-        controller.restore()
-        await apply_config_services(controller, store, loaded.services)
+        if node is None:
+            controller.restore()
+            await apply_config_services(controller, store, loaded.services)
+        else:  # the node that leads restores and applies (``ClusterNode``)
+            await node.start()
         if access_log is not None:
             access_log.start()
         await traffic.start()
@@ -302,7 +354,12 @@ async def run_gateway(
             await access_log.stop()
         await admin.stop()
         await prober.stop()
-        await controller.close(stop_replicas=config.replicas_on_exit == "stop")
+        if node is not None:
+            # Replicas stay on their nodes: a node back within its lease TTL keeps its own.
+            await node.stop(keep_replicas=config.replicas_on_exit == "keep")
+        await controller.close(stop_replicas=node is None and config.replicas_on_exit == "stop")
+        if client is not None:
+            await client.close()
         store.close()
         log.info("gateway stopped")
 
