@@ -121,11 +121,12 @@ def cluster_middleware(
             return response
         leader = membership.leader()
         if leader is None or leader.name == membership.node or FORWARDED_BY in request.headers:
-            why = (
-                "the leader changed while the request was forwarded"
-                if FORWARDED_BY in request.headers
-                else "an election is under way or etcd is unreachable"
-            )
+            if FORWARDED_BY in request.headers:
+                why = "the leader changed while the request was forwarded"
+            elif leader is not None:
+                why = "this node is taking the lead: it is loading the state"
+            else:
+                why = "an election is under way or etcd is unreachable"
             raise ApiError(
                 503,
                 "no_leader",

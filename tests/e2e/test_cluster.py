@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster_nodes import SERVER, Nodes
+from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Nodes
 from tests.e2e.conftest import PROBE, ROLLOUT, Load
 from tests.etcd_cluster import EtcdCluster
 
@@ -69,7 +69,11 @@ async def placed_nodes(nodes: Nodes) -> list[str]:
     names = {n.host: n.name for n in nodes.nodes}
     status, view = await nodes.api("GET", "/api/services/web")
     assert status == 200, view
-    hosts = [r["address"].rsplit(":", 1)[0] for r in view["replicas"] if r.get("address")]
+    hosts = [
+        r["address"].rsplit(":", 1)[0]
+        for r in view["replicas"]
+        if r.get("address") and r["state"] in ("starting", "ready", "unhealthy")
+    ]
     return sorted(names.get(h, h) for h in hosts)
 
 
@@ -93,6 +97,196 @@ async def test_a_rolling_update_across_three_nodes_fails_no_request(
     finally:
         for load in loads:
             await load.__aexit__(None, None, None)
+    for node, load, mark in zip(nodes.nodes, loads, marks, strict=True):
+        print(f"{node.name}: {load.summary()}")
+        assert not load.failures, f"{node.name}: {load.summary()}"
+        assert load.bodies(mark) == {"v2"}, node.name
+
+
+async def loaded(nodes: list[Any]) -> list[Load]:
+    loads = [Load(n.url, clients=4, limit=90) for n in nodes]
+    for load in loads:
+        await load.__aenter__()
+    return loads
+
+
+async def unloaded(loads: list[Load]) -> None:
+    for load in loads:
+        await load.__aexit__(None, None, None)
+
+
+async def write_when_led(nodes: Nodes, method: str, path: str, body: Any) -> tuple[int, Any]:
+    """An admin write, retried while it is answered 503 (a node taking the lead, as a client
+    that honours Retry-After would), for at most 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        status, answer = await nodes.api(method, path, body)
+        if status != 503 or time.monotonic() > deadline:
+            return status, answer
+        await asyncio.sleep(0.5)
+
+
+async def new_leader(nodes: Nodes, old: Any, limit: float) -> tuple[Any, float]:
+    """The node the survivors agree leads, and how long after now that took."""
+    start = time.monotonic()
+    survivors = [n for n in nodes.live() if n is not old]
+    while True:
+        leader = await asyncio.to_thread(nodes.leader, survivors)
+        if leader is not None and leader is not old:
+            return leader, time.monotonic() - start
+        if time.monotonic() - start > limit:
+            raise AssertionError(f"no new leader after {limit} s")
+        await asyncio.sleep(0.05)
+
+
+async def test_the_leader_killed_mid_rollout_another_leads_and_finishes_it(
+    nodes: Nodes, site: Callable[[str], str]
+) -> None:
+    status, body = await nodes.api("PUT", "/api/services/web", web(site, "v1"))
+    assert status == 200, body
+    await serving(nodes, 1, 3)
+    old = nodes.leader()
+    assert old is not None
+    survivors = [n for n in nodes.nodes if n is not old]
+    loads = await loaded(survivors)
+    try:
+        status, body = await nodes.api("PUT", "/api/services/web", web(site, "v2"), node=old)
+        assert status == 200, body
+        nodes.kill(old)
+        leader, took = await new_leader(nodes, old, LEASE_TTL + 5)
+        print(f"SIGKILL of {old.name}: {leader.name} leads after {took:.2f} s")
+        assert took <= LEASE_TTL + 1.0, f"took {took:.2f} s"
+        await serving(nodes, 2, 3, timeout=40)
+        marks = [load.mark() for load in loads]
+        for load in loads:
+            await load.more(30)
+    finally:
+        await unloaded(loads)
+    for node, load, mark in zip(survivors, loads, marks, strict=True):
+        print(f"{node.name}: {load.summary()}")
+        assert not load.failures, f"{node.name}: {load.summary()}"
+        assert load.bodies(mark) == {"v2"}, node.name
+    assert old.name not in await placed_nodes(nodes)  # its replica replaced elsewhere
+
+
+async def test_a_paused_leader_stops_acting_then_follows(
+    nodes: Nodes, site: Callable[[str], str]
+) -> None:
+    status, body = await nodes.api("PUT", "/api/services/web", web(site, "v1"))
+    assert status == 200, body
+    await serving(nodes, 1, 3)
+    old = nodes.leader()
+    assert old is not None
+    survivors = [n for n in nodes.nodes if n is not old]
+    loads = await loaded(survivors)
+    try:
+        nodes.pause(old)
+        before_pause = len(old.log)
+        leader, took = await new_leader(nodes, old, LEASE_TTL + 5)
+        print(f"SIGSTOP of {old.name}: {leader.name} leads after {took:.2f} s")
+        await serving(nodes, 1, 3, timeout=40)  # its replica replaced on the others
+        nodes.resume(old)
+        await nodes.until(
+            lambda: (nodes.cluster(old) or {}).get("leader") == leader.name,
+            10,
+            f"{old.name} to follow {leader.name}",
+        )
+        view = nodes.cluster(old)
+        assert view is not None
+        # Writes through the old leader go to the new one.
+        status, body = await nodes.api("POST", "/api/services/web/scale", {"replicas": 4}, node=old)
+        assert status == 200, body
+        await serving(nodes, 1, 4, timeout=30)
+        for load in loads:
+            await load.more(30)
+    finally:
+        await unloaded(loads)
+    for node, load in zip(survivors, loads, strict=True):
+        print(f"{node.name}: {load.summary()}")
+        assert not load.failures, f"{node.name}: {load.summary()}"
+    after = old.log[before_pause:]
+    assert "no longer leads: the lease was not renewed in time" in after, after[-3000:]
+    # Woken past its term, it placed nothing and stopped nothing: its writes were refused.
+    assert "placed " not in after, after[-3000:]
+
+
+async def test_a_node_killed_its_replicas_are_replaced_on_the_others(
+    nodes: Nodes, site: Callable[[str], str]
+) -> None:
+    status, body = await nodes.api("PUT", "/api/services/web", web(site, "v1"))
+    assert status == 200, body
+    await serving(nodes, 1, 3)
+    leader = nodes.leader()
+    victim = next(n for n in nodes.nodes if n is not leader)
+    survivors = [n for n in nodes.nodes if n is not victim]
+    loads = await loaded(survivors)
+    try:
+        nodes.kill(victim)
+        await nodes.until(
+            lambda: (
+                victim.name
+                not in {n["name"] for n in (nodes.cluster(leader) or {}).get("nodes", [])}
+            ),
+            LEASE_TTL + 3,
+            f"{victim.name} to leave the cluster",
+        )
+
+        async def replaced() -> bool:
+            try:
+                return victim.name not in await placed_nodes(nodes)
+            except AssertionError:
+                return False
+
+        deadline = time.monotonic() + 30
+        while not await replaced():
+            assert time.monotonic() < deadline, await placed_nodes(nodes)
+            await asyncio.sleep(0.2)
+        await serving(nodes, 1, 3, timeout=30)
+        for load in loads:
+            await load.more(30)
+    finally:
+        await unloaded(loads)
+    for node, load in zip(survivors, loads, strict=True):
+        print(f"{node.name}: {load.summary()}")
+        assert not load.failures, f"{node.name}: {load.summary()}"
+
+
+async def test_etcd_faults_one_member_changes_nothing_all_down_serves_and_refuses_writes(
+    nodes: Nodes, site: Callable[[str], str]
+) -> None:
+    status, body = await nodes.api("PUT", "/api/services/web", web(site, "v1"))
+    assert status == 200, body
+    await serving(nodes, 1, 3)
+    loads = await loaded(nodes.nodes)
+    try:
+        nodes.etcd.kill_member(0)
+        status, body = await nodes.api("POST", "/api/services/web/scale", {"replicas": 4})
+        assert status == 200, body
+        await serving(nodes, 1, 4)
+        before = nodes.replica_pids()
+        nodes.etcd.stop_all()
+        for load in loads:
+            await load.more(20)
+        started = time.monotonic()
+        while time.monotonic() - started < 10:
+            status, body = await nodes.api("POST", "/api/services/web/scale", {"replicas": 2})
+            assert status == 503, body
+            await asyncio.sleep(1)
+        for load in loads:
+            await load.more(30)
+        for i in range(3):
+            nodes.etcd.start_member(i)
+        nodes.etcd.wait_healthy()
+        await nodes.until(lambda: nodes.leader() is not None, LEASE_TTL + 10, "a leader")
+        assert nodes.replica_pids() == before  # nothing was stopped, nothing started
+        status, body = await write_when_led(nodes, "PUT", "/api/services/web", web(site, "v2", 4))
+        assert status == 200, body
+        await serving(nodes, 2, 4, timeout=40)
+        marks = [load.mark() for load in loads]
+        for load in loads:
+            await load.more(30)
+    finally:
+        await unloaded(loads)
     for node, load, mark in zip(nodes.nodes, loads, marks, strict=True):
         print(f"{node.name}: {load.summary()}")
         assert not load.failures, f"{node.name}: {load.summary()}"
