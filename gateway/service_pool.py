@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import balancer, hashring, ratelimit
-from .config import ServiceRouting
+from .config import Hsts, ServiceRouting
 from .errors import NoRoutableUpstream
 from .events import EventKind
 from .outlier import OutlierState
@@ -186,6 +186,7 @@ class ServicePool:
         self.max_body_size = 0
         self.previews = False
         self.https_redirect = False
+        self.hsts: Hsts | None = None
         self.guarded = False
         self.rate_limited = False
         self.affinity: str | None = None
@@ -211,6 +212,7 @@ class ServicePool:
         self.previews = routing.preview.allow != "off"
         """Preview routes are on: a request may ask for a revision."""
         self.https_redirect = routing.route.https_redirect
+        self.hsts = routing.route.hsts
         self.rate_limited = bool(routing.rate_limits)
         self.affinity = routing.affinity
         self.guarded = routing.auth is not None or self.rate_limited or self.affinity is not None

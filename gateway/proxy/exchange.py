@@ -346,7 +346,7 @@ class Exchange:
         request.keep_alive = keep_alive
         if client.secure:
             sp = self.sp
-            hsts = sp.routing.route.hsts if sp is not None else None
+            hsts = sp.hsts if sp is not None else None
             if hsts is not None:  # one more field before the head's end
                 data = data[:-2] + answers.hsts_field(hsts) + b"\r\n\r\n"
         return chunked, data
