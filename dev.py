@@ -5,6 +5,8 @@
     python3 dev.py test  [pytest args...]    lint, type-check, check the import layering and run
                                              the whole test suite
                                              (compiled; then tests/gateway on pure Python)
+    python3 dev.py cluster                   a three-node cluster on this machine: three etcd
+                                             members and three gateways (configs/cluster/)
 
 Only the standard library is used here, so this works where nothing but Python 3.11+ exists.
 The install is skipped while pyproject.toml is unchanged since the last one. Both tasks
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import venv
@@ -86,6 +90,82 @@ def become(argv: list[str]) -> int:
     os.execv(argv[0], argv)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+ETCD_MEMBERS = (("e1", 2379, 2380), ("e2", 22379, 22380), ("e3", 32379, 32380))
+
+
+def cluster() -> int:
+    """Three etcd members on 127.0.0.1 and three gateway nodes on 127.0.0.2, .3 and .4 (the
+    configs in configs/cluster/), until Ctrl-C; then the nodes stop, then etcd. Logs and etcd's
+    data are in state/cluster/."""
+    etcd = shutil.which("etcd")
+    if etcd is None:
+        print(
+            "dev.py: etcd is not installed (Debian: apt-get install etcd-server)", file=sys.stderr
+        )
+        return 2
+    ensure_venv()
+    env = None if os.environ.get("GATEWAY_NATIVE") == "0" or ensure_native() else native_env("0")
+    state = ROOT / "state" / "cluster"
+    state.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the cluster as Ctrl-C does
+    initial = ",".join(f"{n}=http://127.0.0.1:{peer}" for n, _, peer in ETCD_MEMBERS)
+    members: list[subprocess.Popen[bytes]] = []
+    nodes: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, client, peer in ETCD_MEMBERS:
+            data = state / f"{name}.etcd"
+            fresh = not data.exists()
+            with open(state / f"{name}.log", "ab") as log:
+                members.append(
+                    subprocess.Popen(
+                        [etcd, "--name", name, "--data-dir", str(data),
+                         "--listen-client-urls", f"http://127.0.0.1:{client}",
+                         "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                         "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                         "--initial-cluster", initial, "--initial-cluster-token", "gateway-demo",
+                         "--initial-cluster-state", "new" if fresh else "existing"],
+                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    )
+                )  # fmt: skip
+        for i in (1, 2, 3):
+            with open(state / f"n{i}.log", "ab") as log:
+                nodes.append(
+                    subprocess.Popen(
+                        [str(BIN / "gateway"), "serve", "-c", f"configs/cluster/node{i}.yaml"],
+                        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                    )
+                )  # fmt: skip
+        print(
+            "dev.py: etcd on 127.0.0.1:2379, 22379, 32379; gateway nodes n1, n2, n3 on"
+            " 127.0.0.2, .3, .4 (traffic :8080, admin :8081); logs in state/cluster/.\n"
+            "  curl http://127.0.0.3:8080/hello/       any node serves\n"
+            "  .venv/bin/gateway status --admin http://127.0.0.4:8081   the nodes, who leads\n"
+            "Ctrl-C stops the nodes, then etcd.",
+            file=sys.stderr,
+        )
+        for process in nodes:
+            process.wait()
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for group in (nodes, members):
+            for process in group:
+                if process.poll() is None:
+                    process.terminate()
+            for process in group:
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
+
 def main() -> int:
     task, *rest = sys.argv[1:] or ["help"]
     if task == "serve":
@@ -93,6 +173,8 @@ def main() -> int:
         if os.environ.get("GATEWAY_NATIVE") != "0":  # "0" runs the pure modules: no build
             ensure_native()
         return become([str(BIN / "gateway"), "serve", "-c", "configs/gateway.yaml", *rest])
+    if task == "cluster":
+        return cluster()
     if task == "test":
         ensure_venv()
         for step in (

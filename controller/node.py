@@ -52,6 +52,8 @@ from gateway import Pool
 log = logging.getLogger("gateway.cluster")
 
 Role = Literal["starting", "follower", "leader", "stopped"]
+REPLICA_COUNT_INTERVAL = 2.0
+"""Seconds between looks at how many replicas this node runs (a local count, no etcd read)."""
 FLUSH_INTERVAL = 0.02
 """Seconds between the leader's flushes of its store writes to etcd, when there are any."""
 
@@ -91,6 +93,7 @@ class ClusterNode:
         self.controller = controller
         self.journal = journal
         self.apply_config = apply_config
+        self.local = local
         self.role: Role = "starting"
         self.keeper = LeaseKeeper(client, ttl=node.lease_ttl)
         self.election = Election(client, self.keeper, node.name, self.prefix)
@@ -115,6 +118,7 @@ class ClusterNode:
         """Times this node began to lead."""
         self._session: aiohttp.ClientSession | None = None
         self._roles: asyncio.Task[None] | None = None
+        self._counting: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
         self.journal.persist = False
 
@@ -136,7 +140,7 @@ class ClusterNode:
 
     def nodes(self) -> Sequence[NodeInfo]:
         leader = self.election.leader
-        return [self._info(r, leader) for r in self.registry.nodes.values()]
+        return [self._info(r, leader) for _, r in sorted(self.registry.nodes.items())]
 
     def _info(self, record: NodeRecord, leader: str | None) -> NodeInfo:
         return NodeInfo(
@@ -176,6 +180,7 @@ class ClusterNode:
         self.role = "follower"
         self.election.start()
         self._roles = guarded_task(self._run_roles(), f"cluster:{self.name}:roles")
+        self._counting = guarded_task(self._count_replicas(), f"cluster:{self.name}:replicas")
 
     async def stop(self, *, keep_replicas: bool = True) -> None:
         """Leave the cluster: hand the lead over at once (resign), stop following.
@@ -185,6 +190,7 @@ class ClusterNode:
         the leader reports this node's replicas gone and places them elsewhere, and this
         node's agent stops them when it starts again."""
         await cancel_task(self._roles)
+        await cancel_task(self._counting)
         if self.role == "leader":
             await self._end_term("this node stops", follow=False)
         self.role = "stopped"
@@ -267,6 +273,17 @@ class ClusterNode:
             return
         await self.follower.start()
         log.info("node %s follows (%s)", self.name, reason)
+
+    async def _count_replicas(self) -> None:
+        """Keep the node's record saying how many replicas it runs (``gateway status``)."""
+        said: int | None = None
+        while True:
+            count = self.local.in_use
+            if count != said:
+                with contextlib.suppress(Exception):
+                    await self.registry.update(replicas=count)
+                    said = count
+            await asyncio.sleep(REPLICA_COUNT_INTERVAL)
 
     def _on_lease(self, event: LeaseEvent) -> None:
         if event.kind in ("granted", "restored"):

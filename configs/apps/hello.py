@@ -1,10 +1,10 @@
 """The demo replica: a tiny HTTP server (standard library only) that says who answered.
 
-Listens on 127.0.0.1:$PORT and answers every ``GET`` with JSON: ``/healthz`` (what the
-gateway probes) with ``{"status": "ok"}``, any other path with ``{"message": "hello from
-<REPLICA_ID>", "version": "$VERSION", "path": "<path>"}``. ``STARTUP_DELAY`` seconds of
-warm-up before it listens show health-gated admission: the gateway sends it nothing until
-the probe passes.
+Listens on $HOST:$PORT (the gateway's backend sets both) and answers every ``GET`` with
+JSON: ``/healthz`` (what the gateway probes) with ``{"status": "ok"}``, any other path with
+``{"message": "hello from <REPLICA_ID>", "version": "$VERSION", "path": "<path>"}``.
+``STARTUP_DELAY`` seconds of warm-up before it listens show health-gated admission: the
+gateway sends it nothing until the probe passes.
 """
 
 import json
@@ -37,6 +37,8 @@ class Handler(BaseHTTPRequestHandler):
 
 if __name__ == "__main__":
     time.sleep(float(os.environ.get("STARTUP_DELAY", "0")))
-    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler)
+    server = ThreadingHTTPServer(
+        (os.environ.get("HOST", "127.0.0.1"), int(os.environ["PORT"])), Handler
+    )
     print(f"{REPLICA} version {VERSION} listening on {server.server_address}", flush=True)
     server.serve_forever()
