@@ -297,6 +297,9 @@ async def run_gateway(
             apply_config=apply_config,
         )
         middlewares.append(cluster_middleware(node, node.session))
+        from .node_metrics import register_node
+
+        register_node(registry, node)
     admin = AdminServer(
         build_admin_app(
             controller,

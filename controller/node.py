@@ -114,6 +114,7 @@ class ClusterNode:
         self.peers = Peers(client, self.prefix, pool, node.name, on_change=self._peer_changed)
         self.publisher: Publisher | None = None
         self.backend: ClusterBackend | None = None
+        self._past_publishing = 0
         self.terms = 0
         """Times this node began to lead."""
         self._session: aiohttp.ClientSession | None = None
@@ -157,6 +158,11 @@ class ClusterNode:
 
     def store_reason(self) -> str:
         return self.keeper.unreachable or self.store.unreachable
+
+    def pool_requests(self) -> int:
+        """etcd requests made to publish and follow pools, and to read the reports."""
+        published = self.publisher.requests if self.publisher is not None else 0
+        return self._past_publishing + published + self.follower.requests + self.peers.requests
 
     async def committed(self) -> None:
         await self.store.flush()
@@ -263,6 +269,7 @@ class ClusterNode:
         self._flusher = None
         if self.publisher is not None:
             await self.publisher.stop()
+            self._past_publishing += self.publisher.requests
             self.publisher = None
         if self.backend is not None:
             await self.backend.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,20 @@ async def test_a_rolling_update_across_three_nodes_fails_no_request(
         print(f"{node.name}: {load.summary()}")
         assert not load.failures, f"{node.name}: {load.summary()}"
         assert load.bodies(mark) == {"v2"}, node.name
+    # Metrics carry the node; exactly one node says it leads.
+    leading = []
+    for node in nodes.nodes:
+        text = await asyncio.to_thread(metrics_text, node.admin)
+        assert f'gateway_cluster_node_info{{node="{node.name}",role=' in text
+        assert f'gateway_cluster_nodes{{node="{node.name}"}} 3.0' in text
+        if f'gateway_cluster_leader{{node="{node.name}"}} 1.0' in text:
+            leading.append(node.name)
+    assert len(leading) == 1, leading
+
+
+def metrics_text(admin: str) -> str:
+    with urllib.request.urlopen(admin + "/metrics", timeout=5) as answer:
+        return str(answer.read().decode())
 
 
 async def loaded(nodes: list[Any]) -> list[Load]:
