@@ -127,6 +127,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._read_timeout = 0.0
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        """When ``_timer`` fires (its ``when()``, kept: a call a request less)."""
         self._reading_paused = False
         self.tunnel: Callable[[bytes], None] | None = None
         self.tunnel_data = b""
@@ -399,9 +401,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._last_read = loop.time()
         if read_timeout:
             deadline = self._last_read + read_timeout
-            if self._timer is None or self._timer.when() > deadline:
+            if self._timer is None or self._timer_at > deadline:
                 if self._timer is not None:
                     self._timer.cancel()
+                self._timer_at = deadline
                 self._timer = loop.call_at(deadline, self._on_timer)
         if not body and self._batch.hold(self):
             self._held = head
@@ -511,9 +514,8 @@ class UpstreamConnection(asyncio.Protocol):
         deadline = self._last_read + self._read_timeout
         if self._reading_paused or now < deadline:
             # A paused read is the client's doing: the upstream is not late.
-            self._timer = self._loop.call_at(
-                max(deadline, now + self._read_timeout * 0.5), self._on_timer
-            )
+            self._timer_at = max(deadline, now + self._read_timeout * 0.5)
+            self._timer = self._loop.call_at(self._timer_at, self._on_timer)
             return
         self._fail(UpstreamTimeout("upstream did not answer in time", kind="timeout"))
         self.abort()
