@@ -1,88 +1,77 @@
-"""The store in etcd, for a cluster: the same rows and rules as on one node, written by the leader.
+"""The store in etcd, for a cluster: the SQLite store's rows and rules on an in-memory mirror.
 
-``EtcdStore`` is the SQLite ``Store`` over an in-memory database (the **mirror**) plus an
-**outbox**: reads and the validation of writes (``NotFound``, ``Conflict``, revision numbering,
-one active rollout, foreign keys) are exactly the SQLite store's, on the mirror; each write
-transaction's changed rows (captured by temporary triggers) become one pending etcd
-transaction, and ``flush`` sends the pending ones in order, each carrying the leader's fence.
+``EtcdStore`` is the SQLite ``Store`` over an in-memory database with the same schema, the
+**mirror**: reads, and the validation of writes (``NotFound``, ``Conflict``, revision numbering,
+one active rollout, foreign keys), are exactly the SQLite store's. The key layout is in
+``etcd_keys``.
 
-Keys, under ``<prefix>state/`` (values are JSON):
+- **Writer** (``lead``): the node that leads loads the mirror fresh from one consistent read
+  and alone writes while it leads. Each write transaction's changed rows (captured by temporary
+  triggers) become one pending etcd transaction in the outbox (``etcd_outbox``). A write is
+  decided locally and durable after ``flush``, which sends the pending writes in order, as few
+  transactions as fit etcd's limits, each carrying the leader's fence. Outcomes:
 
-- ``<table>/<primary key>``: one row, ``{column: value}``. A composite key is its columns'
-  values joined by ``/``, each percent-encoded (``revisions/web/3``, ``replicas/web/web-3-a1b2c3``).
-  Tables: ``services``, ``revisions``, ``rollouts``, ``events``, ``replicas``,
-  ``config_applied``, ``tokens``.
-- ``sequence/<table>``: the last id AUTOINCREMENT gave (``rollouts``, ``events``), so ids are
-  never reused across leaders, trimming included.
-- ``schema_version``: the store's schema version; a prefix written by a newer gateway is
-  refused, as a newer SQLite file is.
+  - committed: nothing pending;
+  - the fence failed (another node leads): every pending write is dropped, the mirror is stale
+    (no write until the next ``lead``), ``Deposed`` is raised;
+  - etcd unreachable: the pending writes stay, in order, ``StoreUnavailable`` says why; the
+    next flush sends them again (puts of whole rows: sending twice is harmless).
 
-Who writes: only the node that leads (``lead``), so its mirror is the truth while it leads and
-nothing else writes under it; ``lead`` loads the mirror fresh from one consistent read. A node
-that does not lead has no use for the state (its admin API forwards to the leader) and refuses
-writes.
+- **Follower** (``watch``): a node that does not lead keeps its mirror up to date from a watch
+  of the prefix, from the revision it loaded, and hears which tables changed by ``on_change``;
+  it applies nothing while it leads. A compacted watch, or a mirror made stale, loads again.
+  A write on a node that does not lead raises ``StoreUnavailable``.
 
-Durability: a write returns once applied to the mirror; it is in etcd after ``flush``. The
-leader flushes within tens of milliseconds, before placing or stopping a replica (its own
-fenced writes), and before it answers an admin write. Outcomes of ``flush``:
-
-- committed: nothing pending;
-- the fence failed (another node leads): every pending write is dropped, the mirror is stale
-  until the next ``lead``, and ``Deposed`` is raised;
-- etcd unreachable: the pending writes stay, in order, and ``StoreUnavailable`` says why; the
-  next flush sends them (the fence still decides whether they count).
-
-Consecutive pending writes go out together, in as few transactions as etcd's limit of operations
-per transaction allows (``MAX_OPS``); a single write with more rows than that (only the trim of
-a long event history, or deleting a service with many events) is split, the one case where a
-write is not atomic in etcd.
+One lock (``Database``'s) serialises the mirror, which any thread may read.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import contextlib
+import logging
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
 
-from controller.errors import Deposed, StoreUnavailable
-from controller.etcd import Compare, Delete, EtcdClient, EtcdUnavailable, Op, Put
+from controller.errors import Deposed, SpecError, StoreUnavailable
+from controller.etcd import (
+    Compacted,
+    Compare,
+    Delete,
+    EtcdClient,
+    EtcdUnavailable,
+    Op,
+    Put,
+    WatchEvent,
+)
 
 from . import Store
+from .etcd_keys import (
+    PRIMARY_KEYS,
+    SCHEMA_VERSION_KEY,
+    SEQUENCE,
+    SEQUENCED,
+    STATE,
+    decode_row,
+    encode_row,
+    row_key,
+    split_key,
+)
+from .etcd_outbox import MAX_BYTES, MAX_OPS, Outbox, op_size
 from .schema import SCHEMA_VERSION
 
-PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
-    "services": ("name",),
-    "revisions": ("service", "number"),
-    "rollouts": ("id",),
-    "events": ("id",),
-    "replicas": ("service", "replica_id"),
-    "config_applied": ("service",),
-    "tokens": ("id",),
-}
-SEQUENCED = ("rollouts", "events")
-MAX_OPS = 120
-"""Operations per etcd transaction (etcd's default ``--max-txn-ops`` is 128)."""
+log = logging.getLogger(__name__)
+
 Fence = Callable[[], Sequence[Compare]]
-
-
-def row_key(table: str, pk: Sequence[object]) -> str:
-    return table + "/" + "/".join(quote(str(v), safe="") for v in pk)
-
-
-def split_key(key: str) -> tuple[str, tuple[str, ...]] | None:
-    table, _, rest = key.partition("/")
-    if table not in PRIMARY_KEYS:
-        return None
-    parts = tuple(unquote(p) for p in rest.split("/"))
-    return (table, parts) if len(parts) == len(PRIMARY_KEYS[table]) else None
+OnChange = Callable[[set[str]], None]
 
 
 class EtcdStore(Store):
-    """See the module docstring. ``lead`` before writing; ``flush`` to make writes durable."""
+    """See the module docstring. ``lead`` before writing; ``flush`` to make writes durable;
+    ``watch`` (a task) to follow while not leading."""
 
     def __init__(
         self,
@@ -94,19 +83,23 @@ class EtcdStore(Store):
         trim_every: int = 100,
     ) -> None:
         self.client = client
-        self.base = prefix + "state/"
+        self.base = prefix + STATE
         self.fence: Fence | None = None
         self.leading = False
         self.stale = True
-        """The mirror is not the state (never loaded, or a fence failed): no write."""
+        """The mirror is not the state (never loaded, or a fence failed)."""
         self.connected = True
+        """The last etcd call succeeded."""
         self.unreachable = ""
         """Why the last etcd call failed (empty after one succeeded)."""
         self.requests = 0
         self.etcd_revision = 0
-        self._pending: list[list[Op]] = []
+        """The etcd revision the mirror is known to be at."""
+        self._outbox = Outbox()
         self._applying = False
         self._capturing = False
+        self._loads = 0
+        self._wake = asyncio.Event()
         super().__init__(
             Path(":memory:"),
             clock,
@@ -114,21 +107,56 @@ class EtcdStore(Store):
             trim_every=trim_every,
         )
         with self._read() as conn:
-            self._capture(conn)
+            _capture(conn)
         self._capturing = True
 
     # -- capture ------------------------------------------------------------------------------
 
-    def _capture(self, conn: sqlite3.Connection) -> None:
-        conn.execute("CREATE TEMP TABLE changes (tbl TEXT NOT NULL, pk TEXT NOT NULL)")
-        for table, columns in PRIMARY_KEYS.items():
-            for event, row in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD")):
-                pk = ", ".join(f"{row}.{c}" for c in columns)
-                conn.execute(
-                    f"CREATE TEMP TRIGGER capture_{table}_{event.lower()} AFTER {event}"
-                    f" ON main.{table} BEGIN INSERT INTO changes (tbl, pk)"
-                    f" VALUES ('{table}', json_array({pk})); END"
+    def _committing(self, conn: sqlite3.Connection) -> None:
+        """Called inside each write transaction, before COMMIT: its rows become etcd ops."""
+        if not self._capturing:
+            return  # the schema and the first trim, made in the mirror before capture began
+        changed = conn.execute("SELECT DISTINCT tbl, pk FROM changes").fetchall()
+        if not changed:
+            return
+        conn.execute("DELETE FROM changes")
+        if self._applying:
+            return
+        self._write_allowed()
+        ops = self._ops(conn, changed)
+        for op in ops:
+            if op_size(op) > MAX_BYTES:
+                raise SpecError(
+                    f"{op.key.decode()} would be {op_size(op)} bytes in etcd, more than one"
+                    f" request takes ({MAX_BYTES})"
                 )
+        self._outbox.append(ops)
+
+    def _ops(self, conn: sqlite3.Connection, changed: list[tuple[str, str]]) -> list[Op]:
+        ops: list[Op] = []
+        tables = set()
+        for table, pk_json in changed:
+            pk = conn.execute("SELECT value FROM json_each(?)", (pk_json,)).fetchall()
+            pk_values = [v for (v,) in pk]
+            columns = PRIMARY_KEYS[table]
+            where = " AND ".join(f"{c} = ?" for c in columns)
+            cursor = conn.execute(f"SELECT * FROM main.{table} WHERE {where}", pk_values)
+            found = cursor.fetchone()
+            key = (self.base + row_key(table, pk_values)).encode()
+            if found is None:
+                ops.append(Delete(key))
+            else:
+                ops.append(Put(key, encode_row([d[0] for d in cursor.description], found)))
+            tables.add(table)
+        for table in SEQUENCED:
+            if table in tables:
+                row = conn.execute(
+                    "SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)
+                ).fetchone()
+                if row is not None:
+                    key = (self.base + SEQUENCE + table).encode()
+                    ops.append(Put(key, str(int(row[0])).encode()))
+        return ops
 
     def _write_allowed(self) -> None:
         if not self.leading:
@@ -142,62 +170,31 @@ class EtcdStore(Store):
                 reason="stale",
             )
 
-    def _committing(self, conn: sqlite3.Connection) -> None:
-        """Called inside each write transaction, before COMMIT: its rows become etcd ops."""
-        if not self._capturing:
-            return  # the schema and the first trim, made in the mirror before capture began
-        changed = conn.execute("SELECT DISTINCT tbl, pk FROM changes").fetchall()
-        if not changed:
-            return
-        conn.execute("DELETE FROM changes")
-        if self._applying:
-            return
-        self._write_allowed()
-        ops: list[Op] = []
-        tables = set()
-        for table, pk_json in changed:
-            pk = json.loads(pk_json)
-            columns = PRIMARY_KEYS[table]
-            where = " AND ".join(f"{c} = ?" for c in columns)
-            cursor = conn.execute(f"SELECT * FROM main.{table} WHERE {where}", pk)
-            found = cursor.fetchone()
-            key = (self.base + row_key(table, pk)).encode()
-            if found is None:
-                ops.append(Delete(key))
-            else:
-                names = [d[0] for d in cursor.description]
-                value = json.dumps(dict(zip(names, found, strict=True)), separators=(",", ":"))
-                ops.append(Put(key, value.encode()))
-            tables.add(table)
-        for table in SEQUENCED:
-            if table in tables:
-                seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,))
-                row = seq.fetchone()
-                if row is not None:
-                    key = (self.base + "sequence/" + table).encode()
-                    ops.append(Put(key, str(int(row[0])).encode()))
-        self._pending.append(ops)
-
     # -- leading and loading ------------------------------------------------------------------
 
     async def lead(self, fence: Fence) -> None:
         """Become the writer: load the mirror fresh from etcd; every later write carries
         ``fence``. Raises ``StoreUnavailable`` if etcd cannot be read, or its state is newer."""
         self.leading = False
-        self._pending.clear()
+        self._outbox.clear()
         await self.load()
         self.fence = fence
         self.leading = True
 
     def follow(self) -> None:
-        """No longer the writer: pending writes are dropped (the next leader decides again)."""
+        """No longer the writer: pending writes are dropped (the next leader decides again),
+        the mirror is stale; a running ``watch`` loads it again."""
         self.leading = False
         self.fence = None
         self.stale = True
-        self._pending.clear()
+        self._outbox.clear()
+        self._wake.set()
 
     async def load(self) -> int:
-        """Replace the mirror with what etcd holds under the prefix, at one revision."""
+        """Replace the mirror with what etcd holds under the prefix, at one revision, and
+        return that revision. A new prefix gets the schema version recorded."""
+        self._loads += 1
+        number = self._loads
         self.stale = True
         try:
             self.requests += 1
@@ -206,55 +203,48 @@ class EtcdStore(Store):
             self._unreachable(e)
             raise StoreUnavailable(f"etcd is unreachable: {e}", reason=str(e)) from e
         self._reached()
-        rows: dict[str, list[tuple[str, ...] | dict[str, Any]]] = {}
+        if number != self._loads:  # a later load began meanwhile: it decides
+            return revision
+        rows: dict[str, list[dict[str, object]]] = {}
         sequences: dict[str, int] = {}
         version = 0
         for kv in kvs:
             key = kv.key.decode()[len(self.base) :]
-            if key == "schema_version":
+            if key == SCHEMA_VERSION_KEY:
                 version = int(kv.value)
-            elif key.startswith("sequence/"):
-                sequences[key.removeprefix("sequence/")] = int(kv.value)
+            elif key.startswith(SEQUENCE):
+                sequences[key.removeprefix(SEQUENCE)] = int(kv.value)
             elif split_key(key) is not None:
-                rows.setdefault(key.partition("/")[0], []).append(json.loads(kv.value))
-        if version > SCHEMA_VERSION:
-            raise StoreUnavailable(
-                f"the cluster's state under {self.base} is at schema version {version},"
-                f" newer than this gateway ({SCHEMA_VERSION})",
-                reason="schema version",
-            )
-        self._replace(rows, sequences)
-        if version < SCHEMA_VERSION:
-            self.requests += 1
-            await self._send([Put((self.base + "schema_version").encode(), b"%d" % SCHEMA_VERSION)])
+                rows.setdefault(key.partition("/")[0], []).append(decode_row(kv.value))
+        _check_version(version, self.base)
+        with self._applying_transaction() as conn:
+            for table in PRIMARY_KEYS:
+                conn.execute(f"DELETE FROM main.{table}")
+            for table, items in rows.items():
+                for item in items:
+                    _put_row(conn, table, item)
+            conn.execute("DELETE FROM sqlite_sequence")
+            for table in SEQUENCED:
+                ids = conn.execute(f"SELECT max(id) FROM main.{table}").fetchone()[0] or 0
+                _set_sequence(conn, table, max(ids, sequences.get(table, 0)))
+        self._since_trim.clear()
         self.etcd_revision = revision
+        if version < SCHEMA_VERSION:
+            version_key = (self.base + SCHEMA_VERSION_KEY).encode()
+            await self._send([Put(version_key, b"%d" % SCHEMA_VERSION)])
         self.stale = False
         return revision
 
-    def _replace(self, rows: dict[str, list[Any]], sequences: dict[str, int]) -> None:
+    @contextlib.contextmanager
+    def _applying_transaction(self) -> Iterator[sqlite3.Connection]:
+        """A transaction on the mirror of what etcd already holds: not captured, and with
+        foreign keys off (rows arrive in any order; etcd's state is consistent as a whole)."""
         with self._read() as conn:
             conn.execute("PRAGMA foreign_keys = OFF")
             self._applying = True
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                for table in PRIMARY_KEYS:
-                    conn.execute(f"DELETE FROM main.{table}")
-                for table, items in rows.items():
-                    for item in items:
-                        columns = list(item)
-                        conn.execute(
-                            f"INSERT INTO main.{table} ({', '.join(columns)})"
-                            f" VALUES ({', '.join('?' for _ in columns)})",
-                            [item[c] for c in columns],
-                        )
-                conn.execute("DELETE FROM sqlite_sequence")
-                for table in SEQUENCED:
-                    ids = conn.execute(f"SELECT max(id) FROM main.{table}").fetchone()[0] or 0
-                    seq = max(ids, sequences.get(table, 0))
-                    if seq:
-                        conn.execute(
-                            "INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, seq)
-                        )
+                yield conn
                 conn.execute("DELETE FROM changes")
                 conn.execute("COMMIT")
             except BaseException:
@@ -264,43 +254,97 @@ class EtcdStore(Store):
             finally:
                 self._applying = False
                 conn.execute("PRAGMA foreign_keys = ON")
-        self._since_trim.clear()
+
+    # -- following ----------------------------------------------------------------------------
+
+    async def watch(self, on_change: OnChange, *, retry: float = 1.0) -> None:
+        """A follower's task, until cancelled: keep the mirror at etcd's state by a watch of
+        the prefix and call ``on_change(tables)`` after each batch applied (all tables after a
+        load). Idle while this node leads; loads again after a compaction or ``follow``. etcd
+        unreachable: ``connected`` is false and the watch is opened again every ``retry``."""
+        while True:
+            if self.leading:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                if self.stale:
+                    await self.load()
+                    on_change(set(PRIMARY_KEYS))
+                await self._watch_once(on_change)
+            except Compacted as e:
+                log.info("state watch compacted at %d: loading again", e.revision)
+                self.stale = True
+            except (StoreUnavailable, EtcdUnavailable) as e:
+                if isinstance(e, Deposed):
+                    raise
+                self._unreachable(e)
+                await asyncio.sleep(retry)
+
+    async def _watch_once(self, on_change: OnChange) -> None:
+        stream = self.client.watch(
+            self.base.encode(), prefix=True, start_revision=self.etcd_revision + 1
+        )
+        try:
+            async for events in stream:
+                self._reached()
+                if self.leading or self.stale:
+                    return
+                tables = self._apply(events)
+                if tables:
+                    on_change(tables)
+        finally:
+            await _aclose(stream)
+
+    def _apply(self, events: Iterable[WatchEvent]) -> set[str]:
+        """Apply a watch batch to the mirror; the tables it changed."""
+        tables: set[str] = set()
+        with self._applying_transaction() as conn:
+            for event in events:
+                self.etcd_revision = max(self.etcd_revision, event.kv.mod_revision)
+                key = event.kv.key.decode()[len(self.base) :]
+                if key == SCHEMA_VERSION_KEY:
+                    if event.type == "PUT":
+                        _check_version(int(event.kv.value), self.base)
+                    continue
+                if key.startswith(SEQUENCE):
+                    table = key.removeprefix(SEQUENCE)
+                    if table in SEQUENCED and event.type == "PUT":
+                        _set_sequence(conn, table, int(event.kv.value))
+                    continue
+                parsed = split_key(key)
+                if parsed is None:
+                    continue
+                table, pk = parsed
+                if event.type == "PUT":
+                    _put_row(conn, table, decode_row(event.kv.value))
+                else:
+                    where = " AND ".join(f"{c} = ?" for c in PRIMARY_KEYS[table])
+                    conn.execute(f"DELETE FROM main.{table} WHERE {where}", pk)
+                tables.add(table)
+        return tables
 
     # -- flushing -----------------------------------------------------------------------------
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        """Writes decided locally and not yet in etcd."""
+        return len(self._outbox)
 
     async def flush(self) -> None:
         """Send the pending writes, in order (see the module docstring for the outcomes)."""
-        while self._pending:
+        while (batch := self._outbox.batch()) is not None:
             if not self.leading or self.fence is None:
-                self._pending.clear()
+                self._outbox.clear()
                 raise Deposed("this node does not lead: its pending writes were dropped")
-            ops: dict[bytes, Op] = {}
-            taken = 0
-            for write in self._pending:
-                merged = {**ops}
-                for op in write:  # a key written twice goes once, as its last write left it
-                    merged.pop(op.key, None)
-                    merged[op.key] = op
-                if ops and len(merged) > MAX_OPS:
-                    break
-                ops = merged
-                taken += 1
-            batch = list(ops.values())
-            await self._send(batch[:MAX_OPS])
-            if len(batch) > MAX_OPS:  # one write bigger than a transaction: the rest next
-                self._pending[0] = batch[MAX_OPS:]
-                continue
-            del self._pending[:taken]
+            await self._send(batch.ops)
+            self._outbox.committed(batch)
 
     async def _send(self, ops: list[Op]) -> None:
         try:
             fence = list(self.fence()) if self.fence is not None else []
         except Deposed:
-            self._deposed()
+            self.follow()
             raise
         try:
             self.requests += 1
@@ -308,16 +352,13 @@ class EtcdStore(Store):
         except EtcdUnavailable as e:
             self._unreachable(e)
             raise StoreUnavailable(
-                f"etcd is unreachable; {len(self._pending)} writes wait: {e}", reason=str(e)
+                f"etcd is unreachable; {len(self._outbox)} writes wait: {e}", reason=str(e)
             ) from e
         self._reached()
         if not result.succeeded:
-            self._deposed()
+            self.follow()
             raise Deposed("another node leads: this node's writes were refused (fence)")
         self.etcd_revision = result.revision
-
-    def _deposed(self) -> None:
-        self.follow()
 
     def _unreachable(self, error: Exception) -> None:
         self.connected = False
@@ -330,9 +371,61 @@ class EtcdStore(Store):
     def __repr__(self) -> str:
         return (
             f"EtcdStore(prefix={self.base!r}, leading={self.leading}, stale={self.stale},"
-            f" pending={len(self._pending)}, requests={self.requests},"
+            f" pending={len(self._outbox)}, requests={self.requests},"
             f" revision={self.etcd_revision})"
         )
 
 
-__all__ = ["MAX_OPS", "PRIMARY_KEYS", "EtcdStore", "row_key", "split_key"]
+def _capture(conn: sqlite3.Connection) -> None:
+    """Temporary triggers record the primary key of every row a transaction touches."""
+    conn.execute("CREATE TEMP TABLE changes (tbl TEXT NOT NULL, pk TEXT NOT NULL)")
+    for table, columns in PRIMARY_KEYS.items():
+        for event, row in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD")):
+            pk = ", ".join(f"{row}.{c}" for c in columns)
+            conn.execute(
+                f"CREATE TEMP TRIGGER capture_{table}_{event.lower()} AFTER {event}"
+                f" ON main.{table} BEGIN INSERT INTO changes (tbl, pk)"
+                f" VALUES ('{table}', json_array({pk})); END"
+            )
+    # An UPDATE that changes a primary key touches two rows: the old one is gone.
+    for table, columns in PRIMARY_KEYS.items():
+        old = ", ".join(f"OLD.{c}" for c in columns)
+        conn.execute(
+            f"CREATE TEMP TRIGGER capture_{table}_rekey AFTER UPDATE ON main.{table}"
+            f" BEGIN INSERT INTO changes (tbl, pk) VALUES ('{table}', json_array({old})); END"
+        )
+
+
+def _put_row(conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> None:
+    columns = list(row)
+    conn.execute(
+        f"INSERT OR REPLACE INTO main.{table} ({', '.join(columns)})"
+        f" VALUES ({', '.join('?' for _ in columns)})",
+        [row[c] for c in columns],
+    )
+
+
+def _set_sequence(conn: sqlite3.Connection, table: str, seq: int) -> None:
+    updated = conn.execute(
+        "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (seq, table)
+    )
+    if updated.rowcount == 0 and seq:
+        conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, seq))
+
+
+def _check_version(version: int, base: str) -> None:
+    if version > SCHEMA_VERSION:
+        raise StoreUnavailable(
+            f"the cluster's state under {base} is at schema version {version},"
+            f" newer than this gateway ({SCHEMA_VERSION})",
+            reason="schema version",
+        )
+
+
+async def _aclose(stream: AsyncIterator[Any]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+__all__ = ["MAX_BYTES", "MAX_OPS", "PRIMARY_KEYS", "EtcdStore", "Fence", "row_key", "split_key"]

@@ -1,0 +1,101 @@
+"""The outbox: the writes decided locally and not yet in etcd, in order, cut into transactions.
+
+Each write is the list of operations of one SQLite transaction. ``batch`` takes, from the head,
+as many consecutive writes as fit one etcd transaction (``MAX_OPS`` operations, ``MAX_BYTES`` of
+keys and values, a key written twice sent once as its last write left it: etcd refuses a key
+twice in one transaction); ``committed`` removes what was sent. A single write bigger than one
+transaction is cut into several, sent in order: the one case where a write is not atomic in etcd.
+
+Pure: no I/O, no clock. The store sends the batches and decides what a failure does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from controller.etcd import Op, Put
+
+MAX_OPS: Final = 128
+"""Operations per etcd transaction (etcd's ``--max-txn-ops``, 128 by default)."""
+MAX_BYTES: Final = 1024 * 1024
+"""Keys and values per transaction: etcd's ``--max-request-bytes`` is 1.5 MiB by default,
+counted on the encoded request; a quarter of it is left for the encoding and the fence."""
+
+
+def op_size(op: Op) -> int:
+    return len(op.key) + (len(op.value) if isinstance(op, Put) else 0)
+
+
+@dataclass(frozen=True)
+class Batch:
+    ops: list[Op]
+    writes: int
+    """Whole writes it completes (0 when it is the first part of a write cut in several)."""
+    rest: list[Op] | None
+    """What remains of the head write when it was cut, else ``None``."""
+
+
+class Outbox:
+    def __init__(self, max_ops: int = MAX_OPS, max_bytes: int = MAX_BYTES) -> None:
+        self.max_ops = max_ops
+        self.max_bytes = max_bytes
+        self._writes: list[list[Op]] = []
+
+    def __len__(self) -> int:
+        return len(self._writes)
+
+    def append(self, ops: list[Op]) -> None:
+        if ops:
+            self._writes.append(ops)
+
+    def clear(self) -> None:
+        self._writes.clear()
+
+    def fits(self, ops: dict[bytes, Op]) -> bool:
+        return len(ops) <= self.max_ops and sum(map(op_size, ops.values())) <= self.max_bytes
+
+    def batch(self) -> Batch | None:
+        """The next transaction to send, or ``None`` when nothing is pending."""
+        if not self._writes:
+            return None
+        ops: dict[bytes, Op] = {}
+        taken = 0
+        for write in self._writes:
+            merged = dict(ops)
+            for op in write:
+                merged.pop(op.key, None)  # re-inserted last: the order of the last writes
+                merged[op.key] = op
+            if not self.fits(merged):
+                break
+            ops = merged
+            taken += 1
+        if taken:
+            return Batch(list(ops.values()), taken, None)
+        head = list(_dedup(self._writes[0]).values())
+        cut, size = 0, 0
+        while cut < len(head) and cut < self.max_ops:
+            size += op_size(head[cut])
+            if cut and size > self.max_bytes:
+                break
+            cut += 1
+        if cut == len(head):  # one operation bigger than max_bytes alone: etcd will say
+            return Batch(head, 1, None)
+        return Batch(head[:cut], 0, head[cut:])
+
+    def committed(self, batch: Batch) -> None:
+        """``batch`` is in etcd: drop it from the head."""
+        if batch.rest is not None:
+            self._writes[0] = batch.rest
+        del self._writes[: batch.writes]
+
+
+def _dedup(write: list[Op]) -> dict[bytes, Op]:
+    ops: dict[bytes, Op] = {}
+    for op in write:
+        ops.pop(op.key, None)
+        ops[op.key] = op
+    return ops
+
+
+__all__ = ["MAX_BYTES", "MAX_OPS", "Batch", "Outbox", "op_size"]
