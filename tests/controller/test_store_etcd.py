@@ -9,7 +9,9 @@ etcd's own: the fence, an unreachable etcd, ids across leaders, a newer schema r
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
+import sqlite3
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -18,42 +20,52 @@ from typing import Any, TypeVar
 import pytest
 
 from controller.errors import Deposed, NotFound, StoreUnavailable
-from controller.etcd import Compare, EtcdClient
+from controller.etcd import Compare, Delete, EtcdClient, Put
 from controller.store import Store
 from controller.store.etcd import MAX_OPS, EtcdStore
-from tests.controller.test_store import (
-    FakeClock,
-    test_apply_revision_supersedes_the_active_rollout,
-    test_at_most_one_active_rollout,
-    test_config_applied_is_replaced_and_outlives_a_delete,
-    test_create_rollout_to_an_existing_revision,
-    test_delete_keeps_history_and_numbering_continues,
-    test_events_are_ordered_and_paged,
-    test_finish_rollout_moves_the_service,
-    test_put_update_and_list_services,
-    test_replicas_put_replace_remove,
-    test_revision_numbers_are_per_service,
-    test_update_rollout,
-    test_usable_from_another_thread,
-)
+from controller.store.etcd_keys import row_key, split_key
+from controller.store.etcd_outbox import Outbox, op_size
+from tests.controller import test_store
+from tests.controller.test_store import FakeClock
 from tests.etcd_cluster import EtcdCluster
 
 T = TypeVar("T")
 
-BEHAVIOUR = (
-    test_apply_revision_supersedes_the_active_rollout,
-    test_at_most_one_active_rollout,
-    test_config_applied_is_replaced_and_outlives_a_delete,
-    test_create_rollout_to_an_existing_revision,
-    test_delete_keeps_history_and_numbering_continues,
-    test_events_are_ordered_and_paged,
-    test_finish_rollout_moves_the_service,
-    test_put_update_and_list_services,
-    test_replicas_put_replace_remove,
-    test_revision_numbers_are_per_service,
-    test_update_rollout,
-    test_usable_from_another_thread,
-)
+SQLITE_ONLY = {
+    "test_schema_created": "the SQLite file's tables and version",
+    "test_reopen_is_idempotent_and_keeps_everything": "reopening a file (etcd: each fresh load)",
+    "test_refuses_a_newer_schema": "a newer file (etcd: test_a_state_written_by_a_newer_gateway)",
+    "test_migrates_a_version_1_database_and_keeps_its_data": "migrating an old SQLite file",
+    "test_config_applied_only_for_a_live_service": "reads the file; etcd: the fresh load's check",
+    "test_repr_and_closed_store": "the SQLite store's repr and file",
+    "test_apply_revision_failing_midway_writes_nothing": "a disk fault (etcd: the port below)",
+    "test_a_rollout_keeps_its_strategy_state_with_its_record": "reads the column in the file",
+    "test_a_version_3_database_gains_the_strategy_column_and_keeps_its_rollouts": "a migration",
+    "test_events_are_trimmed_per_service": "reopens the file (etcd: ids across leaders below)",
+    "test_readonly_store_reads_and_refuses_writes": "SQLite's read-only mode",
+    "test_readonly_store_needs_an_existing_current_file": "SQLite's read-only mode",
+    "test_disk_full_raises_and_keeps_the_old_state": "a full disk under the SQLite file",
+    "test_unopenable_paths": "file paths",
+    "test_readonly_directory": "file modes",
+    "test_sigkill_at_a_random_moment_leaves_a_consistent_store": "a SQLite writer process killed",
+}
+"""test_store.py's tests that are about SQLite itself, by name, with why they do not apply."""
+
+
+def _behaviour() -> list[Any]:
+    """Every test of test_store.py, those that need only ``store`` run on etcd; a test added
+    there later runs here too, or is skipped with its reason."""
+    params = []
+    for name, test in sorted(vars(test_store).items()):
+        if not name.startswith("test_") or not callable(test):
+            continue
+        needs = list(inspect.signature(test).parameters)
+        why = SQLITE_ONLY.get(name) or (None if needs == ["store"] else f"needs {needs}")
+        marks = [pytest.mark.skip(reason=why)] if why else []
+        params.append(pytest.param(test, id=name, marks=marks))
+    return params
+
+
 _prefixes = itertools.count()
 TABLES = ("services", "revisions", "rollouts", "events", "replicas", "config_applied", "tokens")
 
@@ -91,7 +103,8 @@ def loop() -> Iterator[Loop]:
 class Stores:
     """EtcdStores on one prefix, each with its own client, on the test's loop."""
 
-    def __init__(self, etcd: EtcdCluster, loop: Loop) -> None:
+    def __init__(self, etcd: EtcdCluster, loop: Loop, timeout: float = 1.0) -> None:
+        self.timeout = timeout
         self.etcd = etcd
         self.loop = loop
         self.prefix = f"/test-store-{next(_prefixes)}/"
@@ -101,7 +114,7 @@ class Stores:
         self, fence: Callable[[], list[Compare]] | None = None, lead: bool = True
     ) -> EtcdStore:
         async def build() -> EtcdStore:
-            client = EtcdClient(self.etcd.endpoints, timeout=1.0)
+            client = EtcdClient(self.etcd.endpoints, timeout=self.timeout)
             self.clients.append(client)
             store = EtcdStore(client, self.prefix, FakeClock())
             if lead:
@@ -160,7 +173,7 @@ def store(stores: Stores) -> Iterator[Any]:
     assert rows(loaded) == rows(written), "etcd does not hold what the store wrote"
 
 
-@pytest.mark.parametrize("behaviour", BEHAVIOUR, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("behaviour", _behaviour())
 def test_the_sqlite_store_behaviour_on_etcd(behaviour: Callable[[Any], None], store: Any) -> None:
     behaviour(store)
 
@@ -261,3 +274,157 @@ def test_a_state_written_by_a_newer_gateway_is_refused(stores: Stores, loop: Loo
 def test_missing_rows_raise_not_found_as_on_sqlite(store: Any) -> None:
     with pytest.raises(NotFound):
         store.update_service("nope", desired_replicas=1)
+
+
+# -- the outbox, without etcd ---------------------------------------------------------------
+
+
+def put(key: str, size: int = 1) -> Put:
+    return Put(key.encode(), b"x" * size)
+
+
+def test_the_outbox_merges_consecutive_writes_and_sends_a_key_once() -> None:
+    box = Outbox(max_ops=4)
+    box.append([put("a"), put("b")])
+    box.append([Delete(b"a"), put("c")])
+    box.append([put("d"), put("e"), put("f")])
+    batch = box.batch()
+    assert batch is not None
+    assert batch.ops == [put("b"), Delete(b"a"), put("c")]  # a: its last write, once
+    assert (batch.writes, batch.rest) == (2, None)
+    box.committed(batch)
+    assert len(box) == 1
+    last = box.batch()
+    assert last is not None
+    assert last.ops == [put("d"), put("e"), put("f")]
+    box.committed(last)
+    assert box.batch() is None
+
+
+def test_the_outbox_cuts_a_write_bigger_than_a_transaction_in_order() -> None:
+    box = Outbox(max_ops=3, max_bytes=100)
+    box.append([put(f"k{i}") for i in range(7)])
+    box.append([put("after")])
+    sent = []
+    while (batch := box.batch()) is not None:
+        sent.append([op.key.decode() for op in batch.ops])
+        box.committed(batch)
+    assert sent == [["k0", "k1", "k2"], ["k3", "k4", "k5"], ["k6", "after"]]
+
+
+def test_the_outbox_counts_bytes() -> None:
+    box = Outbox(max_ops=100, max_bytes=100)
+    box.append([put("a", 60)])
+    box.append([put("b", 60)])
+    first = box.batch()
+    assert first is not None
+    assert [op.key for op in first.ops] == [b"a"]
+    box.committed(first)
+    box.clear()
+    box.append([put("a", 60), put("b", 60), put("c", 10)])
+    cut = box.batch()
+    assert cut is not None
+    assert ([op.key for op in cut.ops], cut.writes) == ([b"a"], 0)
+    assert op_size(put("a", 60)) == 61
+
+
+def test_row_keys_round_trip_with_slashes_in_values() -> None:
+    key = row_key("replicas", ("a/b", "c%d"))
+    assert key == "replicas/a%2Fb/c%25d"
+    assert split_key(key) == ("replicas", ("a/b", "c%d"))
+    assert split_key("revisions/web/3") == ("revisions", ("web", "3"))
+    assert split_key("revisions/web") is None
+    assert split_key("sequence/events") is None
+
+
+# -- more of etcd ---------------------------------------------------------------------------
+
+
+def test_a_failed_write_leaves_nothing_pending(stores: Stores) -> None:
+    """test_store.py's fault between the statements of one transaction: the revision inserted
+    before the failing rollout insert is neither in the mirror nor pending."""
+    leader = stores.make()
+    _, ro1 = leader.apply_revision("web", '{"v": 1}', "k1", 1, None)
+    stores.flush(leader)
+    before = rows(leader)
+
+    class FailingConnection:
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            self.conn = conn
+
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            if sql.startswith("INSERT INTO rollouts"):
+                raise sqlite3.OperationalError("database or disk is full")
+            return self.conn.execute(sql, *args)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.conn, name)
+
+    real = leader._conn
+    leader._conn = FailingConnection(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(StoreUnavailable):
+            leader.apply_revision("web", '{"v": 2}', "k2", 3, 1)
+    finally:
+        leader._conn = real
+    with pytest.raises(NotFound):
+        leader.update_rollout(ro1.id + 100, status="paused")
+    assert leader.pending == 0
+    assert rows(leader) == before
+    r2, _ = leader.apply_revision("web", '{"v": 2}', "k2", 3, 1)
+    assert r2.number == 2
+    stores.flush(leader)
+    assert rows(stores.make()) == rows(leader)
+
+
+def test_a_follower_follows_the_writer_by_watch(stores: Stores, loop: Loop) -> None:
+    writer = stores.make()
+    writer.put_service("web", "{}", 1)
+    stores.flush(writer)
+    follower = stores.make(lead=False)
+    heard: list[set[str]] = []
+    changed = threading.Condition()
+
+    def on_change(tables: set[str]) -> None:
+        with changed:
+            heard.append(tables)
+            changed.notify_all()
+
+    def caught_up() -> bool:
+        with changed:
+            return changed.wait_for(lambda: rows(follower) == rows(writer), timeout=10)
+
+    task = asyncio.run_coroutine_threadsafe(follower.watch(on_change, retry=0.1), loop.loop)
+    try:
+        assert caught_up()
+        writer.apply_revision("web", '{"v": 1}', "k1", 2, None)
+        for i in range(3):
+            writer.add_event("web", "x", f"e{i}")
+        stores.flush(writer)
+        assert caught_up()
+        writer.delete_service("web")
+        stores.flush(writer)
+        assert caught_up()
+        assert {"revisions", "rollouts", "events"} <= set().union(*heard)
+        assert follower.etcd_revision == writer.etcd_revision
+        assert follower.pending == 0
+        with pytest.raises(StoreUnavailable, match="does not lead"):
+            follower.put_service("api", "{}", 1)
+    finally:
+        task.cancel()
+
+
+def test_losing_one_member_of_three_changes_nothing(tmp_path: Path, loop: Loop) -> None:
+    with EtcdCluster(tmp_path / "etcd", 3) as cluster:
+        made = Stores(cluster, loop, timeout=3.0)  # the members may elect a new raft leader
+        try:
+            leader = made.make()
+            leader.put_service("web", "{}", 1)
+            made.flush(leader)
+            cluster.kill_member(0)
+            leader.apply_revision("web", '{"v": 1}', "k1", 2, None)
+            made.flush(leader)
+            assert leader.connected
+            assert rows(made.make()) == rows(leader)
+        finally:
+            made.close()
