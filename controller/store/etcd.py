@@ -177,8 +177,12 @@ class EtcdStore(Store):
         ``fence``. Raises ``StoreUnavailable`` if etcd cannot be read, or its state is newer."""
         self.leading = False
         self._outbox.clear()
-        await self.load()
         self.fence = fence
+        try:
+            await self._load(record_version=True)
+        except BaseException:
+            self.fence = None
+            raise
         self.leading = True
 
     def follow(self) -> None:
@@ -192,7 +196,13 @@ class EtcdStore(Store):
 
     async def load(self) -> int:
         """Replace the mirror with what etcd holds under the prefix, at one revision, and
-        return that revision. A new prefix gets the schema version recorded."""
+        return that revision. Raises ``StoreUnavailable`` if etcd cannot be read, or its state
+        is newer than this gateway."""
+        return await self._load(record_version=False)
+
+    async def _load(self, *, record_version: bool) -> int:
+        """``load``; the writer (``record_version``) also records the schema version, fenced,
+        under a new or older prefix."""
         self._loads += 1
         number = self._loads
         self.stale = True
@@ -229,7 +239,7 @@ class EtcdStore(Store):
                 _set_sequence(conn, table, max(ids, sequences.get(table, 0)))
         self._since_trim.clear()
         self.etcd_revision = revision
-        if version < SCHEMA_VERSION:
+        if record_version and version < SCHEMA_VERSION:
             version_key = (self.base + SCHEMA_VERSION_KEY).encode()
             await self._send([Put(version_key, b"%d" % SCHEMA_VERSION)])
         self.stale = False
@@ -260,7 +270,8 @@ class EtcdStore(Store):
     async def watch(self, on_change: OnChange, *, retry: float = 1.0) -> None:
         """A follower's task, until cancelled: keep the mirror at etcd's state by a watch of
         the prefix and call ``on_change(tables)`` after each batch applied (all tables after a
-        load). Idle while this node leads; loads again after a compaction or ``follow``. etcd
+        load); an exception from ``on_change`` ends the task. Idle while this node leads; loads
+        again after a compaction or ``follow`` (which must be called on this loop). etcd
         unreachable: ``connected`` is false and the watch is opened again every ``retry``."""
         while True:
             if self.leading:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import os
 import sqlite3
+import subprocess
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
@@ -22,7 +24,7 @@ import pytest
 from controller.errors import Deposed, NotFound, StoreUnavailable
 from controller.etcd import Compare, Delete, EtcdClient, Put
 from controller.store import Store
-from controller.store.etcd import MAX_OPS, EtcdStore
+from controller.store.etcd import MAX_OPS, PRIMARY_KEYS, EtcdStore
 from controller.store.etcd_keys import row_key, split_key
 from controller.store.etcd_outbox import Outbox, op_size
 from tests.controller import test_store
@@ -428,3 +430,76 @@ def test_losing_one_member_of_three_changes_nothing(tmp_path: Path, loop: Loop) 
             assert rows(made.make()) == rows(leader)
         finally:
             made.close()
+
+
+class Heard:
+    """``on_change`` for a follower's watch: the tables of each call, and a wait for a state."""
+
+    def __init__(self) -> None:
+        self.tables: list[set[str]] = []
+        self.changed = threading.Condition()
+
+    def __call__(self, tables: set[str]) -> None:
+        with self.changed:
+            self.tables.append(tables)
+            self.changed.notify_all()
+
+    def until(self, check: Callable[[], bool]) -> bool:
+        with self.changed:
+            return self.changed.wait_for(check, timeout=10)
+
+
+def test_a_follower_behind_a_compaction_loads_again(
+    stores: Stores, loop: Loop, etcd: EtcdCluster
+) -> None:
+    writer = stores.make()
+    writer.put_service("web", "{}", 1)
+    stores.flush(writer)
+    follower = stores.make(lead=False)
+    loop.run(follower.load())
+    for i in range(5):
+        writer.add_event("web", "x", f"e{i}")
+        stores.flush(writer)
+    subprocess.run(
+        ["etcdctl", "--endpoints", ",".join(etcd.endpoints), "compact", str(writer.etcd_revision)],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "ETCDCTL_API": "3"},
+    )
+    heard = Heard()
+    task = asyncio.run_coroutine_threadsafe(follower.watch(heard, retry=0.1), loop.loop)
+    try:
+        assert heard.until(lambda: rows(follower) == rows(writer))
+        assert set(PRIMARY_KEYS) in heard.tables  # a load: every table may have changed
+        assert follower._loads == 2
+    finally:
+        task.cancel()
+
+
+def test_a_deposed_leader_follows_and_its_dropped_writes_leave_its_mirror(
+    stores: Stores, loop: Loop
+) -> None:
+    term = {"ok": True}
+    key = b"/fence-" + stores.prefix.encode()
+    loop.run(stores.make(lead=False).client.put(key, b"1"))
+
+    def fence() -> list[Compare]:
+        return [Compare(key, "VALUE", "EQUAL", b"1" if term["ok"] else b"2")]
+
+    leader = stores.make(fence)
+    heard = Heard()
+    task = asyncio.run_coroutine_threadsafe(leader.watch(heard, retry=0.1), loop.loop)
+    try:
+        leader.put_service("web", "{}", 1)
+        stores.flush(leader)
+        term["ok"] = False
+        leader.put_service("lost", "{}", 1)
+        with pytest.raises(Deposed):
+            stores.flush(leader)
+        assert heard.until(lambda: leader.service("lost") is None and not leader.stale)
+        other = stores.make()  # the next leader
+        other.put_service("api", "{}", 2)
+        stores.flush(other)
+        assert heard.until(lambda: rows(leader) == rows(other))
+    finally:
+        task.cancel()
