@@ -100,6 +100,7 @@ class EtcdStore(Store):
         self._capturing = False
         self._loads = 0
         self._wake = asyncio.Event()
+        self._flushing = asyncio.Lock()
         super().__init__(
             Path(":memory:"),
             clock,
@@ -176,7 +177,8 @@ class EtcdStore(Store):
         """Become the writer: load the mirror fresh from etcd; every later write carries
         ``fence``. Raises ``StoreUnavailable`` if etcd cannot be read, or its state is newer."""
         self.leading = False
-        self._outbox.clear()
+        with self._lock:
+            self._outbox.clear()
         self.fence = fence
         try:
             await self._load(record_version=True)
@@ -191,7 +193,8 @@ class EtcdStore(Store):
         self.leading = False
         self.fence = None
         self.stale = True
-        self._outbox.clear()
+        with self._lock:
+            self._outbox.clear()
         self._wake.set()
 
     async def load(self) -> int:
@@ -343,13 +346,20 @@ class EtcdStore(Store):
         return len(self._outbox)
 
     async def flush(self) -> None:
-        """Send the pending writes, in order (see the module docstring for the outcomes)."""
-        while (batch := self._outbox.batch()) is not None:
-            if not self.leading or self.fence is None:
-                self._outbox.clear()
-                raise Deposed("this node does not lead: its pending writes were dropped")
-            await self._send(batch.ops)
-            self._outbox.committed(batch)
+        """Send the pending writes, in order (see the module docstring for the outcomes).
+        Flushes run one at a time: a second waits, then sends what is still pending."""
+        async with self._flushing:
+            while True:
+                with self._lock:  # writes append to the outbox from any thread
+                    batch = self._outbox.batch()
+                    if batch is None:
+                        return
+                    if not self.leading or self.fence is None:
+                        self._outbox.clear()
+                        raise Deposed("this node does not lead: its pending writes were dropped")
+                await self._send(batch.ops)
+                with self._lock:
+                    self._outbox.committed(batch)
 
     async def _send(self, ops: list[Op]) -> None:
         try:

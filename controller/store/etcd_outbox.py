@@ -34,6 +34,8 @@ class Batch:
     """Whole writes it completes (0 when it is the first part of a write cut in several)."""
     rest: list[Op] | None
     """What remains of the head write when it was cut, else ``None``."""
+    epoch: int
+    """The outbox's ``clear`` count when it was taken: a batch taken before a clear is void."""
 
 
 class Outbox:
@@ -41,6 +43,7 @@ class Outbox:
         self.max_ops = max_ops
         self.max_bytes = max_bytes
         self._writes: list[list[Op]] = []
+        self._epoch = 0
 
     def __len__(self) -> int:
         return len(self._writes)
@@ -51,6 +54,7 @@ class Outbox:
 
     def clear(self) -> None:
         self._writes.clear()
+        self._epoch += 1
 
     def fits(self, ops: dict[bytes, Op]) -> bool:
         return len(ops) <= self.max_ops and sum(map(op_size, ops.values())) <= self.max_bytes
@@ -71,7 +75,7 @@ class Outbox:
             ops = merged
             taken += 1
         if taken:
-            return Batch(list(ops.values()), taken, None)
+            return Batch(list(ops.values()), taken, None, self._epoch)
         head = list(_dedup(self._writes[0]).values())
         cut, size = 0, 0
         while cut < len(head) and cut < self.max_ops:
@@ -80,11 +84,13 @@ class Outbox:
                 break
             cut += 1
         if cut == len(head):  # one operation bigger than max_bytes alone: etcd will say
-            return Batch(head, 1, None)
-        return Batch(head[:cut], 0, head[cut:])
+            return Batch(head, 1, None, self._epoch)
+        return Batch(head[:cut], 0, head[cut:], self._epoch)
 
     def committed(self, batch: Batch) -> None:
-        """``batch`` is in etcd: drop it from the head."""
+        """``batch`` is in etcd: drop it from the head (unless the outbox was cleared since)."""
+        if batch.epoch != self._epoch:
+            return
         if batch.rest is not None:
             self._writes[0] = batch.rest
         del self._writes[: batch.writes]

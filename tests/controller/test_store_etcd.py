@@ -330,6 +330,17 @@ def test_the_outbox_counts_bytes() -> None:
     assert op_size(put("a", 60)) == 61
 
 
+def test_a_batch_taken_before_a_clear_removes_nothing_after_it() -> None:
+    box = Outbox()
+    box.append([put("old")])
+    batch = box.batch()
+    assert batch is not None
+    box.clear()  # the node stopped leading while the batch was sent
+    box.append([put("new")])
+    box.committed(batch)
+    assert len(box) == 1
+
+
 def test_row_keys_round_trip_with_slashes_in_values() -> None:
     key = row_key("replicas", ("a/b", "c%d"))
     assert key == "replicas/a%2Fb/c%25d"
@@ -503,3 +514,23 @@ def test_a_deposed_leader_follows_and_its_dropped_writes_leave_its_mirror(
         assert heard.until(lambda: rows(leader) == rows(other))
     finally:
         task.cancel()
+
+
+def test_flushes_at_once_send_each_write_once_in_order(stores: Stores, loop: Loop) -> None:
+    leader = stores.make()
+    leader.put_service("web", "{}", 1)
+    for i in range(10):
+        leader.add_event("web", "x", f"e{i}")
+
+    async def both() -> None:
+        first = asyncio.create_task(leader.flush())
+        await asyncio.sleep(0)
+        leader.update_service("web", desired_replicas=4)  # while the first one is sent
+        await leader.flush()  # returns once this write is in etcd too
+        await first
+
+    requests = leader.requests
+    loop.run(both())
+    assert leader.pending == 0
+    assert leader.requests - requests == 2
+    assert rows(stores.make()) == rows(leader)
