@@ -169,10 +169,19 @@ class Flushing:
 
 @pytest.fixture
 def store(stores: Stores) -> Iterator[Any]:
+    """The writer, flushed after each call; afterwards a fresh load, and a follower that
+    watched all along, must hold exactly its rows."""
     written = stores.make()
-    yield Flushing(written, stores.flush)
-    loaded = stores.make()
-    assert rows(loaded) == rows(written), "etcd does not hold what the store wrote"
+    follower = stores.make(lead=False)
+    heard = Heard()
+    task = asyncio.run_coroutine_threadsafe(follower.watch(heard, retry=0.1), stores.loop.loop)
+    try:
+        yield Flushing(written, stores.flush)
+        loaded = stores.make()
+        assert rows(loaded) == rows(written), "etcd does not hold what the store wrote"
+        assert heard.until(lambda: rows(follower) == rows(written)), "the follower lags"
+    finally:
+        task.cancel()
 
 
 @pytest.mark.parametrize("behaviour", _behaviour())
