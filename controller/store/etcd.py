@@ -40,7 +40,6 @@ from controller.errors import Deposed, SpecError, StoreUnavailable
 from controller.etcd import (
     Compacted,
     Compare,
-    Delete,
     EtcdClient,
     EtcdUnavailable,
     Op,
@@ -56,11 +55,11 @@ from .etcd_keys import (
     SEQUENCED,
     STATE,
     decode_row,
-    encode_row,
     row_key,
     split_key,
 )
 from .etcd_outbox import MAX_BYTES, MAX_OPS, Outbox, op_size
+from .etcd_rows import captured_ops, install_capture, put_row, set_sequence
 from .schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
@@ -108,7 +107,7 @@ class EtcdStore(Store):
             trim_every=trim_every,
         )
         with self._read() as conn:
-            _capture(conn)
+            install_capture(conn)
         self._capturing = True
 
     # -- capture ------------------------------------------------------------------------------
@@ -124,7 +123,7 @@ class EtcdStore(Store):
         if self._applying:
             return
         self._write_allowed()
-        ops = self._ops(conn, changed)
+        ops = captured_ops(conn, changed, self.base)
         for op in ops:
             if op_size(op) > MAX_BYTES:
                 raise SpecError(
@@ -132,32 +131,6 @@ class EtcdStore(Store):
                     f" request takes ({MAX_BYTES})"
                 )
         self._outbox.append(ops)
-
-    def _ops(self, conn: sqlite3.Connection, changed: list[tuple[str, str]]) -> list[Op]:
-        ops: list[Op] = []
-        tables = set()
-        for table, pk_json in changed:
-            pk = conn.execute("SELECT value FROM json_each(?)", (pk_json,)).fetchall()
-            pk_values = [v for (v,) in pk]
-            columns = PRIMARY_KEYS[table]
-            where = " AND ".join(f"{c} = ?" for c in columns)
-            cursor = conn.execute(f"SELECT * FROM main.{table} WHERE {where}", pk_values)
-            found = cursor.fetchone()
-            key = (self.base + row_key(table, pk_values)).encode()
-            if found is None:
-                ops.append(Delete(key))
-            else:
-                ops.append(Put(key, encode_row([d[0] for d in cursor.description], found)))
-            tables.add(table)
-        for table in SEQUENCED:
-            if table in tables:
-                row = conn.execute(
-                    "SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)
-                ).fetchone()
-                if row is not None:
-                    key = (self.base + SEQUENCE + table).encode()
-                    ops.append(Put(key, str(int(row[0])).encode()))
-        return ops
 
     def _write_allowed(self) -> None:
         if not self.leading:
@@ -235,11 +208,11 @@ class EtcdStore(Store):
                 conn.execute(f"DELETE FROM main.{table}")
             for table, items in rows.items():
                 for item in items:
-                    _put_row(conn, table, item)
+                    put_row(conn, table, item)
             conn.execute("DELETE FROM sqlite_sequence")
             for table in SEQUENCED:
                 ids = conn.execute(f"SELECT max(id) FROM main.{table}").fetchone()[0] or 0
-                _set_sequence(conn, table, max(ids, sequences.get(table, 0)))
+                set_sequence(conn, table, max(ids, sequences.get(table, 0)))
         self._since_trim.clear()
         self.etcd_revision = revision
         if record_version and version < SCHEMA_VERSION:
@@ -324,14 +297,14 @@ class EtcdStore(Store):
                 if key.startswith(SEQUENCE):
                     table = key.removeprefix(SEQUENCE)
                     if table in SEQUENCED and event.type == "PUT":
-                        _set_sequence(conn, table, int(event.kv.value))
+                        set_sequence(conn, table, int(event.kv.value))
                     continue
                 parsed = split_key(key)
                 if parsed is None:
                     continue
                 table, pk = parsed
                 if event.type == "PUT":
-                    _put_row(conn, table, decode_row(event.kv.value))
+                    put_row(conn, table, decode_row(event.kv.value))
                 else:
                     where = " AND ".join(f"{c} = ?" for c in PRIMARY_KEYS[table])
                     conn.execute(f"DELETE FROM main.{table} WHERE {where}", pk)
@@ -395,43 +368,6 @@ class EtcdStore(Store):
             f" pending={len(self._outbox)}, requests={self.requests},"
             f" revision={self.etcd_revision})"
         )
-
-
-def _capture(conn: sqlite3.Connection) -> None:
-    """Temporary triggers record the primary key of every row a transaction touches."""
-    conn.execute("CREATE TEMP TABLE changes (tbl TEXT NOT NULL, pk TEXT NOT NULL)")
-    for table, columns in PRIMARY_KEYS.items():
-        for event, row in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD")):
-            pk = ", ".join(f"{row}.{c}" for c in columns)
-            conn.execute(
-                f"CREATE TEMP TRIGGER capture_{table}_{event.lower()} AFTER {event}"
-                f" ON main.{table} BEGIN INSERT INTO changes (tbl, pk)"
-                f" VALUES ('{table}', json_array({pk})); END"
-            )
-    # An UPDATE that changes a primary key touches two rows: the old one is gone.
-    for table, columns in PRIMARY_KEYS.items():
-        old = ", ".join(f"OLD.{c}" for c in columns)
-        conn.execute(
-            f"CREATE TEMP TRIGGER capture_{table}_rekey AFTER UPDATE ON main.{table}"
-            f" BEGIN INSERT INTO changes (tbl, pk) VALUES ('{table}', json_array({old})); END"
-        )
-
-
-def _put_row(conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> None:
-    columns = list(row)
-    conn.execute(
-        f"INSERT OR REPLACE INTO main.{table} ({', '.join(columns)})"
-        f" VALUES ({', '.join('?' for _ in columns)})",
-        [row[c] for c in columns],
-    )
-
-
-def _set_sequence(conn: sqlite3.Connection, table: str, seq: int) -> None:
-    updated = conn.execute(
-        "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (seq, table)
-    )
-    if updated.rowcount == 0 and seq:
-        conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, seq))
 
 
 def _check_version(version: int, base: str) -> None:
