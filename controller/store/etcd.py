@@ -3,7 +3,7 @@
 ``EtcdStore`` is the SQLite ``Store`` over an in-memory database with the same schema, the
 **mirror**: reads, and the validation of writes (``NotFound``, ``Conflict``, revision numbering,
 one active rollout, foreign keys), are exactly the SQLite store's. The key layout is in
-``etcd_keys``.
+``etcd_keys``, the rows' way between the mirror and etcd in ``etcd_rows``.
 
 - **Writer** (``lead``): the node that leads loads the mirror fresh from one consistent read
   and alone writes while it leads. Each write transaction's changed rows (captured by temporary
