@@ -228,6 +228,9 @@ def test_etcd_unreachable_keeps_the_writes_pending_until_it_returns(
 ) -> None:
     with EtcdCluster(tmp_path / "etcd", 1) as cluster:
         made = Stores(cluster, loop)
+        follower = made.make(lead=False)
+        heard = Heard()
+        task = asyncio.run_coroutine_threadsafe(follower.watch(heard, retry=0.1), loop.loop)
         try:
             leader = made.make()
             leader.put_service("web", "{}", 1)
@@ -235,8 +238,9 @@ def test_etcd_unreachable_keeps_the_writes_pending_until_it_returns(
             leader.update_service("web", desired_replicas=2)
             with pytest.raises(StoreUnavailable, match="unreachable"):
                 made.flush(leader)
-            assert leader.pending >= 1
+            assert leader.pending == 2  # both, in order
             assert not leader.connected
+            assert leader.unreachable
             cluster.start_member(0)
             cluster.wait_healthy()
             made.flush(leader)
@@ -245,7 +249,11 @@ def test_etcd_unreachable_keeps_the_writes_pending_until_it_returns(
             row = made.make().service("web")
             assert row is not None
             assert row.desired_replicas == 2
+            # The follower's watch broke with etcd, and opened again once it was back.
+            assert heard.until(lambda: rows(follower) == rows(leader))
+            assert follower.connected
         finally:
+            task.cancel()
             made.close()
 
 
