@@ -365,6 +365,7 @@ class EtcdStore(Store):
     def __repr__(self) -> str:
         return (
             f"EtcdStore(prefix={self.base!r}, leading={self.leading}, stale={self.stale},"
+            f" connected={self.connected},"
             f" pending={len(self._outbox)}, requests={self.requests},"
             f" revision={self.etcd_revision})"
         )
