@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal
 
-from gateway import Pool, Upstream
+from gateway import Health, Pool, Upstream
 
 from . import tokens
 from .actions import (
@@ -48,7 +48,7 @@ from .model import Observed, Replica, ReplicaState, Rollout, strategy_state
 from .spec import ServiceSpec
 from .state import ServiceState
 from .store import Store
-from .transitions import DrainDone, Observation, Placed, StartFailed
+from .transitions import DrainDone, HealthChanged, Observation, Placed, StartFailed
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +249,11 @@ class Executor:
         upstream = self.upstream_of(state.name, spec, replica, running)
         known = self.pool.upstream(state.name, replica.id)
         if known is not None and (known.host, known.port) == (upstream.host, upstream.port):
-            return  # a cluster node that followed the leader has it, probed: it stays as it is
+            # A cluster node that followed the leader has it, probed: it stays as it is, and
+            # one its own probes pass is ready now (no health change will come to say so).
+            if known.health is Health.HEALTHY:
+                self.report(state, HealthChanged(replica.id, True, "routable here already"))
+            return
         if known is not None:
             self.pool.remove_upstream(state.name, replica.id, "address changed")
         self.pool.add_upstream(upstream)

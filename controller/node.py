@@ -58,6 +58,10 @@ FLUSH_INTERVAL = 0.02
 """Seconds between the leader's flushes of its store writes to etcd, when there are any."""
 
 
+def _every_placed_node_registered(backend: ClusterBackend) -> bool:
+    return set(backend.placed().values()) <= set(backend.nodes)
+
+
 def _not_leading() -> list[Compare]:
     raise Deposed("this node does not lead")
 
@@ -232,9 +236,15 @@ class ClusterNode:
         await self.peers.start()
         await self.peers.loaded()
         self.follower.handover()
-        backend = ClusterBackend(self.client, self.prefix, self.election.fence)
+        grace = self.keeper.ttl + 2.0
+        backend = ClusterBackend(self.client, self.prefix, self.election.fence, absent_grace=grace)
         backend.set_exit_handler(self.controller.reconciler.on_exit)
         await backend.open()
+        # After etcd was away every lease ended: the nodes register again as it returns. Their
+        # replicas are adopted, not replaced, if they do within the grace.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await backend.wait(_every_placed_node_registered)
         self.backend = backend
         self.controller.backends["process"] = backend  # type: ignore[index]
         self.controller.reconciler.gate = self.peers.routable_everywhere

@@ -99,8 +99,13 @@ class ClusterBackend:
         *,
         answer_timeout: float = ANSWER_TIMEOUT,
         retry: tuple[float, float] = RETRY,
+        absent_grace: float = 0.0,
     ) -> None:
         self.client = client
+        self.absent_grace = absent_grace
+        """Seconds a node with placements may be missing when the backend opens (its lease
+        ended while etcd was away, and it registers again once etcd is back) before its
+        replicas count as gone. A node whose key disappears later is gone at once."""
         self.keys = Keys.of(prefix)
         self.fence = fence
         """The compares of the leadership, put in every write; raises Deposed when the node
@@ -483,6 +488,14 @@ class ClusterBackend:
                 self._cleanup(rid, self._record_deletes(rid, failed.node))
         placed_on = {p.node for p in self._books.placements.values()}
         for node in sorted(placed_on - self._books.nodes):
+            if self.absent_grace > 0:
+                asyncio.get_running_loop().call_later(self.absent_grace, self._absent, node)
+            else:
+                self._node_gone(node)
+
+    def _absent(self, node: str) -> None:
+        """A node missing since the backend opened: gone if it has not registered again."""
+        if not self._closed and node not in self._books.nodes:
             self._node_gone(node)
 
     def _on_exit(self, rid: str, record: ExitRecord) -> None:

@@ -134,13 +134,13 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
         probe = PROBE | {"path": "/ready.txt"}
         # start_timeout: long enough for http.server to start on a loaded machine, so the
         # reason is the probe's 404, not a connect error of a replica still starting.
-        bad = spec(site("v2"), 2, probes=[probe], retries=1, start_timeout=3)
+        bad = spec(site("v2"), 2, probes=[probe], retries=1, start_timeout=6)
         result = await gw.controller.apply(bad)
         assert (result.action, result.revision) == ("rollout", 2)
         await until(lambda: gw.replicas(ReplicaState.STARTING, revision=2), 5, "a v2 replica")
         failed = await until(
             lambda: next((r for r in gw.rollouts() if r.to_revision == 2 and not r.active), None),
-            20,
+            30,
             "the rollout to revision 2 to end",
         )
         await until(lambda: gw.state().observed.rollout is None, 5, "the rollback to complete")
@@ -149,7 +149,7 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
     assert not load.failures, load.summary()
     # The reason carries the cause the probes saw, not only the deadline (issue 22.12).
     assert failed.status == "failed"
-    assert failed.reason.startswith("not ready within 3s: http probe"), failed.reason
+    assert failed.reason.startswith("not ready within 6s: http probe"), failed.reason
     assert "404" in failed.reason
     assert failed.reason.endswith("(after 2 failures)")
     assert load.bodies() == {"v1"}
