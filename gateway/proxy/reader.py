@@ -138,7 +138,7 @@ class RequestReader(asyncio.Protocol):
     def __init__(self, limits: ListenerLimits, buffers: Buffers) -> None:
         self._limits = limits_of(limits)
         self._loop = asyncio.get_running_loop()
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser: httptools.HttpRequestParser | None = None
         self.transport: asyncio.Transport | None = None
         self.peer: str | None = None
         self._closing = False
@@ -220,8 +220,11 @@ class RequestReader(asyncio.Protocol):
             plain = plainhead.request(data, self._limits.max_header_size)
             if plain is not None and self._plain_request(plain):
                 return
+        parser = self._parser
+        if parser is None:
+            parser = self._parser = httptools.HttpRequestParser(self)
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:
             self._upgraded(data[upgrade.args[0] :])
         except httptools.HttpParserError as exc:
@@ -314,7 +317,7 @@ class RequestReader(asyncio.Protocol):
             self._reads.end(body.sink_transport() if body is not None else None)
         self._raw_started = False
         splice_reads(self.transport, self, False)
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser = None
         self.on_message_complete()
         if rest:
             self.data_received(rest)
@@ -346,6 +349,7 @@ class RequestReader(asyncio.Protocol):
         request = self._parsing
         assert request is not None
         parser = self._parser
+        assert parser is not None
         request.method = parser.get_method().decode("ascii")
         request.version = parser.get_http_version()
         request.keep_alive = parser.should_keep_alive() and not self._closing
