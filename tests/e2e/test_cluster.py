@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Nodes
+from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Node, Nodes
 from tests.e2e.conftest import PROBE, ROLLOUT, Load
 from tests.etcd_cluster import EtcdCluster
 
@@ -65,6 +65,30 @@ async def serving(nodes: Nodes, revision: int, replicas: int, timeout: float = 3
         await asyncio.sleep(0.2)
 
 
+async def serve_v1(nodes: Nodes, site: Callable[[str], str]) -> None:
+    """Apply revision 1 of ``web`` (3 replicas) through any node; wait until it serves."""
+    status, body = await nodes.api("PUT", "/api/services/web", web(site, "v1"))
+    assert status == 200, body
+    await serving(nodes, 1, 3)
+
+
+def leader_and_others(nodes: Nodes) -> tuple[Node, list[Node]]:
+    leader = nodes.leader()
+    assert leader is not None
+    return leader, [n for n in nodes.nodes if n is not leader]
+
+
+def no_failures(
+    among: list[Node], loads: list[Load], marks: list[int] | None = None, body: str = ""
+) -> None:
+    """Every node's load failed nothing (and answered ``body`` alone after its mark)."""
+    for i, (node, load) in enumerate(zip(among, loads, strict=True)):
+        print(f"{node.name}: {load.summary()}")
+        assert not load.failures, f"{node.name}: {load.summary()}"
+        if marks is not None:
+            assert load.bodies(marks[i]) == {body}, node.name
+
+
 async def placed_nodes(nodes: Nodes) -> list[str]:
     """The node each replica runs on, from its address (a replica listens on its node's)."""
     names = {n.host: n.name for n in nodes.nodes}
@@ -85,9 +109,7 @@ async def test_a_rolling_update_across_three_nodes_fails_no_request(
     assert status in (200, 201), body
     await serving(nodes, 1, 3)
     assert await placed_nodes(nodes) == ["n1", "n2", "n3"]  # spread: one replica per node
-    loads = [Load(n.url, clients=4, limit=60) for n in nodes.nodes]
-    for load in loads:
-        await load.__aenter__()
+    loads = await loaded(nodes.nodes)
     try:
         status, body = await nodes.api("PUT", "/api/services/web", web(site, "v2"))
         assert status == 200, body
@@ -96,12 +118,8 @@ async def test_a_rolling_update_across_three_nodes_fails_no_request(
         for load in loads:
             await load.more(30)
     finally:
-        for load in loads:
-            await load.__aexit__(None, None, None)
-    for node, load, mark in zip(nodes.nodes, loads, marks, strict=True):
-        print(f"{node.name}: {load.summary()}")
-        assert not load.failures, f"{node.name}: {load.summary()}"
-        assert load.bodies(mark) == {"v2"}, node.name
+        await unloaded(loads)
+    no_failures(nodes.nodes, loads, marks, "v2")
     # Metrics carry the node; exactly one node says it leads.
     leading = []
     for node in nodes.nodes:
@@ -157,12 +175,8 @@ async def new_leader(nodes: Nodes, old: Any, limit: float) -> tuple[Any, float]:
 async def test_the_leader_killed_mid_rollout_another_leads_and_finishes_it(
     nodes: Nodes, site: Callable[[str], str]
 ) -> None:
-    status, body = await nodes.api("PUT", "/api/services/web", web(site, "v1"))
-    assert status == 200, body
-    await serving(nodes, 1, 3)
-    old = nodes.leader()
-    assert old is not None
-    survivors = [n for n in nodes.nodes if n is not old]
+    await serve_v1(nodes, site)
+    old, survivors = leader_and_others(nodes)
     loads = await loaded(survivors)
     try:
         status, body = await nodes.api("PUT", "/api/services/web", web(site, "v2"), node=old)
@@ -177,22 +191,15 @@ async def test_the_leader_killed_mid_rollout_another_leads_and_finishes_it(
             await load.more(30)
     finally:
         await unloaded(loads)
-    for node, load, mark in zip(survivors, loads, marks, strict=True):
-        print(f"{node.name}: {load.summary()}")
-        assert not load.failures, f"{node.name}: {load.summary()}"
-        assert load.bodies(mark) == {"v2"}, node.name
+    no_failures(survivors, loads, marks, "v2")
     assert old.name not in await placed_nodes(nodes)  # its replica replaced elsewhere
 
 
 async def test_a_paused_leader_stops_acting_then_follows(
     nodes: Nodes, site: Callable[[str], str]
 ) -> None:
-    status, body = await nodes.api("PUT", "/api/services/web", web(site, "v1"))
-    assert status == 200, body
-    await serving(nodes, 1, 3)
-    old = nodes.leader()
-    assert old is not None
-    survivors = [n for n in nodes.nodes if n is not old]
+    await serve_v1(nodes, site)
+    old, survivors = leader_and_others(nodes)
     loads = await loaded(survivors)
     try:
         nodes.pause(old)
@@ -216,9 +223,7 @@ async def test_a_paused_leader_stops_acting_then_follows(
             await load.more(30)
     finally:
         await unloaded(loads)
-    for node, load in zip(survivors, loads, strict=True):
-        print(f"{node.name}: {load.summary()}")
-        assert not load.failures, f"{node.name}: {load.summary()}"
+    no_failures(survivors, loads)
     after = old.log[before_pause:]
     assert "no longer leads: the lease was not renewed in time" in after, after[-3000:]
     # Woken past its term, it placed nothing and stopped nothing: its writes were refused.
@@ -228,9 +233,7 @@ async def test_a_paused_leader_stops_acting_then_follows(
 async def test_a_node_killed_its_replicas_are_replaced_on_the_others(
     nodes: Nodes, site: Callable[[str], str]
 ) -> None:
-    status, body = await nodes.api("PUT", "/api/services/web", web(site, "v1"))
-    assert status == 200, body
-    await serving(nodes, 1, 3)
+    await serve_v1(nodes, site)
     leader = nodes.leader()
     victim = next(n for n in nodes.nodes if n is not leader)
     survivors = [n for n in nodes.nodes if n is not victim]
@@ -261,17 +264,13 @@ async def test_a_node_killed_its_replicas_are_replaced_on_the_others(
             await load.more(30)
     finally:
         await unloaded(loads)
-    for node, load in zip(survivors, loads, strict=True):
-        print(f"{node.name}: {load.summary()}")
-        assert not load.failures, f"{node.name}: {load.summary()}"
+    no_failures(survivors, loads)
 
 
 async def test_etcd_faults_one_member_changes_nothing_all_down_serves_and_refuses_writes(
     nodes: Nodes, site: Callable[[str], str]
 ) -> None:
-    status, body = await nodes.api("PUT", "/api/services/web", web(site, "v1"))
-    assert status == 200, body
-    await serving(nodes, 1, 3)
+    await serve_v1(nodes, site)
     loads = await loaded(nodes.nodes)
     try:
         nodes.etcd.kill_member(0)
@@ -306,7 +305,4 @@ async def test_etcd_faults_one_member_changes_nothing_all_down_serves_and_refuse
             await load.more(30)
     finally:
         await unloaded(loads)
-    for node, load, mark in zip(nodes.nodes, loads, marks, strict=True):
-        print(f"{node.name}: {load.summary()}")
-        assert not load.failures, f"{node.name}: {load.summary()}"
-        assert load.bodies(mark) == {"v2"}, node.name
+    no_failures(nodes.nodes, loads, marks, "v2")
