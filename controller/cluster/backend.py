@@ -23,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from controller.backends.base import Exit, ExitHandler, Launch, Running
+from controller.cluster.books import Books, change_record, load_records
 from controller.cluster.feed import RETRY, Feed, cancel_task, guarded_task
-from controller.cluster.placement import NodeLoad, NoRoom, place
+from controller.cluster.placement import NoRoom, place
 from controller.cluster.replicas import (
     CapacityRecord,
     ExitRecord,
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
     from controller.backends.base import Backend
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 ANSWER_TIMEOUT = 15.0
 """Seconds a node has to answer a placement (it spawns the replica, then writes)."""
@@ -70,16 +70,6 @@ class _Start:
     answer: asyncio.Future[Running]
     exit: ExitRecord | None = None
     """An exit record seen before the running record (two watches, no common order)."""
-
-
-@dataclass(eq=False)
-class _Books:
-    nodes: set[str] = field(default_factory=set)
-    capacity: dict[str, CapacityRecord] = field(default_factory=dict)
-    placements: dict[str, Placement] = field(default_factory=dict)
-    running: dict[str, RunningRecord] = field(default_factory=dict)
-    failed: dict[str, FailedRecord] = field(default_factory=dict)
-    exits: dict[str, ExitRecord] = field(default_factory=dict)
 
 
 def _conforms(backend: ClusterBackend) -> Backend:  # pragma: no cover - checked by mypy
@@ -112,7 +102,7 @@ class ClusterBackend:
         does not lead."""
         self.answer_timeout = answer_timeout
         self.retry = retry
-        self._books = _Books()
+        self._books = Books()
         self._starts: dict[str, _Start] = {}
         self._ended: dict[str, asyncio.Future[None]] = {}
         """Stops waiting for the replica's exit report."""
@@ -135,8 +125,8 @@ class ClusterBackend:
             (keys.nodes, self._nodes_loaded, self._node_changed),
             (
                 keys.capacity,
-                lambda kvs: _load(b.capacity, kvs, CapacityRecord.from_json),
-                lambda name, raw: _change(b.capacity, name, raw, CapacityRecord.from_json),
+                lambda kvs: load_records(b.capacity, kvs, CapacityRecord.from_json),
+                lambda name, raw: change_record(b.capacity, name, raw, CapacityRecord.from_json),
             ),
             (keys.placements(), self._placements_loaded, self._placement_changed),
             (keys.running, self._running_loaded, self._running_changed),
@@ -221,7 +211,7 @@ class ClusterBackend:
 
     @property
     def in_use(self) -> int:
-        return sum(self._in_use(node) for node in self._live())
+        return sum(self._books.in_use(node) for node in self._live())
 
     def set_exit_handler(self, handler: ExitHandler) -> None:
         self._exit_handler = handler
@@ -233,7 +223,7 @@ class ClusterBackend:
         rid = launch.replica_id
         if rid in self._books.placements or rid in self._starts:
             raise StartFailed(f"replica {rid} is already placed")
-        chosen = place(self._loads(launch))
+        chosen = place(self._books.loads(launch))
         if isinstance(chosen, NoRoom):
             raise NoCapacity(chosen.reason, retry_after=NO_CAPACITY_RETRY_AFTER)
         placement = Placement(chosen, launch)
@@ -418,12 +408,12 @@ class ClusterBackend:
         return parsed
 
     def _running_loaded(self, kvs: dict[str, bytes]) -> None:
-        _load(self._books.running, kvs, RunningRecord.from_json)
+        load_records(self._books.running, kvs, RunningRecord.from_json)
         for rid, record in self._books.running.items():
             self._answer_running(rid, record)
 
     def _running_changed(self, rid: str, raw: bytes | None) -> None:
-        _change(self._books.running, rid, raw, RunningRecord.from_json)
+        change_record(self._books.running, rid, raw, RunningRecord.from_json)
         record = self._books.running.get(rid)
         if record is not None:
             self._answer_running(rid, record)
@@ -434,12 +424,12 @@ class ClusterBackend:
             start.answer.set_result(self._running(rid, record))
 
     def _failed_loaded(self, kvs: dict[str, bytes]) -> None:
-        _load(self._books.failed, kvs, FailedRecord.from_json)
+        load_records(self._books.failed, kvs, FailedRecord.from_json)
         for rid, record in list(self._books.failed.items()):
             self._on_failed(rid, record)
 
     def _failed_changed(self, rid: str, raw: bytes | None) -> None:
-        _change(self._books.failed, rid, raw, FailedRecord.from_json)
+        change_record(self._books.failed, rid, raw, FailedRecord.from_json)
         record = self._books.failed.get(rid)
         if record is not None:
             self._on_failed(rid, record)
@@ -462,12 +452,12 @@ class ClusterBackend:
             self._cleanup(rid, self._record_deletes(rid, record.node))
 
     def _exits_loaded(self, kvs: dict[str, bytes]) -> None:
-        _load(self._books.exits, kvs, ExitRecord.from_json)
+        load_records(self._books.exits, kvs, ExitRecord.from_json)
         if self._settled:
             self._settle()
 
     def _exit_changed(self, rid: str, raw: bytes | None) -> None:
-        _change(self._books.exits, rid, raw, ExitRecord.from_json)
+        change_record(self._books.exits, rid, raw, ExitRecord.from_json)
         record = self._books.exits.get(rid)
         if record is not None and self._settled:
             self._on_exit(rid, record)
@@ -596,32 +586,6 @@ class ClusterBackend:
     def _live(self) -> Iterable[str]:
         return sorted(self._books.nodes)
 
-    def _in_use(self, node: str) -> int:
-        placed = sum(1 for p in self._books.placements.values() if p.node == node)
-        record = self._books.capacity.get(node)
-        return max(placed, record.in_use if record is not None else 0)
-
-    def _loads(self, launch: Launch) -> list[NodeLoad]:
-        loads = []
-        for node in self._live():
-            record = self._books.capacity.get(node)
-            mine = [
-                p.launch
-                for p in self._books.placements.values()
-                if p.node == node and p.stop is None and p.launch.service == launch.service
-            ]
-            loads.append(
-                NodeLoad(
-                    name=node,
-                    capacity=record.capacity if record is not None else 0,
-                    in_use=self._in_use(node),
-                    agent=record is not None,
-                    service_replicas=len(mine),
-                    revision_replicas=sum(1 for m in mine if m.revision == launch.revision),
-                )
-            )
-        return loads
-
     def _running(self, rid: str, record: RunningRecord) -> Running:
         return Running(
             replica_id=rid,
@@ -630,24 +594,6 @@ class ClusterBackend:
             pid=record.pid,
             handle={"node": record.node, **record.handle},
         )
-
-
-def _load(into: dict[str, T], kvs: dict[str, bytes], parse: Callable[[bytes], T | None]) -> None:
-    into.clear()
-    for name, raw in kvs.items():
-        parsed = parse(raw)
-        if parsed is not None:
-            into[name] = parsed
-
-
-def _change(
-    into: dict[str, T], name: str, raw: bytes | None, parse: Callable[[bytes], T | None]
-) -> None:
-    parsed = None if raw is None else parse(raw)
-    if parsed is None:
-        into.pop(name, None)
-    else:
-        into[name] = parsed
 
 
 __all__ = ["ANSWER_TIMEOUT", "ClusterBackend", "Fence"]
