@@ -18,13 +18,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import json
 import os
 import shutil
 import statistics
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import results
@@ -36,7 +33,15 @@ from system import (
     stop_on_signals,
     work_dir,
 )
-from targets import Limits, Target, gateway_config, native_status, start_upstream, wrk_cpu
+from targets import (
+    Limits,
+    Target,
+    gateway_config,
+    native_status,
+    start_configured,
+    start_upstream,
+    wrk_cpu,
+)
 
 TOKEN = "bench-token-" + "7" * 40
 BEARER = (f"Authorization: Bearer {TOKEN}",)
@@ -56,25 +61,10 @@ def guarded_config(config: dict, tmp: Path, only: str | None = None) -> dict:
 
 
 def start(procs: Procs, name: str, config: dict, cpu: int, pure: bool) -> Target:
-    conf = procs.tmp / f"{name}.json"
-    conf.write_text(json.dumps(config))
-    gateway = Path(sys.executable).parent / "gateway"
-    env = {"GATEWAY_NATIVE": "0"} if pure else {}
-    proc = procs.start(name, [str(gateway), "serve", "-c", str(conf)], cpu, env=env)
-    port = int(config["listen"].rsplit(":", 1)[1])
-    target = Target(name, port, proc, "gateway")
-    end = time.monotonic() + 30
-    while True:  # serving once its probe passed: 200 with the token
-        request = urllib.request.Request(target.url(), headers={"Authorization": f"Bearer {TOKEN}"})
-        try:
-            with urllib.request.urlopen(request, timeout=1) as response:
-                if response.status == 200:
-                    return target
-        except OSError:
-            pass
-        if time.monotonic() > end or proc.popen.poll() is not None:
-            raise Failure(f"{name} not serving:\n{proc.tail()}")
-        time.sleep(0.1)
+    """Serving once its probe passed: 200 with the token."""
+    return start_configured(
+        procs, name, config, cpu, pure, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

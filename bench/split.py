@@ -37,7 +37,15 @@ from system import (
     stop_on_signals,
     work_dir,
 )
-from targets import Limits, Target, gateway_config, native_status, start_upstream, wrk_cpu
+from targets import (
+    Limits,
+    Target,
+    gateway_config,
+    native_status,
+    start_configured,
+    start_upstream,
+    wrk_cpu,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 WEIGHT = 25
@@ -45,24 +53,8 @@ WEIGHT = 25
 
 
 def start(procs: Procs, name: str, config: dict, cpu: int, pure: bool) -> Target:
-    conf = procs.tmp / f"{name}.json"
-    conf.write_text(json.dumps(config))
-    gateway = Path(sys.executable).parent / "gateway"
-    env = {"GATEWAY_NATIVE": "0"} if pure else {}
-    proc = procs.start(name, [str(gateway), "serve", "-c", str(conf)], cpu, env=env)
-    port = int(config["listen"].rsplit(":", 1)[1])
-    target = Target(name, port, proc, "gateway")
-    end = time.monotonic() + 30
-    while True:  # serving once its probe passed
-        try:
-            with urllib.request.urlopen(target.url(), timeout=1) as response:
-                if response.status == 200:
-                    return target
-        except OSError:
-            pass
-        if time.monotonic() > end or proc.popen.poll() is not None:
-            raise Failure(f"{name} not serving:\n{proc.tail()}")
-        time.sleep(0.1)
+    """Serving once its probe passed."""
+    return start_configured(procs, name, config, cpu, pure)
 
 
 def admin(config: dict, token: str, method: str, path: str, body: dict | None = None) -> dict:

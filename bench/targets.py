@@ -26,6 +26,8 @@ import re
 import ssl
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -354,6 +356,37 @@ def start_gateway(
     proc = procs.start(name, argv, cpu, env={"GATEWAY_NATIVE": "1" if native else "0"})
     tls_port = tls[1] if tls else None
     return Target(name, port, proc, "gateway", interpreter, native, tls_port)
+
+
+def start_configured(
+    procs: Procs,
+    name: str,
+    config: dict,
+    cpu: int,
+    pure: bool,
+    headers: dict[str, str] | None = None,
+) -> Target:
+    """A gateway of this venv on ``config`` (a dict), returned once its traffic port answers
+    200 (with ``headers``): its service's probe passed. ``pure``: the pure Python modules."""
+    conf = procs.tmp / f"{name}.json"
+    conf.write_text(json.dumps(config))
+    gateway = Path(sys.executable).parent / "gateway"
+    env = {"GATEWAY_NATIVE": "0"} if pure else {}
+    proc = procs.start(name, [str(gateway), "serve", "-c", str(conf)], cpu, env=env)
+    port = int(config["listen"].rsplit(":", 1)[1])
+    target = Target(name, port, proc, "gateway")
+    end = time.monotonic() + 30
+    while True:
+        request = urllib.request.Request(target.url(), headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=1) as response:
+                if response.status == 200:
+                    return target
+        except OSError:
+            pass
+        if time.monotonic() > end or proc.popen.poll() is not None:
+            raise Failure(f"{name} not serving:\n{proc.tail()}")
+        time.sleep(0.1)
 
 
 # ---------------------------------------------------------------------------------------------
