@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from controller.model import ReplicaState
 from controller.operations import Controller
 from controller.store import Store
 from gateway import Health, Pool
+from tests.etcd_cluster import EtcdCluster
 
 
 class FakeClock:
@@ -96,3 +97,11 @@ def spec(name: str = "web", replicas: int = 2, version: str = "v1", **extra: Any
         "rollout": rollout,
         **extra,
     }
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """Three real etcd members on loopback, one cluster per test module (each test its own
+    key prefix). A module may define its own ``cluster`` instead."""
+    with EtcdCluster(tmp_path_factory.mktemp("etcd"), 3) as c:
+        yield c

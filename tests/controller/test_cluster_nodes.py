@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import pytest
@@ -17,12 +17,6 @@ from tests.etcd_cluster import EtcdCluster
 
 TTL = 2
 _prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    with EtcdCluster(tmp_path_factory.mktemp("etcd"), 3) as c:
-        yield c
 
 
 @dataclass

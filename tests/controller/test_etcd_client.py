@@ -7,7 +7,7 @@ import itertools
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,12 +28,6 @@ from controller.etcd import (
 from tests.etcd_cluster import EtcdCluster
 
 _prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    with EtcdCluster(tmp_path_factory.mktemp("etcd"), 3) as c:
-        yield c
 
 
 @pytest.fixture

@@ -27,9 +27,9 @@ from typing import Any
 import aiohttp
 import yaml
 
+from tests.e2e.conftest import gateway_process
 from tests.etcd_cluster import EtcdCluster, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 SERVER = f"{sys.executable} -m http.server $PORT --bind $HOST"
 """A replica: a stdlib static file server on the node's address and the port it was given."""
@@ -105,21 +105,7 @@ class Nodes:
         node = self.nodes[index]
         path = node.directory / "gateway.yaml"
         path.write_text(yaml.safe_dump(self.config(node, index)))
-        log = (node.directory / "gateway.log").open("ab")
-        node.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "controller.main",
-            "serve",
-            "-c",
-            str(path),
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        log.close()
+        node.process = await gateway_process(path, node.directory / "gateway.log")
         node.paused = False
         await self.until(lambda: self._ready(node), 20, f"{node.name} ready")
         return node

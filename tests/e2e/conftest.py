@@ -57,6 +57,28 @@ ROLLOUT: dict[str, Any] = {
 }
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def gateway_process(config: Path, log: Path) -> asyncio.subprocess.Process:
+    """``gateway serve -c config`` as a process of its own (this checkout's code), its output
+    appended to ``log``: for what only a real process shows (SIGKILL, SIGSTOP, a restart)."""
+    with open(log, "ab") as output:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "controller.main",
+            "serve",
+            "-c",
+            str(config),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=output,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:

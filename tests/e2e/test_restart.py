@@ -7,9 +7,7 @@ import asyncio
 import gc
 import json
 import logging
-import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +17,7 @@ import pytest
 from controller.config import document_digest
 from controller.store import Store
 
-from .conftest import Gateways, Load, alive, serving, spec, until
-
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import Gateways, Load, alive, gateway_process, serving, spec, until
 
 
 async def test_restart_adopts_running_replicas_at_the_serving_revision(
@@ -103,20 +99,7 @@ async def test_restart_of_the_gateway_process_keeps_adopted_replicas_serving(
     """
     config = gateways.config(on_exit="keep", services=[spec(site("v1"), 2)], log_level="warning")
     path = gateways.write_config(config)
-    with open(tmp_path / "first-gateway.log", "wb") as output:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "controller.main",
-            "serve",
-            "-c",
-            str(path),
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=output,
-            stderr=asyncio.subprocess.STDOUT,
-        )
+    process = await gateway_process(path, tmp_path / "first-gateway.log")
     db = gateways.state_dir / "gateway.db"
     try:
         kept = await until(lambda: _serving_pids(db), 15, "the first gateway")
@@ -263,20 +246,7 @@ async def test_a_canary_goes_on_at_its_weight_after_the_gateway_process_ends(
     config = gateways.config(on_exit="keep", services=services, log_level="warning")
     path = gateways.write_config(config)
     db = gateways.state_dir / "gateway.db"
-    with open(tmp_path / "second-gateway.log", "wb") as output:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "controller.main",
-            "serve",
-            "-c",
-            str(path),
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=output,
-            stderr=asyncio.subprocess.STDOUT,
-        )
+    process = await gateway_process(path, tmp_path / "second-gateway.log")
     try:
         held = await until(lambda: _held(db, 50), 30, "the canary at 50% in the store")
         await asyncio.sleep(2)  # into its pause
