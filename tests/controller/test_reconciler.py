@@ -548,3 +548,27 @@ async def test_a_rollout_whose_record_keeps_no_strategy_state_goes_on_as_a_rolli
     await restart(h)
     rollout = h.state("web").observed.rollout
     assert (rollout.id, rollout.strategy) == (rid, "rolling")
+
+
+async def test_with_a_gate_a_healthy_replica_is_ready_only_once_every_node_routes_to_it(
+    h: Harness,
+) -> None:
+    """A cluster's leader: healthy here is not enough; ``regate`` after the other nodes'
+    reports say they route to it too."""
+    everywhere: set[str] = set()
+    h.controller.reconciler.gate = lambda service, uid: uid in everywhere
+    await h.controller.apply(spec("web", 2))
+    await h.settle()
+    await h.pass_probes("web")
+    assert h.ready("web") == 0  # routable here, not yet on every node
+    assert h.state("web").observed.serving_revision is None
+    first, second = (r.id for r in h.replicas("web"))
+    everywhere.add(first)
+    h.controller.reconciler.regate()
+    await h.settle()
+    assert h.ready("web") == 1
+    everywhere.add(second)
+    h.controller.reconciler.regate()
+    await h.settle()
+    assert h.ready("web") == 2
+    assert h.state("web").observed.serving_revision == 1
