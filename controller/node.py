@@ -37,7 +37,6 @@ from controller.cluster.agent import Agent
 from controller.cluster.backend import ClusterBackend
 from controller.cluster.config import EtcdConfig, NodeConfig
 from controller.cluster.election import Election
-from controller.cluster.feed import cancel_task, guarded_task
 from controller.cluster.lease import LeaseEvent, LeaseKeeper
 from controller.cluster.nodes import NodeRecord, NodeRegistry
 from controller.cluster.peers import Peers
@@ -47,6 +46,7 @@ from controller.etcd import Compare, EtcdClient
 from controller.journal import Journal
 from controller.operations import Controller
 from controller.store.etcd import EtcdStore
+from controller.tasks import cancel_task, guarded_task
 from gateway import Pool
 
 log = logging.getLogger("gateway.cluster")

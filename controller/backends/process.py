@@ -50,12 +50,13 @@ import os
 import re
 import signal
 import socket
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BackendError, NoCapacity, StartFailed
+from ..tasks import guarded_task
 from . import procfs, proclog
 from .base import Exit, ExitHandler, Launch, Running
 from .procshell import exit_reason, shell_script
@@ -175,7 +176,7 @@ class ProcessBackend:
         replica.pid = replica.pgid = pid
         stat = procfs.read_stat(pid)
         replica.start_time = stat.start_time if stat is not None else None
-        replica.watcher = _guarded_task(self._watch_child(replica, process), f"replica:{rid}")
+        replica.watcher = guarded_task(self._watch_child(replica, process), f"replica:{rid}")
         self._watch_logs()
         if replica.terminating:  # stop() came while we were spawning
             self._signal(replica, signal.SIGKILL if replica.killed.is_set() else signal.SIGTERM)
@@ -387,7 +388,7 @@ class ProcessBackend:
 
     def _adopted_exited(self, replica: _Replica) -> None:
         rid = replica.launch.replica_id
-        replica.watcher = _guarded_task(self._finish(replica, None), f"replica:{rid}")
+        replica.watcher = guarded_task(self._finish(replica, None), f"replica:{rid}")
 
     async def _finish(self, replica: _Replica, code: int | None) -> None:
         """The main process ended: wind the group down, then report the exit."""
@@ -522,17 +523,6 @@ def _bindable(host: str, port: int) -> bool:
 def _int(handle: Mapping[str, Any], key: str) -> int | None:
     value = handle.get(key)
     return value if type(value) is int else None
-
-
-def _guarded_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-    task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
-    task.add_done_callback(_log_unexpected_end)
-    return task
-
-
-def _log_unexpected_end(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("task %s ended unexpectedly", task.get_name(), exc_info=task.exception())
 
 
 __all__ = [

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from controller.backends.base import Backend, Exit, Launch, Running
-from controller.cluster.feed import RETRY, cancel_task, guarded_task
+from controller.cluster.feed import RETRY
 from controller.cluster.replicas import (
     CapacityRecord,
     ExitRecord,
@@ -50,6 +50,7 @@ from controller.etcd import (
     WatchEvent,
 )
 from controller.spec import ReplicaTemplate
+from controller.tasks import cancel_task, guarded_task
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", RunningRecord, FailedRecord, ExitRecord)

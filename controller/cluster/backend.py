@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from controller.backends.base import Exit, ExitHandler, Launch, Running
 from controller.cluster.books import Books, change_record, load_records
-from controller.cluster.feed import RETRY, Feed, cancel_task, guarded_task
+from controller.cluster.feed import RETRY, Feed
 from controller.cluster.placement import NoRoom, place
 from controller.cluster.replicas import (
     CapacityRecord,
@@ -49,6 +49,7 @@ from controller.etcd import (
     Op,
     Put,
 )
+from controller.tasks import cancel_task, guarded_task
 
 if TYPE_CHECKING:
     from controller.backends.base import Backend

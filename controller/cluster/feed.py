@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from controller.etcd import Compacted, EtcdClient, EtcdError, EtcdUnavailable
 
@@ -101,23 +101,3 @@ class Feed:
             f"<Feed {self.prefix!r} {self.status} revision={self.revision} "
             f"requests={self.requests}>"
         )
-
-
-def guarded_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-    """A named task whose unexpected end is logged."""
-    task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
-    task.add_done_callback(_log_unexpected_end)
-    return task
-
-
-def _log_unexpected_end(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("task %s ended unexpectedly", task.get_name(), exc_info=task.exception())
-
-
-async def cancel_task(task: asyncio.Task[None] | None) -> None:
-    """Cancel ``task`` and wait for its end; a cancellation of the caller goes on."""
-    if task is None or task.done():
-        return
-    task.cancel()
-    await asyncio.wait([task])

@@ -15,10 +15,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from controller.cluster.feed import RETRY, Feed, cancel_task, guarded_task
+from controller.cluster.feed import RETRY, Feed
 from controller.cluster.membership import NodeReport, PeerTable
 from controller.cluster.pools import reports_key
 from controller.etcd import EtcdClient
+from controller.tasks import cancel_task, guarded_task
 from gateway import Pool
 
 log = logging.getLogger(__name__)

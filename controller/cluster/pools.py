@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from controller.cluster.feed import RETRY, Feed, Status, cancel_task, guarded_task
+from controller.cluster.feed import RETRY, Feed, Status
 from controller.cluster.membership import (
     AddUpstream,
     DrainUpstream,
@@ -39,6 +39,7 @@ from controller.cluster.membership import (
 )
 from controller.errors import Deposed
 from controller.etcd import Compare, Delete, EtcdClient, EtcdError, EtcdUnavailable, Op, Put
+from controller.tasks import cancel_task, guarded_task
 from gateway import AdminState, Pool, PoolEvent
 
 log = logging.getLogger(__name__)

@@ -25,11 +25,9 @@ Adoption is synchronous (the protocol's ``adopt``): ``connect()`` must have been
 so each reachable host's containers are known; a replica of a host that cannot be reached is
 taken back on its handle's word and checked once the engine answers.
 
-Orphans: a container with this instance's labels that this backend neither started nor adopted
-(a gateway that died between a start and its record) is stopped and removed once
-``orphan_grace`` has passed after the first ``connect()``, and at each later (re)connection of
-its host. Adoption happens at restore, well within the grace; the state's replicas are thus
-exactly the backend's, and the backend needs no view of the store.
+Orphans (``orphans``): containers of this instance that this backend neither started nor
+adopted. Adoption happens at restore, well within ``orphan_grace``; the state's replicas are
+thus exactly the backend's, and the backend needs no view of the store.
 """
 
 from __future__ import annotations
@@ -43,15 +41,17 @@ import re
 import shutil
 import tempfile
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...errors import BackendError, NoCapacity, StartFailed
 from ...spec import gpu_count
+from ...tasks import guarded_task
 from ..base import Exit, ExitHandler, Launch, Running
 from .container import LABEL, container_config, container_name, exit_reason, signed_code
 from .engine import EngineClient, EngineError, EngineUnreachable, EventStream
 from .hosts import DockerHost, HostListener, HostRecord, HostState, ReplicaRecord
+from .orphans import sweep
 from .placement import HostLoad, NoRoom, place
 from .pulling import PullProgress
 from .tunnel import SshOptions, Tunnel
@@ -164,20 +164,20 @@ class DockerBackend:
         self._loop = asyncio.get_running_loop()
         if self._sweep_at is None:
             self._sweep_at = self._loop.time() + self._orphan_grace
-            self._sweeper = _guarded_task(self._sweep_after_grace(), "docker-orphans")
+            self._sweeper = guarded_task(self._sweep_after_grace(), "docker-orphans")
         tunnels = []
         if self._tunnels_dir is not None:
             os.makedirs(self._tunnels_dir, mode=0o700, exist_ok=True)
         for host in self._hosts.values():
             if host.tunnel is not None and host.tunneling is None:
-                host.tunneling = _guarded_task(host.tunnel.run(), f"docker-ssh:{host.name}")
+                host.tunneling = guarded_task(host.tunnel.run(), f"docker-ssh:{host.name}")
                 tunnels.append(host.tunnel.ready.wait())
         with contextlib.suppress(TimeoutError):  # a watcher retries a tunnel not up yet
             await asyncio.wait_for(asyncio.gather(*tunnels), CONNECT_WAIT)
         for host in self._hosts.values():
             if host.watcher is None:
                 host.answered = asyncio.Event()
-                host.watcher = _guarded_task(self._watch(host), f"docker-events:{host.name}")
+                host.watcher = guarded_task(self._watch(host), f"docker-events:{host.name}")
         waits = [h.answered.wait() for h in self._hosts.values() if h.answered is not None]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*waits), CONNECT_WAIT)
@@ -229,7 +229,7 @@ class DockerBackend:
             replica.port,
         )
         if replica.stop_requested:  # stop() came while we were starting
-            _guarded_task(self._stop_container(replica, self._stop_grace_default), f"stop:{rid}")
+            guarded_task(self._stop_container(replica, self._stop_grace_default), f"stop:{rid}")
         return self._running(replica)
 
     async def stop(self, replica_id: str, grace: float) -> None:
@@ -481,7 +481,7 @@ class DockerBackend:
     def _finish(self, replica: ReplicaRecord, code: int | None) -> None:
         if replica.finishing is None:
             rid = replica.launch.replica_id
-            replica.finishing = task = _guarded_task(self._report(replica, code), f"exit:{rid}")
+            replica.finishing = task = guarded_task(self._report(replica, code), f"exit:{rid}")
             self._removals.add(task)
             task.add_done_callback(self._removals.discard)
 
@@ -629,10 +629,13 @@ class DockerBackend:
                 # Its stop was asked for while the engine did not answer: ask again.
                 rid = replica.launch.replica_id
                 stop = self._stop_container(replica, self._stop_grace_default)
-                _guarded_task(stop, f"stop:{rid}")
+                guarded_task(stop, f"stop:{rid}")
             replica.verified = True
         if self._orphans_due() and (host.sweeping is None or host.sweeping.done()):
-            host.sweeping = _guarded_task(self._sweep(host), f"docker-orphans:{host.name}")
+            host.sweeping = guarded_task(
+                sweep(host, self._labels(host), self._stop_grace_default),
+                f"docker-orphans:{host.name}",
+            )
 
     # -- orphans --------------------------------------------------------------------------------
 
@@ -640,44 +643,11 @@ class DockerBackend:
         await asyncio.sleep(self._orphan_grace)
         for host in self._hosts.values():
             if host.reachable:  # the others are swept when they answer again (``_relist``)
-                await self._sweep(host)
+                await sweep(host, self._labels(host), self._stop_grace_default)
 
     def _orphans_due(self) -> bool:
         loop = self._loop
         return self._sweep_at is not None and loop is not None and loop.time() >= self._sweep_at
-
-    async def _sweep(self, host: HostRecord) -> None:
-        """Stop and remove the host's containers of this instance that no replica holds."""
-        try:
-            found = await host.client.containers(self._labels(host))
-        except EngineError as exc:
-            log.warning("docker host %s: orphans not listed: %s", host.name, exc.message)
-            return
-        held = {r.container for r in host.replicas.values()}
-        orphans = [
-            c
-            for c in found
-            if c["Id"] not in held
-            # A start in progress holds its replica id before its container exists.
-            and ((c.get("Labels") or {}).get(LABEL + "replica") not in host.replicas)
-        ]
-        await asyncio.gather(*(self._remove_orphan(host, c) for c in orphans))
-
-    async def _remove_orphan(self, host: HostRecord, info: dict[str, Any]) -> None:
-        container, labels = info["Id"], info.get("Labels") or {}
-        log.warning(
-            "docker host %s: removing orphan container %.12s (service %s, replica %s)",
-            host.name,
-            container,
-            labels.get(LABEL + "service"),
-            labels.get(LABEL + "replica"),
-        )
-        try:
-            if info.get("State") == "running":
-                await host.client.stop(container, math.ceil(self._stop_grace_default))
-            await host.client.remove(container)
-        except EngineError as exc:
-            log.warning("orphan container %.12s not removed: %s", container, exc.message)
 
     def _on_event(self, host: HostRecord, event: dict[str, Any]) -> None:
         if isinstance(event.get("timeNano"), int):
@@ -695,14 +665,3 @@ class DockerBackend:
             return
         code = (event.get("Actor") or {}).get("Attributes", {}).get("exitCode")
         self._finish(replica, int(code) if isinstance(code, str) and code.isdigit() else None)
-
-
-def _guarded_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-    task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
-    task.add_done_callback(_log_unexpected_end)
-    return task
-
-
-def _log_unexpected_end(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("task %s ended unexpectedly", task.get_name(), exc_info=task.exception())

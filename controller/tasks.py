@@ -1,0 +1,31 @@
+"""Background tasks of the control plane: started with a name, their unexpected end logged,
+cancelled and awaited in one call."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def guarded_task(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    """A named task whose unexpected end (an exception, not a cancellation) is logged."""
+    task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
+    task.add_done_callback(_log_unexpected_end)
+    return task
+
+
+def _log_unexpected_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s ended unexpectedly", task.get_name(), exc_info=task.exception())
+
+
+async def cancel_task(task: asyncio.Task[None] | None) -> None:
+    """Cancel ``task`` and wait for its end; a cancellation of the caller goes on."""
+    if task is None or task.done():
+        return
+    task.cancel()
+    await asyncio.wait([task])
