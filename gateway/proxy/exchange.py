@@ -131,6 +131,8 @@ class Exchange:
     """The key ``load_balancing: hash`` hashes (``guard``), once routed."""
     strip: bytes | None = None
     """A header (lower-cased) not sent upstream: the service's token (``guard``)."""
+    rid: bytes = b""
+    """``request_id`` encoded (``request_id_bytes``), once made."""
     pinned: int | None = None
     """The revision a preview route asked for: no attempt goes to another (``preview``)."""
 
@@ -154,13 +156,28 @@ class Exchange:
         self.conn = conn
         sp.hold(upstream.id, self)
         self.held = upstream.id
-        self.client.exchange = self
-        head = self.upstream_head(self.target, upstream)
-        if request.content_length is not None:
-            head.append(b"Content-Length: 0")
-        head.append(http1.CRLF)
+        client = self.client
+        client.exchange = self
+        if request.plain_lines is not None and not (
+            request.forwarded and self.proxy.trust_forwarded
+        ):
+            data = messages.plain_upstream_head(
+                request,
+                self.target,
+                peer=client.peer,
+                request_id=self.request_id_bytes(),
+                secure=client.secure,
+                address="" if request.host else upstream.address,
+                empty_body=request.content_length is not None,
+            )
+        else:
+            head = self.upstream_head(self.target, upstream)
+            if request.content_length is not None:
+                head.append(b"Content-Length: 0")
+            head.append(http1.CRLF)
+            data = http1.CRLF.join(head)
         conn.send(
-            http1.CRLF.join(head),
+            data,
             body=False,
             chunked=False,
             head_only=request.method == "HEAD",
@@ -265,6 +282,13 @@ class Exchange:
 
     # -- both ways ---------------------------------------------------------------------------
 
+    def request_id_bytes(self) -> bytes:
+        """``request_id`` encoded, once: both heads carry it."""
+        rid = self.rid
+        if not rid:
+            rid = self.rid = self.request_id.encode()
+        return rid
+
     def upstream_head(self, target: bytes, upstream: Upstream) -> list[bytes]:
         """The request line and header lines sent to ``upstream`` (framing not included)."""
         return messages.upstream_head(
@@ -342,7 +366,9 @@ class Exchange:
         self.status = head.status
         self.response_started = True
         client.producer = conn
-        chunked, keep_alive, data = messages.client_head(request, head, self.request_id, keep_alive)
+        chunked, keep_alive, data = messages.client_head(
+            request, head, self.request_id_bytes(), keep_alive
+        )
         request.keep_alive = keep_alive
         if client.secure:
             sp = self.sp

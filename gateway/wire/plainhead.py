@@ -155,8 +155,15 @@ there are none)."""
 
 PlainAnswer = tuple[int, bytes, bytes, int, Fields, bool, int]
 """An answer read here: status, phrase, the block of its end-to-end fields (as
-``headers.response_fields`` keeps them), Content-Length, its Connection fields, whether
-the connection is kept alive, and where the body begins."""
+``headers.response_fields`` keeps them), Content-Length, its hop-by-hop fields (``NO_HOP``),
+whether the connection is kept alive, and where the body begins."""
+
+NO_HOP: Final[Fields] = []
+"""The hop-by-hop fields of every plain answer: none to pass on or to act on. A plain
+answer's only Connection field says keep-alive or close (anything else is not plain), which
+names no field (``headers.names_fields``), and a plain answer is no 101: so the field is
+read (``keep_alive``) and not kept. Shared: nothing adds to it."""
+_OK: Final = b"OK"
 
 
 def _is(data: bytes, start: i64, name: bytes) -> bool:
@@ -375,14 +382,13 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
     i = _field_end(data, 13, n)  # the phrase is read as a value is
     if i < 0:
         return None
-    phrase = data[13:i]
+    phrase = _OK if i == 15 and data[13] == 79 and data[14] == 75 else data[13:i]
     i += 2
     block_at: i64 = i
     kept: list[bytes] = []
     run: i64 = i  # the start of the run of kept lines before the current line
     count: i64 = 0
     content_length: i64 = -1
-    hop: Fields = []
     keep_alive = True
     connection = False
     while i < n and data[i] != _CR:
@@ -419,20 +425,21 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
                 content_length = content_length * 10 + c
                 k += 1
         elif kind == _CONNECTION:
-            value = data[value_at:end]
-            alive = _connection(value)
+            if end - value_at == 10 and _at(data, value_at, b"keep-alive"):
+                alive = 1  # the usual spelling, read in place
+            else:
+                alive = _connection(data[value_at:end])
             if connection or alive < 0:
                 return None
             connection = True
             keep_alive = alive == 1
-            hop.append((data[start:colon], value))
         if start > run:
             kept.append(data[run : start - 2])
         run = i
     if i + 1 >= n or data[i + 1] != _LF or content_length != n - i - 2:
         return None  # not a blank line, or not the whole body
     block = _kept(data, kept, block_at, run, i - 2 if i > block_at else i)
-    return status, phrase, block, content_length, hop, keep_alive, i + 2
+    return status, phrase, block, content_length, NO_HOP, keep_alive, i + 2
 
 
 def _kept(data: bytes, kept: list[bytes], block_at: int, run: int, block_end: int) -> bytes:

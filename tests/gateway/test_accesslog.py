@@ -93,13 +93,13 @@ def test_times_are_stamped_and_durations_rounded_as_their_format_specs_would(ats
     [0.0, 0.00035, 0.0012345, 0.99995, 1.23456789, 86_400.00005, 1e11, 1e12, -0.5],
 )
 def test_a_duration_is_written_as_the_percent_format_writes_it(seconds: float) -> None:
-    assert _tenths(seconds) == "%.1f" % (seconds * 1000)
+    assert "".join(_tenths(seconds)) == "%.1f" % (seconds * 1000)
 
 
 def test_durations_at_and_near_ties_are_written_as_the_percent_format_writes_them() -> None:
     # k / 20,000 s is a tie in tenths of a millisecond for every odd k (or a float near one).
     for seconds in [k / 20_000 for k in range(4000)] + [float("inf"), float("nan")]:
-        assert _tenths(seconds) == "%.1f" % (seconds * 1000), seconds
+        assert "".join(_tenths(seconds)) == "%.1f" % (seconds * 1000), seconds
 
 
 def test_json_line() -> None:

@@ -13,6 +13,8 @@ import random
 import httptools
 import pytest
 
+from gateway.proxy import messages
+from gateway.proxy.request import IncomingRequest
 from gateway.wire import headers, plainhead
 
 MAX_FIELD = 1024
@@ -123,6 +125,7 @@ def check_request(data: bytes) -> bool:
                     fields, host=host, peer=peer, request_id="r1", trust_forwarded=trust
                 )
             ), data
+            check_whole_head(plain, peer, trust)
     assert forwarded == any(name.startswith(b"x-forwarded-") for name in names)
     # Authorization, noted as read: its value, and where its line is in the kept lines.
     tokens = [value for name, value in fields if name.lower() == b"authorization"]
@@ -134,6 +137,39 @@ def check_request(data: bytes) -> bool:
         assert auth_at == 0 or kept[auth_at - 2 : auth_at] == b"\r\n", data
         assert line.lower() == b"authorization: " + auth.lower(), data
     return True
+
+
+def check_whole_head(plain: plainhead.PlainRequest, peer: str | None, trust: bool) -> None:
+    """``messages.plain_upstream_head`` makes the bytes ``upstream_head``'s lines make, with
+    the framing and the blank line, for the request of a plain head."""
+    method, target, block, kept, host, request_id, keep_alive, forwarded, _, _ = plain
+    request = IncomingRequest(None)
+    request.method, request.target, request.raw_fields = method, target, block
+    request.plain_lines, request.host, request.forwarded = kept, host, forwarded
+    request.request_id, request.keep_alive = request_id, keep_alive
+    for secure in (False, True):
+        for empty_body in (False, True):
+            lines = messages.upstream_head(
+                request,
+                b"/t?q",
+                peer=peer,
+                request_id="r1",
+                trust_forwarded=trust,
+                address="10.1.1.1:80",
+                secure=secure,
+            )
+            if empty_body:
+                lines.append(b"Content-Length: 0")
+            whole = messages.plain_upstream_head(
+                request,
+                b"/t?q",
+                peer=peer,
+                request_id=b"r1",
+                secure=secure,
+                address="10.1.1.1:80",
+                empty_body=empty_body,
+            )
+            assert whole == b"\r\n".join([*lines, b"", b""]), plain
 
 
 def check_answer(data: bytes) -> bool:
@@ -156,7 +192,12 @@ def check_answer(data: bytes) -> bool:
     assert len(reader.body) == length
     head = data[: data.index(b"\r\n\r\n")]
     _, _, raw_block = head.partition(b"\r\n")
-    assert headers.response_fields(raw_block) == (block, length, False, hop)
+    fields, content_length, chunked, connection = headers.response_fields(raw_block)
+    assert (fields, content_length, chunked) == (block, length, False)
+    # Its Connection field (keep-alive or close) names no field to drop: none is kept.
+    assert hop is plainhead.NO_HOP
+    assert hop == []
+    assert not headers.names_fields(connection)
     return True
 
 
