@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Final
 
 from aiohttp import web
+from mypy_extensions import i64
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -201,7 +202,7 @@ _SERVICE_CHILDREN: Final[tuple[str, ...]] = (
 class _RevisionSeries:
     """The request counts of one revision of a service; its series go with it."""
 
-    __slots__ = ("codes", "duration", "label", "service", "ttfb")
+    __slots__ = ("_run", "_status", "codes", "duration", "label", "service", "ttfb")
 
     def __init__(self, service: _ServiceSeries, revision: int | None) -> None:
         self.service = service
@@ -212,12 +213,38 @@ class _RevisionSeries:
         self.codes: dict[int | str, int] = {}
         """Answers by ``code`` label to be: an int is a status whose label (its class) is
         worked out at scrape time, saving ``on_request`` the work; a str is the exact code of
-        an answer the gateway made. In order of first appearance, as the series are shown."""
+        an answer the gateway made. In order of first appearance, as the series are shown.
+        Read through ``settled``: the run of one status being counted is not in it."""
+        self._status: i64 = -1
+        self._run: i64 = 0
+        """Consecutive answers with status ``_status`` not yet in ``codes``: counted as a
+        machine integer (an int past 256 in the dict is an object made at every increment)."""
+
+    def answered(self, status: i64) -> None:
+        """One more answer with ``status`` (that the proxy made: ``GatewayMetrics._count``)."""
+        if status == self._status:
+            self._run += 1
+            return
+        codes = self.settled()
+        self._status = status
+        self._run = 1
+        if status not in codes:
+            codes[status] = 0  # its place, in order of first appearance
+
+    def settled(self) -> dict[int | str, int]:
+        """``codes``, with the run being counted in them."""
+        run = self._run
+        codes = self.codes
+        if run:
+            status = self._status
+            codes[status] = codes.get(status, 0) + run
+            self._run = 0
+        return codes
 
     def code_counts(self) -> dict[str, int]:
         """The counts by ``code`` label, each label where its first status appeared."""
         out: dict[str, int] = {}
-        for key, count in list(self.codes.items()):
+        for key, count in list(self.settled().items()):
             code = key if isinstance(key, str) else code_label(key, None)
             out[code] = out.get(code, 0) + count
         return out
@@ -316,11 +343,11 @@ class GatewayMetrics:
             if revision is None:
                 continue
             total = errors = 0
-            for key, count in series.codes.items():
+            for key, count in series.settled().items():
                 total += count
                 if int(key) >= 500:
                     errors += count
-            out[revision] = (total, errors, tuple(series.duration.counts))
+            out[revision] = (total, errors, tuple(series.duration.settled()))
         return LATENCY_BUCKETS, out
 
     # -- the pool -----------------------------------------------------------------------------
@@ -417,19 +444,14 @@ class GatewayMetrics:
         error, reasons = record.error, record.retry_reasons
         if error is None and not reasons:
             # Most requests: only their status to count (``_count`` does the same, slower).
-            codes, status = entry.codes, record.status
-            codes[status] = codes.get(status, 0) + 1
+            entry.answered(record.status)
         else:
             self._count(entry, record.status, error, reasons, 1)
-        # An ``observe`` written out: the two calls cost more than the rest did.
-        histogram, duration = entry.duration, record.duration
-        histogram.counts[latency_bucket(duration)] += 1
-        histogram.sum += duration
+        duration = record.duration
+        entry.duration.count(latency_bucket(duration), duration)
         ttfb = record.ttfb
         if ttfb is not None:
-            histogram = entry.ttfb
-            histogram.counts[latency_bucket(ttfb)] += 1
-            histogram.sum += ttfb
+            entry.ttfb.count(latency_bucket(ttfb), ttfb)
 
     def _count(
         self,

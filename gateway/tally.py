@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from mypy_extensions import i64
+
 from .events import RequestRecord
 from .upstream import by_fields
 
@@ -40,22 +42,48 @@ def latency_bucket(value: float) -> int:
 class Buckets:
     """Observations counted per bucket, read at scrape time (``metrics``' module docstring).
 
-    The request observers count into it themselves, ``counts[latency_bucket(value)] += 1``
-    (``le``: value <= bound) and ``sum += value``: an ``observe`` method call cost as much
-    as the counting. Only the event loop writes it; a scrape on the same loop reads a
-    consistent state.
+    The request observers count into it with ``count`` (the bucket, ``latency_bucket``:
+    value <= bound, and the value). Consecutive observations in one bucket, as under steady
+    load, are counted as a machine integer (``_run``) and added to ``counts`` when another
+    bucket comes or the counts are read (``settled``): an int past 256 in the list is an
+    object made at every increment. Only the event loop writes it; a scrape on the same
+    loop reads a consistent state.
     """
 
-    __slots__ = ("bounds", "counts", "sum")
+    __slots__ = ("_at", "_run", "bounds", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        """Per bucket, but for the run being counted: read them through ``settled``."""
         self.sum = 0.0
+        self._at: i64 = 0
+        """The bucket of the run of observations not yet in ``counts``."""
+        self._run: i64 = 0
+
+    def count(self, bucket: i64, value: float) -> None:
+        """One observation of ``value``, in ``bucket``."""
+        if bucket == self._at:
+            self._run += 1
+        else:
+            run = self._run
+            if run:
+                self.counts[self._at] += run
+            self._at = bucket
+            self._run = 1
+        self.sum += value
+
+    def settled(self) -> list[int]:
+        """``counts``, with the run being counted in them."""
+        run = self._run
+        if run:
+            self.counts[self._at] += run
+            self._run = 0
+        return self.counts
 
     def counted(self) -> tuple[tuple[int, ...], float]:
         """The counts per bucket and the sum, as plain data to send."""
-        return tuple(self.counts), self.sum
+        return tuple(self.settled()), self.sum
 
     def merge(self, taken: tuple[tuple[int, ...], float]) -> None:
         """Add what ``counted`` gave (from a histogram with the same bounds)."""
@@ -69,7 +97,7 @@ class Buckets:
         """Cumulative counts per ``le``, +Inf last, as HistogramMetricFamily wants them."""
         out: list[tuple[str, float]] = []
         total = 0
-        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+        for bound, count in zip((*self.bounds, float("inf")), self.settled(), strict=True):
             total += count
             out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
         return out
@@ -122,17 +150,14 @@ class RequestTally:
         histogram = self.durations.get(series)
         if histogram is None:
             histogram = self.durations[series] = Buckets(LATENCY_BUCKETS)
-        # what an ``observe`` would do, written out, as in ``GatewayMetrics.on_request``.
         duration = record.duration
-        histogram.counts[latency_bucket(duration)] += 1
-        histogram.sum += duration
+        histogram.count(latency_bucket(duration), duration)
         ttfb = record.ttfb
         if ttfb is not None:
             histogram = self.ttfb.get(record.service)
             if histogram is None:
                 histogram = self.ttfb[record.service] = Buckets(LATENCY_BUCKETS)
-            histogram.counts[latency_bucket(ttfb)] += 1
-            histogram.sum += ttfb
+            histogram.count(latency_bucket(ttfb), ttfb)
 
     def take(self) -> Tally:
         """The counts since the last ``take``; counting starts again from zero."""

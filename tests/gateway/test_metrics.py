@@ -462,3 +462,45 @@ def test_latency_bucket_is_bisect_left() -> None:
     values += [i / 10000 for i in range(2000)]
     for value in values:
         assert latency_bucket(value) == bisect_left(LATENCY_BUCKETS, value), value
+
+
+async def test_runs_counted_apart_are_in_every_read(pool, metrics: GatewayMetrics, registry):
+    """Runs of one status or one latency bucket, counted apart from the dicts and lists
+    (``_RevisionSeries.answered``, ``Buckets.count``), are in every read of them: scrapes and
+    the canary's ``revision_counts``, whenever they come, against a plain count."""
+    import random
+    from collections import Counter
+
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "a", 1)
+    rng = random.Random(29)
+    codes: Counter[str] = Counter()
+    buckets = [0] * (len(LATENCY_BUCKETS) + 1)
+    for _ in range(40):
+        status = rng.choice((200, 200, 200, 201, 404, 502))
+        duration = rng.choice((0.0004, 0.0004, 0.002, 0.3, 70.0))
+        for _ in range(rng.choice((1, 2, 300))):  # runs, some past a small int's 256
+            metrics.on_request(record(status=status, duration=duration, ttfb=None))
+            codes[code_label(status, None)] += 1
+            buckets[bisect_left(LATENCY_BUCKETS, duration)] += 1
+        if rng.random() < 0.3:
+            continue  # read later, with a run open
+        shown = {
+            line.split('code="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in series_of(registry, "web")
+            if line.startswith("gateway_requests_total")
+        }
+        assert shown == {code: float(n) for code, n in codes.items()}
+        cumulative = [
+            value(registry, "gateway_request_duration_seconds_bucket", service="web",
+                  revision="0", le=le)
+            for le in [repr(float(b)) for b in LATENCY_BUCKETS] + ["+Inf"]
+        ]  # fmt: skip
+        assert cumulative == [float(sum(buckets[: i + 1])) for i in range(len(buckets))]
+        _, counts = metrics.revision_counts("web")
+        total, errors, latency = counts[0]
+        assert (total, errors, list(latency)) == (
+            sum(codes.values()),
+            codes["5xx"],
+            buckets,
+        )
