@@ -1,0 +1,293 @@
+"""The keep-alive wheel (``reader.Wheel``): idle connections' deadlines in slots under one
+timer of the loop. On a fake loop whose clock the test moves: nothing sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from gateway.config import ListenerLimits
+from gateway.proxy.client import ClientConnection, ConnectionGate
+from gateway.proxy.reader import WHEEL_SLOT, wheel_of
+
+GET = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
+
+
+class Handle:
+    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def __lt__(self, other: Handle) -> bool:
+        return self.when < other.when
+
+
+class FakeLoop:
+    """The part of a loop the reader and the wheel use: a clock moved by ``advance``, timers
+    run in order as it passes them. ``early`` runs each timer that much before its time, as a
+    loop may (its clock's resolution)."""
+
+    def __init__(self, now: float = 1000.0, early: float = 0.0) -> None:
+        self.now = now
+        self.early = early
+        self.timers: list[Handle] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Handle:
+        handle = Handle(when, callback)
+        heapq.heappush(self.timers, handle)
+        return handle
+
+    def pending(self) -> list[Handle]:
+        return [h for h in self.timers if not h.cancelled]
+
+    def advance(self, seconds: float) -> None:
+        end = self.now + seconds
+        while self.timers and self.timers[0].when - self.early <= end:
+            handle = heapq.heappop(self.timers)
+            if handle.cancelled:
+                continue
+            self.now = max(self.now, handle.when - self.early)
+            handle.callback()
+        self.now = end
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.closed = False
+        self.written = b""
+        self.on_close: Callable[[], None] | None = None
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 50000) if name == "peername" else None
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+        if self.on_close is not None:
+            self.on_close()
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+@contextmanager
+def running(loop: FakeLoop) -> Iterator[None]:
+    """``loop`` as the running loop, for what the connection asks of it when it is made."""
+    asyncio.events._set_running_loop(loop)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        asyncio.events._set_running_loop(None)
+
+
+class Served:
+    """A ``Begin`` that takes every request and answers nothing: the test finishes them."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    def __call__(self, conn: ClientConnection, request: Any) -> bool:
+        self.requests.append(request)
+        return True
+
+
+@pytest.fixture
+def loop() -> Iterator[FakeLoop]:
+    fake = FakeLoop()
+    with running(fake):
+        yield fake
+
+
+def connect(loop: FakeLoop, keepalive: float = 75.0) -> tuple[ClientConnection, Transport, Served]:
+    served = Served()
+
+    async def handler(conn: ClientConnection, request: Any) -> None:
+        raise AssertionError("every request is taken by begin")
+
+    limits = ListenerLimits(keepalive_timeout=keepalive, header_timeout=10.0)
+    conn = ClientConnection(handler, limits, ConnectionGate(100), set(), served)
+    transport = Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport, served
+
+
+def serve_one(conn: ClientConnection, served: Served) -> None:
+    conn.data_received(GET)
+    conn.finished(served.requests[-1])
+
+
+def wheel_entries(loop: FakeLoop) -> int:
+    return sum(len(readers) for readers in wheel_of(loop).slots.values())  # type: ignore[arg-type]
+
+
+def test_an_idle_connection_is_in_the_wheel_and_holds_no_timer(loop):
+    conn, transport, served = connect(loop)
+    assert len(loop.pending()) == 1  # the first request's head is due: a timer of its own
+    serve_one(conn, served)
+    assert wheel_entries(loop) == 1
+    assert len(loop.pending()) == 1  # the wheel's only: the head's was cancelled
+    loop.advance(75 - 0.1)
+    assert not transport.closed
+    loop.advance(0.1 + WHEEL_SLOT)
+    assert transport.closed
+    conn.connection_lost(None)
+    assert wheel_entries(loop) == 0
+
+
+def test_a_connection_busy_when_its_slot_fires_is_skipped_then_timed_again(loop):
+    conn, transport, served = connect(loop)
+    serve_one(conn, served)
+    loop.advance(70)
+    conn.data_received(GET)  # busy from 70 s, answered at 80 s
+    loop.advance(10)
+    assert not transport.closed  # its slot came at 75 s: skipped
+    conn.finished(served.requests[-1])
+    assert wheel_entries(loop) == 1
+    loop.advance(75 - 0.1)
+    assert not transport.closed
+    loop.advance(0.1 + WHEEL_SLOT)
+    assert transport.closed
+
+
+def test_a_deadline_moved_later_goes_back_in(loop):
+    conn, transport, served = connect(loop)
+    serve_one(conn, served)
+    loop.advance(50)
+    serve_one(conn, served)  # idle again, due at 125 s; still in its slot of 75 s
+    loop.advance(25 + WHEEL_SLOT)
+    assert not transport.closed
+    assert wheel_entries(loop) == 1  # put back
+    loop.advance(50 - WHEEL_SLOT - 0.1)
+    assert not transport.closed
+    loop.advance(0.1 + WHEEL_SLOT)
+    assert transport.closed
+
+
+def test_a_closed_connection_leaves_the_wheel(loop):
+    conns = [connect(loop) for _ in range(3)]
+    for conn, _, served in conns:
+        serve_one(conn, served)
+    assert wheel_entries(loop) == 3
+    conns[1][0].connection_lost(None)
+    assert wheel_entries(loop) == 2
+    loop.advance(76)
+    assert [transport.closed for _, transport, _ in conns] == [True, False, True]
+
+
+def test_a_short_keepalive_timeout_closes_within_a_slot(loop):
+    conn, transport, served = connect(loop, keepalive=0.2)
+    serve_one(conn, served)
+    loop.advance(0.19)
+    assert not transport.closed
+    loop.advance(0.01 + WHEEL_SLOT)
+    assert transport.closed
+
+
+def test_the_head_deadline_still_has_a_timer_of_its_own(loop):
+    conn, transport, served = connect(loop)
+    serve_one(conn, served)
+    conn.data_received(b"GET / HT")  # a head begun, due within header_timeout (10 s)
+    loop.advance(10 + 0.01)
+    assert transport.closed
+
+
+def test_many_connections_share_one_timer_each_closed_once_on_time(loop):
+    conns = []
+    idle_at = {}
+    for _ in range(100):
+        conn, transport, served = connect(loop)
+        serve_one(conn, served)
+        conns.append((conn, transport))
+        idle_at[transport] = loop.now
+        loop.advance(0.1)
+    assert len(loop.pending()) == 1 + 100 * 0  # the wheel's; no connection has a timer
+    loop.advance(75 - 10 - 0.1)
+    assert not any(t.closed for _, t in conns)
+    for _ in range(24):
+        loop.advance(0.5)
+        for _, transport in conns:
+            due = idle_at[transport] + 75
+            if transport.closed:
+                assert due <= loop.now  # never before its deadline
+            else:
+                assert due > loop.now - WHEEL_SLOT  # nor more than a slot after it
+    assert all(t.closed for _, t in conns)
+    for conn, _ in conns:
+        conn.connection_lost(None)
+    assert wheel_entries(loop) == 0
+    assert loop.pending() == []
+
+
+def test_an_earlier_slot_rearms_the_wheels_timer(loop):
+    late, late_transport, served = connect(loop, keepalive=75)
+    serve_one(late, served)
+    soon, soon_transport, served = connect(loop, keepalive=1)
+    serve_one(soon, served)
+    assert len(loop.pending()) == 1
+    loop.advance(1 + WHEEL_SLOT)
+    assert soon_transport.closed
+    assert not late_transport.closed
+    assert len(loop.pending()) == 1  # armed again, for the later slot
+    loop.advance(75)
+    assert late_transport.closed
+
+
+def test_a_connection_closed_by_another_in_the_same_slot_is_not_fired(loop):
+    a, a_transport, a_served = connect(loop)
+    b, b_transport, b_served = connect(loop)
+    serve_one(a, a_served)
+    serve_one(b, b_served)
+    # The first closed loses the other at once (as if its close took the other's socket).
+    a_transport.on_close = lambda: b.connection_lost(None)
+    b_transport.on_close = lambda: a.connection_lost(None)
+    loop.advance(75 + WHEEL_SLOT)
+    assert a_transport.closed != b_transport.closed  # one closed by the wheel, not both
+    assert wheel_entries(loop) == 0
+
+
+def test_a_timer_run_a_little_early_still_fires_its_slot():
+    loop = FakeLoop(early=0.001)
+    with running(loop):
+        conn, transport, served = connect(loop, keepalive=5.1)
+        serve_one(conn, served)
+        loop.advance(5.1 + WHEEL_SLOT)
+        assert transport.closed
+        assert loop.pending() == []
+
+
+def test_each_loop_has_its_wheel_and_a_replaced_one_still_fires():
+    one, two = FakeLoop(), FakeLoop()
+    with running(one):
+        conn, transport, served = connect(one, keepalive=1)
+        serve_one(conn, served)
+    first = wheel_of(one)  # type: ignore[arg-type]
+    assert wheel_of(one) is first  # type: ignore[arg-type]
+    assert wheel_of(two) is not first  # type: ignore[arg-type]
+    one.advance(1 + WHEEL_SLOT)
+    assert transport.closed
