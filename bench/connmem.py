@@ -21,6 +21,7 @@ import gc
 import subprocess
 import sys
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 import uvloop
@@ -83,7 +84,7 @@ async def measure(connections: int, top: int) -> None:
     pool.add_upstream(Upstream(id="up", service="bench", host="127.0.0.1", port=port))
     pool.set_health("bench", "up", Health.HEALTHY)
     settings = ProxyConfig(limits=ListenerLimits(max_connections=connections + 100))
-    settings = settings.model_copy(update={"listen": "127.0.0.1:0"})
+    settings = replace(settings, listen="127.0.0.1:0")
     server = TrafficServer(Proxy(pool, settings, []), settings)
     await server.start()
     client = None

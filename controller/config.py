@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -22,9 +23,10 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from gateway import Duration, ListenAddress, ListenerLimits, Model, ProxyConfig, TlsConfig
+from gateway import Duration, ListenAddress, ListenerLimits, ProxyConfig, TlsConfig
 
 from .cluster.config import NodeConfig, StateConfig
+from .schema import Model
 from .spec import NAME_PATTERN, ServiceSpec
 
 
@@ -257,6 +259,7 @@ class AcmeConfig(Model):
         return value
 
 
+@dataclass(frozen=True, slots=True)
 class GatewayTls(TlsConfig):
     acme: AcmeConfig | None = None
     """Automatic certificates; off unless configured."""
@@ -321,9 +324,9 @@ class GatewayConfig(Model):
         return self
 
     def proxy_config(self) -> ProxyConfig:
-        tls = TlsConfig(**self.tls.model_dump(exclude={"acme"}))
+        tls = TlsConfig(**{f.name: getattr(self.tls, f.name) for f in fields(TlsConfig)})
         return ProxyConfig(
-            listen=self.listen, listen_tls=self.listen_tls, tls=tls, **self.proxy.model_dump()
+            listen=self.listen, listen_tls=self.listen_tls, tls=tls, **dict(self.proxy)
         )
 
     def admin_token(self) -> str | None:
@@ -375,6 +378,8 @@ def format_validation_error(error: ValidationError) -> list[dict[str, str]]:
     for item in error.errors():
         field = ".".join(str(p) for p in item["loc"]) or "(top level)"
         reason = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "unexpected_keyword_argument":  # a field of a gateway.config dataclass
+            reason = "Extra inputs are not permitted"
         out.append({"field": field, "reason": reason})
     return out
 
@@ -456,17 +461,10 @@ def load_config(path: str | Path, *, workers: int | str | None = None) -> Loaded
         config = config.model_copy(update={"admin": admin})
     if config.tls.certificates:  # relative to the config file, as the other paths
         pairs = tuple(
-            pair.model_copy(
-                update={
-                    "cert_file": str(base / pair.cert_file),
-                    "key_file": str(base / pair.key_file),
-                }
-            )
+            replace(pair, cert_file=str(base / pair.cert_file), key_file=str(base / pair.key_file))
             for pair in config.tls.certificates
         )
-        config = config.model_copy(
-            update={"tls": config.tls.model_copy(update={"certificates": pairs})}
-        )
+        config = config.model_copy(update={"tls": replace(config.tls, certificates=pairs)})
     return LoadedConfig(
         path=str(file), config=config, state_dir=str(state_dir), services=tuple(services)
     )

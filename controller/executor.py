@@ -15,6 +15,7 @@ import json
 import logging
 import secrets
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
 from typing import Any, Literal
 
 from gateway import Health, Pool, Upstream
@@ -167,8 +168,8 @@ class Executor:
             tokens = [*preview.tokens, *(digests or ())]
             if self.admin_digest is not None:
                 tokens.append(self.admin_digest)
-            preview = preview.model_copy(update={"tokens": tuple(dict.fromkeys(tokens))})
-            routing = routing.model_copy(update={"preview": preview})
+            preview = replace(preview, tokens=tuple(dict.fromkeys(tokens)))
+            routing = replace(routing, preview=preview)
         self.pool.set_service(routing)
 
     def token_digests(self, spec: ServiceSpec) -> dict[str, str] | None:

@@ -23,7 +23,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -218,8 +218,8 @@ async def run_gateway(
     proxy_config = config.proxy_config()
     if config.tls.acme is not None:  # what ACME obtains is loaded from here
         managed = str(state_dir / "acme" / "certificates")
-        tls_config = proxy_config.tls.model_copy(update={"managed_dir": managed})
-        proxy_config = proxy_config.model_copy(update={"tls": tls_config})
+        tls_config = replace(proxy_config.tls, managed_dir=managed)
+        proxy_config = replace(proxy_config, tls=tls_config)
     tls = Termination(proxy_config.tls) if proxy_config.listen_tls else None
     if tls is not None:
         register_tls(registry, tls)

@@ -12,7 +12,9 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from gateway import Duration, Model
+from gateway import Duration
+
+from .schema import Model
 
 MAX_REPLICAS = 100
 

@@ -24,7 +24,6 @@ from gateway import (
     Duration,
     LimitsConfig,
     LoadBalancing,
-    Model,
     OutlierConfig,
     PreviewConfig,
     ProbeConfig,
@@ -35,6 +34,7 @@ from gateway import (
     ServiceRouting,
     StickyConfig,
     TimeoutsConfig,
+    dump_settings,
 )
 
 from .scaling import (
@@ -45,6 +45,7 @@ from .scaling import (
     ScalingConfig,
     replica_range,
 )
+from .schema import Model
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 """A service name: a DNS label. Checked with ``fullmatch`` (``$`` alone lets a newline by)."""
@@ -556,7 +557,7 @@ class ServiceSpec(Model):
         doc = {
             "backend": self.backend,
             "replica": replica,
-            "probes": [p.model_dump(mode="json") for p in self.effective_probes],
+            "probes": [dump_settings(p) for p in self.effective_probes],
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 

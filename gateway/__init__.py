@@ -25,7 +25,6 @@ if TYPE_CHECKING:
         ListenAddress,
         ListenerLimits,
         LoadBalancing,
-        Model,
         OutlierConfig,
         PreviewConfig,
         ProbeConfig,
@@ -38,8 +37,10 @@ if TYPE_CHECKING:
         StickyConfig,
         TimeoutsConfig,
         TlsConfig,
+        dump_settings,
         parse_address,
         parse_duration,
+        parse_settings,
     )
     from .errors import (
         GatewayError,
@@ -97,7 +98,6 @@ _WHERE: dict[str, str] = {
     "ListenAddress": ".config",
     "ListenerLimits": ".config",
     "LoadBalancing": ".config",
-    "Model": ".config",
     "NoRoutableUpstream": ".errors",
     "OutlierConfig": ".config",
     "Pool": ".pool",
@@ -131,8 +131,10 @@ _WHERE: dict[str, str] = {
     "UpstreamTimeout": ".errors",
     "WorkerSettings": ".workers.supervisor",
     "metrics_handler": ".metrics",
+    "dump_settings": ".config",
     "parse_address": ".config",
     "parse_duration": ".config",
+    "parse_settings": ".config",
     "register_tls": ".tls.metrics",
 }
 """Each public name -> the module that defines it."""
@@ -161,7 +163,6 @@ __all__ = [
     "ListenAddress",
     "ListenerLimits",
     "LoadBalancing",
-    "Model",
     "NoRoutableUpstream",
     "OutlierConfig",
     "Pool",
@@ -194,8 +195,10 @@ __all__ = [
     "UpstreamConnectError",
     "UpstreamTimeout",
     "WorkerSettings",
+    "dump_settings",
     "metrics_handler",
     "parse_address",
     "parse_duration",
+    "parse_settings",
     "register_tls",
 ]

@@ -1,17 +1,106 @@
 """Settings of the data plane: listeners, routes, probes, balancing, timeouts, retries, drain.
 
-Every model is frozen and forbids unknown fields, so a typo in a config file is an error that
-names the field instead of a setting silently ignored. Durations accept ``"250ms"``, ``"5s"``,
-``"2m"``, ``"1h"`` or plain seconds. Nothing here reads a file or the environment: the one
-loader is in ``controller.config``.
+Every class is a frozen dataclass that forbids unknown fields, so a typo in a config file is
+an error that names the field instead of a setting silently ignored. Durations accept
+``"250ms"``, ``"5s"``, ``"2m"``, ``"1h"`` or plain seconds.
+
+pydantic validates them (``parse_settings``, or as fields of the controller's models) in the
+controller's process only: constraints and checks are ``Annotated`` metadata, cross-field rules
+``__post_init__``, and nothing here imports pydantic at module level, so a worker process, which
+receives them pickled, never loads it. Built directly, a dataclass takes its values as given
+(only ``__post_init__`` runs): build it from typed values, or with ``parse_settings``.
+
+Nothing here reads a file or the environment: the one loader is in ``controller.config``.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, cast
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from annotated_types import Ge, Gt, Le
+
+if TYPE_CHECKING:
+    from pydantic import GetCoreSchemaHandler
+    from pydantic_core import CoreSchema
+
+T = TypeVar("T")
+
+
+class _Check:
+    """A check (or normalisation) of a field's value, run by pydantic when it validates the
+    dataclass: ``before`` on the raw input, else after the type's own validation. pydantic is
+    imported only when a schema is built (in the controller's process, never a worker's)."""
+
+    __slots__ = ("before", "fn")
+
+    def __init__(self, fn: Callable[[Any], Any], *, before: bool = False) -> None:
+        self.fn = fn
+        self.before = before
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        from pydantic_core import core_schema
+
+        if self.before:
+            return core_schema.no_info_before_validator_function(self.fn, handler(source))
+        return core_schema.no_info_after_validator_function(self.fn, handler(source))
+
+
+class _Pattern:
+    """A str field (or ``str | None``) matched by ``pattern``, as pydantic's
+    ``Field(pattern=...)``: its error text, and the pattern in the JSON schema."""
+
+    __slots__ = ("pattern",)
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        schema: dict[str, Any] = dict(handler(source))
+        if schema["type"] == "nullable":  # str | None: the pattern is the str's
+            schema["schema"] = {**schema["schema"], "pattern": self.pattern}
+        else:
+            schema["pattern"] = self.pattern
+        return cast("CoreSchema", schema)
+
+
+_FORBID = {"extra": "forbid"}
+"""pydantic's config of each dataclass (read from ``__pydantic_config__``): unknown fields
+are errors."""
+
+
+_ADAPTERS: dict[type, Any] = {}
+"""pydantic's ``TypeAdapter`` of each class, made on first use."""
+
+
+def _adapter(cls: type) -> Any:
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        from pydantic import TypeAdapter
+
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return adapter
+
+
+def parse_settings(cls: type[T], data: object) -> T:
+    """``data`` (a dict, as read from a document) validated into ``cls``; raises pydantic's
+    ``ValidationError`` (a ``ValueError``)."""
+    result: T = _adapter(cls).validate_python(data)
+    return result
+
+
+def dump_settings(obj: object) -> dict[str, Any]:
+    """One of these dataclasses as JSON-ready data (what pydantic's ``model_dump(mode="json")``
+    gave)."""
+    result: dict[str, Any] = _adapter(type(obj)).dump_python(obj, mode="json")
+    return result
+
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", re.ASCII)
 """Matched whole, in ASCII: ``\\d`` is no Arabic-Indic digit, ``\\s`` no Unicode space."""
@@ -30,7 +119,7 @@ def parse_duration(value: object) -> object:
     return value
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+Duration = Annotated[float, _Check(parse_duration, before=True), Ge(0)]
 """Seconds, as a float; written in config as ``"500ms"``, ``"30s"``, ``"5m"`` or a number."""
 
 
@@ -60,7 +149,7 @@ def _check_address(value: str) -> str:
     return value
 
 
-Address = Annotated[str, BeforeValidator(lambda v: _check_address(str(v)))]
+Address = Annotated[str, _Check(before=True, fn=lambda v: _check_address(str(v)))]
 """``host:port``; IPv6 hosts in brackets."""
 
 
@@ -69,14 +158,8 @@ def _check_listen(value: str) -> str:
     return value
 
 
-ListenAddress = Annotated[str, BeforeValidator(lambda v: _check_listen(str(v)))]
+ListenAddress = Annotated[str, _Check(before=True, fn=lambda v: _check_listen(str(v)))]
 """An address to bind: ``host:port``, where port 0 picks any free port."""
-
-
-class Model(BaseModel):
-    """Base of every config model: immutable, strict about unknown fields."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 LoadBalancing = Literal["round_robin", "least_outstanding", "p2c", "hash"]
@@ -98,60 +181,58 @@ admin token or one of the service's preview tokens."""
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
-class PreviewConfig(Model):
+def _header(name: str | None) -> str | None:
+    if name is not None and not _TOKEN.fullmatch(name):
+        raise ValueError(f"not a header name: {name!r}")
+    return name
+
+
+HeaderName = Annotated[str, _Check(_header)]
+
+
+def _digests(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    for token in tokens:
+        if not _DIGEST.fullmatch(token):
+            raise ValueError("a token is given by its SHA-256 digest: 64 hex digits")
+    return tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewConfig:
+    __pydantic_config__ = _FORBID
     """Preview routes: a request asks for one revision of the service, by header
     (``X-Gateway-Revision: 3``) or by host label (``r3--hello.example.com``)."""
 
     allow: PreviewAllow = "off"
-    header: str = "X-Gateway-Revision"
+    header: HeaderName = "X-Gateway-Revision"
     """The request header that names a revision."""
-    host_prefix: str = Field(default="r", pattern=r"^[a-z]{0,8}$")
+    host_prefix: Annotated[str, _Pattern(r"^[a-z]{0,8}$")] = "r"
     """A host ``<prefix><revision>--<a host of the route>`` names a revision; "": no host
     form."""
-    token_header: str = "X-Gateway-Preview-Token"
+    token_header: HeaderName = "X-Gateway-Preview-Token"
     """With ``allow: token``: the header that bears the token (not passed upstream)."""
-    tokens: tuple[str, ...] = ()
+    tokens: Annotated[tuple[str, ...], _Check(_digests)] = ()
     """SHA-256 digests (hex) of the tokens accepted: the service's; the controller adds the
     admin token's."""
 
-    @field_validator("header", "token_header")
-    @classmethod
-    def _header(cls, name: str) -> str:
-        if not _TOKEN.fullmatch(name):
-            raise ValueError(f"not a header name: {name!r}")
-        return name
 
-    @field_validator("tokens")
-    @classmethod
-    def _digests(cls, tokens: tuple[str, ...]) -> tuple[str, ...]:
-        for token in tokens:
-            if not _DIGEST.fullmatch(token):
-                raise ValueError("a token is given by its SHA-256 digest: 64 hex digits")
-        return tokens
-
-
-class StickyConfig(Model):
+@dataclass(frozen=True, slots=True)
+class StickyConfig:
+    __pydantic_config__ = _FORBID
     """A client keeps its revision while traffic is split between two: the draw between
     them is a hash of this header's or cookie's value instead of a random number."""
 
-    header: str | None = None
-    cookie: str | None = Field(default=None, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+    header: Annotated[str | None, _Check(_header)] = None
+    cookie: Annotated[str | None, _Pattern(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")] = None
 
-    @field_validator("header")
-    @classmethod
-    def _header(cls, name: str | None) -> str | None:
-        if name is not None and not _TOKEN.fullmatch(name):
-            raise ValueError(f"not a header name: {name!r}")
-        return name
-
-    @model_validator(mode="after")
-    def _one(self) -> StickyConfig:
+    def __post_init__(self) -> None:
         if (self.header is None) == (self.cookie is None):
             raise ValueError("a header or a cookie, one of the two")
-        return self
 
 
-class Hsts(Model):
+@dataclass(frozen=True, slots=True)
+class Hsts:
+    __pydantic_config__ = _FORBID
     """The ``Strict-Transport-Security`` header (RFC 6797)."""
 
     max_age: Duration = 31_536_000.0
@@ -159,12 +240,35 @@ class Hsts(Model):
     preload: bool = False
 
 
-class RouteConfig(Model):
+def _hosts(hosts: tuple[str, ...]) -> tuple[str, ...]:
+    out = []
+    for host in hosts:
+        name = host.lower().rstrip(".")
+        if not host.isascii() or not _HOST.fullmatch(name) or len(name) > 253:
+            raise ValueError(f"not a host name or *.suffix wildcard: {host!r}")
+        out.append(name)
+    return tuple(out)
+
+
+def _route_prefix(prefix: str | None) -> str | None:
+    if prefix is None:
+        return None
+    if not prefix.startswith("/") or any(c in prefix for c in "?#\\ \t\r\n%"):
+        raise ValueError("must start with '/' and hold no '?', '#', '%', '\\' or space")
+    segments = prefix.split("/")
+    if any(s in (".", "..") for s in segments) or "//" in prefix:
+        raise ValueError("must be a normalised path (no '.', '..' or '//')")
+    return prefix.rstrip("/") or "/"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteConfig:
+    __pydantic_config__ = _FORBID
     """Which requests belong to a service: by Host and/or by path prefix."""
 
-    hosts: tuple[str, ...] = ()
+    hosts: Annotated[tuple[str, ...], _Check(_hosts)] = ()
     """Exact host names, or ``*.suffix`` wildcards; empty means any host."""
-    path_prefix: str | None = None
+    path_prefix: Annotated[str | None, _Check(_route_prefix)] = None
     """A path prefix such as ``/api``; the longest matching prefix wins."""
     strip_prefix: bool = False
     """Remove ``path_prefix`` from the path before forwarding."""
@@ -177,82 +281,57 @@ class RouteConfig(Model):
     hsts: Hsts | None = None
     """Add ``Strict-Transport-Security`` to the answers this route sends over HTTPS."""
 
-    @field_validator("hosts")
-    @classmethod
-    def _hosts(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
-        out = []
-        for host in hosts:
-            name = host.lower().rstrip(".")
-            if not host.isascii() or not _HOST.fullmatch(name) or len(name) > 253:
-                raise ValueError(f"not a host name or *.suffix wildcard: {host!r}")
-            out.append(name)
-        return tuple(out)
-
-    @field_validator("path_prefix")
-    @classmethod
-    def _prefix(cls, prefix: str | None) -> str | None:
-        if prefix is None:
-            return None
-        if not prefix.startswith("/") or any(c in prefix for c in "?#\\ \t\r\n%"):
-            raise ValueError("must start with '/' and hold no '?', '#', '%', '\\' or space")
-        segments = prefix.split("/")
-        if any(s in (".", "..") for s in segments) or "//" in prefix:
-            raise ValueError("must be a normalised path (no '.', '..' or '//')")
-        return prefix.rstrip("/") or "/"
-
-    @model_validator(mode="after")
-    def _something(self) -> RouteConfig:
+    def __post_init__(self) -> None:
         if not self.hosts and self.path_prefix is None:
             raise ValueError("a route needs hosts, a path_prefix, or both")
         if self.strip_prefix and self.path_prefix is None:
             raise ValueError("strip_prefix needs a path_prefix")
-        return self
 
 
-class ProbeConfig(Model):
+def _probe_path(path: str) -> str:
+    if not path.startswith("/") or any(c in path for c in "\r\n "):
+        raise ValueError("must start with '/' and hold no space or line break")
+    return path
+
+
+def _probe_headers(headers: dict[str, str]) -> dict[str, str]:
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"not a header name: {name!r}")
+        if any((c < " " and c != "\t") or c == "\x7f" for c in value):
+            raise ValueError(f"the value of {name} holds a control character")
+    return headers
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeConfig:
+    __pydantic_config__ = _FORBID
     """One active health check of each upstream."""
 
     type: Literal["http", "tcp"] = "http"
-    path: str = "/"
+    path: Annotated[str, _Check(_probe_path)] = "/"
     """HTTP only: the path requested."""
     method: Literal["GET", "HEAD", "OPTIONS"] = "GET"
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: Annotated[dict[str, str], _Check(_probe_headers)] = field(default_factory=dict)
     expected_statuses: tuple[int, ...] = ()
     """HTTP statuses that pass; empty means any 2xx. Redirects are not followed."""
     interval: Duration = 5.0
     timeout: Duration = 2.0
-    healthy_threshold: int = Field(default=2, ge=1, le=100)
+    healthy_threshold: Annotated[int, Ge(1), Le(100)] = 2
     """Consecutive passes that make an upstream healthy."""
-    unhealthy_threshold: int = Field(default=3, ge=1, le=100)
+    unhealthy_threshold: Annotated[int, Ge(1), Le(100)] = 3
     """Consecutive failures that make an upstream unhealthy."""
-    jitter: float = Field(default=0.1, ge=0, le=1)
+    jitter: Annotated[float, Ge(0), Le(1)] = 0.1
     """Each interval is stretched or shrunk by up to this fraction, so probes spread out."""
 
-    @field_validator("path")
-    @classmethod
-    def _path(cls, path: str) -> str:
-        if not path.startswith("/") or any(c in path for c in "\r\n "):
-            raise ValueError("must start with '/' and hold no space or line break")
-        return path
-
-    @field_validator("headers")
-    @classmethod
-    def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
-        for name, value in headers.items():
-            if not _TOKEN.fullmatch(name):
-                raise ValueError(f"not a header name: {name!r}")
-            if any((c < " " and c != "\t") or c == "\x7f" for c in value):
-                raise ValueError(f"the value of {name} holds a control character")
-        return headers
-
-    @model_validator(mode="after")
-    def _positive(self) -> ProbeConfig:
+    def __post_init__(self) -> None:
         if self.interval <= 0 or self.timeout <= 0:
             raise ValueError("interval and timeout must be greater than 0")
-        return self
 
 
-class TimeoutsConfig(Model):
+@dataclass(frozen=True, slots=True)
+class TimeoutsConfig:
+    __pydantic_config__ = _FORBID
     connect: Duration = 5.0
     """To open a connection to an upstream."""
     read: Duration = 60.0
@@ -261,8 +340,10 @@ class TimeoutsConfig(Model):
     """Optional cap on a whole exchange (never applied to WebSockets)."""
 
 
-class RetriesConfig(Model):
-    attempts: int = Field(default=2, ge=0, le=10)
+@dataclass(frozen=True, slots=True)
+class RetriesConfig:
+    __pydantic_config__ = _FORBID
+    attempts: Annotated[int, Ge(0), Le(10)] = 2
     """Extra tries on another upstream after a failure before any byte was sent."""
     timeout: Duration = 10.0
     """No new attempt starts after this long since the request arrived."""
@@ -270,31 +351,35 @@ class RetriesConfig(Model):
     """Also retry idempotent requests without a body that got 502, 503 or 504."""
 
 
-class OutlierConfig(Model):
+@dataclass(frozen=True, slots=True)
+class OutlierConfig:
+    __pydantic_config__ = _FORBID
     """Passive detection: ejection on failures seen in real traffic."""
 
-    consecutive_connect_failures: int = Field(default=3, ge=1)
-    consecutive_5xx: int = Field(default=5, ge=1)
+    consecutive_connect_failures: Annotated[int, Ge(1)] = 3
+    consecutive_5xx: Annotated[int, Ge(1)] = 5
     base_ejection_time: Duration = 10.0
     """The first ejection lasts this long; each further one adds as much again."""
     max_ejection_time: Duration = 300.0
-    max_ejection_percent: int = Field(default=50, ge=0, le=100)
+    max_ejection_percent: Annotated[int, Ge(0), Le(100)] = 50
     """Never eject more than this share of a pool (at least one upstream may go)."""
 
 
-class LimitsConfig(Model):
-    max_body_size: int = Field(default=64 * 1024 * 1024, ge=0)
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    __pydantic_config__ = _FORBID
+    max_body_size: Annotated[int, Ge(0)] = 64 * 1024 * 1024
     """Largest request body accepted, in bytes (413 beyond it); 0 means no limit."""
-    max_in_flight_per_replica: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_in_flight_per_replica: Annotated[int, Ge(1), Le(1_000_000)] | None = None
     """Most requests one replica is sent at once (off by default); more wait in the service's
     queue, oldest first, for ``queue_timeout`` at most, then 503. With worker processes each
     enforces its share, ``max(1, n // workers)``."""
-    max_queue: int = Field(default=1000, ge=0, le=100_000)
+    max_queue: Annotated[int, Ge(0), Le(100_000)] = 1000
     """Requests waiting for a slot under ``max_in_flight_per_replica`` at most (per
     process); beyond, 503 at once."""
 
 
-RequestKey = Annotated[str, BeforeValidator(lambda v: _check_key(v))]
+RequestKey = Annotated[str, _Check(before=True, fn=lambda v: _check_key(v))]
 """Where a request's key comes from: ``ip`` (the client's address), ``header:NAME``,
 ``cookie:NAME`` (affinity only) or ``token`` (the bearer token's id; rate limits only)."""
 
@@ -315,32 +400,34 @@ def _check_key(value: object) -> object:
 _COOKIE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 
 
-class RateLimit(Model):
+def _limit_prefix(prefix: str) -> str:
+    if not prefix.startswith("/") or any(c in prefix for c in "?# \t\r\n"):
+        raise ValueError("must start with '/' and hold no '?', '#' or space")
+    return prefix
+
+
+def _no_cookie(key: str) -> str:
+    if key.startswith("cookie:"):
+        raise ValueError("a rate limit's key is ip, header:NAME or token")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    __pydantic_config__ = _FORBID
     """A token bucket per key for requests whose path starts with ``path_prefix``."""
 
-    path_prefix: str = "/"
-    key: RequestKey = "ip"
-    rps: float = Field(gt=0, le=1_000_000)
+    path_prefix: Annotated[str, _Check(_limit_prefix)] = "/"
+    key: Annotated[RequestKey, _Check(_no_cookie)] = "ip"
+    rps: Annotated[float, Gt(0), Le(1_000_000)] = field(kw_only=True)
     """Tokens added per second."""
-    burst: int = Field(default=0, ge=0, le=1_000_000)
+    burst: Annotated[int, Ge(0), Le(1_000_000)] = 0
     """The bucket's size: requests allowed at once after a quiet spell (0: ``ceil(rps)``)."""
 
-    @field_validator("path_prefix")
-    @classmethod
-    def _prefix(cls, prefix: str) -> str:
-        if not prefix.startswith("/") or any(c in prefix for c in "?# \t\r\n"):
-            raise ValueError("must start with '/' and hold no '?', '#' or space")
-        return prefix
 
-    @field_validator("key")
-    @classmethod
-    def _no_cookie(cls, key: str) -> str:
-        if key.startswith("cookie:"):
-            raise ValueError("a rate limit's key is ip, header:NAME or token")
-        return key
-
-
-class AuthRouting(Model):
+@dataclass(frozen=True, slots=True)
+class AuthRouting:
+    __pydantic_config__ = _FORBID
     """What the data plane checks of a request to a service with ``auth``: a bearer token
     whose SHA-256 is one of ``tokens``. Only hashes cross to the data plane."""
 
@@ -348,11 +435,13 @@ class AuthRouting(Model):
     """Lower-cased; ``authorization`` carries ``Bearer <token>``, any other header the token."""
     pass_token: bool = False
     """Send the header upstream (by default it is stripped)."""
-    tokens: dict[str, str] = Field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
     """SHA-256 of each token (hex) -> the token's id."""
 
 
-class ServiceRouting(Model):
+@dataclass(frozen=True, slots=True)
+class ServiceRouting:
+    __pydantic_config__ = _FORBID
     """All the data plane needs to know of one service."""
 
     name: str
@@ -376,17 +465,19 @@ class ServiceRouting(Model):
     """``load_balancing: hash``: the request key hashed onto the routable upstreams."""
 
 
-class ListenerLimits(Model):
-    max_header_size: int = Field(default=16 * 1024, ge=1024)
+@dataclass(frozen=True, slots=True)
+class ListenerLimits:
+    __pydantic_config__ = _FORBID
+    max_header_size: Annotated[int, Ge(1024)] = 16 * 1024
     """Largest request line or header field, in bytes (431 beyond it)."""
     header_timeout: Duration = 10.0
     """A client must send its full request head within this long."""
     keepalive_timeout: Duration = 75.0
-    max_connections: int = Field(default=10_000, ge=1)
+    max_connections: Annotated[int, Ge(1)] = 10_000
     """Open client connections beyond this are refused at accept."""
     body_timeout: Duration = 30.0
     """The longest a request body may pause between two reads (408 and close); 0: none."""
-    body_min_rate: int = Field(default=0, ge=0)
+    body_min_rate: Annotated[int, Ge(0)] = 0
     """Bytes per second a request body must average once ``body_timeout`` has passed since it
     began, so a body trickled a byte at a time cannot hold a connection (Apache's
     mod_reqtimeout ``MinRate``); 0: no minimum."""
@@ -395,14 +486,18 @@ class ListenerLimits(Model):
     is cut off; bounds how long a client that never reads holds an upstream; 0: none."""
 
 
-class CertificateFiles(Model):
+@dataclass(frozen=True, slots=True)
+class CertificateFiles:
+    __pydantic_config__ = _FORBID
     """One certificate (its chain, leaf first) and its private key, in PEM files."""
 
     cert_file: str
     key_file: str
 
 
-class TlsConfig(Model):
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    __pydantic_config__ = _FORBID
     """How the HTTPS listeners (``listen_tls``) terminate TLS."""
 
     certificates: tuple[CertificateFiles, ...] = ()
@@ -426,7 +521,9 @@ class TlsConfig(Model):
     ``state_dir``, not written in a config."""
 
 
-class ProxyConfig(Model):
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    __pydantic_config__ = _FORBID
     """Settings of the traffic listener and its forwarding."""
 
     listen: ListenAddress = "0.0.0.0:8080"
@@ -436,7 +533,7 @@ class ProxyConfig(Model):
     limits: ListenerLimits = ListenerLimits()
     shutdown_timeout: Duration = 30.0
     """On SIGTERM, in-flight requests get this long to finish."""
-    upstream_keepalive: int = Field(default=256, ge=0)
+    upstream_keepalive: Annotated[int, Ge(0)] = 256
     """Idle keep-alive connections kept per upstream address; one more is closed after its
     exchange. Concurrent connections are never capped per upstream (a cap would make a busy
     upstream look like a failing one)."""

@@ -17,7 +17,9 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from gateway import Duration, Model, parse_address
+from gateway import Duration, parse_address
+
+from ..schema import Model
 
 NODE_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$"
 HOST_PATTERN = r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?"

@@ -27,7 +27,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway import AdminState, PoolSnapshot, ProbeConfig, ServiceRouting, Upstream
+from gateway import (
+    AdminState,
+    PoolSnapshot,
+    ProbeConfig,
+    ServiceRouting,
+    Upstream,
+    dump_settings,
+    parse_settings,
+)
 
 # -- the pool record --------------------------------------------------------------------------
 
@@ -90,7 +98,7 @@ class Member:
         if self.weight != 1:
             out["weight"] = self.weight
         if self.probes:
-            out["probes"] = [p.model_dump(mode="json") for p in self.probes]
+            out["probes"] = [dump_settings(p) for p in self.probes]
         if self.admin is AdminState.DRAINING:
             out["since"] = self.since
             if self.timeout is not None:
@@ -106,7 +114,7 @@ class Member:
             int(raw["port"]),
             int(raw.get("revision", 0)),
             int(raw.get("weight", 1)),
-            tuple(ProbeConfig.model_validate(p) for p in raw.get("probes", ())),
+            tuple(parse_settings(ProbeConfig, p) for p in raw.get("probes", ())),
             AdminState(raw.get("admin", "active")),
             int(raw.get("since", 0)),
             None if timeout is None else float(timeout),
@@ -142,7 +150,7 @@ class PoolRecord:
     def encode(self) -> bytes:
         return json.dumps(
             {
-                "routing": self.routing.model_dump(mode="json"),
+                "routing": dump_settings(self.routing),
                 "upstreams": [m.to_json() for m in self.upstreams],
                 "split": None if self.split is None else list(self.split),
                 "failure": self.failure,
@@ -159,7 +167,7 @@ class PoolRecord:
             raw = json.loads(data)
             split = raw.get("split")
             return cls(
-                ServiceRouting.model_validate(raw["routing"]),
+                parse_settings(ServiceRouting, raw["routing"]),
                 tuple(Member.from_json(m) for m in raw.get("upstreams", ())),
                 None if split is None else (int(split[0]), int(split[1])),
                 str(raw.get("failure", "")),

@@ -18,7 +18,7 @@ from controller.acme.schedule import (
     renewal_time,
     retry_delay,
 )
-from gateway import RouteConfig
+from gateway import RouteConfig, parse_settings
 
 POLICY = Policy(renew_at=2 / 3, retry_min=60.0, retry_max=3600.0)
 DAY = 86_400.0
@@ -132,7 +132,7 @@ def test_a_failure_keeps_the_certificate_and_a_success_forgets_the_failures() ->
 
 
 def routes(*entries: tuple[str, dict[str, object]]) -> list[tuple[str, RouteConfig]]:
-    return [(name, RouteConfig(**route)) for name, route in entries]
+    return [(name, parse_settings(RouteConfig, route)) for name, route in entries]
 
 
 def test_demand_takes_the_exact_hosts_of_routes_with_tls_acme() -> None:

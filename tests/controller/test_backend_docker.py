@@ -40,6 +40,7 @@ from controller.backends.docker.placement import HostLoad
 from controller.errors import NoCapacity, StartFailed
 from controller.metrics import DockerHostMetrics
 from controller.spec import ReplicaTemplate
+from gateway import dump_settings
 
 ENGINE = os.environ.get("GATEWAY_TEST_DOCKER_HOST", "unix:///var/run/docker.sock")
 IMAGE = os.environ.get("GATEWAY_TEST_IMAGE", "local/bookworm-python:test")
@@ -534,7 +535,7 @@ def test_unset_docker_fields_leave_a_revision_key_as_it_was() -> None:
         "port": None,
         "addresses": [],
     }
-    probes = [p.model_dump(mode="json") for p in spec.effective_probes]
+    probes = [dump_settings(p) for p in spec.effective_probes]
     doc = {"backend": "process", "replica": replica, "probes": probes}
     before = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
     assert spec.template_key() == before

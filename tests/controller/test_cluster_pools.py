@@ -31,14 +31,23 @@ from controller.cluster.membership import (
 from controller.cluster.peers import Peers
 from controller.cluster.pools import Follower, Publisher, pools_key
 from controller.etcd import Compare, EtcdClient
-from gateway import AdminState, Health, Pool, PoolEvent, ProbeConfig, RouteConfig, ServiceRouting
+from gateway import (
+    AdminState,
+    Health,
+    Pool,
+    PoolEvent,
+    ProbeConfig,
+    RouteConfig,
+    ServiceRouting,
+    parse_settings,
+)
 from gateway import Upstream as Up
 from tests.etcd_cluster import EtcdCluster
 
 
 def routing(name: str = "web", **changes: Any) -> ServiceRouting:
-    return ServiceRouting.model_validate(
-        {"name": name, "route": RouteConfig(path_prefix=f"/{name}"), **changes}
+    return parse_settings(
+        ServiceRouting, {"name": name, "route": RouteConfig(path_prefix=f"/{name}"), **changes}
     )
 
 

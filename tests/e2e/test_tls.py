@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from dataclasses import asdict
 from pathlib import Path
 
 import aiohttp
@@ -31,7 +32,7 @@ async def test_https_served_and_certificates_reloaded_without_a_restart(
     gw = await gateways.start(
         workers=workers,
         listen_tls=["127.0.0.1:0"],
-        tls={"certificates": [pair.model_dump()], "watch_interval": 0},
+        tls={"certificates": [asdict(pair)], "watch_interval": 0},
     )
     await serving(gw, spec(site("v1")))
     traffic = gw.gateway.traffic

@@ -10,7 +10,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.config import ListenerLimits, ProxyConfig, RouteConfig, ServiceRouting
+from gateway.config import (
+    ListenerLimits,
+    ProxyConfig,
+    ServiceRouting,
+    parse_settings,
+)
 from gateway.events import RequestRecord
 from gateway.pool import Pool
 from gateway.proxy.handler import Proxy
@@ -49,10 +54,10 @@ class Recorder:
 def routing(
     name: str, *, hosts=(), prefix=None, strip=False, route_extra=None, **settings: Any
 ) -> ServiceRouting:
-    route = RouteConfig(
-        hosts=tuple(hosts), path_prefix=prefix, strip_prefix=strip, **(route_extra or {})
+    route = {"hosts": tuple(hosts), "path_prefix": prefix, "strip_prefix": strip}
+    return parse_settings(
+        ServiceRouting, {"name": name, "route": route | (route_extra or {}), **settings}
     )
-    return ServiceRouting(name=name, route=route, **settings)
 
 
 def add(pool: Pool, service: str, upstream_id: str, port: int, health=Health.HEALTHY) -> None:
@@ -125,8 +130,9 @@ async def gateway(pool, recorder) -> AsyncIterator[Callable[..., Awaitable[Traff
     started: list[TrafficServer] = []
 
     async def start(limits: ListenerLimits | None = None, **config: Any) -> TrafficServer:
-        settings = ProxyConfig(limits=limits or ListenerLimits(), **config)
-        settings = settings.model_copy(update={"listen": "127.0.0.1:0"})
+        settings = parse_settings(
+            ProxyConfig, {"limits": limits or ListenerLimits(), **config, "listen": "127.0.0.1:0"}
+        )
         server = TrafficServer(Proxy(pool, settings, [recorder]), settings)
         await server.start()
         started.append(server)

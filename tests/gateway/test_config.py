@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError
+
 import pytest
 from pydantic import ValidationError
 
@@ -12,8 +14,10 @@ from gateway.config import (
     RouteConfig,
     ServiceRouting,
     TimeoutsConfig,
+    dump_settings,
     parse_address,
     parse_duration,
+    parse_settings,
 )
 
 
@@ -42,7 +46,7 @@ def errors(exc: pytest.ExceptionInfo[ValidationError]) -> list[tuple[tuple[objec
     ],
 )
 def test_durations(value, seconds):
-    assert TimeoutsConfig(connect=value).connect == pytest.approx(seconds)
+    assert parse_settings(TimeoutsConfig, dict(connect=value)).connect == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize(
@@ -69,14 +73,14 @@ def test_durations(value, seconds):
 )
 def test_bad_durations(value):
     with pytest.raises(ValidationError) as exc:
-        TimeoutsConfig(connect=value)
+        parse_settings(TimeoutsConfig, dict(connect=value))
     [(loc, _)] = errors(exc)
     assert loc == ("connect",)
 
 
 def test_bad_duration_message_names_the_value():
     with pytest.raises(ValidationError, match="not a duration: '5x'"):
-        TimeoutsConfig(read="5x")
+        parse_settings(TimeoutsConfig, dict(read="5x"))
 
 
 def test_parse_duration_leaves_non_strings_to_pydantic():
@@ -87,7 +91,7 @@ def test_parse_duration_leaves_non_strings_to_pydantic():
 
 def test_optional_duration():
     assert TimeoutsConfig().total is None
-    assert TimeoutsConfig(total="30s").total == 30.0
+    assert parse_settings(TimeoutsConfig, dict(total="30s")).total == 30.0
 
 
 # -- addresses -----------------------------------------------------------------------------
@@ -108,7 +112,7 @@ def test_optional_duration():
 )
 def test_addresses(address, parsed):
     assert parse_address(address) == parsed
-    assert ProxyConfig(listen=address).listen == address
+    assert parse_settings(ProxyConfig, dict(listen=address)).listen == address
 
 
 @pytest.mark.parametrize(
@@ -138,19 +142,19 @@ def test_bad_addresses(address):
     if address == "h:0":
         return  # a listener may ask for any free port
     with pytest.raises(ValidationError) as exc:
-        ProxyConfig(listen=address)
+        parse_settings(ProxyConfig, dict(listen=address))
     [(loc, _)] = errors(exc)
     assert loc == ("listen",)
 
 
 def test_a_listener_may_ask_for_any_free_port():
     assert parse_address("127.0.0.1:0", listen=True) == ("127.0.0.1", 0)
-    assert ProxyConfig(listen="127.0.0.1:0").listen == "127.0.0.1:0"
+    assert parse_settings(ProxyConfig, dict(listen="127.0.0.1:0")).listen == "127.0.0.1:0"
 
 
 def test_address_of_a_number_is_refused():
     with pytest.raises(ValidationError):
-        ProxyConfig(listen=8080)
+        parse_settings(ProxyConfig, dict(listen=8080))
 
 
 # -- routes --------------------------------------------------------------------------------
@@ -170,7 +174,7 @@ def test_address_of_a_number_is_refused():
     ],
 )
 def test_routes(fields, expected):
-    config = RouteConfig.model_validate(fields)
+    config = parse_settings(RouteConfig, fields)
     for name, value in expected.items():
         assert getattr(config, name) == value
 
@@ -199,12 +203,12 @@ def test_routes(fields, expected):
         ({"path_prefix": "/a/../b"}, ("path_prefix",), "normalised"),
         ({"path_prefix": "/./b"}, ("path_prefix",), "normalised"),
         ({"path_prefix": "/a//b"}, ("path_prefix",), "normalised"),
-        ({"path_prefix": "/api", "extra": 1}, ("extra",), "Extra inputs are not permitted"),
+        ({"path_prefix": "/api", "extra": 1}, ("extra",), "Unexpected keyword argument"),
     ],
 )
 def test_route_validation_errors(fields, loc, reason):
     with pytest.raises(ValidationError) as exc:
-        RouteConfig.model_validate(fields)
+        parse_settings(RouteConfig, fields)
     [(got_loc, message)] = errors(exc)
     assert got_loc[: len(loc)] == loc
     assert reason in message
@@ -244,13 +248,13 @@ def test_probe_defaults():
 )
 def test_probe_validation_errors(fields, loc):
     with pytest.raises(ValidationError) as exc:
-        ProbeConfig.model_validate(fields)
+        parse_settings(ProbeConfig, fields)
     [(got_loc, _)] = errors(exc)
     assert got_loc == loc
 
 
 def test_probe_durations():
-    probe = ProbeConfig(interval="250ms", timeout="1s")
+    probe = parse_settings(ProbeConfig, dict(interval="250ms", timeout="1s"))
     assert (probe.interval, probe.timeout) == (0.25, 1.0)
 
 
@@ -264,44 +268,46 @@ def test_probe_durations():
 )
 def test_outlier_validation_errors(fields, loc):
     with pytest.raises(ValidationError) as exc:
-        OutlierConfig.model_validate(fields)
+        parse_settings(OutlierConfig, fields)
     [(got_loc, _)] = errors(exc)
     assert got_loc == loc
 
 
 def test_nested_errors_name_the_field_path():
     with pytest.raises(ValidationError) as exc:
-        ServiceRouting.model_validate(
+        parse_settings(
+            ServiceRouting,
             {
                 "name": "svc",
                 "route": {"path_prefix": "/x"},
                 "probes": [{"interval": "1s"}, {"interval": "soon"}],
                 "timeouts": {"connect": "fast"},
-            }
+            },
         )
     locs = sorted(loc for loc, _ in errors(exc))
     assert locs == [("probes", 1, "interval"), ("timeouts", "connect")]
 
 
 def test_service_routing_from_plain_data():
-    routing = ServiceRouting.model_validate(
+    routing = parse_settings(
+        ServiceRouting,
         {
             "name": "svc",
             "route": {"hosts": ["svc.test"]},
             "load_balancing": "p2c",
             "probes": [{"type": "tcp", "interval": "1s"}],
             "queue_timeout": "500ms",
-        }
+        },
     )
-    assert routing.probes == (ProbeConfig(type="tcp", interval=1.0),)
+    assert routing.probes == (parse_settings(ProbeConfig, dict(type="tcp", interval=1.0)),)
     assert routing.queue_timeout == 0.5
     assert routing.load_balancing == "p2c"
 
 
 def test_bad_load_balancing():
     with pytest.raises(ValidationError) as exc:
-        ServiceRouting.model_validate(
-            {"name": "s", "route": {"hosts": ["a"]}, "load_balancing": "random"}
+        parse_settings(
+            ServiceRouting, {"name": "s", "route": {"hosts": ["a"]}, "load_balancing": "random"}
         )
     assert errors(exc)[0][0] == ("load_balancing",)
 
@@ -321,28 +327,37 @@ def test_bad_load_balancing():
     ],
 )
 def test_extra_fields_are_forbidden(model, fields):
-    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
-        model.model_validate(fields)
+    # pydantic's text for a stdlib dataclass; controller.config reports it as "Extra inputs are
+    # not permitted", as for its own models
+    with pytest.raises(ValidationError, match="Unexpected keyword argument"):
+        parse_settings(model, fields)
 
 
 @pytest.mark.parametrize(
     ("config", "field", "value"),
     [
         (ProbeConfig(), "interval", 1.0),
-        (RouteConfig(path_prefix="/x"), "path_prefix", "/y"),
+        (parse_settings(RouteConfig, dict(path_prefix="/x")), "path_prefix", "/y"),
         (TimeoutsConfig(), "connect", 1.0),
         (ProxyConfig(), "listen", "h:1"),
-        (ServiceRouting(name="s", route=RouteConfig(hosts=("a",))), "name", "t"),
+        (
+            parse_settings(
+                ServiceRouting,
+                dict(name="s", route=parse_settings(RouteConfig, dict(hosts=("a",)))),
+            ),
+            "name",
+            "t",
+        ),
     ],
 )
 def test_models_are_frozen(config, field, value):
-    with pytest.raises(ValidationError, match="frozen"):
+    with pytest.raises(FrozenInstanceError):
         setattr(config, field, value)
 
 
 def test_copies_are_validated_new_objects():
     probe = ProbeConfig()
-    changed = ProbeConfig.model_validate({**probe.model_dump(), "interval": "1s"})
+    changed = parse_settings(ProbeConfig, {**dump_settings(probe), "interval": "1s"})
     assert changed.interval == 1.0
     assert probe.interval == 5.0
     assert ProbeConfig() == ProbeConfig()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import random
+from dataclasses import replace
 
 import pytest
 
-from gateway.config import AuthRouting, RouteConfig, ServiceRouting
+from gateway.config import AuthRouting, RouteConfig, ServiceRouting, parse_settings
 from gateway.errors import TooManyRequests, Unauthorized
 from gateway.pool import Pool
 from gateway.proxy import guard
@@ -48,7 +49,7 @@ def test_authenticate(fields: list[tuple[bytes, bytes]], outcome: tuple) -> None
 
 
 def test_another_header_carries_the_token_bare() -> None:
-    auth = AUTH.model_copy(update={"header": "x-api-key"})
+    auth = replace(AUTH, header="x-api-key")
     assert guard.authenticate(auth, request((b"X-Api-Key", TOKEN))) == ("ok", "tok_1")
     assert guard.authenticate(auth, request((b"Authorization", b"Bearer " + TOKEN)))[0] == (
         "missing"
@@ -74,8 +75,8 @@ def test_cookie() -> None:
 def pool_of(**changes: object) -> Pool:
     pool = Pool(clock=lambda: 0.0, rng=random.Random(0))
     pool.set_service(
-        ServiceRouting.model_validate(
-            {"name": "svc", "route": RouteConfig(path_prefix="/"), **changes}
+        parse_settings(
+            ServiceRouting, {"name": "svc", "route": RouteConfig(path_prefix="/"), **changes}
         )
     )
     return pool

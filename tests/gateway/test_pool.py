@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config import OutlierConfig, RouteConfig, ServiceRouting
+from gateway.config import OutlierConfig, RouteConfig, ServiceRouting, parse_settings
 from gateway.events import PoolEvent
 from gateway.pool import Pool
 from gateway.service_pool import Lease
@@ -65,8 +65,8 @@ class Recorder:
 
 
 def routing(name: str = "svc", **changes: Any) -> ServiceRouting:
-    return ServiceRouting.model_validate(
-        {"name": name, "route": RouteConfig(path_prefix=f"/{name}"), **changes}
+    return parse_settings(
+        ServiceRouting, {"name": name, "route": RouteConfig(path_prefix=f"/{name}"), **changes}
     )
 
 
@@ -394,7 +394,7 @@ def test_ok_resets_the_streak():
     [(4, 50, 2), (4, 25, 1), (5, 40, 2), (1, 50, 1), (2, 50, 1), (3, 100, 3), (4, 0, 0)],
 )
 def test_max_ejection_percent_is_respected(n, percent, ejectable):
-    outlier = OUTLIER.model_copy(update={"max_ejection_percent": percent})
+    outlier = replace(OUTLIER, max_ejection_percent=percent)
     uids = [f"u{i}" for i in range(n)]
     pool = make_pool(*uids, outlier=outlier)
     results = [eject(pool, uid) for uid in uids]
@@ -407,7 +407,7 @@ def test_max_ejection_percent_is_respected(n, percent, ejectable):
 def test_outlier_config_change_applies_to_existing_upstreams():
     """Regression: an upstream kept the outlier settings of when it was added."""
     pool = make_pool("a", "b", outlier=OUTLIER)
-    pool.set_service(routing(outlier=OUTLIER.model_copy(update={"consecutive_5xx": 1})))
+    pool.set_service(routing(outlier=replace(OUTLIER, consecutive_5xx=1)))
     assert pool.report("svc", "a", "5xx") is not None
 
 

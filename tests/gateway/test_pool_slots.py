@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -131,9 +132,8 @@ def test_hash_under_a_cap_walks_on_to_the_next_with_room() -> None:
 def test_per_process_share_of_the_cap() -> None:
     pool = make_pool()
     pool.share = 2
-    pool.set_service(pool.service("svc").routing.model_copy(
-        update={"limits": pool.service("svc").routing.limits.model_copy(
-            update={"max_in_flight_per_replica": 5})}))  # fmt: skip
+    routing = pool.service("svc").routing
+    pool.set_service(replace(routing, limits=replace(routing.limits, max_in_flight_per_replica=5)))
     assert pool.service("svc").cap == 2
 
 

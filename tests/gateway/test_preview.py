@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from gateway.config import PreviewConfig
+from gateway.config import PreviewConfig, parse_settings
 from gateway.errors import BadRequest, OwnAnswer
 from gateway.proxy.preview import asked, labelled
 
@@ -39,7 +39,7 @@ def test_who_may_ask_for_which_revision(
     allow: str, headers: list[tuple[bytes, bytes]], label: tuple[bytes, int] | None,
     expected: int | None,
 ) -> None:  # fmt: skip
-    config = PreviewConfig.model_validate({"allow": allow, "tokens": [DIGEST]})
+    config = parse_settings(PreviewConfig, {"allow": allow, "tokens": [DIGEST]})
     got = asked(config, headers, label and label[0], label[1] if label else None)
     assert got == expected
 

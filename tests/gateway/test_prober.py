@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 
-from gateway.config import OutlierConfig, ProbeConfig, RouteConfig, ServiceRouting
+from gateway.config import (
+    OutlierConfig,
+    ProbeConfig,
+    RouteConfig,
+    ServiceRouting,
+    parse_settings,
+)
 from gateway.events import PoolEvent, ProbeResult
 from gateway.pool import Pool
 from gateway.prober import Prober, Schedule
@@ -27,16 +33,17 @@ FAST = {"interval": 0.05, "timeout": 1.0, "jitter": 0.2}
 
 
 def http_probe(**changes: object) -> ProbeConfig:
-    return ProbeConfig.model_validate({"type": "http", "path": "/health", **FAST, **changes})
+    return parse_settings(ProbeConfig, {"type": "http", "path": "/health", **FAST, **changes})
 
 
 def tcp_probe(**changes: object) -> ProbeConfig:
-    return ProbeConfig.model_validate({"type": "tcp", **FAST, **changes})
+    return parse_settings(ProbeConfig, {"type": "tcp", **FAST, **changes})
 
 
 def routing(*probes: ProbeConfig, name: str = "svc", **changes: object) -> ServiceRouting:
-    return ServiceRouting.model_validate(
-        {"name": name, "route": RouteConfig(path_prefix="/"), "probes": probes, **changes}
+    return parse_settings(
+        ServiceRouting,
+        {"name": name, "route": RouteConfig(path_prefix="/"), "probes": probes, **changes},
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -34,11 +35,10 @@ DIGEST = hashlib.sha256(TOKEN).hexdigest()
 async def guarded(pool, recording, gateway):
     base = routing("web", prefix="/")
     pool.set_service(
-        base.model_copy(
-            update={
-                "auth": AuthRouting(tokens={DIGEST: "tok_1"}),
-                "rate_limits": (RateLimit(path_prefix="/limited", key="ip", rps=0.01, burst=2),),
-            }
+        replace(
+            base,
+            auth=AuthRouting(tokens={DIGEST: "tok_1"}),
+            rate_limits=(RateLimit(path_prefix="/limited", key="ip", rps=0.01, burst=2),),
         )
     )
     rec = await recording("web", "u1")

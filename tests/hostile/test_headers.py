@@ -13,7 +13,7 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from gateway.config import ProbeConfig
+from gateway.config import ProbeConfig, parse_settings
 from gateway.wire import headers
 from tests.gateway.conftest import routing
 
@@ -127,4 +127,4 @@ async def test_utf8_header_values_cross_unchanged(served):
 )
 def test_probe_headers_cannot_carry_a_line_break(probe_headers):
     with pytest.raises(ValidationError):
-        ProbeConfig(headers=probe_headers)
+        parse_settings(ProbeConfig, {"headers": probe_headers})
