@@ -114,3 +114,4 @@ def test_a_worker_imports_neither_aiohttp_nor_the_control_plane():
     packages, modules = set(out[0].split()), set(out[1].split())
     assert not packages & {"aiohttp", "controller", "yaml"}, packages
     assert not modules & {"gateway.metrics", "gateway.prober", "gateway.workers.supervisor"}
+    assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config: dataclasses
