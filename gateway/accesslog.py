@@ -40,12 +40,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
-from typing import IO, Final, Literal, TypeAlias
+from typing import IO, TYPE_CHECKING, Final, Literal, TypeAlias
 from urllib.parse import quote
 
-from prometheus_client import CollectorRegistry, Counter
-
 from .events import RequestRecord
+
+if TYPE_CHECKING:  # a registry comes from the main process; workers import no prometheus_client
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +251,8 @@ class AccessLog:
         """Records dropped because the queue was full (counted on the event loop)."""
         self.lost = 0
         """Lines lost to a write error (counted by the writer thread)."""
+        if registry is not None:
+            from prometheus_client import Counter  # the main process's: workers have none
         self._dropped_metric = (
             Counter(
                 "gateway_access_log_dropped",

@@ -101,8 +101,9 @@ async def test_workers_stop_by_themselves_when_the_main_process_is_killed(gatewa
 
 def test_a_worker_imports_neither_aiohttp_nor_the_control_plane():
     """A worker is spawned, so it holds only what its imports bring: the admin API's and the
-    prober's aiohttp, the controller and the supervisor stay in the main process (a worker's
-    memory is counted once per core)."""
+    prober's aiohttp, the controller, the supervisor and prometheus_client (the access log's
+    counter is the main process's) stay in the main process (a worker's memory is counted
+    once per core)."""
     code = (
         "import sys, gateway.workers.worker\n"
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
@@ -112,6 +113,6 @@ def test_a_worker_imports_neither_aiohttp_nor_the_control_plane():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     ).stdout.splitlines()
     packages, modules = set(out[0].split()), set(out[1].split())
-    assert not packages & {"aiohttp", "controller", "yaml"}, packages
+    assert not packages & {"aiohttp", "controller", "yaml", "prometheus_client"}, packages
     assert not modules & {"gateway.metrics", "gateway.prober", "gateway.workers.supervisor"}
     assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config: dataclasses
