@@ -199,9 +199,10 @@ def _digests(tokens: tuple[str, ...]) -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True)
 class PreviewConfig:
-    __pydantic_config__ = _FORBID
     """Preview routes: a request asks for one revision of the service, by header
     (``X-Gateway-Revision: 3``) or by host label (``r3--hello.example.com``)."""
+
+    __pydantic_config__ = _FORBID
 
     allow: PreviewAllow = "off"
     header: HeaderName = "X-Gateway-Revision"
@@ -218,9 +219,10 @@ class PreviewConfig:
 
 @dataclass(frozen=True, slots=True)
 class StickyConfig:
-    __pydantic_config__ = _FORBID
     """A client keeps its revision while traffic is split between two: the draw between
     them is a hash of this header's or cookie's value instead of a random number."""
+
+    __pydantic_config__ = _FORBID
 
     header: Annotated[str | None, _Check(_header)] = None
     cookie: Annotated[str | None, _Pattern(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")] = None
@@ -232,8 +234,9 @@ class StickyConfig:
 
 @dataclass(frozen=True, slots=True)
 class Hsts:
-    __pydantic_config__ = _FORBID
     """The ``Strict-Transport-Security`` header (RFC 6797)."""
+
+    __pydantic_config__ = _FORBID
 
     max_age: Duration = 31_536_000.0
     include_subdomains: bool = False
@@ -263,8 +266,9 @@ def _route_prefix(prefix: str | None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class RouteConfig:
-    __pydantic_config__ = _FORBID
     """Which requests belong to a service: by Host and/or by path prefix."""
+
+    __pydantic_config__ = _FORBID
 
     hosts: Annotated[tuple[str, ...], _Check(_hosts)] = ()
     """Exact host names, or ``*.suffix`` wildcards; empty means any host."""
@@ -305,8 +309,9 @@ def _probe_headers(headers: dict[str, str]) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class ProbeConfig:
-    __pydantic_config__ = _FORBID
     """One active health check of each upstream."""
+
+    __pydantic_config__ = _FORBID
 
     type: Literal["http", "tcp"] = "http"
     path: Annotated[str, _Check(_probe_path)] = "/"
@@ -353,8 +358,9 @@ class RetriesConfig:
 
 @dataclass(frozen=True, slots=True)
 class OutlierConfig:
-    __pydantic_config__ = _FORBID
     """Passive detection: ejection on failures seen in real traffic."""
+
+    __pydantic_config__ = _FORBID
 
     consecutive_connect_failures: Annotated[int, Ge(1)] = 3
     consecutive_5xx: Annotated[int, Ge(1)] = 5
@@ -414,8 +420,9 @@ def _no_cookie(key: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RateLimit:
-    __pydantic_config__ = _FORBID
     """A token bucket per key for requests whose path starts with ``path_prefix``."""
+
+    __pydantic_config__ = _FORBID
 
     path_prefix: Annotated[str, _Check(_limit_prefix)] = "/"
     key: Annotated[RequestKey, _Check(_no_cookie)] = "ip"
@@ -427,9 +434,10 @@ class RateLimit:
 
 @dataclass(frozen=True, slots=True)
 class AuthRouting:
-    __pydantic_config__ = _FORBID
     """What the data plane checks of a request to a service with ``auth``: a bearer token
     whose SHA-256 is one of ``tokens``. Only hashes cross to the data plane."""
+
+    __pydantic_config__ = _FORBID
 
     header: str = "authorization"
     """Lower-cased; ``authorization`` carries ``Bearer <token>``, any other header the token."""
@@ -441,8 +449,9 @@ class AuthRouting:
 
 @dataclass(frozen=True, slots=True)
 class ServiceRouting:
-    __pydantic_config__ = _FORBID
     """All the data plane needs to know of one service."""
+
+    __pydantic_config__ = _FORBID
 
     name: str
     route: RouteConfig
@@ -488,8 +497,9 @@ class ListenerLimits:
 
 @dataclass(frozen=True, slots=True)
 class CertificateFiles:
-    __pydantic_config__ = _FORBID
     """One certificate (its chain, leaf first) and its private key, in PEM files."""
+
+    __pydantic_config__ = _FORBID
 
     cert_file: str
     key_file: str
@@ -497,8 +507,9 @@ class CertificateFiles:
 
 @dataclass(frozen=True, slots=True)
 class TlsConfig:
-    __pydantic_config__ = _FORBID
     """How the HTTPS listeners (``listen_tls``) terminate TLS."""
+
+    __pydantic_config__ = _FORBID
 
     certificates: tuple[CertificateFiles, ...] = ()
     """Chosen by SNI against each certificate's names: exact first, then wildcard."""
@@ -523,8 +534,9 @@ class TlsConfig:
 
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
-    __pydantic_config__ = _FORBID
     """Settings of the traffic listener and its forwarding."""
+
+    __pydantic_config__ = _FORBID
 
     listen: ListenAddress = "0.0.0.0:8080"
     listen_tls: tuple[ListenAddress, ...] = ()
