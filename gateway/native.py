@@ -70,6 +70,8 @@ MODULES = (
     "proxy.streams",
     "proxy.sticky",
     "proxy.upstream_connection",
+    "tls.handshake",
+    "tls.transport",
     "wire.batch",
     "wire.headers",
     "wire.http1",

@@ -17,7 +17,7 @@ import logging
 from .config import ProxyConfig, parse_address
 from .proxy.client import ClientConnection, ConnectionGate
 from .proxy.handler import Proxy
-from .tls import Termination, handshakes
+from .tls import Termination, tls_connections
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class TrafficServer:
         tls = self.tls
         if tls is not None and self.tls_addresses:
             tls.start()
-            secure = handshakes(
+            secure = tls_connections(
                 protocol, tls.store, self.config.tls.handshake_timeout, gate, tls.tally
             )
             for host, port in self.tls_addresses:

@@ -3,7 +3,8 @@
     names         which certificate covers a server name (PURE)
     context       the TLS settings of every server context
     certificates  the certificates from files (and ACME's directory), reloaded on change
-    handshake     each accepted connection's handshake, counted, then a ClientConnection
+    handshake     how handshakes ended, counted
+    transport     TlsConnection: each accepted connection's handshake, then its records
     acme          the HTTP-01 challenge answers, on the plain listener
 
 ``Termination`` is what a process that serves TLS holds: its certificates, its handshake
@@ -15,9 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from ..config import TlsConfig
-from .certificates import Certificate, CertificateError, CertificateStore, ReloadReport
-from .handshake import FAILURE_REASONS, HandshakeCounts, HandshakeTally, handshakes
+from .. import native
+
+native.use_in(__path__, __name__)  # first: the compiled modules, if built (native.py)
+
+from ..config import TlsConfig  # noqa: E402
+from .certificates import Certificate, CertificateError, CertificateStore, ReloadReport  # noqa: E402
+from .handshake import FAILURE_REASONS, HandshakeCounts, HandshakeTally  # noqa: E402
+from .transport import TlsConnection, tls_connections  # noqa: E402
 
 __all__ = [
     "FAILURE_REASONS",
@@ -28,7 +34,8 @@ __all__ = [
     "HandshakeTally",
     "ReloadReport",
     "Termination",
-    "handshakes",
+    "TlsConnection",
+    "tls_connections",
 ]
 
 

@@ -12,23 +12,8 @@ replaces the key.
 from __future__ import annotations
 
 import ssl
-from typing import Any
 
 ALPN = ("http/1.1",)
-
-
-class _SSLObject(ssl.SSLObject):
-    """``ssl.SSLObject`` whose ``read``, ``write`` and ``pending`` are the methods of the C
-    object it wraps, bound on the instance. uvloop's TLS transport calls them for every
-    record it reads or writes; the class's own are Python functions that pass each call on
-    as it is, an interpreted frame a call."""
-
-    @classmethod
-    def _create(cls, *args: Any, **kwargs: Any) -> _SSLObject:
-        obj: _SSLObject = super()._create(*args, **kwargs)  # type: ignore[misc]
-        inner = obj._sslobj  # type: ignore[attr-defined]
-        vars(obj).update(read=inner.read, write=inner.write, pending=inner.pending)
-        return obj
 
 
 def server_context(*, tickets: bool) -> ssl.SSLContext:
@@ -38,7 +23,6 @@ def server_context(*, tickets: bool) -> ssl.SSLContext:
     context.options |= ssl.OP_NO_RENEGOTIATION | ssl.OP_NO_COMPRESSION
     context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     context.set_alpn_protocols(list(ALPN))
-    context.sslobject_class = _SSLObject
     if not tickets:
         context.options |= ssl.OP_NO_TICKET
         context.num_tickets = 0

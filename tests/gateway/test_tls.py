@@ -12,6 +12,7 @@ import io
 import os
 import socket
 import ssl
+import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 import trustme
+from aiohttp import web
 
 from gateway import Pool, ProxyConfig, TlsConfig
 from gateway.config import CertificateFiles, ListenerLimits
@@ -229,7 +231,7 @@ async def test_tls_1_1_and_plain_http_and_garbage_are_refused_and_counted(
         old.minimum_version = ssl.TLSVersion.TLSv1
         old.maximum_version = ssl.TLSVersion.TLSv1_1
     old.set_ciphers("DEFAULT:@SECLEVEL=0")  # this client would send it; the gateway refuses
-    with pytest.raises(ssl.SSLError):  # closed (uvloop does not flush the alert)
+    with pytest.raises(ssl.SSLError):  # refused, with an alert that says why
         await asyncio.to_thread(handshake, port, old, "a.test")
     for data in (b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", b"\x00garbage" * 20):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -418,3 +420,85 @@ async def test_https_redirect_and_hsts(
         b"GET / HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n",
     )  # fmt: skip
     assert b"Strict-Transport-Security" not in answer
+
+
+# -- records: what a TLS connection carries after its handshake ---------------------------------
+
+BIG = 8 * 1024 * 1024
+
+
+def big_app() -> web.Application:
+    """``/big``: 8 MiB, the same bytes every time."""
+    body = bytes(range(256)) * (BIG // 256)
+
+    async def big(request: web.Request) -> web.Response:
+        return web.Response(body=body)
+
+    app = web.Application()
+    app.router.add_get("/big", big)
+    return app
+
+
+def exchange(port: int, context: ssl.SSLContext, data: bytes, pause: float = 0.0) -> bytes:
+    """Send ``data`` at once, wait ``pause`` before reading, read to the close; a close
+    without close_notify raises (``suppress_ragged_eofs=False``)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="a.test", suppress_ragged_eofs=False) as tls:
+            tls.sendall(data)
+            time.sleep(pause)
+            answer = bytearray()
+            while chunk := tls.recv(1 << 20):
+                answer += chunk
+            return bytes(answer)
+
+
+async def test_a_large_answer_to_a_slow_reader_arrives_whole_and_ends_with_close_notify(
+    tls_gateway, upstream, pool: Pool, ca: trustme.CA, tmp_path: Path
+) -> None:
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "u1", app=big_app())
+    server = await tls_gateway(TlsConfig(certificates=(write_pair(ca, tmp_path, "a.test"),)))
+    request = b"GET /big HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n"
+    # The client reads nothing for a second: the gateway's writes pause, then resume.
+    answer = await asyncio.to_thread(
+        exchange, server.tls_ports[0], client_context(ca), request, 1.0
+    )
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert body == bytes(range(256)) * (BIG // 256)
+
+
+async def test_pipelined_requests_in_one_record_are_answered_in_order(
+    tls_gateway, echo, ca: trustme.CA, tmp_path: Path
+) -> None:
+    server = await tls_gateway(TlsConfig(certificates=(write_pair(ca, tmp_path, "a.test"),)))
+    requests = b"".join(
+        f"GET /{i} HTTP/1.1\r\nHost: a.test\r\n{close}\r\n".encode()
+        for i, close in ((1, ""), (2, ""), (3, "Connection: close\r\n"))
+    )
+    answer = await asyncio.to_thread(exchange, server.tls_ports[0], client_context(ca), requests)
+    assert answer.count(b"HTTP/1.1 200 ") == 3
+    paths = [answer.index(f'"path": "/{i}"'.encode()) for i in (1, 2, 3)]
+    assert paths == sorted(paths)
+
+
+async def test_a_clients_close_notify_is_answered_with_one_and_the_connection_closed(
+    tls_gateway, echo, ca: trustme.CA, tmp_path: Path
+) -> None:
+    server = await tls_gateway(TlsConfig(certificates=(write_pair(ca, tmp_path, "a.test"),)))
+    port, context = server.tls_ports[0], client_context(ca)
+
+    def keep_then_unwrap() -> bytes:
+        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+        with context.wrap_socket(raw, server_hostname="a.test") as tls:
+            tls.sendall(b"GET /k HTTP/1.1\r\nHost: a.test\r\n\r\n")
+            answer = tls.recv(65536)
+            plain = tls.unwrap()  # sends close_notify, returns on the gateway's
+            assert plain.recv(1) == b""  # then the gateway closed the connection
+            return answer
+
+    answer = await asyncio.to_thread(keep_then_unwrap)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    async with asyncio.timeout(5):
+        while server.connections:
+            await asyncio.sleep(0.01)
