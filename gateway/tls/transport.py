@@ -38,6 +38,13 @@ from ..proxy.client import ClientConnection, ConnectionGate
 from .certificates import CertificateStore
 from .handshake import HandshakeTally, failure_reason
 
+_PLAIN_HTTP_BODY: Final = b"The plain HTTP request was sent to an HTTPS port.\n"
+PLAIN_HTTP_ANSWER: Final = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n%s" % (len(_PLAIN_HTTP_BODY), _PLAIN_HTTP_BODY)
+)
+"""What a client that speaks plain HTTP to the TLS port gets (nginx's answer, in text)."""
+
 READ_SIZE: Final = 16384
 """The most a TLS record carries: one ``read`` takes one record's data."""
 
@@ -183,11 +190,17 @@ class TlsConnection(asyncio.Protocol):
             self._timer = None
 
     def _failed(self, reason: str) -> None:
-        """The handshake failed: what OpenSSL has to say (an alert) is sent, then close."""
+        """The handshake failed: what OpenSSL has to say (an alert) is sent, then close; a
+        client that spoke plain HTTP is told so in plain HTTP."""
         self._state = _CLOSED
         self._end_handshake()
         self._tally.failed[reason] += 1
-        self._flush()
+        if reason == "plain_http":
+            self._outgoing.read()  # an alert, which that client would not read
+            if self._tcp is not None:
+                self._tcp.write(PLAIN_HTTP_ANSWER)
+        else:
+            self._flush()
         if self._tcp is not None:
             self._tcp.close()
 

@@ -237,8 +237,12 @@ async def test_tls_1_1_and_plain_http_and_garbage_are_refused_and_counted(
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(data)
         async with asyncio.timeout(5):
-            assert await reader.read() == b""  # closed, nothing answered
+            answer = await reader.read()  # to the close
         writer.close()
+        if data.startswith(b"GET"):
+            assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")  # as nginx answers
+        else:
+            assert answer == b""  # not TLS, not HTTP: nothing to say
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"\x16\x03\x01\x00")  # a ClientHello that never finishes
     async with asyncio.timeout(5):

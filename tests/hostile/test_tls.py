@@ -199,17 +199,17 @@ PLAIN = {
 
 
 @pytest.mark.parametrize("data", PLAIN.values(), ids=PLAIN.keys())
-async def test_plain_http_to_the_tls_port_is_closed_and_counted(
+async def test_plain_http_to_the_tls_port_is_answered_400_and_counted(
     https, recorder, data: bytes
 ) -> None:
-    """Plain HTTP on the TLS port: nginx answers 400 in plain text; here OpenSSL's refusal
-    (``HTTP_REQUEST``) comes from inside the TLS transport, which gives no way to write on
-    the raw socket, so the connection is closed with nothing sent, at once, and counted as
-    ``plain_http``. Nothing reaches an upstream."""
+    """Plain HTTP on the TLS port gets nginx's answer, 400 in plain text, at once, and the
+    close; counted as ``plain_http``. Nothing reaches an upstream."""
     server = await https(handshake_timeout=10.0)
     got, took = await closed_after(server.tls_ports[0], data, within=5)
-    assert not got.startswith(b"HTTP/")
-    assert got == b"" or got[:1] == b"\x15"
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert b"\r\nConnection: close" in head
+    assert body == b"The plain HTTP request was sent to an HTTPS port.\n"
     assert took < 1.0
     assert server.tls.tally.failed["plain_http"] == 1
     assert recorder.records == []
