@@ -118,7 +118,8 @@ class Replica:
     since: float
     """When it entered its current state."""
     ready_since: float | None = None
-    """When it last became ready (for ``min_ready``)."""
+    """When it last became ready (for ``min_ready``); while it drains, when its probes last
+    began to pass, so that a drain taken back leaves it READY with a ``ready_since``."""
     address: str | None = None
     drained: bool = False
     """Draining only: the drain finished (cleanly or by timeout), so it may be stopped."""

@@ -229,6 +229,8 @@ def _health(
     if not healthy and reason:
         r = r.replace(probe_failure=reason)
     if not r.live:  # a draining replica's verdict is kept, should its drain be taken back
+        if healthy and not r.healthy:  # and when it began to pass, for ``min_ready`` then
+            r = r.replace(ready_since=now)
         return Step(desired, _put(observed, r.replace(healthy=healthy)))
     if healthy and r.state in (ReplicaState.STARTING, ReplicaState.UNHEALTHY):
         ready = r.replace(state=ReplicaState.READY, since=now, ready_since=now, healthy=True)
@@ -288,9 +290,14 @@ def decide(
             r = _find(observed, rid)
             if r is None or r.state is not ReplicaState.DRAINING:
                 return Step(desired, observed)
-            back = ReplicaState.READY if r.healthy else ReplicaState.UNHEALTHY
+            state = ReplicaState.READY if r.healthy else ReplicaState.UNHEALTHY
+            # A READY replica without a ``ready_since`` is never available, so never
+            # completes a rollout nor serves (``_health`` sets it for a draining replica
+            # whose probes began to pass; this guards the invariant).
+            ready_since = now if r.ready_since is None else r.ready_since
+            back = r.replace(state=state, since=now, ready_since=ready_since)
             event = replica_event("replica_undrained", r, reason)
-            return Step(desired, _put(observed, r.replace(state=back, since=now)), (event,))
+            return Step(desired, _put(observed, back), (event,))
         case Stop(replica_id=rid):
             r = _find(observed, rid)
             if r is None or r.state is not ReplicaState.DRAINING:

@@ -941,6 +941,38 @@ def test_going_back_takes_back_a_healthy_draining_replica_first():
     assert w.ready_of(1) == 1, w.describe()
 
 
+def test_an_undo_takes_back_a_replica_drained_before_it_was_ready_and_it_serves():
+    """Rules 7 and 10: a new service's only replica is drained while it starts (``max_surge:
+    0, max_unavailable: 1``) for revision 2, which has no slot; its probes pass while it
+    drains; an undo takes it back. READY, it is available from when its probes passed (a
+    READY replica with no ``ready_since`` is never available), so the undo completes and
+    revision 1 serves."""
+    strategy = RolloutStrategy(max_surge=0, max_unavailable=1, retries=0, start_timeout=120.0)
+    w = World.create(strategy, replicas=1, capacity=1, serving=False)
+    plan_and_check(w)  # the first rollout begins and starts r1
+    w.spawn("r1", "ok")
+    plan_and_check(w)
+    w.now = 5.0
+    w.user_apply()
+    plan_and_check(w)  # r1, still starting, is drained first; revision 2 has no slot
+    assert w.get("r1").state is S.DRAINING
+    w.now = 10.0
+    w.probe("r1", True)
+    plan_and_check(w)
+    w.now = 20.0
+    w.user_retarget(1, "undo")
+    plan_and_check(w)
+    r1 = w.get("r1")
+    assert (r1.state, r1.ready_since) == (READY, 10.0), w.describe(tail=20)
+    assert [(r.kind, r.status) for r in w.ended] == [
+        ("rollout", RolloutStatus.SUPERSEDED),
+        ("rollout", RolloutStatus.SUPERSEDED),
+        ("undo", RolloutStatus.COMPLETE),
+    ]
+    assert w.observed.serving_revision == 1
+    assert settle(w)
+
+
 def test_a_failed_rollout_goes_back_to_what_served_even_after_a_failed_first_rollout():
     """Rule 3: a new service's first rollout fails once (its replica crashes, retries 0),
     then revision 1 comes up on retry and serves at full strength; a bad revision 2 is then
