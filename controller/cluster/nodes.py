@@ -115,6 +115,7 @@ class NodeRegistry:
         self.registrations = 0
         self._version = 1  # of ``me``: bumped by update and when the key must be written again
         self._written = (0, 0)  # (lease, version) of the last successful put
+        self._written_at = 0  # the etcd revision of that put
         self._listeners: list[NodesListener] = []
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
@@ -173,6 +174,7 @@ class NodeRegistry:
             except (EtcdUnavailable, EtcdError) as e:
                 log.warning("%s: could not deregister (gone when its lease ends): %s", self.key, e)
         self._written = (0, 0)
+        self._written_at = 0
 
     # --- registration ------------------------------------------------------------------------
 
@@ -191,7 +193,7 @@ class NodeRegistry:
             version = self._version
             if self._written != (lease, version):
                 try:
-                    await self.client.put(self.key, self.me.to_json(), lease=lease)
+                    revision = await self.client.put(self.key, self.me.to_json(), lease=lease)
                 except LeaseNotFound:
                     self.keeper.report_lost(lease)
                     continue
@@ -200,6 +202,7 @@ class NodeRegistry:
                     await asyncio.sleep(self.retry)
                     continue
                 self._written = (lease, version)
+                self._written_at = revision
                 self.registrations += 1
                 self._notify()
                 log.info("node %s registered (lease %x)", self.me.name, lease)
@@ -229,7 +232,7 @@ class NodeRegistry:
             if record is not None:
                 nodes[record.name] = record
         self.revision = revision
-        if self._written[0] and self.me.name not in nodes:
+        if self._written[0] and self.me.name not in nodes and revision >= self._written_at:
             self._rewrite()  # deleted while the watch was down (see _apply)
         self._publish(nodes)
 
@@ -239,7 +242,7 @@ class NodeRegistry:
             name = event.kv.key[len(self.prefix) :].decode(errors="replace")
             if event.type == "DELETE":
                 nodes.pop(name, None)
-                if event.kv.key == self.key and self._written[0]:
+                if self._deletes_ours(event.kv):
                     # Deleted by someone, or by the end of a lease: put it back (a put with
                     # a lease etcd dropped gets LeaseNotFound, and the keeper replaces it).
                     self._rewrite()
@@ -249,6 +252,11 @@ class NodeRegistry:
                     nodes[name] = record
             self.revision = max(self.revision, event.kv.mod_revision)
         self._publish(nodes)
+
+    def _deletes_ours(self, kv: KeyValue) -> bool:
+        """A deletion of our record as last written: one older than our last put (the end of
+        the lease that put replaced, seen late) deletes nothing that is there now."""
+        return kv.key == self.key and self._written[0] != 0 and kv.mod_revision > self._written_at
 
     def _record(self, kv: KeyValue) -> NodeRecord | None:
         record = NodeRecord.from_kv(kv)

@@ -12,7 +12,7 @@ import pytest
 
 from controller.cluster.lease import LeaseKeeper
 from controller.cluster.nodes import NodeRecord, NodeRegistry
-from controller.etcd import EtcdClient, KeyValue
+from controller.etcd import EtcdClient, KeyValue, WatchEvent
 from tests.etcd_cluster import EtcdCluster
 
 TTL = 2
@@ -113,10 +113,28 @@ async def test_registers_again_with_a_new_lease(node) -> None:
         b.registry.wait(lambda ns: "a" in ns and ns["a"].lease not in (0, old)), 5
     )
     assert a.keeper.lease != old
-    assert a.registry.registered
+    # b may see the new record before a has read its put's answer.
+    await asyncio.wait_for(a.registry.wait(lambda ns: a.registry.registered), 5)
     # Once with the new lease at least: under load a watch may reload before the new record
     # shows, and the record is written again (idempotent), as the next tests expect.
     assert a.registry.registrations >= 2
+
+
+async def test_a_deletion_older_than_the_last_put_leaves_the_record_alone(node) -> None:
+    a = await node("a")
+    await asyncio.wait_for(a.registry.wait(names("a")), 5)
+    written = a.registry._written_at
+    # The end of a lease the last put replaced, delivered by the watch after that put.
+    stale = WatchEvent("DELETE", KeyValue(a.registry.key, b"", 0, written - 1, 0, 0))
+    a.registry._apply([stale])
+    assert a.registry.registered
+    assert a.registry.registrations == 1
+    # One after it is ours: the record is written again.
+    gone = WatchEvent("DELETE", KeyValue(a.registry.key, b"", 0, written + 1, 0, 0))
+    a.registry._apply([gone])
+    assert not a.registry.registered
+    await asyncio.wait_for(a.registry.wait(lambda ns: a.registry.registrations == 2), 5)
+    assert a.registry.registered
 
 
 async def test_a_deleted_record_is_written_again(node) -> None:
