@@ -13,7 +13,8 @@ and closed at once.
 
 Invariants: a response is either complete or its connection is dropped (never a short body
 presented as complete); a connection closed after an answer while the client may still send
-lingers first, so the client reads the answer before any reset.
+lingers first, so the client reads the answer before any reset. One whose client said its
+request was the last (``Connection: close``), and sent nothing after it, closes at once.
 """
 
 from __future__ import annotations
@@ -261,6 +262,11 @@ class ClientConnection(RequestReader):
             return
         body = request.body
         if not request.keep_alive or self._closing or (body is not None and not body.complete):
+            if request.last and not self._closing and self._nothing_after(request):
+                # The client sends nothing more, and all it sent was read: a plain close
+                # resets nothing (nginx closes here too), and saves lingering's wake-up.
+                self.close_transport()
+                return
             self._linger()
             return
         pipeline = self._pipeline
@@ -270,6 +276,11 @@ class ClientConnection(RequestReader):
                 self._resume(PAUSE_PIPELINE)
         elif self._parsing is None:
             self._idle()
+
+    def _nothing_after(self, request: IncomingRequest) -> bool:
+        """All ``request`` sent was read, and nothing came after it."""
+        body = request.body
+        return (body is None or body.complete) and self._parsing is None and not self._pipeline
 
     def start_tunnel(self) -> None:
         """The relay took the connection over (``tunnel`` is set): read again."""

@@ -372,6 +372,7 @@ class RequestReader(asyncio.Protocol):
         request.host = host
         request.request_id = request_id
         request.keep_alive = keep_alive
+        request.last = not keep_alive
         self._boundary = keep_alive
         self._head_bytes = 0
         self._clear_deadline()
@@ -441,7 +442,8 @@ class RequestReader(asyncio.Protocol):
         assert parser is not None
         request.method = parser.get_method().decode("ascii")
         request.version = parser.get_http_version()
-        request.keep_alive = parser.should_keep_alive() and not self._closing
+        request.last = not parser.should_keep_alive()
+        request.keep_alive = not request.last and not self._closing
         problem = head_problem(request)
         if problem is not None:
             raise Refused(*problem)

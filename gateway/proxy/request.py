@@ -187,6 +187,9 @@ class IncomingRequest:
     websocket_key = False
     request_id: bytes | None = None
     keep_alive = True
+    last = False
+    """The client said it sends nothing after this request (``Connection: close``, or
+    HTTP/1.0 without keep-alive): its connection may close at once after the answer."""
     body: RequestBody | None = None
 
     raw_fields = b""

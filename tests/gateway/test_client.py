@@ -100,6 +100,58 @@ async def test_http10_client_gets_a_close_delimited_answer_to_a_chunked_one(
     assert body == b"hello"
 
 
+async def _open_after_eof(gw, request: bytes) -> tuple[bytes, asyncio.StreamWriter]:
+    """Send ``request``, read the answer to its end (EOF), and keep our socket open."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(request)
+    async with asyncio.timeout(5):
+        return await reader.read(), writer
+
+
+async def _connections_after(gw, seconds: float) -> int:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while gw.connections and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+    return gw.connections
+
+
+async def test_a_last_request_closes_its_connection_at_once(pool, raw_upstream, gateway):
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", await _raw_upstream_answering(raw_upstream, OK))
+    gw = await gateway()
+
+    answer, writer = await _open_after_eof(
+        gw, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+    )
+    try:
+        assert answer.endswith(b"\r\n\r\nok")
+        # Not lingering for our FIN (up to LINGER_TIMEOUT, 2 s): we said we send no more.
+        assert await _connections_after(gw, 0.5) == 0
+    finally:
+        writer.close()
+
+
+async def test_a_close_the_client_did_not_ask_for_lingers(pool, raw_upstream, gateway):
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", await _raw_upstream_answering(raw_upstream, chunked))
+    gw = await gateway()
+
+    # An HTTP/1.0 client that keeps alive gets a chunked answer delimited by the close: it may
+    # still send, so the gateway shuts its side and reads on until the client closes.
+    answer, writer = await _open_after_eof(
+        gw, b"GET / HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n\r\n"
+    )
+    try:
+        assert answer.endswith(b"\r\n\r\nhello")
+        assert await _connections_after(gw, 0.3) == 1
+        writer.write(b"GET / HTTP/1.0\r\n\r\n")  # read and discarded, nothing reset
+        await writer.drain()
+    finally:
+        writer.close()
+    assert await _connections_after(gw, 2) == 0
+
+
 async def test_http10_keep_alive_is_honoured(pool, raw_upstream, gateway):
     pool.set_service(routing("web", prefix="/"))
     add(pool, "web", "u1", await _raw_upstream_answering(raw_upstream, OK))
