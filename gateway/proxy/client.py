@@ -55,11 +55,14 @@ class ConnectionGate:
     connector's; a batch of its own, which knows of no request in flight, never holds a
     write)."""
 
-    __slots__ = ("batch", "buffers", "limit", "open")
+    __slots__ = ("batch", "buffers", "limit", "loop", "open")
 
     def __init__(self, limit: int, batch: WriteBatch | None = None) -> None:
         self.limit = limit
         self.open = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The running loop, kept at the first connection (Python 3.11's
+        ``get_running_loop`` makes a system call, ``getpid``)."""
         self.buffers = Buffers()
         self.batch = batch if batch is not None else WriteBatch()
 
@@ -102,7 +105,10 @@ class ClientConnection(RequestReader):
         connections: set[ClientConnection],
         begin: Begin | None = None,
     ) -> None:
-        super().__init__(limits, gate.buffers)
+        loop = gate.loop
+        if loop is None:
+            loop = gate.loop = asyncio.get_running_loop()
+        super().__init__(limits, gate.buffers, loop)
         self._handler = handler
         self._begin = begin
         self._gate = gate

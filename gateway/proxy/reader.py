@@ -222,9 +222,11 @@ class RequestReader(asyncio.Protocol):
         "tunnel",
     )
 
-    def __init__(self, limits: ListenerLimits, buffers: Buffers) -> None:
+    def __init__(
+        self, limits: ListenerLimits, buffers: Buffers, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self._limits = limits_of(limits)
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop
         self._parser: httptools.HttpRequestParser | None = None
         self.transport: asyncio.Transport | None = None
         self.peer: str | None = None
