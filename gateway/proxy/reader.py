@@ -181,6 +181,16 @@ class _LastLimits:
 _last_limits: Final = _LastLimits()
 
 
+class _CheckedHost:
+    """The last Host value found well formed, on any connection: clients send the same few,
+    and a new connection need not match the pattern again."""
+
+    value = b""
+
+
+_checked_host: Final = _CheckedHost()
+
+
 def limits_of(config: ListenerLimits) -> Limits:
     """The ``Limits`` of ``config``: the last one made, if it was made of it."""
     last = _last_limits
@@ -201,7 +211,6 @@ class RequestReader(asyncio.Protocol):
         "_deadline",
         "_deadline_kind",
         "_head_bytes",
-        "_host_checked",
         "_last",
         "_limits",
         "_lingered",
@@ -234,8 +243,6 @@ class RequestReader(asyncio.Protocol):
         self._parsing: IncomingRequest | None = None
         """The request whose head or body is being read."""
         self._head_bytes = 0
-        self._host_checked = b""
-        """The last Host value found well formed on this connection."""
         self.active: IncomingRequest | None = None
         """The request being answered (``ClientConnection``)."""
         self._paused = 0
@@ -358,10 +365,10 @@ class RequestReader(asyncio.Protocol):
         callbacks would have made of it. False (nothing done) if its Host is not well formed:
         then llhttp's way refuses it."""
         method, target, block, kept, host, request_id, keep_alive, forwarded, auth, auth_at = plain
-        if host and host != self._host_checked:
+        if host and host != _checked_host.value:
             if not HOST.fullmatch(host):
                 return False
-            self._host_checked = host
+            _checked_host.value = host
         request = IncomingRequest(None)
         request.raw_fields = block
         request.plain_lines = kept
@@ -433,8 +440,8 @@ class RequestReader(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         request = self._parsing
         assert request is not None
-        self._host_checked = request.add_field(
-            name, value, self._limits.max_header_size, self._host_checked
+        _checked_host.value = request.add_field(
+            name, value, self._limits.max_header_size, _checked_host.value
         )
 
     def on_headers_complete(self) -> None:
