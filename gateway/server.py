@@ -12,6 +12,7 @@ close the proxy's upstream connections.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from .config import ProxyConfig, parse_address
@@ -76,8 +77,9 @@ class TrafficServer:
         handle = self.proxy.handle
         begin = self.proxy.begin
 
-        def protocol() -> ClientConnection:
-            return ClientConnection(handle, limits, gate, connections, begin)
+        # A partial, not a closure: this module is not compiled, and a closure would run an
+        # interpreted frame for every connection.
+        protocol = functools.partial(ClientConnection, handle, limits, gate, connections, begin)
 
         host, port = self.address
         loop = asyncio.get_running_loop()
