@@ -92,6 +92,9 @@ from targets import (
 
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = ("direct", "nginx", "haproxy", "gateway")
+CLOSE = ("Connection: close",)
+"""The headers of the ``close`` load: a new connection for every request, as clients that
+keep none (scripts, probes, some load balancers) make."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,6 +162,8 @@ def measures(figures: Figures, low: int, high: int, stream: bool) -> dict[str, l
         Measure(f"CPU us/req {lo}", lambda n: m(n, lo, "cpu_us"), 1, proxy_only=True),
         Measure(f"CPU us/req {hi}", lambda n: m(n, hi, "cpu_us"), 1, proxy_only=True),
         Measure(f"wake-ups/req {lo}", lambda n: m(n, lo, "wakeups"), 2, ratio=False),
+        Measure("rps close", lambda n: m(n, "close", "rps")),
+        Measure("CPU us/req close", lambda n: m(n, "close", "cpu_us"), 1, proxy_only=True),
     ]
     if stream:
         speed.append(Measure("10 MiB MiB/s", mib_per_s))
@@ -246,6 +251,7 @@ def paired(figures: Figures, targets: list[str], low: int) -> str:
         (f"CPU us/req {lo}", lambda n: each(n, lo, "cpu_us")),
         (f"p99 {lo}", lambda n: each(n, lo, "p99_ms")),
         ("added p50 c1", added),
+        ("CPU us/req close", lambda n: each(n, "close", "cpu_us")),
     ]
     if "nginx" not in targets:
         return ""
@@ -361,6 +367,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--high-connections", type=int, default=256,
                    help="connections for the second requests/s figure (256)")  # fmt: skip
     p.add_argument("--stream-connections", type=int, default=4, help="connections, 10 MiB (4)")
+    p.add_argument("--close-connections", type=int, default=8,
+                   help="connections of the connection-per-request load (8)")  # fmt: skip
     p.add_argument("--idle-connections", type=int, default=10_000,
                    help="idle keep-alive connections held per target (10000; 0 skips)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=2, help="seconds of load before measuring (2)")
@@ -491,15 +499,18 @@ def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) 
     order = list(targets)
     for name in order:
         wrk(procs, targets[name], "/", args.connections, args.warmup, args.load_cpu)
-    loads = [(f"c{args.connections}", "/", args.connections),
-             (f"c{args.high_connections}", "/", args.high_connections), ("c1", "/", 1)]  # fmt: skip
+    loads = [(f"c{args.connections}", "/", args.connections, ()),
+             (f"c{args.high_connections}", "/", args.high_connections, ()), ("c1", "/", 1, ()),
+             ("close", "/", args.close_connections, CLOSE)]  # fmt: skip
     if not args.no_stream:
-        loads.append(("big", "/big", args.stream_connections))
+        loads.append(("big", "/big", args.stream_connections, ()))
     for rep in range(args.repeat):
         shift = rep % len(order)
         for name in order[shift:] + order[:shift]:
-            for kind, path, conns in loads:
-                run = wrk(procs, targets[name], path, conns, args.duration, args.load_cpu)
+            for kind, path, conns, headers in loads:
+                run = wrk(
+                    procs, targets[name], path, conns, args.duration, args.load_cpu, headers=headers
+                )
                 figures.add(name, kind, run)
                 print(
                     f"bench: rep {rep + 1}/{args.repeat} {name:8} {kind:4} "
@@ -842,7 +853,9 @@ def render(
             "",
             f"Medians of {args.repeat} interleaved repetitions of {args.duration:g} s each; "
             f"wrk -t1, {lo} (c{lo}), {hi} (c{hi}) and 1 connection (c1) on a 13-byte "
-            f"body{f', {args.stream_connections} connections on a 10 MiB body' if stream else ''}."
+            f"body{f', {args.stream_connections} connections on a 10 MiB body' if stream else ''},"
+            f" and {args.close_connections} connections each sending `Connection: close`"
+            " (close: a new connection for every request)."
             f" Proxies pinned to CPU {args.proxy_cpu}; wrk and the upstream (nginx, 1 worker) "
             f"to CPU {args.load_cpu}. The gateway as users run it: an http probe every second, "
             "metrics, retries and passive outlier detection at their defaults, access log "

@@ -449,12 +449,16 @@ def wrk(
     duration: float,
     cpu: int,
     tls: bool = False,
+    headers: tuple[str, ...] = (),
 ) -> Run:
     """``wrk -t1 -c<connections> -d<duration> --latency`` on ``target`` (over HTTPS on its
     TLS port with ``tls``: wrk keeps each connection, so one handshake per connection),
-    bounded in time."""
+    each request with ``headers`` (``"Name: value"``), bounded in time."""
     url = target.url(path, tls)
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", url]
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency"]
+    for header in headers:
+        argv += ["-H", header]
+    argv.append(url)
     pids = process_tree(target.proc.pid)
     before = cpu_seconds(pids)
     interrupts = wakeup_interrupts()
