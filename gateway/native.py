@@ -70,6 +70,7 @@ MODULES = (
     "proxy.streams",
     "proxy.sticky",
     "proxy.upstream_connection",
+    "proxy.wheel",
     "tls.handshake",
     "tls.transport",
     "wire.batch",

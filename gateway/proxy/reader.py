@@ -39,6 +39,7 @@ from ..wire.http1 import HEAD_LIMIT_FACTOR
 from ..wire.plainhead import PlainRequest
 from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
 from .request import HOST, IncomingRequest, Refused, RequestBody, head_problem
+from .wheel import Deadlined, wheel_of
 
 log = logging.getLogger(__name__)
 
@@ -61,91 +62,6 @@ reads (nginx's ``lingering_timeout``), so the client's socket is not reset befor
 the answer."""
 LINGER_BYTES: Final = 64 * 1024 * 1024
 """At most this much is discarded while lingering; then the connection is dropped."""
-
-
-WHEEL_SLOT: Final = 0.25
-"""The keep-alive ``Wheel``'s slot, in seconds: an idle connection is closed at most this
-long after its ``keepalive_timeout`` (nginx's timers are lazy by up to 300 ms,
-``NGX_TIMER_LAZY_DELAY``). Finer than a second so that a short ``keepalive_timeout`` (a
-fraction of a second, in tests) still holds roughly."""
-_SLOTS_PER_SECOND: Final = 4
-
-
-class Wheel:
-    """The keep-alive deadlines of one event loop's idle connections, in ``WHEEL_SLOT``
-    slots under one timer of the loop: an idle connection is an entry of a set (tens of
-    bytes), not a timer of its own (a TimerHandle, uvloop's UVTimer, a Context and a bound
-    method: about 600 bytes).
-
-    Lazy, like a connection's own timer: a connection stays in its slot when it becomes busy
-    or when its deadline moves later; when the slot comes, ``RequestReader.on_wheel`` skips
-    a busy one, puts back one whose deadline is later and closes the others. A connection
-    closed meanwhile takes itself out (``RequestReader._stop_timer``). One per loop
-    (``wheel_of``): each worker process has its own."""
-
-    __slots__ = ("_handle", "_next", "loop", "slots")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.slots: dict[int, set[RequestReader]] = {}
-        """Connections by slot (the slot's end, in ``WHEEL_SLOT`` since the loop's 0)."""
-        self._handle: asyncio.TimerHandle | None = None
-        self._next = 0
-        """The slot ``_handle`` fires for."""
-
-    def add(self, reader: RequestReader, when: float) -> None:
-        """Put ``reader`` in the first slot that ends after ``when``."""
-        slot = int(when * _SLOTS_PER_SECOND) + 1
-        readers = self.slots.get(slot)
-        if readers is None:
-            readers = self.slots[slot] = set()
-        readers.add(reader)
-        reader._wheel_slot = readers
-        if self._handle is None or slot < self._next:
-            self._arm(slot)
-
-    def _arm(self, slot: int) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._next = slot
-        self._handle = self.loop.call_at(slot / _SLOTS_PER_SECOND, self._fire)
-
-    def _fire(self) -> None:
-        self._handle = None
-        # The loop may run a timer a little before its time (its clock's resolution): the
-        # slot it was armed for is due all the same.
-        due = max(self._next, int(self.loop.time() * _SLOTS_PER_SECOND))
-        for slot in sorted([s for s in self.slots if s <= due]):
-            readers = self.slots.pop(slot)
-            while readers:  # one closed by another's ``on_wheel`` is out already
-                reader = readers.pop()
-                reader._wheel_slot = None
-                reader.on_wheel()
-        self._arm_next()
-
-    def _arm_next(self) -> None:
-        """Armed for the first slot left, unless an ``on_wheel`` armed it already (a method
-        of its own: in ``_fire`` mypyc would take ``_handle`` for the None it set)."""
-        if self.slots and self._handle is None:
-            self._arm(min(self.slots))
-
-
-class _LastWheel:
-    """The ``Wheel`` made last (the gateway runs one loop per process)."""
-
-    wheel: Wheel | None = None
-
-
-_last_wheel: Final = _LastWheel()
-
-
-def wheel_of(loop: asyncio.AbstractEventLoop) -> Wheel:
-    """The keep-alive wheel of ``loop``: the last one made, if it is ``loop``'s. A wheel
-    replaced (a test's next loop) still fires what it holds, on its own loop."""
-    wheel = _last_wheel.wheel
-    if wheel is None or wheel.loop is not loop:
-        wheel = _last_wheel.wheel = Wheel(loop)
-    return wheel
 
 
 class Limits:
@@ -252,7 +168,7 @@ class RequestReader(asyncio.Protocol):
         self._deadline_kind = _NONE
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self._wheel_slot: set[RequestReader] | None = None
+        self._wheel_slot: set[Deadlined] | None = None
         """The ``Wheel`` slot this connection is in, if any (idle, or was since it fired)."""
         self._body_started = 0.0
         self._last: IncomingRequest | None = None
@@ -575,7 +491,7 @@ class RequestReader(asyncio.Protocol):
                 timer.cancel()
                 self._timer = None
             if self._wheel_slot is None:  # else that slot comes first and puts it back
-                wheel_of(self._loop).add(self, when)
+                self._wheel_slot = wheel_of(self._loop).add(self, when)
             return
         if timer is None or self._timer_at > when:
             if timer is not None:
@@ -589,10 +505,11 @@ class RequestReader(asyncio.Protocol):
 
     def on_wheel(self) -> None:
         """The ``Wheel`` slot this connection was in came (it is out of the wheel now)."""
+        self._wheel_slot = None
         if self._deadline_kind != _KEEPALIVE or self.transport is None:
             return  # busy, or closed
         if self._loop.time() < self._deadline:  # idle again since it was put in
-            wheel_of(self._loop).add(self, self._deadline)
+            self._wheel_slot = wheel_of(self._loop).add(self, self._deadline)
             return
         self._clear_deadline()
         self._closing = True
@@ -604,7 +521,7 @@ class RequestReader(asyncio.Protocol):
             return
         if self._deadline_kind == _KEEPALIVE:  # the wheel's (``_set_deadline``), not ours
             if self._wheel_slot is None:
-                wheel_of(self._loop).add(self, self._deadline)
+                self._wheel_slot = wheel_of(self._loop).add(self, self._deadline)
             return
         if self._loop.time() < self._deadline:
             self._timer_at = self._deadline

@@ -1,4 +1,4 @@
-"""The keep-alive wheel (``reader.Wheel``): idle connections' deadlines in slots under one
+"""The keep-alive wheel (``wheel.Wheel``): idle connections' deadlines in slots under one
 timer of the loop. On a fake loop whose clock the test moves: nothing sleeps."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from gateway.config import ListenerLimits
 from gateway.proxy.client import ClientConnection, ConnectionGate
-from gateway.proxy.reader import WHEEL_SLOT, wheel_of
+from gateway.proxy.wheel import WHEEL_SLOT, wheel_of
 
 GET = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
 
