@@ -56,13 +56,11 @@ if TYPE_CHECKING:
         RequestObserver,
         RequestRecord,
     )
-    from .metrics import (
-        GatewayMetrics,
-        metrics_handler,
-    )
+    from .metrics import GatewayMetrics
     from .pool import Pool
     from .prober import Prober
     from .proxy import Proxy
+    from .scrape import metrics_handler
     from .server import TrafficServer
     from .service_pool import (
         Lease,
@@ -130,7 +128,7 @@ _WHERE: dict[str, str] = {
     "UpstreamConnectError": ".errors",
     "UpstreamTimeout": ".errors",
     "WorkerSettings": ".workers.supervisor",
-    "metrics_handler": ".metrics",
+    "metrics_handler": ".scrape",
     "dump_settings": ".config",
     "parse_address": ".config",
     "parse_duration": ".config",

@@ -2,7 +2,9 @@
 
 ``GatewayMetrics`` is a ``PoolSubscriber`` (upstream health and state, ejections), a
 ``ProbeObserver`` (probe outcomes and durations) and a ``RequestObserver`` (requests,
-latencies, retries). ``metrics_handler`` serves a registry on the admin listener.
+latencies, retries). It keeps every series' label children and plain counts, and drops
+them by the rules below; the series made at scrape time are built in ``scrape``, which also
+serves the registry.
 
 Invariants:
 - Label sets are bounded: service, revision, upstream id, a state, a probe result, a retry
@@ -13,38 +15,24 @@ Invariants:
   they cannot bring a series back.
 - The hot path (``on_request``) resolves no label and takes no lock: the request series
   (``gateway_requests``, ``gateway_request_duration_seconds``, ``gateway_upstream_ttfb_seconds``)
-  are plain counts (``tally.Buckets``) and dicts, per service and revision, that
-  ``_RequestCollector`` turns into metric families at scrape time; ``prometheus_client``'s
-  own children (a lock and a Python loop over the buckets per ``observe``) cost several
-  times more per request. Other label children are created once and cached. Even the
-  ``code`` label of a status (its class) is worked out at scrape time.
+  are plain counts (``tally.Buckets``, ``status_codes.StatusCounts``) per service and
+  revision, that ``scrape.RequestCollector`` turns into metric families at scrape time;
+  ``prometheus_client``'s own children (a lock and a Python loop over the buckets per
+  ``observe``) cost several times more per request. Other label children are created once
+  and cached. Even the ``code`` label of a status (its class) is worked out at scrape time.
 - In-flight counts are read from the pool at scrape time, so requests pay nothing for them.
-
-Longer than most modules: every kind of series follows the same no-stale-series rules, kept
-in one place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Final
 
-from aiohttp import web
-from mypy_extensions import i64
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-    SummaryMetricFamily,
-)
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
 
-from .errors import GatewayError
 from .events import PoolEvent, ProbeResult, RequestRecord
 from .pool import Pool, RequestCounts
+from .scrape import GuardCollector, InflightCollector, RequestCollector
+from .status_codes import StatusCounts
 from .tally import LATENCY_BUCKETS, Buckets, Tally, latency_bucket
 from .upstream import Upstream
 
@@ -58,35 +46,6 @@ RETRY_REASONS: Final = frozenset({"connect", "disconnect", "status"})
 PROBE_BUCKETS: Final[tuple[float, ...]] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 )  # fmt: skip
-
-
-def _gateway_statuses() -> dict[str, int]:
-    """Error code -> status of every answer the gateway makes itself."""
-    out: dict[str, int] = {}
-    todo: list[type[GatewayError]] = [GatewayError]
-    while todo:
-        cls = todo.pop()
-        out[cls.code] = cls.status
-        todo.extend(cls.__subclasses__())
-    out["cancelled"] = 499  # the client went away before an answer (proxy.handle)
-    return out
-
-
-_GATEWAY_STATUS: Final = _gateway_statuses()
-_CLASS: Final = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
-
-
-def code_label(status: int, error: str | None) -> str:
-    """The ``code`` label: the exact status of an answer the gateway made, else its class.
-
-    An error code alone does not make the answer the gateway's: a body that broke off after
-    the upstream's status line keeps the upstream's status (and so its class).
-    """
-    if error is not None and _GATEWAY_STATUS.get(error) == status:
-        return str(status)
-    if status < 100:
-        return "500"  # the handler raised before any status: aiohttp answered 500
-    return _CLASS.get(status // 100) or str(status)
 
 
 class _UpstreamSeries:
@@ -199,55 +158,18 @@ _SERVICE_CHILDREN: Final[tuple[str, ...]] = (
 """The per-service children, each named as its metric's attribute on ``GatewayMetrics``."""
 
 
-class _RevisionSeries:
+class _RevisionSeries(StatusCounts):
     """The request counts of one revision of a service; its series go with it."""
 
-    __slots__ = ("_run", "_status", "codes", "duration", "label", "service", "ttfb")
+    __slots__ = ("duration", "label", "service", "ttfb")
 
     def __init__(self, service: _ServiceSeries, revision: int | None) -> None:
+        super().__init__()
         self.service = service
         self.label = "" if revision is None else str(revision)
         self.duration = Buckets(LATENCY_BUCKETS)
         self.ttfb = service.ttfb
         """The service's (TTFB is per service), here to save ``on_request`` a look-up."""
-        self.codes: dict[int | str, int] = {}
-        """Answers by ``code`` label to be: an int is a status whose label (its class) is
-        worked out at scrape time, saving ``on_request`` the work; a str is the exact code of
-        an answer the gateway made. In order of first appearance, as the series are shown.
-        Read through ``settled``: the run of one status being counted is not in it."""
-        self._status: i64 = -1
-        self._run: i64 = 0
-        """Consecutive answers with status ``_status`` not yet in ``codes``: counted as a
-        machine integer (an int past 256 in the dict is an object made at every increment)."""
-
-    def answered(self, status: i64) -> None:
-        """One more answer with ``status`` (that the proxy made: ``GatewayMetrics._count``)."""
-        if status == self._status:
-            self._run += 1
-            return
-        codes = self.settled()
-        self._status = status
-        self._run = 1
-        if status not in codes:
-            codes[status] = 0  # its place, in order of first appearance
-
-    def settled(self) -> dict[int | str, int]:
-        """``codes``, with the run being counted in them."""
-        run = self._run
-        codes = self.codes
-        if run:
-            status = self._status
-            codes[status] = codes.get(status, 0) + run
-            self._run = 0
-        return codes
-
-    def code_counts(self) -> dict[str, int]:
-        """The counts by ``code`` label, each label where its first status appeared."""
-        out: dict[str, int] = {}
-        for key, count in list(self.settled().items()):
-            code = key if isinstance(key, str) else code_label(key, None)
-            out[code] = out.get(code, 0) + count
-        return out
 
 
 class GatewayMetrics:
@@ -259,7 +181,8 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         r = registry
-        registry.register(_RequestCollector(self))
+        self._services: dict[str, _ServiceSeries] = {"": _ServiceSeries(self, "")}
+        registry.register(RequestCollector(self._services))
         self.upstream_up = Gauge(
             "gateway_upstream_up",
             "1 if the upstream is routable (healthy, active, not ejected), else 0.",
@@ -311,7 +234,6 @@ class GatewayMetrics:
         )
         self._pool: Pool | None = None
         self._upstreams: dict[tuple[str, str], _UpstreamSeries] = {}
-        self._services: dict[str, _ServiceSeries] = {"": _ServiceSeries(self, "")}
         self._live: dict[tuple[str, int], int] = {}
         """(service, revision) -> upstreams of it in the pool."""
         self._requests: dict[tuple[str, int | None], _RevisionSeries] = {}
@@ -319,8 +241,8 @@ class GatewayMetrics:
         """Services with a revision series but no upstream of that revision left."""
         self.unrecorded = 0
         """Records of services no longer in the pool, not recorded (they would be stale)."""
-        registry.register(_InflightCollector(self))
-        registry.register(_GuardCollector(self))
+        registry.register(InflightCollector(lambda: self._pool))
+        registry.register(GuardCollector(lambda: self._pool))
 
     def attach(self, pool: Pool) -> None:
         """Follow ``pool``: take in what is in it now, subscribe, report its in-flight counts."""
@@ -462,11 +384,7 @@ class GatewayMetrics:
         n: int,
     ) -> None:
         """Count ``n`` answers of one kind: their code, retries and gateway errors."""
-        code: int | str = status  # its class, at scrape time (``_RevisionSeries.codes``)
-        if error is not None and _GATEWAY_STATUS.get(error) == status:
-            code = str(status)
-        codes = entry.codes
-        codes[code] = codes.get(code, 0) + n
+        entry.add(status, error, n)
         service = entry.service
         if retry_reasons:
             for reason in retry_reasons:
@@ -518,154 +436,3 @@ class GatewayMetrics:
             f"upstreams={len(self._upstreams)} revisions={len(self._requests)} "
             f"unrecorded={self.unrecorded}>"
         )
-
-
-class _RequestCollector(Collector):
-    """The request series, made from the plain counts of ``on_request`` at scrape time."""
-
-    def __init__(self, metrics: GatewayMetrics) -> None:
-        self._metrics = metrics
-
-    def describe(self) -> Iterable[Metric]:
-        return self._families()
-
-    def collect(self) -> Iterator[Metric]:
-        requests, duration, ttfb = self._families()
-        for name, service in list(self._metrics._services.items()):
-            for entry in list(service.revisions.values()):
-                labels = (name, entry.label)
-                for code, count in entry.code_counts().items():
-                    requests.add_metric((*labels, code), count)
-                duration.add_metric(labels, entry.duration.buckets(), entry.duration.sum)
-            if name and service.made("ttfb"):
-                ttfb.add_metric((name,), service.ttfb.buckets(), service.ttfb.sum)
-        yield from (requests, duration, ttfb)
-
-    @staticmethod
-    def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, HistogramMetricFamily]:
-        return (
-            CounterMetricFamily(
-                "gateway_requests",
-                "Requests answered, by status class (2xx...) or exact status of a gateway error.",
-                labels=("service", "revision", "code"),
-            ),
-            HistogramMetricFamily(
-                "gateway_request_duration_seconds",
-                "Time from the request's arrival to the end of its answer.",
-                labels=("service", "revision"),
-            ),
-            HistogramMetricFamily(
-                "gateway_upstream_ttfb_seconds",
-                "Time from the request's arrival to the upstream's response headers.",
-                labels=("service",),
-            ),
-        )
-
-
-class _InflightCollector(Collector):
-    """``gateway_inflight_requests``, read from the pool's lease counts at scrape time."""
-
-    def __init__(self, metrics: GatewayMetrics) -> None:
-        self._metrics = metrics
-
-    def describe(self) -> Iterable[Metric]:
-        return [self._family()]
-
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        pool = self._metrics._pool
-        if pool is not None:
-            for name, service in list(pool.services.items()):
-                inflight = service.inflight_all()
-                for upstream in service.snapshot.upstreams:
-                    family.add_metric((name, upstream.id), inflight.get(upstream.id, 0))
-        yield family
-
-    @staticmethod
-    def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            "gateway_inflight_requests",
-            "Requests (and streams, WebSockets) in flight on the upstream.",
-            labels=("service", "upstream"),
-        )
-
-
-class _GuardCollector(Collector):
-    """Auth outcomes, rate-limited requests and the slot queue, read from the pool's
-    counters (``ServicePool.counted_all``, workers' included) at scrape time."""
-
-    def __init__(self, metrics: GatewayMetrics) -> None:
-        self._metrics = metrics
-
-    def describe(self) -> Iterable[Metric]:
-        return list(self._families())
-
-    def collect(self) -> Iterator[Metric]:
-        auth, limited, queued, waited, timeouts = self._families()
-        pool = self._metrics._pool
-        if pool is not None:
-            for name, sp in list(pool.services.items()):
-                routing = sp.routing
-                counts = sp.counted_all()
-                if routing.auth is not None:
-                    for outcome in ("ok", "missing", "wrong"):
-                        auth.add_metric((name, outcome), counts.get(f"auth_{outcome}", 0))
-                if routing.rate_limits:
-                    limited.add_metric((name,), counts.get("rate_limited", 0))
-                if routing.limits.max_in_flight_per_replica:
-                    queued.add_metric((name,), sp.queued_all())
-                    waited.add_metric(
-                        (name,), int(counts.get("queued", 0)), counts.get("queue_wait_seconds", 0.0)
-                    )
-                    timeouts.add_metric(
-                        (name,), counts.get("queue_timeout", 0) + counts.get("queue_full", 0)
-                    )
-        yield from (auth, limited, queued, waited, timeouts)
-
-    @staticmethod
-    def _families() -> tuple[
-        CounterMetricFamily,
-        CounterMetricFamily,
-        GaugeMetricFamily,
-        SummaryMetricFamily,
-        CounterMetricFamily,
-    ]:
-        return (
-            CounterMetricFamily(
-                "gateway_auth_requests",
-                "Requests to a service with auth, by outcome: ok, missing or wrong token.",
-                labels=("service", "outcome"),
-            ),
-            CounterMetricFamily(
-                "gateway_rate_limited_requests",
-                "Requests refused with 429 by a rate limit of the service.",
-                labels=("service",),
-            ),
-            GaugeMetricFamily(
-                "gateway_service_queued_requests",
-                "Requests waiting for a slot under max_in_flight_per_replica.",
-                labels=("service",),
-            ),
-            SummaryMetricFamily(
-                "gateway_service_queue_wait_seconds",
-                "Time requests waited for a slot under max_in_flight_per_replica.",
-                labels=("service",),
-            ),
-            CounterMetricFamily(
-                "gateway_service_queue_rejected_requests",
-                "Requests answered 503 by the slot queue: full, or no slot within queue_timeout.",
-                labels=("service",),
-            ),
-        )
-
-
-def metrics_handler(
-    registry: CollectorRegistry,
-) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """An aiohttp handler serving ``registry`` (text format, or OpenMetrics if asked for)."""
-
-    async def handle(request: web.Request) -> web.Response:
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encoder(registry), headers={"Content-Type": content_type})
-
-    return handle

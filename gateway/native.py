@@ -53,6 +53,7 @@ MODULES = (
     "snapshot",
     "ratelimit",
     "router",
+    "status_codes",
     "tally",
     "upstream",
     "proxy.answers",

@@ -16,11 +16,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.config import ProbeConfig, ProxyConfig
 from gateway.events import PoolEvent, ProbeResult, RequestRecord
-from gateway.metrics import UPSTREAM_STATES, GatewayMetrics, code_label, metrics_handler
+from gateway.metrics import UPSTREAM_STATES, GatewayMetrics
 from gateway.pool import Pool
 from gateway.prober import Prober
 from gateway.proxy.handler import Proxy
+from gateway.scrape import metrics_handler
 from gateway.server import TrafficServer
+from gateway.status_codes import code_label
 from gateway.tally import LATENCY_BUCKETS, RequestTally, latency_bucket
 from gateway.upstream import Health, Upstream
 
