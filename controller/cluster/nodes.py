@@ -116,6 +116,9 @@ class NodeRegistry:
         self._version = 1  # of ``me``: bumped by update and when the key must be written again
         self._written = (0, 0)  # (lease, version) of the last successful put
         self._written_at = 0  # the etcd revision of that put
+        self._deleted_at = 0
+        """The latest revision at which the view saw our record deleted or missing: a put
+        answered after the view saw a deletion that followed it is written again."""
         self._listeners: list[NodesListener] = []
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
@@ -174,7 +177,7 @@ class NodeRegistry:
             except (EtcdUnavailable, EtcdError) as e:
                 log.warning("%s: could not deregister (gone when its lease ends): %s", self.key, e)
         self._written = (0, 0)
-        self._written_at = 0
+        self._written_at = self._deleted_at = 0
 
     # --- registration ------------------------------------------------------------------------
 
@@ -206,6 +209,8 @@ class NodeRegistry:
                 self.registrations += 1
                 self._notify()
                 log.info("node %s registered (lease %x)", self.me.name, lease)
+                if self._deleted_at > revision:
+                    self._rewrite()  # deleted after this put, seen before its answer came
             await self._wake.wait()
 
     # --- the view ----------------------------------------------------------------------------
@@ -232,8 +237,10 @@ class NodeRegistry:
             if record is not None:
                 nodes[record.name] = record
         self.revision = revision
-        if self._written[0] and self.me.name not in nodes and revision >= self._written_at:
-            self._rewrite()  # deleted while the watch was down (see _apply)
+        if self.me.name not in nodes:
+            self._deleted_at = max(self._deleted_at, revision)
+            if self._written[0] and revision >= self._written_at:
+                self._rewrite()  # deleted while the watch was down (see _apply)
         self._publish(nodes)
 
     def _apply(self, batch: list[WatchEvent]) -> None:
@@ -242,6 +249,8 @@ class NodeRegistry:
             name = event.kv.key[len(self.prefix) :].decode(errors="replace")
             if event.type == "DELETE":
                 nodes.pop(name, None)
+                if event.kv.key == self.key:
+                    self._deleted_at = max(self._deleted_at, event.kv.mod_revision)
                 if self._deletes_ours(event.kv):
                     # Deleted by someone, or by the end of a lease: put it back (a put with
                     # a lease etcd dropped gets LeaseNotFound, and the keeper replaces it).
