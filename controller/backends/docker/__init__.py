@@ -1,8 +1,9 @@
 """The Docker backend: ``engine`` (the Engine API client), ``placement`` (pure: which host),
 ``container`` (pure: a container's create body and exit reason), ``pulling`` (pure: pull
 progress summed over layers), ``tunnel`` (an ssh:// engine's forwarded socket), ``hosts``
-(the records of hosts and replicas), ``backend`` (containers started, stopped, watched and
-adopted)."""
+(the records of hosts and replicas), ``orphans`` (unknown containers swept), ``watch`` (one
+engine's events followed, its reachability decided), ``backend`` (containers started,
+stopped and adopted)."""
 
 from .backend import DockerBackend, DockerHost, HostListener, HostState, PullListener
 from .container import DEFAULT_CONTAINER_PORT, container_script

@@ -8,14 +8,12 @@ Invariants:
 - A slot of a host and a host port are held from the moment ``start`` places a launch until
   its exit was reported. The container's port is published on the host's ``address`` only, at
   a port of the host's ``port_range``; two replicas of a host never share a port.
-- An exit is seen through the engine's event stream (``die``), which each host's watcher keeps
-  open; after each (re)connection the watcher lists the host's containers and reports the
-  exits it missed. An exit is reported exactly once: after the container's last log lines were
+- An exit is seen by the host's watcher (``watch``: the engine's events, and a listing after
+  each reconnection). It is reported exactly once: after the container's last log lines were
   read (kept in memory, ``logs``) and the container removed. ``stop`` returns after that.
-- An engine that cannot be reached is skipped by placement and retried with backoff; its
-  replicas are left as they are and nothing is stopped or reported because of it. The
-  watcher alone decides reachability: its event stream and a heartbeat (a stopped engine
-  keeps its sockets and says nothing); a call that found no engine has it ping at once.
+- An engine that cannot be reached (as its watcher alone decides) is skipped by placement; its
+  replicas are left as they are and nothing is stopped or reported because of it. A call that
+  found no engine has the watcher ping at once.
 - An ``ssh://`` host's engine is reached through a local socket forwarded by an ``ssh``
   child (``tunnel``), started at ``connect()``, restarted with backoff, stopped at ``close()``. The
   ``host_listeners`` hear each change of a host's reachability (not its first success). A ``stop``
@@ -49,12 +47,13 @@ from ...spec import gpu_count
 from ...tasks import guarded_task
 from ..base import Exit, ExitHandler, Launch, Running
 from .container import LABEL, container_config, container_name, exit_reason, signed_code
-from .engine import EngineClient, EngineError, EngineUnreachable, EventStream
+from .engine import EngineClient, EngineError, EngineUnreachable
 from .hosts import DockerHost, HostListener, HostRecord, HostState, ReplicaRecord
 from .orphans import sweep
 from .placement import HostLoad, NoRoom, place
 from .pulling import PullProgress
 from .tunnel import SshOptions, Tunnel
+from .watch import HostWatcher
 
 if TYPE_CHECKING:
     from ...spec import ReplicaTemplate
@@ -72,11 +71,6 @@ REMOVAL_WAIT = 10.0
 REPLICAS_WITH_LOGS_KEPT = 256
 CONNECT_WAIT = 5.0
 """How long ``connect`` (and so a first ``start``) waits for each engine's first answer."""
-BACKOFF_FIRST, BACKOFF_MAX = 0.5, 10.0
-HEARTBEAT, HEARTBEAT_TIMEOUT = 2.0, 5.0
-"""While its event stream is open, an engine is pinged every HEARTBEAT seconds: one that does
-not answer within HEARTBEAT_TIMEOUT (a stopped or hung process keeps its sockets open and
-says nothing) is unreachable."""
 PORT_ATTEMPTS = 3
 ORPHAN_GRACE = 60.0
 """After the first ``connect()``, how long a container this backend does not know is left be."""
@@ -177,7 +171,16 @@ class DockerBackend:
         for host in self._hosts.values():
             if host.watcher is None:
                 host.answered = asyncio.Event()
-                host.watcher = guarded_task(self._watch(host), f"docker-events:{host.name}")
+                watcher = HostWatcher(
+                    host,
+                    self._labels(host),
+                    finish=self._finish,
+                    stop=self._stop_container,
+                    stop_grace=self._stop_grace_default,
+                    orphans_due=self._orphans_due,
+                    listeners=self.host_listeners,
+                )
+                host.watcher = guarded_task(watcher.run(), f"docker-events:{host.name}")
         waits = [h.answered.wait() for h in self._hosts.values() if h.answered is not None]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*waits), CONNECT_WAIT)
@@ -281,7 +284,7 @@ class DockerBackend:
 
     def hosts(self) -> list[HostState]:
         """Every host, in the configured order, with its reachability and load."""
-        return [self._state(h) for h in self._hosts.values()]
+        return [h.state() for h in self._hosts.values()]
 
     def logs(self, replica_id: str, tail: int) -> list[str]:
         """The last ``tail`` lines of the replica's output: from the engine while it runs (when
@@ -530,138 +533,14 @@ class DockerBackend:
         while len(self._kept_logs) > REPLICAS_WITH_LOGS_KEPT:
             self._kept_logs.popitem(last=False)
 
-    # -- watching -----------------------------------------------------------------------------
-
-    async def _watch(self, host: HostRecord) -> None:
-        """Follow the host's events; on each (re)connection list its containers and report the
-        exits the stream did not show. Reconnects with backoff; never stops a replica."""
-        backoff = BACKOFF_FIRST
-        while True:
-            try:
-                events = await host.client.events(self._labels(host), host.since)
-                try:
-                    await self._relist(host)
-                    if not host.reachable:
-                        log.info("docker host %s reachable (%s)", host.name, host.client.engine)
-                    self._reachable(host, True, "")
-                    backoff = BACKOFF_FIRST
-                    assert host.answered is not None
-                    host.answered.set()
-                    await self._follow(host, events)
-                finally:
-                    events.close()
-            except EngineError as exc:
-                if host.reachable or host.error != exc.message:
-                    log.warning("docker host %s unreachable: %s", host.name, exc.message)
-                self._reachable(host, False, exc.message)
-                assert host.answered is not None
-                host.answered.set()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX)
-
-    async def _follow(self, host: HostRecord, events: EventStream) -> None:
-        """Read the host's events while its engine answers the heartbeat; raises EngineError
-        when either ends."""
-        reading = asyncio.ensure_future(self._read(host, events))
-        beating = asyncio.ensure_future(self._heartbeat(host))
-        try:
-            done, _ = await asyncio.wait({reading, beating}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (reading, beating):
-                task.cancel()
-            await asyncio.wait({reading, beating})
-        for task in done:
-            task.result()
-        raise EngineUnreachable(f"engine {host.client.engine}: event stream ended")
-
-    async def _read(self, host: HostRecord, events: EventStream) -> None:
-        async for event in events:
-            self._on_event(host, event)
-
-    async def _heartbeat(self, host: HostRecord) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(host.recheck.wait(), HEARTBEAT)
-            host.recheck.clear()
-            await host.client.ping(HEARTBEAT_TIMEOUT)
-
-    def _reachable(self, host: HostRecord, reachable: bool, error: str) -> None:
-        host.reachable, host.error = reachable, error
-        if host.told == reachable or (reachable and host.told is None):
-            host.told = reachable
-            return
-        host.told = reachable
-        state = self._state(host)
-        for listener in list(self.host_listeners):
-            try:
-                listener(state)
-            except Exception:
-                log.exception("host listener failed for docker host %s", host.name)
-
-    def _state(self, host: HostRecord) -> HostState:
-        return HostState(
-            host.name,
-            host.config.engine,
-            host.reachable,
-            host.error,
-            len(host.replicas),
-            host.config.capacity,
-        )
-
-    async def _relist(self, host: HostRecord) -> None:
-        for container in list(host.unremoved):
-            try:
-                await host.client.remove(container)
-            except EngineUnreachable:
-                raise
-            except EngineError as exc:  # the engine's own trouble: the orphan sweep retries
-                log.warning("container %.12s not removed: %s", container, exc.message)
-            host.unremoved.discard(container)
-        found = await host.client.containers(self._labels(host))
-        host.listing = {c["Id"]: c for c in found}
-        for replica in list(host.replicas.values()):
-            if replica.container is None or not replica.started.is_set():
-                continue
-            info = host.listing.get(replica.container)
-            if info is None or info.get("State") != "running":
-                self._finish(replica, None)
-            elif replica.stop_requested and replica.finishing is None:
-                # Its stop was asked for while the engine did not answer: ask again.
-                rid = replica.launch.replica_id
-                stop = self._stop_container(replica, self._stop_grace_default)
-                guarded_task(stop, f"stop:{rid}")
-            replica.verified = True
-        if self._orphans_due() and (host.sweeping is None or host.sweeping.done()):
-            host.sweeping = guarded_task(
-                sweep(host, self._labels(host), self._stop_grace_default),
-                f"docker-orphans:{host.name}",
-            )
-
     # -- orphans --------------------------------------------------------------------------------
 
     async def _sweep_after_grace(self) -> None:
         await asyncio.sleep(self._orphan_grace)
         for host in self._hosts.values():
-            if host.reachable:  # the others are swept when they answer again (``_relist``)
+            if host.reachable:  # the others are swept when they answer again (``watch``)
                 await sweep(host, self._labels(host), self._stop_grace_default)
 
     def _orphans_due(self) -> bool:
         loop = self._loop
         return self._sweep_at is not None and loop is not None and loop.time() >= self._sweep_at
-
-    def _on_event(self, host: HostRecord, event: dict[str, Any]) -> None:
-        if isinstance(event.get("timeNano"), int):
-            nanos = event["timeNano"]
-            host.since = f"{nanos // 10**9}.{nanos % 10**9:09d}"
-        action = event.get("Action") or event.get("status")
-        container = (event.get("Actor") or {}).get("ID") or event.get("id")
-        if action not in ("die", "oom") or not isinstance(container, str):
-            return
-        replica = next((r for r in host.replicas.values() if r.container == container), None)
-        if replica is None:
-            return
-        if action == "oom":
-            replica.oom = True
-            return
-        code = (event.get("Actor") or {}).get("Attributes", {}).get("exitCode")
-        self._finish(replica, int(code) if isinstance(code, str) and code.isdigit() else None)

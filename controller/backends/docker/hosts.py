@@ -1,6 +1,6 @@
 """The Docker backend's records: the hosts it is configured with, what it knows of each
 (reachability, its replicas, its watcher), and each replica it runs. Mutated only by the
-backend, on the event loop."""
+backend and its watchers (``watch``), on the event loop."""
 
 from __future__ import annotations
 
@@ -98,3 +98,14 @@ class HostRecord:
     @property
     def name(self) -> str:
         return self.config.name
+
+    def state(self) -> HostState:
+        """The host as the backend's ``hosts()`` and its host listeners see it."""
+        return HostState(
+            self.name,
+            self.config.engine,
+            self.reachable,
+            self.error,
+            len(self.replicas),
+            self.config.capacity,
+        )
