@@ -26,11 +26,9 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -170,6 +168,11 @@ def _describe(why: str | None) -> str:
 def build() -> None:
     """Compile ``MODULES`` from a copy of the package; replace this interpreter's build
     (only once the new one is complete)."""
+    # Here, not at the top: every process imports this module to choose its modules, and
+    # these two (with random, bz2 and lzma under them) cost a worker about 1 MiB it never uses.
+    import shutil
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="gateway-native-") as tmp:
         stage = Path(tmp)
         shutil.copytree(

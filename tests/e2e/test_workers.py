@@ -116,3 +116,4 @@ def test_a_worker_imports_neither_aiohttp_nor_the_control_plane():
     assert not packages & {"aiohttp", "controller", "yaml", "prometheus_client"}, packages
     assert not modules & {"gateway.metrics", "gateway.prober", "gateway.workers.supervisor"}
     assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config: dataclasses
+    assert not packages & {"shutil", "tempfile"}, packages  # gateway.native's build only
