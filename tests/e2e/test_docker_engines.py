@@ -442,18 +442,25 @@ async def test_a_rolling_update_over_two_engines_costs_no_request(
     assert gw.rollouts()[0].status == "complete"
     await until(lambda: len(placed(gw)) == 4, 10, "the revision-1 containers to be gone")
     assert hosts_of(gw) == ["a", "a", "b", "b"]
-    # Host b's containers are on the second engine, not on the first.
+    # Host b's containers are on the second engine, not on the first. A stopped revision-1
+    # container is removed after its exit is reported, so the engine's list catches up.
     instance = (two_engines.state_dir / "instance-id").read_text().strip()
-    client = EngineClient(second_engine.tcp, second_engine.tls)
-    try:
-        on_b = await client.containers({"gateway.instance": instance})
-    finally:
-        await client.close()
-    assert sorted(c["Id"] for c in on_b) == sorted(
+    expected = sorted(
         gw.controller.executor.running[rid].handle["container"]
         for rid, host in placed(gw).items()
         if host == "b"
     )
+    client = EngineClient(second_engine.tcp, second_engine.tls)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            on_b = sorted(c["Id"] for c in await client.containers({"gateway.instance": instance}))
+            if on_b == expected or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await client.close()
+    assert on_b == expected
 
 
 async def test_the_second_engine_stopped_and_started_again(
