@@ -309,8 +309,12 @@ class Follower:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Follow in the background: load the records (or, started again, resume the watch
-        after the last revision seen) and report."""
+        """Follow in the background: load the records and report. Started again (after a
+        term as leader) it loads them whole too: its pool moved on meanwhile, and replaying
+        the records written since it last followed would take every upstream an older record
+        lacks out and add it again, its health unknown (nothing routable for a moment)."""
+        self.feed.revision = 0
+        self.feed.loaded.clear()
         self.pool.subscribe(self)
         self._wake.set()  # the first report goes out at once, empty if need be
         self._tasks = [

@@ -371,6 +371,16 @@ async def test_a_follower_that_leads_hands_its_drains_over_to_the_nodes() -> Non
 # -- a leader and two followers on etcd -------------------------------------------------------
 
 
+class Kinds:
+    """The kinds of a pool's events, in order."""
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    def on_pool_event(self, event: PoolEvent) -> None:
+        self.kinds.append(event.kind)
+
+
 class Changes:
     """Wakes ``until`` on any change: a pool event, a report taken in, a follower's status."""
 
@@ -642,6 +652,36 @@ async def test_a_follower_started_again_after_a_compaction_loads_anew(cluster: C
     await c.changes.until(lambda: c.has("n1", "b") and not c.has("n1", "a"))
     assert set(c.pools["n1"].services) == {"web"}
     await c.changes.until(lambda: c.peers.nodes == ["n1", "n2"])
+
+
+async def test_a_follower_back_from_leading_keeps_what_its_pool_has_and_probed(
+    cluster: Cluster,
+) -> None:
+    """A node that led made its pool itself; following again, it loads the records as they
+    are now. Replaying the records written while it led (from the revision it last saw)
+    removed and added again every upstream an older record lacked: health unknown, so
+    nothing routable for a moment (the etcd-faults e2e test's 503s)."""
+    c = cluster
+    add_web(c, up("a"))
+    await c.changes.until(lambda: c.has("n1", "a"))
+    n1 = c.pools["n1"]
+    await c.followers["n1"].stop()  # n1 leads: its controller makes the same changes
+    for pool in (c.leader, n1):
+        pool.remove_upstream("web", "a")
+        await c.publisher.flushed()  # a record without "a" or "b" in between
+        pool.add_upstream(up("b", 9001))
+        pool.set_health("web", "b", Health.HEALTHY)
+    await c.publisher.flushed()
+    seen = Kinds()
+    n1.subscribe(seen)
+    kvs, _ = await c.clients[0].get(pools_key(c.prefix, "web"))
+    await c.followers["n1"].start()
+    # Applied once the follower's feed is at the last record's revision.
+    await c.changes.until(lambda: c.followers["n1"].feed.revision >= kvs[0].mod_revision)
+    upstream = n1.upstream("web", "b")
+    assert upstream is not None
+    assert upstream.health is Health.HEALTHY
+    assert not {"removed", "added"} & set(seen.kinds), seen.kinds
 
 
 async def test_a_deposed_leader_writes_nothing(cluster: Cluster) -> None:
