@@ -169,7 +169,7 @@ def build() -> None:
     """Compile ``MODULES`` from a copy of the package; replace this interpreter's build
     (only once the new one is complete)."""
     # Here, not at the top: every process imports this module to choose its modules, and
-    # these two (with random, bz2 and lzma under them) cost a worker about 1 MiB it never uses.
+    # these two (with random, bz2 and lzma under them) cost a worker 0.5 MiB it never uses.
     import shutil
     import tempfile
 
