@@ -147,7 +147,12 @@ async def test_restart_keeps_what_the_api_changed_until_the_config_file_changes(
     services = [str(spec_file)]
 
     first = await gateways.start(on_exit="keep", services=services)
-    await until(lambda: first.ready(1) == 1, 10, "revision 1 from the file")
+    # Its rollout complete, not only its replica ready: an apply in between supersedes it.
+    await until(
+        lambda: first.ready(1) == 1 and first.state().observed.rollout is None,
+        10,
+        "revision 1 from the file, its rollout complete",
+    )
     first_log = caplog.text
     await first.controller.apply(spec(site("v2"), 1))  # what `gateway apply` does
     await until(
