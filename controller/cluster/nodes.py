@@ -116,6 +116,8 @@ class NodeRegistry:
         self._version = 1  # of ``me``: bumped by update and when the key must be written again
         self._written = (0, 0)  # (lease, version) of the last successful put
         self._written_at = 0  # the etcd revision of that put
+        self._put_sent = False
+        """A put of our record was sent: it may be in etcd even if its answer never came."""
         self._deleted_at = 0
         """The latest revision at which the view saw our record deleted or missing: a put
         answered after the view saw a deletion that followed it is written again."""
@@ -171,13 +173,16 @@ class NodeRegistry:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        if deregister and self._written[0]:
+        # Also after a put whose answer was not read yet (the stop cancelled the wait for
+        # it): other nodes may see the record already, and it would stay until the lease ends.
+        if deregister and (self._written[0] or self._put_sent):
             try:
                 await self.client.delete(self.key)
             except (EtcdUnavailable, EtcdError) as e:
                 log.warning("%s: could not deregister (gone when its lease ends): %s", self.key, e)
         self._written = (0, 0)
         self._written_at = self._deleted_at = 0
+        self._put_sent = False
 
     # --- registration ------------------------------------------------------------------------
 
@@ -195,6 +200,7 @@ class NodeRegistry:
             lease = await self.keeper.wait_valid()
             version = self._version
             if self._written != (lease, version):
+                self._put_sent = True
                 try:
                     revision = await self.client.put(self.key, self.me.to_json(), lease=lease)
                 except LeaseNotFound:
