@@ -117,7 +117,8 @@ class NodeRegistry:
         self._written = (0, 0)  # (lease, version) of the last successful put
         self._written_at = 0  # the etcd revision of that put
         self._put_sent = False
-        """A put of our record was sent: it may be in etcd even if its answer never came."""
+        """A put of our record was sent (so every written one was): it may be in etcd even if
+        its answer never came."""
         self._deleted_at = 0
         """The latest revision at which the view saw our record deleted or missing: a put
         answered after the view saw a deletion that followed it is written again."""
@@ -173,9 +174,9 @@ class NodeRegistry:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        # Also after a put whose answer was not read yet (the stop cancelled the wait for
-        # it): other nodes may see the record already, and it would stay until the lease ends.
-        if deregister and (self._written[0] or self._put_sent):
+        # Whenever a put was sent, answered or not (the stop may have cancelled the wait for
+        # its answer): other nodes may see the record, and it would stay until the lease ends.
+        if deregister and self._put_sent:
             try:
                 await self.client.delete(self.key)
             except (EtcdUnavailable, EtcdError) as e:
