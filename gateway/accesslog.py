@@ -39,7 +39,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Final, Literal, TypeAlias
 from urllib.parse import quote
 
@@ -82,7 +81,7 @@ def _second(at: float) -> str:
     second = int(at)
     last = _last
     if last.at != second:
-        last.text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        last.text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         last.at = second
     return last.text
 
