@@ -92,6 +92,9 @@ async def test_workers_stop_by_themselves_when_the_main_process_is_killed(gatewa
             assert line, "the gateway exited before it was ready"
         workers = children(process.pid)
         assert len(workers) == 2
+        for pid in workers:  # the loop's and the access log's: no libuv thread pool
+            names = [(t / "comm").read_text().strip() for t in Path(f"/proc/{pid}/task").iterdir()]
+            assert "libuv-worker" not in names, names
     finally:
         process.kill()  # SIGKILL: no chance to stop its workers (this test started it)
         await process.wait()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import json
+import os
+import socket
 from collections.abc import Coroutine
 
 import aiohttp
@@ -12,8 +15,10 @@ import pytest
 from aiohttp import WSMsgType, web
 
 from gateway.config import ListenerLimits
+from gateway.server import listening_socket
 
 from .conftest import raw_request, routing, url
+from .test_prober import ipv6_loopback
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
@@ -240,6 +245,50 @@ async def test_port_is_the_bound_one(gateway):
     gw = await gateway()
     assert gw.port > 0
     assert f"port={gw.port}" in repr(gw)
+
+
+def test_an_ip_address_is_bound_by_a_socket_of_ours_a_name_is_left_to_create_server():
+    """uvloop's ``create_server`` looks up even an IP address in libuv's thread pool (four
+    threads for one lookup): the listener binds an address itself, as it would."""
+    sock = listening_socket("127.0.0.1", 0, reuse_port=True)
+    assert sock is not None
+    with sock:
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 1
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
+        assert not sock.getblocking()
+        with socket.create_connection(sock.getsockname(), timeout=5):
+            pass
+    sock = listening_socket("127.0.0.1", 0, reuse_port=False)
+    assert sock is not None
+    with sock:
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 0
+    assert listening_socket("localhost", 0, reuse_port=False) is None
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback")
+def test_an_ipv6_listener_takes_only_ipv6():
+    sock = listening_socket("::1", 0, reuse_port=False)
+    assert sock is not None
+    with sock:
+        assert sock.family == socket.AF_INET6
+        assert sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 1
+
+
+def test_a_taken_port_is_refused_in_create_servers_words_and_nothing_is_left_open():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(OSError, match="address already in use") as refused:
+            listening_socket("127.0.0.1", port, reuse_port=False)
+        assert refused.value.errno == errno.EADDRINUSE
+        assert str(refused.value) == (
+            f"[Errno {errno.EADDRINUSE}] error while attempting to bind on address "
+            f"('127.0.0.1', {port}): address already in use"
+        )
+        assert len(os.listdir("/proc/self/fd")) == before
 
 
 async def test_a_finished_request_leaves_no_cyclic_garbage(pool, upstream, gateway, client):
