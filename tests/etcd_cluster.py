@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -25,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_port
 
 
 def etcd_binary() -> str | None:
@@ -39,12 +40,6 @@ def require_etcd() -> str:
             pytest.fail("etcd is not installed (.ci/run installs Debian's etcd-server)")
         pytest.skip("etcd is not installed (apt-get install etcd-server)")
     return binary
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

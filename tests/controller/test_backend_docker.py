@@ -41,6 +41,7 @@ from controller.errors import NoCapacity, StartFailed
 from controller.metrics import DockerHostMetrics
 from controller.spec import ReplicaTemplate
 from gateway import dump_settings
+from tests.ports import free_port
 
 ENGINE = os.environ.get("GATEWAY_TEST_DOCKER_HOST", "unix:///var/run/docker.sock")
 IMAGE = os.environ.get("GATEWAY_TEST_IMAGE", "local/bookworm-python:test")
@@ -818,7 +819,6 @@ async def sshd(tmp_path: Path) -> AsyncIterator[Sshd]:
     """An ``sshd`` of its own on 127.0.0.1 (a host key and authorized_keys made here); the
     test engine's socket is the "remote" one. Root only (sshd's privilege separation)."""
     import shutil
-    import socket
     import subprocess
 
     if os.geteuid() != 0 or shutil.which("sshd", path="/usr/sbin:/usr/bin") is None:
@@ -836,9 +836,7 @@ async def sshd(tmp_path: Path) -> AsyncIterator[Sshd]:
             ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True
         )
     (keys / "authorized_keys").write_text((keys / "client_key.pub").read_text())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     host_key = (keys / "host_key.pub").read_text().split()
     (keys / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key[0]} {host_key[1]}\n")
     config = keys / "sshd_config"

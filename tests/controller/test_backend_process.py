@@ -31,6 +31,7 @@ from controller.backends import Exit, Launch, ProcessBackend, Running
 from controller.backends.process import exit_reason, shell_script
 from controller.errors import NoCapacity, StartFailed
 from controller.spec import ReplicaTemplate
+from tests.ports import free_port
 
 PY = shlex.quote(sys.executable)
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +59,7 @@ import asyncio, json, sys
 from pathlib import Path
 from controller.backends import Launch, ProcessBackend
 from controller.spec import ReplicaTemplate
+from tests.ports import free_port
 
 async def main():
     low, high, log_dir, command = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -165,13 +167,6 @@ class Harness:
         for rid in self.ids:
             await self.backend.stop(rid, 0.2)
         await self.backend.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def listener(port: int = 0) -> socket.socket:

@@ -13,7 +13,6 @@ import io
 import json
 import os
 import random
-import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from controller import cli
 from controller.config import load_config
 from controller.main import Gateway, build_parser, cli_main, run_gateway
 from controller.model import ReplicaState
+from tests.ports import free_port
 
 TOKEN = "cli-test-token"
 SERVER = f"exec {sys.executable} -m http.server $PORT --bind 127.0.0.1"
@@ -118,13 +118,6 @@ async def running(
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 # -- finding the admin API --------------------------------------------------------------------

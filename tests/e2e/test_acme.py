@@ -43,6 +43,7 @@ from controller.acme.client import AcmeClient
 from controller.acme.store import AcmeStore
 from controller.config import AcmeConfig
 from controller.journal import Entry
+from tests.ports import free_port
 
 from .conftest import Gateways, Handle, serving, spec, until
 
@@ -55,12 +56,6 @@ if PEBBLE is None and not os.environ.get("CI"):
 
 HOST = "app.acme.test"
 TEST_NAMES = frozenset({HOST})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- DNS: the test names are 127.0.0.1 ---------------------------------------------------------

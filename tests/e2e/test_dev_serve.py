@@ -18,17 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from controller.store import Store
+from tests.ports import free_port
 
 from .conftest import SERVER, alive, until
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def accepts(port: int) -> bool:

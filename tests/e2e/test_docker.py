@@ -12,7 +12,6 @@ import io
 import json
 import os
 import random
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -34,6 +33,7 @@ from tests.controller.test_backend_docker import (
     engine_or_skip,
     remove_labelled,
 )
+from tests.ports import free_port as _free_port
 
 from .conftest import PROBE, ROLLOUT, Gateways, Load, serving, until
 
@@ -295,12 +295,6 @@ def _first_rollout_complete(db: Path) -> bool:
     finally:
         store.close()
     return [r.status for r in rollouts] == ["complete"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _labelled(instance: str) -> set[str]:

@@ -35,6 +35,7 @@ import pytest
 
 from controller.backends.docker import EngineClient, EngineError, EngineTls, EngineUnreachable
 from tests.controller.test_backend_docker import ENGINE, IMAGE, engine_or_skip, remove_labelled
+from tests.ports import free_port as _free_port
 
 from .conftest import Gateways, Load, until
 from .test_docker import docker_spec as plain_docker_spec
@@ -51,12 +52,6 @@ def _skip(why: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(why)
     pytest.skip(why)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _private_subnet() -> ipaddress.IPv4Network:

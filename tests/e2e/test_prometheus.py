@@ -13,7 +13,6 @@ import asyncio
 import json
 import re
 import shutil
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,18 +29,12 @@ from controller.config import load_config
 from controller.main import Gateway, run_gateway
 from controller.metrics import ControllerMetrics
 from gateway.metrics import GatewayMetrics
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRAPE_CONFIG = ROOT / "configs" / "prometheus.yml"
 POLL_TIMEOUT = 15.0
 POLL_STEP = 0.2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def binary(name: str) -> str:

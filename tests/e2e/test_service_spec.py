@@ -6,13 +6,13 @@ in when it comes up. Through the admin API of a real gateway with real replicas.
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from typing import Any
 
 import aiohttp
 
 from controller.model import ReplicaState
+from tests.ports import free_port as _free_port
 
 from .conftest import PROBE, Gateways, Handle, Load, serving, spec, until
 
@@ -141,12 +141,6 @@ async def test_a_template_run_before_keeps_its_revision(gateways: Gateways, site
         revisions = await api.call("GET", "/web/revisions")
     numbers = sorted(r["number"] for r in revisions["revisions"])
     assert numbers == [1, 2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_a_static_address_down_past_start_timeout_is_routed_once_up(

@@ -32,6 +32,7 @@ from controller.operations import Controller
 from controller.store import Store
 from gateway import Pool
 from tests.e2e.conftest import until
+from tests.ports import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = {"type": "tcp", "interval": 0.1, "timeout": 0.5, "healthy_threshold": 1}
@@ -219,12 +220,6 @@ async def _cannot_start(controller, port, name, replica, reason):
 
 
 # -- SIGKILL at random moments of rollouts ------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _marked_pids(mark: str) -> set[int]:
