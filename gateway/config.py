@@ -16,126 +16,12 @@ Nothing here reads a file or the environment: the one loader is in ``controller.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar, cast
+from typing import Annotated, Any, Literal, TypeVar
 
-if TYPE_CHECKING:
-    from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
-    from pydantic.json_schema import JsonSchemaValue
-    from pydantic_core import CoreSchema
+from .checks import Check, Ge, Gt, Le, Pattern
 
 T = TypeVar("T")
-
-
-class _Check:
-    """A check (or normalisation) of a field's value, run by pydantic when it validates the
-    dataclass: ``before`` on the raw input, else after the type's own validation. pydantic is
-    imported only when a schema is built (in the controller's process, never a worker's)."""
-
-    __slots__ = ("before", "fn")
-
-    def __init__(self, fn: Callable[[Any], Any], *, before: bool = False) -> None:
-        self.fn = fn
-        self.before = before
-
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> CoreSchema:
-        from pydantic_core import core_schema
-
-        if self.before:
-            return core_schema.no_info_before_validator_function(self.fn, handler(source))
-        return core_schema.no_info_after_validator_function(self.fn, handler(source))
-
-
-class _Pattern:
-    """A str field (or ``str | None``) matched by ``pattern``, as pydantic's
-    ``Field(pattern=...)``: its error text, and the pattern in the JSON schema."""
-
-    __slots__ = ("pattern",)
-
-    def __init__(self, pattern: str) -> None:
-        self.pattern = pattern
-
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> CoreSchema:
-        schema: dict[str, Any] = dict(handler(source))
-        if schema["type"] == "nullable":  # str | None: the pattern is the str's
-            schema["schema"] = {**schema["schema"], "pattern": self.pattern}
-        else:
-            schema["pattern"] = self.pattern
-        return cast("CoreSchema", schema)
-
-
-class _Bound:
-    """A bound of a number field (``Ge``, ``Gt``, ``Le``) stated to pydantic as it states
-    annotated_types' class of the same name: on a number's schema, the schema's own
-    constraint; on any other (a duration's check of its text), a check after it, with the
-    same error, and the bound in the JSON schema. annotated_types (with typing_extensions and
-    datetime, 0.7 MiB of a worker that only receives the settings) is never imported."""
-
-    __slots__ = ("value",)
-    key: ClassVar[str]
-    error: ClassVar[str]
-
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-    def holds(self, value: float) -> bool:
-        raise NotImplementedError
-
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> CoreSchema:
-        schema: dict[str, Any] = dict(handler(source))
-        if schema["type"] in ("int", "float"):
-            schema[self.key] = self.value
-            return cast("CoreSchema", schema)
-        from pydantic_core import PydanticKnownError, core_schema
-
-        def check(value: Any) -> Any:
-            if not self.holds(value):
-                raise PydanticKnownError(self.error, {self.key: self.value})  # type: ignore[arg-type]
-            return value
-
-        return core_schema.no_info_after_validator_function(check, cast("CoreSchema", schema))
-
-    def __get_pydantic_json_schema__(
-        self, schema: CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        json = handler(schema)
-        if schema["type"] not in ("int", "float"):
-            json[self.key] = self.value
-        return json
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.value!r})"
-
-
-class Ge(_Bound):
-    key = "ge"
-    error = "greater_than_equal"
-
-    def holds(self, value: float) -> bool:
-        return value >= self.value
-
-
-class Gt(_Bound):
-    key = "gt"
-    error = "greater_than"
-
-    def holds(self, value: float) -> bool:
-        return value > self.value
-
-
-class Le(_Bound):
-    key = "le"
-    error = "less_than_equal"
-
-    def holds(self, value: float) -> bool:
-        return value <= self.value
 
 
 _FORBID = {"extra": "forbid"}
@@ -187,7 +73,7 @@ def parse_duration(value: object) -> object:
     return value
 
 
-Duration = Annotated[float, _Check(parse_duration, before=True), Ge(0)]
+Duration = Annotated[float, Check(parse_duration, before=True), Ge(0)]
 """Seconds, as a float; written in config as ``"500ms"``, ``"30s"``, ``"5m"`` or a number."""
 
 
@@ -217,7 +103,7 @@ def _check_address(value: str) -> str:
     return value
 
 
-Address = Annotated[str, _Check(before=True, fn=lambda v: _check_address(str(v)))]
+Address = Annotated[str, Check(before=True, fn=lambda v: _check_address(str(v)))]
 """``host:port``; IPv6 hosts in brackets."""
 
 
@@ -226,7 +112,7 @@ def _check_listen(value: str) -> str:
     return value
 
 
-ListenAddress = Annotated[str, _Check(before=True, fn=lambda v: _check_listen(str(v)))]
+ListenAddress = Annotated[str, Check(before=True, fn=lambda v: _check_listen(str(v)))]
 """An address to bind: ``host:port``, where port 0 picks any free port."""
 
 
@@ -255,7 +141,7 @@ def _header(name: str | None) -> str | None:
     return name
 
 
-HeaderName = Annotated[str, _Check(_header)]
+HeaderName = Annotated[str, Check(_header)]
 
 
 def _digests(tokens: tuple[str, ...]) -> tuple[str, ...]:
@@ -275,12 +161,12 @@ class PreviewConfig:
     allow: PreviewAllow = "off"
     header: HeaderName = "X-Gateway-Revision"
     """The request header that names a revision."""
-    host_prefix: Annotated[str, _Pattern(r"^[a-z]{0,8}$")] = "r"
+    host_prefix: Annotated[str, Pattern(r"^[a-z]{0,8}$")] = "r"
     """A host ``<prefix><revision>--<a host of the route>`` names a revision; "": no host
     form."""
     token_header: HeaderName = "X-Gateway-Preview-Token"
     """With ``allow: token``: the header that bears the token (not passed upstream)."""
-    tokens: Annotated[tuple[str, ...], _Check(_digests)] = ()
+    tokens: Annotated[tuple[str, ...], Check(_digests)] = ()
     """SHA-256 digests (hex) of the tokens accepted: the service's; the controller adds the
     admin token's."""
 
@@ -292,8 +178,8 @@ class StickyConfig:
 
     __pydantic_config__ = _FORBID
 
-    header: Annotated[str | None, _Check(_header)] = None
-    cookie: Annotated[str | None, _Pattern(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")] = None
+    header: Annotated[str | None, Check(_header)] = None
+    cookie: Annotated[str | None, Pattern(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")] = None
 
     def __post_init__(self) -> None:
         if (self.header is None) == (self.cookie is None):
@@ -338,9 +224,9 @@ class RouteConfig:
 
     __pydantic_config__ = _FORBID
 
-    hosts: Annotated[tuple[str, ...], _Check(_hosts)] = ()
+    hosts: Annotated[tuple[str, ...], Check(_hosts)] = ()
     """Exact host names, or ``*.suffix`` wildcards; empty means any host."""
-    path_prefix: Annotated[str | None, _Check(_route_prefix)] = None
+    path_prefix: Annotated[str | None, Check(_route_prefix)] = None
     """A path prefix such as ``/api``; the longest matching prefix wins."""
     strip_prefix: bool = False
     """Remove ``path_prefix`` from the path before forwarding."""
@@ -382,10 +268,10 @@ class ProbeConfig:
     __pydantic_config__ = _FORBID
 
     type: Literal["http", "tcp"] = "http"
-    path: Annotated[str, _Check(_probe_path)] = "/"
+    path: Annotated[str, Check(_probe_path)] = "/"
     """HTTP only: the path requested."""
     method: Literal["GET", "HEAD", "OPTIONS"] = "GET"
-    headers: Annotated[dict[str, str], _Check(_probe_headers)] = field(default_factory=dict)
+    headers: Annotated[dict[str, str], Check(_probe_headers)] = field(default_factory=dict)
     expected_statuses: tuple[int, ...] = ()
     """HTTP statuses that pass; empty means any 2xx. Redirects are not followed."""
     interval: Duration = 5.0
@@ -453,7 +339,7 @@ class LimitsConfig:
     process); beyond, 503 at once."""
 
 
-RequestKey = Annotated[str, _Check(before=True, fn=lambda v: _check_key(v))]
+RequestKey = Annotated[str, Check(before=True, fn=lambda v: _check_key(v))]
 """Where a request's key comes from: ``ip`` (the client's address), ``header:NAME``,
 ``cookie:NAME`` (affinity only) or ``token`` (the bearer token's id; rate limits only)."""
 
@@ -492,8 +378,8 @@ class RateLimit:
 
     __pydantic_config__ = _FORBID
 
-    path_prefix: Annotated[str, _Check(_limit_prefix)] = "/"
-    key: Annotated[RequestKey, _Check(_no_cookie)] = "ip"
+    path_prefix: Annotated[str, Check(_limit_prefix)] = "/"
+    key: Annotated[RequestKey, Check(_no_cookie)] = "ip"
     rps: Annotated[float, Gt(0), Le(1_000_000)] = field(kw_only=True)
     """Tokens added per second."""
     burst: Annotated[int, Ge(0), Le(1_000_000)] = 0
