@@ -64,7 +64,7 @@ class _Bound:
     annotated_types' class of the same name: on a number's schema, the schema's own
     constraint; on any other (a duration's check of its text), a check after it, with the
     same error, and the bound in the JSON schema. annotated_types (with typing_extensions and
-    datetime, 0.7 MiB of a worker that only receives the settings) is never imported."""
+    datetime, 0.5 MiB of a worker that only receives the settings) is never imported."""
 
     __slots__ = ("value",)
     key: ClassVar[str]

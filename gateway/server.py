@@ -42,8 +42,8 @@ def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket | 
     """A socket listening on ``(host, port)`` if ``host`` is an IP address, set as
     ``create_server`` sets its own (SO_REUSEADDR, SO_REUSEPORT when asked, IPV6_V6ONLY on
     IPv6), its bind error in the same words; None for a name, which ``create_server``
-    resolves. uvloop resolves even an address in libuv's thread pool: four threads started
-    for the one lookup, 0.5 MiB of every serving process."""
+    resolves. uvloop resolves even an address in libuv's thread pool: four threads, with
+    their stacks and malloc arena, started in every serving process for the one lookup."""
     family = _family(host)
     if family is None:
         return None
