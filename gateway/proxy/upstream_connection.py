@@ -77,6 +77,10 @@ class _TooLarge(Exception):
     """Raised from a parser callback: the answer's head is over the limits."""
 
 
+class _AfterAnswer(Exception):
+    """Raised from a parser callback: another message begins after the answer."""
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One connection to one upstream: one request at a time."""
 
@@ -230,9 +234,13 @@ class UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade as upgrade:
             self.tunnel_data += data[upgrade.args[0] :]
         except httptools.HttpParserError as exc:
-            reason = exc.__context__ if isinstance(exc.__context__, _TooLarge) else exc
-            self._broken(f"upstream sent an invalid response: {reason}")
-            return
+            if not self.complete:
+                reason = exc.__context__ if isinstance(exc.__context__, _TooLarge) else exc
+                self._broken(f"upstream sent an invalid response: {reason}")
+                return
+            head = self._head
+            if head is not None:
+                head.keep_alive = False  # refused after the answer, which stands: not reused
         if self._raw_remaining:
             self._raw_started = True  # what comes next skips the parser (``_raw_body``)
             splice_reads(self.transport, self, True)
@@ -293,6 +301,12 @@ class UpstreamConnection(asyncio.Protocol):
     # the answer's handling).
 
     def on_message_begin(self) -> None:
+        if self.complete:
+            # More after the answer, which no request asked for: the answer stands, the
+            # connection is not used again, and llhttp reads no further.
+            if self._head is not None:
+                self._head.keep_alive = False
+            raise _AfterAnswer
         self._head = ResponseHead()
         self._head_bytes = 0
 

@@ -84,6 +84,36 @@ async def test_upstream_connections_are_kept_alive_and_reused(pool, raw_upstream
     assert gw.proxy.connector.idle_count() == 1
 
 
+async def test_an_upstream_connection_that_sent_more_than_its_answer_is_not_reused(
+    pool, raw_upstream, gateway
+):
+    # Not a plain head (a byte past ASCII in a value): llhttp reads it, and what follows the
+    # body. Before, the connection was kept, and the next request on it failed with a 502.
+    answer = b"HTTP/1.1 200 OK\r\nX: caf\xc3\xa9\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n"
+    connections: list[int] = []
+
+    async def serve(reader, writer):
+        connections.append(1)
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", await raw_upstream(serve))
+    gw = await gateway()
+
+    for _ in range(3):
+        got = await raw_request(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 200 OK")
+        assert got.endswith(b"\r\n\r\nok")
+
+    assert len(connections) == 3
+
+
 async def test_http10_client_gets_a_close_delimited_answer_to_a_chunked_one(
     pool, raw_upstream, gateway
 ):
