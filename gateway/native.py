@@ -76,6 +76,7 @@ MODULES = (
     "wire.batch",
     "wire.headers",
     "wire.http1",
+    "wire.chunked",
     "wire.plainhead",
     "wire.splice",
 )

@@ -77,6 +77,17 @@ class ResponseStream:
         conn.flush()  # the head first; a view of a read buffer is never held
         http1.write_body(transport, data, chunked=self.chunked)
 
+    def relay(self, data: bytes, body: int) -> None:
+        """Chunks as the upstream framed them (``wire.chunked``), ``body`` bytes of data in
+        them: written as they came, with no new chunk header and no copy."""
+        conn = self.conn
+        transport = conn.transport
+        if transport is None:
+            return
+        self.bytes_out += body
+        conn.flush()
+        transport.write(data)
+
     def response_end(self) -> None:
         if self.chunked:
             self.conn.write(http1.LAST_CHUNK)

@@ -7,7 +7,9 @@ body goes straight into the client's ``ResponseStream`` once the proxy attached 
 back-pressure: a client that cannot take more pauses reading from the upstream.
 
 A large body framed by Content-Length is spliced to the client without copying it: the
-connection's reads go to a ``splice.SplicedReads`` meanwhile.
+connection's reads go to a ``splice.SplicedReads`` meanwhile. A chunked body after a plain
+head is read by ``wire.chunked``, and its chunks go to a client that takes chunks as they
+came; what that reader leaves (a chunk extension, trailer fields) goes on through llhttp.
 
 Failures are ``GatewayError``s with a ``kind`` that says whether a retry can help:
 ``connect`` (nothing reached the upstream), ``disconnect`` (closed before any answer),
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 import httptools
 
@@ -32,8 +34,9 @@ from ..errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from ..wire import http1, plainhead
+from ..wire import chunked, http1, plainhead
 from ..wire.batch import WriteBatch
+from ..wire.chunked import ChunkedBody
 from ..wire.headers import response_fields
 from ..wire.http1 import HEAD_LIMIT_FACTOR, MAX_HEADERS
 from ..wire.plainhead import PlainAnswer
@@ -79,6 +82,30 @@ class _TooLarge(Exception):
 
 class _AfterAnswer(Exception):
     """Raised from a parser callback: another message begins after the answer."""
+
+
+_TAIL_HEAD: Final = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+"""What a new llhttp parser is given before the rest of a chunked body handed over to it
+(``wire.chunked.HANDOFF``): the head it needs to read a body from a chunk's size line on."""
+
+
+class _Tail:
+    """llhttp's callbacks for the rest of a chunked body that ``wire.chunked`` handed over."""
+
+    __slots__ = ("begun", "conn")
+
+    def __init__(self, conn: UpstreamConnection) -> None:
+        self.conn = conn
+        self.begun = 0
+
+    def on_message_begin(self) -> None:
+        self.begun += 1  # past the first: bytes after the answer
+
+    def on_body(self, data: bytes) -> None:
+        self.conn.on_body(data)
+
+    def on_message_complete(self) -> None:
+        self.conn.on_message_complete()
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -139,6 +166,13 @@ class UpstreamConnection(asyncio.Protocol):
         self.on_lost: Callable[[], None] | None = None
         self._reads = Reader(buffers)
         """Where reads go: the scratch buffer, or the splice of a large body to the client."""
+        self._chunks: ChunkedBody | None = None
+        """The chunked body under way after a plain head (``wire.chunked``)."""
+        self._pieces: list[int] = []
+        """Where the chunk data of a read is, when it is not written as it came."""
+        self._tail: httptools.HttpResponseParser | None = None
+        """The parser that reads the rest of a chunked body ``wire.chunked`` handed over."""
+        self._tail_calls: _Tail | None = None
 
     # -- reads while a large body is spliced (``splice.SplicedReads``) -----------------------
 
@@ -216,6 +250,15 @@ class UpstreamConnection(asyncio.Protocol):
             # Nothing was asked: an idle connection must stay silent.
             self.abort()
             return
+        chunks = self._chunks
+        if chunks is not None:
+            self._last_read = self._loop.time()
+            self._chunk_read(chunks, data, 0)
+            return
+        if self._tail is not None:
+            self._last_read = self._loop.time()
+            self._tail_read(data)
+            return
         if self._head is None and not self._head_only and plainhead.COMPILED:
             # The answer's first read: most are the whole answer, of the plainest shape. (Its
             # time is not read: the answer is over, and it went idle as good as when sent.)
@@ -272,6 +315,9 @@ class UpstreamConnection(asyncio.Protocol):
         head.hop = hop
         head.keep_alive = keep_alive
         self._in_head = False
+        if length < 0:
+            self._plain_chunked(head, data, body_at)
+            return
         if length:
             self._buffer.append(data[body_at:])
         future = self._head_future
@@ -282,6 +328,92 @@ class UpstreamConnection(asyncio.Protocol):
         if waiter is not None:
             self.waiter = None
             waiter.answered(self, head)  # last: it may hand this connection on
+
+    def _plain_chunked(self, head: ResponseHead, data: bytes, body_at: int) -> None:
+        """A plain head with a chunked body: the body is read by ``wire.chunked`` from here
+        on, starting with what came with the head."""
+        head.content_length = None
+        head.chunked = True
+        self._last_read = self._loop.time()
+        future = self._head_future
+        if future is not None and not future.done():
+            future.set_result(head)
+        chunks = self._chunks = ChunkedBody()
+        self._chunk_read(chunks, data, body_at)
+        if self.failed:
+            return  # the waiter was told
+        if self._sink is None and not self.complete:
+            self.pause_reading()  # until ``stream_to`` (as after llhttp's head)
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            waiter.answered(self, head)  # last: it may hand this connection on
+
+    def _chunk_read(self, chunks: ChunkedBody, data: bytes, at: int) -> None:
+        """A read of a chunked body: its chunks written as they came to a client that takes
+        chunks (once a chunk is begun that way, to its end), else their data, piece by
+        piece, as llhttp's ``on_body`` would give it."""
+        sink = self._sink
+        if chunks.in_chunk:
+            raw = chunks.raw
+        else:
+            raw = chunks.raw = sink is not None and sink.chunked
+        carry = chunks.carry
+        if raw:
+            status = chunks.read(data, at, None)
+            if status == chunked.BAD:
+                self._broken(f"upstream sent an invalid response: {chunks.error}")
+                return
+            safe = chunks.safe
+            if chunks.emit_carry:
+                out = carry + data[at:safe]
+            elif at == 0 and safe == len(data):
+                out = data  # the whole read, as it came (most)
+            else:
+                out = data[at:safe]
+            assert sink is not None
+            if out:
+                sink.relay(out, chunks.body)
+            else:
+                sink.bytes_out += chunks.body
+        else:
+            pieces = self._pieces
+            status = chunks.read(data, at, pieces)
+            for k in range(0, len(pieces), 2):
+                self.on_body(data[pieces[k] : pieces[k + 1]])
+            pieces.clear()
+        if status == chunked.MORE:
+            return
+        self._chunks = None
+        if status == chunked.END:
+            if chunks.end < len(data) and self._head is not None:
+                self._head.keep_alive = False  # bytes after the answer: not reused
+            self._message_done()
+        elif status == chunked.HANDOFF:
+            tail = self._tail_calls = _Tail(self)
+            parser = self._tail = httptools.HttpResponseParser(tail)
+            parser.feed_data(_TAIL_HEAD)
+            safe = chunks.safe
+            self._tail_read(carry + data[safe:] if safe == at else data[safe:])
+        else:
+            self._broken(f"upstream sent an invalid response: {chunks.error}")
+
+    def _tail_read(self, data: bytes) -> None:
+        """The rest of a chunked body handed over, read by llhttp (``_Tail``)."""
+        parser, tail = self._tail, self._tail_calls
+        assert parser is not None
+        assert tail is not None
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if not self.complete:
+                self._broken(f"upstream sent an invalid response: {exc}")
+                return
+            tail.begun = 2  # refused after the answer: bytes after it
+        if self.complete:
+            self._tail = self._tail_calls = None
+            if tail.begun > 1 and self._head is not None:
+                self._head.keep_alive = False  # bytes after the answer: not reused
 
     def eof_received(self) -> bool | None:
         return None  # close: half-closed upstreams are not kept

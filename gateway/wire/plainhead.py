@@ -12,13 +12,16 @@ hold them to that, field by field, against llhttp on every shape they refuse and
 mutations of those they take):
 
 - exactly one message, ending at the end of the read (no partial head, nothing after it);
+  or an answer's head with a chunked body, all of the head in the read, the body begun or
+  not (``chunked`` reads it);
 - HTTP/1.1; a request's method one of ``METHODS`` and its target in origin form, printable
   ASCII; an answer's status 200 to 599 but 204 and 304, with a phrase;
 - each field a token, a colon, then printable ASCII or HTAB up to CRLF (leading spaces
   and tabs are not part of the value, trailing ones are, as llhttp reports them);
 - none of the fields that change framing or the connection's fate beyond keep-alive:
-  no Transfer-Encoding, Upgrade, Proxy-Connection or ``Sec-WebSocket-Key``; a request
-  without Content-Length, an answer with exactly one, of digits only; Connection only as
+  no Transfer-Encoding, Upgrade, Proxy-Connection or ``Sec-WebSocket-Key``, but an answer's
+  one ``Transfer-Encoding: chunked``; a request without Content-Length, an answer with
+  exactly one, of digits only, or none with ``chunked``; Connection only as
   ``keep-alive`` or ``close``, once;
 - the limits the callbacks enforce (``max_field`` bytes for the request target and for a
   field's name and value, fewer than ``MAX_FIELDS`` fields), so that whatever would be
@@ -91,6 +94,8 @@ _FORWARDED: Final = 8
 """X-Forwarded-For, -Host, -Proto: rewritten in a request, passed on in an answer."""
 _AUTHORIZATION: Final = 9
 """Noted in a request (a service's bearer token: ``proxy.guard``), passed on as it is."""
+_TRANSFER_ENCODING: Final = 10
+"""Refused in a request; in an answer, read if it is ``chunked`` alone (``answer``)."""
 
 TWICE: Final = b"\r"
 """What ``request`` gives as the Authorization value of a head that holds the field more
@@ -117,7 +122,9 @@ def _kind(data: bytes, start: i64, end: i64) -> int:
     if n == 13:
         return _AUTHORIZATION if _is(data, start, b"authorization") else _PLAIN
     if n == 17:
-        if _is(data, start, b"transfer-encoding") or _is(data, start, b"sec-websocket-key"):
+        if _is(data, start, b"transfer-encoding"):
+            return _TRANSFER_ENCODING
+        if _is(data, start, b"sec-websocket-key"):
             return _REFUSED
         return _FORWARDED if _is(data, start, b"x-forwarded-proto") else _PLAIN
     if n == 15:
@@ -155,8 +162,9 @@ there are none)."""
 
 PlainAnswer = tuple[int, bytes, bytes, int, Fields, bool, int]
 """An answer read here: status, phrase, the block of its end-to-end fields (as
-``headers.response_fields`` keeps them), Content-Length, its hop-by-hop fields (``NO_HOP``),
-whether the connection is kept alive, and where the body begins."""
+``headers.response_fields`` keeps them), Content-Length (-1: ``Transfer-Encoding: chunked``),
+its hop-by-hop fields (``NO_HOP``), whether the connection is kept alive, and where the body
+begins."""
 
 NO_HOP: Final[Fields] = []
 """The hop-by-hop fields of every plain answer: none to pass on or to act on. A plain
@@ -329,7 +337,7 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
             keep_alive = alive == 1
         elif kind == _FORWARDED:
             forwarded = True
-        elif kind == _REFUSED or kind == _CONTENT_LENGTH:
+        elif kind == _REFUSED or kind == _CONTENT_LENGTH or kind == _TRANSFER_ENCODING:
             return None  # framing, an upgrade: llhttp's
         if start > run:
             kept.append(data[run : start - 2])
@@ -366,7 +374,9 @@ def fields(block: bytes) -> Fields:
 
 
 def answer(data: bytes, max_field: int) -> PlainAnswer | None:
-    """The answer that is the whole of ``data``, head and body, if it is plain; else None.
+    """The answer that is the whole of ``data``, head and body, if it is plain; or the head
+    of a plain answer with a chunked body (its Content-Length -1), which ``chunked`` reads
+    from where the body begins; else None.
 
     Not for the answer to a HEAD request (its Content-Length describes no body here)."""
     n: i64 = len(data)
@@ -389,6 +399,7 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
     run: i64 = i  # the start of the run of kept lines before the current line
     count: i64 = 0
     content_length: i64 = -1
+    chunked = False
     keep_alive = True
     connection = False
     while i < n and data[i] != _CR:
@@ -413,7 +424,11 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
             continue  # kept: part of the run
         if kind == _REFUSED:
             return None
-        if kind == _CONTENT_LENGTH:
+        if kind == _TRANSFER_ENCODING:
+            if chunked or end - value_at != 7 or not _is(data, value_at, b"chunked"):
+                return None  # twice, or another coding: llhttp's
+            chunked = True
+        elif kind == _CONTENT_LENGTH:
             if content_length >= 0 or value_at == end or end - value_at > 15:
                 return None
             content_length = 0
@@ -436,8 +451,13 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
         if start > run:
             kept.append(data[run : start - 2])
         run = i
-    if i + 1 >= n or data[i + 1] != _LF or content_length != n - i - 2:
-        return None  # not a blank line, or not the whole body
+    if i + 1 >= n or data[i + 1] != _LF:
+        return None  # not a blank line
+    if chunked:
+        if content_length >= 0:
+            return None  # both: llhttp refuses it
+    elif content_length != n - i - 2:
+        return None  # not the whole body
     block = _kept(data, kept, block_at, run, i - 2 if i > block_at else i)
     return status, phrase, block, content_length, NO_HOP, keep_alive, i + 2
 

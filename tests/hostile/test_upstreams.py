@@ -136,6 +136,13 @@ ABORTS = {
     "broken_chunk": _script(
         HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", "pause", b"zz\r\n"
     ),
+    "broken_chunk_data": _script(
+        HEAD + b"Transfer-Encoding: chunked\r\n\r\n",
+        "pause",
+        b"5\r\nhello\r\n",
+        "pause",
+        b"5\r\nhelloXX\r\n0\r\n\r\n",
+    ),
     "hang_after_headers": _script(HEAD + b"Content-Length: 10\r\n\r\n", "hang"),
     "hang_mid_body": _script(HEAD + b"Content-Length: 10\r\n\r\nabc", "hang"),
 }

@@ -1,0 +1,155 @@
+"""A chunked answer through the gateway (``wire.chunked``): chunks that come after the head
+reach the client as the upstream framed them; what the reader leaves to llhttp (extensions,
+trailer fields) still reaches it whole; bytes after the answer retire the upstream
+connection.
+
+The pure modules read every chunked body with llhttp (``plainhead.COMPILED``): there the
+body must arrive whole all the same, framed again."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httptools
+
+from gateway.wire import plainhead
+
+from .conftest import add, raw_request, routing
+
+RELAYED = plainhead.COMPILED
+"""Whether chunks go on as they came (``wire.chunked`` runs where plain heads are read)."""
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+GET = b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+
+
+class _Body:
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self.complete = False
+
+    def on_body(self, data: bytes) -> None:
+        self.pieces.append(data)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+def decoded(answer: bytes) -> tuple[bytes, bytes]:
+    """The answer's framing as the client got it (after the head) and its body as llhttp
+    reads it, which must be complete."""
+    body = _Body()
+    httptools.HttpResponseParser(body).feed_data(answer)
+    assert body.complete, answer
+    return answer.partition(b"\r\n\r\n")[2], b"".join(body.pieces)
+
+
+async def _scripted(raw_upstream, *steps: bytes | float, accepted: list[int] | None = None) -> int:
+    """An upstream that answers each request with ``steps``: bytes written, pauses (seconds)."""
+
+    async def serve(reader, writer):
+        if accepted is not None:
+            accepted.append(1)
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                for step in steps:
+                    if isinstance(step, bytes):
+                        writer.write(step)
+                        await writer.drain()
+                    else:
+                        await asyncio.sleep(step)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    return await raw_upstream(serve)
+
+
+async def _serve(pool, gateway, port: int):
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "u1", port)
+    return await gateway()
+
+
+async def test_chunks_after_the_head_reach_the_client_as_the_upstream_framed_them(
+    pool, raw_upstream, gateway
+):
+    # Upper-case sizes, as the gateway never writes them: the chunks were not framed again.
+    events = [b"%X\r\n%s\r\n" % (26 + i, b"e" * (26 + i)) for i in range(20)]
+    steps: list[bytes | float] = [HEAD, 0.1]
+    for event in events:
+        steps += [event, 0.005]
+    gw = await _serve(pool, gateway, await _scripted(raw_upstream, *steps, b"0\r\n\r\n"))
+
+    framing, body = decoded(await raw_request(gw.port, GET))
+
+    if RELAYED:
+        assert framing == b"".join(events) + b"0\r\n\r\n"
+    assert body == b"".join(b"e" * (26 + i) for i in range(20))
+
+
+async def test_a_size_line_split_across_reads_reaches_the_client_whole(pool, raw_upstream, gateway):
+    chunk = b"Z" * 26
+    port = await _scripted(
+        raw_upstream, HEAD, 0.1, b"1", 0.05, b"A\r\n" + chunk[:10], 0.05, chunk[10:] + b"\r\n0",
+        0.05, b"\r\n", 0.05, b"\r\n",
+    )  # fmt: skip
+    gw = await _serve(pool, gateway, port)
+
+    framing, body = decoded(await raw_request(gw.port, GET))
+
+    if RELAYED:
+        assert framing == b"1A\r\n" + chunk + b"\r\n0\r\n\r\n"
+    assert body == chunk
+
+
+async def test_extensions_and_trailer_fields_are_read_by_llhttp_and_the_body_arrives_whole(
+    pool, raw_upstream, gateway
+):
+    accepted: list[int] = []
+    port = await _scripted(
+        raw_upstream, HEAD, 0.1, b"3\r\nabc\r\n", 0.02, b"5;name=value\r\nhello\r\n", 0.02,
+        b"A\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n", accepted=accepted,
+    )  # fmt: skip
+    gw = await _serve(pool, gateway, port)
+
+    for _ in range(2):
+        framing, body = decoded(await raw_request(gw.port, GET))
+        assert body == b"abchello0123456789"
+        assert framing.startswith(b"3\r\nabc\r\n")  # before the extension: as it came
+        assert b"name=value" not in framing
+        assert b"X-Trailer" not in framing  # trailer fields are not passed on (as before)
+        assert framing.endswith(b"\r\n0\r\n\r\n")
+
+    assert accepted == [1]  # the upstream connection was kept for the second request
+
+
+async def test_bytes_after_the_last_chunk_retire_the_upstream_connection(
+    pool, raw_upstream, gateway
+):
+    accepted: list[int] = []
+    port = await _scripted(
+        raw_upstream, HEAD, 0.1, b"2\r\nok\r\n", 0.02, b"0\r\n\r\nHTTP/1.1 200 OK\r\n",
+        accepted=accepted,
+    )  # fmt: skip
+    gw = await _serve(pool, gateway, port)
+
+    for _ in range(2):
+        framing, body = decoded(await raw_request(gw.port, GET))
+        assert framing == b"2\r\nok\r\n0\r\n\r\n"
+        assert body == b"ok"
+
+    assert len(accepted) == 2  # not reused after what came after its answer
+
+
+async def test_an_answer_whose_chunks_all_came_with_its_head_is_passed_on_whole(
+    pool, raw_upstream, gateway
+):
+    # Read before the client's stream was in place: its data is framed again, piece by piece.
+    port = await _scripted(raw_upstream, HEAD + b"5\r\nhello\r\nB\r\n world, 123\r\n0\r\n\r\n")
+    gw = await _serve(pool, gateway, port)
+
+    framing, body = decoded(await raw_request(gw.port, GET))
+
+    assert framing == b"5\r\nhello\r\nb\r\n world, 123\r\n0\r\n\r\n"
+    assert body == b"hello world, 123"
