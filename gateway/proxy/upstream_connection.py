@@ -92,14 +92,21 @@ _TAIL_HEAD: Final = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 class _Tail:
     """llhttp's callbacks for the rest of a chunked body that ``wire.chunked`` handed over."""
 
-    __slots__ = ("begun", "conn")
+    __slots__ = ("after", "begun", "conn")
 
     def __init__(self, conn: UpstreamConnection) -> None:
         self.conn = conn
-        self.begun = 0
+        self.begun = False
+        self.after = False
+        """Bytes came after the answer (no request asked for them)."""
 
     def on_message_begin(self) -> None:
-        self.begun += 1  # past the first: bytes after the answer
+        if self.begun:
+            # Another message after the answer: llhttp reads no further (its body would go
+            # to the client after the last chunk).
+            self.after = True
+            raise _AfterAnswer
+        self.begun = True
 
     def on_body(self, data: bytes) -> None:
         self.conn.on_body(data)
@@ -409,10 +416,10 @@ class UpstreamConnection(asyncio.Protocol):
             if not self.complete:
                 self._broken(f"upstream sent an invalid response: {exc}")
                 return
-            tail.begun = 2  # refused after the answer: bytes after it
+            tail.after = True  # refused after the answer, or another message begun
         if self.complete:
             self._tail = self._tail_calls = None
-            if tail.begun > 1 and self._head is not None:
+            if tail.after and self._head is not None:
                 self._head.keep_alive = False  # bytes after the answer: not reused
 
     def eof_received(self) -> bool | None:

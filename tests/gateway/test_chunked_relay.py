@@ -142,6 +142,27 @@ async def test_bytes_after_the_last_chunk_retire_the_upstream_connection(
     assert len(accepted) == 2  # not reused after what came after its answer
 
 
+async def test_an_answer_after_the_last_chunk_never_reaches_the_client(pool, raw_upstream, gateway):
+    # The extension hands the body to llhttp, which would read the next answer on: its body
+    # must not follow the last chunk to the client (where it would be read as an answer).
+    accepted: list[int] = []
+    port = await _scripted(
+        raw_upstream, HEAD, 0.1,
+        b"5;x=1\r\nhello\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!",
+        accepted=accepted,
+    )  # fmt: skip
+    gw = await _serve(pool, gateway, port)
+
+    for _ in range(2):
+        answer = await raw_request(gw.port, GET)
+        framing, body = decoded(answer)
+        assert body == b"hello"
+        assert b"EVIL" not in answer
+        assert framing.endswith(b"\r\n0\r\n\r\n")
+
+    assert len(accepted) == 2  # not reused after what came after its answer
+
+
 async def test_an_answer_whose_chunks_all_came_with_its_head_is_passed_on_whole(
     pool, raw_upstream, gateway
 ):
