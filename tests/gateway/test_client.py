@@ -10,10 +10,13 @@ from .conftest import add, raw_request, routing
 from .test_server import read_response
 
 
-async def _raw_upstream_answering(raw_upstream, answer: bytes, heads=None) -> int:
-    """An upstream that answers every request on a connection with ``answer``."""
+async def _raw_upstream_answering(raw_upstream, answer: bytes, heads=None, connections=None) -> int:
+    """An upstream that answers every request on a connection with ``answer``; ``heads`` and
+    ``connections`` (lists), if given, get each request head and a 1 for each connection."""
 
     async def serve(reader, writer):
+        if connections is not None:
+            connections.append(1)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -56,21 +59,9 @@ async def test_pipelined_requests_are_answered_in_order(pool, upstream, gateway)
 
 async def test_upstream_connections_are_kept_alive_and_reused(pool, raw_upstream, gateway):
     heads: list[bytes] = []
-    connections = 0
-
-    async def serve(reader, writer):
-        nonlocal connections
-        connections += 1
-        try:
-            while True:
-                heads.append(await reader.readuntil(b"\r\n\r\n"))
-                writer.write(OK)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
+    connections: list[int] = []
     pool.set_service(routing("web", prefix="/"))
-    add(pool, "web", "u1", await raw_upstream(serve))
+    add(pool, "web", "u1", await _raw_upstream_answering(raw_upstream, OK, heads, connections))
     gw = await gateway()
 
     for _ in range(5):
@@ -80,7 +71,7 @@ async def test_upstream_connections_are_kept_alive_and_reused(pool, raw_upstream
         assert answer.endswith(b"\r\n\r\nok")
 
     assert len(heads) == 5
-    assert connections == 1
+    assert len(connections) == 1
     assert gw.proxy.connector.idle_count() == 1
 
 
@@ -91,19 +82,8 @@ async def test_an_upstream_connection_that_sent_more_than_its_answer_is_not_reus
     # body. Before, the connection was kept, and the next request on it failed with a 502.
     answer = b"HTTP/1.1 200 OK\r\nX: caf\xc3\xa9\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n"
     connections: list[int] = []
-
-    async def serve(reader, writer):
-        connections.append(1)
-        try:
-            while True:
-                await reader.readuntil(b"\r\n\r\n")
-                writer.write(answer)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
     pool.set_service(routing("web", prefix="/"))
-    add(pool, "web", "u1", await raw_upstream(serve))
+    add(pool, "web", "u1", await _raw_upstream_answering(raw_upstream, answer, None, connections))
     gw = await gateway()
 
     for _ in range(3):
