@@ -57,6 +57,7 @@ MODULES = (
     "upstream",
     "proxy.answers",
     "proxy.client",
+    "proxy.chunked_answer",
     "proxy.connector",
     "proxy.exchange",
     "proxy.guard",

@@ -14,7 +14,8 @@ from typing import Final
 from ..errors import UpstreamConnectError, UpstreamTimeout
 from ..wire.batch import WriteBatch
 from ..wire.splice import Buffers
-from .upstream_connection import ResponseHead, UpstreamConnection, Waiter
+from .messages import ResponseHead
+from .upstream_connection import UpstreamConnection, Waiter
 
 __all__ = ["KEEPALIVE_TIMEOUT", "Connector", "ResponseHead", "UpstreamConnection", "Waiter"]
 

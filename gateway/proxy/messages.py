@@ -1,5 +1,6 @@
 """The heads the proxy writes: a request's towards its upstream, an answer's towards the
-client, and the gateway's own JSON answers.
+client, and the gateway's own JSON answers; and an upstream's answer's head as read
+(``ResponseHead``).
 
 Header rules are ``wire.headers``; this module puts a request's or an answer's head
 together from them, with its framing (Content-Length, chunked, or the close).
@@ -11,10 +12,34 @@ from typing import Final
 
 from ..errors import GatewayError, OwnAnswer
 from ..wire import headers, http1
-from .connector import ResponseHead
 from .request import IncomingRequest
 
 NO_BODY_STATUSES: Final = frozenset({204, 304})
+
+
+class ResponseHead:
+    """The status line and header fields of an upstream's answer.
+
+    Class defaults until the head is read: one is made per answer, and an ``__init__``
+    setting each cost more than the rest of its making.
+    """
+
+    status = 0
+    """0 until the final head is complete."""
+    phrase = b""
+    fields = b""
+    """The end-to-end fields, a block of lines as they came (``headers.RESPONSE_DROPPED``
+    sorted out)."""
+    hop: list[tuple[bytes, bytes]] = []  # noqa: RUF012 (replaced, never changed in place)
+    """Connection and Upgrade fields (what a 101 passes on, and what Connection names)."""
+    content_length: int | None = None
+    chunked = False
+    keep_alive = True
+
+
+class AfterAnswer(Exception):
+    """Raised from llhttp's callback: another message begins after an upstream's answer,
+    which no request asked for (llhttp then reads no further)."""
 
 
 def upstream_head(

@@ -7,9 +7,8 @@ body goes straight into the client's ``ResponseStream`` once the proxy attached 
 back-pressure: a client that cannot take more pauses reading from the upstream.
 
 A large body framed by Content-Length is spliced to the client without copying it: the
-connection's reads go to a ``splice.SplicedReads`` meanwhile. A chunked body after a plain
-head is read by ``wire.chunked``, and its chunks go to a client that takes chunks as they
-came; what that reader leaves (a chunk extension, trailer fields) goes on through llhttp.
+connection's reads go to a ``splice.SplicedReads`` meanwhile; a chunked body after a plain
+head, to a ``chunked_answer.ChunkedAnswer``.
 
 Failures are ``GatewayError``s with a ``kind`` that says whether a retry can help:
 ``connect`` (nothing reached the upstream), ``disconnect`` (closed before any answer),
@@ -24,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Final, Protocol, cast
+from typing import Protocol, cast
 
 import httptools
 
@@ -34,36 +33,18 @@ from ..errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from ..wire import chunked, http1, plainhead
+from ..wire import http1, plainhead
 from ..wire.batch import WriteBatch
-from ..wire.chunked import ChunkedBody
 from ..wire.headers import response_fields
 from ..wire.http1 import HEAD_LIMIT_FACTOR, MAX_HEADERS
 from ..wire.plainhead import PlainAnswer
 from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
+from . import chunked_answer
+from .chunked_answer import ChunkedAnswer
+from .messages import AfterAnswer, ResponseHead
 from .streams import WRITE_HIGH_WATER, Producer, ResponseStream
 
 log = logging.getLogger(__name__)
-
-
-class ResponseHead:
-    """The status line and header fields of an upstream's answer.
-
-    Class defaults until the head is read: one is made per answer, and an ``__init__``
-    setting each cost more than the rest of its making.
-    """
-
-    status = 0
-    """0 until the final head is complete."""
-    phrase = b""
-    fields = b""
-    """The end-to-end fields, a block of lines as they came (``headers.RESPONSE_DROPPED``
-    sorted out)."""
-    hop: list[tuple[bytes, bytes]] = []  # noqa: RUF012 (replaced, never changed in place)
-    """Connection and Upgrade fields (what a 101 passes on, and what Connection names)."""
-    content_length: int | None = None
-    chunked = False
-    keep_alive = True
 
 
 class Waiter(Protocol):
@@ -78,41 +59,6 @@ class Waiter(Protocol):
 
 class _TooLarge(Exception):
     """Raised from a parser callback: the answer's head is over the limits."""
-
-
-class _AfterAnswer(Exception):
-    """Raised from a parser callback: another message begins after the answer."""
-
-
-_TAIL_HEAD: Final = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-"""What a new llhttp parser is given before the rest of a chunked body handed over to it
-(``wire.chunked.HANDOFF``): the head it needs to read a body from a chunk's size line on."""
-
-
-class _Tail:
-    """llhttp's callbacks for the rest of a chunked body that ``wire.chunked`` handed over."""
-
-    __slots__ = ("after", "begun", "conn")
-
-    def __init__(self, conn: UpstreamConnection) -> None:
-        self.conn = conn
-        self.begun = False
-        self.after = False
-        """Bytes came after the answer (no request asked for them)."""
-
-    def on_message_begin(self) -> None:
-        if self.begun:
-            # Another message after the answer: llhttp reads no further (its body would go
-            # to the client after the last chunk).
-            self.after = True
-            raise _AfterAnswer
-        self.begun = True
-
-    def on_body(self, data: bytes) -> None:
-        self.conn.on_body(data)
-
-    def on_message_complete(self) -> None:
-        self.conn.on_message_complete()
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -173,13 +119,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.on_lost: Callable[[], None] | None = None
         self._reads = Reader(buffers)
         """Where reads go: the scratch buffer, or the splice of a large body to the client."""
-        self._chunks: ChunkedBody | None = None
-        """The chunked body under way after a plain head (``wire.chunked``)."""
-        self._pieces: list[int] = []
-        """Where the chunk data of a read is, when it is not written as it came."""
-        self._tail: httptools.HttpResponseParser | None = None
-        """The parser that reads the rest of a chunked body ``wire.chunked`` handed over."""
-        self._tail_calls: _Tail | None = None
+        self._chunked: ChunkedAnswer | None = None
+        """The chunked body under way after a plain head."""
 
     # -- reads while a large body is spliced (``splice.SplicedReads``) -----------------------
 
@@ -257,14 +198,9 @@ class UpstreamConnection(asyncio.Protocol):
             # Nothing was asked: an idle connection must stay silent.
             self.abort()
             return
-        chunks = self._chunks
-        if chunks is not None:
-            self._last_read = self._loop.time()
-            self._chunk_read(chunks, data, 0)
-            return
-        if self._tail is not None:
-            self._last_read = self._loop.time()
-            self._tail_read(data)
+        answer = self._chunked
+        if answer is not None:
+            self._chunked_read(answer, data, 0)
             return
         if self._head is None and not self._head_only and plainhead.COMPILED:
             # The answer's first read: most are the whole answer, of the plainest shape. (Its
@@ -311,116 +247,51 @@ class UpstreamConnection(asyncio.Protocol):
                 self._broken("upstream sent a response head that is too large")
 
     def _plain_answer(self, plain: PlainAnswer, data: bytes) -> None:
-        """A whole answer read without llhttp (``plainhead``): what its callbacks and
-        ``data_received`` would have done with it, which never saw it."""
+        """An answer read without llhttp (``plainhead``): what its callbacks and
+        ``data_received`` would have done with it, which never saw it. A chunked body is
+        read by ``chunked_answer`` from here on, starting with what came with the head."""
         status, phrase, fields, length, hop, keep_alive, body_at = plain
         head = self._head = ResponseHead()
         head.status = status
         head.phrase = phrase
         head.fields = fields
-        head.content_length = length
         head.hop = hop
         head.keep_alive = keep_alive
         self._in_head = False
-        if length < 0:
-            self._plain_chunked(head, data, body_at)
-            return
-        if length:
-            self._buffer.append(data[body_at:])
         future = self._head_future
         if future is not None and not future.done():
             future.set_result(head)
-        self._message_done()
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            waiter.answered(self, head)  # last: it may hand this connection on
-
-    def _plain_chunked(self, head: ResponseHead, data: bytes, body_at: int) -> None:
-        """A plain head with a chunked body: the body is read by ``wire.chunked`` from here
-        on, starting with what came with the head."""
-        head.content_length = None
-        head.chunked = True
-        self._last_read = self._loop.time()
-        future = self._head_future
-        if future is not None and not future.done():
-            future.set_result(head)
-        chunks = self._chunks = ChunkedBody()
-        self._chunk_read(chunks, data, body_at)
-        if self.failed:
-            return  # the waiter was told
-        if self._sink is None and not self.complete:
-            self.pause_reading()  # until ``stream_to`` (as after llhttp's head)
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            waiter.answered(self, head)  # last: it may hand this connection on
-
-    def _chunk_read(self, chunks: ChunkedBody, data: bytes, at: int) -> None:
-        """A read of a chunked body: its chunks written as they came to a client that takes
-        chunks (once a chunk is begun that way, to its end), else their data, piece by
-        piece, as llhttp's ``on_body`` would give it."""
-        sink = self._sink
-        if chunks.in_chunk:
-            raw = chunks.raw
-        else:
-            raw = chunks.raw = sink is not None and sink.chunked
-        carry = chunks.carry
-        if raw:
-            status = chunks.read(data, at, None)
-            if status == chunked.BAD:
-                self._broken(f"upstream sent an invalid response: {chunks.error}")
-                return
-            safe = chunks.safe
-            if chunks.emit_carry:
-                out = carry + data[at:safe]
-            elif at == 0 and safe == len(data):
-                out = data  # the whole read, as it came (most)
-            else:
-                out = data[at:safe]
-            assert sink is not None
-            if out:
-                sink.relay(out, chunks.body)
-            else:
-                sink.bytes_out += chunks.body
-        else:
-            pieces = self._pieces
-            status = chunks.read(data, at, pieces)
-            for k in range(0, len(pieces), 2):
-                self.on_body(data[pieces[k] : pieces[k + 1]])
-            pieces.clear()
-        if status == chunked.MORE:
-            return
-        self._chunks = None
-        if status == chunked.END:
-            if chunks.end < len(data) and self._head is not None:
-                self._head.keep_alive = False  # bytes after the answer: not reused
+        if length >= 0:
+            head.content_length = length
+            if length:
+                self._buffer.append(data[body_at:])
             self._message_done()
-        elif status == chunked.HANDOFF:
-            tail = self._tail_calls = _Tail(self)
-            parser = self._tail = httptools.HttpResponseParser(tail)
-            parser.feed_data(_TAIL_HEAD)
-            safe = chunks.safe
-            self._tail_read(carry + data[safe:] if safe == at else data[safe:])
         else:
-            self._broken(f"upstream sent an invalid response: {chunks.error}")
+            head.chunked = True
+            answer = self._chunked = ChunkedAnswer(self)
+            self._chunked_read(answer, data, body_at)
+            if self.failed:
+                return  # the waiter was told
+            if self._sink is None and not self.complete:
+                self.pause_reading()  # until ``stream_to`` (as after llhttp's head)
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            waiter.answered(self, head)  # last: it may hand this connection on
 
-    def _tail_read(self, data: bytes) -> None:
-        """The rest of a chunked body handed over, read by llhttp (``_Tail``)."""
-        parser, tail = self._tail, self._tail_calls
-        assert parser is not None
-        assert tail is not None
-        try:
-            parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            if not self.complete:
-                self._broken(f"upstream sent an invalid response: {exc}")
-                return
-            tail.after = True  # refused after the answer, or another message begun
-        if self.complete:
-            self._tail = self._tail_calls = None
-            if tail.after and self._head is not None:
-                self._head.keep_alive = False  # bytes after the answer: not reused
+    def _chunked_read(self, answer: ChunkedAnswer, data: bytes, at: int) -> None:
+        """A read of the chunked body (``chunked_answer``), and what it came to."""
+        self._last_read = self._loop.time()
+        status = answer.read(data, at, self._sink)
+        if status == chunked_answer.MORE:
+            return
+        self._chunked = None
+        if status == chunked_answer.BAD:
+            self._broken(f"upstream sent an invalid response: {answer.error}")
+            return
+        if status == chunked_answer.AFTER and self._head is not None:
+            self._head.keep_alive = False  # bytes after the answer: not used again
+        self._message_done()
 
     def eof_received(self) -> bool | None:
         return None  # close: half-closed upstreams are not kept
@@ -445,7 +316,7 @@ class UpstreamConnection(asyncio.Protocol):
             # connection is not used again, and llhttp reads no further.
             if self._head is not None:
                 self._head.keep_alive = False
-            raise _AfterAnswer
+            raise AfterAnswer
         self._head = ResponseHead()
         self._head_bytes = 0
 
