@@ -9,6 +9,7 @@ body must arrive whole all the same, framed again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httptools
 
@@ -45,7 +46,8 @@ def decoded(answer: bytes) -> tuple[bytes, bytes]:
 
 
 async def _scripted(raw_upstream, *steps: bytes | float, accepted: list[int] | None = None) -> int:
-    """An upstream that answers each request with ``steps``: bytes written, pauses (seconds)."""
+    """An upstream that answers each request with ``steps``: bytes written, pauses (seconds;
+    a pause ends early, and the answer with it, if the gateway closes the connection)."""
 
     async def serve(reader, writer):
         if accepted is not None:
@@ -58,8 +60,12 @@ async def _scripted(raw_upstream, *steps: bytes | float, accepted: list[int] | N
                         writer.write(step)
                         await writer.drain()
                     else:
-                        await asyncio.sleep(step)
+                        with contextlib.suppress(TimeoutError):
+                            if not await asyncio.wait_for(reader.read(1), step):
+                                return  # closed by the gateway
         except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
             writer.close()
 
     return await raw_upstream(serve)
@@ -174,3 +180,44 @@ async def test_an_answer_whose_chunks_all_came_with_its_head_is_passed_on_whole(
 
     assert framing == b"5\r\nhello\r\nb\r\n world, 123\r\n0\r\n\r\n"
     assert body == b"hello world, 123"
+
+
+async def test_a_drain_waits_for_a_relayed_stream_and_ends_with_it(pool, raw_upstream, gateway):
+    events = [b"%x\r\n%s\r\n" % (20, b"d" * 20)] * 5
+    steps: list[bytes | float] = [HEAD, 0.1]
+    for event in events:
+        steps += [event, 0.05]
+    gw = await _serve(pool, gateway, await _scripted(raw_upstream, *steps, b"0\r\n\r\n"))
+
+    stream = asyncio.create_task(raw_request(gw.port, GET))
+    await asyncio.sleep(0.2)  # the head and a chunk or two: the stream is relayed
+    drained = pool.drain("web", "u1", timeout=5)
+    await asyncio.sleep(0.05)
+    assert not drained.done()  # the stream is in flight
+
+    async with asyncio.timeout(3):
+        framing, body = decoded(await stream)
+        assert await drained is True  # ended by the stream's end, not cut off
+
+    assert framing == b"".join(events) + b"0\r\n\r\n"
+    assert body == b"d" * 100
+    assert pool.service("web").inflight == {}
+    assert pool.service("web").leases == {}
+
+
+async def test_a_drain_timeout_cuts_a_relayed_stream_off_without_its_last_chunk(
+    pool, raw_upstream, gateway
+):
+    port = await _scripted(raw_upstream, HEAD, 0.1, b"5\r\nhello\r\n", 30.0)  # then silence
+    gw = await _serve(pool, gateway, port)
+
+    stream = asyncio.create_task(raw_request(gw.port, GET))
+    await asyncio.sleep(0.3)
+    async with asyncio.timeout(3):
+        assert await pool.drain("web", "u1", timeout=0.1) is False
+        answer = await stream  # the gateway closed it
+
+    head, _, framing = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert framing == b"5\r\nhello\r\n"  # a client sees the body broke off: no last chunk
+    assert pool.service("web").inflight == {}
