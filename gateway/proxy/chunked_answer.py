@@ -47,11 +47,24 @@ class BodyReceiver(Protocol):
 class ChunkedAnswer:
     """One answer's chunked body, read by ``wire.chunked`` and, from where it stops, llhttp."""
 
-    __slots__ = ("_after", "_begun", "_body", "_complete", "_pieces", "_receiver", "_tail", "error")
+    __slots__ = (
+        "_after",
+        "_begun",
+        "_body",
+        "_complete",
+        "_pieces",
+        "_raw",
+        "_receiver",
+        "_tail",
+        "error",
+    )
 
     def __init__(self, receiver: BodyReceiver) -> None:
         self._receiver = receiver
         self._body = ChunkedBody()
+        self._raw = False
+        """Whether the chunk under way goes on as it came: a chunk's data is written the
+        way its size line was."""
         self._pieces: list[int] = []
         """Where the chunk data of a read is, when it is not written as it came."""
         self._tail: httptools.HttpResponseParser | None = None
@@ -69,9 +82,9 @@ class ChunkedAnswer:
             return self._tail_read(data)
         body = self._body
         if body.in_chunk:
-            raw = body.raw
+            raw = self._raw
         else:
-            raw = body.raw = sink is not None and sink.chunked
+            raw = self._raw = sink is not None and sink.chunked
         carry = body.carry
         if raw:
             status = body.read(data, at, None)

@@ -69,24 +69,27 @@ class ResponseStream:
         self.bytes_out = 0
 
     def response_data(self, data: bytes | memoryview) -> None:
-        conn = self.conn
-        transport = conn.transport
-        if transport is None:
-            return
-        self.bytes_out += len(data)
-        conn.flush()  # the head first; a view of a read buffer is never held
-        http1.write_body(transport, data, chunked=self.chunked)
+        transport = self._writing(len(data))
+        if transport is not None:
+            http1.write_body(transport, data, chunked=self.chunked)
 
     def relay(self, data: bytes, body: int) -> None:
         """Chunks as the upstream framed them (``wire.chunked``), ``body`` bytes of data in
         them: written as they came, with no new chunk header and no copy."""
+        transport = self._writing(body)
+        if transport is not None:
+            transport.write(data)
+
+    def _writing(self, body: int) -> asyncio.Transport | None:
+        """The client's transport, what its connection holds written first (the head; a
+        view of a read buffer is never held), ``body`` bytes counted; None if it is gone."""
         conn = self.conn
         transport = conn.transport
         if transport is None:
-            return
+            return None
         self.bytes_out += body
         conn.flush()
-        transport.write(data)
+        return transport
 
     def response_end(self) -> None:
         if self.chunked:

@@ -86,7 +86,6 @@ class ChunkedBody:
         "emit_carry",
         "end",
         "error",
-        "raw",
         "remaining",
         "safe",
         "size",
@@ -101,9 +100,6 @@ class ChunkedBody:
         """Bytes of the current chunk's data still to come."""
         self.carry = b""
         """The start of a size line the last read ended in (given out with the rest)."""
-        self.raw = False
-        """Whether the chunk under way goes on as it came (its caller's to keep: a chunk's
-        data is written the way its size line was)."""
         self.body: i64 = 0
         self.safe: i64 = 0
         self.end: i64 = -1

@@ -1,6 +1,6 @@
-"""``wire.chunked`` against llhttp: a chunked body read here, and handed to llhttp where it
-is not the plainest, gives the client what llhttp alone would have given, chunk for chunk,
-whatever the reads; a body llhttp refuses is refused."""
+"""``wire.chunked`` against llhttp: a chunked body read here (``proxy.chunked_answer``), and
+handed to llhttp where it is not the plainest, gives the client what llhttp alone would have
+given, chunk for chunk, whatever the reads; a body llhttp refuses is refused."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import random
 import httptools
 import pytest
 
+from gateway.proxy import chunked_answer
+from gateway.proxy.chunked_answer import ChunkedAnswer
+from gateway.proxy.streams import ResponseStream
 from gateway.wire import chunked
 from gateway.wire.chunked import ChunkedBody
-from gateway.wire.http1 import LAST_CHUNK
 
 HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -19,18 +21,15 @@ HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 class _Llhttp:
     """llhttp reading an answer: its body, whether it completed, whether it refused."""
 
-    def __init__(self, framed: list[bytes] | None = None) -> None:
+    def __init__(self) -> None:
         self.body: list[bytes] = []
-        self.framed = framed
-        """Where each piece goes as a chunk of its own, if given (the tail of a relay)."""
         self.complete = 0
         self.error: str | None = None
         self.parser = httptools.HttpResponseParser(self)
 
     def on_body(self, data: bytes) -> None:
-        self.body.append(data)
-        if self.framed is not None:
-            self.framed.append(b"%x\r\n%b\r\n" % (len(data), data))
+        if not self.complete:  # the first answer's: what came after it is no part of it
+            self.body.append(data)
 
     def on_message_complete(self) -> None:
         self.complete += 1
@@ -49,64 +48,66 @@ def llhttp(data: bytes) -> _Llhttp:
     return reader
 
 
-def relay(reads: list[bytes], raw: bool) -> tuple[bytes, str]:
-    """What ``UpstreamConnection._chunk_read`` writes to a client that takes chunks, read by
-    read (``raw``: chunks as they came; else each piece of data as a chunk of its own), and
-    how the body ended: ``end`` (``end+``: with more in its read), ``more``, ``bad``, or
-    llhttp's after a handoff."""
-    chunks = ChunkedBody()
-    out: list[bytes] = []
-    tail: _Llhttp | None = None
-    sent = 0
+class _Client:
+    """A client connection that takes chunks: what is written to it, in order."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.transport = self
+        self.writing_paused = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
+
+    def writelines(self, lines: list[bytes]) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        pass
+
+
+class _Receiver:
+    """The connection's ``on_body``: pieces to the client's stream, framed again."""
+
+    def __init__(self, stream: ResponseStream) -> None:
+        self.stream = stream
+
+    def on_body(self, data: bytes) -> None:
+        self.stream.response_data(data)
+
+
+def relay(reads: list[bytes], raw: bool) -> tuple[bytes, str, int]:
+    """What ``ChunkedAnswer`` writes to a client that takes chunks, read by read (``raw``:
+    its stream is in place, so chunks go as they came; else each piece of data is framed
+    again, as before the stream is in place), how the body ended (``end``; ``end+``: with
+    more in its read; ``more``; ``bad``), and the body's bytes the stream counted."""
+    client = _Client()
+    stream = ResponseStream(client, chunked=True)
+    answer = ChunkedAnswer(_Receiver(stream))
     for n, data in enumerate(reads):
-        if tail is not None:
-            tail.feed(data)
-            continue
-        if not chunks.in_chunk:
-            chunks.raw = raw
-        carry = chunks.carry
-        pieces: list[int] | None = None if chunks.raw else []
-        status = chunks.read(data, 0, pieces)
-        if status == chunked.BAD:
-            return b"".join(out), "bad"
-        if pieces is None:
-            safe = chunks.safe
-            out.append(carry + data[:safe] if chunks.emit_carry else data[:safe])
-        else:
-            for k in range(0, len(pieces), 2):
-                piece = data[pieces[k] : pieces[k + 1]]
-                if piece:
-                    out.append(b"%x\r\n%b\r\n" % (len(piece), piece))
-            assert sum(pieces[k + 1] - pieces[k] for k in range(0, len(pieces), 2)) == chunks.body
-        sent += chunks.body
-        if status == chunked.END:
-            out.append(LAST_CHUNK)
-            if chunks.end < len(data):
-                return b"".join(out), "end+"
-            # Reads after it are the connection's (an idle one must stay silent), not its.
-            return b"".join(out), "end" if n == len(reads) - 1 else "end, then more"
-        if status == chunked.HANDOFF:
-            tail = _Llhttp(out)
-            tail.feed(HEAD)
-            safe = chunks.safe
-            tail.feed(carry + data[safe:] if safe == 0 else data[safe:])
-    if tail is not None:
-        if tail.error is not None and not tail.complete:
-            return b"".join(out), "bad"
-        if tail.complete:
-            out.append(LAST_CHUNK)
-            return b"".join(out), "end" if tail.complete == 1 and tail.error is None else "end+"
-    return b"".join(out), "more"
+        status = answer.read(data, 0, stream if raw else None)
+        if status == chunked_answer.BAD:
+            return b"".join(client.written), "bad", stream.bytes_out
+        if status != chunked_answer.MORE:
+            stream.response_end()
+            if status == chunked_answer.AFTER:
+                ended = "end+"
+            else:  # reads after it are the connection's (an idle one must stay silent)
+                ended = "end" if n == len(reads) - 1 else "end, then more"
+            return b"".join(client.written), ended, stream.bytes_out
+    return b"".join(client.written), "more", stream.bytes_out
 
 
 def check(body: bytes, splits: list[int], raw: bool) -> str:
     """The body read in the reads that ``splits`` make of it: what the client gets must be
     a chunked body that llhttp reads as it reads the upstream's. Returns how it ended."""
     reads = [body[a:b] for a, b in zip([0, *splits], [*splits, len(body)], strict=True)]
-    written, ended = relay(reads, raw)
+    written, ended, counted = relay(reads, raw)
     reference = llhttp(body)
     client = llhttp(written)
     assert client.error is None, (body, splits, written, client.error)
+    assert counted == len(b"".join(client.body))
     if ended == "bad":
         assert reference.error is not None, (body, splits)
         assert not reference.complete
@@ -151,6 +152,8 @@ BODIES = [
     # More after the end.
     b"5\r\nhello\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
     b"0\r\n\r\ngarbage",
+    # More after the end, once the body went to llhttp: its body must not reach the client.
+    b"5;x\r\nhello\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!",
 ]
 
 
@@ -168,14 +171,13 @@ def test_every_split_gives_the_client_what_llhttp_reads(body: bytes, raw: bool) 
 def test_a_stream_of_plain_chunks_goes_on_as_it_came() -> None:
     events = [b"data: %d\n\n" % i for i in range(50)]
     reads = [b"%x\r\n%b\r\n" % (len(e), e) for e in events] + [b"0\r\n\r\n"]
-    written, ended = relay(reads, raw=True)
+    written, ended, _ = relay(reads, raw=True)
     assert ended == "end"
     assert written == b"".join(reads)
 
 
 def test_a_size_line_split_across_reads_is_written_whole() -> None:
     chunks = ChunkedBody()
-    chunks.raw = True
     assert chunks.read(b"5\r\nhello\r\n1", 0, None) == chunked.MORE
     assert chunks.safe == 10  # "1" is held
     assert chunks.carry == b"1"
