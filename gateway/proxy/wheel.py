@@ -78,10 +78,13 @@ class Wheel:
         self._arm_next()
 
     def _arm_next(self) -> None:
-        """Armed for the first slot left, unless an ``on_wheel`` armed it already (a method
-        of its own: in ``_fire`` mypyc would take ``_handle`` for the None it set)."""
-        if self.slots and self._handle is None:
-            self._arm(min(self.slots))
+        """Armed for the first slot left. An ``on_wheel`` that put its connection back armed
+        it already, but for that connection's slot, which may come after others. (A method
+        of its own: in ``_fire`` mypyc would take ``_handle`` for the None it set.)"""
+        if self.slots:
+            first = min(self.slots)
+            if self._handle is None or first < self._next:
+                self._arm(first)
 
 
 class _LastWheel:

@@ -189,6 +189,23 @@ def test_a_deadline_moved_later_goes_back_in(loop):
     assert transport.closed
 
 
+def test_a_connection_put_back_does_not_delay_an_earlier_slot(loop):
+    again, again_transport, again_served = connect(loop)
+    serve_one(again, again_served)  # idle from 0 s: its slot is at 75 s
+    loop.advance(10)
+    other, other_transport, other_served = connect(loop)
+    serve_one(other, other_served)  # idle from 10 s: its slot is at 85 s
+    loop.advance(40)
+    serve_one(again, again_served)  # idle again from 50 s: due at 125 s, still at 75 s
+    loop.advance(25 + WHEEL_SLOT)  # 75 s: put back, for 125 s
+    assert not again_transport.closed
+    loop.advance(10)  # 85 s
+    assert other_transport.closed  # on time, not at 125 s with the one put back
+    assert not again_transport.closed
+    loop.advance(40)
+    assert again_transport.closed
+
+
 def test_a_closed_connection_leaves_the_wheel(loop):
     conns = [connect(loop) for _ in range(3)]
     for conn, _, served in conns:
