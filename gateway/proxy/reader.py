@@ -7,11 +7,11 @@ are read by ``plainhead`` instead, as llhttp would. On top of the parser:
 
 - limits: a request line over ``max_header_size`` is 414, a header field over it, more than
   ``MAX_HEADERS`` fields, or a head over ``HEAD_LIMIT_FACTOR`` times it is 431 (``request``);
-- deadlines, one lazily re-armed timer per connection: the request head within
-  ``header_timeout`` (from the connection, or from a later request's first byte), each read
-  of a body within ``body_timeout`` (and at ``body_min_rate``), the reads discarded while
-  lingering; the next request within ``keepalive_timeout`` while idle, in a slot of the
-  loop's ``Wheel`` instead (at most ``WHEEL_SLOT`` late);
+- deadlines: the request head within ``header_timeout`` (from the connection, or from a
+  later request's first byte) and the next request within ``keepalive_timeout`` while idle,
+  in a slot of the loop's ``Wheel`` (at most ``WHEEL_SLOT`` late); each read of a body
+  within ``body_timeout`` (and at ``body_min_rate``) and the reads discarded while
+  lingering, on one lazily re-armed timer of the connection's own;
 - reading pauses while a reason holds (requests queued behind the active one, a body
   buffered, an upstream that cannot take more of it), and resumes when none is left.
 
@@ -76,12 +76,16 @@ class Limits:
         "keepalive_timeout",
         "max_header_size",
         "send_timeout",
+        "wait_timeout",
     )
 
     def __init__(self, limits: ListenerLimits) -> None:
         self.max_header_size = limits.max_header_size
         self.header_timeout = limits.header_timeout
         self.keepalive_timeout = limits.keepalive_timeout
+        self.wait_timeout = max(limits.header_timeout, limits.keepalive_timeout)
+        """The longer of the two deadlines kept in the ``Wheel``: a connection's slot is
+        never later than now plus this (``RequestReader._set_deadline``)."""
         self.body_timeout = limits.body_timeout
         self.body_min_rate = limits.body_min_rate
         self.send_timeout = limits.send_timeout
@@ -476,7 +480,7 @@ class RequestReader(asyncio.Protocol):
     def resume_reading(self) -> None:
         self._resume(_PAUSE_UPSTREAM)
 
-    # -- deadlines (one lazily re-armed timer) -----------------------------------------------
+    # -- deadlines (the wheel's, or one lazily re-armed timer) ---------------------------------
 
     def _set_deadline(self, timeout: float, kind: int) -> None:
         if not timeout:
@@ -486,12 +490,17 @@ class RequestReader(asyncio.Protocol):
         self._deadline = when
         self._deadline_kind = kind
         timer = self._timer
-        if kind == _KEEPALIVE:  # idle: in a slot of the loop's wheel, no timer of its own
+        if kind == _KEEPALIVE or kind == _HEAD:  # in a slot of the loop's wheel, no timer
             if timer is not None:
                 timer.cancel()
                 self._timer = None
-            if self._wheel_slot is None:  # else that slot comes first and puts it back
+            slot = self._wheel_slot
+            if slot is None:
                 self._wheel_slot = wheel_of(self._loop).add(self, when)
+            elif timeout < self._limits.wait_timeout:  # its slot may be later: moved
+                slot.discard(self)
+                self._wheel_slot = wheel_of(self._loop).add(self, when)
+            # else its slot comes by ``when`` (within a slot) and puts it back (``on_wheel``)
             return
         if timer is None or self._timer_at > when:
             if timer is not None:
@@ -506,12 +515,16 @@ class RequestReader(asyncio.Protocol):
     def on_wheel(self) -> None:
         """The ``Wheel`` slot this connection was in came (it is out of the wheel now)."""
         self._wheel_slot = None
-        if self._deadline_kind != _KEEPALIVE or self.transport is None:
-            return  # busy, or closed
-        if self._loop.time() < self._deadline:  # idle again since it was put in
+        kind = self._deadline_kind
+        if (kind != _KEEPALIVE and kind != _HEAD) or self.transport is None:
+            return  # busy (a body's deadline has a timer), or closed
+        if self._loop.time() < self._deadline:  # due later than when it was put in
             self._wheel_slot = wheel_of(self._loop).add(self, self._deadline)
             return
         self._clear_deadline()
+        if kind == _HEAD:
+            self._head_timed_out()
+            return
         self._closing = True
         self.close_transport()
 
@@ -519,8 +532,8 @@ class RequestReader(asyncio.Protocol):
         self._timer = None
         if self._deadline_kind == _NONE or self.transport is None:
             return
-        if self._deadline_kind == _KEEPALIVE:  # the wheel's (``_set_deadline``), not ours
-            if self._wheel_slot is None:
+        if self._deadline_kind == _KEEPALIVE or self._deadline_kind == _HEAD:
+            if self._wheel_slot is None:  # the wheel's (``_set_deadline``), not ours
                 self._wheel_slot = wheel_of(self._loop).add(self, self._deadline)
             return
         if self._loop.time() < self._deadline:
@@ -529,13 +542,14 @@ class RequestReader(asyncio.Protocol):
             return
         kind = self._deadline_kind
         self._clear_deadline()
-        if kind == _HEAD:
-            log.debug("request head not received within %ss: closing", self._limits.header_timeout)
-            self.abort()
-        elif kind == _BODY:
+        if kind == _BODY:
             self._body_timed_out()
         elif kind == _LINGER:
             self.close_transport()
+
+    def _head_timed_out(self) -> None:
+        log.debug("request head not received within %ss: closing", self._limits.header_timeout)
+        self.abort()
 
     def _body_timed_out(self) -> None:
         request = self._parsing

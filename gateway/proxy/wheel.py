@@ -1,5 +1,6 @@
-"""The keep-alive wheel (``Wheel``): the deadlines of a loop's idle client connections in
-coarse slots under one timer of the loop, instead of a timer each.
+"""The deadline wheel (``Wheel``): the deadlines of a loop's client connections that wait for
+a request (idle between requests, or for a new connection's first head) in coarse slots under
+one timer of the loop, instead of a timer each.
 
 Invariants: a connection is closed no earlier than its deadline and at most ``WHEEL_SLOT``
 after it; it is in at most one slot (``reader.RequestReader._wheel_slot``).
@@ -19,18 +20,19 @@ class Deadlined(Protocol):
 
 
 WHEEL_SLOT: Final = 0.25
-"""The keep-alive ``Wheel``'s slot, in seconds: an idle connection is closed at most this
-long after its ``keepalive_timeout`` (nginx's timers are lazy by up to 300 ms,
+"""The ``Wheel``'s slot, in seconds: a connection is closed at most this long after its
+``keepalive_timeout`` or ``header_timeout`` (nginx's timers are lazy by up to 300 ms,
 ``NGX_TIMER_LAZY_DELAY``). Finer than a second so that a short ``keepalive_timeout`` (a
 fraction of a second, in tests) still holds roughly."""
 _SLOTS_PER_SECOND: Final = 4
 
 
 class Wheel:
-    """The keep-alive deadlines of one event loop's idle connections, in ``WHEEL_SLOT``
-    slots under one timer of the loop: an idle connection is an entry of a set (tens of
+    """The deadlines of one event loop's connections waiting for a request, in ``WHEEL_SLOT``
+    slots under one timer of the loop: such a connection is an entry of a set (tens of
     bytes), not a timer of its own (a TimerHandle, uvloop's UVTimer, a Context and a bound
-    method: about 600 bytes).
+    method: about 600 bytes, and a libuv handle made, started, stopped and closed for each
+    new connection).
 
     Lazy, like a connection's own timer: a connection stays in its slot when it becomes busy
     or when its deadline moves later; when the slot comes, ``RequestReader.on_wheel`` skips
@@ -97,7 +99,7 @@ _last_wheel: Final = _LastWheel()
 
 
 def wheel_of(loop: asyncio.AbstractEventLoop) -> Wheel:
-    """The keep-alive wheel of ``loop``: the last one made, if it is ``loop``'s. A wheel
+    """The deadline wheel of ``loop``: the last one made, if it is ``loop``'s. A wheel
     replaced (a test's next loop) still fires what it holds, on its own loop."""
     wheel = _last_wheel.wheel
     if wheel is None or wheel.loop is not loop:

@@ -1,5 +1,6 @@
-"""The keep-alive wheel (``wheel.Wheel``): idle connections' deadlines in slots under one
-timer of the loop. On a fake loop whose clock the test moves: nothing sleeps."""
+"""The deadline wheel (``wheel.Wheel``): the deadlines of connections waiting for a request
+(idle, or for a head) in slots under one timer of the loop. On a fake loop whose clock the
+test moves: nothing sleeps."""
 
 from __future__ import annotations
 
@@ -124,13 +125,15 @@ def loop() -> Iterator[FakeLoop]:
         yield fake
 
 
-def connect(loop: FakeLoop, keepalive: float = 75.0) -> tuple[ClientConnection, Transport, Served]:
+def connect(
+    loop: FakeLoop, keepalive: float = 75.0, head: float = 10.0
+) -> tuple[ClientConnection, Transport, Served]:
     served = Served()
 
     async def handler(conn: ClientConnection, request: Any) -> None:
         raise AssertionError("every request is taken by begin")
 
-    limits = ListenerLimits(keepalive_timeout=keepalive, header_timeout=10.0)
+    limits = ListenerLimits(keepalive_timeout=keepalive, header_timeout=head)
     conn = ClientConnection(handler, limits, ConnectionGate(100), set(), served)
     transport = Transport()
     conn.connection_made(transport)  # type: ignore[arg-type]
@@ -148,10 +151,10 @@ def wheel_entries(loop: FakeLoop) -> int:
 
 def test_an_idle_connection_is_in_the_wheel_and_holds_no_timer(loop):
     conn, transport, served = connect(loop)
-    assert len(loop.pending()) == 1  # the first request's head is due: a timer of its own
+    assert wheel_entries(loop) == 1  # the first request's head is due: in the wheel too
     serve_one(conn, served)
     assert wheel_entries(loop) == 1
-    assert len(loop.pending()) == 1  # the wheel's only: the head's was cancelled
+    assert len(loop.pending()) == 1  # the wheel's only
     loop.advance(75 - 0.1)
     assert not transport.closed
     loop.advance(0.1 + WHEEL_SLOT)
@@ -226,12 +229,59 @@ def test_a_short_keepalive_timeout_closes_within_a_slot(loop):
     assert transport.closed
 
 
-def test_the_head_deadline_still_has_a_timer_of_its_own(loop):
+def test_a_new_connections_head_is_due_in_the_wheel(loop):
     conn, transport, served = connect(loop)
-    serve_one(conn, served)
+    assert len(loop.pending()) == 1  # the wheel's: the connection has no timer of its own
+    loop.advance(10 - 0.01)
+    assert not transport.closed
+    loop.advance(0.01 + WHEEL_SLOT)
+    assert transport.closed  # aborted: its head never came
+    assert served.requests == []
+    conn.connection_lost(None)
+    assert wheel_entries(loop) == 0
+    assert loop.pending() == []
+
+
+def test_a_head_begun_on_an_idle_connection_moves_it_to_an_earlier_slot(loop):
+    conn, transport, served = connect(loop)
+    serve_one(conn, served)  # idle: in the slot of 75 s
+    loop.advance(5)
     conn.data_received(b"GET / HT")  # a head begun, due within header_timeout (10 s)
-    loop.advance(10 + 0.01)
+    assert wheel_entries(loop) == 1  # moved, not in two slots
+    loop.advance(10 - 0.01)
+    assert not transport.closed
+    loop.advance(0.01 + WHEEL_SLOT)
     assert transport.closed
+
+
+def test_a_keepalive_shorter_than_the_head_timeout_moves_it_too(loop):
+    conn, transport, served = connect(loop, keepalive=2, head=10)
+    loop.advance(1)
+    serve_one(conn, served)  # idle from 1 s, due at 3 s; its head's slot was at 10 s
+    loop.advance(2 - 0.01)
+    assert not transport.closed
+    loop.advance(0.01 + WHEEL_SLOT)
+    assert transport.closed
+
+
+def test_a_head_that_comes_in_time_leaves_the_connection_open(loop):
+    conn, transport, served = connect(loop)
+    loop.advance(9)
+    conn.data_received(GET)  # busy at its head's slot: skipped, then idle for 75 s
+    loop.advance(1 + WHEEL_SLOT)
+    assert not transport.closed
+    conn.finished(served.requests[-1])
+    loop.advance(75 - 0.01)
+    assert not transport.closed
+    loop.advance(0.01 + WHEEL_SLOT)
+    assert transport.closed
+
+
+def test_many_new_connections_share_one_timer(loop):
+    conns = [connect(loop) for _ in range(100)]
+    assert len(loop.pending()) == 1
+    loop.advance(10 + WHEEL_SLOT)
+    assert all(transport.closed for _, transport, _ in conns)
 
 
 def test_many_connections_share_one_timer_each_closed_once_on_time(loop):
@@ -291,7 +341,7 @@ def test_a_connection_closed_by_another_in_the_same_slot_is_not_fired(loop):
 def test_a_timer_run_a_little_early_still_fires_its_slot():
     loop = FakeLoop(early=0.001)
     with running(loop):
-        conn, transport, served = connect(loop, keepalive=5.1)
+        conn, transport, served = connect(loop, keepalive=5.1, head=5.1)
         serve_one(conn, served)
         loop.advance(5.1 + WHEEL_SLOT)
         assert transport.closed
