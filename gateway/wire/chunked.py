@@ -26,10 +26,7 @@ from __future__ import annotations
 
 from typing import Final
 
-try:  # compiled, a machine integer (mypy's extensions are there wherever it was built)
-    from mypy_extensions import i64
-except ImportError:  # interpreted without them: an int
-    i64 = int  # type: ignore[misc]
+from mypy_extensions import i64
 
 MORE: Final = 0
 """The body goes on past this read."""

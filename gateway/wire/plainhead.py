@@ -32,12 +32,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from .headers import Fields
+from mypy_extensions import i64
 
-try:  # compiled, a machine integer (mypy's extensions are there wherever it was built)
-    from mypy_extensions import i64
-except ImportError:  # interpreted without them: an int
-    i64 = int  # type: ignore[misc]
+from .headers import Fields
 
 COMPILED: Final = not __file__.endswith(".py")
 """Whether this module runs compiled with mypyc (``native.py``). Only then do the callers
