@@ -173,8 +173,18 @@ def build() -> None:
     (only once the new one is complete)."""
     # Here, not at the top: every process imports this module to choose its modules, and
     # these two (with random, bz2 and lzma under them) cost a worker 0.5 MiB it never uses.
+    import importlib.util
     import shutil
     import tempfile
+
+    # ``pip install .`` brings neither (the test extra does): say so, not a traceback.
+    missing = [name for name in ("mypyc", "setuptools") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise BuildError(
+            f"{' and '.join(missing)} not installed in this environment ({sys.prefix}):"
+            " install mypy at the version pyproject.toml's test extra pins, and setuptools."
+            " Without the build, the same modules run as pure Python."
+        )
 
     with tempfile.TemporaryDirectory(prefix="gateway-native-") as tmp:
         stage = Path(tmp)

@@ -135,3 +135,13 @@ def test_every_module_of_the_request_path_and_the_wire_is_compiled():
             name = f"{sub}.{path.stem}"
             if path.stem != "__init__" and name != "proxy.websocket":
                 assert name in native.MODULES, name
+
+
+def test_a_build_without_mypyc_says_what_to_install_and_keeps_the_last_build(package, monkeypatch):
+    built(package, native.digest(package))
+    monkeypatch.setitem(sys.modules, "mypyc", None)  # as in a venv of ``pip install .``
+    with pytest.raises(native.BuildError) as refused:
+        native.build()
+    assert str(refused.value).startswith(f"mypyc not installed in this environment ({sys.prefix})")
+    assert "install mypy" in str(refused.value)
+    assert native.MANIFEST.exists()  # the last build stays as it was
