@@ -434,8 +434,12 @@ class ListenerLimits:
     max_header_size: Annotated[int, Ge(1024)] = 16 * 1024
     """Largest request line or header field, in bytes (431 beyond it)."""
     header_timeout: Duration = 10.0
-    """A client must send its full request head within this long."""
+    """A client must send its full request head within this long (from the connection, or
+    from a later request's first byte); enforced up to 0.25 s late, as ``keepalive_timeout``
+    (the connections' deadline wheel, ``proxy.wheel.WHEEL_SLOT``)."""
     keepalive_timeout: Duration = 75.0
+    """How long a client connection may stay idle between requests (closed up to 0.25 s
+    after it)."""
     max_connections: Annotated[int, Ge(1)] = 10_000
     """Open client connections beyond this are refused at accept."""
     body_timeout: Duration = 30.0
