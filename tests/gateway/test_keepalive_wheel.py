@@ -4,10 +4,7 @@ test moves: nothing sleeps."""
 
 from __future__ import annotations
 
-import asyncio
-import heapq
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -16,52 +13,9 @@ from gateway.config import ListenerLimits
 from gateway.proxy.client import ClientConnection, ConnectionGate
 from gateway.proxy.wheel import WHEEL_SLOT, wheel_of
 
+from .fakeloop import FakeLoop, running
+
 GET = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
-
-
-class Handle:
-    def __init__(self, when: float, callback: Callable[[], None]) -> None:
-        self.when = when
-        self.callback = callback
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    def __lt__(self, other: Handle) -> bool:
-        return self.when < other.when
-
-
-class FakeLoop:
-    """The part of a loop the reader and the wheel use: a clock moved by ``advance``, timers
-    run in order as it passes them. ``early`` runs each timer that much before its time, as a
-    loop may (its clock's resolution)."""
-
-    def __init__(self, now: float = 1000.0, early: float = 0.0) -> None:
-        self.now = now
-        self.early = early
-        self.timers: list[Handle] = []
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: Callable[[], None]) -> Handle:
-        handle = Handle(when, callback)
-        heapq.heappush(self.timers, handle)
-        return handle
-
-    def pending(self) -> list[Handle]:
-        return [h for h in self.timers if not h.cancelled]
-
-    def advance(self, seconds: float) -> None:
-        end = self.now + seconds
-        while self.timers and self.timers[0].when - self.early <= end:
-            handle = heapq.heappop(self.timers)
-            if handle.cancelled:
-                continue
-            self.now = max(self.now, handle.when - self.early)
-            handle.callback()
-        self.now = end
 
 
 class Transport:
@@ -95,16 +49,6 @@ class Transport:
 
     def resume_reading(self) -> None:
         pass
-
-
-@contextmanager
-def running(loop: FakeLoop) -> Iterator[None]:
-    """``loop`` as the running loop, for what the connection asks of it when it is made."""
-    asyncio.events._set_running_loop(loop)  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        asyncio.events._set_running_loop(None)
 
 
 class Served:
