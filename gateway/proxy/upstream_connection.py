@@ -536,10 +536,14 @@ class UpstreamConnection(asyncio.Protocol):
             return
         now = self._loop.time()
         deadline = self._last_read + self._read_timeout
-        if self._reading_paused or now < deadline:
+        if self._reading_paused:
             # A paused read is the client's doing: the upstream is not late.
             self._timer_at = max(deadline, now + self._read_timeout * 0.5)
             self._timer = self._loop.call_at(self._timer_at, self._on_timer)
+            return
+        if now < deadline:  # armed for an earlier request or read: due at the last one's
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._on_timer)
             return
         self._fail(UpstreamTimeout("upstream did not answer in time", kind="timeout"))
         self.abort()
