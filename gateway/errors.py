@@ -24,11 +24,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-FailureKind = Literal["connect", "disconnect", "timeout", "protocol", "client", "status", "other"]
+FailureKind = Literal[
+    "connect", "disconnect", "stale", "timeout", "protocol", "client", "status", "other"
+]
 """What kind of failure an attempt met: ``connect`` (nothing reached the upstream),
-``disconnect`` (closed before any answer), ``timeout``, ``protocol`` (not HTTP, or a body that
-broke off), ``client`` (the client's doing: too large, too slow, gone), ``status`` (an answer
-whose status ``retries.on_status`` retries) or ``other``."""
+``disconnect`` (closed before any answer), ``stale`` (a ``disconnect`` of a kept connection
+reused for a request that can be sent again: the upstream closed it as it went idle,
+``retry.stale``), ``timeout``, ``protocol`` (not HTTP, or a body that broke off), ``client``
+(the client's doing: too large, too slow, gone), ``status`` (an answer whose status
+``retries.on_status`` retries) or ``other``."""
 
 
 class GatewayError(Exception):

@@ -40,7 +40,7 @@ UPSTREAM_STATES: Final[tuple[str, ...]] = ("unknown", "healthy", "unhealthy", "d
 """The values of ``Upstream.state``: the one-hot ``gateway_upstream_state``."""
 
 PROBE_RESULTS: Final[tuple[str, ...]] = ("success", "failure", "timeout")
-RETRY_REASONS: Final = frozenset({"connect", "disconnect", "status"})
+RETRY_REASONS: Final = frozenset({"connect", "disconnect", "stale", "status"})
 """What the proxy puts in ``RequestRecord.retry_reasons``; anything else counts as ``other``."""
 
 PROBE_BUCKETS: Final[tuple[float, ...]] = (
@@ -210,7 +210,8 @@ class GatewayMetrics:
         )
         self.retries = Counter(
             "gateway_retries",
-            "Attempts retried on another upstream, by reason (connect, disconnect, status).",
+            "Attempts made again, by reason: on another upstream (connect, disconnect, status),"
+            " or on a new connection to the same one (stale: a kept connection it had closed).",
             ("service", "reason"),
             registry=r,
         )

@@ -135,6 +135,8 @@ class Exchange:
     """``request_id`` encoded (``request_id_bytes``), once made."""
     pinned: int | None = None
     """The revision a preview route asked for: no attempt goes to another (``preview``)."""
+    replayed: bool = False
+    """Sent again once already after a stale kept connection (``retry.stale``)."""
 
     def __init__(
         self, proxy: Forwarding, client: ClientConnection, request: IncomingRequest
@@ -213,7 +215,7 @@ class Exchange:
     def failed(self, conn: UpstreamConnection, error: GatewayError) -> None:
         """The attempt failed before the answer's head arrived (``connector.Waiter``)."""
         conn.abort()
-        self._retry(self.failure(error))
+        self._retry(self.failure(error, conn.reused))
 
     def abort(self) -> None:
         """A drain of its upstream timed out (``pool.Holder``)."""
@@ -302,6 +304,19 @@ class Exchange:
             drop=self.strip,
         )
 
+    def stale(self, kind: FailureKind, reused: bool) -> bool:
+        """Whether the attempt that failed with ``kind`` met a stale kept connection."""
+        request = self.request
+        body = request.body
+        return retry.stale(
+            kind,
+            reused=reused,
+            method=request.method,
+            has_body=body is not None,
+            body_taken=body is not None and (body.started or body.error is not None),
+            response_started=self.response_started,
+        )
+
     def may_retry(self, kind: FailureKind, tried: Collection[str]) -> bool:
         """Whether an attempt that failed with ``kind`` is tried again (``retry``)."""
         sp = self.sp
@@ -321,8 +336,10 @@ class Exchange:
             tried=tried,
         )
 
-    def failure(self, error: GatewayError) -> Failed:
-        """An attempt's failure, reported to passive detection unless the client caused it."""
+    def failure(self, error: GatewayError, reused: bool = False) -> Failed:
+        """An attempt's failure, reported to passive detection unless the client caused it
+        or it met a stale kept connection (``reused``: the attempt's connection had served a
+        request before)."""
         kind = error.kind
         if kind == "client" or isinstance(error, RequestTooLarge | RequestTimeout | BadRequest):
             return Failed(error, "client")
@@ -330,6 +347,8 @@ class Exchange:
         assert upstream is not None
         assert sp is not None
         error.details.update(service=sp.routing.name, upstream=upstream.id)
+        if not self.replayed and self.stale(kind, reused):
+            return Failed(error, "stale")
         outcome = "connect_failure" if kind == "connect" else "5xx"
         self.proxy.pool.report(sp.routing.name, upstream.id, outcome)
         return Failed(error, kind)

@@ -300,7 +300,16 @@ class Proxy(Forwarding):
                     )
         request = ex.request
         websocket = bool(request.upgrade) and request.is_websocket
+        fresh = False
         while True:
+            if failed is not None and failed.kind == "stale":
+                # Sent again once, on a new connection to the same upstream (``retry``).
+                ex.replayed = True
+                ex.retry_reasons += ("stale",)
+                failed = Failed(failed.error, "disconnect")
+                stale = ex.upstream
+                if stale is not None and stale in sp.snapshot.routable and sp.has_room(stale):
+                    lease, failed, fresh = sp.lease_of(stale, asyncio.current_task()), None, True
             if failed is not None:
                 if not ex.may_retry(failed.kind, tried):
                     raise failed.error from None
@@ -317,19 +326,22 @@ class Proxy(Forwarding):
                 with lease:
                     if websocket:
                         return await self._websocket(ex, sp, lease)
-                    return await self._http(ex, sp, lease, tried)
+                    return await self._http(ex, sp, lease, tried, fresh)
             except Failed as exc:
                 failed = exc
+            fresh = False
 
     # -- HTTP --------------------------------------------------------------------------------
 
     async def _http(
-        self, ex: Exchange, sp: ServicePool, lease: Lease, tried: Collection[str]
+        self, ex: Exchange, sp: ServicePool, lease: Lease, tried: Collection[str], fresh: bool
     ) -> None:
+        """One attempt on ``lease``'s upstream: on a kept connection, or a new one (``fresh``:
+        the request met a stale kept connection already)."""
         upstream = lease.upstream
         timeouts = sp.routing.timeouts
         connector = self.connector
-        conn = connector.idle(upstream.host, upstream.port)
+        conn = None if fresh else connector.idle(upstream.host, upstream.port)
         if conn is None:
             try:
                 conn = await connector.connect(upstream.host, upstream.port, timeouts.connect)
@@ -399,7 +411,7 @@ class Proxy(Forwarding):
         except GatewayError as exc:
             if body is not None:
                 body.detach()
-            raise ex.failure(exc) from None
+            raise ex.failure(exc, conn.reused) from None
         ex.ttfb = self.loop.time() - ex.started
         failed = ex.check_answer(conn, head, tried)
         if failed is not None:

@@ -42,6 +42,10 @@ class AfterAnswer(Exception):
     which no request asked for (llhttp then reads no further)."""
 
 
+class HeadTooLarge(Exception):
+    """Raised from llhttp's callback: an upstream answer's head is over the limits."""
+
+
 def upstream_head(
     request: IncomingRequest,
     target: bytes,

@@ -4,8 +4,12 @@ A retry goes to a different routable upstream, within ``retries.attempts`` and
 ``retries.timeout``, and only while nothing is lost by it: no response byte sent to the
 client and no request body byte taken from it. A connect failure is always retried; a
 connection the upstream closed or reset before answering only for an idempotent request
-without a body (a stale keep-alive connection); with ``retries.on_status`` a 502, 503 or 504
-answer to such a request too.
+without a body; with ``retries.on_status`` a 502, 503 or 504 answer to such a request too.
+
+Before any of that, a kept connection the upstream closed as it was reused (``stale``: its
+keep-alive timeout met the request on the way) is no failure of the upstream: the request is
+sent again once, on a new connection to the same upstream, whatever ``retries`` says, and
+passive detection hears nothing of it (nginx does the same for a cached connection).
 """
 
 from __future__ import annotations
@@ -28,6 +32,28 @@ class Failed(Exception):
         super().__init__(error.message)
         self.error = error
         self.kind = kind
+
+
+def stale(
+    kind: FailureKind,
+    *,
+    reused: bool,
+    method: str,
+    has_body: bool,
+    body_taken: bool,
+    response_started: bool,
+) -> bool:
+    """Whether a failed attempt met a stale kept connection: closed or reset before any
+    answer, on a connection that had served a request before (``reused``), for a request that
+    can be sent again as it was (idempotent, no body)."""
+    return (
+        kind == "disconnect"
+        and reused
+        and method in IDEMPOTENT
+        and not has_body
+        and not body_taken
+        and not response_started
+    )
 
 
 def may_retry(

@@ -11,8 +11,8 @@ connection's reads go to a ``splice.SplicedReads`` meanwhile; a chunked body aft
 head, to a ``chunked_answer.ChunkedAnswer``.
 
 Failures are ``GatewayError``s with a ``kind`` that says whether a retry can help:
-``connect`` (nothing reached the upstream), ``disconnect`` (closed before any answer),
-``timeout``, ``protocol`` (not HTTP, or a body that broke off).
+``connect`` (nothing reached the upstream), ``disconnect`` (closed before any answer: on a
+connection ``reused``, maybe a stale one), ``timeout``, ``protocol`` (not HTTP, or broken).
 
 Longer than most modules: one protocol, whose parser callbacks, plain-answer reads, splice
 and timer all act on the state of the one request under way.
@@ -41,7 +41,7 @@ from ..wire.plainhead import PlainAnswer
 from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
 from . import chunked_answer
 from .chunked_answer import ChunkedAnswer
-from .messages import AfterAnswer, ResponseHead
+from .messages import AfterAnswer, HeadTooLarge, ResponseHead
 from .streams import WRITE_HIGH_WATER, Producer, ResponseStream
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,6 @@ class Waiter(Protocol):
 
     def failed(self, conn: UpstreamConnection, error: GatewayError) -> None:
         """The request failed before the answer's head arrived."""
-
-
-class _TooLarge(Exception):
-    """Raised from a parser callback: the answer's head is over the limits."""
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -83,6 +79,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._held: bytes | None = None
         """A request head ``send`` holds until the end of the loop's turn (``batch``)."""
         self.idle_since = 0.0
+        self.reused = False  # it went idle once: a request may meet the upstream closing it
         self._head: ResponseHead | None = None
         self._max_field = max_header_size
         self._head_buf = b""
@@ -221,7 +218,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.tunnel_data += data[upgrade.args[0] :]
         except httptools.HttpParserError as exc:
             if not self.complete:
-                reason = exc.__context__ if isinstance(exc.__context__, _TooLarge) else exc
+                reason = exc.__context__ if isinstance(exc.__context__, HeadTooLarge) else exc
                 self._broken(f"upstream sent an invalid response: {reason}")
                 return
             head = self._head
@@ -330,12 +327,12 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_at = end + 4
         head.phrase = status_line[13:]  # after "HTTP/1.1 200 " (llhttp checked the shape)
         if block.count(b"\n") >= MAX_HEADERS:
-            raise _TooLarge("upstream sent too many response header fields")
+            raise HeadTooLarge("upstream sent too many response header fields")
         if len(block) > self._max_field and any(
             len(name) + len(value.strip(b" \t")) > self._max_field
             for name, _, value in (line.partition(b":") for line in block.split(b"\r\n"))
         ):
-            raise _TooLarge("upstream sent a response header field that is too large")
+            raise HeadTooLarge("upstream sent a response header field that is too large")
         head.fields, head.content_length, head.chunked, head.hop = response_fields(block)
         parser = self._parser
         status = parser.get_status_code()
@@ -536,14 +533,12 @@ class UpstreamConnection(asyncio.Protocol):
             return
         now = self._loop.time()
         deadline = self._last_read + self._read_timeout
-        if self._reading_paused:
-            # A paused read is the client's doing: the upstream is not late.
-            self._timer_at = max(deadline, now + self._read_timeout * 0.5)
+        if self._reading_paused or now < deadline:
+            # Armed for an earlier request or read: due at the last one's. A paused read is
+            # the client's doing, the upstream is not late: half a timeout more from now.
+            paused = self._reading_paused
+            self._timer_at = max(deadline, now + self._read_timeout * 0.5) if paused else deadline
             self._timer = self._loop.call_at(self._timer_at, self._on_timer)
-            return
-        if now < deadline:  # armed for an earlier request or read: due at the last one's
-            self._timer_at = deadline
-            self._timer = self._loop.call_at(deadline, self._on_timer)
             return
         self._fail(UpstreamTimeout("upstream did not answer in time", kind="timeout"))
         self.abort()
@@ -560,6 +555,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self._reading_paused:
             self.resume_reading()  # paused by the last client
         self.idle_since = self._last_read
+        self.reused = True
         return self.idle_since
 
     @property

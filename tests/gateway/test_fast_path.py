@@ -185,8 +185,8 @@ async def test_pipelined_requests_each_take_the_fast_path(pool, upstream, gatewa
 
 
 def stale_upstream(second: asyncio.Event, reset: bool = False):
-    """Answers once with keep-alive, then closes (or resets) the connection on the next request
-    without answering it: the connection the gateway kept idle was stale."""
+    """Answers ``/warm`` with keep-alive, then closes (or resets) the connection on any other
+    request without answering it, on a kept connection or a new one alike."""
 
     async def answer(path, reader, writer):
         if path != "/warm":
@@ -201,6 +201,95 @@ def stale_upstream(second: asyncio.Event, reset: bool = False):
         return True
 
     return keepalive(answer)
+
+
+def closing_on_the_second_request(connections: list[int], reset: bool = False):
+    """Answers the first request of each connection with keep-alive and closes (or resets)
+    the connection on its second without answering: a keep-alive timeout that met a request
+    on its way. ``connections`` gets the gateway's port of each connection."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(port_of(writer))
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(OK)
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")
+            if reset:
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return serve
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+async def test_a_stale_connection_is_sent_again_on_a_new_one_to_the_same_upstream(
+    pool, raw_upstream, gateway, client, recorder, reset
+):
+    connections: list[int] = []
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "only", await raw_upstream(closing_on_the_second_request(connections, reset)))
+    gw = await gateway()
+    await warm(client, gw, recorder)
+
+    async with client.get(url(gw, "/page")) as resp:
+        status = resp.status
+        await resp.read()
+
+    assert status == 200  # nginx too (a cached connection's error is tried again); was 502
+    assert len(set(connections)) == 2  # the kept connection, then a new one
+    assert ways(gw) == (1, 1)  # sent by ``begin``; sent again by a task
+    await recorder.wait()
+    (record,) = recorder.records
+    assert (record.status, record.upstream_id, record.error) == (200, "only", None)
+    # Not a retry (``retries.attempts`` is untouched), but counted by its reason.
+    assert (record.retries, record.retry_reasons) == (0, ("stale",))
+    assert pool.service("web").inflight == {}
+
+
+async def test_a_stale_connection_is_sent_again_once_only(pool, raw_upstream, gateway, client):
+    """Every kept connection the gateway has is stale: the request is sent again on a new
+    one, not on the next kept one, and only once."""
+    connections: list[int] = []
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "only", await raw_upstream(closing_on_the_second_request(connections)))
+    gw = await gateway()
+
+    # Two kept connections: two requests at once, each on its own.
+    async def get(path: str) -> int:
+        async with client.get(url(gw, path)) as resp:
+            await resp.read()
+            return resp.status
+
+    assert await asyncio.gather(get("/a"), get("/b")) == [200, 200]
+    assert gw.proxy.connector.idle_count() == 2
+    assert [await get("/c"), await get("/d")] == [200, 200]
+    assert len(set(connections)) == 4  # each stale one replaced by a new one
+
+
+async def test_a_request_with_a_body_on_a_stale_connection_is_not_sent_again(
+    pool, raw_upstream, gateway, client, recorder
+):
+    connections: list[int] = []
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "only", await raw_upstream(closing_on_the_second_request(connections)))
+    gw = await gateway()
+    await warm(client, gw, recorder)
+
+    async with client.post(url(gw, "/form"), data=b"x=1") as resp:
+        status = resp.status
+        body = await resp.json()
+
+    assert (status, body["error"]) == (502, "upstream_connect_error")  # as nginx
+    assert len(set(connections)) == 1
+    await recorder.wait()
+    (record,) = recorder.records
+    assert (record.status, record.retries, record.retry_reasons) == (502, 0, ())
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
@@ -225,11 +314,12 @@ async def test_stale_connection_is_retried_on_another_upstream(
     await recorder.wait()
     (record,) = recorder.records
     assert (record.status, record.upstream_id, record.error) == (200, "live", None)
-    assert (record.retries, record.retry_reasons) == (1, ("disconnect",))
+    # Sent again on a new connection to "stale", which closed that one too: then a retry.
+    assert (record.retries, record.retry_reasons) == (1, ("stale", "disconnect"))
     assert pool.service("web").inflight == {}
 
 
-async def test_stale_connection_with_one_upstream_is_502(
+async def test_an_upstream_that_closes_the_new_connection_too_is_502(
     pool, raw_upstream, gateway, client, recorder
 ):
     second = asyncio.Event()
@@ -252,6 +342,7 @@ async def test_stale_connection_with_one_upstream_is_502(
     await recorder.wait()
     (record,) = recorder.records
     assert (record.status, record.error, record.retries) == (502, "upstream_connect_error", 0)
+    assert record.retry_reasons == ("stale",)
     assert record.request_id == headers["X-Request-Id"]
     assert pool.service("web").inflight == {}
     assert gw.proxy.connector.idle_count() == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import RetriesConfig
-from gateway.proxy.retry import may_retry
+from gateway.proxy.retry import may_retry, stale
 from gateway.upstream import Upstream
 
 A, B = (Upstream(id=i, service="web", host="127.0.0.1", port=1) for i in ("a", "b"))
@@ -47,3 +47,33 @@ BASE = {
 )
 def test_a_failed_attempt_is_retried_only_while_nothing_is_lost(kind, changes, retried):
     assert may_retry(kind, **{**BASE, **changes}) is retried
+
+
+STALE = {
+    "reused": True,
+    "method": "GET",
+    "has_body": False,
+    "body_taken": False,
+    "response_started": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "changes", "is_stale"),
+    [
+        ("disconnect", {}, True),  # a kept connection closed as the request went out
+        ("disconnect", {"method": "PUT"}, True),  # idempotent too
+        ("disconnect", {"reused": False}, False),  # a new connection: the upstream failed
+        ("disconnect", {"method": "POST"}, False),  # not idempotent
+        ("disconnect", {"has_body": True}, False),  # a body cannot be sent again
+        ("disconnect", {"body_taken": True}, False),
+        ("disconnect", {"response_started": True}, False),
+        ("connect", {}, False),
+        ("timeout", {}, False),  # it took the request: a slow upstream, not a stale connection
+        ("protocol", {}, False),
+    ],
+)
+def test_only_a_reused_connection_closed_before_answering_a_replayable_request_is_stale(
+    kind, changes, is_stale
+):
+    assert stale(kind, **{**STALE, **changes}) is is_stale
