@@ -10,6 +10,7 @@ a dependency or a dependency's own (``pydantic_core`` comes with pydantic).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from importlib import metadata
@@ -46,6 +47,7 @@ def _imports(tree: ast.AST) -> set[str]:
     return found
 
 
+@functools.cache
 def third_party_imports() -> dict[str, list[str]]:
     """Third-party top-level module -> the source files that import it."""
     seen: dict[str, list[str]] = {}
