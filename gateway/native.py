@@ -62,6 +62,7 @@ MODULES = (
     "proxy.exchange",
     "proxy.guard",
     "proxy.handler",
+    "proxy.limits",
     "proxy.messages",
     "proxy.preview",
     "proxy.reader",

@@ -2,6 +2,8 @@
 
     reader               RequestReader: requests read off a client connection (parse,
                          limit, time out, splice large bodies)
+    limits, wheel        a listener's limits as it reads them; the deadlines of the
+                         connections that wait for a request, in one timer's slots
     client               ClientConnection: runs them in turn, writes the answers, closes
     request              a request as the client sent it: its head, its body, head rules
     handler              Proxy: begin (without a task) or handle (as a task) each request

@@ -38,6 +38,7 @@ from ..wire import plainhead
 from ..wire.http1 import HEAD_LIMIT_FACTOR
 from ..wire.plainhead import PlainRequest
 from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
+from .limits import limits_of
 from .request import HOST, IncomingRequest, Refused, RequestBody, head_problem
 from .wheel import Deadlined, wheel_of
 
@@ -64,43 +65,6 @@ LINGER_BYTES: Final = 64 * 1024 * 1024
 """At most this much is discarded while lingering; then the connection is dropped."""
 
 
-class Limits:
-    """A listener's ``ListenerLimits`` as plain attributes, one object shared by its
-    connections: a field of a config model is read through pydantic's ``__getattr__`` hook,
-    a slow attribute, and every request reads some."""
-
-    __slots__ = (
-        "body_min_rate",
-        "body_timeout",
-        "header_timeout",
-        "keepalive_timeout",
-        "max_header_size",
-        "send_timeout",
-        "wait_timeout",
-    )
-
-    def __init__(self, limits: ListenerLimits) -> None:
-        self.max_header_size = limits.max_header_size
-        self.header_timeout = limits.header_timeout
-        self.keepalive_timeout = limits.keepalive_timeout
-        self.wait_timeout = max(limits.header_timeout, limits.keepalive_timeout)
-        """The longer of the two deadlines kept in the ``Wheel``: a connection's slot is
-        never later than now plus this (``RequestReader._set_deadline``)."""
-        self.body_timeout = limits.body_timeout
-        self.body_min_rate = limits.body_min_rate
-        self.send_timeout = limits.send_timeout
-
-
-class _LastLimits:
-    """The ``Limits`` made last, and of what (a listener's connections share one)."""
-
-    of: ListenerLimits | None = None
-    limits: Limits | None = None
-
-
-_last_limits: Final = _LastLimits()
-
-
 class _CheckedHost:
     """The last Host value found well formed, on any connection: clients send the same few,
     and a new connection need not match the pattern again."""
@@ -109,16 +73,6 @@ class _CheckedHost:
 
 
 _checked_host: Final = _CheckedHost()
-
-
-def limits_of(config: ListenerLimits) -> Limits:
-    """The ``Limits`` of ``config``: the last one made, if it was made of it."""
-    last = _last_limits
-    limits = last.limits
-    if limits is None or last.of is not config:
-        limits = last.limits = Limits(config)
-        last.of = config
-    return limits
 
 
 class RequestReader(asyncio.Protocol):
