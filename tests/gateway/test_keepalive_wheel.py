@@ -175,6 +175,7 @@ def test_a_short_keepalive_timeout_closes_within_a_slot(loop):
 
 def test_a_new_connections_head_is_due_in_the_wheel(loop):
     conn, transport, served = connect(loop)
+    assert wheel_entries(loop) == 1
     assert len(loop.pending()) == 1  # the wheel's: the connection has no timer of its own
     loop.advance(10 - 0.01)
     assert not transport.closed
