@@ -189,8 +189,8 @@ def test_a_new_connections_head_is_due_in_the_wheel(loop):
 
 def test_a_head_begun_on_an_idle_connection_moves_it_to_an_earlier_slot(loop):
     conn, transport, served = connect(loop)
-    serve_one(conn, served)  # idle: in the slot of 75 s
-    loop.advance(5)
+    serve_one(conn, served)  # idle, still in its first head's slot (10 s)
+    loop.advance(20)  # that slot came: put back in the slot of 75 s
     conn.data_received(b"GET / HT")  # a head begun, due within header_timeout (10 s)
     assert wheel_entries(loop) == 1  # moved, not in two slots
     loop.advance(10 - 0.01)
