@@ -108,7 +108,7 @@ class ClientConnection(RequestReader):
         loop = gate.loop
         if loop is None:
             loop = gate.loop = asyncio.get_running_loop()
-        super().__init__(limits, gate.buffers, loop)
+        super().__init__(limits, loop)
         self._handler = handler
         self._begin = begin
         self._gate = gate
@@ -195,6 +195,9 @@ class ClientConnection(RequestReader):
             self.producer.resume_reading()
 
     # -- requests -----------------------------------------------------------------------------
+
+    def _buffers(self) -> Buffers:
+        return self._gate.buffers
 
     def _take(self, request: IncomingRequest) -> None:
         """A request whose head was read: started now, or queued behind the active one."""

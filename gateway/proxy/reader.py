@@ -105,9 +105,7 @@ class RequestReader(asyncio.Protocol):
         "tunnel",
     )
 
-    def __init__(
-        self, limits: ListenerLimits, buffers: Buffers, loop: asyncio.AbstractEventLoop
-    ) -> None:
+    def __init__(self, limits: ListenerLimits, loop: asyncio.AbstractEventLoop) -> None:
         self._limits = limits_of(limits)
         self._loop = loop
         self._parser: httptools.HttpRequestParser | None = None
@@ -139,8 +137,9 @@ class RequestReader(asyncio.Protocol):
         a whole plain head may be read without it (``plainhead``)."""
         self._lingered = -1
         """Bytes discarded while lingering before the close; -1 while not lingering."""
-        self._reads = Reader(buffers)
-        """Where reads go: the scratch buffer, or the splice of a large body upstream."""
+        self._reads: Reader | None = None
+        """Where reads go while a large body may be spliced upstream: made at the first
+        (``read_into``), so that a connection that never sends one holds none."""
 
     # -- reads while a large body is spliced (``splice.SplicedReads``) -----------------------
 
@@ -151,10 +150,15 @@ class RequestReader(asyncio.Protocol):
         if self._raw_started and self._lingered < 0 and self.tunnel is None:
             if parsing is not None and parsing.body is not None:
                 transport = parsing.body.sink_transport()
-        return self._reads.buffer(transport)
+        reads = self._reads
+        if reads is None:
+            reads = self._reads = Reader(self._buffers())
+        return reads.buffer(transport)
 
     def read_done(self, nbytes: int) -> None:
-        splice = self._reads.spliced(nbytes, self.data_received)
+        reads = self._reads
+        assert reads is not None  # made by ``read_into``
+        splice = reads.spliced(nbytes, self.data_received)
         if splice is None:
             return
         rest = b""
@@ -272,7 +276,8 @@ class RequestReader(asyncio.Protocol):
             self._raw_started = False
             splice_reads(self.transport, self, False)
             self._raw_remaining = 0
-            self._reads.splice = None  # what the upstream's transport holds is left to it
+            if self._reads is not None:
+                self._reads.splice = None  # what the upstream's transport holds is left to it
             return
         remaining = self._raw_remaining
         rest = b""
@@ -285,9 +290,10 @@ class RequestReader(asyncio.Protocol):
     def _raw_end(self, rest: bytes) -> None:
         """The large body is complete: the splice closed, and ``rest`` (what followed it)
         parsed by a new parser."""
-        if self._reads.splice is not None:
+        reads = self._reads
+        if reads is not None and reads.splice is not None:
             body = self._parsing.body if self._parsing is not None else None
-            self._reads.end(body.sink_transport() if body is not None else None)
+            reads.end(body.sink_transport() if body is not None else None)
         self._raw_started = False
         splice_reads(self.transport, self, False)
         self._parser = None
@@ -552,6 +558,10 @@ class RequestReader(asyncio.Protocol):
 
     def _take(self, request: IncomingRequest) -> None:
         """A request whose head was read: start it, or queue it."""
+        raise NotImplementedError
+
+    def _buffers(self) -> Buffers:
+        """The read buffers of the connection's loop (``splice``)."""
         raise NotImplementedError
 
     def _refuse(self, status: int, code: str, message: str) -> None:
