@@ -131,7 +131,10 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
 
     async with Load(gw.url) as load:
         # Revision 2 runs and answers, but 404 on its probe path: it never becomes ready.
-        probe = PROBE | {"path": "/ready.txt"}
+        # Ten failures to be unhealthy (a second of probes): the replica's verdict is the
+        # cause its probes met once it listened, not a connect error of a replica whose
+        # http.server was still starting (the first two probes' on a slow machine).
+        probe = PROBE | {"path": "/ready.txt", "unhealthy_threshold": 10}
         # start_timeout: long enough for http.server to start on a loaded machine, so the
         # reason is the probe's 404, not a connect error of a replica still starting.
         bad = spec(site("v2"), 2, probes=[probe], retries=1, start_timeout=6)
