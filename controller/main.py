@@ -254,7 +254,7 @@ async def run_gateway(
         access_log = AccessLog(config.access_log.format, config.access_log.path, registry=registry)
         request_observers.append(access_log)
     # -- end observability --
-    prober = Prober(pool, observers=[metrics])
+    prober = Prober(pool, observers=[metrics, controller.reconciler])
     if workers == 1:
         proxy = Proxy(pool, proxy_config, observers=request_observers)
         traffic = TrafficServer(proxy, proxy_config, tls=tls)

@@ -19,7 +19,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-from gateway import Health, Pool, PoolEvent
+from gateway import Health, Pool, PoolEvent, ProbeResult
 
 from .actions import Action, BeginRollout, Forget, Start, WakeAt
 from .analysis import NO_TRAFFIC, Counts, Traffic
@@ -38,6 +38,7 @@ from .transitions import (
     Exited,
     HealthChanged,
     Observation,
+    ProbeFailed,
     Sampled,
     Step,
     decide,
@@ -342,6 +343,18 @@ class Reconciler:
             self._gated.add(key)  # ready once every node routes to it too: ``regate``
             return
         self.observe(state, HealthChanged(event.upstream.id, healthy, event.reason))
+
+    def on_probe(self, result: ProbeResult) -> None:
+        """A probe that failed for another reason than the replica's last: kept, so that a
+        replica given up says what its probes meet now (an answer of 404, say), not the
+        connect error that made it unhealthy as it started."""
+        if result.ok or not result.reason:
+            return
+        state = self.services.get(result.service)
+        r = state.replica(result.upstream_id) if state is not None else None
+        if state is None or r is None or r.healthy or r.probe_failure == result.reason:
+            return
+        self.observe(state, ProbeFailed(result.upstream_id, result.reason))
 
     def regate(self) -> None:
         """Another node's view changed: replicas healthy here that every node now routes to

@@ -117,6 +117,15 @@ class HealthChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeFailed:
+    """A probe of a replica that does not pass failed for ``reason``: its verdict stands,
+    but a give-up says what the replica answers now, not what it answered as it started."""
+
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class DrainDone:
     """The replica's drain ended: every request finished (``clean``) or the timeout hit."""
 
@@ -149,7 +158,9 @@ class Counted:
     traffic: Traffic
 
 
-Observation = Placed | StartFailed | HealthChanged | DrainDone | Exited | Sampled | Counted
+Observation = (
+    Placed | StartFailed | HealthChanged | ProbeFailed | DrainDone | Exited | Sampled | Counted
+)
 
 MAX_SAMPLES = 10_000
 """A bound on the samples kept, whatever the autoscaler's horizon."""
@@ -188,6 +199,10 @@ def observe(desired: Desired, observed: Observed, seen: Observation, now: float)
             return Step(desired, out, (replica_event("replica_failed", r, f"failed: {reason}"),))
         case HealthChanged(healthy=healthy, reason=reason):
             return _health(desired, observed, r, healthy, reason, now)
+        case ProbeFailed(reason=reason):
+            if r.healthy or not reason:  # a passing replica's one failure is no verdict
+                return Step(desired, observed)
+            return Step(desired, _put(observed, r.replace(probe_failure=reason)))
         case DrainDone(clean=clean):
             if r.state is not ReplicaState.DRAINING:
                 return Step(desired, observed)

@@ -12,7 +12,7 @@ import pytest
 
 from controller.errors import Conflict, NoCapacity, SpecError
 from controller.model import ReplicaState, RolloutStatus
-from gateway import Health
+from gateway import Health, ProbeResult
 
 from .conftest import Harness, spec
 
@@ -164,6 +164,39 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
     )
     assert h.ready("web", revision=1) == 2
     assert new[0].id in h.backend.stopped
+
+
+async def test_a_replica_given_up_is_reported_with_its_latest_probe_failure(h: Harness) -> None:
+    await serving(h, replicas=2, rollout={"retries": 0, "start_timeout": 30})
+    await h.controller.apply(
+        spec("web", 2, version="v2", rollout={"retries": 0, "start_timeout": 30})
+    )
+    await h.settle()
+    (new,) = h.replicas("web", ReplicaState.STARTING, revision=2)
+    # Unhealthy while it started (nothing listened yet); then it listens and answers 404.
+    h.pool.set_health("web", new.id, Health.UNHEALTHY, "connection refused")
+    for reason in ("connection refused", "HTTP 404", "HTTP 404"):
+        h.controller.reconciler.on_probe(ProbeResult("web", new.id, "failure", 0.01, reason))
+    await h.advance(10)
+    # A probe that passes once, short of the threshold, changes nothing the user is told.
+    h.controller.reconciler.on_probe(ProbeResult("web", new.id, "success", 0.01))
+    await h.advance(21)
+    await h.settle()
+    failed = next(r for r in h.store.rollouts("web") if r.to_revision == 2)
+    assert (failed.status, failed.reason) == (
+        "failed",
+        "not ready within 30s: HTTP 404 (after 1 failures)",
+    )
+    assert h.ready("web", revision=1) == 2
+
+
+async def test_a_serving_replica_keeps_its_verdict_through_one_failed_probe(h: Harness) -> None:
+    await serving(h, replicas=1)
+    (r,) = h.replicas("web", ReplicaState.READY)
+    h.controller.reconciler.on_probe(ProbeResult("web", r.id, "timeout", 1.0, "timed out"))
+    await h.settle()
+    (after,) = h.replicas("web", ReplicaState.READY)
+    assert (after.healthy, after.probe_failure, after.since) == (True, "", r.since)
 
 
 async def test_on_failure_pause_keeps_new_replicas_and_old_ones(h: Harness) -> None:

@@ -49,6 +49,7 @@ from controller.transitions import (
     HealthChanged,
     Observation,
     Placed,
+    ProbeFailed,
     Retarget,
     Sampled,
     SetPaused,
@@ -400,6 +401,22 @@ def test_an_unhealthy_verdict_makes_a_ready_replica_unhealthy_and_keeps_why():
     assert x.probe_failure == "connection refused"
     message = "replica x unhealthy: connection refused"
     assert step.events == (Event("replica_unhealthy", message, 2, "x"),)
+
+
+@pytest.mark.parametrize("state", [S.STARTING, S.UNHEALTHY])
+def test_a_failed_probe_of_a_replica_not_passing_keeps_its_latest_reason(state):
+    d, o = pair(replica("x", 2, state, probe_failure="connection refused"))
+    step = observe(d, o, ProbeFailed("x", "HTTP 404"), NOW)
+    x = only(step, "x")
+    assert (x.state, x.since, x.healthy, x.probe_failure) == (state, 0.0, False, "HTTP 404")
+    assert step.events == ()
+
+
+def test_a_failed_probe_of_a_passing_replica_is_no_verdict():
+    d, o = pair(replica("x", 2, S.READY, healthy=True, ready_since=1.0))
+    step = observe(d, o, ProbeFailed("x", "timed out"), NOW)
+    assert step.observed == o
+    assert step.events == ()
 
 
 @pytest.mark.parametrize("healthy", [True, False])

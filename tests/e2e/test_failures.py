@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from controller.model import ReplicaState
 
-from .conftest import PROBE, Gateways, Load, Watch, alive, serving, spec, until
+from .conftest import PROBE, SERVER, Gateways, Load, Watch, alive, serving, spec, until
 
 LIVE = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY)
 
@@ -131,13 +131,11 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
 
     async with Load(gw.url) as load:
         # Revision 2 runs and answers, but 404 on its probe path: it never becomes ready.
-        # Ten failures to be unhealthy (a second of probes): the replica's verdict is the
-        # cause its probes met once it listened, not a connect error of a replica whose
-        # http.server was still starting (the first two probes' on a slow machine).
-        probe = PROBE | {"path": "/ready.txt", "unhealthy_threshold": 10}
-        # start_timeout: long enough for http.server to start on a loaded machine, so the
-        # reason is the probe's 404, not a connect error of a replica still starting.
-        bad = spec(site("v2"), 2, probes=[probe], retries=1, start_timeout=6)
+        # It listens only a second after its start, so connect errors make it unhealthy;
+        # the reason given is the 404 its probes meet once it listens.
+        probe = PROBE | {"path": "/ready.txt"}
+        late = f"sleep 1 && exec {SERVER}"
+        bad = spec(site("v2"), 2, commands=[late], probes=[probe], retries=1, start_timeout=6)
         result = await gw.controller.apply(bad)
         assert (result.action, result.revision) == ("rollout", 2)
         await until(lambda: gw.replicas(ReplicaState.STARTING, revision=2), 5, "a v2 replica")
