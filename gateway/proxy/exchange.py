@@ -313,7 +313,7 @@ class Exchange:
             reused=reused,
             method=request.method,
             has_body=body is not None,
-            body_taken=body is not None and (body.started or body.error is not None),
+            body_taken=body is not None and body.taken,
             response_started=self.response_started,
         )
 
@@ -327,7 +327,7 @@ class Exchange:
             kind,
             method=request.method,
             has_body=body is not None,
-            body_taken=body is not None and (body.started or body.error is not None),
+            body_taken=body is not None and body.taken,
             response_started=self.response_started,
             retries=self.retries,
             elapsed=self.proxy.loop.time() - self.started,

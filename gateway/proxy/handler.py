@@ -381,7 +381,7 @@ class Proxy(Forwarding):
         if body is None:
             if request.content_length is not None:
                 lines.append(b"Content-Length: 0")
-        elif body.complete and not body.started and body.error is None:
+        elif body.complete and not body.taken:
             payload = body.take()  # whole already: framed by length, one write
             lines.append(b"Content-Length: %d" % len(payload))
         elif request.chunked:

@@ -140,6 +140,12 @@ class RequestBody:
     def detach(self) -> None:
         self._sink = None
 
+    @property
+    def taken(self) -> bool:
+        """A byte of it went to an upstream, or it can no longer be delivered: it cannot be
+        sent again."""
+        return self.started or self.error is not None
+
     def sink_transport(self) -> asyncio.Transport | None:
         """The transport each piece ``feed`` takes now is written to as it is, if any."""
         if self._sink is None or self.error is not None:
