@@ -322,9 +322,12 @@ async def run_gateway(
             await docker.connect()  # each engine's containers are known before adoption
         if node is None:
             controller.restore()
+            await local.sweep()  # replicas left with no record to adopt them by
             await apply_config_services(controller, store, loaded.services)
         else:  # the node that leads restores and applies (``ClusterNode``)
-            await node.start()
+            await node.start()  # its agent has adopted this node's replicas
+            if node.agent.loaded.is_set():
+                await local.sweep()
         if access_log is not None:
             access_log.start()
         await traffic.start()

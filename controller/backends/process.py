@@ -38,7 +38,10 @@ after the replica ends.
 
 Adoption (after a gateway restart): a replica is taken back when ``/proc/<pid>/stat`` still
 shows the start time and process group of its handle, so a reused pid is never mistaken for
-it. It has written to its log file all along, and keeps doing so.
+it. It has written to its log file all along, and keeps doing so. A replica with no record
+to adopt it by (its gateway was killed between the spawn and the record's write) is found
+by its log instead: ``sweep``, once adoption is done, stops every group leader whose standard
+output is a ``<log_dir>/<id>.log`` of no replica of the backend.
 """
 
 from __future__ import annotations
@@ -259,6 +262,40 @@ class ProcessBackend:
         self._watch_logs()
         log.info("adopted replica %s (pid %d, port %d)", rid, pid, port)
         return self._running(replica)
+
+    async def sweep(self) -> list[str]:
+        """Stop the replicas a previous gateway process of this log directory left running
+        with nothing to adopt them by: spawned just before it was killed, before their record
+        was written. Call it once adoption is done. SIGTERM to each group, SIGKILL after
+        ``stop_grace_default``; returns their ids."""
+        strays = {
+            pid: rid
+            for pid, rid in procfs.leaders_writing_to(self._log_dir, ".log").items()
+            if rid not in self._replicas and procfs.signalable(pid)
+        }
+        for pid, rid in strays.items():
+            log.warning(
+                "stopping replica %s (pid %d): a previous gateway process left it running "
+                "with no record to adopt it by",
+                rid,
+                pid,
+            )
+            procfs.signal_group(pid, signal.SIGTERM)
+        await asyncio.gather(*(self._end_stray(pid) for pid in strays))
+        return sorted(strays.values())
+
+    async def _end_stray(self, pgid: int) -> None:
+        killed = asyncio.Event()
+
+        def kill() -> None:
+            killed.set()
+            procfs.signal_group(pgid, signal.SIGKILL)
+
+        timer = asyncio.get_running_loop().call_later(self._stop_grace_default, kill)
+        try:
+            await procfs.group_gone(pgid, killed, GROUP_GONE_AFTER_KILL)
+        finally:
+            timer.cancel()
 
     def logs(self, replica_id: str, tail: int) -> list[str]:
         """The last ``tail`` lines of the replica's log and its rotation; kept after it ends.

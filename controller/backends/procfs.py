@@ -110,6 +110,32 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def leaders_writing_to(directory: Path, suffix: str) -> dict[int, str]:
+    """Leaders of live process groups (pid == pgid) whose standard output is a file
+    ``<directory>/<name><suffix>``: pid -> name. Another user's processes are not seen."""
+    base = os.path.realpath(directory)
+    found: dict[int, str] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            target = os.readlink(f"/proc/{entry}/fd/1")
+        except OSError:
+            continue
+        folder, _, name = target.removesuffix(" (deleted)").rpartition("/")
+        if folder != base or not name.endswith(suffix) or len(name) == len(suffix):
+            continue
+        pid = int(entry)
+        stat = read_stat(pid)
+        if stat is not None and stat.pgrp == pid and stat.state not in _DEAD_STATES:
+            found[pid] = name.removesuffix(suffix)
+    return found
+
+
 async def group_gone(pgid: int, killed: asyncio.Event, linger: float) -> bool:
     """Returns True once group ``pgid`` has no live member, polling at intervals that grow
     from ``GROUP_POLL_FIRST`` to ``GROUP_POLL_MAX``; False if members are still there

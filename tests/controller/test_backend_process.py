@@ -9,6 +9,7 @@ polling a log file (the one thing a replica tells of only by writing it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import json
@@ -32,6 +33,7 @@ from controller.backends.process import exit_reason, shell_script
 from controller.errors import NoCapacity, StartFailed
 from controller.spec import ReplicaTemplate
 from tests.ports import free_port
+from tests.strays import spawn_stray
 
 PY = shlex.quote(sys.executable)
 REPO = Path(__file__).resolve().parents[2]
@@ -740,6 +742,45 @@ async def test_adopt_refuses_a_process_that_is_not_the_replica(make: Make) -> No
     assert running.pid is not None
     await gone(running.pid)
     assert second.backend.adopt(launch, running.handle) is None  # it is gone
+
+
+async def test_the_sweep_stops_replicas_left_with_no_record_and_only_those(
+    make: Make, tmp_path: Path
+) -> None:
+    """A gateway killed between a replica's spawn and its record leaves the replica running,
+    its port held, with nothing to adopt it by. The next backend's sweep (after adoption)
+    stops such replicas, one that ignores SIGTERM too, and nothing else."""
+    port = free_port()
+    handle = await old_gateway(tmp_path, port, "exec sleep 1000")  # recorded: adopted
+    logs = tmp_path / "logs"
+    plain = spawn_stray(logs / "svc-1-stray.log", "exec sleep 1000")
+    stubborn = spawn_stray(logs / "svc-2-stubborn.log", "trap '' TERM; sleep 1000 & wait")
+    elsewhere = spawn_stray(tmp_path / "other" / "svc-1-x.log", "exec sleep 1000")
+    not_a_log = spawn_stray(logs / "notes.txt", "exec sleep 1000")
+    try:
+        h = make(stop_grace_default=0.3)
+        launch = h.launch("exec sleep 1000", replica_id="svc-1-old")
+        assert h.backend.adopt(launch, handle) is not None
+        h.ids.append("svc-1-old")
+        started = await h.start("exec sleep 1000")  # this backend's own: left alone
+
+        assert await h.backend.sweep() == ["svc-1-stray", "svc-2-stubborn"]
+        await asyncio.gather(gone(plain), gone(stubborn))
+        os.waitpid(plain, 0)
+        os.waitpid(stubborn, 0)
+        assert started.pid is not None
+        assert alive(handle["pid"])  # adopted
+        assert alive(started.pid)  # this backend's own
+        assert alive(elsewhere)  # no replica's log of this backend
+        assert alive(not_a_log)
+        assert h.reports_of("svc-1-old") == []
+        assert await h.backend.sweep() == []
+    finally:
+        for pid in (plain, stubborn, elsewhere, not_a_log):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 # -- the pure bits --------------------------------------------------------------------------

@@ -4,9 +4,11 @@ the API changed unless the config's own entry changed since it was last applied 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
+import os
 import signal
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 
 from controller.config import document_digest
 from controller.store import Store
+from tests.strays import spawn_stray
 
 from .conftest import Gateways, Load, alive, gateway_process, serving, spec, until
 
@@ -40,8 +43,17 @@ async def test_restart_adopts_running_replicas_at_the_serving_revision(
     assert len(kept) == 2
     await first.stop()
     assert all(alive(pid) for pid in kept.values()), "replicas_on_exit: keep stopped a replica"
+    # And one the first gateway would have spawned just before a SIGKILL, with no record.
+    log = gateways.state_dir / "logs" / "web-2-unrecorded.log"
+    stray = spawn_stray(log, "exec sleep 1000")
 
-    second = await gateways.start(on_exit="stop")
+    try:
+        second = await gateways.start(on_exit="stop")
+        assert not alive(stray), "a replica with no record outlived the restart"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(stray, signal.SIGKILL)
+        os.waitpid(stray, 0)
     state = second.state()
     assert state.desired.revision == 2
     assert state.observed.serving_revision == 2
