@@ -6,7 +6,8 @@ address, ``state.store: etcd``, a short lease TTL so failovers take seconds), st
 ``api`` talks to any node's admin API (a node that does not lead forwards to the leader).
 
 Teardown stops every node, then every replica any node ran (their pids are in etcd's running
-records, and each replica is its own process group), so a test leaves nothing behind.
+records, or, for one a node killed before it wrote the record, found by its log file; each
+replica is its own process group), so a test leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from controller.backends.procfs import leaders_writing_to
 from tests.e2e.conftest import gateway_process
 from tests.etcd_cluster import EtcdCluster
 from tests.ports import free_port
@@ -239,6 +241,9 @@ class Nodes:
                 await node.process.wait()
         with contextlib.suppress(Exception):
             pids |= set(self.replica_pids().values())
+        # And those with no record: spawned by a node killed before it wrote one.
+        for node in self.nodes:
+            pids |= set(leaders_writing_to(node.directory / "state" / "logs", ".log"))
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
