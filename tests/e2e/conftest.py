@@ -406,11 +406,15 @@ class Load:
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.failed]
 
-    def bodies(self, since: int = 0) -> set[str]:
-        """The bodies answered since the mark ``since``, to requests sent after it: those in
-        flight at the mark (sent to what served before it) are answered after it too."""
+    def sent_since(self, since: int) -> list[Outcome]:
+        """The outcomes of the requests sent after the mark ``since``: those in flight at the
+        mark (sent to what served before it) are answered after it too, and left out."""
         sent_after = self._marks.get(since, 0.0)
-        return {o.body for o in self.outcomes[since:] if not o.failed and o.at >= sent_after}
+        return [o for o in self.outcomes[since:] if o.at >= sent_after]
+
+    def bodies(self, since: int = 0) -> set[str]:
+        """The bodies answered to the requests sent after the mark ``since``."""
+        return {o.body for o in self.sent_since(since) if not o.failed}
 
     async def more(self, count: int = 50) -> None:
         """Wait until ``count`` more requests were answered."""

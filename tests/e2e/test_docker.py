@@ -259,7 +259,7 @@ async def test_containers_killed_as_by_an_engine_restart_are_replaced(
     failures = load.failures
     assert len(failures) <= load.clients, load.summary()
     assert all(o.at <= killed_at for o in failures), load.summary()
-    assert not [o for o in load.outcomes[after:] if o.failed], load.summary()
+    assert not [o for o in load.sent_since(after) if o.failed], load.summary()
     assert load.bodies(after) == {"v1"}
 
 

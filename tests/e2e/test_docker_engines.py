@@ -526,7 +526,7 @@ async def test_the_second_engine_stopped_and_started_again(
     # Only requests in flight on b's containers as they were stopped may fail.
     assert len(load.failures) <= load.clients, load.summary()
     assert all(o.at <= stopped_at for o in load.failures), load.summary()
-    assert not [o for o in load.outcomes[after:] if o.failed], load.summary()
+    assert not [o for o in load.sent_since(after) if o.failed], load.summary()
     assert load.bodies(after) == {"v1"}
 
 
