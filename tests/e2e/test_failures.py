@@ -131,11 +131,12 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
 
     async with Load(gw.url) as load:
         # Revision 2 runs and answers, but 404 on its probe path: it never becomes ready.
-        # It listens only a second after its start, so connect errors make it unhealthy;
-        # the reason given is the 404 its probes meet once it listens.
+        # It listens only half a second after its start, so connect errors make it unhealthy
+        # (two failures 0.1 s apart); the reason given is the 404 its probes meet once it
+        # listens, a few seconds before start_timeout.
         probe = PROBE | {"path": "/ready.txt"}
-        late = f"sleep 1 && exec {SERVER}"
-        bad = spec(site("v2"), 2, commands=[late], probes=[probe], retries=1, start_timeout=6)
+        late = f"sleep 0.5 && exec {SERVER}"
+        bad = spec(site("v2"), 2, commands=[late], probes=[probe], retries=1, start_timeout=4)
         result = await gw.controller.apply(bad)
         assert (result.action, result.revision) == ("rollout", 2)
         await until(lambda: gw.replicas(ReplicaState.STARTING, revision=2), 5, "a v2 replica")
@@ -150,7 +151,7 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
     assert not load.failures, load.summary()
     # The reason carries the cause the probes saw, not only the deadline (issue 22.12).
     assert failed.status == "failed"
-    assert failed.reason.startswith("not ready within 6s: http probe"), failed.reason
+    assert failed.reason.startswith("not ready within 4s: http probe"), failed.reason
     assert "404" in failed.reason
     assert failed.reason.endswith("(after 2 failures)")
     assert load.bodies() == {"v1"}
