@@ -325,7 +325,7 @@ class Proxy(Forwarding):
             try:
                 with lease:
                     if websocket:
-                        return await self._websocket(ex, sp, lease)
+                        return await self._websocket(ex, sp, lease, fresh)
                     return await self._http(ex, sp, lease, tried, fresh)
             except Failed as exc:
                 failed = exc
@@ -433,12 +433,17 @@ class Proxy(Forwarding):
 
     # -- WebSocket ---------------------------------------------------------------------------
 
-    async def _websocket(self, ex: Exchange, sp: ServicePool, lease: Lease) -> None:
+    async def _websocket(self, ex: Exchange, sp: ServicePool, lease: Lease, fresh: bool) -> None:
+        """The upgrade on ``lease``'s upstream, then the relay; on a kept connection, or a new
+        one (``fresh``: the upgrade met a stale kept connection already)."""
         upstream = lease.upstream
         timeouts = sp.routing.timeouts
         connector = self.connector
         try:
-            conn = await connector.acquire(upstream.host, upstream.port, timeouts.connect)
+            if fresh:
+                conn = await connector.connect(upstream.host, upstream.port, timeouts.connect)
+            else:
+                conn = await connector.acquire(upstream.host, upstream.port, timeouts.connect)
         except GatewayError as exc:
             raise ex.failure(exc) from None
         try:
@@ -455,7 +460,7 @@ class Proxy(Forwarding):
             try:
                 head = await future
             except GatewayError as exc:
-                raise ex.failure(exc) from None
+                raise ex.failure(exc, conn.reused) from None
             if head.status != 101:
                 outcome = "5xx" if head.status >= 500 else "ok"
                 self.pool.report(sp.routing.name, upstream.id, outcome)

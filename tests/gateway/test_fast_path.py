@@ -11,7 +11,10 @@ nothing: compiled code calls methods directly).
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
+import re
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -290,6 +293,55 @@ async def test_a_request_with_a_body_on_a_stale_connection_is_not_sent_again(
     await recorder.wait()
     (record,) = recorder.records
     assert (record.status, record.retries, record.retry_reasons) == (502, 0, ())
+
+
+def upgrading_on_a_new_connection(connections: list[int]):
+    """Answers a WebSocket upgrade that comes first on its connection (101, then a text frame
+    "hi"); a plain request with keep-alive, closing the connection unanswered on the next."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(port_of(writer))
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            key = re.search(rb"(?i)sec-websocket-key: *([^\r]+)", head)
+            if key is None:
+                writer.write(OK)
+                await writer.drain()
+                await reader.readuntil(b"\r\n\r\n")
+                return  # the next request: closed unanswered
+            digest = hashlib.sha1(key[1] + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()
+            writer.write(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n\x81\x02hi"
+                % base64.b64encode(digest)
+            )
+            await writer.drain()
+            await reader.read()  # until the client's close
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return serve
+
+
+async def test_a_websocket_upgrade_on_a_stale_connection_is_sent_again_on_a_new_one(
+    pool, raw_upstream, gateway, client, recorder
+):
+    connections: list[int] = []
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "only", await raw_upstream(upgrading_on_a_new_connection(connections)))
+    gw = await gateway()
+    await warm(client, gw, recorder)
+
+    async with client.ws_connect(url(gw, "/socket")) as ws:
+        message = await asyncio.wait_for(ws.receive(), 5)
+    assert (message.type, message.data) == (aiohttp.WSMsgType.TEXT, "hi")  # was a 502
+    assert len(set(connections)) == 2  # the kept connection, then a new one
+    await recorder.wait()
+    (record,) = recorder.records
+    assert (record.status, record.upstream_id) == (101, "only")
+    assert (record.retries, record.retry_reasons) == (0, ("stale",))
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
