@@ -8,6 +8,9 @@ goes to every node at once and every failed request is counted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable
@@ -17,8 +20,9 @@ from typing import Any
 import pytest
 
 from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Node, Nodes
-from tests.e2e.conftest import PROBE, ROLLOUT, Load
+from tests.e2e.conftest import PROBE, ROLLOUT, Load, alive
 from tests.etcd_cluster import EtcdCluster
+from tests.strays import spawn_stray
 
 
 @pytest.fixture
@@ -238,6 +242,7 @@ async def test_a_node_killed_its_replicas_are_replaced_on_the_others(
     victim = next(n for n in nodes.nodes if n is not leader)
     survivors = [n for n in nodes.nodes if n is not victim]
     loads = await loaded(survivors)
+    before = nodes.replica_pids()
     try:
         nodes.kill(victim)
         await nodes.until(
@@ -265,6 +270,27 @@ async def test_a_node_killed_its_replicas_are_replaced_on_the_others(
     finally:
         await unloaded(loads)
     no_failures(survivors, loads)
+
+    # Back, the node stops what it left running: its replica, placed elsewhere since (found
+    # by its record in etcd), and one it spawned just before the kill, with no record yet
+    # (found by its log, once the node's records were loaded and adopted).
+    status, view = await nodes.api("GET", "/api/services/web")
+    assert status == 200, view
+    live = {r["id"] for r in view["replicas"] if r["state"] in ("starting", "ready")}
+    left = {pid for rid, pid in before.items() if rid not in live}
+    assert len(left) == 1, (before, view["replicas"])
+    assert all(alive(pid) for pid in left)
+    log = victim.directory / "state" / "logs" / "web-1-unrecorded.log"
+    stray = spawn_stray(log, "exec sleep 1000")
+    try:
+        await nodes.start(nodes.nodes.index(victim))
+        assert not alive(stray), "a replica with no record outlived the node's restart"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(stray, signal.SIGKILL)
+        os.waitpid(stray, 0)
+    await nodes.until(lambda: not any(alive(pid) for pid in left), 10, "its replica to end")
+    await serving(nodes, 1, 3)
 
 
 async def test_etcd_faults_one_member_changes_nothing_all_down_serves_and_refuses_writes(
