@@ -142,37 +142,40 @@ async def test_new_revision_that_exits_fails_the_rollout_only(h: Harness) -> Non
     assert not h.replicas("web", *LIVE, revision=2)
 
 
+async def revision_2_starting(h: Harness) -> Any:
+    """Revision 1 serving on two replicas, then revision 2 applied (``start_timeout`` 30 s,
+    no retry): its first replica, starting."""
+    rollout = {"retries": 0, "start_timeout": 30}
+    await serving(h, replicas=2, rollout=rollout)
+    await h.controller.apply(spec("web", 2, version="v2", rollout=rollout))
+    await h.settle()
+    (new,) = h.replicas("web", ReplicaState.STARTING, revision=2)
+    return new
+
+
+def failure_of_revision_2(h: Harness) -> str:
+    failed = next(r for r in h.store.rollouts("web") if r.to_revision == 2)
+    assert failed.status == "failed"
+    reason: str = failed.reason
+    return reason
+
+
 async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeout(
     h: Harness,
 ) -> None:
-    await serving(h, replicas=2, rollout={"retries": 0, "start_timeout": 30})
-    await h.controller.apply(
-        spec("web", 2, version="v2", rollout={"retries": 0, "start_timeout": 30})
-    )
-    await h.settle()
-    new = h.replicas("web", ReplicaState.STARTING, revision=2)
-    assert len(new) == 1
-    h.pool.set_health("web", new[0].id, Health.UNHEALTHY, "probe failed")
+    new = await revision_2_starting(h)
+    h.pool.set_health("web", new.id, Health.UNHEALTHY, "probe failed")
     await h.advance(29)
     assert h.replicas("web", ReplicaState.STARTING, revision=2)
     await h.advance(2)
     await h.settle()
-    failed = next(r for r in h.store.rollouts("web") if r.to_revision == 2)
-    assert (failed.status, failed.reason) == (
-        "failed",
-        "not ready within 30s: probe failed (after 1 failures)",
-    )
+    assert failure_of_revision_2(h) == "not ready within 30s: probe failed (after 1 failures)"
     assert h.ready("web", revision=1) == 2
-    assert new[0].id in h.backend.stopped
+    assert new.id in h.backend.stopped
 
 
 async def test_a_replica_given_up_is_reported_with_its_latest_probe_failure(h: Harness) -> None:
-    await serving(h, replicas=2, rollout={"retries": 0, "start_timeout": 30})
-    await h.controller.apply(
-        spec("web", 2, version="v2", rollout={"retries": 0, "start_timeout": 30})
-    )
-    await h.settle()
-    (new,) = h.replicas("web", ReplicaState.STARTING, revision=2)
+    new = await revision_2_starting(h)
     # Unhealthy while it started (nothing listened yet); then it listens and answers 404.
     h.pool.set_health("web", new.id, Health.UNHEALTHY, "connection refused")
     for reason in ("connection refused", "HTTP 404", "HTTP 404"):
@@ -182,11 +185,7 @@ async def test_a_replica_given_up_is_reported_with_its_latest_probe_failure(h: H
     h.controller.reconciler.on_probe(ProbeResult("web", new.id, "success", 0.01))
     await h.advance(21)
     await h.settle()
-    failed = next(r for r in h.store.rollouts("web") if r.to_revision == 2)
-    assert (failed.status, failed.reason) == (
-        "failed",
-        "not ready within 30s: HTTP 404 (after 1 failures)",
-    )
+    assert failure_of_revision_2(h) == "not ready within 30s: HTTP 404 (after 1 failures)"
     assert h.ready("web", revision=1) == 2
 
 

@@ -230,14 +230,22 @@ def closing_on_the_second_request(connections: list[int], reset: bool = False):
     return serve
 
 
+async def on_one_upstream(pool, raw_upstream, gateway, serve) -> TrafficServer:
+    """A gateway whose service ``web`` has one upstream, ``only``: a raw one, ``serve``."""
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "only", await raw_upstream(serve))
+    gw: TrafficServer = await gateway()
+    return gw
+
+
 @pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
 async def test_a_stale_connection_is_sent_again_on_a_new_one_to_the_same_upstream(
     pool, raw_upstream, gateway, client, recorder, reset
 ):
     connections: list[int] = []
-    pool.set_service(routing("web", prefix="/"))
-    add(pool, "web", "only", await raw_upstream(closing_on_the_second_request(connections, reset)))
-    gw = await gateway()
+    gw = await on_one_upstream(
+        pool, raw_upstream, gateway, closing_on_the_second_request(connections, reset)
+    )
     await warm(client, gw, recorder)
 
     async with client.get(url(gw, "/page")) as resp:
@@ -259,9 +267,9 @@ async def test_a_stale_connection_is_sent_again_once_only(pool, raw_upstream, ga
     """Every kept connection the gateway has is stale: the request is sent again on a new
     one, not on the next kept one, and only once."""
     connections: list[int] = []
-    pool.set_service(routing("web", prefix="/"))
-    add(pool, "web", "only", await raw_upstream(closing_on_the_second_request(connections)))
-    gw = await gateway()
+    gw = await on_one_upstream(
+        pool, raw_upstream, gateway, closing_on_the_second_request(connections)
+    )
 
     # Two kept connections: two requests at once, each on its own.
     async def get(path: str) -> int:
@@ -279,9 +287,9 @@ async def test_a_request_with_a_body_on_a_stale_connection_is_not_sent_again(
     pool, raw_upstream, gateway, client, recorder
 ):
     connections: list[int] = []
-    pool.set_service(routing("web", prefix="/"))
-    add(pool, "web", "only", await raw_upstream(closing_on_the_second_request(connections)))
-    gw = await gateway()
+    gw = await on_one_upstream(
+        pool, raw_upstream, gateway, closing_on_the_second_request(connections)
+    )
     await warm(client, gw, recorder)
 
     async with client.post(url(gw, "/form"), data=b"x=1") as resp:
@@ -329,9 +337,9 @@ async def test_a_websocket_upgrade_on_a_stale_connection_is_sent_again_on_a_new_
     pool, raw_upstream, gateway, client, recorder
 ):
     connections: list[int] = []
-    pool.set_service(routing("web", prefix="/"))
-    add(pool, "web", "only", await raw_upstream(upgrading_on_a_new_connection(connections)))
-    gw = await gateway()
+    gw = await on_one_upstream(
+        pool, raw_upstream, gateway, upgrading_on_a_new_connection(connections)
+    )
     await warm(client, gw, recorder)
 
     async with client.ws_connect(url(gw, "/socket")) as ws:
