@@ -304,8 +304,8 @@ async def test_a_request_with_a_body_on_a_stale_connection_is_not_sent_again(
 
 
 def upgrading_on_a_new_connection(connections: list[int]):
-    """Answers a WebSocket upgrade that comes first on its connection (101, then a text frame
-    "hi"); a plain request with keep-alive, closing the connection unanswered on the next."""
+    """Answers a WebSocket upgrade that comes first on its connection (101, a text frame "hi",
+    a close); a plain request with keep-alive, closing the connection unanswered on the next."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections.append(port_of(writer))
@@ -321,6 +321,7 @@ def upgrading_on_a_new_connection(connections: list[int]):
             writer.write(
                 b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
                 b"Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n\x81\x02hi"
+                b"\x88\x02\x03\xe8"  # then a close (1000): the client's own close waits not
                 % base64.b64encode(digest)
             )
             await writer.drain()
