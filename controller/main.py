@@ -161,8 +161,11 @@ async def run_gateway(
     loaded: LoadedConfig,
     stop: asyncio.Event,
     started: Callable[[Gateway], Awaitable[None] | None] | None = None,
+    at_once: list[Callable[[], None]] | None = None,
 ) -> None:
-    """Run until ``stop`` is set, then shut down in order. The trigger is injectable."""
+    """Run until ``stop`` is set, then shut down in order. The trigger is injectable.
+    ``at_once`` gets what must still be done if the process exits without that order (a
+    second signal): with ``replicas_on_exit: stop``, SIGKILL to the local replicas."""
     config = loaded.config
     loop = asyncio.get_running_loop()
     state_dir = Path(loaded.state_dir)
@@ -188,6 +191,8 @@ async def run_gateway(
         log_max_bytes=process.log_max_bytes,
         host="127.0.0.1" if etcd is None else config.node.host(config.admin.listen),
     )
+    if at_once is not None and config.replicas_on_exit == "stop":
+        at_once.append(local.kill_all)
     process_backend: Backend = local
     if client is not None and etcd is not None:
         from .node import idle_backend
@@ -402,12 +407,19 @@ def docker_backend(config: GatewayConfig, instance: str) -> DockerBackend:
     return DockerBackend(hosts, instance, orphan_grace=config.backends.docker.orphan_grace)
 
 
-def _install_signals(stop: asyncio.Event) -> None:
+def _install_signals(stop: asyncio.Event, at_once: list[Callable[[], None]]) -> None:
+    """SIGTERM or SIGINT: shut down in order (``stop``). A second one: exit at once, after
+    ``at_once`` (the replicas killed rather than left running on their ports)."""
     loop = asyncio.get_running_loop()
 
     def on_signal(signum: int) -> None:
         if stop.is_set():
             log.warning("second signal: exiting at once")
+            for do in at_once:
+                try:
+                    do()
+                except Exception:
+                    log.exception("at exit: %r failed", do)
             os._exit(1)
         log.info("signal %s: stopping", signal.Signals(signum).name)
         stop.set()
@@ -418,8 +430,9 @@ def _install_signals(stop: asyncio.Event) -> None:
 
 async def _serve(loaded: LoadedConfig) -> None:
     stop = asyncio.Event()
-    _install_signals(stop)
-    await run_gateway(loaded, stop)
+    at_once: list[Callable[[], None]] = []
+    _install_signals(stop, at_once)
+    await run_gateway(loaded, stop, at_once=at_once)
 
 
 def serve_main(args: argparse.Namespace) -> int:

@@ -263,6 +263,12 @@ class ProcessBackend:
         log.info("adopted replica %s (pid %d, port %d)", rid, pid, port)
         return self._running(replica)
 
+    def kill_all(self) -> None:
+        """SIGKILL to every replica's group now, reporting nothing: for a gateway that exits
+        at once (a second signal) and must not leave them running."""
+        for replica in self._replicas.values():
+            self._signal(replica, signal.SIGKILL)
+
     async def sweep(self) -> list[str]:
         """Stop the replicas a previous gateway process of this log directory left running
         with nothing to adopt them by: spawned just before it was killed, before their record

@@ -20,7 +20,7 @@ from controller.config import document_digest
 from controller.store import Store
 from tests.strays import spawn_stray
 
-from .conftest import Gateways, Load, alive, gateway_process, serving, spec, until
+from .conftest import SERVER, Gateways, Load, alive, gateway_process, serving, spec, until
 
 
 async def test_restart_adopts_running_replicas_at_the_serving_revision(
@@ -320,3 +320,35 @@ async def test_a_canary_goes_on_at_its_weight_after_the_gateway_process_ends(
     messages = [e.message for e in third.controller.journal.since(0) if e.service == "web"]
     assert any("goes on at step 1, revision 2 at 50%" in m for m in messages)
     assert any("pass: analysis:" in m and "at weight 50" in m for m in messages)
+
+
+async def test_a_second_signal_exits_at_once_and_takes_the_replicas_with_it(
+    gateways: Gateways, site, tmp_path: Path
+) -> None:
+    """SIGTERM shuts the gateway down in order: with ``replicas_on_exit: stop`` it waits for
+    each replica's stop, up to its ``stop_grace``. A second signal meanwhile exits at once,
+    and the replicas go with it (SIGKILL) instead of running on, their ports held."""
+    stubborn = f"trap '' TERM; exec {SERVER}"  # ignores SIGTERM: its stop takes the grace
+    spec_file = tmp_path / "web.json"
+    spec_file.write_text(json.dumps(spec(site("v1"), 1, commands=[stubborn], stop_grace=30)))
+    config = gateways.config(on_exit="stop", services=[str(spec_file)])
+    db = gateways.state_dir / "gateway.db"
+    process = await gateway_process(gateways.write_config(config), tmp_path / "gateway.log")
+    try:
+        pids = await until(lambda: _stored(db)[1] or None, 15, "the replica in the store")
+        (pid,) = pids.values()
+        await until(lambda: alive(pid), 5, "the replica to run")
+        gateways.other_pids.add(pid)
+        process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(1)  # stopping the replica, which ignores SIGTERM
+        assert process.returncode is None
+        assert alive(pid)
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 5) == 1
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    await until(lambda: not alive(pid), 5, "the replica to be killed")
+    log = (tmp_path / "gateway.log").read_text()
+    assert "second signal: exiting at once" in log, log[-2000:]
