@@ -3,7 +3,9 @@ between a replica's spawn and the write of its record leaves behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from pathlib import Path
 
 
@@ -20,3 +22,11 @@ def spawn_stray(log: Path, script: str) -> int:
             file_actions=[(os.POSIX_SPAWN_DUP2, out.fileno(), 1)],
             setsid=True,
         )
+
+
+def reap(pid: int) -> None:
+    """End a stray's group if it still runs, and reap it (the test spawned it)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)

@@ -9,7 +9,6 @@ polling a log file (the one thing a replica tells of only by writing it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import inspect
 import json
@@ -33,7 +32,7 @@ from controller.backends.process import exit_reason, shell_script
 from controller.errors import NoCapacity, StartFailed
 from controller.spec import ReplicaTemplate
 from tests.ports import free_port
-from tests.strays import spawn_stray
+from tests.strays import reap, spawn_stray
 
 PY = shlex.quote(sys.executable)
 REPO = Path(__file__).resolve().parents[2]
@@ -766,8 +765,6 @@ async def test_the_sweep_stops_replicas_left_with_no_record_and_only_those(
 
         assert await h.backend.sweep() == ["svc-1-stray", "svc-2-stubborn"]
         await asyncio.gather(gone(plain), gone(stubborn))
-        os.waitpid(plain, 0)
-        os.waitpid(stubborn, 0)
         assert started.pid is not None
         assert alive(handle["pid"])  # adopted
         assert alive(started.pid)  # this backend's own
@@ -777,10 +774,7 @@ async def test_the_sweep_stops_replicas_left_with_no_record_and_only_those(
         assert await h.backend.sweep() == []
     finally:
         for pid in (plain, stubborn, elsewhere, not_a_log):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+            reap(pid)
 
 
 # -- the pure bits --------------------------------------------------------------------------

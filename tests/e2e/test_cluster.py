@@ -8,9 +8,6 @@ goes to every node at once and every failed request is counted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +19,7 @@ import pytest
 from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Node, Nodes
 from tests.e2e.conftest import PROBE, ROLLOUT, Load, alive
 from tests.etcd_cluster import EtcdCluster
-from tests.strays import spawn_stray
+from tests.strays import reap, spawn_stray
 
 
 @pytest.fixture
@@ -286,9 +283,7 @@ async def test_a_node_killed_its_replicas_are_replaced_on_the_others(
         await nodes.start(nodes.nodes.index(victim))
         assert not alive(stray), "a replica with no record outlived the node's restart"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(stray, signal.SIGKILL)
-        os.waitpid(stray, 0)
+        reap(stray)
     await nodes.until(lambda: not any(alive(pid) for pid in left), 10, "its replica to end")
     await serving(nodes, 1, 3)
 

@@ -4,11 +4,9 @@ the API changed unless the config's own entry changed since it was last applied 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import json
 import logging
-import os
 import signal
 import time
 from pathlib import Path
@@ -18,7 +16,7 @@ import pytest
 
 from controller.config import document_digest
 from controller.store import Store
-from tests.strays import spawn_stray
+from tests.strays import reap, spawn_stray
 
 from .conftest import SERVER, Gateways, Load, alive, gateway_process, serving, spec, until
 
@@ -51,9 +49,7 @@ async def test_restart_adopts_running_replicas_at_the_serving_revision(
         second = await gateways.start(on_exit="stop")
         assert not alive(stray), "a replica with no record outlived the restart"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(stray, signal.SIGKILL)
-        os.waitpid(stray, 0)
+        reap(stray)
     state = second.state()
     assert state.desired.revision == 2
     assert state.observed.serving_revision == 2
