@@ -19,8 +19,10 @@ lifted by an active probe, never by the clock alone.
 
 Invariants: a task never dies silently. An unexpected error inside a round is logged and
 counted as a failed probe; a task that still ends with an error is logged and restarted after
-its interval. Cancellation is never swallowed. ``stop`` cancels and awaits every task and
-closes the HTTP session.
+its interval. Cancellation is never swallowed. ``stop`` cancels and awaits every task.
+
+An HTTP probe is one request on a connection of its own (``probe_client``): no client
+library, no session to open or close.
 """
 
 from __future__ import annotations
@@ -33,9 +35,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import aiohttp
-from yarl import URL
-
+from . import probe_client
 from .config import ProbeConfig
 from .events import PoolEvent, ProbeObserver, ProbeOutcome, ProbeResult
 from .health import HealthState
@@ -99,7 +99,6 @@ class Prober:
         self._observers = tuple(observers)
         self._rng = rng or random.Random()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._session: aiohttp.ClientSession | None = None
         self._tasks: dict[Key, asyncio.Task[None]] = {}
         self._retired: set[asyncio.Task[None]] = set()
         self._probes: dict[Key, _Probe] = {}
@@ -121,24 +120,13 @@ class Prober:
             return
         self._loop = asyncio.get_running_loop()
         self._stopping = False
-        # A fresh connection per probe (force_close): a probe must prove that the replica
-        # accepts connections now, which a pooled keep-alive socket would hide. aiohttp,
-        # rather than a hand-written HTTP/1.1 exchange, parses the status line, chunked
-        # bodies and IPv6 URLs correctly. No limit, so many upstreams never queue behind
-        # each other and eat into their own timeouts; no cookies, so probes stay stateless.
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(force_close=True, limit=0, use_dns_cache=False),
-            timeout=aiohttp.ClientTimeout(total=None),
-            cookie_jar=aiohttp.DummyCookieJar(),
-            headers={"User-Agent": "gateway-prober"},
-        )
         self._pool.subscribe(self)
         for name, service in list(self._pool.services.items()):
             for upstream in service.snapshot.upstreams:
                 self._begin((name, upstream.id), upstream)
 
     async def stop(self) -> None:
-        """Cancel every probe task, wait for them to end, close the session."""
+        """Cancel every probe task and wait for them to end."""
         self._stopping = True
         self._pool.unsubscribe(self)
         tasks = [*self._tasks.values(), *self._retired]
@@ -149,9 +137,6 @@ class Prober:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._retired.clear()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
         self._loop = None
 
     # -- pool events --------------------------------------------------------------------------
@@ -329,7 +314,7 @@ class Prober:
                 return await self._http(upstream, probe)
         except TimeoutError:
             return "timeout", f"{probe.type} probe timed out after {probe.timeout:g}s"
-        except (aiohttp.ClientError, OSError) as error:
+        except (probe_client.ProbeError, OSError) as error:
             return "failure", f"{probe.type} probe: {type(error).__name__}: {error}"
 
     async def _tcp(self, upstream: Upstream) -> tuple[ProbeOutcome, str]:
@@ -339,13 +324,16 @@ class Prober:
         return "success", ""
 
     async def _http(self, upstream: Upstream, probe: ProbeConfig) -> tuple[ProbeOutcome, str]:
-        if self._session is None:
-            raise RuntimeError("prober is not started")
-        url = URL(f"http://{upstream.address}{probe.path}")
-        async with self._session.request(
-            probe.method, url, headers=probe.headers, allow_redirects=False
-        ) as response:
-            status = response.status
+        # A connection of its own, closed at once (redirects are not followed, no cookies
+        # are kept): a probe proves the replica accepts connections now.
+        status = await probe_client.status(
+            upstream.host,
+            upstream.port,
+            probe.method,
+            probe.path,
+            probe.headers,
+            authority=upstream.address,
+        )
         if probe.expected_statuses:
             passed = status in probe.expected_statuses
         else:

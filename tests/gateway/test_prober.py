@@ -384,6 +384,54 @@ async def test_timeout_when_the_server_hangs(rig, servers):
     assert "timed out" in result.reason
 
 
+async def test_an_upstream_that_closes_before_answering_fails_with_a_clear_reason(
+    rig, raw_upstream
+):
+    async def close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    rig.pool.set_service(routing(http_probe()))
+    rig.pool.add_upstream(Upstream("u1", "svc", "127.0.0.1", await raw_upstream(close)))
+    result = await rig.timeline.result("u1", after=0)
+    assert result.outcome == "failure"
+    assert result.reason == (
+        "http probe: ProbeConnectionClosed: connection closed before any response"
+    )
+
+
+async def test_an_upstream_that_does_not_speak_http_fails_naming_the_parser_error(
+    rig, raw_upstream
+):
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n")
+        await writer.drain()
+        await reader.read()  # until the prober closes
+        writer.close()
+
+    rig.pool.set_service(routing(http_probe()))
+    rig.pool.add_upstream(Upstream("u1", "svc", "127.0.0.1", await raw_upstream(garbage)))
+    result = await rig.timeline.result("u1", after=0)
+    assert result.outcome == "failure"
+    assert result.reason.startswith("http probe: ProbeInvalidResponse: invalid HTTP response: ")
+    assert "HttpParser" in result.reason
+
+
+async def test_a_header_with_a_line_break_is_a_failed_probe_and_never_sent(rig, servers):
+    server = await servers()
+    # Built directly, a ProbeConfig is not validated: the client refuses it itself.
+    probe = ProbeConfig(type="http", path="/health", headers={"X-A": "1\r\nX-B: 2"}, **FAST)
+    rig.pool.set_service(routing(probe))
+    rig.pool.add_upstream(server.upstream())
+    result = await rig.timeline.result("u1", after=0)
+    assert result.outcome == "failure"
+    assert "ProbeRequestInvalid" in result.reason
+    assert "X-A" in result.reason
+    assert rig.prober.errors == 0
+    assert sum(server.hits.values()) == 0
+
+
 # -- TCP probe -----------------------------------------------------------------------------
 
 

@@ -1,0 +1,191 @@
+"""The HTTP probe's client: one HTTP/1.1 request on a new connection, and the answer's status.
+
+The prober needs no more of HTTP than a status, so it does without a client library (which
+its process would load for nothing else): ``status`` opens a connection with an asyncio
+protocol, writes one request and reads the answer with llhttp (``httptools``) up to the end of
+its head. No body is read, no redirect followed, no cookie kept.
+
+Invariants:
+
+- Every exchange has a connection of its own, closed on every path (an answer, an error, a
+  cancellation, the caller's timeout): a probe proves the upstream accepts connections now,
+  which a pooled keep-alive socket would hide.
+- The request is checked before anything is sent: a name, value or path that could break
+  out of its line (CR, LF, NUL) is refused (``ProbeRequestInvalid``), never written raw. The
+  request has no body; its framing and ``Connection: close`` are the client's own.
+- The answer ends at its head: a HEAD answer's ``Content-Length`` is never waited for.
+  Interim answers (1xx but 101) are skipped, as the final answer follows them.
+- Every failure is a ``ProbeError`` or an ``OSError`` (the connect's, a reset's); there is no
+  timeout here: the caller bounds the whole exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from typing import Final, cast
+
+import httptools
+
+USER_AGENT: Final = "gateway-prober"
+HEAD_LIMIT: Final = 64 * 1024
+"""The most bytes an answer's head may take: more is a broken answer, not a slow one."""
+
+_TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""A method or a header name (RFC 9110 5.6.2)."""
+_OWN: Final = frozenset({"connection", "content-length", "transfer-encoding"})
+"""Headers the client sets itself (a request without body, on a connection used once); a
+probe's own are dropped."""
+_NO_BODY_METHODS: Final = frozenset({"GET", "HEAD"})
+"""Methods sent without ``Content-Length: 0`` (their requests never have a body)."""
+
+
+class ProbeError(Exception):
+    """An HTTP probe that got no status."""
+
+
+class ProbeRequestInvalid(ProbeError, ValueError):
+    """The request cannot be written safely (nothing was sent)."""
+
+
+class ProbeConnectionClosed(ProbeError, ConnectionError):
+    """The upstream closed the connection before the answer's head was complete."""
+
+
+class ProbeInvalidResponse(ProbeError):
+    """What the upstream sent is not an HTTP/1.x answer."""
+
+
+def request_head(method: str, path: str, authority: str, headers: Mapping[str, str]) -> bytes:
+    """The whole request: its line, ``Host`` (``authority`` unless ``headers`` has one, in any
+    case), the probe's ``headers``, a ``User-Agent`` unless given, ``Content-Length: 0``
+    for a method other than GET and HEAD, ``Connection: close``.
+
+    Raises ``ProbeRequestInvalid`` if any part would not stay on its line.
+    """
+    if not _TOKEN.fullmatch(method):
+        raise ProbeRequestInvalid(f"not a method: {method!r}")
+    if not path.startswith("/") or " " in path or _breaks_line(path):
+        raise ProbeRequestInvalid(f"not a request path: {path!r}")
+    given = {name.lower() for name in headers}
+    lines = []
+    if "host" not in given:
+        if _breaks_line(authority):
+            raise ProbeRequestInvalid(f"not a host: {authority!r}")
+        lines.append(f"Host: {authority}\r\n")
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            raise ProbeRequestInvalid(f"not a header name: {name!r}")
+        if _breaks_line(value):
+            raise ProbeRequestInvalid(f"the value of {name} holds CR, LF or NUL")
+        if name.lower() not in _OWN:
+            lines.append(f"{name}: {value}\r\n")
+    if "user-agent" not in given:
+        lines.append(f"User-Agent: {USER_AGENT}\r\n")
+    if method not in _NO_BODY_METHODS:
+        lines.append("Content-Length: 0\r\n")
+    lines.append("Connection: close\r\n\r\n")
+    # UTF-8, as aiohttp wrote it; a path beyond ASCII is percent-encoded (as yarl did), so the
+    # request line stays ASCII.
+    target = path.encode()
+    if not target.isascii():
+        target = b"".join(b"%%%02X" % c if c >= 0x80 else bytes((c,)) for c in target)
+    return b"%s %s HTTP/1.1\r\n%s" % (method.encode(), target, "".join(lines).encode())
+
+
+def _breaks_line(text: str) -> bool:
+    return "\r" in text or "\n" in text or "\0" in text
+
+
+async def status(
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    headers: Mapping[str, str],
+    *,
+    authority: str,
+) -> int:
+    """Send one request to ``host``:``port`` on a new connection; the answer's status.
+
+    ``authority`` is the ``Host`` sent (``host:port``, an IPv6 host in brackets) unless
+    ``headers`` has one. Raises ``ProbeError`` or ``OSError``; no timeout of its own.
+    """
+    request = request_head(method, path, authority, headers)
+    loop = asyncio.get_running_loop()
+    exchange = _Exchange(loop, request)
+    try:
+        transport, _ = await loop.create_connection(lambda: exchange, host, port)
+    except BaseException:
+        # create_connection closed the socket itself; nobody waits for the status now (its
+        # error, if the close sets one, would be logged as never retrieved).
+        exchange.status.cancel()
+        raise
+    try:
+        return await exchange.status
+    finally:
+        # Abort, not close: whatever happened, the exchange is over, and a close would keep
+        # the socket until the request is written, which a peer that does not read never lets
+        # happen.
+        transport.abort()
+
+
+class _Exchange(asyncio.Protocol):
+    """One request and the head of its answer; ``status`` resolves once, with the final
+    answer's status or the reason there is none."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, request: bytes) -> None:
+        self._request = request
+        self._parser = httptools.HttpResponseParser(self)
+        self.status: asyncio.Future[int] = loop.create_future()
+        self._received = 0
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.WriteTransport, transport).write(self._request)
+
+    def data_received(self, data: bytes) -> None:
+        if self.status.done():
+            return  # the body, or what follows an answer: not read
+        self._received += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            # After the head (a body llhttp refuses, a 101's upgrade) the status stands.
+            if not self.status.done():
+                self.status.set_exception(
+                    ProbeInvalidResponse(f"invalid HTTP response: {type(error).__name__}: {error}")
+                )
+            return
+        if not self.status.done() and self._received > HEAD_LIMIT:
+            self.status.set_exception(
+                ProbeInvalidResponse(f"the response head is longer than {HEAD_LIMIT} bytes")
+            )
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes: connection_lost says what it came to
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.status.done():
+            return
+        if isinstance(exc, OSError):
+            self.status.set_exception(exc)  # a reset: its own name says it best
+        elif self._received:
+            self.status.set_exception(
+                ProbeConnectionClosed("connection closed in the middle of the response head")
+            )
+        else:
+            self.status.set_exception(
+                ProbeConnectionClosed("connection closed before any response")
+            )
+
+    # -- parser callbacks ---------------------------------------------------------------------
+
+    def on_headers_complete(self) -> None:
+        code = self._parser.get_status_code()
+        if 100 <= code < 200 and code != 101:
+            return  # interim (100 Continue, 103 Early Hints): llhttp reads on to the next
+        if not self.status.done():
+            self.status.set_result(code)
