@@ -41,7 +41,7 @@ from gateway import (
     Termination,
     TrafficServer,
     WorkerSettings,
-    metrics_handler,
+    metrics_exposition,
     native,
     parse_address,
     register_tls,
@@ -310,7 +310,7 @@ async def run_gateway(
             controller,
             lambda: ready,
             config.admin_token(),
-            metrics_handler=metrics_handler(registry),
+            metrics=metrics_exposition(registry),
             extra_routes=[
                 certificates_operation(acme),
                 *tls_operations(tls, reload_tls),

@@ -2,8 +2,8 @@
 
 The control plane uses it only through the names below. They are imported on first use
 (PEP 562): a worker process (``gateway.workers.worker``) imports this package first, and
-must not pay for what only the controller's process uses (the metrics' aiohttp handler, the
-prober's aiohttp client, the supervisor).
+must not pay for what only the controller's process uses (prometheus_client's registry and
+exposition, the prober, the supervisor).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from .pool import Pool
     from .prober import Prober
     from .proxy import Proxy
-    from .scrape import metrics_handler
+    from .scrape import metrics_exposition
     from .server import TrafficServer
     from .service_pool import (
         Lease,
@@ -128,7 +128,7 @@ _WHERE: dict[str, str] = {
     "UpstreamConnectError": ".errors",
     "UpstreamTimeout": ".errors",
     "WorkerSettings": ".workers.supervisor",
-    "metrics_handler": ".scrape",
+    "metrics_exposition": ".scrape",
     "dump_settings": ".config",
     "parse_address": ".config",
     "parse_duration": ".config",
@@ -194,7 +194,7 @@ __all__ = [
     "UpstreamTimeout",
     "WorkerSettings",
     "dump_settings",
-    "metrics_handler",
+    "metrics_exposition",
     "parse_address",
     "parse_duration",
     "parse_settings",

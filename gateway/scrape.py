@@ -9,7 +9,8 @@ registry is collected.
 - ``InflightCollector``: ``gateway_inflight_requests``, from the pool's lease counts.
 - ``GuardCollector``: auth outcomes, rate-limited requests and the slot queue, from the
   pool's counters.
-- ``metrics_handler``: an aiohttp handler serving a registry on the admin listener.
+- ``metrics_exposition``: a registry rendered for a scrape's ``Accept`` (the admin
+  listener's ``/metrics``).
 
 The collectors know ``GatewayMetrics`` only through what they read (``ServiceRequests``, a
 pool getter), so the dependency runs one way: ``metrics`` registers them.
@@ -17,10 +18,9 @@ pool getter), so the dependency runs one way: ``metrics`` registers them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Protocol
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -213,13 +213,15 @@ class GuardCollector(Collector):
         )
 
 
-def metrics_handler(
-    registry: CollectorRegistry,
-) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """An aiohttp handler serving ``registry`` (text format, or OpenMetrics if asked for)."""
+Exposition = Callable[[str], tuple[bytes, str]]
+"""A scrape's ``Accept`` header to the body and its content type."""
 
-    async def handle(request: web.Request) -> web.Response:
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encoder(registry), headers={"Content-Type": content_type})
 
-    return handle
+def metrics_exposition(registry: CollectorRegistry) -> Exposition:
+    """``registry`` in the text format, or OpenMetrics if the scrape asks for it."""
+
+    def render(accept: str) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept)
+        return encoder(registry), content_type
+
+    return render

@@ -18,12 +18,11 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiohttp import web
-
 from gateway import parse_address
 
 from ..errors import ControllerError, StoreUnavailable
 from ..operations import Controller
+from . import web
 from .handlers import (
     CONTROLLER,
     DOCUMENT,
@@ -34,8 +33,11 @@ from .handlers import (
     STOPPING,
     ApiError,
 )
-from .openapi import Handler, Operation
+from .openapi import Operation
+from .routes import Router
+from .server import AdminListener
 from .tokens import TOKEN_OPERATIONS
+from .web import App, Handler, HTTPError, Middleware, Request, Response
 
 __all__ = ["CONTROLLER", "READY", "AdminServer", "build_admin_app", "is_loopback"]
 
@@ -44,7 +46,6 @@ log = logging.getLogger("gateway.admin")
 MAX_BODY = 1024 * 1024
 """Bytes: a spec is a few kilobytes; anything near this is a mistake or an attack."""
 SSE_KEEPALIVE = 15.0
-MAX_BODY_SIZE = web.AppKey("max_body_size", int)
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 """Paths that need no token. Everything else (every /api/ route) needs one."""
 
@@ -52,8 +53,12 @@ _HTTP_CODES = {
     400: "bad_request",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
+    417: "expectation_failed",
+    431: "request_header_fields_too_large",
+    500: "internal_error",
 }
 
 
@@ -63,7 +68,7 @@ def error_response(
     message: str,
     details: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
-) -> web.Response:
+) -> Response:
     body: dict[str, Any] = {"error": code, "message": message}
     for key, value in (details or {}).items():
         if key not in body:
@@ -73,19 +78,13 @@ def error_response(
     )
 
 
-def _http_message(request: web.Request, error: web.HTTPException) -> str:
-    if isinstance(error, web.HTTPMethodNotAllowed):
-        allowed = ", ".join(sorted(error.allowed_methods))
-        return f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
-    if isinstance(error, web.HTTPNotFound):
-        return f"no route {request.method} {request.path}"
-    if isinstance(error, web.HTTPRequestEntityTooLarge):
-        return f"the body is larger than the {request.app[MAX_BODY_SIZE]} bytes accepted"
-    return error.reason
+def http_error_response(error: HTTPError) -> Response:
+    """The JSON answer to a refusal of the HTTP layer (no route, a body too large, ...)."""
+    code = _HTTP_CODES.get(error.status, f"http_{error.status}")
+    return error_response(error.status, code, error.message, headers=error.headers)
 
 
-@web.middleware
-async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def errors_middleware(request: Request, handler: Handler) -> Response:
     try:
         return await handler(request)
     except ApiError as e:
@@ -95,12 +94,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         if e.status >= 500:
             log.warning("admin %s %s: %s", request.method, request.path, e.message)
         return error_response(e.status, e.code, e.message, e.details, headers)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        headers = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
-        code = _HTTP_CODES.get(e.status, f"http_{e.status}")
-        return error_response(e.status, code, _http_message(request, e), headers=headers)
+    except HTTPError as e:
+        return http_error_response(e)
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -108,11 +103,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(500, "internal_error", "internal error (see the gateway log)")
 
 
-def auth_middleware(token: str | None) -> Callable[..., Any]:
+def auth_middleware(token: str | None) -> Middleware:
     expected = None if token is None else token.encode()
 
-    @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def auth(request: Request, handler: Handler) -> Response:
         if expected is not None and request.path not in OPEN_PATHS:
             scheme, _, given = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(
@@ -129,17 +123,15 @@ def auth_middleware(token: str | None) -> Callable[..., Any]:
     return auth
 
 
-def _operation(route: Operation | web.RouteDef) -> Operation:
-    if isinstance(route, Operation):
-        return route
-    handler: Handler = route.handler
-    summary = (handler.__doc__ or route.path).strip().split("\n")[0]
-    return Operation(
-        route.method, route.path, handler, summary, {200: None}, auth=route.path not in OPEN_PATHS
-    )
+def _metrics_handler(render: Callable[[str], tuple[bytes, str]]) -> Handler:
+    async def metrics(request: Request) -> Response:
+        body, content_type = render(request.headers.get("Accept") or "")
+        return Response(body=body, headers={"Content-Type": content_type})
+
+    return metrics
 
 
-async def _stop_streams(app: web.Application) -> None:
+async def _stop_streams(app: App) -> None:
     app[STOPPING].set()
 
 
@@ -148,23 +140,22 @@ def build_admin_app(
     ready: Callable[[], bool],
     token: str | None = None,
     *,
-    metrics_handler: Handler | None = None,
-    extra_routes: Iterable[Operation | web.RouteDef] = (),
+    metrics: Callable[[str], tuple[bytes, str]] | None = None,
+    extra_routes: Iterable[Operation] = (),
     client_max_size: int = MAX_BODY,
     sse_keepalive: float = SSE_KEEPALIVE,
-    middlewares: Iterable[Callable[..., Any]] = (),
-) -> web.Application:
+    middlewares: Iterable[Middleware] = (),
+) -> App:
     """The admin app. ``token`` None: no auth (only allowed on a loopback listener).
 
-    ``metrics_handler`` is mounted at ``/metrics`` without auth; ``extra_routes`` (operations,
-    or aiohttp route defs such as ``web.get(path, handler)``) are mounted and documented like
-    the built-in ones, with auth unless their path is in OPEN_PATHS. ``middlewares`` run
-    inside auth (the cluster's forwarding to the leader: ``admin.cluster``).
+    ``metrics`` (an ``Accept`` header to a body and its content type) is served at
+    ``/metrics`` without auth; ``extra_routes`` are mounted
+    and documented like the built-in ones. ``middlewares`` run inside auth (the cluster's
+    forwarding to the leader: ``admin.cluster``).
     """
-    app = web.Application(
-        middlewares=[errors_middleware, auth_middleware(token), *middlewares],
-        client_max_size=client_max_size,
-    )
+    app = App(Router(), [errors_middleware, auth_middleware(token), *middlewares])
+    app.max_body = client_max_size
+    app.refusal = http_error_response
     # /api/events shows the data plane's health transitions too (once, however many apps).
     controller.journal.follow(controller.pool)
     app[CONTROLLER] = controller
@@ -173,14 +164,13 @@ def build_admin_app(
     app[READY] = ready
     app[STOPPING] = asyncio.Event()
     app[KEEPALIVE] = sse_keepalive
-    app[MAX_BODY_SIZE] = client_max_size
-    operations = [*OPERATIONS_TABLE, *TOKEN_OPERATIONS, *(_operation(r) for r in extra_routes)]
-    if metrics_handler is not None:
+    operations = [*OPERATIONS_TABLE, *TOKEN_OPERATIONS, *extra_routes]
+    if metrics is not None:
         operations.append(
             Operation(
                 "GET",
                 "/metrics",
-                metrics_handler,
+                _metrics_handler(metrics),
                 "Prometheus metrics (text exposition format)",
                 {200: None},
                 auth=False,
@@ -206,27 +196,23 @@ def is_loopback(listen: str) -> bool:
 
 
 class AdminServer:
-    def __init__(self, app: web.Application, listen: str) -> None:
+    """The admin app on its listen address (``server.AdminListener``)."""
+
+    def __init__(self, app: App, listen: str) -> None:
         self.app = app
-        self.host, self._port = parse_address(listen, listen=True)
-        self._runner: web.AppRunner | None = None
+        host, port = parse_address(listen, listen=True)
+        self._listener = AdminListener(app, host, port)
+
+    @property
+    def host(self) -> str:
+        return self._listener.host
 
     @property
     def port(self) -> int:
-        return self._port
+        return self._listener.port
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self._port)
-        await site.start()
-        server = site._server
-        if server is not None and self._port == 0:
-            sockets = getattr(server, "sockets", None) or []
-            if sockets:
-                self._port = sockets[0].getsockname()[1]
+        await self._listener.start()
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._listener.stop()

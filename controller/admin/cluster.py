@@ -23,13 +23,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import aiohttp
-from aiohttp import web
-
+from . import web
 from .handlers import ApiError
-from .openapi import Handler, Operation
+from .openapi import Operation
+from .web import Handler, Middleware
+
+if TYPE_CHECKING:  # a cluster's node imports aiohttp (the etcd client); one node does not
+    import aiohttp
 from .schemas import ClusterNodeView, ClusterView
 
 log = logging.getLogger("gateway.admin")
@@ -97,11 +99,10 @@ def _local(path: str) -> bool:
 
 def cluster_middleware(
     membership: Membership, session: Callable[[], aiohttp.ClientSession]
-) -> Callable[..., Any]:
+) -> Middleware:
     """Forward what the leader carries out; refuse writes the store cannot take now."""
 
-    @web.middleware
-    async def cluster(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def cluster(request: web.Request, handler: Handler) -> web.Response:
         if _local(request.path):
             return await handler(request)
         if membership.leading():
@@ -140,7 +141,9 @@ def cluster_middleware(
 
 async def _forward(
     request: web.Request, leader: NodeInfo, node: str, session: aiohttp.ClientSession
-) -> web.StreamResponse:
+) -> web.Response:
+    import aiohttp
+
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
     headers[FORWARDED_BY] = node
     body = await request.read() if request.can_read_body else None
@@ -165,7 +168,7 @@ async def _forward(
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for key, value in upstream.headers.items():
             if key.lower() not in _HOP_BY_HOP:
-                response.headers.add(key, value)
+                response.headers[key] = value
         response.headers[LEADER_HEADER] = leader.name
         await response.prepare(request)
         async for chunk in upstream.content.iter_any():

@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import yaml
-from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from ..config import format_validation_error
@@ -25,6 +24,7 @@ from ..journal import HISTORY, Entry
 from ..model import LEAVING, Rollout
 from ..operations import Controller
 from ..spec import ServiceSpec
+from . import web
 from .openapi import YAML_TYPES, Operation, Query, build_document
 from .schemas import (
     ApplyResultBody,

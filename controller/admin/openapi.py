@@ -10,19 +10,17 @@ sends real requests and checks each response against it, and the fuzz holds the 
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from ..spec import NAME_PATTERN, ServiceSpec
 from . import constraints
 from .schemas import REQUEST_MODELS, RESPONSE_MODELS, SPEC_MARK, ErrorBody
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+from .web import Handler
 
 REF = "#/components/schemas/{model}"
 JSON = "application/json"

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from aiohttp import web
-
 from gateway import ReloadReport, Termination
 
+from . import web
 from .openapi import Operation
 from .schemas import TlsCertificateView, TlsRefusalView, TlsView
 

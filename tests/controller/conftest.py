@@ -16,6 +16,7 @@ from controller.model import ReplicaState
 from controller.operations import Controller
 from controller.store import Store
 from gateway import Health, Pool
+from tests.admin_client import admin_client  # noqa: F401 - a fixture of the admin API tests
 from tests.etcd_cluster import EtcdCluster
 
 

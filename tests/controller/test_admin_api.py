@@ -10,31 +10,29 @@ import asyncio
 import io
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import yaml
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
+from controller.admin import web
 from controller.admin.app import build_admin_app, is_loopback
+from controller.admin.openapi import Operation
 from controller.journal import Journal
 from controller.model import ReplicaState
 from gateway import Health
+from tests.admin_client import AdminClient, AdminClientFactory
 
 from .conftest import Harness, spec
 
 TOKEN = "s3cret-t0ken-value"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
-ClientFactory = Callable[..., Awaitable[TestClient[Any, Any]]]
-
 
 class Api:
     """A test client that sends the token, and a snapshot of what a refusal must not change."""
 
-    def __init__(self, client: TestClient[Any, Any], h: Harness) -> None:
+    def __init__(self, client: AdminClient, h: Harness) -> None:
         self.client = client
         self.h = h
 
@@ -72,9 +70,9 @@ class Api:
 
 
 @pytest.fixture
-async def api(h: Harness, aiohttp_client: ClientFactory) -> Api:
+async def api(h: Harness, admin_client: AdminClientFactory) -> Api:
     app = build_admin_app(h.controller, lambda: True, TOKEN, sse_keepalive=0.05)
-    client = await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
+    client = await admin_client(app)
     return Api(client, h)
 
 
@@ -127,15 +125,17 @@ async def test_health_and_readiness_need_no_token(api: Api) -> None:
     assert await (await api.client.get("/readyz")).json() == {"status": "ready"}
 
 
-async def test_readyz_is_503_while_starting(h: Harness, aiohttp_client: ClientFactory) -> None:
-    client = await aiohttp_client(build_admin_app(h.controller, lambda: False, TOKEN))
+async def test_readyz_is_503_while_starting(h: Harness, admin_client: AdminClientFactory) -> None:
+    client = await admin_client(build_admin_app(h.controller, lambda: False, TOKEN))
     response = await client.get("/readyz")
     assert response.status == 503
     assert await response.json() == {"status": "starting"}
 
 
-async def test_no_token_configured_means_no_auth(h: Harness, aiohttp_client: ClientFactory) -> None:
-    client = await aiohttp_client(build_admin_app(h.controller, lambda: True, None))
+async def test_no_token_configured_means_no_auth(
+    h: Harness, admin_client: AdminClientFactory
+) -> None:
+    client = await admin_client(build_admin_app(h.controller, lambda: True, None))
     response = await client.get("/api/services")
     assert response.status == 200
 
@@ -161,23 +161,24 @@ def test_loopback_addresses() -> None:
     assert not is_loopback("admin.example.com:8081")
 
 
-async def test_metrics_and_extra_routes_plug_in(h: Harness, aiohttp_client: ClientFactory) -> None:
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text="up 1\n")
+async def test_metrics_and_extra_routes_plug_in(
+    h: Harness, admin_client: AdminClientFactory
+) -> None:
+    def metrics(accept: str) -> tuple[bytes, str]:
+        return f"up 1 {accept}\n".encode(), "text/plain"
 
     async def extra(request: web.Request) -> web.Response:
-        """An extra admin route."""
         return web.json_response({"extra": True})
 
     app = build_admin_app(
         h.controller,
         lambda: True,
         TOKEN,
-        metrics_handler=metrics,
-        extra_routes=[web.get("/api/extra", extra)],
+        metrics=metrics,
+        extra_routes=[Operation("GET", "/api/extra", extra, "An extra admin route.", {200: None})],
     )
-    client = await aiohttp_client(app)
-    assert await (await client.get("/metrics")).text() == "up 1\n"
+    client = await admin_client(app)
+    assert await (await client.get("/metrics", headers={"Accept": "a/b"})).text() == "up 1 a/b\n"
     assert (await client.get("/api/extra")).status == 401
     assert await (await client.get("/api/extra", headers=AUTH)).json() == {"extra": True}
     doc = await (await client.get("/api/openapi.json", headers=AUTH)).json()
@@ -833,13 +834,13 @@ async def test_events_send_keepalives_and_end_when_the_client_goes(api: Api) -> 
 
 
 async def test_events_end_when_the_admin_app_shuts_down(
-    h: Harness, aiohttp_client: ClientFactory
+    h: Harness, admin_client: AdminClientFactory
 ) -> None:
     app = build_admin_app(h.controller, lambda: True, TOKEN, sse_keepalive=30)
-    client = await aiohttp_client(app)
+    client = await admin_client(app)
     response = await client.get("/api/events", headers=AUTH)
     assert await response.content.readline() == b": watching\n"
-    await app.shutdown()
+    await client.listener.stop()
     assert await asyncio.wait_for(response.content.read(), 5) == b"\n"
     assert not h.controller.journal._watchers
 
@@ -869,9 +870,9 @@ async def test_events_show_health_transitions(api: Api) -> None:
 
 
 async def test_health_transitions_are_recorded_once_however_many_apps(
-    api: Api, aiohttp_client: ClientFactory
+    api: Api, admin_client: AdminClientFactory
 ) -> None:
-    await aiohttp_client(build_admin_app(api.h.controller, lambda: True, TOKEN))
+    await admin_client(build_admin_app(api.h.controller, lambda: True, TOKEN))
     await api.call("PUT", "/api/services/web", spec("web", 1))
     await api.h.settle()
     replica = api.h.replicas("web")[0]

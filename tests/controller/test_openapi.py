@@ -12,21 +12,19 @@ import asyncio
 import io
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controller.admin.app import build_admin_app
+from tests.admin_client import AdminClient, AdminClientFactory
 
 from .conftest import Harness, spec
 
 TOKEN = "openapi-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
-ClientFactory = Callable[..., Awaitable[TestClient[Any, Any]]]
 
 ANNOTATIONS = {"title", "description", "default", "examples", "format", "deprecated"}
 TYPES: dict[str, Callable[[Any], bool]] = {
@@ -203,7 +201,7 @@ CHECKS: dict[str, Callable[[Validator, dict[str, Any], Any, str], list[str]]] = 
 class Checked:
     """Calls routes and checks each response against the document; records what it saw."""
 
-    def __init__(self, client: TestClient[Any, Any], document: dict[str, Any]) -> None:
+    def __init__(self, client: AdminClient, document: dict[str, Any]) -> None:
         self.client = client
         self.document = document
         self.validator = Validator(document)
@@ -252,14 +250,12 @@ class Checked:
 
 
 @pytest.fixture
-async def checked(h: Harness, aiohttp_client: ClientFactory) -> Checked:
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text="# metrics\n")
+async def checked(h: Harness, admin_client: AdminClientFactory) -> Checked:
+    def metrics(accept: str) -> tuple[bytes, str]:
+        return b"# metrics\n", "text/plain"
 
-    app = build_admin_app(
-        h.controller, lambda: True, TOKEN, metrics_handler=metrics, sse_keepalive=0.05
-    )
-    client = await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
+    app = build_admin_app(h.controller, lambda: True, TOKEN, metrics=metrics, sse_keepalive=0.05)
+    client = await admin_client(app)
     response = await client.get("/api/openapi.json", headers=AUTH)
     assert response.status == 200
     return Checked(client, await response.json())
@@ -301,9 +297,7 @@ async def test_the_document_describes_every_route_of_the_app(checked: Checked) -
     assert app is not None
     mounted = set()
     for route in app.router.routes():
-        info = route.resource.get_info() if route.resource else {}
-        path = info.get("path") or info.get("formatter")
-        mounted.add((route.method.lower(), path))
+        mounted.add((route.method.lower(), route.template))
     documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
     assert mounted == documented
     for path, ops in doc["paths"].items():

@@ -7,7 +7,6 @@ import math
 import shutil
 import subprocess
 from bisect import bisect_left
-from collections.abc import Callable
 
 import pytest
 from aiohttp import web
@@ -20,7 +19,7 @@ from gateway.metrics import UPSTREAM_STATES, GatewayMetrics
 from gateway.pool import Pool
 from gateway.prober import Prober
 from gateway.proxy.handler import Proxy
-from gateway.scrape import metrics_handler
+from gateway.scrape import metrics_exposition
 from gateway.server import TrafficServer
 from gateway.status_codes import code_label
 from gateway.tally import LATENCY_BUCKETS, RequestTally, latency_bucket
@@ -392,23 +391,19 @@ async def test_promtool_accepts_the_exposition(pool, metrics, registry) -> None:
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
 
-async def test_metrics_handler_serves_the_registry(
-    pool, metrics, registry, aiohttp_client: Callable
+async def test_metrics_exposition_renders_the_registry_for_the_accept_header(
+    pool, metrics, registry
 ) -> None:
     populated(pool, metrics)
-    app = web.Application()
-    app.router.add_get("/metrics", metrics_handler(registry))
-    client = await aiohttp_client(app)
+    render = metrics_exposition(registry)
 
-    resp = await client.get("/metrics")
-    assert resp.status == 200
-    assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    text = await resp.text()
-    assert 'gateway_upstream_up{revision="0",service="web",upstream="a"} 1.0' in text
+    body, content_type = render("")
+    assert content_type.startswith("text/plain; version=0.0.4")
+    assert b'gateway_upstream_up{revision="0",service="web",upstream="a"} 1.0' in body
 
-    resp = await client.get("/metrics", headers={"Accept": "application/openmetrics-text"})
-    assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
-    assert (await resp.text()).endswith("# EOF\n")
+    body, content_type = render("application/openmetrics-text")
+    assert content_type.startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n")
 
 
 # -- worker processes ----------------------------------------------------------------------
