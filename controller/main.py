@@ -55,7 +55,7 @@ from .admin.tls import tls_operations
 from .admin.views import certificates_operation
 from .backends import ProcessBackend, StaticBackend
 from .backends.base import Backend
-from .cli import add_commands as add_client_commands
+from .cli.parser import add_commands as add_client_commands
 from .config import ConfigError, ConfigService, GatewayConfig, LoadedConfig, load_config
 from .errors import ControllerError
 from .journal import Journal

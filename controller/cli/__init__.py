@@ -19,66 +19,125 @@ the service's state after each (and at least every ``POLL`` seconds, should the 
 printing a progress line whenever it changes. ``--timeout`` stops following; what was started
 goes on.
 
-Modules: ``client`` (where the admin API is, and the calls to it), ``following`` (a started
+Modules: ``client`` (the calls to the admin API), ``following`` (a started
 rollout or scale, until its outcome), ``render`` (the text printed), ``commands`` (one
-coroutine per command), ``dispatch`` (the argparse subcommands, and running one), ``exits``
-(the exit codes and ``CliError``).
+coroutine per command), ``target`` (where the admin API is), ``parser`` (the argparse
+subcommands), ``dispatch`` (running one), ``exits`` (the exit codes and ``CliError``).
 """
 
 from __future__ import annotations
 
-from .client import (
-    DEFAULT_URL,
-    REQUEST_TIMEOUT,
-    TOKEN_ENV,
-    URL_ENV,
-    Client,
-    Target,
-    admin_url,
-    resolve_target,
-)
-from .commands import (
-    Command,
-    cmd_apply,
-    cmd_delete,
-    cmd_drain,
-    cmd_logs,
-    cmd_rollout,
-    cmd_scale,
-    cmd_status,
-    pick_log_replicas,
-)
-from .dispatch import add_commands, add_follow_options, run_command
-from .exits import (
-    EXIT_CODES,
-    EXIT_DEGRADED,
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_PIPE,
-    EXIT_UNUSABLE,
-    CliError,
-)
-from .following import (
-    GONE,
-    PAUSED_BY_REQUEST,
-    PENDING,
-    POLL,
-    Follow,
-    ScaleOutcome,
-    follow,
-    follow_change,
-    replica_ids,
-    scale_outcome,
-)
-from .render import (
-    describe_apply,
-    progress_text,
-    revision_text,
-    revisions_text,
-    table,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .commands import (
+        COMMANDS,
+        Command,
+        cmd_apply,
+        cmd_delete,
+        cmd_drain,
+        cmd_logs,
+        cmd_rollout,
+        cmd_scale,
+        cmd_status,
+        pick_log_replicas,
+    )
+    from .dispatch import run_command
+    from .exits import (
+        EXIT_CODES,
+        EXIT_DEGRADED,
+        EXIT_FAILED,
+        EXIT_OK,
+        EXIT_PIPE,
+        EXIT_UNUSABLE,
+        CliError,
+    )
+    from .following import (
+        GONE,
+        PAUSED_BY_REQUEST,
+        PENDING,
+        POLL,
+        Follow,
+        ScaleOutcome,
+        follow,
+        follow_change,
+        replica_ids,
+        scale_outcome,
+    )
+    from .parser import add_commands, add_follow_options
+    from .render import describe_apply, progress_text, revision_text, revisions_text, table
+    from .target import (
+        DEFAULT_URL,
+        REQUEST_TIMEOUT,
+        TOKEN_ENV,
+        URL_ENV,
+        Target,
+        admin_url,
+        resolve_target,
+    )
+
+_WHERE = {
+    "COMMANDS": ".commands",
+    "CliError": ".exits",
+    "Client": ".client",
+    "Command": ".commands",
+    "DEFAULT_URL": ".target",
+    "EXIT_CODES": ".exits",
+    "EXIT_DEGRADED": ".exits",
+    "EXIT_FAILED": ".exits",
+    "EXIT_OK": ".exits",
+    "EXIT_PIPE": ".exits",
+    "EXIT_UNUSABLE": ".exits",
+    "Follow": ".following",
+    "GONE": ".following",
+    "PAUSED_BY_REQUEST": ".following",
+    "PENDING": ".following",
+    "POLL": ".following",
+    "REQUEST_TIMEOUT": ".target",
+    "ScaleOutcome": ".following",
+    "TOKEN_ENV": ".target",
+    "Target": ".target",
+    "URL_ENV": ".target",
+    "add_commands": ".parser",
+    "add_follow_options": ".parser",
+    "admin_url": ".target",
+    "cmd_apply": ".commands",
+    "cmd_delete": ".commands",
+    "cmd_drain": ".commands",
+    "cmd_logs": ".commands",
+    "cmd_rollout": ".commands",
+    "cmd_scale": ".commands",
+    "cmd_status": ".commands",
+    "describe_apply": ".render",
+    "follow": ".following",
+    "follow_change": ".following",
+    "pick_log_replicas": ".commands",
+    "progress_text": ".render",
+    "replica_ids": ".following",
+    "resolve_target": ".target",
+    "revision_text": ".render",
+    "revisions_text": ".render",
+    "run_command": ".dispatch",
+    "scale_outcome": ".following",
+    "table": ".render",
+}
+"""Each public name's module: the names are imported on first use (PEP 562), so that
+``gateway serve``, which registers the client commands (``parser``), imports no HTTP client."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
+    "COMMANDS",
     "DEFAULT_URL",
     "EXIT_CODES",
     "EXIT_DEGRADED",

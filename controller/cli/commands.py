@@ -274,3 +274,16 @@ async def cmd_delete(client: Client, args: argparse.Namespace, out: TextIO) -> i
 
 
 Command = Callable[[Client, argparse.Namespace, TextIO], Coroutine[Any, Any, int]]
+
+COMMANDS: dict[str, Command] = {
+    "apply": cmd_apply,
+    "status": cmd_status,
+    "rollout": cmd_rollout,
+    "scale": cmd_scale,
+    "drain": cmd_drain,
+    "undrain": cmd_drain,
+    "logs": cmd_logs,
+    "delete": cmd_delete,
+    "token": cmd_token,
+}
+"""Each command's coroutine, by the ``command`` its parser sets (``parser.add_commands``)."""

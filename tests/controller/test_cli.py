@@ -47,7 +47,7 @@ class Running:
         extra = ["--admin", self.url] + (["--token", token] if token is not None else [])
         args = build_parser().parse_args([*argv, *extra])
         out, err = io.StringIO(), io.StringIO()
-        code = await cli.run_command(args.client_command, args, out, err)
+        code = await cli.run_command(args, out, err)
         return code, out.getvalue(), err.getvalue()
 
     def spec_file(self, version: str, replicas: int = 2, **changes: Any) -> str:
@@ -192,7 +192,7 @@ async def test_a_bad_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
     config.write_text("admin: {listen: nowhere}\n")
     args = build_parser().parse_args(["status", "-c", str(config)])
     out, err = io.StringIO(), io.StringIO()
-    assert await cli.run_command(args.client_command, args, out, err) == 2
+    assert await cli.run_command(args, out, err) == 2
     assert err.getvalue().count("\n") == 1
     assert "admin.listen" in err.getvalue()
 
