@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from .prober import Prober
     from .proxy import Proxy
     from .scrape import metrics_exposition
-    from .server import TrafficServer
+    from .server import TrafficServer, listen
     from .service_pool import (
         Lease,
         ServicePool,
@@ -124,6 +124,7 @@ _WHERE: dict[str, str] = {
     "TimeoutsConfig": ".config",
     "TlsConfig": ".config",
     "TrafficServer": ".server",
+    "listen": ".server",
     "Upstream": ".upstream",
     "UpstreamConnectError": ".errors",
     "UpstreamTimeout": ".errors",
@@ -194,6 +195,7 @@ __all__ = [
     "UpstreamTimeout",
     "WorkerSettings",
     "dump_settings",
+    "listen",
     "metrics_exposition",
     "parse_address",
     "parse_duration",

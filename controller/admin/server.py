@@ -30,6 +30,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gateway import listen
+
 from .web import App, Headers, HTTPError, Request, Response, StreamResponse
 
 log = logging.getLogger("gateway.admin")
@@ -415,8 +417,8 @@ class AdminListener:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: AdminConnection(self.app, self), self.host, self.port, reuse_address=True
+        self._server = await listen(
+            loop, lambda: AdminConnection(self.app, self), (self.host, self.port), False
         )
         sockets = self._server.sockets
         if sockets and self.port == 0:
