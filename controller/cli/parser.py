@@ -39,14 +39,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     common.add_argument("-c", "--config", help="a gateway config to find the admin API in")
     common.add_argument("--json", action="store_true", help="machine-readable output")
 
-    def add(name: str, help: str) -> argparse.ArgumentParser:
-        parser = sub.add_parser(
+    def command(
+        into: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str
+    ) -> argparse.ArgumentParser:
+        return into.add_parser(
             name,
             parents=[common],
             help=help,
             epilog=EXIT_CODES,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        parser = command(sub, name, help)
         parser.set_defaults(func=_run, command=name)
         return parser
 
@@ -69,17 +74,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         ("history", "every rollout, newest first"),
         ("pause", "pause the active rollout"),
         ("resume", "resume a paused rollout and follow it"),
-        ("promote", "skip the remaining steps (a canary to 100%, blue/green switched) and follow"),
+        ("promote", "skip the remaining steps (a canary to 100%%, blue/green switched) and follow"),
         ("abort", "stop the rollout, go back to the revision it started from and follow that"),
         ("undo", "roll back to the previous revision (or --to-revision) and follow it"),
     ):
-        parser = actions.add_parser(
-            action,
-            parents=[common],
-            help=text,
-            epilog=EXIT_CODES,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        parser = command(actions, action, text)
         parser.add_argument("name")
         if action == "undo":
             parser.add_argument("--to-revision", type=int, metavar="N")
@@ -119,13 +118,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         ("add", "add a token (made and printed once, or read from --stdin)"),
         ("revoke", "revoke a token added through the API"),
     ):
-        parser = token_actions.add_parser(
-            action,
-            parents=[common],
-            help=text,
-            epilog=EXIT_CODES,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        parser = command(token_actions, action, text)
         parser.add_argument("name")
         if action == "add":
             parser.add_argument("--label", default="", help="who or what the token is for")

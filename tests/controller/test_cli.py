@@ -613,3 +613,27 @@ async def test_tokens_and_the_guards_in_status(
     assert "rate limit: /web by token, 5/s burst 10" in out
     assert "affinity: hash of cookie:sid" in out
     assert "in flight per replica: at most 4; 0 queued now, 0 rejected (503)" in out
+
+
+def _every_command(parser: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    import argparse
+
+    out = [path]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out.extend(_every_command(sub, (*path, name)))
+    return out
+
+
+def test_every_command_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse formats help strings with %: a bare "100%" in one made `rollout --help` a
+    # traceback.
+    commands = _every_command(build_parser())
+    assert ("rollout", "promote") in commands
+    assert len(commands) > 20
+    for command in commands:
+        with pytest.raises(SystemExit) as done:
+            build_parser().parse_args([*command, "--help"])
+        assert done.value.code == 0, command
+        assert "usage: gateway" in capsys.readouterr().out
