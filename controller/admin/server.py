@@ -290,6 +290,12 @@ class AdminConnection(asyncio.Protocol):
             if close:
                 self._close()
                 return
+            # The next answer waits until this one is on its way: a client that pipelines
+            # requests and reads nothing holds one answer in memory, not all of them.
+            try:
+                await self.drain()
+            except ConnectionResetError:
+                return
         if not self._closed and not self.busy_reading:
             self._arm(IDLE_TIMEOUT, self._idle)
         self._listener.settled()
@@ -311,6 +317,8 @@ class AdminConnection(asyncio.Protocol):
 
     def _send(self, request: Request, response: Response, *, close: bool) -> None:
         body = response.body
+        if not close and request.version == "1.0":  # a 1.0 client keeps it only if told so
+            response.headers["Connection"] = "keep-alive"
         try:
             head = response.head(time.time(), length=len(body), close=close, chunked=False)
         except ValueError:

@@ -27,6 +27,7 @@ class Harness:
         self.started = asyncio.Event()
         self.cancelled = asyncio.Event()
         self.release = asyncio.Event()
+        self.large = 0
 
     async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.open_connection("127.0.0.1", self.listener.port)
@@ -102,6 +103,10 @@ async def harness() -> AsyncIterator[Harness]:
         await response.write(b"part")
         raise RuntimeError("the handler failed mid-stream")
 
+    async def large(request: web.Request) -> web.Response:
+        h.large += 1
+        return web.Response(body=b"x" * 1024 * 1024)
+
     async def unsafe(request: web.Request) -> web.Response:
         return web.Response(body=b"x", headers={"X-Bad": "a\r\nSet-Cookie: evil=1"})
 
@@ -112,6 +117,7 @@ async def harness() -> AsyncIterator[Harness]:
     router.add_route("GET", "/stream", stream)
     router.add_route("GET", "/unsafe", unsafe)
     router.add_route("GET", "/broken", broken)
+    router.add_route("GET", "/large", large)
     listener = AdminListener(app, "127.0.0.1", 0)
     await listener.start()
     h = Harness(listener)
@@ -243,9 +249,29 @@ async def test_an_idle_kept_connection_is_closed(
 async def test_http_1_0_and_head(harness: Harness) -> None:
     [(status, fields, _)] = answers(await harness.exchange(b"GET /echo/a HTTP/1.0\r\n\r\n"))
     assert (status, fields["connection"]) == (200, "close")
+    kept = answers(
+        await harness.exchange(
+            b"GET /echo/a HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /echo/b HTTP/1.0\r\n\r\n"
+        )
+    )
+    assert [(s, f["connection"]) for s, f, _ in kept] == [(200, "keep-alive"), (200, "close")]
     data = await harness.exchange(b"HEAD /echo/a HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
     assert data.endswith(b"\r\n\r\n")  # a head, with no body after it
     assert data.startswith(b"HTTP/1.1 405 ")
+
+
+async def test_a_client_that_pipelines_and_never_reads_holds_one_answer(
+    harness: Harness,
+) -> None:
+    _, writer = await harness.connect()
+    writer.write(b"GET /large HTTP/1.1\r\nHost: t\r\n\r\n" * 50)
+    [conn] = harness.listener.connections
+    while not conn._paused_writing:  # the first answer fills the socket's buffers
+        await asyncio.sleep(0)
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert harness.large < 10  # what the sockets hold, not 50 MiB for a client that reads nothing
+    await closed(writer)
 
 
 async def test_a_client_that_goes_away_cancels_its_handler(harness: Harness) -> None:
