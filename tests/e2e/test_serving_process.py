@@ -1,0 +1,73 @@
+"""What a serving gateway process holds: no HTTP framework, no libuv thread pool.
+
+The admin listener and the HTTP probes speak HTTP/1.1 on llhttp as the data plane does, so the
+one process of a node loads no aiohttp (nor yarl, multidict), whatever it has served; and its
+listeners are bound on sockets of its own, so uvloop starts no thread pool to resolve them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from tests.ports import free_port
+
+from .conftest import Gateways, spec
+
+
+async def test_the_serving_process_loads_no_http_framework_and_no_thread_pool(
+    gateways: Gateways, site
+):
+    admin = free_port()
+    config = gateways.write_config(
+        gateways.config(
+            admin={"listen": f"127.0.0.1:{admin}", "token_env": None},
+            services=[spec(site("v1"), 1)],
+        )
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "controller.main", "serve", "-c", str(config),
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        while b"gateway ready" not in (
+            line := await asyncio.wait_for(process.stderr.readline(), 20)
+        ):
+            assert line, "the gateway exited before it was ready"
+        base = f"http://127.0.0.1:{admin}"
+        async with aiohttp.ClientSession() as session:
+
+            async def ready() -> bool:
+                async with session.get(f"{base}/api/services/web") as response:
+                    view = await response.json()
+                return any(r["state"] == "ready" for r in view["replicas"])
+
+            # Its replica passed its HTTP probes; the admin API answered (and /metrics).
+            deadline = asyncio.get_running_loop().time() + 15
+            while not await ready():
+                assert asyncio.get_running_loop().time() < deadline, "no replica got ready"
+                await asyncio.sleep(0.1)
+            async with session.get(f"{base}/metrics") as response:
+                assert response.status == 200
+        gateways.other_pids |= children_of(process.pid)
+        maps = Path(f"/proc/{process.pid}/maps").read_text()
+        loaded = {p for p in ("/aiohttp/", "/yarl/", "/multidict/") if p in maps}
+        assert not loaded, loaded
+        threads = [
+            (t / "comm").read_text().strip() for t in Path(f"/proc/{process.pid}/task").iterdir()
+        ]
+        assert "libuv-worker" not in threads, threads
+    finally:
+        process.terminate()  # the config's replicas_on_exit: stop
+        await asyncio.wait_for(process.wait(), 15)
+
+
+def children_of(pid: int) -> set[int]:
+    out = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out |= {int(p) for p in (task / "children").read_text().split()}
+    return out
