@@ -7,10 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import uvloop
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controller.admin import server as server_module
 from controller.admin import web
@@ -332,3 +337,82 @@ def test_the_route_table_refuses_ambiguous_and_malformed_templates() -> None:
         with pytest.raises(web.HTTPError) as error:
             router.resolve("GET", path)
         assert error.value.status == 404
+
+
+# -- raw bytes ----------------------------------------------------------------------------------
+
+_METHODS = st.sampled_from(
+    [b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"CONNECT", b"get", b"G T"]
+)
+_TARGETS = st.sampled_from(
+    [b"/echo/a", b"/echo/%2F%00", b"*", b"http://h/echo/b?x=1", b"/echo/", b"//", b"/a b", b""]
+)
+_VERSIONS = st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"HTTP/1.1 ", b"HTP/1.1"])
+_FIELDS = st.sampled_from(
+    [b"Host: t", b"Content-Length: 3", b"Content-Length: -1", b"Content-Length: 99999999999",
+     b"Transfer-Encoding: chunked", b"Transfer-Encoding: gzip, chunked", b"Expect: 100-continue",
+     b"Connection: close", b"Connection: keep-alive, Upgrade", b"Upgrade: websocket",
+     b"X: a\x00b", b" folded", b"NoColon", b": empty", b"X:\xff\xfe"]
+)  # fmt: skip
+_EOL = st.sampled_from([b"\r\n", b"\n", b"\r"])
+
+
+@st.composite
+def _requests(draw: st.DrawFn) -> bytes:
+    eol = draw(_EOL)
+    line = b" ".join([draw(_METHODS), draw(_TARGETS), draw(_VERSIONS)])
+    fields = draw(st.lists(_FIELDS, max_size=5))
+    body = draw(st.binary(max_size=40))
+    raw = eol.join([line, *fields]) + eol + eol + body
+    if draw(st.booleans()):
+        raw = raw[: draw(st.integers(0, len(raw)))]
+    return raw * draw(st.integers(1, 2))
+
+
+@settings(max_examples=150, deadline=None)
+@given(raw=_requests())
+def test_any_bytes_get_an_answer_or_a_close_and_the_listener_serves_on(raw: bytes) -> None:
+    """Whatever arrives: a well-formed answer (or none) and a closed connection within the
+    timeouts, nothing logged as a failure of the server, and the next client served."""
+
+    async def run() -> None:
+        router = Router()
+
+        async def echo(request: web.Request) -> web.Response:
+            return web.Response(body=await request.read())
+
+        router.add_route("GET", "/echo/{name}", echo)
+        router.add_route("POST", "/echo/{name}", echo)
+        app = web.App(router, [])
+        app.refusal = http_error_response
+        listener = AdminListener(app, "127.0.0.1", 0)
+        await listener.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+            writer.write(raw)
+            data = await asyncio.wait_for(reader.read(), 5)
+            await closed(writer)
+            assert not data or re.match(rb"HTTP/1\.1 [1-5][0-9][0-9] ", data), data
+            reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+            writer.write(b"POST /echo/a HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nok")
+            assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\nok"), 5)).startswith(
+                b"HTTP/1.1 200 "
+            )
+            await closed(writer)
+        finally:
+            await listener.stop(grace=1)
+
+    failures: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = failures.append  # type: ignore[method-assign]
+    logger = logging.getLogger()  # the server's own, and asyncio's (a callback that raised)
+    logger.addHandler(handler)
+    saved = server_module.READ_TIMEOUT, server_module.IDLE_TIMEOUT
+    server_module.READ_TIMEOUT = server_module.IDLE_TIMEOUT = 0.05
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # as it serves
+            runner.run(run())
+    finally:
+        server_module.READ_TIMEOUT, server_module.IDLE_TIMEOUT = saved
+        logger.removeHandler(handler)
+    assert not failures, [r.getMessage() for r in failures]
