@@ -13,8 +13,13 @@ Invariants:
 - The request is checked before anything is sent: a name, value or path that could break
   out of its line (CR, LF, NUL) is refused (``ProbeRequestInvalid``), never written raw. The
   request has no body; its framing and ``Connection: close`` are the client's own.
-- The answer ends at its head: a HEAD answer's ``Content-Length`` is never waited for.
-  Interim answers (1xx but 101) are skipped, as the final answer follows them.
+- The status is known at the end of the head: a HEAD answer's ``Content-Length`` is never
+  waited for. Interim answers (1xx but 101) are skipped, as the final answer follows them.
+- After the status, the rest of the answer is read and dropped until the upstream closes (it
+  was asked to), then the connection is closed: an upstream still writing its body never
+  meets a reset (``BrokenPipeError`` in its log every probe). Past ``LINGER_BYTES`` bytes or
+  ``LINGER_SECONDS`` seconds the connection is aborted. This costs the probe nothing: its
+  status is already answered.
 - Every failure is a ``ProbeError`` or an ``OSError`` (the connect's, a reset's); there is no
   timeout here: the caller bounds the whole exchange.
 """
@@ -31,6 +36,10 @@ import httptools
 USER_AGENT: Final = "gateway-prober"
 HEAD_LIMIT: Final = 64 * 1024
 """The most bytes an answer's head may take: more is a broken answer, not a slow one."""
+LINGER_BYTES: Final = 1024 * 1024
+LINGER_SECONDS: Final = 5.0
+"""How much of an answer's body, and for how long, is read after its status to close
+cleanly; past either the connection is aborted."""
 
 _TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 """A method or a header name (RFC 9110 5.6.2)."""
@@ -123,12 +132,14 @@ async def status(
         exchange.status.cancel()
         raise
     try:
-        return await exchange.status
-    finally:
-        # Abort, not close: whatever happened, the exchange is over, and a close would keep
-        # the socket until the request is written, which a peer that does not read never lets
-        # happen.
+        code = await exchange.status
+    except BaseException:
+        # Abort, not close: the exchange is over, and a close would keep the socket until the
+        # request is written, which a peer that does not read never lets happen.
         transport.abort()
+        raise
+    exchange.linger(transport)
+    return code
 
 
 class _Exchange(asyncio.Protocol):
@@ -140,6 +151,17 @@ class _Exchange(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.status: asyncio.Future[int] = loop.create_future()
         self._received = 0
+        self._loop = loop
+        self._transport: asyncio.Transport | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._dropped = 0
+
+    def linger(self, transport: asyncio.Transport) -> None:
+        """The status is in: read the rest until the upstream closes, within the bounds."""
+        if transport.is_closing():
+            return
+        self._transport = transport
+        self._deadline = self._loop.call_later(LINGER_SECONDS, transport.abort)
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -147,8 +169,11 @@ class _Exchange(asyncio.Protocol):
         cast(asyncio.WriteTransport, transport).write(self._request)
 
     def data_received(self, data: bytes) -> None:
-        if self.status.done():
-            return  # the body, or what follows an answer: not read
+        if self.status.done():  # the body, or what follows an answer: dropped
+            self._dropped += len(data)
+            if self._dropped > LINGER_BYTES and self._transport is not None:
+                self._transport.abort()
+            return
         self._received += len(data)
         try:
             self._parser.feed_data(data)
@@ -168,6 +193,8 @@ class _Exchange(asyncio.Protocol):
         return None  # the transport closes: connection_lost says what it came to
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
         if self.status.done():
             return
         if isinstance(exc, OSError):

@@ -77,6 +77,12 @@ async def scripted() -> AsyncIterator[Callable[..., Awaitable[tuple[Script, int]
         await server.wait_closed()
 
 
+@pytest.fixture(autouse=True)
+def short_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upstream here that holds its connection is let go of soon after its status."""
+    monkeypatch.setattr(probe_client, "LINGER_SECONDS", 0.2)
+
+
 async def get(port: int, path: str = "/health", method: str = "GET", **headers: str) -> int:
     return await probe_client.status(
         "127.0.0.1", port, method, path, headers, authority=f"127.0.0.1:{port}"
@@ -220,6 +226,63 @@ async def test_the_status_comes_from_the_head_and_the_body_is_not_waited_for(scr
     script, port = await scripted(b"HTTP/1.1 503 Busy\r\nContent-Length: 100\r\n\r\nsome")
     assert await get(port) == 503
     await gone(script)
+
+
+async def writer_of(
+    body_chunks: int | None, go: asyncio.Event | None = None
+) -> tuple[asyncio.Server, int, asyncio.Future[str]]:
+    """An upstream that answers 200, waits for ``go`` if given, then writes 64 KiB chunks of
+    body, each drained (``body_chunks`` of them, then closes; None: forever). Its future: how
+    it ended."""
+    ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            length = "" if body_chunks is None else f"Content-Length: {body_chunks * 65536}\r\n"
+            writer.write(f"HTTP/1.1 200 OK\r\n{length}\r\n".encode())
+            await writer.drain()
+            if go is not None:
+                await go.wait()
+            sent = 0
+            while body_chunks is None or sent < body_chunks:
+                writer.write(b"x" * 65536)
+                await writer.drain()
+                sent += 1
+            ended.set_result("wrote it all")
+        except ConnectionError as e:
+            ended.set_result(type(e).__name__)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], ended
+
+
+async def test_the_body_is_read_to_its_end_so_the_upstream_is_never_reset():
+    # An upstream still writing its body when the client had its status: a reset would be a
+    # BrokenPipeError in its log at every probe (python -m http.server's, for one).
+    go = asyncio.Event()
+    server, port, ended = await writer_of(8, go)
+    try:
+        assert await get(port) == 200
+        go.set()  # the body comes after the client has its status
+        async with asyncio.timeout(5):
+            assert await ended == "wrote it all"
+    finally:
+        server.close()
+
+
+async def test_an_endless_body_is_cut_off(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(probe_client, "LINGER_BYTES", 256 * 1024)
+    monkeypatch.setattr(probe_client, "LINGER_SECONDS", 30)
+    server, port, ended = await writer_of(None)
+    try:
+        assert await get(port) == 200
+        async with asyncio.timeout(5):
+            assert await ended in ("ConnectionResetError", "BrokenPipeError")
+    finally:
+        server.close()
 
 
 async def test_a_head_answer_does_not_wait_for_its_content_length(scripted):
