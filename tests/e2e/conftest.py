@@ -79,6 +79,39 @@ async def gateway_process(config: Path, log: Path) -> asyncio.subprocess.Process
         )
 
 
+async def serve_process(config: Path) -> asyncio.subprocess.Process:
+    """``controller.main serve -c config`` as a process of its own, once it says it is ready.
+    Its standard error is a pipe the caller no longer reads: for short tests only."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "controller.main", "serve", "-c", str(config),
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        while b"gateway ready" not in (
+            line := await asyncio.wait_for(process.stderr.readline(), 20)
+        ):
+            assert line, "the gateway exited before it was ready"
+    except BaseException:
+        process.kill()
+        await process.wait()
+        raise
+    return process
+
+
+def children(pid: int) -> set[int]:
+    """The pids of the children of every thread of ``pid``."""
+    out = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out |= {int(p) for p in (task / "children").read_text().split()}
+    return out
+
+
+def threads(pid: int) -> list[str]:
+    """The names of the threads of ``pid``."""
+    return [(t / "comm").read_text().strip() for t in Path(f"/proc/{pid}/task").iterdir()]
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:

@@ -8,14 +8,13 @@ listeners are bound on sockets of its own, so uvloop starts no thread pool to re
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import aiohttp
 
 from tests.ports import free_port
 
-from .conftest import Gateways, spec
+from .conftest import Gateways, children, serve_process, spec, threads
 
 
 async def test_the_serving_process_loads_no_http_framework_and_no_thread_pool(
@@ -28,16 +27,8 @@ async def test_the_serving_process_loads_no_http_framework_and_no_thread_pool(
             services=[spec(site("v1"), 1)],
         )
     )
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "controller.main", "serve", "-c", str(config),
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    process = await serve_process(config)
     try:
-        assert process.stderr is not None
-        while b"gateway ready" not in (
-            line := await asyncio.wait_for(process.stderr.readline(), 20)
-        ):
-            assert line, "the gateway exited before it was ready"
         base = f"http://127.0.0.1:{admin}"
         async with aiohttp.ClientSession() as session:
 
@@ -53,21 +44,11 @@ async def test_the_serving_process_loads_no_http_framework_and_no_thread_pool(
                 await asyncio.sleep(0.1)
             async with session.get(f"{base}/metrics") as response:
                 assert response.status == 200
-        gateways.other_pids |= children_of(process.pid)
+        gateways.other_pids |= children(process.pid)
         maps = Path(f"/proc/{process.pid}/maps").read_text()
         loaded = {p for p in ("/aiohttp/", "/yarl/", "/multidict/") if p in maps}
         assert not loaded, loaded
-        threads = [
-            (t / "comm").read_text().strip() for t in Path(f"/proc/{process.pid}/task").iterdir()
-        ]
-        assert "libuv-worker" not in threads, threads
+        assert "libuv-worker" not in threads(process.pid), threads(process.pid)
     finally:
         process.terminate()  # the config's replicas_on_exit: stop
         await asyncio.wait_for(process.wait(), 15)
-
-
-def children_of(pid: int) -> set[int]:
-    out = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out |= {int(p) for p in (task / "children").read_text().split()}
-    return out

@@ -7,16 +7,14 @@ controller in this process drains an old replica only once both workers hold not
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
-from pathlib import Path
 
 import aiohttp
 
 from gateway import Supervisor
 
-from .conftest import Gateways, Load, alive, serving, spec, until
+from .conftest import Gateways, Load, alive, children, serve_process, serving, spec, threads, until
 
 
 async def requests_counted(url: str, revision: int) -> float:
@@ -70,31 +68,13 @@ async def test_a_rolling_update_with_two_workers_costs_no_request(gateways: Gate
     assert not [pid for pid in worker_pids if alive(pid)], "a worker outlived the gateway"
 
 
-def children(pid: int) -> set[int]:
-    out = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text()
-        out |= {int(p) for p in text.split()}
-    return out
-
-
 async def test_workers_stop_by_themselves_when_the_main_process_is_killed(gateways: Gateways):
-    config = gateways.write_config(gateways.config(workers=2))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "controller.main", "serve", "-c", str(config),
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    process = await serve_process(gateways.write_config(gateways.config(workers=2)))
     try:
-        assert process.stderr is not None
-        while b"gateway ready" not in (
-            line := await asyncio.wait_for(process.stderr.readline(), 20)
-        ):
-            assert line, "the gateway exited before it was ready"
         workers = children(process.pid)
         assert len(workers) == 2
         for pid in workers:  # the loop's and the access log's: no libuv thread pool
-            names = [(t / "comm").read_text().strip() for t in Path(f"/proc/{pid}/task").iterdir()]
-            assert "libuv-worker" not in names, names
+            assert "libuv-worker" not in threads(pid), threads(pid)
     finally:
         process.kill()  # SIGKILL: no chance to stop its workers (this test started it)
         await process.wait()
