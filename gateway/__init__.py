@@ -77,6 +77,7 @@ if TYPE_CHECKING:
         Health,
         Upstream,
     )
+    from .wire.http1 import http_date
     from .workers.supervisor import (
         Supervisor,
         WorkerSettings,
@@ -125,6 +126,7 @@ _WHERE: dict[str, str] = {
     "TlsConfig": ".config",
     "TrafficServer": ".server",
     "listen": ".server",
+    "http_date": ".wire.http1",
     "Upstream": ".upstream",
     "UpstreamConnectError": ".errors",
     "UpstreamTimeout": ".errors",
@@ -195,6 +197,7 @@ __all__ = [
     "UpstreamTimeout",
     "WorkerSettings",
     "dump_settings",
+    "http_date",
     "listen",
     "metrics_exposition",
     "parse_address",

@@ -153,7 +153,8 @@ def build_admin_app(
     and documented like the built-in ones. ``middlewares`` run inside auth (the cluster's
     forwarding to the leader: ``admin.cluster``).
     """
-    app = App(Router(), [errors_middleware, auth_middleware(token), *middlewares])
+    router = Router()
+    app = App(router, [errors_middleware, auth_middleware(token), *middlewares])
     app.max_body = client_max_size
     app.refusal = http_error_response
     # /api/events shows the data plane's health transitions too (once, however many apps).
@@ -179,7 +180,7 @@ def build_admin_app(
     app[OPERATIONS] = operations
     app[DOCUMENT] = {}
     for op in operations:
-        app.router.add_route(op.method, op.path, op.handler)
+        router.add_route(op.method, op.path, op.handler)
     app.on_shutdown.append(_stop_streams)
     return app
 

@@ -23,8 +23,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import socket
-import time
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -242,6 +240,7 @@ class AdminConnection(asyncio.Protocol):
         self._queue.append((request, incoming, keep_alive))
         if self._task is None or self._task.done():
             self._task = self.loop.create_task(self._serve())
+            self._task.add_done_callback(self._listener.settled)
 
     def on_body(self, body: bytes) -> None:
         if self._incoming is not None:
@@ -296,9 +295,10 @@ class AdminConnection(asyncio.Protocol):
                 await self.drain()
             except ConnectionResetError:
                 return
-        if not self._closed and not self.busy_reading:
+        if self._closing:
+            self._close()  # the listener stopped while this answer was on its way
+        elif not self._closed and not self.busy_reading:
             self._arm(IDLE_TIMEOUT, self._idle)
-        self._listener.settled()
 
     @property
     def busy_reading(self) -> bool:
@@ -316,27 +316,28 @@ class AdminConnection(asyncio.Protocol):
             return self.app.refusal(HTTPError(500, "internal error (see the gateway log)"))
 
     def _send(self, request: Request, response: Response, *, close: bool) -> None:
-        body = response.body
         if not close and request.version == "1.0":  # a 1.0 client keeps it only if told so
             response.headers["Connection"] = "keep-alive"
         try:
-            head = response.head(time.time(), length=len(body), close=close, chunked=False)
+            self._write_whole(response, close=close, head_only=request.method == "HEAD")
         except ValueError:
             log.exception("admin %s %s: an answer not safe to send", request.method, request.path)
-            response = self.app.refusal(HTTPError(500, "internal error (see the gateway log)"))
-            body = response.body
-            head = response.head(time.time(), length=len(body), close=close, chunked=False)
-        self.write(head if request.method == "HEAD" else head + body)
+            refusal = self.app.refusal(HTTPError(500, "internal error (see the gateway log)"))
+            self._write_whole(refusal, close=close, head_only=request.method == "HEAD")
+
+    def _write_whole(self, response: Response, *, close: bool, head_only: bool = False) -> None:
+        """``response`` framed by its length; ``ValueError`` (nothing written) if a header
+        field is not safe to send."""
+        body = response.body
+        head = response.head(length=len(body), close=close, chunked=False)
+        self.write(head if head_only else head + body)
 
     def _refuse(self, error: HTTPError) -> None:
         """Answer ``error`` and close, unless an answer is under way (then just close)."""
         if self._closed:
             return
         if not self.busy:
-            response = self.app.refusal(error)
-            body = response.body
-            self.write(response.head(time.time(), length=len(body), close=True, chunked=False))
-            self.write(body)
+            self._write_whole(self.app.refusal(error), close=True)
         self._close()
 
     def _slow(self) -> None:
@@ -431,11 +432,9 @@ class AdminListener:
         sockets = self._server.sockets
         if sockets and self.port == 0:
             self.port = sockets[0].getsockname()[1]
-        for sock in sockets:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def settled(self) -> None:
+    def settled(self, _: object = None) -> None:
+        """Wake ``stop`` once no connection is answering (a task's or a connection's end)."""
         if self._settled is not None and not any(c.busy for c in self.connections):
             self._settled.set()
 

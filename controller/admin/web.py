@@ -16,11 +16,12 @@ Invariants:
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from http import HTTPStatus
 from typing import Any, Generic, Protocol, TypeVar, cast, overload
 from urllib.parse import unquote
+
+from gateway import http_date
 
 T = TypeVar("T")
 
@@ -28,8 +29,6 @@ Handler = Callable[["Request"], Awaitable["Response"]]
 Middleware = Callable[["Request", Handler], Awaitable["Response"]]
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
-_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _UNSAFE = frozenset("\r\n\0")
 
 
@@ -37,13 +36,12 @@ def reason(status: int) -> str:
     return _REASONS.get(status, "Unknown")
 
 
-def http_date(now: float) -> str:
-    """``now`` (seconds since the epoch) as an IMF-fixdate, whatever the locale."""
-    t = time.gmtime(now)
-    return (
-        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
-        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
-    )
+class Routes(Protocol):
+    """The route table an app answers from (``routes.Router``)."""
+
+    def resolve(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+        """The handler of ``method`` on ``path`` and its parameters; ``HTTPError`` 404/405."""
+        ...
 
 
 class HTTPError(Exception):
@@ -74,7 +72,7 @@ class App:
     """The admin app: its state by typed keys, its routes (``routes.Router``) and the
     middlewares every request goes through, outermost first."""
 
-    def __init__(self, router: Any, middlewares: list[Middleware]) -> None:
+    def __init__(self, router: Routes, middlewares: list[Middleware]) -> None:
         self._state: dict[AppKey[Any], Any] = {}
         self.router = router
         self.middlewares = middlewares
@@ -101,7 +99,7 @@ class App:
     def _chain(self) -> Handler:
         async def endpoint(request: Request) -> Response:
             handler, request.match_info = self.router.resolve(request.method, request.raw_path)
-            return await cast(Handler, handler)(request)
+            return await handler(request)
 
         handler: Handler = endpoint
         for middleware in reversed(self.middlewares):
@@ -245,11 +243,11 @@ class Response:
         self.reason = reason
         self.headers: dict[str, str] = dict(headers or {})
 
-    def head(self, now: float, *, length: int | None, close: bool, chunked: bool) -> bytes:
+    def head(self, *, length: int | None, close: bool, chunked: bool) -> bytes:
         """The status line and header fields, as sent."""
         lines = [f"HTTP/1.1 {self.status} {self.reason or reason(self.status)}"]
         fields = dict(self.headers)
-        fields.setdefault("Date", http_date(now))
+        fields.setdefault("Date", http_date().decode())
         if length is not None:
             fields["Content-Length"] = str(length)
         if chunked:
@@ -292,7 +290,7 @@ class StreamResponse(Response):
             return
         self._conn = request._conn
         self._chunked = request.version == "1.1"
-        head = self.head(time.time(), length=None, close=not self._chunked, chunked=self._chunked)
+        head = self.head(length=None, close=not self._chunked, chunked=self._chunked)
         self._conn.write(head)
         await self._conn.drain()
 
