@@ -84,19 +84,26 @@ MODULES = (
 )
 """The modules compiled: every module a proxied request runs code of."""
 
+COMPILE_ARGS = ("-fvisibility=hidden", "-fno-semantic-interposition")
+"""The group's functions call each other directly, and small ones are inlined: by default a
+shared library's every function may be replaced by another library's of the same name, so
+each call between them went through the PLT and none was inlined (``plainhead``'s scanning
+helpers among them). Only the modules' ``PyInit_`` functions are exported (PyMODINIT_FUNC):
+the modules reach the group's code through a capsule, not by symbol."""
+
 _BUILD = """
 import sys
 from setuptools import setup
 from mypyc.build import mypycify
 
-modules = sys.argv[1:]
+compile_args, modules = sys.argv[1].split(), sys.argv[2:]
 sys.argv[1:] = ["build_ext", "--inplace", "--quiet"]
-setup(
-    name="gateway-native",
-    ext_modules=mypycify(
-        [f"gateway/{m.replace('.', '/')}.py" for m in modules], group_name="gateway._native"
-    ),
+extensions = mypycify(
+    [f"gateway/{m.replace('.', '/')}.py" for m in modules], group_name="gateway._native"
 )
+for extension in extensions:
+    extension.extra_compile_args += compile_args
+setup(name="gateway-native", ext_modules=extensions)
 """
 """Run in a copy of the package: a group name under ``gateway`` puts mypyc's shared
 library beside the modules, where the package's ``__path__`` finds it."""
@@ -194,7 +201,7 @@ def build() -> None:
         )
         built_from = digest(stage / "gateway")  # what is compiled, even if edited meanwhile
         done = subprocess.run(
-            [sys.executable, "-c", _BUILD, *MODULES],
+            [sys.executable, "-c", _BUILD, " ".join(COMPILE_ARGS), *MODULES],
             cwd=stage,
             capture_output=True,
             text=True,

@@ -3,6 +3,7 @@ are, and, when the suite runs with GATEWAY_NATIVE=1 (``dev.py test``), what is t
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
@@ -135,6 +136,20 @@ def test_every_module_of_the_request_path_and_the_wire_is_compiled():
             name = f"{sub}.{path.stem}"
             if path.stem != "__init__" and name != "proxy.websocket":
                 assert name in native.MODULES, name
+
+
+def test_the_compiled_library_exports_nothing_but_its_init():
+    """Built with ``COMPILE_ARGS``: the group's functions are not exported, so that calls
+    between them are direct (and small ones inlined) instead of through the PLT."""
+    if os.environ.get(native.ENV) != "1":
+        pytest.skip("runs on the compiled modules (GATEWAY_NATIVE=1)")
+    importlib.import_module("gateway.wire.plainhead")
+    group = sys.modules["gateway._native__mypyc"]
+    assert group.__file__ is not None
+    library = ctypes.CDLL(group.__file__)
+    assert hasattr(library, "PyInit__native__mypyc")
+    assert not hasattr(library, "CPyInit_gateway___wire___plainhead")
+    assert not hasattr(library, "CPyDef_plainhead___answer")
 
 
 def test_a_build_without_mypyc_says_what_to_install_and_keeps_the_last_build(package, monkeypatch):
