@@ -61,7 +61,10 @@ def ensure_native() -> bool:
     if status.returncode == 0 and status.stdout.startswith("compiled"):
         return True
     print("dev.py: compiling the data plane with mypyc (a minute or two)", file=sys.stderr)
-    if subprocess.call([gateway, "native", "build"], cwd=ROOT, env=env) == 0:
+    # Without the profile-guided second compilation (a few % of CPU a request, twice the
+    # build's time): the edit-and-test loop rebuilds often. Images and installs train it.
+    build = [gateway, "native", "build", "--no-profile"]
+    if subprocess.call(build, cwd=ROOT, env=env) == 0:
         return True
     print("dev.py: the pure Python data plane runs instead", file=sys.stderr)
     return False

@@ -186,6 +186,18 @@ def test_native_status_says_compiled(image: Image) -> None:
     assert done.stdout.startswith("compiled (mypyc): "), done.stdout
 
 
+def test_the_image_s_compiled_modules_were_trained_on_a_profile(image: Image) -> None:
+    """The image builds as ``gateway native build`` does by default: compiled twice, the
+    second time guided by the training load's profile (``native_training``)."""
+    show = "import json; from gateway import native; print(json.loads(native.MANIFEST.read_text()))"
+    done = docker(
+        "run", "--rm", f"--label={RUN}={image.run}", "--entrypoint", "python", image.tag,
+        "-c", show,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "'profile': 'trained'" in done.stdout, done.stdout
+
+
 def test_build_arguments_stay_out_of_the_image(image: Image) -> None:
     history = docker("history", "--no-trunc", "--format", "{{.CreatedBy}}", image.tag)
     assert history.returncode == 0, history.stderr

@@ -152,6 +152,61 @@ def test_the_compiled_library_exports_nothing_but_its_init():
     assert not hasattr(library, "CPyDef_plainhead___answer")
 
 
+def test_a_training_load_on_modules_not_compiled_is_refused_and_says_why(package):
+    """``_train`` runs the load in the build's stage: there, on the sources alone, it finds
+    nothing compiled to train, and the build goes on without a profile, saying so."""
+    why = native._train(package.parent)
+    assert why is not None
+    assert why.startswith("the training load failed: ")
+    assert "the modules are not compiled: nothing to train" in why
+
+
+def test_the_second_compilation_starts_from_the_counts_alone(tmp_path):
+    """Between the two compilations: objects, libraries and modules of the instrumented one
+    go, so that every module is compiled again; its counts (``.gcda``) stay."""
+    temp = tmp_path / "build" / "temp.linux-x86_64-cpython-311" / "build" / "gateway"
+    (tmp_path / "build" / "lib.linux-x86_64-cpython-311" / "gateway").mkdir(parents=True)
+    (tmp_path / "gateway" / "proxy").mkdir(parents=True)
+    temp.mkdir(parents=True)
+    kept = [
+        temp / "__native__native.gcda",
+        temp / "__native__native.c",
+        tmp_path / "gateway" / "pool.py",
+    ]
+    gone = [
+        temp / "__native__native.o",
+        tmp_path / "gateway" / "proxy" / "handler.cpython-311-x86_64-linux-gnu.so",
+    ]
+    for path in kept + gone:
+        path.write_bytes(b"")
+    native._clean(tmp_path)
+    assert [p.exists() for p in kept] == [True] * len(kept)
+    assert [p.exists() for p in gone] == [False] * len(gone)
+    assert not (tmp_path / "build" / "lib.linux-x86_64-cpython-311").exists()
+
+
+@pytest.mark.parametrize(
+    ("version", "why"),
+    [
+        ("gcc (Debian 12.2.0-14) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc.", None),
+        ("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu", "is not GCC"),
+    ],
+)
+def test_only_gcc_builds_with_a_profile(tmp_path, monkeypatch, version, why):
+    """Clang's profiles need llvm-profdata to merge them: with Clang (or any compiler that is
+    not GCC) the modules are compiled once, without a profile."""
+    cc = tmp_path / "cc"
+    cc.write_text(f"#!/bin/sh\nprintf '%s\\n' '{version}'\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", f"{cc} -pthread")
+    found = native._compiler_why_not()
+    if why is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert why in found
+
+
 def test_a_build_without_mypyc_says_what_to_install_and_keeps_the_last_build(package, monkeypatch):
     built(package, native.digest(package))
     monkeypatch.setitem(sys.modules, "mypyc", None)  # as in a venv of ``pip install .``
