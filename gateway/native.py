@@ -222,10 +222,9 @@ def build(profile: bool = True) -> str:
         built_from = digest(stage / "gateway")  # what is compiled, even if edited meanwhile
         why_not = _compiler_why_not() if profile else "not asked for (--no-profile)"
         if why_not is None:
-            _compile(stage, COMPILE_ARGS + PROFILE_GENERATE, PROFILE_GENERATE)
-            why_not = _train(stage)
-            _clean(stage)  # the instrumented objects and modules; the counts stay
-        _compile(stage, COMPILE_ARGS + (PROFILE_USE if why_not is None else ()))
+            why_not = _profiled(stage)
+        if why_not is not None:
+            _compile(stage, COMPILE_ARGS)
         new = NATIVE.with_name(TAG + ".new")
         shutil.rmtree(new, ignore_errors=True)
         new.mkdir(parents=True)
@@ -257,16 +256,40 @@ def _compile(stage: Path, compile_args: tuple[str, ...], link_args: tuple[str, .
         raise BuildError("\n".join(output[-20:]))
 
 
+def _profiled(stage: Path) -> str | None:
+    """Compile instrumented, run the training load, compile again with its counts: None if
+    all three went through, else why not (and nothing of it is left in ``stage``)."""
+    try:
+        _compile(stage, COMPILE_ARGS + PROFILE_GENERATE, PROFILE_GENERATE)
+    except BuildError as exc:
+        _clean(stage)
+        return f"the instrumented compilation failed: {str(exc).splitlines()[-1]}"
+    why_not = _train(stage)
+    _clean(stage)  # the instrumented objects and modules; the counts stay
+    if why_not is not None:
+        return why_not
+    try:
+        _compile(stage, COMPILE_ARGS + PROFILE_USE)
+    except BuildError as exc:  # an older GCC without -fprofile-partial-training, say
+        _clean(stage)
+        return f"the compilation with the profile failed: {str(exc).splitlines()[-1]}"
+    return None
+
+
 def _compiler_why_not() -> str | None:
-    """Why the compiler cannot build with a profile (None: it is GCC, it can). Clang's
-    profiles take a tool of their own (llvm-profdata) to merge: not done here."""
+    """Why the compiler cannot build with a profile (None: it is GCC, it can), from the
+    macros it predefines. Clang's profiles take a tool of their own (llvm-profdata) to
+    merge: not done here."""
     cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
     try:
-        done = subprocess.run([cc[0], "--version"], capture_output=True, text=True)
+        done = subprocess.run(
+            [*cc, "-dM", "-E", "-x", "c", "-"], input="", capture_output=True, text=True
+        )
     except OSError as exc:
-        return f"{cc[0]} --version: {exc}"
-    if "Free Software Foundation" not in done.stdout or "clang" in done.stdout.lower():
-        return f"the compiler ({cc[0]}) is not GCC"
+        return f"{cc[0]}: {exc}"
+    macros = done.stdout.split()
+    if done.returncode != 0 or "__GNUC__" not in macros or "__clang__" in macros:
+        return f"the compiler ({' '.join(cc)}) is not GCC"
     return None
 
 
@@ -288,6 +311,8 @@ def _train(stage: Path) -> str | None:
     if done.returncode != 0:
         output = (done.stdout + done.stderr).strip().splitlines()
         return "the training load failed: " + " / ".join(output[-3:])
+    if not any(stage.glob("build/**/*.gcda")):
+        return "the training load left no counts"
     return None
 
 

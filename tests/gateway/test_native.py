@@ -186,17 +186,18 @@ def test_the_second_compilation_starts_from_the_counts_alone(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("version", "why"),
+    ("macros", "why"),
     [
-        ("gcc (Debian 12.2.0-14) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc.", None),
-        ("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu", "is not GCC"),
+        (("#define __GNUC__ 12", "#define __x86_64__ 1"), None),
+        (("#define __GNUC__ 4", "#define __clang__ 1", "#define __clang_major__ 14"), "is not GCC"),
     ],
 )
-def test_only_gcc_builds_with_a_profile(tmp_path, monkeypatch, version, why):
+def test_only_gcc_builds_with_a_profile(tmp_path, monkeypatch, macros, why):
     """Clang's profiles need llvm-profdata to merge them: with Clang (or any compiler that is
-    not GCC) the modules are compiled once, without a profile."""
+    not GCC) the modules are compiled once, without a profile. The compiler is told by the
+    macros it predefines (Clang defines ``__GNUC__`` too)."""
     cc = tmp_path / "cc"
-    cc.write_text(f"#!/bin/sh\nprintf '%s\\n' '{version}'\n")
+    cc.write_text("#!/bin/sh\ncat >/dev/null\n" + "".join(f"echo '{m}'\n" for m in macros))
     cc.chmod(0o755)
     monkeypatch.setenv("CC", f"{cc} -pthread")
     found = native._compiler_why_not()
@@ -205,6 +206,12 @@ def test_only_gcc_builds_with_a_profile(tmp_path, monkeypatch, version, why):
     else:
         assert found is not None
         assert why in found
+
+
+def test_this_machine_s_compiler_is_told_apart():
+    """The real compiler answers the question (whichever it is): a ``-dM -E`` it runs."""
+    found = native._compiler_why_not()
+    assert found is None or "is not GCC" in found
 
 
 def test_a_build_without_mypyc_says_what_to_install_and_keeps_the_last_build(package, monkeypatch):
