@@ -55,6 +55,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         parser.set_defaults(func=_run, command=name)
         return parser
 
+    def group(
+        name: str, help: str, actions: tuple[tuple[str, str], ...]
+    ) -> list[tuple[str, argparse.ArgumentParser]]:
+        """A command made of actions (``rollout status``), each action's parser. The common
+        options go on each action, none on the command itself: argparse would let their
+        defaults override the values given after the action (``rollout status --json web``)."""
+        parser = sub.add_parser(name, help=help)
+        parser.set_defaults(func=_run, command=name)
+        into = parser.add_subparsers(dest=f"{name}_command", required=True)
+        return [(action, command(into, action, text)) for action, text in actions]
+
     apply = add("apply", "apply a service spec and follow its rollout or scale")
     apply.add_argument("-f", "--file", required=True, help="a YAML or JSON service spec")
     apply.add_argument("--dry-run", action="store_true", help="only show what would change")
@@ -64,12 +75,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     status.add_argument("name", nargs="?")
     status.add_argument("--all", action="store_true", help="stopped and failed replicas too")
 
-    # No common options on "rollout" itself: argparse would let its defaults override the
-    # values given after the action ("rollout status --json web").
-    rollout = sub.add_parser("rollout", help="watch and control rollouts")
-    rollout.set_defaults(func=_run, command="rollout")
-    actions = rollout.add_subparsers(dest="rollout_command", required=True)
-    for action, text in (
+    rollout_actions = (
         ("status", "the active rollout, or the last one"),
         ("history", "every rollout, newest first"),
         ("pause", "pause the active rollout"),
@@ -77,8 +83,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         ("promote", "skip the remaining steps (a canary to 100%%, blue/green switched) and follow"),
         ("abort", "stop the rollout, go back to the revision it started from and follow that"),
         ("undo", "roll back to the previous revision (or --to-revision) and follow it"),
-    ):
-        parser = command(actions, action, text)
+    )
+    for action, parser in group("rollout", "watch and control rollouts", rollout_actions):
         parser.add_argument("name")
         if action == "undo":
             parser.add_argument("--to-revision", type=int, metavar="N")
@@ -109,16 +115,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     delete = add("delete", "drain and stop a service, then forget it")
     delete.add_argument("name")
 
-    # Like "rollout": the common options on each action, none on "token" itself.
-    token = sub.add_parser("token", help="a service's bearer tokens (auth)")
-    token.set_defaults(func=_run, command="token")
-    token_actions = token.add_subparsers(dest="token_command", required=True)
-    for action, text in (
+    token_actions = (
         ("list", "the service's tokens by id"),
         ("add", "add a token (made and printed once, or read from --stdin)"),
         ("revoke", "revoke a token added through the API"),
-    ):
-        parser = command(token_actions, action, text)
+    )
+    for action, parser in group("token", "a service's bearer tokens (auth)", token_actions):
         parser.add_argument("name")
         if action == "add":
             parser.add_argument("--label", default="", help="who or what the token is for")
