@@ -27,16 +27,15 @@ def latency_bucket(value: float) -> int:
     ``value`` (``le``), ``len(LATENCY_BUCKETS)`` for +Inf.
 
     Written out, compiled it compares machine floats: ``bisect_left`` was a look-up of its
-    name in the module's dict and a float boxed, at each call, twice a request."""
-    lo = 0
-    hi = len(LATENCY_BUCKETS)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if LATENCY_BUCKETS[mid] < value:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    name in the module's dict and a float boxed, at each call, twice a request. From the
+    smallest bound up, not halving: a proxied request's latency is most often in the first
+    buckets (one comparison for one under a millisecond, where halving made four)."""
+    i = 0
+    for bound in LATENCY_BUCKETS:
+        if not bound < value:  # as bisect_left compares: NaN is in the first bucket
+            return i
+        i += 1
+    return i
 
 
 class Buckets:
