@@ -71,8 +71,10 @@ _last: Final = _Second()
 _MILLIS: Final = tuple(f".{ms:03d}Z" for ms in range(1000))
 """The end of a stamp, by millisecond. (A format spec in an f-string costs more than the rest
 of the line compiled with mypyc, which makes it a ``str.format`` call.)"""
-_SMALL: Final = tuple(str(n) for n in range(256))
-"""Small numbers as text (counts of retries, revisions, short bodies): looked up, not made."""
+_SMALL_END: Final = 600
+_SMALL: Final = tuple(str(n) for n in range(_SMALL_END))
+"""Small numbers as text (statuses, counts of retries, revisions, short bodies): looked up,
+not made."""
 _TENTHS: Final = tuple(f".{n}" for n in range(10))
 
 
@@ -92,7 +94,7 @@ def _stamp(at: float) -> str:
 
 
 def _number(n: int) -> str:
-    return _SMALL[n] if 0 <= n < 256 else str(n)
+    return _SMALL[n] if 0 <= n < _SMALL_END else str(n)
 
 
 def fields(at: float, r: RequestRecord) -> dict[str, object]:
@@ -178,7 +180,7 @@ def _plain(at: float, r: RequestRecord, end: str) -> str:
     return (
         f"{_second(at)}{_MILLIS[int((at - int(at)) * 1000)]} {r.request_id} "
         f"{r.service or '-'} {'-' if revision is None else _number(revision)} "
-        f'{r.upstream_id or "-"} "{r.method} {path}" {r.status} {ms}{tenth}ms '
+        f'{r.upstream_id or "-"} "{r.method} {path}" {_number(r.status)} {ms}{tenth}ms '
         f"in={_number(r.bytes_in)} out={_number(r.bytes_out)} retries={_number(r.retries)}"
         f" error={r.error or '-'}{end}"
     )

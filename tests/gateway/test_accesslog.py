@@ -72,6 +72,13 @@ def test_plain_line_of_a_gateway_error() -> None:
     assert line.endswith("error=no_route")
 
 
+def test_statuses_and_counts_are_written_as_str_writes_them() -> None:
+    """Small numbers come from a table, the rest are made: the same text either way."""
+    for n in [*range(-2, 1100), 10**12]:
+        line = format_plain(AT, record(status=n, bytes_in=n, bytes_out=n, retries=n))
+        assert f" {n} 12.3ms in={n} out={n} retries={n} " in line, n
+
+
 @given(
     ats=st.lists(st.floats(min_value=0, max_value=4_000_000_000), min_size=1, max_size=20),
     duration=st.floats(min_value=0, max_value=10_000),
