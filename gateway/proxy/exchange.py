@@ -184,6 +184,7 @@ class Exchange:
             chunked=False,
             head_only=request.method == "HEAD",
             read_timeout=sp.read_timeout,
+            now=self.started,  # this callback's: the exchange began in it
             waiter=self,
         )
 

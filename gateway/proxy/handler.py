@@ -396,6 +396,7 @@ class Proxy(Forwarding):
             chunked=request.chunked,
             head_only=request.method == "HEAD",
             read_timeout=sp.read_timeout,
+            now=self.loop.time(),
         )
         if body is not None:
             ex.bytes_in = body.received
@@ -455,6 +456,7 @@ class Proxy(Forwarding):
                 chunked=False,
                 head_only=False,
                 read_timeout=timeouts.connect + timeouts.read,
+                now=self.loop.time(),
             )
             assert future is not None
             try:

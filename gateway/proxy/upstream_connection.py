@@ -397,9 +397,13 @@ class UpstreamConnection(asyncio.Protocol):
         chunked: bool,
         head_only: bool,
         read_timeout: float,
+        now: float,
         waiter: Waiter | None = None,
     ) -> asyncio.Future[ResponseHead] | None:
         """Write a request head; the future resolves with the answer's head.
+
+        ``now`` is the loop's time (``loop.time()``), from which ``read_timeout`` runs: the
+        caller's, read in the same callback (an exchange's start is), not read again.
 
         With a ``waiter``, no future: the waiter is told instead, from this connection's
         callbacks (once the answer's head, or all of the answer that was read with it, is in).
@@ -419,7 +423,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._body_chunked = chunked
         self.request_sent = not body
         self._read_timeout = read_timeout
-        self._last_read = loop.time()
+        self._last_read = now
         if read_timeout:
             deadline = self._last_read + read_timeout
             if self._timer is None or self._timer_at > deadline:

@@ -177,7 +177,7 @@ async def test_a_request_head_is_held_unless_a_body_follows_it():
         conns.append(conn)
         transports.append(transport)
     connector._busy.update(conns)  # what acquire does: three requests in flight
-    send = {"chunked": False, "head_only": False, "read_timeout": 0}
+    send = {"chunked": False, "head_only": False, "read_timeout": 0, "now": 0.0}
     conns[0].send(b"GET /first", body=False, **send)  # type: ignore[arg-type]
     conns[1].send(b"POST /body-follows", body=True, **send)  # type: ignore[arg-type]
     conns[2].send(b"GET /held", body=False, **send)  # type: ignore[arg-type]

@@ -35,6 +35,11 @@ class _Client:
         return False
 
 
+def now() -> float:
+    """The loop's time, from which a request's read timeout runs (``send``'s ``now``)."""
+    return asyncio.get_running_loop().time()
+
+
 def stream(transport: object) -> ResponseStream:
     """A ResponseStream to a ClientConnection writing to ``transport`` (a real connection:
     compiled with mypyc, ``ResponseStream`` checks that it is given one)."""
@@ -49,7 +54,9 @@ def stream(transport: object) -> ResponseStream:
 
 async def run(conn: UpstreamConnection) -> bytes:
     """One GET on ``conn``; the answer as the client would get it (after a head of b"")."""
-    head = await conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5)
+    head = await conn.send(
+        GET, body=False, chunked=False, head_only=False, read_timeout=5, now=now()
+    )
     assert head.status == 200
     client = _Client()
     sink = stream(client)
@@ -108,7 +115,7 @@ async def test_idle_connections_beyond_max_idle_are_closed(counting_upstream):
 async def test_a_connection_whose_request_failed_is_not_reused(counting_upstream):
     connector = Connector()
     conn = await connector.acquire("127.0.0.1", counting_upstream.port, 1.0)
-    future = conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5)
+    future = conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5, now=now())
     connector.release(conn)  # before its answer: the request is not over
     assert connector.idle_count() == 0
     with pytest.raises(UpstreamConnectError):
@@ -137,7 +144,7 @@ async def test_a_body_is_not_read_before_the_proxy_takes_it(raw_upstream):
     port = await raw_upstream(serve)
     connector = Connector()
     conn = await connector.acquire("127.0.0.1", port, 1.0)
-    await conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5)
+    await conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5, now=now())
     assert conn.transport is not None
     assert not conn.transport.is_reading()
     client = _Client()
@@ -194,7 +201,9 @@ async def test_a_large_body_is_not_overwritten_while_the_client_holds_it(raw_ups
     port = await raw_upstream(serve)
     connector = Connector()
     conn = await connector.acquire("127.0.0.1", port, 1.0)
-    head = await conn.send(GET, body=False, chunked=False, head_only=False, read_timeout=5)
+    head = await conn.send(
+        GET, body=False, chunked=False, head_only=False, read_timeout=5, now=now()
+    )
     assert head.content_length == len(body)
     client = _HoldingClient()
     done = conn.stream_to(stream(client), b"")

@@ -4,6 +4,7 @@ armed the timer. On a fake loop whose clock the test moves: nothing sleeps."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -81,7 +82,13 @@ def connect() -> tuple[UpstreamConnection, Transport]:
 
 def send(conn: UpstreamConnection, waiter: Waiter) -> None:
     conn.send(
-        GET, body=False, chunked=False, head_only=False, read_timeout=READ_TIMEOUT, waiter=waiter
+        GET,
+        body=False,
+        chunked=False,
+        head_only=False,
+        read_timeout=READ_TIMEOUT,
+        now=asyncio.get_running_loop().time(),  # the fake loop's: where the test moved it
+        waiter=waiter,
     )
 
 
