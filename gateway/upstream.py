@@ -30,7 +30,13 @@ def by_fields(record: Any) -> tuple[type, tuple[object, ...]]:
     """``__reduce__`` of a frozen dataclass sent between processes: its class, then its
     fields in order. Compiled with mypyc, the default unpickling sets each attribute, which
     the frozen ``__setattr__`` refuses."""
-    return type(record), tuple(getattr(record, f.name) for f in dataclasses.fields(record))
+    fields = dataclasses.fields(record)
+    return type(record), tuple(getattr(record, f.name) for f in fields if f.init)
+
+
+def address_of(host: str, port: int) -> str:
+    """``host:port`` as an authority writes it: an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +54,12 @@ class Upstream:
     ejected: bool = False
     probes: tuple[ProbeConfig, ...] = ()
     """Probes of this upstream's revision; empty means the service's probes."""
+    address: str = dataclasses.field(init=False, repr=False, compare=False)
+    """``host:port`` (``address_of``), made with the upstream: the key of the connections
+    kept to it (``Connector.idle``), which a request looks up without making one."""
 
-    @property
-    def address(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "address", address_of(self.host, self.port))
 
     @property
     def routable(self) -> bool:

@@ -1,6 +1,7 @@
 """The keep-alive pool of connections to upstreams (``Connector``).
 
-It keeps idle keep-alive connections per upstream address, newest first, closes those idle
+It keeps idle keep-alive connections per upstream address (``host:port``, as
+``Upstream.address`` writes it), newest first, closes those idle
 for longer than ``keepalive_timeout``, and opens new ones within the connect timeout. A
 connection goes back to the pool only after a request whose answer arrived whole and allows
 keep-alive (``UpstreamConnection.reusable``); any failure closes it.
@@ -12,6 +13,7 @@ import asyncio
 from typing import Final
 
 from ..errors import UpstreamConnectError, UpstreamTimeout
+from ..upstream import address_of
 from ..wire.batch import WriteBatch
 from ..wire.splice import Buffers
 from .messages import ResponseHead
@@ -35,7 +37,9 @@ class Connector:
         self.max_idle = max_idle
         self.max_header_size = max_header_size
         self.keepalive_timeout = keepalive_timeout
-        self._idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
+        self._idle: dict[str, list[UpstreamConnection]] = {}
+        """Idle connections by address (``address_of``): a string an upstream holds already,
+        so a request looks its connections up without making a key."""
         self._busy: set[UpstreamConnection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
@@ -45,9 +49,10 @@ class Connector:
         """Where request heads wait for the end of the loop's turn (``batch``); shared with
         the client connections (``ConnectionGate``)."""
 
-    def idle(self, host: str, port: int) -> UpstreamConnection | None:
-        """The newest idle connection to ``host:port`` that is still open, taken, or None."""
-        idle = self._idle.get((host, port))
+    def idle(self, address: str) -> UpstreamConnection | None:
+        """The newest idle connection to ``address`` (``Upstream.address``) that is still
+        open, taken, or None."""
+        idle = self._idle.get(address)
         while idle:
             conn = idle.pop()
             if conn.transport is not None and not conn.transport.is_closing():
@@ -57,7 +62,7 @@ class Connector:
 
     async def acquire(self, host: str, port: int, within: float) -> UpstreamConnection:
         """An idle connection to ``host:port``, or a new one opened ``within`` seconds."""
-        conn = self.idle(host, port)
+        conn = self.idle(address_of(host, port))
         if conn is not None:
             return conn
         return await self.connect(host, port, within)
@@ -82,7 +87,7 @@ class Connector:
     def connection(self, host: str, port: int) -> UpstreamConnection:
         """A new connection to ``host:port``, not connected yet (nor counted in use)."""
         return UpstreamConnection(
-            (host, port),
+            address_of(host, port),
             max_header_size=self.max_header_size,
             buffers=self.buffers,
             batch=self.batch,

@@ -130,7 +130,7 @@ class Proxy(Forwarding):
         if upstream is not None and not total:
             connector = self._connector
             assert connector is not None
-            conn = connector.idle(upstream.host, upstream.port)
+            conn = connector.idle(upstream.address)
         if conn is None:
             # The task connects (to the upstream picked: a pick is not undone) or waits.
             ex.upstream = upstream
@@ -341,7 +341,7 @@ class Proxy(Forwarding):
         upstream = lease.upstream
         timeouts = sp.routing.timeouts
         connector = self.connector
-        conn = None if fresh else connector.idle(upstream.host, upstream.port)
+        conn = None if fresh else connector.idle(upstream.address)
         if conn is None:
             try:
                 conn = await connector.connect(upstream.host, upstream.port, timeouts.connect)

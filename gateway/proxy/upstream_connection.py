@@ -62,7 +62,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def __init__(
         self,
-        key: tuple[str, int],
+        key: str,
         *,
         max_header_size: int,
         buffers: Buffers,
@@ -70,6 +70,7 @@ class UpstreamConnection(asyncio.Protocol):
         forget: Callable[[UpstreamConnection], None],
     ) -> None:
         self.key = key
+        """Its upstream's address (``address_of``): where the connector keeps it idle."""
         self._batch = batch
         self._forget = forget
         """Told when the connection is lost (its ``Connector``)."""
@@ -601,4 +602,4 @@ class UpstreamConnection(asyncio.Protocol):
             self.transport.abort()
 
     def __repr__(self) -> str:
-        return f"<UpstreamConnection {self.key[0]}:{self.key[1]} complete={self.complete}>"
+        return f"<UpstreamConnection {self.key} complete={self.complete}>"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import pickle
 import random
 
 import pytest
@@ -14,6 +15,7 @@ from gateway.errors import UpstreamConnectError
 from gateway.proxy.client import ClientConnection, ConnectionGate
 from gateway.proxy.connector import Connector, UpstreamConnection
 from gateway.proxy.streams import ResponseStream
+from gateway.upstream import Upstream
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 GET = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
@@ -97,6 +99,30 @@ async def test_a_connection_is_reused_after_a_clean_answer(counting_upstream):
         connector.release(conn)
     assert counting_upstream.connections == 1
     assert connector.idle_count() == 1
+    connector.close()
+
+
+def test_an_upstream_has_its_address_made_once_and_across_copies() -> None:
+    v4, v6 = Upstream("a", "web", "127.0.0.1", 9000), Upstream("b", "web", "::1", 9000)
+    assert (v4.address, v6.address) == ("127.0.0.1:9000", "[::1]:9000")
+    assert v4.replace(port=9001).address == "127.0.0.1:9001"
+    copy = pickle.loads(pickle.dumps(v6))  # as a snapshot crosses to a worker
+    assert copy == v6
+    assert copy.address == "[::1]:9000"
+
+
+async def test_a_kept_connection_is_found_by_its_upstream_address(counting_upstream):
+    connector = Connector()
+    conn = await connector.acquire("127.0.0.1", counting_upstream.port, 1.0)
+    assert await run(conn) == b"ok"
+    connector.release(conn)
+    upstream = Upstream("u", "web", "127.0.0.1", counting_upstream.port)
+    assert connector.idle(f"127.0.0.1:{counting_upstream.port + 1}") is None
+    assert connector.idle(upstream.address) is conn
+    assert connector.idle(upstream.address) is None  # taken: in use until released
+    assert await run(conn) == b"ok"
+    connector.release(conn)
+    assert counting_upstream.connections == 1
     connector.close()
 
 

@@ -69,7 +69,7 @@ def loop() -> Iterator[FakeLoop]:
 
 def connect() -> tuple[UpstreamConnection, Transport]:
     conn = UpstreamConnection(
-        ("127.0.0.1", 1),
+        "127.0.0.1:1",
         max_header_size=16 * 1024,
         buffers=Buffers(),
         batch=WriteBatch(),
