@@ -282,7 +282,9 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
     i += 11
     block_at: i64 = i
     run: i64 = i  # the start of the run of kept lines before the current line
-    kept: list[bytes] = []
+    cut_at: i64 = -1  # the first run a left-out line ended: data[cut_at:cut_end] (``_kept``)
+    cut_end: i64 = -1
+    more: list[bytes] | None = None  # the runs cut off after it
     count: i64 = 0
     host = b""
     has_host = False  # an empty Host is one too
@@ -293,7 +295,7 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
     spelled = True  # every field spelled "name: value", as ``upstream_request`` writes it
     authorization: bytes | None = None
     authorization_at: i64 = -1
-    kept_length: i64 = 0  # of the runs in ``kept``, each with the CRLF that joins them
+    kept_length: i64 = 0  # of the runs cut off so far, each with the CRLF that joins them
     while i < n and data[i] != _CR:
         # A field line: its name up to the colon, its value, its CR (``_field_end``).
         start = i
@@ -337,18 +339,24 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
         elif kind == _REFUSED or kind == _CONTENT_LENGTH or kind == _TRANSFER_ENCODING:
             return None  # framing, an upgrade: llhttp's
         if start > run:
-            kept.append(data[run : start - 2])
+            if cut_at < 0:
+                cut_at, cut_end = run, start - 2
+            elif more is None:
+                more = [data[run : start - 2]]
+            else:
+                more.append(data[run : start - 2])
             kept_length += start - run
         run = i
     if i + 2 != n:
         return None  # a blank line before the end: more follows the head
     block_end = i - 2 if i > block_at else i
+    block = data[block_at:block_end]
     # Unless a field is spelled otherwise: then ``upstream_request`` writes them all.
-    lines = _kept(data, kept, block_at, run, block_end) if spelled else None
+    lines = _kept(data, block, block_at, block_end, run, cut_at, cut_end, more) if spelled else None
     return (
         method,
         target,
-        data[block_at:block_end],
+        block,
         lines,
         host,
         request_id,
@@ -392,8 +400,10 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
     phrase = _OK if i == 15 and data[13] == 79 and data[14] == 75 else data[13:i]
     i += 2
     block_at: i64 = i
-    kept: list[bytes] = []
     run: i64 = i  # the start of the run of kept lines before the current line
+    cut_at: i64 = -1  # as in ``request``
+    cut_end: i64 = -1
+    more: list[bytes] | None = None
     count: i64 = 0
     content_length: i64 = -1
     chunked = False
@@ -446,7 +456,12 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
             connection = True
             keep_alive = alive == 1
         if start > run:
-            kept.append(data[run : start - 2])
+            if cut_at < 0:
+                cut_at, cut_end = run, start - 2
+            elif more is None:
+                more = [data[run : start - 2]]
+            else:
+                more.append(data[run : start - 2])
         run = i
     if i + 1 >= n or data[i + 1] != _LF:
         return None  # not a blank line
@@ -455,15 +470,36 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
             return None  # both: llhttp refuses it
     elif content_length != n - i - 2:
         return None  # not the whole body
-    block = _kept(data, kept, block_at, run, i - 2 if i > block_at else i)
+    block = _kept(data, b"", block_at, i - 2 if i > block_at else i, run, cut_at, cut_end, more)
     return status, phrase, block, content_length, NO_HOP, keep_alive, i + 2
 
 
-def _kept(data: bytes, kept: list[bytes], block_at: int, run: int, block_end: int) -> bytes:
-    """The lines of the block ``data[block_at:block_end]`` that are kept: the runs in
-    ``kept``, and the last one from ``run``; the block itself if no line was left out."""
+def _kept(
+    data: bytes,
+    block: bytes,
+    block_at: int,
+    block_end: int,
+    run: int,
+    cut_at: int,
+    cut_end: int,
+    more: list[bytes] | None,
+) -> bytes:
+    """The lines kept of the block ``data[block_at:block_end]`` (``block``, if its slice is
+    made already, else b""): the first run cut off by a left-out line,
+    ``data[cut_at:cut_end]`` (``cut_at`` -1 if none), the runs cut off after it (``more``),
+    and the last run, from ``run`` to the block's end; the block itself if no line was left
+    out. One run is one slice: no list, no join."""
     if run == block_at:
-        return data[block_at:block_end]
-    if run < block_end:
-        kept.append(data[run:block_end])
-    return b"\r\n".join(kept)
+        return block if block else data[block_at:block_end]
+    last = data[run:block_end] if run < block_end else b""
+    if cut_at < 0:
+        return last
+    first = data[cut_at:cut_end]
+    if more is None and not last:
+        return first
+    pieces = [first]
+    if more is not None:
+        pieces += more
+    if last:
+        pieces.append(last)
+    return b"\r\n".join(pieces)
