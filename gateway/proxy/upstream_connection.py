@@ -101,6 +101,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_only = False
         self._sink: ResponseStream | None = None
         self._buffer: list[bytes] = []
+        """The answer's body read before it has a sink, piece by piece (llhttp's)."""
+        self._whole = b""
+        """Or all of it at once: a plain answer's, read with its head (no list for it)."""
         self.complete = False
         self.failed = False
         self.body_producer: Producer | None = None
@@ -262,7 +265,7 @@ class UpstreamConnection(asyncio.Protocol):
         if length >= 0:
             head.content_length = length
             if length:
-                self._buffer.append(data[body_at:])
+                self._whole = data[body_at:]
             self._message_done()
         else:
             head.chunked = True
@@ -450,6 +453,10 @@ class UpstreamConnection(asyncio.Protocol):
             sink.conn.write(head + data)
             return None
         sink.conn.write(head)
+        whole = self._whole
+        if whole:
+            self._whole = b""
+            sink.response_data(whole)
         buffer, self._buffer = self._buffer, []
         for data in buffer:
             sink.response_data(data)
@@ -466,6 +473,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     def take_body(self) -> bytes:
         """The whole body of a complete answer, read already (instead of ``stream_to``)."""
+        whole = self._whole
+        if whole:
+            self._whole = b""
+            return whole
         buffer = self._buffer
         self._buffer = []
         return b"".join(buffer)
