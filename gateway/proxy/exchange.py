@@ -199,12 +199,12 @@ class Exchange:
             if failed is not None:
                 self._retry(failed)
                 return
-        chunked, data = self.client_head(conn, head)
-        if conn.complete and not chunked:  # the whole answer, at once (most)
-            body = conn.take_body()
-            self.client.write(data + body)
+        if conn.complete and head.content_length is not None:  # the whole answer (most)
+            body = conn.take_body()  # framed by its length: never chunked to the client
+            self.client.write(self.client_head(conn, head, body)[1])  # at once, one bytes
             self._served(len(body), now)
             return
+        chunked, data = self.client_head(conn, head)
         sink = ResponseStream(self.client, chunked)
         done = conn.stream_to(sink, data)  # never raises: the connection has not failed
         if done is None:
@@ -374,27 +374,31 @@ class Exchange:
                 return Failed(error, "status")
         return None
 
-    def client_head(self, conn: UpstreamConnection, head: ResponseHead) -> tuple[bool, bytes]:
-        """The head of the answer as the client gets it, and whether its body is chunked; the
-        client's connection reads from ``conn`` from now on."""
+    def client_head(
+        self, conn: UpstreamConnection, head: ResponseHead, body: bytes = b""
+    ) -> tuple[bool, bytes]:
+        """The head of the answer as the client gets it (then ``body``, if given: see
+        ``messages.client_head``), and whether its body is chunked; the client's connection
+        reads from ``conn`` from now on."""
         client = self.client
         request = self.request
-        body = request.body
+        request_body = request.body
         keep_alive = request.keep_alive and not client.closing
-        if body is not None and not body.complete:
+        if request_body is not None and not request_body.complete:
             keep_alive = False  # the rest of the body would have to be read first
         self.status = head.status
         self.response_started = True
         client.producer = conn
-        chunked, keep_alive, data = messages.client_head(
-            request, head, self.request_id_bytes(), keep_alive
-        )
-        request.keep_alive = keep_alive
+        extra = b""
         if client.secure:
             sp = self.sp
             hsts = sp.hsts if sp is not None else None
-            if hsts is not None:  # one more field before the head's end
-                data = data[:-2] + answers.hsts_field(hsts) + b"\r\n\r\n"
+            if hsts is not None:  # one more field, last
+                extra = answers.hsts_field(hsts)
+        chunked, keep_alive, data = messages.client_head(
+            request, head, self.request_id_bytes(), keep_alive, extra=extra, body=body
+        )
+        request.keep_alive = keep_alive
         return chunked, data
 
     def delivered(self, conn: UpstreamConnection, bytes_out: int) -> None:

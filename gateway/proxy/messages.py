@@ -106,27 +106,71 @@ def plain_upstream_head(
     method = _METHODS.get(request.method)
     if method is None:
         method = request.method.encode() + b" "
-    pieces = [method, target, b" HTTP/1.1\r\n"]
+    # At most ten pieces, each line's CRLF with the constant after it (``bytes.join``
+    # allocates an array for the views of more than ten), and X-Forwarded-For's line made
+    # once per client address.
+    pieces = [method, target]
     kept = request.plain_lines
     if kept:
-        pieces += (kept, b"\r\n")
+        pieces += (b" HTTP/1.1\r\n", kept)
+    else:
+        pieces.append(b" HTTP/1.1")  # the CRLF comes with the next line
     if peer is not None:
-        pieces += (b"X-Forwarded-For: ", peer.encode(), b"\r\n")
-    pieces.append(b"X-Forwarded-Proto: https\r\n" if secure else b"X-Forwarded-Proto: http\r\n")
+        forwarded_for = _FORWARDED_FOR.get(peer)
+        pieces.append(_forwarded_for(peer) if forwarded_for is None else forwarded_for)
     host = request.host
     if host:
-        pieces += (b"X-Forwarded-Host: ", host, b"\r\nX-Request-Id: ", request_id, b"\r\n")
+        pieces += (
+            b"\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: "
+            if secure
+            else b"\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: ",
+            host,
+            b"\r\nX-Request-Id: ",
+            request_id,
+        )
     else:
-        pieces += (b"X-Request-Id: ", request_id, b"\r\nHost: ", address.encode(), b"\r\n")
-    pieces.append(b"Content-Length: 0\r\n\r\n" if empty_body else b"\r\n")
+        pieces += (
+            b"\r\nX-Forwarded-Proto: https\r\nX-Request-Id: "
+            if secure
+            else b"\r\nX-Forwarded-Proto: http\r\nX-Request-Id: ",
+            request_id,
+            b"\r\nHost: ",
+            address.encode(),
+        )
+    pieces.append(b"\r\nContent-Length: 0\r\n\r\n" if empty_body else b"\r\n\r\n")
     return b"".join(pieces)
 
 
+_FORWARDED_FOR: Final[dict[str, bytes]] = {}
+"""X-Forwarded-For's line (after a CRLF) by client address, for the addresses that come
+again and again: a look-up costs less than the address encoded and one more piece joined."""
+FORWARDED_FOR_CACHED: Final = 1024
+
+
+def _forwarded_for(peer: str) -> bytes:
+    """``peer``'s X-Forwarded-For line, kept in ``_FORWARDED_FOR`` (emptied when full)."""
+    line = b"\r\nX-Forwarded-For: " + peer.encode()
+    if len(_FORWARDED_FOR) >= FORWARDED_FOR_CACHED:
+        _FORWARDED_FOR.clear()
+    _FORWARDED_FOR[peer] = line
+    return line
+
+
 def client_head(
-    request: IncomingRequest, head: ResponseHead, request_id: bytes, keep_alive: bool
+    request: IncomingRequest,
+    head: ResponseHead,
+    request_id: bytes,
+    keep_alive: bool,
+    *,
+    extra: bytes = b"",
+    body: bytes = b"",
 ) -> tuple[bool, bool, bytes]:
     """The head of the answer as the client gets it: (chunked, keep_alive, bytes); the
-    connection is kept alive only if ``keep_alive`` and the answer's framing allow it."""
+    connection is kept alive only if ``keep_alive`` and the answer's framing allow it.
+
+    ``extra``: one more field line (HSTS's), last. ``body``: bytes that follow the head in
+    the same ``bytes`` (the whole body of a complete answer framed by its length: one join,
+    not a head and then a copy of it with the body)."""
     status = head.status
     hop = head.hop
     length = head.content_length
@@ -137,26 +181,27 @@ def client_head(
         and request.version == "1.1"
         and not (hop and headers.names_fields(hop))
     ):
-        # Most answers: what the steps below make of them, in one step.
+        # Most answers: what the steps below make of them, in one step. A tuple (small ones
+        # are reused, a list's items are allocated) of at most ten pieces (see
+        # ``plain_upstream_head``).
         fields = head.fields
-        return (
-            False,
-            True,
-            b"".join(
-                (  # a tuple: small ones are reused, a list's items are allocated
-                    http1.STATUS_LINE_START[status],
-                    head.phrase,
-                    b"\r\n",
-                    fields,
-                    b"\r\n" if fields else b"",
-                    b"X-Request-Id: ",
-                    request_id,
-                    b"\r\nContent-Length: ",
-                    str(length).encode(),
-                    b"\r\n\r\n",
-                )
-            ),
+        rid = b"\r\nX-Request-Id: " if fields else b"X-Request-Id: "
+        end = b"\r\n" + extra + b"\r\n\r\n" if extra else b"\r\n\r\n"
+        data = b"".join(
+            (
+                http1.STATUS_LINE_START[status],
+                head.phrase,
+                b"\r\n",
+                fields,
+                rid,
+                request_id,
+                b"\r\nContent-Length: ",
+                http1.decimal(length),
+                end,
+                body,
+            )
         )
+        return False, True, data
     chunked = False
     lines = headers.client_response(head.fields, head.hop, request_id.decode())
     if head.content_length is not None and status != 204:
@@ -173,7 +218,10 @@ def client_head(
         lines.append(b"Connection: close")
     elif request.version == "1.0":
         lines.append(b"Connection: keep-alive")
-    return chunked, keep_alive, http1.response_head(status, head.phrase, lines)
+    if extra:
+        lines.append(extra)
+    data = http1.response_head(status, head.phrase, lines)
+    return chunked, keep_alive, data + body if body else data
 
 
 def upgrade_head(head: ResponseHead, request_id: str) -> bytes:

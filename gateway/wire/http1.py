@@ -33,7 +33,14 @@ _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 STATUS_LINE_START: Final = tuple(b"HTTP/1.1 %d " % code for code in range(1000))
 """``HTTP/1.1 <code> `` by code (llhttp reads three digits; the gateway's own are three too):
 joining a head from pieces costs two thirds of formatting it (``proxy.messages.client_head``)."""
+_DECIMALS: Final = tuple(b"%d" % n for n in range(1024))
+"""Small numbers in decimal, looked up: a Content-Length of a small body costs no string."""
 _date_cache: tuple[int, bytes] = (0, b"")
+
+
+def decimal(n: int) -> bytes:
+    """``n`` in decimal digits, as ``b"%d" % n`` writes it."""
+    return _DECIMALS[n] if 0 <= n < 1024 else b"%d" % n
 
 
 def reason(status: int) -> bytes:

@@ -215,6 +215,16 @@ def check_answer(data: bytes) -> bool:
     return True
 
 
+def test_forwarded_for_lines_come_from_a_bounded_cache_the_same() -> None:
+    plain = plainhead.request(b"GET / HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n\r\n", MAX_FIELD)
+    assert plain is not None
+    for n in range(3 * messages.FORWARDED_FOR_CACHED):
+        peer = f"10.{n >> 16}.{(n >> 8) & 255}.{n & 255}" if n % 3 else f"2001:db8::{n:x}"
+        for _ in range(2):  # made, then from the cache
+            check_whole_head(plain, peer, trust=False)
+        assert len(messages._FORWARDED_FOR) <= messages.FORWARDED_FOR_CACHED
+
+
 REQUESTS = [
     b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n",
     b"GET / HTTP/1.1\r\n\r\n",
