@@ -221,10 +221,11 @@ class ClientConnection(RequestReader):
         self.task = task = self._loop.create_task(self._run(request, work))
         return task
 
-    def finished(self, request: IncomingRequest) -> None:
-        """The active request, served without a task, was answered."""
+    def finished(self, request: IncomingRequest, now: float) -> None:
+        """The active request, served without a task, was answered; ``now``: the loop's
+        time, read as it was (the keep-alive deadline runs from it)."""
         self.exchange = None
-        self._finished(request)
+        self._finished(request, now)
 
     async def _run(self, request: IncomingRequest, work: Coroutine[Any, Any, None]) -> None:
         try:
@@ -236,7 +237,7 @@ class ClientConnection(RequestReader):
             log.exception("request handler failed for %r", request)
             self.abort()
             return
-        self._finished(request)
+        self._finished(request, self._loop.time())
 
     def request_over(self) -> asyncio.Future[None]:
         """A future resolved once no request is active here: the active one was answered
@@ -256,7 +257,7 @@ class ClientConnection(RequestReader):
             if not future.done():
                 future.set_result(None)
 
-    def _finished(self, request: IncomingRequest) -> None:
+    def _finished(self, request: IncomingRequest, now: float) -> None:
         """The answer to ``request`` was written: next request, keep-alive or close."""
         if self._over is not None:
             self._resolve_over()
@@ -284,7 +285,7 @@ class ClientConnection(RequestReader):
             if not pipeline:
                 self._resume(PAUSE_PIPELINE)
         elif self._parsing is None:
-            self._idle()
+            self._idle(now)
 
     def _nothing_after(self, request: IncomingRequest) -> bool:
         """All ``request`` sent was read, and nothing came after it."""

@@ -262,7 +262,7 @@ class Exchange:
         self.delivered(conn, bytes_out)
         self._end()
         self.record(now)
-        self.client.finished(self.request)
+        self.client.finished(self.request, now)
 
     def _retry(self, failed: Failed) -> None:
         """The attempt failed (its connection is gone): retry it, or answer, in a task.

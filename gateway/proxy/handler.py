@@ -119,8 +119,9 @@ class Proxy(Forwarding):
             sp = self._prepare(ex)
         except GatewayError as exc:
             ex.error_response(exc)
-            ex.record(self.loop.time())
-            client.finished(request)
+            now = self.loop.time()
+            ex.record(now)
+            client.finished(request, now)
             return True
         total = sp.total_timeout
         upstream = ex.upstream  # a preview route's, picked already

@@ -342,9 +342,9 @@ class RequestReader(asyncio.Protocol):
             )
             request.body = RequestBody(self, expect and request.version == "1.1")
             timeout = self._limits.body_timeout
-            self._body_started = self._loop.time()
+            now = self._body_started = self._loop.time()
             if timeout:
-                self._set_deadline(timeout, _BODY)
+                self._set_deadline(timeout, _BODY, now)
             else:
                 self._clear_deadline()
             length = request.content_length
@@ -381,7 +381,7 @@ class RequestReader(asyncio.Protocol):
         if self.active is None and not self._closing and self._lingered < 0:
             # Answered already, from the parser's callback (a 404): idle from now on, and
             # ``_finished`` did not know it yet (the head was still being read).
-            self._idle()
+            self._idle(self._loop.time())
         elif self._deadline_kind == _BODY:
             self._clear_deadline()
 
@@ -423,7 +423,7 @@ class RequestReader(asyncio.Protocol):
             self.transport.resume_reading()
             parsing = self._parsing
             if parsing is not None and parsing.body is not None and self._limits.body_timeout:
-                self._set_deadline(self._limits.body_timeout, _BODY)
+                self._set_deadline(self._limits.body_timeout, _BODY, self._loop.time())
 
     def pause_body(self) -> None:
         """Too much of the request body is buffered (no upstream took it yet)."""
@@ -442,11 +442,13 @@ class RequestReader(asyncio.Protocol):
 
     # -- deadlines (the wheel's, or one lazily re-armed timer) ---------------------------------
 
-    def _set_deadline(self, timeout: float, kind: int) -> None:
+    def _set_deadline(self, timeout: float, kind: int, now: float) -> None:
+        """Due ``timeout`` after ``now``, the loop's time (``loop.time()``) as the caller
+        read it: an answer's end gives its own to the keep-alive deadline after it."""
         if not timeout:
             self._clear_deadline()
             return
-        when = self._loop.time() + timeout
+        when = now + timeout
         self._deadline = when
         self._deadline_kind = kind
         timer = self._timer
@@ -530,11 +532,11 @@ class RequestReader(asyncio.Protocol):
 
     def _await_head(self) -> None:
         """A request head is due within ``header_timeout``."""
-        self._set_deadline(self._limits.header_timeout, _HEAD)
+        self._set_deadline(self._limits.header_timeout, _HEAD, self._loop.time())
 
-    def _idle(self) -> None:
-        """No request now: the next is due within ``keepalive_timeout``."""
-        self._set_deadline(self._limits.keepalive_timeout, _KEEPALIVE)
+    def _idle(self, now: float) -> None:
+        """No request now: the next is due within ``keepalive_timeout`` of ``now``."""
+        self._set_deadline(self._limits.keepalive_timeout, _KEEPALIVE, now)
 
     def _linger_reads(self) -> None:
         """Our side is shut: what still comes is read and discarded (``LINGER_TIMEOUT``)."""
@@ -543,7 +545,7 @@ class RequestReader(asyncio.Protocol):
         self._paused = 0
         if self.transport is not None:
             self.transport.resume_reading()
-        self._set_deadline(LINGER_TIMEOUT, _LINGER)
+        self._set_deadline(LINGER_TIMEOUT, _LINGER, self._loop.time())
 
     def _stop_timer(self) -> None:
         """The connection is closed: no timer of its own, out of the wheel."""

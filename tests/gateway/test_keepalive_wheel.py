@@ -4,6 +4,7 @@ test moves: nothing sleeps."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -86,7 +87,7 @@ def connect(
 
 def serve_one(conn: ClientConnection, served: Served) -> None:
     conn.data_received(GET)
-    conn.finished(served.requests[-1])
+    conn.finished(served.requests[-1], asyncio.get_running_loop().time())
 
 
 def wheel_entries(loop: FakeLoop) -> int:
@@ -114,7 +115,7 @@ def test_a_connection_busy_when_its_slot_fires_is_skipped_then_timed_again(loop)
     conn.data_received(GET)  # busy from 70 s, answered at 80 s
     loop.advance(10)
     assert not transport.closed  # its slot came at 75 s: skipped
-    conn.finished(served.requests[-1])
+    conn.finished(served.requests[-1], loop.time())
     assert wheel_entries(loop) == 1
     loop.advance(75 - 0.1)
     assert not transport.closed
@@ -215,7 +216,7 @@ def test_a_head_that_comes_in_time_leaves_the_connection_open(loop):
     conn.data_received(GET)  # busy at its head's slot: skipped, then idle for 75 s
     loop.advance(1 + WHEEL_SLOT)
     assert not transport.closed
-    conn.finished(served.requests[-1])
+    conn.finished(served.requests[-1], loop.time())
     loop.advance(75 - 0.01)
     assert not transport.closed
     loop.advance(0.01 + WHEEL_SLOT)
