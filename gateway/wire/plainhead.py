@@ -339,12 +339,7 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
         elif kind == _REFUSED or kind == _CONTENT_LENGTH or kind == _TRANSFER_ENCODING:
             return None  # framing, an upgrade: llhttp's
         if start > run:
-            if cut_at < 0:
-                cut_at, cut_end = run, start - 2
-            elif more is None:
-                more = [data[run : start - 2]]
-            else:
-                more.append(data[run : start - 2])
+            cut_at, cut_end, more = _cut(data, run, start - 2, cut_at, cut_end, more)
             kept_length += start - run
         run = i
     if i + 2 != n:
@@ -456,12 +451,7 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
             connection = True
             keep_alive = alive == 1
         if start > run:
-            if cut_at < 0:
-                cut_at, cut_end = run, start - 2
-            elif more is None:
-                more = [data[run : start - 2]]
-            else:
-                more.append(data[run : start - 2])
+            cut_at, cut_end, more = _cut(data, run, start - 2, cut_at, cut_end, more)
         run = i
     if i + 1 >= n or data[i + 1] != _LF:
         return None  # not a blank line
@@ -472,6 +462,19 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
         return None  # not the whole body
     block = _kept(data, b"", block_at, i - 2 if i > block_at else i, run, cut_at, cut_end, more)
     return status, phrase, block, content_length, NO_HOP, keep_alive, i + 2
+
+
+def _cut(
+    data: bytes, run: i64, end: i64, cut_at: i64, cut_end: i64, more: list[bytes] | None
+) -> tuple[i64, i64, list[bytes] | None]:
+    """The run of kept lines ``data[run:end]``, cut off by a line left out, noted: as the
+    first run's bounds (``cut_at``, ``cut_end``) if it is the first, else in ``more``."""
+    if cut_at < 0:
+        return run, end, more
+    if more is None:
+        return cut_at, cut_end, [data[run:end]]
+    more.append(data[run:end])
+    return cut_at, cut_end, more
 
 
 def _kept(
