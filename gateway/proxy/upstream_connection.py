@@ -27,20 +27,12 @@ from typing import Protocol, cast
 
 import httptools
 
-from ..errors import (
-    GatewayError,
-    UpstreamConnectError,
-    UpstreamProtocolError,
-    UpstreamTimeout,
-)
+from ..errors import GatewayError, UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
 from ..wire import http1, plainhead
 from ..wire.batch import WriteBatch
 from ..wire.headers import response_fields
-from ..wire.http1 import HEAD_LIMIT_FACTOR, MAX_HEADERS
-from ..wire.plainhead import PlainAnswer
 from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
 from . import chunked_answer
-from .chunked_answer import ChunkedAnswer
 from .messages import AfterAnswer, HeadTooLarge, ResponseHead
 from .streams import WRITE_HIGH_WATER, Producer, ResponseStream
 
@@ -69,8 +61,7 @@ class UpstreamConnection(asyncio.Protocol):
         batch: WriteBatch,
         forget: Callable[[UpstreamConnection], None],
     ) -> None:
-        self.key = key
-        """Its upstream's address (``address_of``): where the connector keeps it idle."""
+        self.key = key  # its upstream's address (``address_of``): where it is kept idle
         self._batch = batch
         self._forget = forget
         """Told when the connection is lost (its ``Connector``)."""
@@ -100,10 +91,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._raw_started = False
         self._head_only = False
         self._sink: ResponseStream | None = None
-        self._buffer: list[bytes] = []
-        """The answer's body read before it has a sink, piece by piece (llhttp's)."""
-        self._whole = b""
-        """Or all of it at once: a plain answer's, read with its head (no list for it)."""
+        self._buffer: list[bytes] = []  # the body read before it has a sink (llhttp's pieces)
+        self._whole = b""  # or all of it, a plain answer's, read with its head (no list)
         self.complete = False
         self.failed = False
         self.body_producer: Producer | None = None
@@ -120,7 +109,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.on_lost: Callable[[], None] | None = None
         self._reads = Reader(buffers)
         """Where reads go: the scratch buffer, or the splice of a large body to the client."""
-        self._chunked: ChunkedAnswer | None = None
+        self._chunked: chunked_answer.ChunkedAnswer | None = None
         """The chunked body under way after a plain head."""
 
     # -- reads while a large body is spliced (``splice.SplicedReads``) -----------------------
@@ -244,10 +233,10 @@ class UpstreamConnection(asyncio.Protocol):
         elif head is not None and not self._interim:
             # Still in the head: bound it (llhttp keeps a partial field to itself).
             self._head_bytes += len(data)
-            if self._head_bytes > HEAD_LIMIT_FACTOR * self._max_field:
+            if self._head_bytes > http1.HEAD_LIMIT_FACTOR * self._max_field:
                 self._broken("upstream sent a response head that is too large")
 
-    def _plain_answer(self, plain: PlainAnswer, data: bytes) -> None:
+    def _plain_answer(self, plain: plainhead.PlainAnswer, data: bytes) -> None:
         """An answer read without llhttp (``plainhead``): what its callbacks and
         ``data_received`` would have done with it, which never saw it. A chunked body is
         read by ``chunked_answer`` from here on, starting with what came with the head."""
@@ -269,7 +258,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._message_done()
         else:
             head.chunked = True
-            answer = self._chunked = ChunkedAnswer(self)
+            answer = self._chunked = chunked_answer.ChunkedAnswer(self)
             self._chunked_read(answer, data, body_at)
             if self.failed:
                 return  # the waiter was told
@@ -280,7 +269,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.waiter = None
             waiter.answered(self, head)  # last: it may hand this connection on
 
-    def _chunked_read(self, answer: ChunkedAnswer, data: bytes, at: int) -> None:
+    def _chunked_read(self, answer: chunked_answer.ChunkedAnswer, data: bytes, at: int) -> None:
         """A read of the chunked body (``chunked_answer``), and what it came to."""
         self._last_read = self._loop.time()
         status = answer.read(data, at, self._sink)
@@ -330,7 +319,7 @@ class UpstreamConnection(asyncio.Protocol):
         status_line, _, block = buf[at:end].partition(b"\r\n")
         self._head_at = end + 4
         head.phrase = status_line[13:]  # after "HTTP/1.1 200 " (llhttp checked the shape)
-        if block.count(b"\n") >= MAX_HEADERS:
+        if block.count(b"\n") >= http1.MAX_HEADERS:
             raise HeadTooLarge("upstream sent too many response header fields")
         if len(block) > self._max_field and any(
             len(name) + len(value.strip(b" \t")) > self._max_field
@@ -406,10 +395,8 @@ class UpstreamConnection(asyncio.Protocol):
     ) -> asyncio.Future[ResponseHead] | None:
         """Write a request head; the future resolves with the answer's head.
 
-        ``now`` is the loop's time (``loop.time()``), from which ``read_timeout`` runs: the
-        caller's, read in the same callback (an exchange's start is), not read again.
-
-        With a ``waiter``, no future: the waiter is told instead, from this connection's
+        ``read_timeout`` runs from ``now``, the loop's time as the caller read it. With a
+        ``waiter``, no future: the waiter is told instead, from this connection's
         callbacks (once the answer's head, or all of the answer that was read with it, is in).
         """
         assert self.transport is not None
@@ -453,12 +440,9 @@ class UpstreamConnection(asyncio.Protocol):
             sink.conn.write(head + data)
             return None
         sink.conn.write(head)
-        whole = self._whole
-        if whole:
-            self._whole = b""
-            sink.response_data(whole)
+        assert not self._whole  # only a complete answer framed by its length has one: above
         buffer, self._buffer = self._buffer, []
-        for data in buffer:
+        for data in buffer:  # as they came (chunks that came with the head stay as they were)
             sink.response_data(data)
         if self.complete:
             sink.response_end()
