@@ -347,7 +347,12 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
     block_end = i - 2 if i > block_at else i
     block = data[block_at:block_end]
     # Unless a field is spelled otherwise: then ``upstream_request`` writes them all.
-    lines = _kept(data, block, block_at, block_end, run, cut_at, cut_end, more) if spelled else None
+    if not spelled:
+        lines = None
+    elif run == block_at:  # no line left out
+        lines = block
+    else:
+        lines = _kept(data, block_end, run, cut_at, cut_end, more)
     return (
         method,
         target,
@@ -460,7 +465,11 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
             return None  # both: llhttp refuses it
     elif content_length != n - i - 2:
         return None  # not the whole body
-    block = _kept(data, b"", block_at, i - 2 if i > block_at else i, run, cut_at, cut_end, more)
+    block_end = i - 2 if i > block_at else i
+    if run == block_at:  # no line left out
+        block = data[block_at:block_end]
+    else:
+        block = _kept(data, block_end, run, cut_at, cut_end, more)
     return status, phrase, block, content_length, NO_HOP, keep_alive, i + 2
 
 
@@ -478,22 +487,12 @@ def _cut(
 
 
 def _kept(
-    data: bytes,
-    block: bytes,
-    block_at: int,
-    block_end: int,
-    run: int,
-    cut_at: int,
-    cut_end: int,
-    more: list[bytes] | None,
+    data: bytes, block_end: int, run: int, cut_at: int, cut_end: int, more: list[bytes] | None
 ) -> bytes:
-    """The lines kept of the block ``data[block_at:block_end]`` (``block``, if its slice is
-    made already, else b""): the first run cut off by a left-out line,
-    ``data[cut_at:cut_end]`` (``cut_at`` -1 if none), the runs cut off after it (``more``),
-    and the last run, from ``run`` to the block's end; the block itself if no line was left
-    out. One run is one slice: no list, no join."""
-    if run == block_at:
-        return block if block else data[block_at:block_end]
+    """The lines kept of a block ending at ``block_end`` that left lines out: the first run
+    cut off by a left-out line, ``data[cut_at:cut_end]`` (``cut_at`` -1 if none), the runs
+    cut off after it (``more``), and the last run, from ``run`` to the block's end. One run
+    is one slice: no list, no join."""
     last = data[run:block_end] if run < block_end else b""
     if cut_at < 0:
         return last
