@@ -252,8 +252,12 @@ def _compile(stage: Path, compile_args: tuple[str, ...], link_args: tuple[str, .
         text=True,
     )
     if done.returncode != 0:
-        output = (done.stdout + done.stderr).strip().splitlines()
-        raise BuildError("\n".join(output[-20:]))
+        raise BuildError("\n".join(_last_lines(done, 20)))
+
+
+def _last_lines(done: subprocess.CompletedProcess[str], n: int) -> list[str]:
+    """The last ``n`` lines a command printed, its output then its errors."""
+    return (done.stdout + done.stderr).strip().splitlines()[-n:]
 
 
 def _profiled(stage: Path) -> str | None:
@@ -309,8 +313,7 @@ def _train(stage: Path) -> str | None:
     except subprocess.TimeoutExpired:
         return f"the training load did not end within {TRAINING_TIMEOUT:.0f} s"
     if done.returncode != 0:
-        output = (done.stdout + done.stderr).strip().splitlines()
-        return "the training load failed: " + " / ".join(output[-3:])
+        return "the training load failed: " + " / ".join(_last_lines(done, 3))
     if not any(stage.glob("build/**/*.gcda")):
         return "the training load left no counts"
     return None
