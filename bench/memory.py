@@ -143,11 +143,17 @@ def wrk_sampled(procs: Procs, target: Target, duration: int, cpu: int) -> tuple[
     return rps, sampler.max
 
 
-def import_rss(module: str, pure: bool) -> float:
-    """VmRSS (MiB) of a fresh interpreter once ``module`` is imported."""
+WORKER_ENV = {"GATEWAY_WITHOUT_TLS": "1"}
+"""The environment the supervisor gives a worker when no HTTPS listener is configured (as in
+this bench's gateways): no OpenSSL (``gateway/without_tls.py``)."""
+
+
+def import_rss(module: str, pure: bool, extra: dict[str, str] | None = None) -> float:
+    """VmRSS (MiB) of a fresh interpreter once ``module`` is imported (``extra``: more
+    environment)."""
     code = (f"import {module}, re; s = open('/proc/self/status').read(); "
             "print(int(re.search(r'VmRSS:\\s+(\\d+)', s).group(1)))")  # fmt: skip
-    env = {**os.environ, "GATEWAY_NATIVE": "0" if pure else ""}
+    env = {**os.environ, "GATEWAY_NATIVE": "0" if pure else "", **(extra or {})}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, cwd=REPO, timeout=60, check=True)  # fmt: skip
     return int(out.stdout.strip()) / 1024
@@ -155,8 +161,13 @@ def import_rss(module: str, pure: bool) -> float:
 
 def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) -> Figures:
     figures = Figures()
-    for module in ("uvloop", "gateway.workers.worker", "controller.main"):
-        figures.imports[module] = import_rss(module, args.pure)
+    worker = "gateway.workers.worker"
+    figures.imports["`uvloop`"] = import_rss("uvloop", args.pure)
+    figures.imports[f"`{worker}`"] = import_rss(worker, args.pure)
+    figures.imports[f"`{worker}` as a worker without HTTPS listeners starts"] = import_rss(
+        worker, args.pure, WORKER_ENV
+    )
+    figures.imports["`controller.main`"] = import_rss("controller.main", args.pure)
     for target in targets.values():  # warm-up, then the idle figures
         wrk_sampled(procs, target, args.warmup, args.load_cpu)
     for name, target in targets.items():
@@ -219,7 +230,7 @@ def report(args: argparse.Namespace, figures: Figures, load: tuple[float, ...]) 
         f"{r.kib_per_connection or 0:.2f} | {r.rss_after:.1f} |"
         for name, r in figures.conns.items()
     ]
-    imports = ", ".join(f"`{m}` {v:.1f}" for m, v in figures.imports.items())
+    imports = ", ".join(f"{m} {v:.1f}" for m, v in figures.imports.items())
     plane = native_status(args.pure)
     lines = [
         "## Memory per process (bench/memory.py)",

@@ -11,9 +11,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from . import without_tls
+
+without_tls.apply()  # before anything imports ssl or hashlib: a worker without TLS
 from . import native
 
-native.use(__path__)  # first: the compiled modules, if built from these sources (native.py)
+native.use(__path__)  # then the compiled modules, if built from these sources (native.py)
 
 if TYPE_CHECKING:
     from .accesslog import AccessLog

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from .. import without_tls
 from ..config import ProxyConfig, parse_address
 from ..events import PoolEvent
 from ..metrics import GatewayMetrics
@@ -223,6 +225,16 @@ class Supervisor:
         for worker in self.workers.values():
             worker.send(ipc.ReloadTls())
 
+    def _environment(self) -> dict[str, str]:
+        """A worker's environment: this process's, and without HTTPS listeners, no OpenSSL
+        (``gateway.without_tls``: 4.9 MiB less a worker)."""
+        env = dict(os.environ)
+        if self._tls_addresses:
+            env.pop(without_tls.ENV, None)
+        else:
+            env[without_tls.ENV] = "1"
+        return env
+
     async def _spawn(self, index: int) -> _Worker:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -233,6 +245,7 @@ class Supervisor:
                 str(child.fileno()),
                 pass_fds=(child.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
+                env=self._environment(),
             )
         except BaseException:
             parent.close()

@@ -29,6 +29,7 @@ import socket
 import sys
 from collections.abc import Callable
 
+from .. import without_tls
 from ..accesslog import AccessLog
 from ..events import RequestObserver
 from ..pool import Pool
@@ -142,6 +143,10 @@ async def serve(channel: socket.socket) -> None:
         observers.append(access_log)
         access_log.start()
     proxy = Proxy(pool, setup.proxy, observers=observers)
+    if setup.tls_addresses and without_tls.active():
+        raise without_tls.TlsLeftOut(
+            f"HTTPS listeners for a worker started with {without_tls.ENV}=1"
+        )
     tls = Termination(setup.proxy.tls) if setup.tls_addresses else None
     traffic = TrafficServer(
         proxy,
