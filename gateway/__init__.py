@@ -59,12 +59,13 @@ if TYPE_CHECKING:
         RequestObserver,
         RequestRecord,
     )
+    from .listening import listen
     from .metrics import GatewayMetrics
     from .pool import Pool
     from .prober import Prober
     from .proxy import Proxy
     from .scrape import metrics_exposition
-    from .server import TrafficServer, listen
+    from .server import TrafficServer
     from .service_pool import (
         Lease,
         ServicePool,
@@ -128,7 +129,7 @@ _WHERE: dict[str, str] = {
     "TimeoutsConfig": ".config",
     "TlsConfig": ".config",
     "TrafficServer": ".server",
-    "listen": ".server",
+    "listen": ".listening",
     "http_date": ".wire.http1",
     "Upstream": ".upstream",
     "UpstreamConnectError": ".errors",

@@ -14,77 +14,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import socket
-from collections.abc import Callable
 
 from .config import ProxyConfig, parse_address
+from .listening import listen
 from .proxy.client import ClientConnection, ConnectionGate
 from .proxy.handler import Proxy
 from .tls import Termination, tls_connections
 
 log = logging.getLogger(__name__)
-
-BACKLOG = 1024
-
-
-def _family(host: str) -> socket.AddressFamily | None:
-    """The address family of ``host`` if it is an IP address, else None (a name)."""
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, host)
-        except OSError:
-            continue
-        return family
-    return None
-
-
-def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket | None:
-    """A socket listening on ``(host, port)`` if ``host`` is an IP address, set as
-    ``create_server`` sets its own (SO_REUSEADDR, SO_REUSEPORT when asked, IPV6_V6ONLY on
-    IPv6), its bind error in the same words; None for a name, which ``create_server``
-    resolves. uvloop resolves even an address in libuv's thread pool: four threads, with
-    their stacks and malloc arena, started in every serving process for the one lookup."""
-    family = _family(host)
-    if family is None:
-        return None
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            where = (host, port)
-            reason = (exc.strerror or str(exc)).lower()
-            raise OSError(
-                exc.errno, f"error while attempting to bind on address {where!r}: {reason}"
-            ) from None
-        sock.listen(BACKLOG)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-async def listen(
-    loop: asyncio.AbstractEventLoop,
-    protocol: Callable[[], asyncio.BaseProtocol],
-    address: tuple[str, int],
-    reuse_port: bool,
-) -> asyncio.Server:
-    """``loop.create_server`` on ``address``: on a socket of ours for an IP address (the
-    server owns it then), else on the name, resolved."""
-    host, port = address
-    sock = listening_socket(host, port, reuse_port)
-    if sock is not None:
-        return await loop.create_server(protocol, sock=sock, backlog=BACKLOG)
-    return await loop.create_server(
-        protocol, host, port, backlog=BACKLOG, reuse_address=True, reuse_port=reuse_port or None
-    )
 
 
 class TrafficServer:

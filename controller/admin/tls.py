@@ -10,12 +10,14 @@ answer ``enabled: false``.
 from __future__ import annotations
 
 from collections.abc import Callable
-
-from gateway import ReloadReport, Termination
+from typing import TYPE_CHECKING
 
 from . import web
 from .openapi import Operation
 from .schemas import TlsCertificateView, TlsRefusalView, TlsView
+
+if TYPE_CHECKING:  # annotations: a gateway without TLS loads none of it
+    from gateway import ReloadReport, Termination
 
 
 def tls_view(tls: Termination | None, report: ReloadReport | None = None) -> TlsView:

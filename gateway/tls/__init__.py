@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .. import native
 
@@ -23,7 +25,9 @@ native.use_in(__path__, __name__)  # first: the compiled modules, if built (nati
 from ..config import TlsConfig  # noqa: E402
 from .certificates import Certificate, CertificateError, CertificateStore, ReloadReport  # noqa: E402
 from .handshake import FAILURE_REASONS, HandshakeCounts, HandshakeTally  # noqa: E402
-from .transport import TlsConnection, tls_connections  # noqa: E402
+
+if TYPE_CHECKING:
+    from .transport import TlsConnection, tls_connections
 
 __all__ = [
     "FAILURE_REASONS",
@@ -37,6 +41,14 @@ __all__ = [
     "TlsConnection",
     "tls_connections",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The record layer (``transport``) is the data plane's: it imports the proxy's client
+    # connection, which a main process whose workers serve traffic never loads (PEP 562).
+    if name in ("TlsConnection", "tls_connections"):
+        return getattr(importlib.import_module(".transport", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Termination:

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import WSMsgType, web
 
 from gateway.config import ListenerLimits
-from gateway.server import listening_socket
+from gateway.listening import listening_socket
 
 from .conftest import raw_request, routing, url
 from .test_prober import ipv6_loopback
