@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 os.environ["GATEWAY_NATIVE"] = "0"  # bytecode is what is counted: the pure Python modules
 
 from controller.config import load_config  # noqa: E402
-from controller.main import run_gateway  # noqa: E402
+from controller.serving import run_gateway  # noqa: E402
 
 
 class Counts:

@@ -12,7 +12,7 @@ every process of each tree it reads VmRSS and, from ``/proc/PID/smaps_rollup``, 
 repetitions, the order rotating. Then each target in turn holds ``--idle-connections`` idle
 keep-alive connections (``idle.idle_step``, as ``run.py``'s idle step): KiB per connection.
 And, in fresh interpreters, what importing a worker's and the main process's modules costs
-(VmRSS after ``import gateway.workers.worker`` / ``controller.main``).
+(VmRSS after ``import gateway.workers.worker`` / ``controller.serving``, the composition root).
 
 Writes the ``memory`` section of ``--output`` (default ``bench/out/memory.md``, gitignored).
 The gateways run their data plane as built (``gateway native status``): it never builds.
@@ -167,7 +167,7 @@ def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) 
     figures.imports[f"`{worker}` as a worker without HTTPS listeners starts"] = import_rss(
         worker, args.pure, WORKER_ENV
     )
-    figures.imports["`controller.main`"] = import_rss("controller.main", args.pure)
+    figures.imports["`controller.serving`"] = import_rss("controller.serving", args.pure)
     for target in targets.values():  # warm-up, then the idle figures
         wrk_sampled(procs, target, args.warmup, args.load_cpu)
     for name, target in targets.items():

@@ -7,7 +7,7 @@ spec's relative ``working_dir``) are taken relative to the file that names them.
 
 Each entry of ``services`` comes with the digest of its document (``document_digest``): the
 start-up applies an entry only when that changed since the entry was last applied
-(``controller.main``), so a restart does not undo what the API changed since.
+(``controller.serving``), so a restart does not undo what the API changed since.
 """
 
 from __future__ import annotations
@@ -328,6 +328,21 @@ class GatewayConfig(Model):
         return ProxyConfig(
             listen=self.listen, listen_tls=self.listen_tls, tls=tls, **dict(self.proxy)
         )
+
+    def tls_needed(self) -> str | None:
+        """What makes this process need OpenSSL (None: nothing, and ``gateway serve`` leaves it
+        out, ``gateway.without_tls``): HTTPS listeners, ACME, or a client that imports ``ssl``
+        (aiohttp: a Docker engine's, a cluster's etcd client). Probes and the admin API
+        speak plain HTTP; nothing a spec says needs TLS."""
+        if self.listen_tls:
+            return "listen_tls"
+        if self.tls.acme is not None:
+            return "tls.acme"
+        if self.backends.docker is not None:
+            return "backends.docker"
+        if self.state.store == "etcd":
+            return "state.store etcd"
+        return None
 
     def admin_token(self) -> str | None:
         """The admin token from the file or the environment, or None if neither is set."""

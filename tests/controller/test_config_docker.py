@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from controller.config import ConfigError, load_config
-from controller.main import docker_backend
+from controller.serving import docker_backend
 
 
 def write(tmp_path: Path, config: dict[str, object]) -> Path:

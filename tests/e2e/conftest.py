@@ -31,8 +31,8 @@ import pytest
 
 from controller.backends.base import Launch, Running
 from controller.config import load_config
-from controller.main import Gateway, run_gateway
 from controller.model import ReplicaState
+from controller.serving import Gateway, run_gateway
 from controller.state import ServiceState
 
 T = TypeVar("T")

@@ -26,8 +26,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from controller.config import load_config
-from controller.main import Gateway, run_gateway
 from controller.metrics import ControllerMetrics
+from controller.serving import Gateway, run_gateway
 from gateway.metrics import GatewayMetrics
 from tests.ports import free_port
 

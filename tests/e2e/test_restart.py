@@ -136,7 +136,8 @@ async def test_restart_of_the_gateway_process_keeps_adopted_replicas_serving(
 
 
 # -- which source wins at start-up: the config's entry or the store (issue 22) ----------------
-# The decision itself, controller.main.startup_choice, is tested in tests/controller/test_main.py.
+# The decision itself, controller.serving.startup_choice, is tested in
+# tests/controller/test_startup_choice.py.
 
 
 def test_document_digest_is_the_content_not_the_layout() -> None:

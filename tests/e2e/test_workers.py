@@ -78,6 +78,9 @@ async def test_workers_stop_by_themselves_when_the_main_process_is_killed(gatewa
         assert len(workers) == 2
         for pid in workers:  # the loop's and the access log's: no libuv thread pool
             assert "libuv-worker" not in threads(pid), threads(pid)
+        for pid in (process.pid, *workers):  # no TLS configured: OpenSSL in no process
+            with open(f"/proc/{pid}/maps") as maps:
+                assert "libcrypto" not in maps.read(), pid
     finally:
         process.kill()  # SIGKILL: no chance to stop its workers (this test started it)
         await process.wait()

@@ -83,20 +83,24 @@ def test_a_worker_started_without_tls_maps_no_openssl_and_serves():
     assert seen["refusals"] == ["TlsLeftOut"] * 3
 
 
-def test_without_the_setting_openssl_is_loaded_as_always():
+def test_without_the_setting_tls_works_and_digests_are_cpythons_own():
     seen = run(None)
-    assert (seen["libcrypto"], seen["loaded"]) == (True, ["_hashlib", "_ssl"])
+    # ssl maps libcrypto as always; hashlib uses CPython's digests (the gateway package
+    # refused _hashlib before anything imported hashlib), with the same values.
+    assert (seen["libcrypto"], seen["loaded"]) == (True, ["_ssl"])
     assert seen["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert seen["refusals"] == ["made"] * 3
     assert run("0")["libcrypto"] is True
 
 
-def test_apply_refuses_once_openssl_is_loaded_and_changes_nothing():
+def test_too_late_to_leave_openssl_out_changes_nothing():
     import ssl  # noqa: F401  (loaded in this process: too late to leave it out)
 
     before = {name: sys.modules.get(name) for name in ("ssl", "_ssl", "_hashlib")}
     with pytest.raises(RuntimeError, match="already loaded"):
         without_tls.apply({without_tls.ENV: "1"})
+    assert without_tls.leave_out_ssl(strict=False) is False  # what gateway serve asks
+    assert without_tls.builtin_digests() is False  # _hashlib was loaded first here
     assert {name: sys.modules.get(name) for name in before} == before
     assert not without_tls.active()
     assert without_tls.apply({}) is False
@@ -117,3 +121,9 @@ def test_the_standin_has_what_uvloop_reads_when_it_loads():
             assert getattr(module, name) == getattr(ssl, name), name
     assert issubclass(module.SSLWantReadError, OSError)
     assert issubclass(module.CertificateError, ValueError)
+    # What else a library reads when it loads (prometheus_client's defaults, for one) is
+    # there, and refuses to be used.
+    with pytest.raises(without_tls.TlsLeftOut, match="started without OpenSSL"):
+        module.PROTOCOL_TLS_SERVER()
+    with pytest.raises(AttributeError):
+        module._private_name  # noqa: B018

@@ -76,7 +76,7 @@ async def test_the_token_compare_is_constant_time():
 
 async def test_no_admin_route_is_reachable_from_the_traffic_listener(tmp_path, aiohttp_server):
     from controller.config import load_config
-    from controller.main import run_gateway
+    from controller.serving import run_gateway
 
     config = {
         "listen": "127.0.0.1:0",

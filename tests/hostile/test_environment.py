@@ -27,8 +27,8 @@ from aiohttp import web
 from controller.backends import ProcessBackend
 from controller.config import load_config
 from controller.journal import Journal
-from controller.main import Gateway, run_gateway
 from controller.operations import Controller
+from controller.serving import Gateway, run_gateway
 from controller.store import Store
 from gateway import Pool
 from tests.e2e.conftest import until

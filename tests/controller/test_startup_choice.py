@@ -1,4 +1,4 @@
-"""``controller.main``'s pure start-up decision: for one service of the gateway config, whether
+"""``controller.serving``'s pure start-up decision: for one service of the gateway config, whether
 its entry is applied or the store's state stands (issue 22). The restarts themselves are in
 tests/e2e/test_restart.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from controller.config import ConfigService, document_digest
-from controller.main import StoredAs, startup_choice
+from controller.serving import StoredAs, startup_choice
 from controller.spec import ServiceSpec
 from controller.store import ConfigAppliedRow
 
