@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from . import without_tls
 
-without_tls.apply()  # before anything imports ssl or hashlib: a worker without TLS
+without_tls.apply()  # before anything imports hashlib or ssl: OpenSSL only for TLS
 from . import native
 
 native.use(__path__)  # then the compiled modules, if built from these sources (native.py)
