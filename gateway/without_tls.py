@@ -43,12 +43,12 @@ REFUSED = ("_ssl", "_hashlib")
 
 
 class TlsLeftOut(RuntimeError):
-    """This process was started without OpenSSL (``GATEWAY_WITHOUT_TLS=1``)."""
+    """This process was started without OpenSSL (``leave_out_ssl``)."""
 
 
 _WHY = (
-    "TLS is not available in this process: it was started without OpenSSL "
-    f"({ENV}=1, a worker of a gateway with no listen_tls)"
+    "TLS is not available in this process: it was started without OpenSSL, its gateway's "
+    "config having no listen_tls, ACME, Docker engine or etcd cluster (gateway.without_tls)"
 )
 
 
