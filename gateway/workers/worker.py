@@ -120,6 +120,10 @@ async def serve(channel: socket.socket) -> None:
     setup = await ipc.receive(reader)
     if not isinstance(setup, ipc.Setup):
         raise RuntimeError(f"expected Setup first on the channel, got {setup!r}")
+    if setup.tls_addresses and without_tls.active():
+        raise without_tls.TlsLeftOut(
+            f"HTTPS listeners for a worker started with {without_tls.ENV}=1"
+        )
     logging.basicConfig(
         level=setup.log_level.upper(),
         format=f"%(asctime)s %(levelname)s worker-{setup.worker} %(name)s: %(message)s",
@@ -143,10 +147,6 @@ async def serve(channel: socket.socket) -> None:
         observers.append(access_log)
         access_log.start()
     proxy = Proxy(pool, setup.proxy, observers=observers)
-    if setup.tls_addresses and without_tls.active():
-        raise without_tls.TlsLeftOut(
-            f"HTTPS listeners for a worker started with {without_tls.ENV}=1"
-        )
     tls = Termination(setup.proxy.tls) if setup.tls_addresses else None
     traffic = TrafficServer(
         proxy,
