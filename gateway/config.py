@@ -440,6 +440,12 @@ class ListenerLimits:
     keepalive_timeout: Duration = 75.0
     """How long a client connection may stay idle between requests (closed up to 0.25 s
     after it)."""
+    park_after: Duration = 1.0
+    """A plain HTTP connection idle this long is parked: held out of the event loop as its
+    socket alone (tens of bytes, against about 1.8 KiB), until its client sends again; its
+    next request then pays about what a new connection's first does, and one that came back
+    sooner than it had waited waits twice as long next time (``proxy.parking``). Up to
+    0.25 s late. 0: never."""
     max_connections: Annotated[int, Ge(1)] = 10_000
     """Open client connections beyond this are refused at accept."""
     body_timeout: Duration = 30.0

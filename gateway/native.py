@@ -72,6 +72,7 @@ MODULES = (
     "proxy.handler",
     "proxy.limits",
     "proxy.messages",
+    "proxy.parking",
     "proxy.preview",
     "proxy.reader",
     "proxy.request",

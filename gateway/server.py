@@ -4,9 +4,9 @@ The listener is a plain ``loop.create_server`` whose protocol is ``proxy.client`
 ``ClientConnection`` (llhttp parsing, limits, deadlines); each request runs ``Proxy.handle``.
 
 Shutdown (``TrafficServer.stop``) is the drain order: stop accepting, close idle keep-alive
-connections (busy ones close after their answer), close relayed WebSockets with 1001, let
-in-flight requests finish for up to ``shutdown_timeout``, cancel what remains, and only then
-close the proxy's upstream connections.
+connections, parked ones included (busy ones close after their answer), close relayed
+WebSockets with 1001, let in-flight requests finish for up to ``shutdown_timeout``, cancel what
+remains, and only then close the proxy's upstream connections.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from .config import ProxyConfig, parse_address
 from .listening import listen
 from .proxy.client import ClientConnection, ConnectionGate
 from .proxy.handler import Proxy
+from .proxy.parking import Parking
 from .tls import Termination, tls_connections
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class TrafficServer:
         self.tls_ports: list[int] = []
         """The bound ports of the HTTPS listeners, in ``tls_addresses`` order."""
         self._connections: set[ClientConnection] = set()
+        self._gate: ConnectionGate | None = None
 
     @property
     def port(self) -> int:
@@ -64,7 +66,9 @@ class TrafficServer:
 
     @property
     def connections(self) -> int:
-        return len(self._connections)
+        """Open client connections: in the loop, and parked (``proxy.parking``)."""
+        gate = self._gate
+        return len(self._connections) + (gate.parked if gate is not None else 0)
 
     async def start(self) -> None:
         if self._server is not None:
@@ -84,7 +88,18 @@ class TrafficServer:
         server = await listen(loop, protocol, self.address, self.reuse_port)
         if server.sockets:
             self._port = server.sockets[0].getsockname()[1]
+            if limits.park_after:
+
+                def resumed(park_after: float) -> ClientConnection:
+                    """A parked connection's protocol, when its client sends again."""
+                    conn = protocol()
+                    conn.park_after = park_after
+                    return conn
+
+                family = server.sockets[0].family
+                gate.parking = Parking(loop, resumed, family, gate, limits.park_after)
         self._server = server
+        self._gate = gate
         tls = self.tls
         if tls is not None and self.tls_addresses:
             tls.start()
@@ -105,6 +120,8 @@ class TrafficServer:
             tls_server.close()
         if server is not None:
             server.close()
+            if self._gate is not None and self._gate.parking is not None:
+                self._gate.parking.close()
             for conn in list(self._connections):
                 conn.close()
             self.proxy.going_away()

@@ -5,6 +5,8 @@
     limits, wheel        a listener's limits as it reads them; the deadlines of the
                          connections that wait for a request, in one timer's slots
     client               ClientConnection: runs them in turn, writes the answers, closes
+    parking              idle connections held out of the loop, their sockets alone, until
+                         their clients send again
     request              a request as the client sent it: its head, its body, head rules
     handler              Proxy: begin (without a task) or handle (as a task) each request
     exchange             Exchange: one request's owner, across its attempts, on both ways

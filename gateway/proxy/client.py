@@ -49,17 +49,30 @@ class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
+class Parks(Protocol):
+    """Where idle connections are parked (``parking.Parking``)."""
+
+    def park(self, fd: int, deadline: float, park_after: float) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 class ConnectionGate:
     """Counts open client connections against ``limit``; holds what they share: the read
     buffers, and the batch their writes wait in until the end of the loop's turn (the
     connector's; a batch of its own, which knows of no request in flight, never holds a
     write)."""
 
-    __slots__ = ("batch", "buffers", "limit", "loop", "open")
+    __slots__ = ("batch", "buffers", "limit", "loop", "open", "parked", "parking")
 
     def __init__(self, limit: int, batch: WriteBatch | None = None) -> None:
         self.limit = limit
         self.open = 0
+        """Connections in the loop (``ClientConnection``s)."""
+        self.parked = 0
+        """Connections out of it, idle (``parking``): they count against ``limit`` too."""
+        self.parking: Parks | None = None
+        """Where the plain listener's idle connections are parked (None: not parked)."""
         self.loop: asyncio.AbstractEventLoop | None = None
         """The running loop, kept at the first connection (Python 3.11's
         ``get_running_loop`` makes a system call, ``getpid``)."""
@@ -86,8 +99,8 @@ class ClientConnection(RequestReader):
         "_held",
         "_over",
         "_pipeline",
-        "_refused",
         "_send_timer",
+        "_uncounted",
         "_writing_paused",
         "exchange",
         "on_lost",
@@ -115,7 +128,9 @@ class ClientConnection(RequestReader):
         self._connections = connections
         self._held: bytes | None = None
         """What ``write`` holds until the end of the loop's turn (``batch``)."""
-        self._refused = False
+        self._uncounted = False
+        """Not counted in the gate: refused at accept, or parked (``connection_lost`` has
+        nothing to undo)."""
         self._pipeline: deque[IncomingRequest] | None = None
         """Requests read behind the active one, made at the first: an empty deque is 760
         bytes, a fifth of what an idle keep-alive connection holds."""
@@ -138,13 +153,14 @@ class ClientConnection(RequestReader):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tcp = cast(asyncio.Transport, transport)  # uvloop's is no asyncio.Transport subclass
-        if self._gate.open >= self._gate.limit:
-            self._refused = True
-            log.debug("connection refused: %d open", self._gate.open)
+        gate = self._gate
+        if gate.open + gate.parked >= gate.limit:
+            self._uncounted = True
+            log.debug("connection refused: %d open, %d parked", gate.open, gate.parked)
             tcp.write(_TOO_MANY)
             tcp.close()
             return
-        self._gate.open += 1
+        gate.open += 1
         self._connections.add(self)
         tcp.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.transport = tcp
@@ -153,7 +169,7 @@ class ClientConnection(RequestReader):
         self._await_head()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._refused:
+        if self._uncounted:
             return
         self._gate.open -= 1
         self._connections.discard(self)
@@ -286,6 +302,38 @@ class ClientConnection(RequestReader):
                 self._resume(PAUSE_PIPELINE)
         elif self._parsing is None:
             self._idle(now)
+
+    def _park(self) -> bool:
+        """Idle for ``park_after``: handed to the listener's ``Parking`` if nothing is under
+        way or buffered either way, and not over TLS (whose state is the transport's)."""
+        parking = self._gate.parking
+        transport = self.transport
+        if (
+            parking is None
+            or transport is None
+            or self.secure
+            or self._closing
+            or self.active is not None
+            or self._parsing is not None
+            or self._pipeline
+            or self.tunnel is not None
+            or self._paused
+            or self._held is not None
+            or self._raw_started
+            or transport.get_write_buffer_size()
+        ):
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None or not parking.park(sock.fileno(), self._deadline, self.park_after):
+            return False
+        # Out of the loop: its transport closes its own descriptor, not the connection.
+        self._uncounted = True
+        self._gate.open -= 1
+        self._connections.discard(self)
+        self._clear_deadline()
+        self.transport = None
+        transport.abort()
+        return True
 
     def _nothing_after(self, request: IncomingRequest) -> bool:
         """All ``request`` sent was read, and nothing came after it."""

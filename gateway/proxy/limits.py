@@ -19,6 +19,7 @@ class Limits:
         "header_timeout",
         "keepalive_timeout",
         "max_header_size",
+        "park_after",
         "send_timeout",
         "wait_timeout",
     )
@@ -27,6 +28,10 @@ class Limits:
         self.max_header_size = limits.max_header_size
         self.header_timeout = limits.header_timeout
         self.keepalive_timeout = limits.keepalive_timeout
+        self.park_after = (
+            limits.park_after if 0 < limits.park_after < limits.keepalive_timeout else 0.0
+        )
+        """``ListenerLimits.park_after``; 0 if never (or not before the keep-alive deadline)."""
         self.wait_timeout = max(limits.header_timeout, limits.keepalive_timeout)
         """The longer of the two deadlines kept in the ``Wheel``: a connection's slot is
         never later than now plus this (``RequestReader._set_deadline``)."""

@@ -98,8 +98,10 @@ class RequestReader(asyncio.Protocol):
         "_timer",
         "_timer_at",
         "_tunnel_data",
+        "_wheel_at",
         "_wheel_slot",
         "active",
+        "park_after",
         "peer",
         "transport",
         "tunnel",
@@ -126,6 +128,11 @@ class RequestReader(asyncio.Protocol):
         self._timer_at = 0.0
         self._wheel_slot: set[Deadlined] | None = None
         """The ``Wheel`` slot this connection is in, if any (idle, or was since it fired)."""
+        self._wheel_at = 0.0
+        """When ``_wheel_slot`` was asked for (its slot ends within ``WHEEL_SLOT`` of it)."""
+        self.park_after = self._limits.park_after
+        """Idle this long, it is parked (``_park``); 0: never. The listener's ``park_after``,
+        or longer for a connection that came back soon from parking (``parking``)."""
         self._body_started = 0.0
         self._last: IncomingRequest | None = None
         """The last request taken, until answered."""
@@ -456,12 +463,18 @@ class RequestReader(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
                 self._timer = None
+            if kind == _KEEPALIVE:
+                park_after = self.park_after
+                if park_after and park_after < timeout:
+                    when = now + park_after  # its slot comes first to park it (``on_wheel``)
             slot = self._wheel_slot
             if slot is None:
                 self._wheel_slot = wheel_of(self._loop).add(self, when)
-            elif timeout < self._limits.wait_timeout:  # its slot may be later: moved
+                self._wheel_at = when
+            elif when < self._wheel_at:  # its slot is later: moved
                 slot.discard(self)
                 self._wheel_slot = wheel_of(self._loop).add(self, when)
+                self._wheel_at = when
             # else its slot comes by ``when`` (within a slot) and puts it back (``on_wheel``)
             return
         if timer is None or self._timer_at > when:
@@ -480,8 +493,20 @@ class RequestReader(asyncio.Protocol):
         kind = self._deadline_kind
         if (kind != _KEEPALIVE and kind != _HEAD) or self.transport is None:
             return  # busy (a body's deadline has a timer), or closed
-        if self._loop.time() < self._deadline:  # due later than when it was put in
-            self._wheel_slot = wheel_of(self._loop).add(self, self._deadline)
+        now = self._loop.time()
+        deadline = self._deadline
+        if now < deadline:  # due later than when it was put in
+            when = deadline
+            park_after = self.park_after
+            if kind == _KEEPALIVE and park_after:
+                park_at = deadline - self._limits.keepalive_timeout + park_after
+                if park_at > now:
+                    if park_at < deadline:
+                        when = park_at  # idle since less than ``park_after``
+                elif self._park():
+                    return
+            self._wheel_slot = wheel_of(self._loop).add(self, when)
+            self._wheel_at = when
             return
         self._clear_deadline()
         if kind == _HEAD:
@@ -497,6 +522,7 @@ class RequestReader(asyncio.Protocol):
         if self._deadline_kind == _KEEPALIVE or self._deadline_kind == _HEAD:
             if self._wheel_slot is None:  # the wheel's (``_set_deadline``), not ours
                 self._wheel_slot = wheel_of(self._loop).add(self, self._deadline)
+                self._wheel_at = self._deadline
             return
         if self._loop.time() < self._deadline:
             self._timer_at = self._deadline
@@ -560,6 +586,10 @@ class RequestReader(asyncio.Protocol):
 
     def _take(self, request: IncomingRequest) -> None:
         """A request whose head was read: start it, or queue it."""
+        raise NotImplementedError
+
+    def _park(self) -> bool:
+        """Idle for ``park_after``: parked out of the loop if it can be (``parking``)."""
         raise NotImplementedError
 
     def _buffers(self) -> Buffers:

@@ -31,6 +31,9 @@ class FakeLoop:
         self.now = now
         self.early = early
         self.timers: list[Handle] = []
+        self.readers: dict[int, Callable[[], None]] = {}
+        self.resumed: list[tuple[asyncio.Protocol, object]] = []
+        """Descriptors watched for reading (the test calls the callback when it wants)."""
 
     def time(self) -> float:
         return self.now
@@ -39,6 +42,23 @@ class FakeLoop:
         handle = Handle(when, callback)
         heapq.heappush(self.timers, handle)
         return handle
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Handle:
+        return self.call_at(self.now + delay, callback)
+
+    async def connect_accepted_socket(
+        self, factory: Callable[[], asyncio.Protocol], sock: object
+    ) -> tuple[None, asyncio.Protocol]:
+        """Records what a parked connection's resumption made (``resumed``): no transport."""
+        protocol = factory()
+        self.resumed.append((protocol, sock))
+        return None, protocol
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        self.readers[fd] = callback
+
+    def remove_reader(self, fd: int) -> bool:
+        return self.readers.pop(fd, None) is not None
 
     def pending(self) -> list[Handle]:
         return [h for h in self.timers if not h.cancelled]

@@ -31,6 +31,7 @@ from gateway.tls import Termination
 from gateway.tls.names import NameIndex
 
 from .conftest import Recorder, raw_request, routing
+from .test_server import read_response
 
 
 @pytest.fixture(scope="module")
@@ -541,3 +542,39 @@ async def test_a_websocket_over_tls_is_relayed_both_ways_and_closed_with_its_cod
         # through the gateway, the client would have given up with 1006
         assert ws.close_code == 1000
     assert codes == [4000]  # the client's close frame reached the upstream whole
+
+
+async def test_an_idle_tls_connection_is_never_parked_and_serves_after_its_idle_spell(
+    tls_gateway, echo, ca: trustme.CA, tmp_path: Path
+) -> None:
+    # Its TLS state lives in the transport: parking (``proxy.parking``) takes plain HTTP
+    # connections only, and a plain one beside it is parked.
+    pair = write_pair(ca, tmp_path / "a", "a.test")
+    limits = ListenerLimits(park_after=0.1)
+    server = await tls_gateway(TlsConfig(certificates=(pair,)), limits=limits)
+    request = b"GET /x HTTP/1.1\r\nHost: a.test\r\n\r\n"
+    secure = await asyncio.open_connection(
+        "127.0.0.1", server.tls_ports[0], ssl=client_context(ca), server_hostname="a.test"
+    )
+    plain = await asyncio.open_connection("127.0.0.1", server.port)
+    gate = server._gate
+    assert gate is not None
+    try:
+        for reader, writer in (secure, plain):
+            writer.write(request)
+            async with asyncio.timeout(5):
+                assert (await read_response(reader))[0].startswith(b"HTTP/1.1 200")
+        async with asyncio.timeout(5):
+            while gate.parked < 1:
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)
+        assert gate.parked == 1  # the plain one alone
+        assert server.connections == 2
+
+        reader, writer = secure
+        writer.write(request)
+        async with asyncio.timeout(5):
+            assert (await read_response(reader))[0].startswith(b"HTTP/1.1 200")
+    finally:
+        for _, writer in (secure, plain):
+            writer.close()
