@@ -10,8 +10,9 @@ order rotating, runs on each target:
 
 - **sparse**: ``--connections`` keep-alive connections, each sending ``GET /`` every
   ``--every`` seconds (staggered) for ``--duration`` seconds: with ``--every`` above
-  ``park_after``, every request of ``gateway`` comes to a parked connection, which is
-  resumed first. The target's CPU time per request.
+  ``park_after``, ``gateway`` parks each connection after its first answer and resumes it
+  for the next request (then, back that soon, it waits twice as long before it is parked
+  again). The target's CPU time per request.
 - **busy**: ``wrk -t1 -c64`` for ``--duration`` seconds: connections never idle, never
   parked. CPU time per request.
 
@@ -211,8 +212,10 @@ def report(args: argparse.Namespace, figures: Figures, load: tuple[float, ...]) 
         f"`gateway-unparked`: `park_after: 0`.",
         "",
         f"Sparse: {args.connections:,} keep-alive connections, a `GET /` on each every "
-        f"{args.every:g} s: each of `gateway`'s requests comes to a parked connection. Busy: "
-        f"`wrk -t1 -c64`. CPU microseconds of the target per request:",
+        f"{args.every:g} s: `gateway` parks each after its first answer and resumes it for "
+        f"the next request, after which a connection back that soon waits twice as long "
+        f"before it is parked again. Busy: `wrk -t1 -c64`. CPU microseconds of the target per "
+        f"request:",
         "",
         "| target | sparse, per repetition | busy, per repetition |",
         "| --- | --- | --- |",
