@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Literal
 from prometheus_client import CollectorRegistry
 
 from gateway import (
+    ConnectionsCollector,
     GatewayMetrics,
     Pool,
     Prober,
@@ -276,6 +277,8 @@ async def run_gateway(
         traffic = Supervisor(
             pool, proxy_config, settings, metrics=metrics, registry=registry, tls=tls
         )
+    served = traffic
+    registry.register(ConnectionsCollector(lambda: (served.connections, served.parked)))
     ready = False
     node: ClusterNode | None = None
     middlewares = []

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from .pool import Pool
     from .prober import Prober
     from .proxy import Proxy
-    from .scrape import metrics_exposition
+    from .scrape import ConnectionsCollector, metrics_exposition
     from .server import TrafficServer
     from .service_pool import (
         Lease,
@@ -136,6 +136,7 @@ _WHERE: dict[str, str] = {
     "UpstreamTimeout": ".errors",
     "WorkerSettings": ".workers.supervisor",
     "metrics_exposition": ".scrape",
+    "ConnectionsCollector": ".scrape",
     "dump_settings": ".config",
     "parse_address": ".config",
     "parse_duration": ".config",
@@ -159,6 +160,7 @@ __all__ = [
     "Address",
     "AdminState",
     "AuthRouting",
+    "ConnectionsCollector",
     "Duration",
     "GatewayError",
     "GatewayMetrics",

@@ -9,6 +9,8 @@ registry is collected.
 - ``InflightCollector``: ``gateway_inflight_requests``, from the pool's lease counts.
 - ``GuardCollector``: auth outcomes, rate-limited requests and the slot queue, from the
   pool's counters.
+- ``ConnectionsCollector``: ``gateway_client_connections``, the client connections open,
+  in the event loop or parked (``proxy.parking``), from the traffic listener's counts.
 - ``metrics_exposition``: a registry rendered for a scrape's ``Accept`` (the admin
   listener's ``/metrics``).
 
@@ -138,6 +140,36 @@ class InflightCollector(Collector):
             "gateway_inflight_requests",
             "Requests (and streams, WebSockets) in flight on the upstream.",
             labels=("service", "upstream"),
+        )
+
+
+class ConnectionsCollector(Collector):
+    """``gateway_client_connections``, by ``state``: ``in_loop`` (busy, or idle for less than
+    their ``park_after``) and ``parked``. ``counts``: (open, of which parked), the traffic
+    listener's (the workers' as last reported), None before it started."""
+
+    def __init__(self, counts: Callable[[], tuple[int, int] | None]) -> None:
+        self._counts = counts
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        counts = self._counts()
+        if counts is not None:
+            open_, parked = counts
+            family.add_metric(("in_loop",), open_ - parked)
+            family.add_metric(("parked",), parked)
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "gateway_client_connections",
+            "Client connections open: in the event loop, or parked (idle, their socket alone "
+            "held until the client sends again).",
+            labels=("state",),
         )
 
 

@@ -70,6 +70,11 @@ class TrafficServer:
         gate = self._gate
         return len(self._connections) + (gate.parked if gate is not None else 0)
 
+    @property
+    def parked(self) -> int:
+        """Of ``connections``, those parked."""
+        return self._gate.parked if self._gate is not None else 0
+
     async def start(self) -> None:
         if self._server is not None:
             return

@@ -130,6 +130,8 @@ class Report:
     guards: dict[str, tuple[dict[str, float], int]] = field(default_factory=dict)
     """Per service, ``ServicePool.counters`` since the previous report and the requests
     waiting for a slot now."""
+    parked: int = 0
+    """Of ``connections``, those parked (``proxy.parking``)."""
 
 
 ToWorker = Setup | Install | Forget | Abort | ReloadTls | Stop

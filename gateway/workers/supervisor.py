@@ -63,6 +63,7 @@ class _Worker:
     ready: asyncio.Future[None]
     task: asyncio.Task[None] | None = None
     connections: int = 0
+    parked: int = 0
     served: int = 0
     """Requests answered, as of its last report."""
     reports: int = 0
@@ -146,6 +147,11 @@ class Supervisor:
     def connections(self) -> int:
         """Client connections open in the workers, as of their last reports."""
         return sum(w.connections for w in self.workers.values())
+
+    @property
+    def parked(self) -> int:
+        """Of ``connections``, those parked (``proxy.parking``)."""
+        return sum(w.parked for w in self.workers.values())
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -333,6 +339,7 @@ class Supervisor:
         if isinstance(message, ipc.Report):
             worker.reports += 1
             worker.connections = message.connections
+            worker.parked = message.parked
             worker.served += sum(message.tally.outcomes.values())
             self.pool.peer_report(worker.pid, message.inflight, message.held, message.counts)
             for service, (counters, queued) in message.guards.items():

@@ -167,6 +167,7 @@ async def serve(channel: socket.socket) -> None:
                 mirror.counts(),
                 tls.tally.take() if tls is not None else None,
                 mirror.guards(),
+                traffic.parked,
             )
         )
 

@@ -1,12 +1,15 @@
 """Idle keep-alive connections parked by a real ``gateway serve`` process (uvloop, the data
-plane as built), with two workers: each comes back for its next request, and a client that
-goes away leaves no descriptor behind."""
+plane as built), with two workers: each comes back for its next request, ``/metrics`` counts
+them, and a client that goes away leaves no descriptor behind."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.ports import free_port
 
@@ -62,6 +65,18 @@ def parked(pids: set[int], port: int) -> int:
     return count
 
 
+async def gauge(admin: int, state: str) -> float:
+    """``gateway_client_connections{state=...}`` on the admin listener's ``/metrics``."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{admin}/metrics") as response:
+            text = await response.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gateway_client_connections" and sample.labels["state"] == state:
+                return sample.value
+    raise AssertionError("no gateway_client_connections sample")
+
+
 async def test_parked_connections_are_served_again_and_closed_with_their_clients(
     gateways: Gateways, site
 ):
@@ -99,6 +114,10 @@ async def test_parked_connections_are_served_again_and_closed_with_their_clients
             async with asyncio.timeout(10):  # each idle past its park_after (0.2 s, then more)
                 while parked(workers, port) < CONNECTIONS:
                     await asyncio.sleep(0.1)
+            async with asyncio.timeout(5):  # as the workers report it
+                while await gauge(admin, "parked") != CONNECTIONS:
+                    await asyncio.sleep(0.2)
+            assert await gauge(admin, "in_loop") == 0
 
         for _, writer in clients:
             writer.close()

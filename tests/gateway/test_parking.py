@@ -9,8 +9,10 @@ import os
 import socket
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gateway.config import ListenerLimits
+from gateway.scrape import ConnectionsCollector
 from gateway.server import TrafficServer
 
 from .conftest import routing
@@ -190,3 +192,33 @@ async def test_zero_never_parks(web, gateway):
         assert gw._gate.parking is None
     finally:
         writer.close()
+
+
+async def test_the_connections_gauge_counts_parked_and_in_loop_connections(web, gateway):
+    gw = await gateway(limits=LIMITS)
+    registry = CollectorRegistry()
+    registry.register(ConnectionsCollector(lambda: (gw.connections, gw.parked)))
+
+    def gauge(state: str) -> float | None:
+        return registry.get_sample_value("gateway_client_connections", {"state": state})
+
+    assert (gauge("in_loop"), gauge("parked")) == (0, 0)
+    idle = await asyncio.open_connection("127.0.0.1", gw.port)
+    busy = await asyncio.open_connection("127.0.0.1", gw.port)
+    try:
+        await served(*idle)
+        await until(lambda: gw.parked == 1)
+        busy[1].write(b"GET / HT")  # a head begun: in the loop
+        await asyncio.sleep(0.3)
+        assert (gauge("in_loop"), gauge("parked")) == (1, 1)
+    finally:
+        idle[1].close()
+        busy[1].close()
+    await until(lambda: gw.connections == 0)
+    assert (gauge("in_loop"), gauge("parked")) == (0, 0)
+
+
+def test_the_connections_gauge_has_no_sample_before_the_listener_starts():
+    registry = CollectorRegistry()
+    registry.register(ConnectionsCollector(lambda: None))
+    assert registry.get_sample_value("gateway_client_connections", {"state": "parked"}) is None
