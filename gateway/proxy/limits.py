@@ -21,7 +21,6 @@ class Limits:
         "max_header_size",
         "park_after",
         "send_timeout",
-        "wait_timeout",
     )
 
     def __init__(self, limits: ListenerLimits) -> None:
@@ -32,9 +31,6 @@ class Limits:
             limits.park_after if 0 < limits.park_after < limits.keepalive_timeout else 0.0
         )
         """``ListenerLimits.park_after``; 0 if never (or not before the keep-alive deadline)."""
-        self.wait_timeout = max(limits.header_timeout, limits.keepalive_timeout)
-        """The longer of the two deadlines kept in the ``Wheel``: a connection's slot is
-        never later than now plus this (``RequestReader._set_deadline``)."""
         self.body_timeout = limits.body_timeout
         self.body_min_rate = limits.body_min_rate
         self.send_timeout = limits.send_timeout
