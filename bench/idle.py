@@ -160,7 +160,7 @@ class IdleResult:
         return self.growth * 1024 / self.connections if self.connections else None
 
 
-def _json_lines(path: Path) -> list[dict]:
+def json_lines(path: Path) -> list[dict]:
     out = []
     for line in path.read_text(errors="replace").splitlines():
         if line.startswith("{"):
@@ -192,7 +192,7 @@ def idle_step(
     client = procs.start(name, argv, cpu, stdin=subprocess.PIPE)
     try:
         end = time.monotonic() + 120
-        while not (lines := _json_lines(client.log)):
+        while not (lines := json_lines(client.log)):
             if client.popen.poll() is not None or time.monotonic() > end:
                 raise Failure(f"idle client for {target.name} gave nothing:\n{client.tail()}")
             time.sleep(0.2)
@@ -206,7 +206,7 @@ def idle_step(
         client.popen.wait(30)
     finally:
         procs.finish(client)
-    alive = next((line["alive"] for line in _json_lines(client.log) if "alive" in line), None)
+    alive = next((line["alive"] for line in json_lines(client.log) if "alive" in line), None)
     time.sleep(settle)
     return IdleResult(
         connections=opened["open"], alive=alive, seconds=opened["seconds"], rss_before=rss_before,

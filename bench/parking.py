@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import json
 import os
@@ -44,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import results
-from idle import IdleResult, idle_step
+from idle import IdleResult, idle_step, json_lines
 from system import (
     Failure,
     Procs,
@@ -124,15 +123,6 @@ async def _client(port: int, connections: int, every: float, duration: float) ->
     await asyncio.sleep(0.2)
 
 
-def _lines(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            with contextlib.suppress(ValueError):
-                out.append(json.loads(line))
-    return out
-
-
 def sparse(procs: Procs, target: Target, args: argparse.Namespace) -> float:
     """CPU microseconds of ``target`` per request of the sparse client."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--client", "--port",
@@ -142,7 +132,7 @@ def sparse(procs: Procs, target: Target, args: argparse.Namespace) -> float:
     pids = process_tree(target.proc.pid)
     try:
         end = time.monotonic() + 60
-        while not _lines(client.log):
+        while not json_lines(client.log):
             if client.popen.poll() is not None or time.monotonic() > end:
                 raise Failure(f"sparse client for {target.name}:\n{client.tail()}")
             time.sleep(0.05)
@@ -153,7 +143,7 @@ def sparse(procs: Procs, target: Target, args: argparse.Namespace) -> float:
         raise Failure(f"sparse client for {target.name} did not finish") from None
     finally:
         procs.finish(client)
-    counts = _lines(client.log)[-1]
+    counts = json_lines(client.log)[-1]
     if counts.get("failed") or not counts.get("requests"):
         raise Failure(f"{target.name}: sparse client: {counts}")
     return used / counts["requests"] * 1e6
