@@ -29,6 +29,7 @@ from controller.config import load_config
 from controller.metrics import ControllerMetrics
 from controller.serving import Gateway, run_gateway
 from gateway.metrics import GatewayMetrics
+from gateway.scrape import ConnectionsCollector
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,6 +244,7 @@ def exposed_names() -> set[str]:
     registry = CollectorRegistry()
     GatewayMetrics(registry)
     registry.register(ControllerMetrics(SimpleNamespace(services={})))  # type: ignore[arg-type]
+    registry.register(ConnectionsCollector(lambda: (0, 0)))  # the traffic listener's (serving)
     names = set()
     for family in registry.collect():
         if family.type == "counter":
