@@ -40,15 +40,13 @@ from array import array
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Protocol
 
-from .wheel import wheel_of
+from .wheel import slot_of, wheel_of
 
 log = logging.getLogger(__name__)
 
 _WATCH: Final = select.EPOLLIN | select.EPOLLRDHUP
 """A parked socket wakes on data, or on its client's end of the connection."""
 _GONE: Final = select.EPOLLHUP | select.EPOLLERR
-_SLOTS_PER_SECOND: Final = 4
-"""As the ``Wheel``'s: the deadlines of one wheel slot share one ``_Expiry``."""
 
 
 class Counted(Protocol):
@@ -163,7 +161,7 @@ class Parking:
 
     def _expire_at(self, fd: int, deadline: float) -> None:
         """Put parked ``fd`` in the ``_Expiry`` of ``deadline``'s slot."""
-        key = int(deadline * _SLOTS_PER_SECOND)
+        key = slot_of(deadline)  # the deadlines of one slot of the wheel share an expiry
         expiry = self._expiries.get(key)
         if expiry is None:
             expiry = self._expiries[key] = _Expiry(self, key)
@@ -179,7 +177,7 @@ class Parking:
         deadlines = self._deadlines
         for fd in expiry.fds:
             deadline = deadlines[fd] if fd < len(deadlines) else 0.0
-            if not deadline or int(deadline * _SLOTS_PER_SECOND) != expiry.key:
+            if not deadline or slot_of(deadline) != expiry.key:
                 continue  # resumed since (and maybe parked again, in another slot)
             if now < deadline:  # the loop ran the wheel's timer a little early
                 self._expire_at(fd, deadline)

@@ -27,6 +27,12 @@ fraction of a second, in tests) still holds roughly."""
 _SLOTS_PER_SECOND: Final = 4
 
 
+def slot_of(when: float) -> int:
+    """The slot a deadline ``when`` goes in: the first that ends after it (slots are
+    numbered by their end, in ``WHEEL_SLOT`` since the loop's 0)."""
+    return int(when * _SLOTS_PER_SECOND) + 1
+
+
 class Wheel:
     """The deadlines of one event loop's connections waiting for a request, in ``WHEEL_SLOT``
     slots under one timer of the loop: such a connection is an entry of a set (tens of
@@ -53,7 +59,7 @@ class Wheel:
     def add(self, reader: Deadlined, when: float) -> set[Deadlined]:
         """Put ``reader`` in the first slot that ends after ``when``; returns that slot (which
         ``reader`` leaves with ``discard`` if it closes before the slot comes)."""
-        slot = int(when * _SLOTS_PER_SECOND) + 1
+        slot = slot_of(when)
         readers = self.slots.get(slot)
         if readers is None:
             readers = self.slots[slot] = set()
