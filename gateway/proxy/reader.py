@@ -497,14 +497,12 @@ class RequestReader(asyncio.Protocol):
         deadline = self._deadline
         if now < deadline:  # due later than when it was put in
             when = deadline
-            park_after = self.park_after
-            if kind == _KEEPALIVE and park_after:
-                park_at = deadline - self._limits.keepalive_timeout + park_after
-                if park_at > now:
-                    if park_at < deadline:
-                        when = park_at  # idle since less than ``park_after``
-                elif self._park():
+            if kind == _KEEPALIVE and self.park_after:
+                park_at = deadline - self._limits.keepalive_timeout + self.park_after
+                if park_at <= now and self._park():
                     return
+                if now < park_at < deadline:
+                    when = park_at  # idle since less than ``park_after``
             self._wheel_slot = wheel_of(self._loop).add(self, when)
             self._wheel_at = when
             return
