@@ -120,7 +120,7 @@ async def test_a_parked_connection_its_client_closed_is_closed_without_a_transpo
     assert gate is not None
     assert gate.parking is not None
     factory = gate.parking._factory
-    gate.parking._factory = lambda: made.append(1) or factory()  # type: ignore[assignment]
+    gate.parking._factory = lambda park_after: made.append(1) or factory(park_after)  # type: ignore[assignment]
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
     await served(reader, writer)
     await until(lambda: parked(gw) == 1)
