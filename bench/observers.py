@@ -19,13 +19,12 @@ import sys
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry
-
 from gateway.accesslog import AccessLog, format_json, format_plain
 from gateway.config import RouteConfig, ServiceRouting
 from gateway.events import RequestRecord
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool
+from gateway.prometheus import CollectorRegistry
 from gateway.upstream import Health, Upstream
 
 PLAIN = RequestRecord(

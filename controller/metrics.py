@@ -37,14 +37,14 @@ import signal
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import (
+from gateway import (
+    Collector,
+    CollectorRegistry,
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
 
 from .acme import AcmeManager
 from .acme.manager import ORDER_OUTCOMES

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from gateway import (
+    Collector,
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
 
 from .node import ClusterNode
 

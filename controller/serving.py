@@ -25,9 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from prometheus_client import CollectorRegistry
-
 from gateway import (
+    CollectorRegistry,
     ConnectionsCollector,
     GatewayMetrics,
     Pool,

@@ -2,7 +2,7 @@
 
 The control plane uses it only through the names below. They are imported on first use
 (PEP 562): a worker process (``gateway.workers.worker``) imports this package first, and
-must not pay for what only the controller's process uses (prometheus_client's registry and
+must not pay for what only the controller's process uses (the metrics registry and
 exposition, the prober, the supervisor).
 """
 
@@ -63,6 +63,15 @@ if TYPE_CHECKING:
     from .metrics import GatewayMetrics
     from .pool import Pool
     from .prober import Prober
+    from .prometheus import (
+        Collector,
+        CollectorRegistry,
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+        generate_latest,
+    )
     from .proxy import Proxy
     from .scrape import ConnectionsCollector, metrics_exposition
     from .server import TrafficServer
@@ -92,15 +101,21 @@ _WHERE: dict[str, str] = {
     "Address": ".config",
     "AdminState": ".upstream",
     "AuthRouting": ".config",
+    "Collector": ".prometheus",
+    "CollectorRegistry": ".prometheus",
+    "CounterMetricFamily": ".prometheus",
     "Duration": ".config",
     "GatewayError": ".errors",
     "GatewayMetrics": ".metrics",
+    "GaugeMetricFamily": ".prometheus",
+    "HistogramMetricFamily": ".prometheus",
     "Health": ".upstream",
     "Lease": ".service_pool",
     "LimitsConfig": ".config",
     "ListenAddress": ".config",
     "ListenerLimits": ".config",
     "LoadBalancing": ".config",
+    "Metric": ".prometheus",
     "NoRoutableUpstream": ".errors",
     "OutlierConfig": ".config",
     "Pool": ".pool",
@@ -138,6 +153,7 @@ _WHERE: dict[str, str] = {
     "metrics_exposition": ".scrape",
     "ConnectionsCollector": ".scrape",
     "dump_settings": ".config",
+    "generate_latest": ".prometheus",
     "parse_address": ".config",
     "parse_duration": ".config",
     "parse_settings": ".config",
@@ -160,16 +176,22 @@ __all__ = [
     "Address",
     "AdminState",
     "AuthRouting",
+    "Collector",
+    "CollectorRegistry",
     "ConnectionsCollector",
+    "CounterMetricFamily",
     "Duration",
     "GatewayError",
     "GatewayMetrics",
+    "GaugeMetricFamily",
     "Health",
+    "HistogramMetricFamily",
     "Lease",
     "LimitsConfig",
     "ListenAddress",
     "ListenerLimits",
     "LoadBalancing",
+    "Metric",
     "NoRoutableUpstream",
     "OutlierConfig",
     "Pool",
@@ -203,6 +225,7 @@ __all__ = [
     "UpstreamTimeout",
     "WorkerSettings",
     "dump_settings",
+    "generate_latest",
     "http_date",
     "listen",
     "metrics_exposition",

@@ -44,8 +44,8 @@ from urllib.parse import quote
 
 from .events import RequestRecord
 
-if TYPE_CHECKING:  # a registry comes from the main process; workers import no prometheus_client
-    from prometheus_client import CollectorRegistry
+if TYPE_CHECKING:  # a registry comes from the main process; workers import no metrics
+    from .prometheus import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class AccessLog:
         self.lost = 0
         """Lines lost to a write error (counted by the writer thread)."""
         if registry is not None:
-            from prometheus_client import Counter  # the main process's: workers have none
+            from .prometheus import Counter  # the main process's: workers have none
         self._dropped_metric = (
             Counter(
                 "gateway_access_log_dropped",

@@ -17,7 +17,7 @@ Invariants:
   (``gateway_requests``, ``gateway_request_duration_seconds``, ``gateway_upstream_ttfb_seconds``)
   are plain counts (``tally.Buckets``, ``status_codes.StatusCounts``) per service and
   revision, that ``scrape.RequestCollector`` turns into metric families at scrape time;
-  ``prometheus_client``'s own children (a lock and a Python loop over the buckets per
+  an instrument's own children (a lock and a Python loop over the buckets per
   ``observe``) cost several times more per request. Other label children are created once
   and cached. Even the ``code`` label of a status (its class) is worked out at scrape time.
 - In-flight counts are read from the pool at scrape time, so requests pay nothing for them.
@@ -27,10 +27,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
 from .events import PoolEvent, ProbeResult, RequestRecord
 from .pool import Pool, RequestCounts
+from .prometheus import CollectorRegistry, Counter, Gauge, Histogram
 from .scrape import GuardCollector, InflightCollector, RequestCollector
 from .status_codes import StatusCounts
 from .tally import LATENCY_BUCKETS, Buckets, Tally, latency_bucket

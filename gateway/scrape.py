@@ -23,18 +23,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import (
+from .pool import Pool
+from .prometheus import (
+    Collector,
+    CollectorRegistry,
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
     SummaryMetricFamily,
+    choose_encoder,
 )
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
-
-from .pool import Pool
 from .tally import Buckets
 
 

@@ -127,7 +127,7 @@ def standin() -> types.ModuleType:
 
     def missing(name: str) -> object:
         # Any other public name (a constant or class a library reads when it loads, as
-        # prometheus_client's exposition does for its defaults): a class that refuses to be
+        # an HTTP library does for its defaults): a class that refuses to be
         # made, so that the import works and any use says why it cannot.
         if name.startswith("_"):
             raise AttributeError(f"module 'ssl' has no attribute {name!r}")

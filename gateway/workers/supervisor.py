@@ -35,13 +35,12 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
 from .. import without_tls
 from ..config import ProxyConfig, parse_address
 from ..events import PoolEvent
 from ..metrics import GatewayMetrics
 from ..pool import Pool
+from ..prometheus import CollectorRegistry, Counter, Gauge
 from ..tls import Termination
 from . import ipc
 

@@ -6,7 +6,6 @@ import shutil
 import subprocess
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 
 from controller.backends.docker import DockerBackend, DockerHost
 from controller.metrics import (
@@ -20,6 +19,7 @@ from controller.metrics import (
     register,
 )
 from controller.model import ReplicaState
+from gateway.prometheus import CollectorRegistry, generate_latest
 
 from .conftest import Harness, spec
 

@@ -23,12 +23,12 @@ import aiohttp
 import pytest
 import yaml
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
 from controller.config import load_config
 from controller.metrics import ControllerMetrics
 from controller.serving import Gateway, run_gateway
 from gateway.metrics import GatewayMetrics
+from gateway.prometheus import CollectorRegistry
 from gateway.scrape import ConnectionsCollector
 from tests.ports import free_port
 
@@ -219,6 +219,49 @@ async def test_prometheus_reads_upstream_health_from_the_gateway(
         await until_value(
             session, prometheus, 'gateway_service_replicas{service="static",state="unhealthy"}', 1
         )
+
+
+async def test_the_gateways_metrics_pass_promtool_and_the_reference_parsers(
+    gateway: Gateway,
+) -> None:
+    """The whole ``/metrics`` of a serving gateway, as Prometheus (OpenMetrics) and as a
+    plain scrape (the text format) get it: ``promtool check metrics`` finds no problem in
+    the text, and prometheus_client's parsers read both to the same samples."""
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as openmetrics_families,
+    )
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base = f"http://127.0.0.1:{gateway.admin.port}"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{gateway.traffic.port}/hi") as resp:
+            assert resp.status == 200
+        async with session.get(f"{base}/metrics") as resp:
+            assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            text = await resp.text()
+        accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+        async with session.get(f"{base}/metrics", headers={"Accept": accept}) as resp:
+            assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+            openmetrics = await resp.text()
+    proc = await asyncio.create_subprocess_exec(
+        binary("promtool"), "check", "metrics",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(text.encode()), 30)
+    assert proc.returncode == 0, out.decode()
+
+    def samples(families: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples
+        }
+
+    plain = samples(text_string_to_metric_families(text))
+    assert ("gateway_workers", ()) not in plain  # one process: no supervisor
+    ups = [v for (name, _), v in plain.items() if name == "gateway_upstream_up"]
+    assert ups == [1.0]
+    # The same series in both (a counter's value may have moved between the two scrapes).
+    assert samples(openmetrics_families(openmetrics)).keys() == plain.keys()
 
 
 # -- the dashboard -------------------------------------------------------------------------

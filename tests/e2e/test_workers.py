@@ -90,8 +90,8 @@ async def test_workers_stop_by_themselves_when_the_main_process_is_killed(gatewa
 
 def test_a_worker_imports_neither_aiohttp_nor_the_control_plane():
     """A worker is spawned, so it holds only what its imports bring: the admin API's and the
-    prober's aiohttp, the controller, the supervisor and prometheus_client (the access log's
-    counter is the main process's) stay in the main process (a worker's memory is counted
+    prober's aiohttp, the controller, the supervisor and the metrics (``gateway.prometheus``:
+    the access log's counter is the main process's) stay in the main process (a worker's memory is counted
     once per core)."""
     code = (
         "import sys, gateway.workers.worker\n"
@@ -103,7 +103,12 @@ def test_a_worker_imports_neither_aiohttp_nor_the_control_plane():
     ).stdout.splitlines()
     packages, modules = set(out[0].split()), set(out[1].split())
     assert not packages & {"aiohttp", "controller", "yaml", "prometheus_client"}, packages
-    assert not modules & {"gateway.metrics", "gateway.prober", "gateway.workers.supervisor"}
+    assert not modules & {
+        "gateway.metrics",
+        "gateway.prober",
+        "gateway.prometheus",
+        "gateway.workers.supervisor",
+    }
     assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config: dataclasses
     assert not packages & {"shutil", "tempfile"}, packages  # gateway.native's build only
     # gateway.config's bounds are its own, not annotated_types' (which brings the first

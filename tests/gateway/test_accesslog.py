@@ -14,11 +14,11 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 
 from gateway import accesslog
 from gateway.accesslog import AccessLog, _tenths, format_json, format_plain, whole_lines
 from gateway.events import RequestRecord
+from gateway.prometheus import CollectorRegistry
 
 AT = 1_700_000_000.25  # 2023-11-14T22:13:20.250Z
 

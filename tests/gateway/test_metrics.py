@@ -11,13 +11,13 @@ from bisect import bisect_left
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import unused_port
-from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.config import ProbeConfig, ProxyConfig
 from gateway.events import PoolEvent, ProbeResult, RequestRecord
 from gateway.metrics import UPSTREAM_STATES, GatewayMetrics
 from gateway.pool import Pool
 from gateway.prober import Prober
+from gateway.prometheus import CollectorRegistry, generate_latest
 from gateway.proxy.handler import Proxy
 from gateway.scrape import metrics_exposition
 from gateway.server import TrafficServer

@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
 from gateway.config import ProxyConfig
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool
+from gateway.prometheus import CollectorRegistry
 from gateway.upstream import AdminState
 from gateway.workers.supervisor import Supervisor, WorkerSettings
 

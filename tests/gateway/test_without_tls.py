@@ -121,7 +121,7 @@ def test_the_standin_has_what_uvloop_reads_when_it_loads():
             assert getattr(module, name) == getattr(ssl, name), name
     assert issubclass(module.SSLWantReadError, OSError)
     assert issubclass(module.CertificateError, ValueError)
-    # What else a library reads when it loads (prometheus_client's defaults, for one) is
+    # What else a library reads when it loads (a default it names, for one) is
     # there, and refuses to be used.
     with pytest.raises(without_tls.TlsLeftOut, match="started without OpenSSL"):
         module.PROTOCOL_TLS_SERVER()
