@@ -91,8 +91,8 @@ async def test_workers_stop_by_themselves_when_the_main_process_is_killed(gatewa
 def test_a_worker_imports_neither_aiohttp_nor_the_control_plane():
     """A worker is spawned, so it holds only what its imports bring: the admin API's and the
     prober's aiohttp, the controller, the supervisor and the metrics (``gateway.prometheus``:
-    the access log's counter is the main process's) stay in the main process (a worker's memory is counted
-    once per core)."""
+    the access log's counter is the main process's) stay in the main process (a worker's
+    memory is counted once per core)."""
     code = (
         "import sys, gateway.workers.worker\n"
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
