@@ -67,6 +67,7 @@ MODULES = (
     "proxy.client",
     "proxy.chunked_answer",
     "proxy.connector",
+    "proxy.deadlines",
     "proxy.exchange",
     "proxy.guard",
     "proxy.handler",

@@ -7,11 +7,10 @@ are read by ``plainhead`` instead, as llhttp would. On top of the parser:
 
 - limits: a request line over ``max_header_size`` is 414, a header field over it, more than
   ``MAX_HEADERS`` fields, or a head over ``HEAD_LIMIT_FACTOR`` times it is 431 (``request``);
-- deadlines: the request head within ``header_timeout`` (from the connection, or from a
-  later request's first byte) and the next request within ``keepalive_timeout`` while idle,
-  in a slot of the loop's ``Wheel`` (at most ``WHEEL_SLOT`` late); each read of a body
-  within ``body_timeout`` (and at ``body_min_rate``) and the reads discarded while
-  lingering, on one lazily re-armed timer of the connection's own;
+- deadlines (its base, ``deadlines.ConnectionDeadlines``): the request head within
+  ``header_timeout`` and the next request within ``keepalive_timeout`` in a slot of the
+  loop's ``Wheel``; each read of a body within ``body_timeout`` (and at ``body_min_rate``)
+  and the reads discarded while lingering on a timer of the connection's own;
 - reading pauses while a reason holds (requests queued behind the active one, a body
   buffered, an upstream that cannot take more of it), and resumes when none is left.
 
@@ -38,9 +37,8 @@ from ..wire import plainhead
 from ..wire.http1 import HEAD_LIMIT_FACTOR
 from ..wire.plainhead import PlainRequest
 from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
-from .limits import limits_of
+from .deadlines import BODY, HEAD, LINGER, ConnectionDeadlines
 from .request import HOST, IncomingRequest, Refused, RequestBody, head_problem
-from .wheel import Deadlined, wheel_of
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +46,6 @@ log = logging.getLogger(__name__)
 PAUSE_PIPELINE: Final = 1
 _PAUSE_BODY: Final = 2
 _PAUSE_UPSTREAM: Final = 4
-
-# What the connection's one deadline is for.
-_NONE: Final = 0
-_HEAD: Final = 1
-_KEEPALIVE: Final = 2
-_BODY: Final = 3
-_LINGER: Final = 4
 
 LINGER_TIMEOUT: Final = 2.0
 """Closing after an answer while the client may still be sending (an unread body, a refused
@@ -75,45 +66,31 @@ class _CheckedHost:
 _checked_host: Final = _CheckedHost()
 
 
-class RequestReader(asyncio.Protocol):
+class RequestReader(ConnectionDeadlines):
     """Reads requests off one client connection: parse, limit, time out, splice bodies."""
 
     __slots__ = (
         "_body_started",
         "_boundary",
-        "_closing",
-        "_deadline",
-        "_deadline_kind",
         "_head_bytes",
         "_last",
-        "_limits",
         "_lingered",
-        "_loop",
         "_parser",
         "_parsing",
         "_paused",
         "_raw_remaining",
         "_raw_started",
         "_reads",
-        "_timer",
-        "_timer_at",
         "_tunnel_data",
-        "_wheel_at",
-        "_wheel_slot",
         "active",
-        "park_after",
         "peer",
-        "transport",
         "tunnel",
     )
 
     def __init__(self, limits: ListenerLimits, loop: asyncio.AbstractEventLoop) -> None:
-        self._limits = limits_of(limits)
-        self._loop = loop
+        super().__init__(limits, loop)
         self._parser: httptools.HttpRequestParser | None = None
-        self.transport: asyncio.Transport | None = None
         self.peer: str | None = None
-        self._closing = False
         self._parsing: IncomingRequest | None = None
         """The request whose head or body is being read."""
         self._head_bytes = 0
@@ -122,17 +99,6 @@ class RequestReader(asyncio.Protocol):
         self._paused = 0
         self.tunnel: Callable[[bytes], None] | None = None
         """Where reads go once the connection is a WebSocket relay."""
-        self._deadline = 0.0
-        self._deadline_kind = _NONE
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
-        self._wheel_slot: set[Deadlined] | None = None
-        """The ``Wheel`` slot this connection is in, if any (idle, or was since it fired)."""
-        self._wheel_at = 0.0
-        """When ``_wheel_slot`` was asked for (its slot ends within ``WHEEL_SLOT`` of it)."""
-        self.park_after = self._limits.park_after
-        """Idle this long, it is parked (``_park``); 0: never. The listener's ``park_after``,
-        or longer for a connection that came back soon from parking (``parking``)."""
         self._body_started = 0.0
         self._last: IncomingRequest | None = None
         """The last request taken, until answered."""
@@ -242,7 +208,7 @@ class RequestReader(asyncio.Protocol):
                 self._head_bytes += len(data)
                 if self._head_bytes > HEAD_LIMIT_FACTOR * self._limits.max_header_size:
                     self._refuse(431, "header_too_large", "the request head is too large")
-                elif self._deadline_kind != _HEAD:
+                elif self._deadline_kind != HEAD:
                     self._await_head()
 
     def _plain_request(self, plain: PlainRequest) -> bool:
@@ -351,7 +317,7 @@ class RequestReader(asyncio.Protocol):
             timeout = self._limits.body_timeout
             now = self._body_started = self._loop.time()
             if timeout:
-                self._set_deadline(timeout, _BODY, now)
+                self._set_deadline(timeout, BODY, now)
             else:
                 self._clear_deadline()
             length = request.content_length
@@ -368,7 +334,7 @@ class RequestReader(asyncio.Protocol):
         assert request is not None
         assert request.body is not None
         request.body.feed(data)
-        if self._deadline_kind == _BODY:
+        if self._deadline_kind == BODY:
             body = request.body
             timeout = self._limits.body_timeout
             deadline = self._loop.time() + timeout
@@ -389,7 +355,7 @@ class RequestReader(asyncio.Protocol):
             # Answered already, from the parser's callback (a 404): idle from now on, and
             # ``_finished`` did not know it yet (the head was still being read).
             self._idle(self._loop.time())
-        elif self._deadline_kind == _BODY:
+        elif self._deadline_kind == BODY:
             self._clear_deadline()
 
     # -- an upgrade ----------------------------------------------------------------------------
@@ -418,7 +384,7 @@ class RequestReader(asyncio.Protocol):
     def _pause(self, reason: int) -> None:
         if not self._paused and self.transport is not None:
             self.transport.pause_reading()
-            if self._deadline_kind == _BODY:
+            if self._deadline_kind == BODY:
                 self._clear_deadline()  # the client is not to blame for our pause
         self._paused |= reason
 
@@ -430,7 +396,7 @@ class RequestReader(asyncio.Protocol):
             self.transport.resume_reading()
             parsing = self._parsing
             if parsing is not None and parsing.body is not None and self._limits.body_timeout:
-                self._set_deadline(self._limits.body_timeout, _BODY, self._loop.time())
+                self._set_deadline(self._limits.body_timeout, BODY, self._loop.time())
 
     def pause_body(self) -> None:
         """Too much of the request body is buffered (no upstream took it yet)."""
@@ -447,95 +413,7 @@ class RequestReader(asyncio.Protocol):
     def resume_reading(self) -> None:
         self._resume(_PAUSE_UPSTREAM)
 
-    # -- deadlines (the wheel's, or one lazily re-armed timer) ---------------------------------
-
-    def _set_deadline(self, timeout: float, kind: int, now: float) -> None:
-        """Due ``timeout`` after ``now``, the loop's time (``loop.time()``) as the caller
-        read it: an answer's end gives its own to the keep-alive deadline after it."""
-        if not timeout:
-            self._clear_deadline()
-            return
-        when = now + timeout
-        self._deadline = when
-        self._deadline_kind = kind
-        timer = self._timer
-        if kind == _KEEPALIVE or kind == _HEAD:  # in a slot of the loop's wheel, no timer
-            if timer is not None:
-                timer.cancel()
-                self._timer = None
-            if kind == _KEEPALIVE:
-                park_after = self.park_after
-                if park_after and park_after < timeout:
-                    when = now + park_after  # its slot comes first to park it (``on_wheel``)
-            slot = self._wheel_slot
-            if slot is None:
-                self._wheel_slot = wheel_of(self._loop).add(self, when)
-                self._wheel_at = when
-            elif when < self._wheel_at:  # its slot is later: moved
-                slot.discard(self)
-                self._wheel_slot = wheel_of(self._loop).add(self, when)
-                self._wheel_at = when
-            # else its slot comes by ``when`` (within a slot) and puts it back (``on_wheel``)
-            return
-        if timer is None or self._timer_at > when:
-            if timer is not None:
-                timer.cancel()
-            self._timer_at = when
-            self._timer = self._loop.call_at(when, self._on_timer)
-
-    def _clear_deadline(self) -> None:
-        self._deadline = 0.0
-        self._deadline_kind = _NONE
-
-    def on_wheel(self) -> None:
-        """The ``Wheel`` slot this connection was in came (it is out of the wheel now)."""
-        self._wheel_slot = None
-        kind = self._deadline_kind
-        if (kind != _KEEPALIVE and kind != _HEAD) or self.transport is None:
-            return  # busy (a body's deadline has a timer), or closed
-        now = self._loop.time()
-        deadline = self._deadline
-        if now < deadline:  # due later than when it was put in
-            when = deadline
-            if kind == _KEEPALIVE and self.park_after:
-                park_at = deadline - self._limits.keepalive_timeout + self.park_after
-                if park_at <= now and self._park():
-                    return
-                if now < park_at < deadline:
-                    when = park_at  # idle since less than ``park_after``
-            self._wheel_slot = wheel_of(self._loop).add(self, when)
-            self._wheel_at = when
-            return
-        self._clear_deadline()
-        if kind == _HEAD:
-            self._head_timed_out()
-            return
-        self._closing = True
-        self.close_transport()
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        if self._deadline_kind == _NONE or self.transport is None:
-            return
-        if self._deadline_kind == _KEEPALIVE or self._deadline_kind == _HEAD:
-            if self._wheel_slot is None:  # the wheel's (``_set_deadline``), not ours
-                self._wheel_slot = wheel_of(self._loop).add(self, self._deadline)
-                self._wheel_at = self._deadline
-            return
-        if self._loop.time() < self._deadline:
-            self._timer_at = self._deadline
-            self._timer = self._loop.call_at(self._deadline, self._on_timer)
-            return
-        kind = self._deadline_kind
-        self._clear_deadline()
-        if kind == _BODY:
-            self._body_timed_out()
-        elif kind == _LINGER:
-            self.close_transport()
-
-    def _head_timed_out(self) -> None:
-        log.debug("request head not received within %ss: closing", self._limits.header_timeout)
-        self.abort()
+    # -- what a passed deadline does, and lingering ----------------------------------------
 
     def _body_timed_out(self) -> None:
         request = self._parsing
@@ -554,14 +432,6 @@ class RequestReader(asyncio.Protocol):
             # Queued behind another answer: nobody will answer it; drop the connection.
             self.abort()
 
-    def _await_head(self) -> None:
-        """A request head is due within ``header_timeout``."""
-        self._set_deadline(self._limits.header_timeout, _HEAD, self._loop.time())
-
-    def _idle(self, now: float) -> None:
-        """No request now: the next is due within ``keepalive_timeout`` of ``now``."""
-        self._set_deadline(self._limits.keepalive_timeout, _KEEPALIVE, now)
-
     def _linger_reads(self) -> None:
         """Our side is shut: what still comes is read and discarded (``LINGER_TIMEOUT``)."""
         self._lingered = 0
@@ -569,25 +439,12 @@ class RequestReader(asyncio.Protocol):
         self._paused = 0
         if self.transport is not None:
             self.transport.resume_reading()
-        self._set_deadline(LINGER_TIMEOUT, _LINGER, self._loop.time())
-
-    def _stop_timer(self) -> None:
-        """The connection is closed: no timer of its own, out of the wheel."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._wheel_slot is not None:
-            self._wheel_slot.discard(self)
-            self._wheel_slot = None
+        self._set_deadline(LINGER_TIMEOUT, LINGER, self._loop.time())
 
     # -- what the connection does (``ClientConnection``) ---------------------------------------
 
     def _take(self, request: IncomingRequest) -> None:
         """A request whose head was read: start it, or queue it."""
-        raise NotImplementedError
-
-    def _park(self) -> bool:
-        """Idle for ``park_after``: parked out of the loop if it can be (``parking``)."""
         raise NotImplementedError
 
     def _buffers(self) -> Buffers:
@@ -599,10 +456,4 @@ class RequestReader(asyncio.Protocol):
         raise NotImplementedError
 
     def write(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    def abort(self) -> None:
-        raise NotImplementedError
-
-    def close_transport(self) -> None:
         raise NotImplementedError
