@@ -52,6 +52,8 @@ class _Instrument(Collector, Generic[_I]):
         self.documentation = documentation
         self.labelnames = check_names(name, labelnames)
         self._children: dict[tuple[str, ...], _I] = {}
+        self._value = 0.0
+        """A counter's or a gauge's value (a histogram counts in buckets)."""
         if registry is not None:
             registry.register(self)
 
@@ -110,7 +112,6 @@ class Counter(_Instrument["Counter"]):
         registry: CollectorRegistry | None = None,
     ) -> None:
         super().__init__(name.removesuffix("_total"), documentation, labelnames, registry)
-        self._value = 0.0
 
     def _child(self) -> Counter:
         return Counter(self.name, self.documentation)
@@ -134,16 +135,7 @@ class Counter(_Instrument["Counter"]):
 class Gauge(_Instrument["Gauge"]):
     """A value that goes up and down, set, or read from a function at each scrape."""
 
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: Iterable[str] = (),
-        registry: CollectorRegistry | None = None,
-    ) -> None:
-        super().__init__(name, documentation, labelnames, registry)
-        self._value = 0.0
-        self._function: Callable[[], float] | None = None
+    _function: Callable[[], float] | None = None
 
     def _child(self) -> Gauge:
         return Gauge(self.name, self.documentation)
