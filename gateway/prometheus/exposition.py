@@ -57,25 +57,28 @@ def _line(sample: Sample) -> str:
 
 def generate_latest(registry: CollectorRegistry) -> bytes:
     """``registry`` in the text format 0.0.4."""
-    out: list[str] = []
-    for metric in registry.collect():
-        name = metric.name + "_total" if metric.type == "counter" else metric.name
-        typ = "untyped" if metric.type == "unknown" else metric.type
-        out.append(f"# HELP {name} {_escape_help(metric.documentation)}\n")
-        out.append(f"# TYPE {name} {typ}\n")
-        out.extend(_line(s) for s in metric.samples)
-    return "".join(out).encode()
+    return _written(registry, openmetrics=False)
 
 
 def generate_openmetrics(registry: CollectorRegistry) -> bytes:
     """``registry`` in OpenMetrics 1.0.0."""
+    return _written(registry, openmetrics=True)
+
+
+def _written(registry: CollectorRegistry, openmetrics: bool) -> bytes:
     out: list[str] = []
     for metric in registry.collect():
-        help_text = _escape_help(metric.documentation).replace('"', r"\"")
-        out.append(f"# HELP {metric.name} {help_text}\n")
-        out.append(f"# TYPE {metric.name} {metric.type}\n")
+        name, typ, help_text = metric.name, metric.type, _escape_help(metric.documentation)
+        if openmetrics:
+            help_text = help_text.replace('"', r"\"")
+        else:  # the text format names a counter by its samples, and has no "unknown"
+            name = name + "_total" if typ == "counter" else name
+            typ = "untyped" if typ == "unknown" else typ
+        out.append(f"# HELP {name} {help_text}\n")
+        out.append(f"# TYPE {name} {typ}\n")
         out.extend(_line(s) for s in metric.samples)
-    out.append("# EOF\n")
+    if openmetrics:
+        out.append("# EOF\n")
     return "".join(out).encode()
 
 

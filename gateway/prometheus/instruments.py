@@ -17,6 +17,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
+from ..tally import Buckets
 from .exposition import float_text
 from .families import (
     Collector,
@@ -191,17 +192,15 @@ class Histogram(_Instrument["Histogram"]):
         super().__init__(name, documentation, labelnames, registry)
         self.bounds = tuple(bounds)
         self._les = (*(float_text(b) for b in bounds), "+Inf")
-        self._counts = [0] * (len(bounds) + 1)
-        """Observations per bucket, not cumulative; the last above every bound."""
-        self._sum = 0.0
+        self._buckets = Buckets(self.bounds)
+        """Observations per bucket and their sum (the data plane's ``tally.Buckets``)."""
 
     def _child(self) -> Histogram:
         return Histogram(self.name, self.documentation, buckets=self.bounds)
 
     def observe(self, amount: float) -> None:
         self._counting()
-        self._counts[bisect.bisect_left(self.bounds, amount)] += 1
-        self._sum += amount
+        self._buckets.count(bisect.bisect_left(self.bounds, amount), amount)
 
     def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
@@ -211,8 +210,8 @@ class Histogram(_Instrument["Histogram"]):
         for values, child in self._series():
             total = 0
             cumulative: list[tuple[str, float]] = []
-            for le, count in zip(self._les, child._counts, strict=True):
+            for le, count in zip(self._les, child._buckets.settled(), strict=True):
                 total += count
                 cumulative.append((le, total))
-            family.add_metric(values, cumulative, child._sum)
+            family.add_metric(values, cumulative, child._buckets.sum)
         return [family]
