@@ -60,6 +60,22 @@ ROLLOUT: dict[str, Any] = {
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The project's image build (``test_image``), when the session runs that module, starts
+    now: it takes minutes, mostly of one core, and the tests before it leave CPU idle."""
+    if any(item.path.name == "test_image.py" for item in session.items):
+        from . import test_image
+
+        test_image.start_early()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A build started early and not taken (the session ended first) is stopped."""
+    test_image = sys.modules.get(f"{__package__}.test_image")
+    if test_image is not None:
+        test_image.abandon_early()
+
+
 async def gateway_process(config: Path, log: Path) -> asyncio.subprocess.Process:
     """``gateway serve -c config`` as a process of its own (this checkout's code), its output
     appended to ``log``: for what only a real process shows (SIGKILL, SIGSTOP, a restart)."""

@@ -1,8 +1,8 @@
 """The project's image, built from this checkout and run: ``/healthz`` answers, a request is
 proxied to a replica, the gateway runs as uid 10001, the data plane is compiled.
 
-The Dockerfile is built once for the module (``docker build --network host``) from the local
-bases that ``.ci/docker.sh`` makes with debootstrap, as this machine reaches no image registry:
+The Dockerfile is built once (``docker build --network host``) from the local bases that
+``.ci/docker.sh`` makes with debootstrap, as this machine reaches no image registry:
 ``$GATEWAY_TEST_BUILD_BASE`` and ``$GATEWAY_TEST_RUN_BASE`` on the engine
 ``$GATEWAY_TEST_DOCKER_HOST``, their interpreter ``$GATEWAY_TEST_BASE_PYTHON`` (Debian's by
 default). ``$GATEWAY_TEST_BUILD_CA_CERTS`` (a PEM file or a directory of ``.crt`` files) is
@@ -13,6 +13,13 @@ The container runs the image as built, with the demo config and its default comm
 traffic port is published on 127.0.0.1 only, and ``/healthz`` is asked inside the container
 (the demo's admin listener is its loopback), by ``docker exec`` and by the image's own
 HEALTHCHECK. Every container and image the module made is removed at its end.
+
+The build takes minutes, most of them the compiler's (the profile-guided native build, on
+one core): when this module is among the tests a session runs, ``conftest`` starts it as
+soon as the tests are collected (``start_early``), at the lowest CPU weight
+(``--cpu-shares 2``), so that it uses what the tests before this module leave idle, and
+this module's fixture waits for what is left of it. The tests take the CPU first: a build
+that had none yet runs alone once they wait for it, as it did when it began there.
 """
 
 from __future__ import annotations
@@ -42,8 +49,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN = "gateway.test.image"
 """The label on every container the module runs: its value is the module's run id."""
 
-# The image build (about a minute with a warm network, more on a cold one) is in the setup of
-# the first test that uses it.
+# The image build (minutes: see the module docstring) ends in the setup of the first test that
+# uses it.
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -94,21 +101,39 @@ def stage_images(output: str) -> list[str]:
 class Image:
     tag: str
     run: str
-    build_seconds: float
 
 
-@pytest.fixture(scope="module")
-def image() -> Iterator[Image]:
-    if why := unavailable():
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+@dataclass
+class Build:
+    """A ``docker build`` of this checkout under way (the legacy builder, whose output
+    names each stage's image)."""
+
+    tag: str
+    run: str
+    process: subprocess.Popen[str]
+    started: float
+
+    def wait(self, timeout: float) -> tuple[int, str]:
+        """The build's exit status and output, once it is over (killed after ``timeout``
+        seconds more)."""
+        try:
+            output, _ = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            output, _ = self.process.communicate()
+            return -1, f"{output}\ntimed out after {time.monotonic() - self.started:.0f}s"
+        return self.process.returncode, output
+
+
+def start_build() -> Build:
     run = uuid.uuid4().hex[:12]
     tag = f"gateway-test/image:{run}"
     args = [
         "build",
         "--network=host",
         "--force-rm",
+        # The lowest weight: beside the tests, the build takes only the CPU they leave.
+        "--cpu-shares=2",
         f"--build-arg=BUILD_BASE={BUILD_BASE}",
         f"--build-arg=RUN_BASE={RUN_BASE}",
         f"--build-arg=PYTHON={PYTHON}",
@@ -117,22 +142,61 @@ def image() -> Iterator[Image]:
         f"--tag={tag}",
         str(ROOT),
     ]
-    start = time.monotonic()
-    built = docker(*args, timeout=600)
-    seconds = time.monotonic() - start
-    print(f"\nimage {tag} built in {seconds:.0f}s", file=sys.stderr)
+    env = {**os.environ, "DOCKER_HOST": ENGINE, "DOCKER_BUILDKIT": "0"}
+    process = subprocess.Popen(
+        ["docker", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    return Build(tag, run, process, time.monotonic())
+
+
+_early: list[Build] = []
+"""The build ``start_early`` started for this session, until the fixture takes it."""
+
+
+def start_early() -> None:
+    """Start the build now, if it can be made here (``conftest``, once the session's tests
+    are collected and this module is among them)."""
+    if not _early and unavailable() is None:
+        _early.append(start_build())
+
+
+def abandon_early() -> None:
+    """Stop a build started early that no test took (the session ended first)."""
+    while _early:
+        build = _early.pop()
+        if build.process.poll() is None:
+            build.process.kill()
+        build.process.communicate()
+        docker("rmi", "-f", build.tag)
+
+
+@pytest.fixture(scope="module")
+def image() -> Iterator[Image]:
+    if why := unavailable():
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    build = _early.pop() if _early else start_build()
+    waited = time.monotonic()
+    status, output = build.wait(timeout=600)
+    now = time.monotonic()
+    print(
+        f"\nimage {build.tag} built in {now - build.started:.0f}s "
+        f"(the last {now - waited:.0f}s waited for)",
+        file=sys.stderr,
+    )
     try:
-        assert built.returncode == 0, f"docker build failed:\n{built.stdout[-4000:]}{built.stderr}"
-        yield Image(tag, run, seconds)
+        assert status == 0, f"docker build failed:\n{output[-4000:]}"
+        yield Image(build.tag, build.run)
     finally:
-        containers = docker("ps", "-aq", "--filter", f"label={RUN}={run}").stdout.split()
+        containers = docker("ps", "-aq", "--filter", f"label={RUN}={build.run}").stdout.split()
         if containers:
             docker("rm", "-f", *containers)
-        docker("rmi", "-f", tag)
+        docker("rmi", "-f", build.tag)
         # The build stage's image (and its untagged parents) is nobody's parent now.
-        for stage in reversed(stage_images(built.stdout)):
+        for stage in reversed(stage_images(output)):
             docker("rmi", stage)
-        assert docker("image", "inspect", tag).returncode != 0, f"{tag} left"
+        assert docker("image", "inspect", build.tag).returncode != 0, f"{build.tag} left"
 
 
 @dataclass(frozen=True)
