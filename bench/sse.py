@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from interpreter import Interpreter
-from system import BODY, Failure, Procs, cpu_seconds, free_ports, process_tree, wait_serving
+from system import BODY, Failure, Procs, cpu_split, free_ports, process_tree, wait_serving
 from targets import Limits, Target, start_gateway
 
 EVENT_PAD = 64
@@ -328,6 +328,8 @@ class SseRun:
     cpu_us: float | None
     """The target's CPU per event, microseconds."""
     failed: int
+    user_us: float | None = None
+    """Of ``cpu_us``, user time (the rest is the kernel's, for the target's system calls)."""
 
     @property
     def rate(self) -> float:
@@ -359,7 +361,7 @@ def client_run(procs: Procs, target: Target, args: argparse.Namespace, flood: bo
         argv += ["--streams", str(args.sse_streams), "--interval-ms", str(args.sse_interval),
                  "--count", str(count)]  # fmt: skip
     pids = process_tree(target.proc.pid)
-    before = cpu_seconds(pids)
+    user_before, sys_before = cpu_split(pids)
     proc = procs.start(f"sse-client-{target.name}", argv, args.load_cpu)
     try:
         proc.popen.wait(args.duration + 60)
@@ -367,7 +369,9 @@ def client_run(procs: Procs, target: Target, args: argparse.Namespace, flood: bo
         raise Failure(f"the SSE client did not finish:\n{proc.tail()}") from None
     finally:
         procs.finish(proc)
-    used = cpu_seconds(pids) - before
+    user_after, sys_after = cpu_split(pids)
+    user = user_after - user_before
+    used = user + sys_after - sys_before
     lines = [line for line in proc.log.read_text().splitlines() if line.startswith("{")]
     if not lines:
         raise Failure(f"the SSE client said nothing:\n{proc.tail()}")
@@ -376,7 +380,8 @@ def client_run(procs: Procs, target: Target, args: argparse.Namespace, flood: bo
         raise Failure(f"{target.name}: {out['failed']} streams failed: {out['errors']}")
     events = out["events"]
     return SseRun(events, out["seconds"], out["p50_us"], out["p99_us"], out["p999_us"],
-                  used / events * 1e6 if events else None, out["failed"])  # fmt: skip
+                  used / events * 1e6 if events else None, out["failed"],
+                  user / events * 1e6 if events else None)  # fmt: skip
 
 
 def start(
@@ -407,7 +412,8 @@ def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) 
             figures.one.setdefault(name, []).append(one)
             print(f"bench: sse rep {rep + 1} {name:8} {many.events:,} events p50 "
                   f"{many.p50_us or 0:,.0f} us p99 {many.p99_us or 0:,.0f} us CPU "
-                  f"{many.cpu_us or 0:.1f} us/event; one stream {one.rate:,.0f} events/s",
+                  f"{many.cpu_us or 0:.1f} us/event (user {many.user_us or 0:.1f}); "
+                  f"one stream {one.rate:,.0f} events/s",
                   file=sys.stderr)  # fmt: skip
     return figures
 
@@ -440,6 +446,10 @@ def report(args: argparse.Namespace, figures: SseFigures, head: list[str]) -> st
         return [x - d if x is not None and d is not None else None
                 for x, d in zip(col(name, attr), col("direct", attr), strict=False)]  # fmt: skip
 
+    def system(name: str) -> list[float | None]:
+        pairs = zip(col(name, "cpu_us"), col(name, "user_us"), strict=False)
+        return [c - u if c is not None and u is not None else None for c, u in pairs]
+
     def rate(name: str) -> list[float | None]:
         return [r.rate for r in figures.one.get(name, [])]
 
@@ -452,6 +462,7 @@ def report(args: argparse.Namespace, figures: SseFigures, head: list[str]) -> st
             f"{_f(_med(added(name, 'p50_us'))) if proxy else '-'} | "
             f"{_f(_med(added(name, 'p99_us'))) if proxy else '-'} | "
             f"{_f(_med(col(name, 'cpu_us')), 1) if proxy else '-'} | "
+            f"{_f(_med(col(name, 'user_us')), 1) if proxy else '-'} | "
             f"{_f(_med(rate(name)))} |"
         )
     ratio_rows = []
@@ -461,6 +472,8 @@ def report(args: argparse.Namespace, figures: SseFigures, head: list[str]) -> st
             ("added p99", added("gateway", "p99_us"), added("nginx", "p99_us")),
             ("p99", col("gateway", "p99_us"), col("nginx", "p99_us")),
             ("CPU per event", col("gateway", "cpu_us"), col("nginx", "cpu_us")),
+            ("of which user time", col("gateway", "user_us"), col("nginx", "user_us")),
+            ("of which system time", system("gateway"), system("nginx")),
             ("one stream, events/s", rate("gateway"), rate("nginx")),
         ):
             ratio_rows.append(f"| gateway/nginx | {label} | {_per_rep(a, b)} |")
@@ -481,13 +494,15 @@ def report(args: argparse.Namespace, figures: SseFigures, head: list[str]) -> st
         f"{args.sse_streams * 1000 / args.sse_interval:,.0f} events/s in all). Latency: from "
         "the upstream's write of an event (its stamp) to the client's read that completed it, "
         "in microseconds, over every event of the run; medians over repetitions. Added: "
-        "minus direct's in the same repetition. CPU: the proxy's user+sys time per event. "
+        "minus direct's in the same repetition. CPU: the proxy's user+sys time per event "
+        "(user: of it, the user time; the rest is the kernel's, in the proxy's system "
+        "calls). "
         f"`one`: a single stream written back to back for {args.duration} s (one write an "
         "event), events/s at the client.",
         "",
         "| target | p50 (us) | p99 (us) | p99.9 (us) | added p50 | added p99 | CPU us/event | "
-        "one stream events/s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "user us/event | one stream events/s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *rows,
         "",
         "Ratios per repetition (issue 29: at most 1 for latency and CPU, at least 1 for one "

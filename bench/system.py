@@ -169,12 +169,19 @@ def process_tree(root: int) -> list[int]:
 
 def cpu_seconds(pids: list[int]) -> float:
     """User + system time of these processes (all their threads), in seconds."""
-    ticks = 0
+    user, system = cpu_split(pids)
+    return user + system
+
+
+def cpu_split(pids: list[int]) -> tuple[float, float]:
+    """User and system time of these processes (all their threads), apart, in seconds."""
+    user = system = 0
     for pid in pids:
         fields = _stat_fields(pid)
         if fields:
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / CLK_TCK
+            user += int(fields[11])  # utime
+            system += int(fields[12])  # stime
+    return user / CLK_TCK, system / CLK_TCK
 
 
 WAKEUP_INTERRUPTS = ("RES", "CAL")
