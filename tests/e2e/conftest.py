@@ -63,6 +63,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The project's image build (``test_image``), when the session runs that module, starts
     now: it takes minutes, mostly of one core, and the tests before it leave CPU idle."""
+    if session.config.option.collectonly:
+        return
     if any(item.path.name == "test_image.py" for item in session.items):
         from . import test_image
 

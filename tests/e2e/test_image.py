@@ -161,13 +161,21 @@ def start_early() -> None:
 
 
 def abandon_early() -> None:
-    """Stop a build started early that no test took (the session ended first)."""
+    """Stop a build started early that no test took (the session ended first), and remove
+    what it made: its image if it got that far, else the images of the steps it committed
+    (the last one named in its output, with its untagged parents)."""
     while _early:
         build = _early.pop()
         if build.process.poll() is None:
             build.process.kill()
-        build.process.communicate()
+        output, _ = build.process.communicate()
         docker("rmi", "-f", build.tag)
+        for stage in reversed(stage_images(output or "")):
+            # The engine stops the step under way (its container uses the image) only once
+            # it notices the client gone: a few seconds.
+            deadline = time.monotonic() + 30
+            while docker("rmi", stage).returncode != 0 and time.monotonic() < deadline:
+                time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
