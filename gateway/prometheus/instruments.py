@@ -190,17 +190,18 @@ class Histogram(_Instrument["Histogram"]):
         if "le" in labelnames:
             raise ValueError(f"histogram {name!r}: 'le' is the buckets' label")
         super().__init__(name, documentation, labelnames, registry)
-        self.bounds = tuple(bounds)
         self._les = (*(float_text(b) for b in bounds), "+Inf")
-        self._buckets = Buckets(self.bounds)
-        """Observations per bucket and their sum (the data plane's ``tally.Buckets``)."""
+        self._buckets = Buckets(tuple(bounds))
+        """Its bounds, the observations per bucket and their sum (the data plane's
+        ``tally.Buckets``)."""
 
     def _child(self) -> Histogram:
-        return Histogram(self.name, self.documentation, buckets=self.bounds)
+        return Histogram(self.name, self.documentation, buckets=self._buckets.bounds)
 
     def observe(self, amount: float) -> None:
         self._counting()
-        self._buckets.count(bisect.bisect_left(self.bounds, amount), amount)
+        buckets = self._buckets
+        buckets.count(bisect.bisect_left(buckets.bounds, amount), amount)
 
     def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
