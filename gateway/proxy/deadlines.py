@@ -92,12 +92,10 @@ class ConnectionDeadlines(asyncio.Protocol):
                     when = now + park_after  # its slot comes first to park it (``on_wheel``)
             slot = self._wheel_slot
             if slot is None:
-                self._wheel_slot = wheel_of(self._loop).add(self, when)
-                self._wheel_at = when
+                self._into_wheel(when)
             elif when < self._wheel_at:  # its slot is later: moved
                 slot.discard(self)
-                self._wheel_slot = wheel_of(self._loop).add(self, when)
-                self._wheel_at = when
+                self._into_wheel(when)
             # else its slot comes by ``when`` (within a slot) and puts it back (``on_wheel``)
             return
         if timer is None or self._timer_at > when:
@@ -105,6 +103,11 @@ class ConnectionDeadlines(asyncio.Protocol):
                 timer.cancel()
             self._timer_at = when
             self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _into_wheel(self, when: float) -> None:
+        """In the loop's wheel, in the slot that comes by ``when`` (out of none now)."""
+        self._wheel_slot = wheel_of(self._loop).add(self, when)
+        self._wheel_at = when
 
     def _clear_deadline(self) -> None:
         self._deadline = 0.0
@@ -126,8 +129,7 @@ class ConnectionDeadlines(asyncio.Protocol):
                     return
                 if now < park_at < deadline:
                     when = park_at  # idle since less than ``park_after``
-            self._wheel_slot = wheel_of(self._loop).add(self, when)
-            self._wheel_at = when
+            self._into_wheel(when)
             return
         self._clear_deadline()
         if kind == HEAD:
@@ -142,8 +144,7 @@ class ConnectionDeadlines(asyncio.Protocol):
             return
         if self._deadline_kind == KEEPALIVE or self._deadline_kind == HEAD:
             if self._wheel_slot is None:  # the wheel's (``_set_deadline``), not ours
-                self._wheel_slot = wheel_of(self._loop).add(self, self._deadline)
-                self._wheel_at = self._deadline
+                self._into_wheel(self._deadline)
             return
         if self._loop.time() < self._deadline:
             self._timer_at = self._deadline
