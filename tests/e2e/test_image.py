@@ -166,16 +166,23 @@ def abandon_early() -> None:
     (the last one named in its output, with its untagged parents)."""
     while _early:
         build = _early.pop()
-        if build.process.poll() is None:
-            build.process.kill()
-        output, _ = build.process.communicate()
+        _, output = build.wait(timeout=0)
         docker("rmi", "-f", build.tag)
-        for stage in reversed(stage_images(output or "")):
-            # The engine stops the step under way (its container uses the image) only once
-            # it notices the client gone: a few seconds.
-            deadline = time.monotonic() + 30
-            while docker("rmi", stage).returncode != 0 and time.monotonic() < deadline:
-                time.sleep(0.5)
+        # The engine stops the step under way (its container uses the image) only once it
+        # notices the client gone: a few seconds.
+        remove_stages(output, patience=30)
+
+
+def remove_stages(output: str, patience: float = 0) -> None:
+    """The image each stage of a build ended with (``stage_images``), and its untagged
+    parents: nobody's parent once the build's tag is removed. One still in use is tried
+    again for ``patience`` seconds."""
+    for stage in reversed(stage_images(output)):
+        deadline = time.monotonic() + patience
+        while (removed := docker("rmi", stage)).returncode != 0:
+            if "No such image" in removed.stderr or time.monotonic() >= deadline:
+                break  # gone with the tag (the last stage's), or still held
+            time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -201,9 +208,7 @@ def image() -> Iterator[Image]:
         if containers:
             docker("rm", "-f", *containers)
         docker("rmi", "-f", build.tag)
-        # The build stage's image (and its untagged parents) is nobody's parent now.
-        for stage in reversed(stage_images(output)):
-            docker("rmi", stage)
+        remove_stages(output)
         assert docker("image", "inspect", build.tag).returncode != 0, f"{build.tag} left"
 
 
