@@ -143,11 +143,13 @@ def _integral(data: Any) -> Any:
 
 
 async def read_model(request: web.Request, model: type[M], optional: bool = False) -> M:
-    """The body as ``model``: 400 if it is not JSON, 422 naming each field if it is wrong."""
+    """The body as ``model``: 400 if it is not JSON, 422 naming each field if it is wrong.
+    ``optional``: no body at all (zero bytes) stands for ``model()``; white space is a body,
+    and not JSON."""
     raw = await request.read()  # raises 413 past client_max_size
+    if optional and not raw:
+        return model()
     if not raw.strip():
-        if optional:
-            return model()
         raise ApiError(400, "bad_request", "a JSON body is required")
     data = _parse(raw, request.content_type)
     try:

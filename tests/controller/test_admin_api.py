@@ -349,6 +349,27 @@ async def test_a_body_that_does_not_parse_is_400(api: Api, data: Any, content_ty
     assert api.fingerprint() == before
 
 
+@pytest.mark.parametrize("path", ["/api/services/web/tokens", "/api/services/web/rollout/undo"])
+async def test_an_optional_body_of_white_space_is_400_and_no_body_is_none(
+    api: Api, path: str
+) -> None:
+    # The body may be left out; white space is a body, and not JSON (the fuzzer's "\r\n\r\n"
+    # was taken as none: a token added).
+    await serving(api, auth={"type": "bearer"})
+    before = api.fingerprint()
+    tokens = await api.call("GET", "/api/services/web/tokens")
+    for blank in ("\r\n\r\n", " "):
+        headers = {**AUTH, "Content-Type": "application/json"}
+        response = await api.client.post(path, data=blank, headers=headers)
+        assert response.status == 400, await response.text()
+        assert (await response.json())["error"] == "bad_request"
+    assert await api.call("GET", "/api/services/web/tokens") == tokens
+    assert api.fingerprint() == before
+    if path.endswith("/tokens"):  # no body at all: a token made here
+        added = await api.call("POST", path, status=201)
+        assert added["secret"]
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
