@@ -393,6 +393,13 @@ class ClientConnection(RequestReader):
     def closing(self) -> bool:
         return self._closing
 
+    def socket_fd(self) -> int:
+        transport = self.transport
+        if transport is None or self.secure:
+            return -1
+        sock = transport.get_extra_info("socket")
+        return -1 if sock is None else int(sock.fileno())
+
     @property
     def writing_paused(self) -> bool:
         """The transport holds more than its high-water mark (``producer`` is paused)."""

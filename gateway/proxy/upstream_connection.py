@@ -437,9 +437,9 @@ class UpstreamConnection(asyncio.Protocol):
         if self.complete and not sink.chunked:
             data = self.take_body()
             sink.bytes_out += len(data)
-            sink.conn.write(head + data)
+            sink.write_head(head + data)
             return None
-        sink.conn.write(head)
+        sink.write_head(head)
         assert not self._whole  # only a complete answer framed by its length has one: above
         buffer, self._buffer = self._buffer, []
         for data in buffer:  # as they came (chunks that came with the head stay as they were)

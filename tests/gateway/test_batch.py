@@ -153,7 +153,8 @@ async def test_a_streamed_body_follows_its_held_head():
     conn, transport = _client()
     conn.write(b"opens the turn")
     stream = ResponseStream(conn, chunked=True)
-    conn.write(b"HEAD\r\n\r\n")
+    stream.write_head(b"HEAD\r\n\r\n")
+    assert transport.calls[1:] == []  # held with the turn's other writes
     stream.response_data(memoryview(b"body"))  # a view of a read buffer: never held
     assert transport.calls[1:] == [("write", b"HEAD\r\n\r\n"), ("write", b"4\r\nbody\r\n")]
 

@@ -66,6 +66,9 @@ class _Client:
     def flush(self) -> None:
         pass
 
+    def socket_fd(self) -> int:
+        return -1  # no socket: what is relayed is written here
+
 
 class _Receiver:
     """The connection's ``on_body``: pieces to the client's stream, framed again."""
