@@ -25,7 +25,9 @@ Per repetition (the order rotating), each target (``direct``, ``nginx``, ``gatew
 ``many``: latency p50/p99/p99.9 and the target's CPU (user+sys of its process tree) per
 event; ``one``: one flood stream, events/s. *Added* latency is the target's minus direct's
 in the same repetition. Both helpers are Python on the load core, so their own delays are in
-direct's figure too and cancel in the added latency.
+direct's figure too and cancel in the added latency. Then, ``at once``: nginx and the gateway
+take half the ``many`` streams each at the same time (a client each), and each one's CPU per
+event is taken over the same seconds: the machine's other work weighs on both alike.
 """
 
 from __future__ import annotations
@@ -340,6 +342,8 @@ class SseRun:
 class SseFigures:
     many: dict[str, list[SseRun]] = field(default_factory=dict)
     one: dict[str, list[SseRun]] = field(default_factory=dict)
+    together: dict[str, list[SseRun]] = field(default_factory=dict)
+    """The proxies' ``many`` load served at the same time, half the streams each."""
 
 
 def start_nginx_sse(procs: Procs, port: int, upstream: int, cpu: int, limits: Limits) -> Target:
@@ -353,35 +357,54 @@ def start_nginx_sse(procs: Procs, port: int, upstream: int, cpu: int, limits: Li
 
 
 def client_run(procs: Procs, target: Target, args: argparse.Namespace, flood: bool) -> SseRun:
-    argv = [sys.executable, str(Path(__file__).resolve()), "client", "--port", str(target.port)]
+    return clients_together(procs, [target], args, flood, args.sse_streams)[target.name]
+
+
+def clients_together(
+    procs: Procs, targets: list[Target], args: argparse.Namespace, flood: bool, streams: int
+) -> dict[str, SseRun]:
+    """A client for each of ``targets``, all started at once (``streams`` streams each, or a
+    flood stream): each target's figures, its CPU over the same interval as the others'."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "client"]
     if flood:
         argv += ["--streams", "1", "--flood", str(args.duration)]
     else:
         count = int(args.duration * 1000 / args.sse_interval)
-        argv += ["--streams", str(args.sse_streams), "--interval-ms", str(args.sse_interval),
+        argv += ["--streams", str(streams), "--interval-ms", str(args.sse_interval),
                  "--count", str(count)]  # fmt: skip
-    pids = process_tree(target.proc.pid)
-    user_before, sys_before = cpu_split(pids)
-    proc = procs.start(f"sse-client-{target.name}", argv, args.load_cpu)
+    pids = {t.name: process_tree(t.proc.pid) for t in targets}
+    before = {name: cpu_split(p) for name, p in pids.items()}
+    clients = [
+        procs.start(f"sse-client-{t.name}", [*argv, "--port", str(t.port)], args.load_cpu)
+        for t in targets
+    ]
     try:
-        proc.popen.wait(args.duration + 60)
+        for proc in clients:
+            proc.popen.wait(args.duration + 60)
     except subprocess.TimeoutExpired:
         raise Failure(f"the SSE client did not finish:\n{proc.tail()}") from None
     finally:
-        procs.finish(proc)
-    user_after, sys_after = cpu_split(pids)
-    user = user_after - user_before
-    used = user + sys_after - sys_before
-    lines = [line for line in proc.log.read_text().splitlines() if line.startswith("{")]
-    if not lines:
-        raise Failure(f"the SSE client said nothing:\n{proc.tail()}")
-    out = json.loads(lines[-1])
-    if out["failed"]:
-        raise Failure(f"{target.name}: {out['failed']} streams failed: {out['errors']}")
-    events = out["events"]
-    return SseRun(events, out["seconds"], out["p50_us"], out["p99_us"], out["p999_us"],
-                  used / events * 1e6 if events else None, out["failed"],
-                  user / events * 1e6 if events else None)  # fmt: skip
+        for proc in clients:
+            procs.finish(proc)
+    runs = {}
+    for target, proc in zip(targets, clients, strict=True):
+        user_after, sys_after = cpu_split(pids[target.name])
+        user_before, sys_before = before[target.name]
+        user = user_after - user_before
+        used = user + sys_after - sys_before
+        lines = [line for line in proc.log.read_text().splitlines() if line.startswith("{")]
+        if not lines:
+            raise Failure(f"the SSE client said nothing:\n{proc.tail()}")
+        out = json.loads(lines[-1])
+        if out["failed"]:
+            raise Failure(f"{target.name}: {out['failed']} streams failed: {out['errors']}")
+        events = out["events"]
+        runs[target.name] = SseRun(
+            events, out["seconds"], out["p50_us"], out["p99_us"], out["p999_us"],
+            used / events * 1e6 if events else None, out["failed"],
+            user / events * 1e6 if events else None,
+        )  # fmt: skip
+    return runs
 
 
 def start(
@@ -415,6 +438,14 @@ def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) 
                   f"{many.cpu_us or 0:.1f} us/event (user {many.user_us or 0:.1f}); "
                   f"one stream {one.rate:,.0f} events/s",
                   file=sys.stderr)  # fmt: skip
+        proxies = [targets[name] for name in ("nginx", "gateway") if name in targets]
+        if len(proxies) == 2:
+            runs = clients_together(procs, proxies, args, False, args.sse_streams // 2)
+            for name, run in runs.items():
+                figures.together.setdefault(name, []).append(run)
+                print(f"bench: sse rep {rep + 1} {name:8} at once: {run.events:,} events "
+                      f"CPU {run.cpu_us or 0:.1f} us/event (user {run.user_us or 0:.1f})",
+                      file=sys.stderr)  # fmt: skip
     return figures
 
 
@@ -453,6 +484,13 @@ def report(args: argparse.Namespace, figures: SseFigures, head: list[str]) -> st
     def rate(name: str) -> list[float | None]:
         return [r.rate for r in figures.one.get(name, [])]
 
+    def together(name: str, attr: str) -> list[float | None]:
+        return [getattr(r, attr) for r in figures.together.get(name, [])]
+
+    def together_system(name: str) -> list[float | None]:
+        pairs = zip(together(name, "cpu_us"), together(name, "user_us"), strict=False)
+        return [c - u if c is not None and u is not None else None for c, u in pairs]
+
     rows = []
     for name in names:
         proxy = name != "direct"
@@ -475,8 +513,15 @@ def report(args: argparse.Namespace, figures: SseFigures, head: list[str]) -> st
             ("of which user time", col("gateway", "user_us"), col("nginx", "user_us")),
             ("of which system time", system("gateway"), system("nginx")),
             ("one stream, events/s", rate("gateway"), rate("nginx")),
-        ):
-            ratio_rows.append(f"| gateway/nginx | {label} | {_per_rep(a, b)} |")
+            ("CPU per event, at once", together("gateway", "cpu_us"),
+             together("nginx", "cpu_us")),
+            ("of which user time, at once", together("gateway", "user_us"),
+             together("nginx", "user_us")),
+            ("of which system time, at once", together_system("gateway"),
+             together_system("nginx")),
+        ):  # fmt: skip
+            if a:
+                ratio_rows.append(f"| gateway/nginx | {label} | {_per_rep(a, b)} |")
         for label, a, b in (
             ("one stream, events/s", rate("gateway"), rate("direct")),
             ("one stream, events/s (nginx)", rate("nginx"), rate("direct")),
@@ -498,7 +543,11 @@ def report(args: argparse.Namespace, figures: SseFigures, head: list[str]) -> st
         "(user: of it, the user time; the rest is the kernel's, in the proxy's system "
         "calls). "
         f"`one`: a single stream written back to back for {args.duration} s (one write an "
-        "event), events/s at the client.",
+        "event), events/s at the client. "
+        f"`at once`: the `many` load to both proxies at the same time, "
+        f"{args.sse_streams // 2} streams each (a client each, both on the load core), each "
+        "proxy's CPU over the same seconds: what the machine's other work takes, it takes "
+        "from both, so these ratios move less from one repetition to the next.",
         "",
         "| target | p50 (us) | p99 (us) | p99.9 (us) | added p50 | added p99 | CPU us/event | "
         "user us/event | one stream events/s |",
