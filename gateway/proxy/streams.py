@@ -81,7 +81,7 @@ class ResponseStream:
     (its descriptor may be closed, and its number given to another connection).
     """
 
-    __slots__ = ("bytes_out", "chunked", "conn", "fd", "held", "queued")
+    __slots__ = ("bytes_out", "chunked", "conn", "direct", "fd", "held")
 
     def __init__(self, conn: ClientSide, chunked: bool) -> None:
         self.conn = conn
@@ -90,9 +90,9 @@ class ResponseStream:
         self.held = False
         """The head went through the client's ``write``, which may hold it until the end of
         the loop's turn: the body's next write flushes it first."""
-        self.queued = True
-        """The transport may hold bytes not sent yet: a relay asks it before writing to the
-        socket."""
+        self.direct: asyncio.Transport | None = None
+        """The client's transport while it held nothing after the stream's last write: the
+        next relay goes to the socket (unless the transport is closing). None: ask it."""
         self.fd = -2
         """The client's socket (``socket_fd``; -2: not asked yet)."""
 
@@ -106,32 +106,39 @@ class ResponseStream:
         transport = self._writing(len(data))
         if transport is not None:
             http1.write_body(transport, data, chunked=self.chunked)
-            self.queued = True  # (a spliced view's buffer is free once the transport sent it)
+            self.direct = None  # (a spliced view's buffer is free once the transport sent it)
 
     def relay(self, data: bytes, body: int) -> None:
         """Chunks as the upstream framed them (``wire.chunked``), ``body`` bytes of data in
         them: written as they came, with no new chunk header and no copy."""
-        transport = self._writing(body)
-        if transport is None:
-            return
-        fd = self.fd
-        if fd == -2:
-            fd = self.fd = self.conn.socket_fd()
-        if fd < 0 or transport.is_closing():
-            transport.write(data)
-            return
-        if self.queued:
-            if transport.get_write_buffer_size():
+        transport = self.direct
+        if transport is not None and not transport.is_closing():
+            self.bytes_out += body  # (the client is there: its transport is not closing)
+        else:
+            transport = self._writing(body)
+            if transport is None:
+                return
+            if not self._socket_takes(transport):
                 transport.write(data)
                 return
-            self.queued = False
         try:
-            sent = _write(fd, data)
+            sent = _write(self.fd, data)
         except OSError:
             sent = 0  # full, or the client is gone: the transport's write finds out which
         if sent < len(data):
             transport.write(data[sent:] if sent else data)
-            self.queued = True
+            self.direct = None
+
+    def _socket_takes(self, transport: asyncio.Transport) -> bool:
+        """Whether what comes next may be written to the client's socket itself: not over
+        TLS, the transport not closing and holding nothing (then kept in ``direct``)."""
+        fd = self.fd
+        if fd == -2:
+            fd = self.fd = self.conn.socket_fd()
+        if fd < 0 or transport.is_closing() or transport.get_write_buffer_size():
+            return False
+        self.direct = transport
+        return True
 
     def _writing(self, body: int) -> asyncio.Transport | None:
         """The client's transport, what its connection holds written first (the head; a
@@ -144,7 +151,7 @@ class ResponseStream:
         if self.held:
             self.held = False
             conn.flush()
-            self.queued = True
+            self.direct = None
         return transport
 
     def response_end(self) -> None:

@@ -97,7 +97,7 @@ def test_relayed_chunks_reach_the_client_in_order_through_a_full_socket(new_loop
                 stream.relay(data, 1000)
             # The socket took part of them at once; the transport holds the rest, and
             # whatever came after the first it could not take.
-            assert stream.queued
+            assert stream.direct is None
             assert transport.get_write_buffer_size() > 0
             assert stream.fd == transport.get_extra_info("socket").fileno()
 
@@ -127,7 +127,7 @@ def test_relayed_chunks_reach_the_client_in_order_through_a_full_socket(new_loop
                 await asyncio.sleep(0.01)
 
             stream.relay(chunks[1], 1000)  # the transport holds nothing: to the socket again
-            assert not stream.queued
+            assert stream.direct is transport
             assert await receive(peer, 1006) == chunks[1]
             assert stream.bytes_out == 302 * 1000
 
@@ -141,7 +141,7 @@ def test_nothing_is_relayed_to_the_socket_once_its_transport_is_closing(new_loop
             stream = ResponseStream(conn, chunked=True)
             stream.write_head(HEAD)
             stream.relay(chunk(0), 1000)
-            assert not stream.queued  # written to the socket itself
+            assert stream.direct is conn.transport  # written to the socket itself
             assert await receive(peer, len(HEAD) + 1006) == HEAD + chunk(0)
 
             conn.close_transport()  # the connection is lost later in the loop's turn
