@@ -77,8 +77,9 @@ class ResponseStream:
     the relay (nine calls, on a transport object a read of another stream has pushed out
     of the CPU's caches). Whatever the socket does not take at once goes to the transport,
     and so does everything after it until the transport holds nothing again: the bytes
-    stay in order. Never over TLS (``socket_fd``), and never once the transport is closing
-    (its descriptor may be closed, and its number given to another connection).
+    stay in order. Never over TLS (``socket_fd``), and never once the transport is closing:
+    the connection was closed or cut off, and the transport drops what it is written then
+    (its descriptor stays open until ``connection_lost``, so the socket would not).
     """
 
     __slots__ = ("bytes_out", "chunked", "conn", "direct", "fd", "held")
@@ -148,10 +149,9 @@ class ResponseStream:
         if transport is None:
             return None
         self.bytes_out += body
-        if self.held:
+        if self.held:  # (before the body's first write: ``direct`` is not set yet)
             self.held = False
             conn.flush()
-            self.direct = None
         return transport
 
     def response_end(self) -> None:
