@@ -470,26 +470,22 @@ def _per_rep(a: list[float | None], b: list[float | None]) -> str:
 def report(args: argparse.Namespace, figures: SseFigures, head: list[str]) -> str:
     names = list(figures.many)
 
-    def col(name: str, attr: str) -> list[float | None]:
-        return [getattr(r, attr) for r in figures.many.get(name, [])]
+    def col(
+        name: str, attr: str, runs: dict[str, list[SseRun]] | None = None
+    ) -> list[float | None]:
+        """``attr`` of ``name``'s runs in ``runs`` (the ``many`` runs by default)."""
+        return [getattr(r, attr) for r in (figures.many if runs is None else runs).get(name, [])]
 
     def added(name: str, attr: str) -> list[float | None]:
         return [x - d if x is not None and d is not None else None
                 for x, d in zip(col(name, attr), col("direct", attr), strict=False)]  # fmt: skip
 
-    def system(name: str) -> list[float | None]:
-        pairs = zip(col(name, "cpu_us"), col(name, "user_us"), strict=False)
+    def system(name: str, runs: dict[str, list[SseRun]] | None = None) -> list[float | None]:
+        pairs = zip(col(name, "cpu_us", runs), col(name, "user_us", runs), strict=False)
         return [c - u if c is not None and u is not None else None for c, u in pairs]
 
     def rate(name: str) -> list[float | None]:
         return [r.rate for r in figures.one.get(name, [])]
-
-    def together(name: str, attr: str) -> list[float | None]:
-        return [getattr(r, attr) for r in figures.together.get(name, [])]
-
-    def together_system(name: str) -> list[float | None]:
-        pairs = zip(together(name, "cpu_us"), together(name, "user_us"), strict=False)
-        return [c - u if c is not None and u is not None else None for c, u in pairs]
 
     rows = []
     for name in names:
@@ -513,12 +509,12 @@ def report(args: argparse.Namespace, figures: SseFigures, head: list[str]) -> st
             ("of which user time", col("gateway", "user_us"), col("nginx", "user_us")),
             ("of which system time", system("gateway"), system("nginx")),
             ("one stream, events/s", rate("gateway"), rate("nginx")),
-            ("CPU per event, at once", together("gateway", "cpu_us"),
-             together("nginx", "cpu_us")),
-            ("of which user time, at once", together("gateway", "user_us"),
-             together("nginx", "user_us")),
-            ("of which system time, at once", together_system("gateway"),
-             together_system("nginx")),
+            ("CPU per event, at once", col("gateway", "cpu_us", figures.together),
+             col("nginx", "cpu_us", figures.together)),
+            ("of which user time, at once", col("gateway", "user_us", figures.together),
+             col("nginx", "user_us", figures.together)),
+            ("of which system time, at once", system("gateway", figures.together),
+             system("nginx", figures.together)),
         ):  # fmt: skip
             if a:
                 ratio_rows.append(f"| gateway/nginx | {label} | {_per_rep(a, b)} |")
