@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 import httptools
 
@@ -37,6 +37,11 @@ from .messages import AfterAnswer, HeadTooLarge, ResponseHead
 from .streams import WRITE_HIGH_WATER, Producer, ResponseStream
 
 log = logging.getLogger(__name__)
+
+LOOK: Final = 0.125
+"""A chunked body's reads are counted, not timed (``_untimed``): while one is under way,
+the read timer looks at most this fraction of the timeout apart. Its timeout then comes
+between 1 and 1 + LOOK times the timeout after the last read."""
 
 
 class Waiter(Protocol):
@@ -100,6 +105,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.request_sent = True
         self._read_timeout = 0.0
         self._last_read = 0.0
+        self._untimed = False
+        """A chunked body was read since ``_last_read``. Its reads are not timed: the loop's
+        clock read at each cost a streamed event a tenth of its user time. The timer reads
+        it (``LOOK``)."""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         """When ``_timer`` fires (its ``when()``, kept: a call a request less)."""
@@ -262,6 +271,8 @@ class UpstreamConnection(asyncio.Protocol):
             self._chunked_read(answer, data, body_at)
             if self.failed:
                 return  # the waiter was told
+            if self._chunked is not None:
+                self._look_soon()  # the body goes on after the head's read
             if self._sink is None and not self.complete:
                 self.pause_reading()  # until ``stream_to`` (as after llhttp's head)
         waiter = self.waiter
@@ -271,10 +282,12 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _chunked_read(self, answer: chunked_answer.ChunkedAnswer, data: bytes, at: int) -> None:
         """A read of the chunked body (``chunked_answer``), and what it came to."""
-        self._last_read = self._loop.time()
+        self._untimed = True
         status = answer.read(data, at, self._sink)
         if status == chunked_answer.MORE:
             return
+        self._last_read = self._loop.time()  # when it went idle (``idle``), if it does
+        self._untimed = False
         self._chunked = None
         if status == chunked_answer.BAD:
             self._broken(f"upstream sent an invalid response: {answer.error}")
@@ -532,16 +545,39 @@ class UpstreamConnection(asyncio.Protocol):
         if self.complete or self.failed or self.transport is None or not self._read_timeout:
             return
         now = self._loop.time()
-        deadline = self._last_read + self._read_timeout
+        timeout = self._read_timeout
+        if self._untimed:
+            self._untimed = False  # read since the last look: at most LOOK * timeout ago
+            self._last_read = now
+        deadline = self._last_read + timeout
         if self._reading_paused or now < deadline:
             # Armed for an earlier request or read: due at the last one's. A paused read is
             # the client's doing, the upstream is not late: half a timeout more from now.
             paused = self._reading_paused
-            self._timer_at = max(deadline, now + self._read_timeout * 0.5) if paused else deadline
-            self._timer = self._loop.call_at(self._timer_at, self._on_timer)
+            at = max(deadline, now + timeout * 0.5) if paused else deadline
+            if self._chunked is not None:
+                at = min(at, now + timeout * LOOK)
+            self._timer_at = at
+            self._timer = self._loop.call_at(at, self._on_timer)
             return
         self._fail(UpstreamTimeout("upstream did not answer in time", kind="timeout"))
         self.abort()
+
+    def _look_soon(self) -> None:
+        """A chunked body goes on after its head's read, now; its reads are counted, not
+        timed: the timer looks at them within ``LOOK`` times the timeout."""
+        timeout = self._read_timeout
+        if not timeout or self.transport is None:
+            return
+        now = self._last_read = self._loop.time()
+        self._untimed = False
+        at = now + timeout * LOOK
+        if self._timer is not None:
+            if self._timer_at <= at:
+                return
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._on_timer)
 
     def idle(self) -> float:
         """Its request is over and it is kept for another: forget the answer, read again (a

@@ -46,6 +46,13 @@ class FakeLoop:
     def call_later(self, delay: float, callback: Callable[[], None]) -> Handle:
         return self.call_at(self.now + delay, callback)
 
+    def create_future(self) -> asyncio.Future[object]:
+        """A future of this loop: its result or exception is read, nothing awaits it."""
+        return asyncio.Future(loop=self)  # type: ignore[arg-type]
+
+    def get_debug(self) -> bool:
+        return False
+
     async def connect_accepted_socket(
         self, factory: Callable[[], asyncio.Protocol], sock: object
     ) -> tuple[None, asyncio.Protocol]:
