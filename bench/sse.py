@@ -515,6 +515,10 @@ def report(args: argparse.Namespace, figures: SseFigures, head: list[str]) -> st
              col("nginx", "user_us", figures.together)),
             ("of which system time, at once", system("gateway", figures.together),
              system("nginx", figures.together)),
+            ("p50, at once", col("gateway", "p50_us", figures.together),
+             col("nginx", "p50_us", figures.together)),
+            ("p99, at once", col("gateway", "p99_us", figures.together),
+             col("nginx", "p99_us", figures.together)),
         ):  # fmt: skip
             if a:
                 ratio_rows.append(f"| gateway/nginx | {label} | {_per_rep(a, b)} |")
@@ -542,8 +546,9 @@ def report(args: argparse.Namespace, figures: SseFigures, head: list[str]) -> st
         "event), events/s at the client. "
         f"`at once`: the `many` load to both proxies at the same time, "
         f"{args.sse_streams // 2} streams each (a client each, both on the load core), each "
-        "proxy's CPU over the same seconds: what the machine's other work takes, it takes "
-        "from both, so these ratios move less from one repetition to the next.",
+        "proxy's CPU over the same seconds, and its events' latency: what the machine's other "
+        "work takes, it takes from both, so these ratios move less from one repetition to the "
+        "next.",
         "",
         "| target | p50 (us) | p99 (us) | p99.9 (us) | added p50 | added p99 | CPU us/event | "
         "user us/event | one stream events/s |",
