@@ -13,6 +13,7 @@ import contextlib
 
 import httptools
 
+from gateway.proxy.upstream_connection import LOOK
 from gateway.wire import plainhead
 
 from .conftest import add, raw_request, routing
@@ -221,3 +222,39 @@ async def test_a_drain_timeout_cuts_a_relayed_stream_off_without_its_last_chunk(
     assert head.startswith(b"HTTP/1.1 200 OK")
     assert framing == b"5\r\nhello\r\n"  # a client sees the body broke off: no last chunk
     assert pool.service("web").inflight == {}
+
+
+async def test_a_stream_read_within_its_read_timeout_goes_on_and_one_that_stops_is_cut(
+    pool, raw_upstream, gateway
+):
+    """The read timeout over a streamed body, whose reads are counted, not timed (``LOOK``):
+    an event every 0.1 s for 1.4 s goes on under a 0.4 s timeout; when they stop, the
+    stream is cut 0.4 s to 0.45 s after the last (and what the loop and the machine add)."""
+    events = [b"5\r\nev%03d\r\n" % i for i in range(15)]
+    steps: list[bytes | float] = [HEAD, events[0]]
+    for event in events[1:]:
+        steps += [0.1, event]
+    port = await _scripted(raw_upstream, *steps, 30.0)  # then silence
+    pool.set_service(routing("web", prefix="/", timeouts={"read": 0.4}))
+    add(pool, "web", "u1", port)
+    gw = await gateway()
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+    writer.write(GET)
+    received = b""
+    last_event = 0.0
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(10):
+        while data := await reader.read(65536):
+            received += data
+            if b"ev014" in received and not last_event:
+                last_event = loop.time()
+    cut = loop.time() - last_event
+    writer.close()
+
+    body = received.partition(b"\r\n\r\n")[2]
+    at = [body.find(b"ev%03d" % i) for i in range(15)]
+    assert -1 not in at, body  # every event came: the stream went on for 3.5 timeouts
+    assert at == sorted(at)
+    assert not body.endswith(b"0\r\n\r\n")  # cut off: no last chunk
+    assert 0.38 <= cut <= 0.4 * (1 + LOOK) + 0.3, cut
