@@ -1,6 +1,7 @@
 """An upstream connection's read timeout (``UpstreamConnection``, its one lazily re-armed
 timer): due ``read_timeout`` after the request was sent or the last read, whatever request
-armed the timer. On a fake loop whose clock the test moves: nothing sleeps."""
+armed the timer; after a streamed chunked body's last read, up to ``LOOK`` of it later, never
+earlier. On a fake loop whose clock the test moves: nothing sleeps."""
 
 from __future__ import annotations
 
