@@ -68,6 +68,7 @@ MODULES = (
     "proxy.chunked_answer",
     "proxy.connector",
     "proxy.deadlines",
+    "proxy.read_timeout",
     "proxy.exchange",
     "proxy.guard",
     "proxy.handler",

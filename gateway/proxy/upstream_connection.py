@@ -14,8 +14,9 @@ Failures are ``GatewayError``s with a ``kind`` that says whether a retry can hel
 ``connect`` (nothing reached the upstream), ``disconnect`` (closed before any answer: on a
 connection ``reused``, maybe a stale one), ``timeout``, ``protocol`` (not HTTP, or broken).
 
-Longer than most modules: one protocol, whose parser callbacks, plain-answer reads, splice
-and timer all act on the state of the one request under way.
+Its read timeout is its base's (``read_timeout.ReadTimeout``). Longer than most modules: one
+protocol, whose parser callbacks, plain-answer reads and splice all act on the state of the
+one request under way.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Final, Protocol, cast
+from typing import Protocol, cast
 
 import httptools
 
@@ -34,14 +35,10 @@ from ..wire.headers import response_fields
 from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
 from . import chunked_answer
 from .messages import AfterAnswer, HeadTooLarge, ResponseHead
+from .read_timeout import ReadTimeout
 from .streams import WRITE_HIGH_WATER, Producer, ResponseStream
 
 log = logging.getLogger(__name__)
-
-LOOK: Final = 0.125
-"""A chunked body's reads are counted, not timed (``_untimed``): while one is under way,
-the read timer looks at most this fraction of the timeout apart. Its timeout then comes
-between 1 and 1 + LOOK times the timeout after the last read."""
 
 
 class Waiter(Protocol):
@@ -54,7 +51,7 @@ class Waiter(Protocol):
         """The request failed before the answer's head arrived."""
 
 
-class UpstreamConnection(asyncio.Protocol):
+class UpstreamConnection(ReadTimeout):
     """One connection to one upstream: one request at a time."""
 
     def __init__(
@@ -70,7 +67,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._batch = batch
         self._forget = forget
         """Told when the connection is lost (its ``Connector``)."""
-        self._loop = asyncio.get_running_loop()
+        super().__init__(asyncio.get_running_loop())
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self._held: bytes | None = None
@@ -103,16 +100,6 @@ class UpstreamConnection(asyncio.Protocol):
         self.body_producer: Producer | None = None
         self._body_chunked = False
         self.request_sent = True
-        self._read_timeout = 0.0
-        self._last_read = 0.0
-        self._untimed = False
-        """A chunked body was read since ``_last_read``. Its reads are not timed: the loop's
-        clock read at each cost a streamed event a tenth of its user time. The timer reads
-        it (``LOOK``)."""
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
-        """When ``_timer`` fires (its ``when()``, kept: a call a request less)."""
-        self._reading_paused = False
         self.tunnel: Callable[[bytes], None] | None = None
         self.tunnel_data = b""
         self.on_lost: Callable[[], None] | None = None
@@ -164,9 +151,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport = None
         self._held = None
         self._forget(self)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._stop_timer()
         if self.on_lost is not None:
             self.on_lost()
             return
@@ -282,7 +267,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _chunked_read(self, answer: chunked_answer.ChunkedAnswer, data: bytes, at: int) -> None:
         """A read of the chunked body (``chunked_answer``), and what it came to."""
-        self._untimed = True
+        self._untimed = True  # counted, not timed (``read_timeout``)
         status = answer.read(data, at, self._sink)
         if status == chunked_answer.MORE:
             return
@@ -426,15 +411,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.complete = False
         self._body_chunked = chunked
         self.request_sent = not body
-        self._read_timeout = read_timeout
-        self._last_read = now
-        if read_timeout:
-            deadline = self._last_read + read_timeout
-            if self._timer is None or self._timer_at > deadline:
-                if self._timer is not None:
-                    self._timer.cancel()
-                self._timer_at = deadline
-                self._timer = loop.call_at(deadline, self._on_timer)
+        self._arm(now, read_timeout)
         if not body and self._batch.hold(self):
             self._held = head
         else:
@@ -525,7 +502,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._fail(error)
         self.abort()
 
-    # -- reading, pausing, timing -------------------------------------------------------------
+    # -- reading, pausing ----------------------------------------------------------------------
 
     def pause_reading(self) -> None:
         if self.transport is not None and not self._reading_paused:
@@ -539,45 +516,17 @@ class UpstreamConnection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.resume_reading()
 
-    def _on_timer(self) -> None:
-        # Armed once and re-armed while requests go on: no timer per request.
-        self._timer = None
-        if self.complete or self.failed or self.transport is None or not self._read_timeout:
-            return
-        now = self._loop.time()
-        timeout = self._read_timeout
-        if self._untimed:
-            self._untimed = False  # read since the last look: at most LOOK * timeout ago
-            self._last_read = now
-        deadline = self._last_read + timeout
-        if self._reading_paused or now < deadline:
-            # Armed for an earlier request or read: due at the last one's. A paused read is
-            # the client's doing, the upstream is not late: half a timeout more from now.
-            paused = self._reading_paused
-            at = max(deadline, now + timeout * 0.5) if paused else deadline
-            if self._chunked is not None:
-                at = min(at, now + timeout * LOOK)
-            self._timer_at = at
-            self._timer = self._loop.call_at(at, self._on_timer)
-            return
+    # -- what the read timeout asks (``read_timeout.ReadTimeout``) ---------------------------
+
+    def _answer_over(self) -> bool:
+        return self.complete or self.failed or self.transport is None
+
+    def _streaming(self) -> bool:
+        return self._chunked is not None
+
+    def _timed_out(self) -> None:
         self._fail(UpstreamTimeout("upstream did not answer in time", kind="timeout"))
         self.abort()
-
-    def _look_soon(self) -> None:
-        """A chunked body goes on after its head's read, now; its reads are counted, not
-        timed: the timer looks at them within ``LOOK`` times the timeout."""
-        timeout = self._read_timeout
-        if not timeout or self.transport is None:
-            return
-        now = self._last_read = self._loop.time()
-        self._untimed = False
-        at = now + timeout * LOOK
-        if self._timer is not None:
-            if self._timer_at <= at:
-                return
-            self._timer.cancel()
-        self._timer_at = at
-        self._timer = self._loop.call_at(at, self._on_timer)
 
     def idle(self) -> float:
         """Its request is over and it is kept for another: forget the answer, read again (a
