@@ -27,7 +27,8 @@ event; ``one``: one flood stream, events/s. *Added* latency is the target's minu
 in the same repetition. Both helpers are Python on the load core, so their own delays are in
 direct's figure too and cancel in the added latency. Then, ``at once``: nginx and the gateway
 take half the ``many`` streams each at the same time (a client each), and each one's CPU per
-event is taken over the same seconds: the machine's other work weighs on both alike.
+event and its events' latency are taken over the same seconds: the machine's other work weighs
+on both alike.
 """
 
 from __future__ import annotations
