@@ -60,12 +60,17 @@ class ReadTimeout(asyncio.Protocol):
         self._last_read = now
         self._untimed = False
         if read_timeout:
-            deadline = now + read_timeout
-            if self._timer is None or self._timer_at > deadline:
-                if self._timer is not None:
-                    self._timer.cancel()
-                self._timer_at = deadline
-                self._timer = self._loop.call_at(deadline, self._on_timer)
+            self._due_by(now + read_timeout)
+
+    def _due_by(self, at: float) -> None:
+        """The timer fires at ``at`` or earlier (an earlier one is kept: it re-arms)."""
+        timer = self._timer
+        if timer is not None:
+            if self._timer_at <= at:
+                return
+            timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._on_timer)
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
@@ -80,13 +85,7 @@ class ReadTimeout(asyncio.Protocol):
             return
         now = self._last_read = self._loop.time()
         self._untimed = False
-        at = now + timeout * LOOK
-        if self._timer is not None:
-            if self._timer_at <= at:
-                return
-            self._timer.cancel()
-        self._timer_at = at
-        self._timer = self._loop.call_at(at, self._on_timer)
+        self._due_by(now + timeout * LOOK)
 
     def _on_timer(self) -> None:
         # Armed once and re-armed while requests go on: no timer per request.
@@ -106,7 +105,6 @@ class ReadTimeout(asyncio.Protocol):
             at = max(deadline, now + timeout * 0.5) if paused else deadline
             if self._streaming():
                 at = min(at, now + timeout * LOOK)
-            self._timer_at = at
-            self._timer = self._loop.call_at(at, self._on_timer)
+            self._due_by(at)  # (no timer now: armed at ``at``)
             return
         self._timed_out()
