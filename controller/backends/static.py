@@ -5,9 +5,11 @@ Nothing is run and nothing exits on its own: whether a static replica serves is 
 to find out.
 
 Invariant: an address (host and port, as ``gateway.parse_address`` reads it) is held by at most
-one live replica across the backend, whatever its service or revision, so no upstream is ever
-in a pool twice. Capacity is per template, not per backend: ``capacity`` is None, and ``start``
-raises NoCapacity when every address of the launch's template is held.
+one live replica of a service, whatever its revision, so no upstream is ever in a pool twice.
+Services do not compete for addresses: two services may route to one upstream (one with
+auth, one rate limited), each through a replica of its own. Capacity is per service and
+template, not per backend: ``capacity`` is None, and ``start`` raises NoCapacity when every
+address of the launch's template is held by the service's other replicas.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ NO_CAPACITY_RETRY_AFTER = 5.0
 """An address comes free only when a replica is stopped; there is no hurry to ask again."""
 
 _Address = tuple[str, int]
+_Held = tuple[str, _Address]
+"""A service and one of its addresses."""
 
 
 def _conforms(backend: StaticBackend) -> Backend:  # pragma: no cover - checked by mypy
@@ -33,13 +37,14 @@ def _conforms(backend: StaticBackend) -> Backend:  # pragma: no cover - checked 
 
 
 class StaticBackend:
-    """Hands out the addresses of ``ReplicaTemplate.addresses``, one live replica each."""
+    """Hands out the addresses of ``ReplicaTemplate.addresses``, one live replica of a
+    service each."""
 
     name: str = "static"
 
     def __init__(self) -> None:
-        self._holders: dict[_Address, str] = {}
-        self._replicas: dict[str, _Address] = {}
+        self._holders: dict[_Held, str] = {}
+        self._replicas: dict[str, _Held] = {}
         self._exit_handler: ExitHandler | None = None
 
     @property
@@ -55,7 +60,7 @@ class StaticBackend:
         self._exit_handler = handler
 
     async def start(self, launch: Launch) -> Running:
-        """The first address of the template that no live replica holds."""
+        """The first address of the template that no live replica of the service holds."""
         rid = launch.replica_id
         if rid in self._replicas:
             raise StartFailed(f"replica {rid} is already running")
@@ -63,8 +68,8 @@ class StaticBackend:
         if not addresses:
             raise StartFailed("the template has no static addresses")
         for address, text in addresses.items():
-            if address not in self._holders:
-                return self._hold(rid, address, text)
+            if (launch.service, address) not in self._holders:
+                return self._hold(rid, (launch.service, address), text)
         raise NoCapacity(
             f"no capacity: all {len(addresses)} static addresses in use",
             retry_after=NO_CAPACITY_RETRY_AFTER,
@@ -72,16 +77,16 @@ class StaticBackend:
 
     async def stop(self, replica_id: str, grace: float) -> None:
         """Give the address back and report the replica's end (``released``)."""
-        address = self._replicas.pop(replica_id, None)
-        if address is None:
+        held = self._replicas.pop(replica_id, None)
+        if held is None:
             return
-        del self._holders[address]
+        del self._holders[held]
         if self._exit_handler is not None:
             self._exit_handler(Exit(replica_id, code=None, reason="released", requested=True))
 
     def adopt(self, launch: Launch, handle: dict[str, Any]) -> Running | None:
         """The replica's address again, if its template still lists it and no other live
-        replica holds it (None otherwise)."""
+        replica of its service holds it (None otherwise)."""
         rid = launch.replica_id
         text = handle.get("address")
         if not isinstance(text, str):
@@ -93,12 +98,13 @@ class StaticBackend:
         addresses = _addresses(launch)
         if wanted not in addresses:
             return None
-        holder = self._holders.get(wanted)
+        held = (launch.service, wanted)
+        holder = self._holders.get(held)
         if holder is not None and holder != rid:
             return None
-        if rid in self._replicas and self._replicas[rid] != wanted:
+        if rid in self._replicas and self._replicas[rid] != held:
             return None
-        return self._hold(rid, wanted, addresses[wanted])
+        return self._hold(rid, held, addresses[wanted])
 
     def logs(self, replica_id: str, tail: int) -> list[str]:
         """Another system runs the replica: no output here."""
@@ -110,10 +116,10 @@ class StaticBackend:
     def __repr__(self) -> str:
         return f"<StaticBackend in_use={self.in_use} capacity=None>"
 
-    def _hold(self, rid: str, address: _Address, text: str) -> Running:
-        self._holders[address] = rid
-        self._replicas[rid] = address
-        host, port = address
+    def _hold(self, rid: str, held: _Held, text: str) -> Running:
+        self._holders[held] = rid
+        self._replicas[rid] = held
+        _, (host, port) = held
         return Running(replica_id=rid, host=host, port=port, handle={"address": text})
 
 

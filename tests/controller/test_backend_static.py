@@ -48,13 +48,32 @@ async def test_all_addresses_held_is_no_capacity(backend: StaticBackend) -> None
     assert e.value.retry_after > 0
 
 
-async def test_an_address_is_held_across_services_and_revisions(backend: StaticBackend) -> None:
+async def test_an_address_is_held_across_revisions(backend: StaticBackend) -> None:
     await backend.start(launch("a-1", "127.0.0.1:9001", service="a"))
-    # Another revision (or service) listing the same address cannot have it at the same time.
+    # Another revision of the service listing the same address cannot have it at the same
+    # time: the service's pool would hold the upstream twice.
     with pytest.raises(NoCapacity, match="all 1 static"):
         await backend.start(launch("a-2", "127.0.0.1:9001", service="a", revision=2))
-    other = await backend.start(launch("b-1", "127.0.0.1:9001", "127.0.0.1:9009", service="b"))
+    other = await backend.start(launch("a-3", "127.0.0.1:9001", "127.0.0.1:9009", service="a"))
     assert other.port == 9009
+
+
+async def test_services_share_an_address(backend: StaticBackend, exits: list[Exit]) -> None:
+    # Two routes to one upstream (one with auth, one rate limited) are two services: each
+    # has its replica at the address, neither takes it from the other.
+    a = await backend.start(launch("a-1", "127.0.0.1:9001", service="a"))
+    b = await backend.start(launch("b-1", "127.0.0.1:9001", service="b"))
+    assert (a.host, a.port) == (b.host, b.port) == ("127.0.0.1", 9001)
+    assert backend.in_use == 2
+    with pytest.raises(NoCapacity, match="all 1 static"):
+        await backend.start(launch("b-2", "127.0.0.1:9001", service="b", revision=2))
+    # Stopping one service's replica leaves the other's held.
+    await backend.stop("a-1", grace=10)
+    assert exits == [Exit("a-1", code=None, reason="released", requested=True)]
+    with pytest.raises(NoCapacity, match="all 1 static"):
+        await backend.start(launch("b-3", "127.0.0.1:9001", service="b"))
+    again = await backend.start(launch("a-2", "127.0.0.1:9001", service="a"))
+    assert again.port == 9001
 
 
 async def test_stop_releases_and_reports(backend: StaticBackend, exits: list[Exit]) -> None:
@@ -99,6 +118,10 @@ async def test_adopt(backend: StaticBackend) -> None:
     assert backend.adopt(launch("r5"), {"address": "nonsense"}) is None
     assert backend.adopt(launch("r6"), {}) is None
     assert backend.in_use == 2
+    # Another service's replica at the same address is adopted: it holds its own.
+    other = backend.adopt(launch("b-1", service="b"), handle)
+    assert other == Running("b-1", "127.0.0.1", 9002, handle=handle)
+    assert backend.in_use == 3
 
 
 async def test_logs_repr_close(backend: StaticBackend) -> None:

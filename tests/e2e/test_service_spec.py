@@ -1,6 +1,7 @@
 """The spec a service runs after an undo, a rollback and a failed rollout; scaling never changes
 its template; a template run before keeps its revision; a static address that was down comes
-in when it comes up. Through the admin API of a real gateway with real replicas.
+in when it comes up; two static services share an address. Through the admin API of a real
+gateway with real replicas.
 """
 
 from __future__ import annotations
@@ -188,3 +189,40 @@ async def test_a_static_address_down_past_start_timeout_is_routed_once_up(
 
 async def _rollouts(gw: Handle) -> list[dict[str, Any]]:
     return [{"to_revision": r.to_revision, "status": r.status} for r in reversed(gw.rollouts())]
+
+
+async def test_two_static_services_at_one_address_both_serve(gateways: Gateways, tmp_path) -> None:
+    """Issue 53.4: two routes to one upstream (say one with auth, one rate limited) are two
+    static services at the same address; each gets its replica there, and both serve."""
+    gw = await gateways.start()
+    port = _free_port()
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "index.html").write_text("up")
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+        cwd=tmp_path / "up",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as http:
+            api = Api(gw, http)
+            for name in ("one", "two"):
+                await api.call(
+                    "PUT",
+                    f"/{name}",
+                    {
+                        "name": name,
+                        "backend": "static",
+                        "route": {"path_prefix": f"/{name}", "strip_prefix": True},
+                        "replica": {"addresses": [f"127.0.0.1:{port}"]},
+                        "probes": [PROBE],
+                    },
+                )
+            for name in ("one", "two"):
+                await until(lambda n=name: gw.ready(name=n) == 1, what=f"{name} ready")
+                async with http.get(f"{gw.url}/{name}/") as response:
+                    assert response.status == 200
+                    assert await response.text() == "up"
+    finally:
+        server.terminate()
+        await server.wait()
