@@ -14,7 +14,8 @@ Replica lifecycle::
 
 ``requested``: the start was asked of the backend and has not returned. ``starting``: it runs,
 probes run, no client request reaches it. ``ready``: probes passed; the pool routes to it.
-``failed`` and ``stopped`` are terminal.
+``failed`` and ``stopped`` are terminal. A static replica (something else runs it) is never
+failed: once its probes fail it is ``unhealthy``, from ``starting`` as from ``ready``.
 """
 
 from __future__ import annotations

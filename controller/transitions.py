@@ -266,7 +266,12 @@ def _health(
             )
             out = out.replace(scaler=memory)
         return Step(desired, out, tuple(events))
-    if not healthy and r.state is ReplicaState.READY:
+    # A replica that starts may fail its probes until it is up: it is ``starting`` until its
+    # start_timeout. A static one was not started by us and is never given up (rule 9):
+    # failing, it is as unhealthy as one that served before.
+    if not healthy and (
+        r.state is ReplicaState.READY or (r.state is ReplicaState.STARTING and desired.static)
+    ):
         sick = r.replace(state=ReplicaState.UNHEALTHY, since=now, healthy=False)
         event = replica_event("replica_unhealthy", r, f"unhealthy: {reason}")
         return Step(desired, _put(observed, sick), (event,))

@@ -403,6 +403,33 @@ def test_an_unhealthy_verdict_makes_a_ready_replica_unhealthy_and_keeps_why():
     assert step.events == (Event("replica_unhealthy", message, 2, "x"),)
 
 
+def test_an_unhealthy_verdict_leaves_a_starting_replica_starting():
+    d, o = pair(replica("x", 2, S.STARTING))
+    step = observe(d, o, HealthChanged("x", False, "connection refused"), NOW)
+    x = only(step, "x")
+    assert (x.state, x.since, x.healthy) == (S.STARTING, 0.0, False)
+    assert x.probe_failure == "connection refused"
+    assert step.events == ()
+
+
+def test_an_unhealthy_verdict_makes_a_static_replica_that_never_passed_unhealthy():
+    # Rule 9: a static address is not starting up, it is down; it stays live, never given up.
+    d, o = pair(replica("x", 2, S.STARTING))
+    d = d.replace(static=True)
+    step = observe(d, o, HealthChanged("x", False, "connection refused"), NOW)
+    x = only(step, "x")
+    assert (x.state, x.since, x.healthy) == (S.UNHEALTHY, NOW, False)
+    assert x.probe_failure == "connection refused"
+    assert x.live
+    message = "replica x unhealthy: connection refused"
+    assert step.events == (Event("replica_unhealthy", message, 2, "x"),)
+    assert step.observed.backoff == o.backoff
+    assert step.observed.rollout == o.rollout
+    # Once the address answers, it is ready like any other.
+    back = observe(d, step.observed, HealthChanged("x", True, ""), NOW + 1)
+    assert (only(back, "x").state, only(back, "x").ready_since) == (S.READY, NOW + 1)
+
+
 @pytest.mark.parametrize("state", [S.STARTING, S.UNHEALTHY])
 def test_a_failed_probe_of_a_replica_not_passing_keeps_its_latest_reason(state):
     d, o = pair(replica("x", 2, state, probe_failure="connection refused"))

@@ -164,9 +164,19 @@ async def test_a_static_address_down_past_start_timeout_is_routed_once_up(
         await api.call("PUT", "/web", data)
         await until(lambda: gw.state().observed.rollout is None, what="the first rollout done")
         await asyncio.sleep(1.5)  # past start_timeout and progress_deadline, the address down
-        (replica,) = [r for r in gw.replicas() if not r.terminal]
-        assert replica.state is ReplicaState.STARTING
+        # Issue 53.5: it never passed a probe, yet it is reported unhealthy, not starting
+        # (and is neither given up nor replaced).
+        (replica,) = gw.replicas()
+        assert replica.state is ReplicaState.UNHEALTHY
         assert [r.status for r in gw.rollouts()] == ["complete"]
+        view = await api.call("GET", "/web")
+        assert [(r["state"], r["health"]) for r in view["replicas"]] == [("unhealthy", "unhealthy")]
+        admin = f"http://127.0.0.1:{gw.gateway.admin.port}/metrics"
+        async with http.get(admin) as response:
+            lines = (await response.text()).splitlines()
+        series = 'gateway_service_replicas{{revision="1",service="web",state="{}"}}'
+        assert series.format("unhealthy") + " 1.0" in lines
+        assert series.format("starting") + " 0.0" in lines
         async with http.get(gw.url + "/") as response:
             assert response.status == 503
 
