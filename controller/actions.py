@@ -46,7 +46,19 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class FailReplica:
-    """Give up on a replica (not ready in time): it is drained, stopped and marked failed."""
+    """Give up on a replica (not ready in time): it is drained, stopped and marked failed.
+    ``counts``: its failure counts against its revision's backoff and the rollout (not when
+    its time ran out while the rollout was paused, nor when it counted as it was kept)."""
+
+    replica_id: str
+    reason: str
+    counts: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class KeepFailed:
+    """A replica failed (not ready in time) as its rollout pauses on that failure: it counts
+    as failed, but is kept running, still unrouted, for inspection (``on_failure: pause``)."""
 
     replica_id: str
     reason: str
@@ -186,6 +198,7 @@ Action = (
     | Undrain
     | Stop
     | FailReplica
+    | KeepFailed
     | BeginRollout
     | CompleteRollout
     | MarkServing

@@ -125,7 +125,8 @@ class Replica:
     drained: bool = False
     """Draining only: the drain finished (cleanly or by timeout), so it may be stopped."""
     failure: str = ""
-    """Why it failed, or why it is being taken down as failed."""
+    """Why it failed, or why it is being taken down as failed; on a live replica, why it
+    failed when the rollout paused on that failure and kept it (``KeepFailed``)."""
     exit_code: int | None = None
     healthy: bool = False
     """Its upstream's last probe verdict (kept while it drains: a drain may be taken back)."""

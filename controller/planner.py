@@ -12,10 +12,13 @@ Rules (ARCHITECTURE.md), with D = desired replicas and T = the target revision:
 3. A target replica that fails is replaced with backoff; the reconciler counts the failures
    of the active rollout, and when they exceed ``retries`` or ``progress_deadline`` passes,
    the rollout fails: with ``on_failure: pause`` it is paused (nothing more is started,
-   drained or given up, so the old revision keeps its strength); otherwise it ends failed and
-   a rollback to the revision it started from begins (rule 7). A failed rollback, or a failed
-   first rollout, ends with nothing to go back to: the target stays, retried, degraded. Only
-   target-revision replicas are ever failed by a rollout.
+   drained or given up, so the old revision keeps its strength, and the target's replicas
+   are kept for inspection, the one whose give-up failed it too: ``KeepFailed``); otherwise
+   it ends failed and a rollback to the revision it started from begins (rule 7). A failed
+   rollback, or a failed first rollout, ends with nothing to go back to: the target stays,
+   retried, degraded. Only target-revision replicas are ever failed by a rollout. A
+   replica whose time ran out while its rollout was paused, or that was kept, is given up
+   without counting again: resumed, the rollout has its retries afresh (rule 8).
 4. A start that cannot be placed touches no running replica: the service is reported
    degraded with the reason and placement is retried after the backoff.
 5. Replicas of every revision but T are old, so a superseding apply just changes T: nothing of
@@ -51,7 +54,7 @@ rollout's starts for no capacity).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from . import autoscaler, steps
 from .actions import (
@@ -63,6 +66,7 @@ from .actions import (
     FailReplica,
     FailRollout,
     Forget,
+    KeepFailed,
     MarkServing,
     PauseRollout,
     Promote,
@@ -140,19 +144,32 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
     paused = desired.paused or (rollout is not None and rollout.status is RolloutStatus.PAUSED)
 
     # A replica that does not become ready in time, or stays unhealthy as long, is given up.
-    failing: set[str] = set()
+    giving_up: list[Replica] = []
     if not paused:
         for r in live:
             deadline = None if desired.static else _give_up_at(r, s)  # rule 9
             if deadline is None:
                 continue
             if now >= deadline:
-                failing.add(r.id)
-                actions.append(FailReplica(r.id, _give_up_reason(r, s)))
+                giving_up.append(r)
                 if r.revision == desired.revision and rollout is not None:
                     wake.append(now)  # the failure counts against the rollout: judge it now
             else:
                 wake.append(deadline)
+    counts = {r.id: _counts(r, rollout, s) for r in giving_up}
+    counted = [r for r in giving_up if r.revision == desired.revision and counts[r.id]]
+
+    if rollout is not None and not paused and _pauses_on_failure(rollout, s):  # rule 3
+        failed = _failure(observed, rollout, s, now, counted)
+        if failed is not None:
+            # Nothing is given up: the replicas that failed it are kept for inspection.
+            actions.extend(KeepFailed(r.id, _give_up_reason(r, s)) for r in counted)
+            actions.extend(_fail(observed, desired, rollout, failed))
+            actions.append(WakeAt(now))
+            return actions
+
+    actions.extend(FailReplica(r.id, _give_up_reason(r, s), counts[r.id]) for r in giving_up)
+    failing = {r.id for r in giving_up}
     live = [r for r in live if r.id not in failing]
     # A replica given up above is drained next, so it holds its backend slot until stopped:
     # count it as leaving, or the replacement started in this same plan would exceed
@@ -164,19 +181,12 @@ def plan(observed: Observed, desired: Desired, now: float) -> list[Action]:
     old = [r for r in live if r.revision != target]
 
     if rollout is not None and not paused:  # rule 3
-        failed: str | None = None
-        deadline = steps.deadline(rollout, s)
-        if rollout.failures > s.retries:
-            reason = observed.backoff.reason or "replicas of the new revision failed"
-            failed = f"{reason} (after {rollout.failures} failures)"
-        elif deadline is not None and now >= deadline:
-            failed = f"not complete within {fmt_seconds(s.progress_deadline)}"
-            if observed.backoff.failures and observed.backoff.reason:
-                failed += f"; last failure: {observed.backoff.reason}"
+        failed = _failure(observed, rollout, s, now)
         if failed is not None:
             actions.extend(_fail(observed, desired, rollout, failed))
             actions.append(WakeAt(now))
             return actions
+        deadline = steps.deadline(rollout, s)
         if deadline is not None:
             wake.append(deadline)
 
@@ -302,6 +312,34 @@ def _retarget(observed: Observed, desired: Desired, rollout: Rollout | None) -> 
     return actions
 
 
+def _pauses_on_failure(rollout: Rollout, s: RolloutStrategy) -> bool:
+    """Rule 3: this rollout pauses when it fails (a rollback never does)."""
+    return s.on_failure == "pause" and rollout.kind != "rollback"
+
+
+def _failure(
+    observed: Observed,
+    rollout: Rollout,
+    s: RolloutStrategy,
+    now: float,
+    failing: Sequence[Replica] = (),
+) -> str | None:
+    """Rule 3: why the rollout fails now, with the target replicas ``failing`` in this plan
+    counted too; None while it does not."""
+    failures = rollout.failures + len(failing)
+    last = _give_up_reason(failing[-1], s) if failing else observed.backoff.reason
+    if failures > s.retries:
+        reason = last or "replicas of the new revision failed"
+        return f"{reason} (after {failures} failures)"
+    deadline = steps.deadline(rollout, s)
+    if deadline is not None and now >= deadline:
+        failed = f"not complete within {fmt_seconds(s.progress_deadline)}"
+        if (failing or observed.backoff.failures) and last:
+            failed += f"; last failure: {last}"
+        return failed
+    return None
+
+
 def _fail(observed: Observed, desired: Desired, rollout: Rollout, reason: str) -> list[Action]:
     """Rule 3: pause the rollout, or end it failed and roll back to where it started."""
     back = rollout.from_revision
@@ -346,6 +384,16 @@ def _give_up_at(r: Replica, s: RolloutStrategy) -> float | None:
     if r.state is ReplicaState.UNHEALTHY:
         return r.since + s.start_timeout
     return None
+
+
+def _counts(r: Replica, rollout: Rollout | None, s: RolloutStrategy) -> bool:
+    """Rule 3: whether giving up ``r`` counts as a failure (of the target): not when its
+    time ran out while the rollout was paused (resumed, it has its retries afresh), nor
+    when its failure counted as it was kept (``KeepFailed``)."""
+    if r.failure:
+        return False
+    deadline = _give_up_at(r, s)
+    return rollout is None or deadline is None or deadline >= rollout.started
 
 
 def _give_up_reason(r: Replica, s: RolloutStrategy) -> str:

@@ -10,8 +10,9 @@ Three kinds of input change a service's ``(desired, observed)`` pair, each by a 
 
 Each returns the new pair and the journal entries that record the change; none performs
 I/O, reads a clock or draws a random number: ``now`` and new ids are passed in. Failures are
-counted here, once: a replica of the target revision that fails backs off its starts and,
-while the rollout to it progresses, counts against that rollout.
+counted here, once: a replica of the target revision that fails (it exits, its start raises,
+or the planner gives it up or keeps it, as counting) backs off its starts and, while the
+rollout to it progresses, counts against that rollout.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .actions import (
     FailRollout,
     Forget,
     Judge,
+    KeepFailed,
     MarkServing,
     NextStep,
     PauseRollout,
@@ -248,7 +250,10 @@ def _health(
             r = r.replace(ready_since=now)
         return Step(desired, _put(observed, r.replace(healthy=healthy)))
     if healthy and r.state in (ReplicaState.STARTING, ReplicaState.UNHEALTHY):
-        ready = r.replace(state=ReplicaState.READY, since=now, ready_since=now, healthy=True)
+        # A replica kept after it failed (``KeepFailed``) that comes up has failed no more.
+        ready = r.replace(
+            state=ReplicaState.READY, since=now, ready_since=now, healthy=True, failure=""
+        )
         out = _put(observed, ready)
         if r.revision == desired.revision:
             out = out.replace(backoff=Backoff())
@@ -298,14 +303,23 @@ def decide(
             return Step(desired, _put(observed, replica))
         case Drain(replica_id=rid, reason=reason):
             return _drain(desired, observed, rid, reason, now)
-        case FailReplica(replica_id=rid, reason=reason):
+        case FailReplica(replica_id=rid, reason=reason, counts=counts):
             r = _find(observed, rid)
             if r is None or not r.live:
                 return Step(desired, observed)
-            out = _count_failure(desired, _put(observed, r.replace(failure=reason)), r, reason, now)
+            out = _put(observed, r.replace(failure=reason))
+            if counts:
+                out = _count_failure(desired, out, r, reason, now)
             failed = replica_event("replica_failed", r, f"failed: {reason}")
             step = _drain(desired, out, rid, reason, now)
             return Step(step.desired, step.observed, (failed, *step.events))
+        case KeepFailed(replica_id=rid, reason=reason):
+            r = _find(observed, rid)
+            if r is None or not r.live or r.failure:
+                return Step(desired, observed)
+            out = _count_failure(desired, _put(observed, r.replace(failure=reason)), r, reason, now)
+            message = f"failed: {reason}; kept for inspection"
+            return Step(desired, out, (replica_event("replica_failed", r, message),))
         case Undrain(replica_id=rid, reason=reason):
             r = _find(observed, rid)
             if r is None or r.state is not ReplicaState.DRAINING:

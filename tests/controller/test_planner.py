@@ -19,6 +19,7 @@ from controller.actions import (
     FailReplica,
     FailRollout,
     Forget,
+    KeepFailed,
     PauseRollout,
     Rescale,
     ResumeRollout,
@@ -425,6 +426,101 @@ def test_a_failed_rollout_in_pause_mode_is_paused_and_touches_nothing():
     assert plan(late, d, now=1900.0) == [PauseRollout(7, "not complete within 30m"), WakeAt(1900.0)]
     paused = o.replace(rollout=FAILING.replace(status=RolloutStatus.PAUSED, reason=WHY))
     assert decisions(plan(paused, d.replace(paused=True), now=1e6)) == []
+
+
+NOT_READY = "not ready within 1m: connection refused"
+
+
+def hung(rid: str = "x", created: float = 100.0, failure: str = "") -> Replica:
+    """A replica of revision 2 that runs and never became ready (its probes refused)."""
+    r = starting(rid, 2, created=created)
+    return r.replace(probe_failure="connection refused", failure=failure)
+
+
+def test_in_pause_mode_the_replica_whose_give_up_fails_the_rollout_is_kept():
+    # The give-up that spends the retries pauses the rollout in the same plan, and the
+    # replica is kept running for inspection (counted as failed), not drained and stopped.
+    o = observed(
+        ready("a", 1),
+        ready("b", 1),
+        hung(),
+        rollout=rollout(1, 2, started=100.0, failures=2),
+        backoff=Backoff(2, 90.0, "exited with code 1"),
+    )
+    d = desired(2, 2, retries=2, on_failure="pause", start_timeout=60)
+    assert plan(o, d, now=160.0) == [
+        KeepFailed("x", NOT_READY),
+        PauseRollout(7, f"{NOT_READY} (after 3 failures)"),
+        WakeAt(160.0),
+    ]
+    # The deadline passing as it is given up: kept too, its failure said.
+    late = o.replace(rollout=rollout(1, 2, started=100.0))
+    assert plan(late, d, now=1900.0) == [
+        KeepFailed("x", NOT_READY),
+        PauseRollout(7, f"not complete within 30m; last failure: {NOT_READY}"),
+        WakeAt(1900.0),
+    ]
+    # With retries left, or rolling back on failure, it is given up as before.
+    for other in (
+        desired(2, 2, retries=3, on_failure="pause", start_timeout=60),
+        desired(2, 2, retries=2, on_failure="rollback", start_timeout=60),
+    ):
+        actions = plan(o, other, now=160.0)
+        assert FailReplica("x", NOT_READY) in actions
+        assert not [a for a in actions if isinstance(a, (KeepFailed, PauseRollout, FailRollout))]
+
+
+def test_a_resumed_rollout_replaces_its_kept_replica_with_its_retries_afresh():
+    kept = hung(failure=NOT_READY)
+    paused = rollout(1, 2, status=RolloutStatus.PAUSED, failures=1, reason=NOT_READY)
+    o = observed(ready("a", 1), kept, rollout=paused, backoff=Backoff(1, 160.0, NOT_READY))
+    d = desired(2, 1, retries=0, on_failure="pause", start_timeout=60)
+    assert plan(o, d, now=500.0) == [ResumeRollout(7), WakeAt(500.0)]
+    # Resumed (ResumeRollout's transition): the kept replica, still not ready, is given up
+    # without counting against the fresh retries (so it does not pause again at once); a
+    # fresh replica starts once it stopped (it holds its slot until then: max_surge).
+    resumed = o.replace(rollout=rollout(1, 2, started=500.0), backoff=NO_BACKOFF)
+    assert decisions(plan(resumed, d, now=500.0)) == [FailReplica("x", NOT_READY, counts=False)]
+    stopped = resumed.replace(replicas=(ready("a", 1), gone("x", 2, S.FAILED, NOT_READY)))
+    assert decisions(plan(stopped, d, now=510.0)) == [Start(2)]
+    # One that came up while paused (its failure cleared) completes the rollout instead.
+    up = resumed.replace(replicas=(ready("a", 1), ready("x", 2, created=100.0, at=400.0)))
+    assert decisions(plan(up, d, now=500.0)) == [Drain("a", "replaced by revision 2")]
+
+
+def test_a_replica_whose_time_ran_out_while_paused_is_replaced_uncounted_once_resumed():
+    # Paused (by request, or by a no-capacity failure), a starting replica is held past its
+    # start_timeout; resumed, the rollout has its retries afresh: the give-up spends none.
+    o = observed(ready("a", 1), hung(), rollout=rollout(1, 2, started=500.0))
+    d = desired(2, 1, retries=0, on_failure="pause", start_timeout=60)
+    assert decisions(plan(o, d, now=500.0)) == [FailReplica("x", NOT_READY, counts=False)]
+    # Its time running out after the resume, it counts (and pauses it again: kept).
+    o = observed(ready("a", 1), hung(created=480.0), rollout=rollout(1, 2, started=500.0))
+    assert decisions(plan(o, d, now=540.0)) == [
+        KeepFailed("x", NOT_READY),
+        PauseRollout(7, f"{NOT_READY} (after 1 failures)"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kept", "expected"),
+    [
+        (hung(failure=NOT_READY), [FailReplica("x", NOT_READY, counts=False), CompleteRollout(7)]),
+        (ready("x", 2, created=100.0), [Drain("x", "replaced by revision 1")]),
+    ],
+    ids=["still-unready", "came-up"],
+)
+def test_an_abort_after_a_pause_on_failure_stops_the_kept_replicas(kept, expected):
+    paused = rollout(1, 2, status=RolloutStatus.PAUSED, failures=1, reason=NOT_READY)
+    o = observed(ready("a", 1), kept, rollout=paused)
+    d = desired(1, 1, paused=True, intent="abort", on_failure="pause", start_timeout=60)
+    assert decisions(plan(o, d, now=500.0)) == [
+        AbandonRollout(7, "aborted", "aborted by request"),
+        BeginRollout(2, 1, "rollback"),
+    ]
+    # The rollback (BeginRollout's transition) takes the kept replica down: it is old.
+    back = observed(ready("a", 1), kept, rollout=rollout(2, 1, kind="rollback", started=500.0))
+    assert decisions(plan(back, d.replace(paused=False), now=500.0)) == expected
 
 
 @pytest.mark.parametrize("on_failure", ["rollback", "pause"])

@@ -12,7 +12,8 @@ R3  failures decide no other replica's fate: plans are blind to failed replicas,
     the failure count (save a rollout failing); a failure event never adds a drain of a READY
     replica; FailReplica never hits a READY one; a READY target replica is drained only as
     scale-down excess; a failed rollout with rollback ends with the previous revision at full
-    strength; with ``on_failure: pause`` it keeps the old revision as it was (the ``pause``
+    strength; with ``on_failure: pause`` it keeps the old revision as it was and the new
+    replicas that run, gives up none as it pauses, and an abort stops them (the ``pause``
     test)
 R4  the same causal check for no-capacity failures, and a scale-up (nothing old, not above D)
     drains nothing
@@ -50,6 +51,7 @@ from controller.actions import (
     FailReplica,
     FailRollout,
     Forget,
+    KeepFailed,
     PauseRollout,
     Rescale,
     ResumeRollout,
@@ -605,9 +607,10 @@ def test_a_pause_asked_as_the_rollout_completes_is_kept():
 FOCUSED = settings(max_examples=100, deadline=None, print_blob=True)
 
 
-def roll_on(w: World, drains_finish: bool = False) -> None:
+def roll_on(w: World, drains_finish: bool = False, seconds: float = 5.0) -> None:
     """A benign moment of the rollout: starts are placed, probes pass, stops end; drains
-    finish only if ``drains_finish``. Then the clock moves on 5 s and the loop plans."""
+    finish only if ``drains_finish``. Then the clock moves on ``seconds`` and the loop
+    plans."""
     for rid in list(w.pending):
         w.spawn(rid, "ok")
     for r in w.observed.replicas:
@@ -617,7 +620,7 @@ def roll_on(w: World, drains_finish: bool = False) -> None:
             w.stop_done(r.id)
         elif drains_finish and r.state is S.DRAINING and r.address and not r.drained:
             w.drain_done(r.id)
-    w.now += 5.0
+    w.now += seconds
     w.step()
 
 
@@ -756,7 +759,10 @@ new_replica_step = st.one_of(
 
 @FOCUSED
 @given(
-    params=pause_worlds, bad=st.sampled_from(["crash", "hang"]), steps=st.lists(new_replica_step)
+    params=pause_worlds,
+    bad=st.sampled_from(["crash", "hang"]),
+    steps=st.lists(new_replica_step),
+    end=st.sampled_from(["abort", "resume"]),
 )
 @example(
     params={
@@ -767,18 +773,36 @@ new_replica_step = st.one_of(
     },
     bad="crash",
     steps=[("spawn", 0, "ok"), ("probe_new", 0, True)],
+    end="abort",
 )
-def test_a_failed_rollout_in_pause_mode_keeps_the_old_revision_at_full_strength(params, bad, steps):
-    check_pausing_on_failure(params, bad, steps)
+@example(
+    params={
+        "strategy": {"retries": 0, "on_failure": "pause"},
+        "replicas": 1,
+        "capacity": 8,
+        "serving": True,
+    },
+    bad="hang",
+    steps=[("spawn", 0, "ok"), ("probe_new", 0, False)],
+    end="resume",
+)
+def test_a_failed_rollout_in_pause_mode_keeps_the_old_revision_at_full_strength(
+    params, bad, steps, end
+):
+    check_pausing_on_failure(params, bad, steps, end)
 
 
 def check_pausing_on_failure(
-    params: dict[str, Any], bad: str, steps: list[tuple[Any, ...]]
+    params: dict[str, Any], bad: str, steps: list[tuple[Any, ...]], end: str = "abort"
 ) -> None:
     """Rule 3 with ``on_failure: pause``: a bad revision 2 is applied; only its replicas
     fail. Its READY replicas of revision 1 never drop below D - max_unavailable; once the
     rollout fails it is held paused, and from then on nothing is started, drained or given
-    up: revision 1 keeps what it had, for as long as the user leaves it so."""
+    up: revision 1 keeps what it had, for as long as the user leaves it so. The replicas of
+    revision 2 that run when it fails are kept (for inspection), those whose give-up failed
+    it too. Then the user aborts (back to revision 1 at full strength, every replica of
+    revision 2 stopped) or resumes (the rollout goes on with its retries afresh: the kept
+    replicas that were given up are replaced, not counted again)."""
     w = make_world(params)
     d, floor = params["replicas"], params["replicas"] - w.desired.strategy.max_unavailable
 
@@ -817,16 +841,46 @@ def check_pausing_on_failure(
                 assert rollout is not None
                 assert rollout.reason, "rule 3: paused with no reason"
                 assert w.desired.paused, "rule 3: paused, but desired.paused is not set"
+                given_up = [a for a in actions if isinstance(a, FailReplica)]
+                assert not given_up, f"rule 3: {given_up} as it paused, not kept"
+                for a in actions:
+                    if isinstance(a, KeepFailed):
+                        assert w.get(a.replica_id).live, f"rule 3: {a}, not live"
+                        note("a replica kept on failure")
                 held = w.ready_of(1)
                 note("paused on failure")
         assert held is not None, "rule 3: past its deadline, the rollout did not fail"
         assert w.desired.revision == 2, "rule 3: paused, the target moved"
-        # The user aborts: back to revision 1, at full strength.
         w.capacity = 1000
+        if end == "resume":
+            check_resume()
+            return
+        # The user aborts: back to revision 1, at full strength, revision 2 all stopped.
         w.user_retarget(1, "abort")
         for _ in range(60):
             roll_on(w, drains_finish=True)
         assert w.ready_of(1) == d, "after the abort, revision 1 not at full strength"
+        left = [r for r in w.observed.replicas if r.revision == 2 and not r.terminal]
+        assert not left, f"after the abort, {left} of revision 2 not stopped"
+
+    def check_resume() -> None:
+        kept = {r.id for r in w.observed.replicas if r.live and r.failure}
+        w.user_pause(False)
+        w.step()
+        rollout = w.observed.rollout
+        assert rollout is not None, "rule 8: resumed, the rollout ended"
+        assert rollout.status is RolloutStatus.PROGRESSING, "rule 8: resumed, paused again"
+        assert rollout.failures == 0, "rule 8: resumed, its kept replicas counted again"
+        still = [r for r in w.observed.replicas if r.id in kept and r.live]
+        assert not still, f"rule 8: resumed, kept {still} not replaced"
+        for _ in range(10):  # the revision is bad: it fails again, and pauses again
+            roll_on(w, drains_finish=True, seconds=500.0)
+            assert w.ready_of(1) >= floor, f"rule 3: {w.ready_of(1)} of revision 1 READY"
+            rollout = w.observed.rollout
+            assert rollout is not None, "rule 3: resumed, the rollout ended, not paused"
+            if rollout.status is RolloutStatus.PAUSED:
+                return
+        raise AssertionError("rule 3: resumed, the rollout did not fail again")
 
     run_focused(w, body)
 

@@ -211,6 +211,49 @@ async def test_on_failure_pause_keeps_new_replicas_and_old_ones(h: Harness) -> N
     assert h.store.active_rollout("web").status == "paused"
 
 
+@pytest.mark.parametrize("then", ["abort", "resume"])
+async def test_on_failure_pause_keeps_the_unready_replica_for_inspection(
+    h: Harness, then: str
+) -> None:
+    strategy = {"retries": 0, "start_timeout": 30, "on_failure": "pause"}
+    await serving(h, replicas=2, rollout=strategy)
+    await h.controller.apply(spec("web", 2, version="v2", rollout=strategy))
+    await h.settle()
+    (new,) = h.replicas("web", ReplicaState.STARTING, revision=2)
+    h.pool.set_health("web", new.id, Health.UNHEALTHY, "probe failed")
+    await h.advance(31)
+    await h.settle()
+    record = h.store.active_rollout("web")
+    why = "not ready within 30s: probe failed"
+    assert (record.status, record.reason) == ("paused", f"{why} (after 1 failures)")
+    assert record.retries_used == 1
+    # Kept: still running, still probed (not routed), its failure said; for as long as the
+    # rollout stays paused.
+    await h.advance(600)
+    (kept,) = h.replicas("web", ReplicaState.STARTING, revision=2)
+    assert (kept.id, kept.failure) == (new.id, why)
+    assert new.id not in h.backend.stopped
+    assert h.pool.upstream("web", new.id) is not None
+    assert h.ready("web", revision=1) == 2
+    if then == "abort":  # back to revision 1: the kept replica goes
+        await h.controller.abort("web")
+        await h.settle()
+        assert h.state("web").observed.rollout is None
+        assert h.ready("web", revision=1) == 2
+    else:  # retried with its retries afresh: the kept replica is replaced
+        await h.controller.resume("web")
+        await h.settle()
+        assert h.state("web").observed.rollout.status == "progressing"
+        await h.pass_probes("web", revision=2)
+        await h.settle()
+        await h.pass_probes("web", revision=2)
+        await h.settle()
+        assert h.ready("web", revision=2) == 2
+        assert h.state("web").observed.serving_revision == 2
+    assert new.id in h.backend.stopped
+    assert not h.replicas("web", *LIVE, revision=1 if then == "resume" else 2)
+
+
 async def test_crashed_serving_replica_alone_is_replaced_with_backoff(h: Harness) -> None:
     await serving(h, replicas=2)
     victim, survivor = h.replicas("web", ReplicaState.READY)

@@ -17,6 +17,7 @@ from controller.actions import (
     FailReplica,
     FailRollout,
     Forget,
+    KeepFailed,
     PauseRollout,
     Rescale,
     ResumeRollout,
@@ -143,6 +144,42 @@ def test_a_given_up_target_replica_drains_as_failed_and_counts_against_the_rollo
     assert step.observed.backoff == Backoff(1, NOW, "not ready within 10m")
     assert step.observed.rollout == rollout(failures=1)
     assert kinds(step) == ["replica_failed", "replica_draining"]
+
+
+@pytest.mark.parametrize("state", [S.STARTING, S.UNHEALTHY])
+def test_a_kept_replica_counts_as_failed_and_stays_live(state):
+    # on_failure: pause (rule 3): the replica whose failure pauses the rollout is kept.
+    d, o = pair(replica("x", 2, state), active=rollout())
+    step = decide(d, o, KeepFailed("x", "not ready within 10m"), NOW)
+    x = only(step, "x")
+    assert (x.state, x.since, x.failure) == (state, 0.0, "not ready within 10m")
+    assert step.observed.backoff == Backoff(1, NOW, "not ready within 10m")
+    assert step.observed.rollout == rollout(failures=1)
+    message = "replica x failed: not ready within 10m; kept for inspection"
+    assert step.events == (Event("replica_failed", message, 2, "x"),)
+    # Kept once: a second decision changes nothing.
+    assert decide(step.desired, step.observed, KeepFailed("x", "again"), NOW) == Step(
+        step.desired, step.observed
+    )
+
+
+def test_a_give_up_that_does_not_count_spends_no_retry():
+    # A resumed rollout replaces its kept replica (counted as it was kept) with its retries
+    # afresh (the planner decides: rule 3).
+    kept = replica("x", 2, S.STARTING, failure="not ready within 10m")
+    d, o = pair(kept, active=rollout())
+    step = decide(d, o, FailReplica("x", "not ready within 10m", counts=False), NOW)
+    assert only(step, "x").state is S.DRAINING
+    assert step.observed.backoff == o.backoff
+    assert step.observed.rollout == o.rollout
+    assert kinds(step) == ["replica_failed", "replica_draining"]
+
+
+def test_a_kept_replica_that_comes_up_has_failed_no_more():
+    kept = replica("x", 2, S.STARTING, failure="not ready within 10m")
+    d, o = pair(kept, active=rollout(RolloutStatus.PAUSED), paused=True)
+    step = observe(d, o, HealthChanged("x", True, ""), NOW)
+    assert (only(step, "x").state, only(step, "x").failure) == (S.READY, "")
 
 
 @pytest.mark.parametrize(
