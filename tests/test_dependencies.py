@@ -13,6 +13,7 @@ import ast
 import functools
 import re
 import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -60,12 +61,8 @@ def third_party_imports() -> dict[str, list[str]]:
     return seen
 
 
-def _requires(dist: str) -> set[str]:
-    """What installing ``dist`` installs with it (its requirements outside extras)."""
-    try:
-        requirements = metadata.requires(dist) or []
-    except metadata.PackageNotFoundError:
-        return set()
+def _names(requirements: list[str]) -> set[str]:
+    """The distributions ``requirements`` name, but those of extras."""
     return {
         _normal(re.split(r"[\s<>=!~;\[(]", requirement, maxsplit=1)[0])
         for requirement in requirements
@@ -73,10 +70,22 @@ def _requires(dist: str) -> set[str]:
     }
 
 
+def _requires(dist: str) -> set[str]:
+    """What installing ``dist`` installs with it (its requirements outside extras)."""
+    try:
+        return _names(metadata.requires(dist) or [])
+    except metadata.PackageNotFoundError:
+        return set()
+
+
 def installed_with_gateway() -> set[str]:
-    """The distributions ``pip install .`` installs: the dependencies and theirs."""
+    """The distributions ``pip install .`` installs: the dependencies and theirs. The
+    gateway's own are read from the sources' pyproject.toml, not from the venv's metadata of
+    it (the last ``pip install``'s, which may be older than the sources)."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        declared = tomllib.load(f)["project"]["dependencies"]
     found: set[str] = set()
-    todo = _requires("gateway")
+    todo = _names(declared)
     while todo:
         dist = todo.pop()
         if dist not in found:
