@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/observers.py [-n 200000]
 
-Times ``on_request`` of ``GatewayMetrics`` (label children cached after the first record)
+Times ``on_request`` of ``GatewayMetrics`` (a revision's counts made at its first record)
 and of ``AccessLog`` (a bounded queue put; its writer thread formats and writes to /dev/null
 meanwhile, so the GIL it takes shows in the numbers), and both together as the proxy calls
 them. Also how fast the writer formats lines. The records are synthetic: no sockets, so the
@@ -24,7 +24,6 @@ from gateway.config import RouteConfig, ServiceRouting
 from gateway.events import RequestRecord
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool
-from gateway.prometheus import CollectorRegistry
 from gateway.upstream import Health, Upstream
 
 PLAIN = RequestRecord(
@@ -68,7 +67,7 @@ async def main() -> None:
     pool.set_service(ServiceRouting(name="web", route=RouteConfig(path_prefix="/")))
     pool.add_upstream(Upstream("web-3-a1b2c3", "web", "127.0.0.1", 1, revision=3))
     pool.set_health("web", "web-3-a1b2c3", Health.HEALTHY)
-    metrics = GatewayMetrics(CollectorRegistry())
+    metrics = GatewayMetrics()
     metrics.attach(pool)
     metrics.on_request(PLAIN)  # the first record of a revision makes its children
     metrics.on_request(RETRIED)

@@ -1,9 +1,9 @@
 """Prometheus metrics of the control plane: services, their replicas and their rollouts.
 
-``ControllerMetrics`` is a custom collector: at every scrape it reads the reconciler's
-services as they are, so a deleted service's series are gone by construction. Rollout ends
-(``Executor.rollout_listeners``) are counted in plain dicts, emitted the same way and
-forgotten with their service.
+``ControllerMetrics`` is a custom collector (prometheus_client's): at every scrape it reads the
+reconciler's services as they are, so a deleted service's series are gone by construction.
+Rollout ends (``Executor.rollout_listeners``) are counted in plain dicts, emitted the same way
+and forgotten with their service.
 
     gateway_service_replicas{service,revision,state}   replicas not yet stopped or failed
     gateway_service_desired_replicas{service}
@@ -37,14 +37,13 @@ import signal
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from gateway import (
-    Collector,
-    CollectorRegistry,
+from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from .acme import AcmeManager
 from .acme.manager import ORDER_OUTCOMES

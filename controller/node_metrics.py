@@ -16,13 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from gateway import (
-    Collector,
-    CollectorRegistry,
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from .node import ClusterNode
 

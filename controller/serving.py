@@ -25,14 +25,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from prometheus_client.registry import CollectorRegistry
+
 from gateway import (
-    CollectorRegistry,
     ConnectionsCollector,
     GatewayMetrics,
+    MetricsCollector,
     Pool,
     Prober,
     RequestObserver,
     Supervisor,
+    WorkersCollector,
     WorkerSettings,
     metrics_exposition,
     native,
@@ -209,8 +212,9 @@ async def run_gateway(
     controller = Controller(pool, backends, store, journal, loop.time, time.time)
     # -- observability: metrics on one registry (served at the admin /metrics), access log --
     registry = CollectorRegistry()
-    metrics = GatewayMetrics(registry)
+    metrics = GatewayMetrics()
     metrics.attach(pool)
+    registry.register(MetricsCollector(metrics))
     register_controller_metrics(registry, controller)
     if docker is not None:
         register_docker(registry, controller, docker)
@@ -222,10 +226,10 @@ async def run_gateway(
         proxy_config = replace(proxy_config, tls=tls_config)
     tls: Termination | None = None
     if proxy_config.listen_tls:
-        from gateway import Termination, register_tls
+        from gateway import Termination, TlsCollector
 
         tls = Termination(proxy_config.tls)
-        register_tls(registry, tls)
+        registry.register(TlsCollector(tls))
     traffic: TrafficServer | Supervisor
 
     def reload_tls() -> ReloadReport | None:
@@ -254,9 +258,10 @@ async def run_gateway(
     access_log: AccessLog | None = None
     workers = config.worker_count
     if config.access_log.enabled and workers == 1:
-        from gateway import AccessLog
+        from gateway import AccessLog, AccessLogCollector
 
-        access_log = AccessLog(config.access_log.format, config.access_log.path, registry=registry)
+        access_log = AccessLog(config.access_log.format, config.access_log.path)
+        registry.register(AccessLogCollector(access_log))
         request_observers.append(access_log)
     # -- end observability --
     prober = Prober(pool, observers=[metrics, controller.reconciler])
@@ -273,9 +278,8 @@ async def run_gateway(
             else None,
             log_level=config.log_level,
         )
-        traffic = Supervisor(
-            pool, proxy_config, settings, metrics=metrics, registry=registry, tls=tls
-        )
+        traffic = Supervisor(pool, proxy_config, settings, metrics=metrics, tls=tls)
+        registry.register(WorkersCollector(traffic))
     served = traffic
     registry.register(ConnectionsCollector(lambda: (served.connections, served.parked)))
     ready = False

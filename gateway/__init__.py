@@ -2,8 +2,8 @@
 
 The control plane uses it only through the names below. They are imported on first use
 (PEP 562): a worker process (``gateway.workers.worker``) imports this package first, and
-must not pay for what only the controller's process uses (the metrics registry and
-exposition, the prober, the supervisor).
+must not pay for what only the controller's process uses (the metrics' collectors and
+exposition, with prometheus_client; the prober, the supervisor).
 """
 
 from __future__ import annotations
@@ -63,17 +63,14 @@ if TYPE_CHECKING:
     from .metrics import GatewayMetrics
     from .pool import Pool
     from .prober import Prober
-    from .prometheus import (
-        Collector,
-        CollectorRegistry,
-        CounterMetricFamily,
-        GaugeMetricFamily,
-        HistogramMetricFamily,
-        Metric,
-        generate_latest,
-    )
     from .proxy import Proxy
-    from .scrape import ConnectionsCollector, metrics_exposition
+    from .scrape import (
+        AccessLogCollector,
+        ConnectionsCollector,
+        MetricsCollector,
+        WorkersCollector,
+        metrics_exposition,
+    )
     from .server import TrafficServer
     from .service_pool import (
         Lease,
@@ -84,7 +81,7 @@ if TYPE_CHECKING:
         ReloadReport,
         Termination,
     )
-    from .tls.metrics import register_tls
+    from .tls.metrics import TlsCollector
     from .upstream import (
         AdminState,
         Health,
@@ -98,24 +95,20 @@ if TYPE_CHECKING:
 
 _WHERE: dict[str, str] = {
     "AccessLog": ".accesslog",
+    "AccessLogCollector": ".scrape",
     "Address": ".config",
     "AdminState": ".upstream",
     "AuthRouting": ".config",
-    "Collector": ".prometheus",
-    "CollectorRegistry": ".prometheus",
-    "CounterMetricFamily": ".prometheus",
     "Duration": ".config",
     "GatewayError": ".errors",
     "GatewayMetrics": ".metrics",
-    "GaugeMetricFamily": ".prometheus",
-    "HistogramMetricFamily": ".prometheus",
     "Health": ".upstream",
     "Lease": ".service_pool",
     "LimitsConfig": ".config",
     "ListenAddress": ".config",
     "ListenerLimits": ".config",
     "LoadBalancing": ".config",
-    "Metric": ".prometheus",
+    "MetricsCollector": ".scrape",
     "NoRoutableUpstream": ".errors",
     "OutlierConfig": ".config",
     "Pool": ".pool",
@@ -142,6 +135,7 @@ _WHERE: dict[str, str] = {
     "Supervisor": ".workers.supervisor",
     "Termination": ".tls",
     "TimeoutsConfig": ".config",
+    "TlsCollector": ".tls.metrics",
     "TlsConfig": ".config",
     "TrafficServer": ".server",
     "listen": ".listening",
@@ -150,14 +144,13 @@ _WHERE: dict[str, str] = {
     "UpstreamConnectError": ".errors",
     "UpstreamTimeout": ".errors",
     "WorkerSettings": ".workers.supervisor",
+    "WorkersCollector": ".scrape",
     "metrics_exposition": ".scrape",
     "ConnectionsCollector": ".scrape",
     "dump_settings": ".config",
-    "generate_latest": ".prometheus",
     "parse_address": ".config",
     "parse_duration": ".config",
     "parse_settings": ".config",
-    "register_tls": ".tls.metrics",
 }
 """Each public name -> the module that defines it."""
 
@@ -173,25 +166,21 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AccessLog",
+    "AccessLogCollector",
     "Address",
     "AdminState",
     "AuthRouting",
-    "Collector",
-    "CollectorRegistry",
     "ConnectionsCollector",
-    "CounterMetricFamily",
     "Duration",
     "GatewayError",
     "GatewayMetrics",
-    "GaugeMetricFamily",
     "Health",
-    "HistogramMetricFamily",
     "Lease",
     "LimitsConfig",
     "ListenAddress",
     "ListenerLimits",
     "LoadBalancing",
-    "Metric",
+    "MetricsCollector",
     "NoRoutableUpstream",
     "OutlierConfig",
     "Pool",
@@ -218,19 +207,19 @@ __all__ = [
     "Supervisor",
     "Termination",
     "TimeoutsConfig",
+    "TlsCollector",
     "TlsConfig",
     "TrafficServer",
     "Upstream",
     "UpstreamConnectError",
     "UpstreamTimeout",
     "WorkerSettings",
+    "WorkersCollector",
     "dump_settings",
-    "generate_latest",
     "http_date",
     "listen",
     "metrics_exposition",
     "parse_address",
     "parse_duration",
     "parse_settings",
-    "register_tls",
 ]

@@ -39,13 +39,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, TYPE_CHECKING, Final, Literal, TypeAlias
+from typing import IO, Final, Literal, TypeAlias
 from urllib.parse import quote
 
 from .events import RequestRecord
-
-if TYPE_CHECKING:  # a registry comes from the main process; workers import no metrics
-    from .prometheus import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +221,6 @@ class AccessLog:
         *,
         stream: IO[str] | None = None,
         queue_size: int = QUEUE_SIZE,
-        registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if format not in FORMATTERS:
@@ -252,17 +248,6 @@ class AccessLog:
         """Records dropped because the queue was full (counted on the event loop)."""
         self.lost = 0
         """Lines lost to a write error (counted by the writer thread)."""
-        if registry is not None:
-            from .prometheus import Counter  # the main process's: workers have none
-        self._dropped_metric = (
-            Counter(
-                "gateway_access_log_dropped",
-                "Access log lines dropped because the writer fell behind or could not write.",
-                registry=registry,
-            )
-            if registry is not None
-            else None
-        )
 
     # -- the hot path -------------------------------------------------------------------------
 
@@ -276,12 +261,7 @@ class AccessLog:
             else:
                 queue.append(self._format(self._clock(), record) + "\n")
         else:
-            self._drop(1)
-
-    def _drop(self, n: int) -> None:
-        self.dropped += n
-        if self._dropped_metric is not None:
-            self._dropped_metric.inc(n)
+            self.dropped += 1
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -352,8 +332,6 @@ class AccessLog:
                 log.exception("access log: write failed; lines are being lost")
             self._failing = True
             self.lost += len(lines)
-            if self._dropped_metric is not None:
-                self._dropped_metric.inc(len(lines))
 
     def __repr__(self) -> str:
         return (

@@ -1,10 +1,11 @@
-"""Prometheus metrics of the data plane, on an injected ``CollectorRegistry``.
+"""The data plane's metrics as plain counts: what ``/metrics`` shows of the data plane.
 
 ``GatewayMetrics`` is a ``PoolSubscriber`` (upstream health and state, ejections), a
 ``ProbeObserver`` (probe outcomes and durations) and a ``RequestObserver`` (requests,
-latencies, retries). It keeps every series' label children and plain counts, and drops
-them by the rules below; the series made at scrape time are built in ``scrape``, which also
-serves the registry.
+latencies, retries). It keeps every series' counts as plain ints and ``tally.Buckets``, and
+drops them by the rules below. No Prometheus here: ``scrape.MetricsCollector`` turns the
+counts into metric families at scrape time, in the main process only (a worker counts in a
+``tally.RequestTally``, merged here).
 
 Invariants:
 - Label sets are bounded: service, revision, upstream id, a state, a probe result, a retry
@@ -13,24 +14,20 @@ Invariants:
   service is removed, a revision's request series when its last upstream leaves. Results for
   an upstream or a service the metrics do not know (already removed) are not recorded, so
   they cannot bring a series back.
-- The hot path (``on_request``) resolves no label and takes no lock: the request series
-  (``gateway_requests``, ``gateway_request_duration_seconds``, ``gateway_upstream_ttfb_seconds``)
-  are plain counts (``tally.Buckets``, ``status_codes.StatusCounts``) per service and
-  revision, that ``scrape.RequestCollector`` turns into metric families at scrape time;
-  an instrument's own children (a lock and a Python loop over the buckets per
-  ``observe``) cost several times more per request. Other label children are created once
-  and cached. Even the ``code`` label of a status (its class) is worked out at scrape time.
-- In-flight counts are read from the pool at scrape time, so requests pay nothing for them.
+- The hot path (``on_request``) resolves no label and takes no lock: it bumps the counts of
+  the revision's and the service's entries, found by one dict look-up. Even the ``code``
+  label of a status (its class) is worked out at scrape time.
+- What is not a count is read at scrape time: an upstream's up and state from the upstream
+  as last heard of (the pool's events keep it), the in-flight counts from the pool.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Final
 
 from .events import PoolEvent, ProbeResult, RequestRecord
 from .pool import Pool, RequestCounts
-from .prometheus import CollectorRegistry, Counter, Gauge, Histogram
-from .scrape import GuardCollector, InflightCollector, RequestCollector
 from .status_codes import StatusCounts
 from .tally import LATENCY_BUCKETS, Buckets, Tally, latency_bucket
 from .upstream import Upstream
@@ -47,122 +44,58 @@ PROBE_BUCKETS: Final[tuple[float, ...]] = (
 )  # fmt: skip
 
 
-class _UpstreamSeries:
-    """The cached label children of one upstream."""
+class UpstreamSeries:
+    """The counts of one upstream in the pool, and the upstream as last heard of."""
 
-    __slots__ = ("ejections", "labels", "probes", "revision", "state", "states", "up")
+    __slots__ = ("ejections", "probes", "revision", "upstream")
 
-    def __init__(self, m: GatewayMetrics, upstream: Upstream) -> None:
-        service, uid, rev = upstream.service, upstream.id, str(upstream.revision)
-        self.labels = (service, rev, uid)
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        """Its ``routable`` and ``state`` are read at scrape time."""
         self.revision = upstream.revision
-        self.up = m.upstream_up.labels(service, rev, uid)
-        self.states = {s: m.upstream_state.labels(service, rev, uid, s) for s in UPSTREAM_STATES}
-        self.probes = {r: m.probes.labels(service, uid, r) for r in PROBE_RESULTS}
-        self.ejections = m.ejections.labels(service, uid)
-        self.state = ""
-        self.set(upstream)
-
-    def set(self, upstream: Upstream) -> None:
-        self.up.set(1 if upstream.routable else 0)
-        state = upstream.state
-        if state != self.state:
-            self.state = state
-            for name, child in self.states.items():
-                child.set(1 if name == state else 0)
-
-    def remove(self, m: GatewayMetrics) -> None:
-        service, rev, uid = self.labels
-        m.upstream_up.remove(service, rev, uid)
-        for state in self.states:
-            m.upstream_state.remove(service, rev, uid, state)
-        for result in self.probes:
-            m.probes.remove(service, uid, result)
-        m.ejections.remove(service, uid)
+        self.probes: dict[str, int] = dict.fromkeys(PROBE_RESULTS, 0)
+        self.ejections = 0
 
 
-class _ServiceSeries:
-    """The cached per-service children; per-revision ones live in ``revisions``.
+class ServiceSeries:
+    """The counts of one service; per-revision ones live in ``revisions``.
 
-    Each child is made on its first use and kept (in ``_<name>``). A pool service makes them
-    all at once, so its counters show 0 before the first event; the no-route entry (``""``)
-    only makes what it uses. (Not ``functools.cached_property``: compiled with mypyc, that is
-    a plain property, made again on every use.)
+    A pool service's series are all shown from the start, at 0. The no-route entry (``""``)
+    shows only what counted something: no TTFB nor probes, and its counters once above 0.
     """
 
-    def __init__(self, m: GatewayMetrics, name: str) -> None:
-        self._m = m
+    __slots__ = (
+        "connect_failures",
+        "name",
+        "no_routable",
+        "probe_duration",
+        "retries",
+        "revisions",
+        "ttfb",
+    )
+
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.retries: dict[str, Counter] = {}
-        self.revisions: dict[int | None, _RevisionSeries] = {}
-        self._ttfb: Buckets | None = None
-        self._probe_duration: Histogram | None = None
-        self._no_routable: Counter | None = None
-        self._connect_failures: Counter | None = None
-        if name:
-            for child in _SERVICE_CHILDREN:
-                getattr(self, child)
+        self.revisions: dict[int | None, RevisionSeries] = {}
+        self.retries: dict[str, int] = {}
+        """Attempts made again, by reason (made on first use)."""
+        self.ttfb = Buckets(LATENCY_BUCKETS)
+        self.probe_duration = Buckets(PROBE_BUCKETS)
+        self.no_routable = 0
+        self.connect_failures = 0
 
-    @property
-    def ttfb(self) -> Buckets:
-        if self._ttfb is None:
-            self._ttfb = Buckets(LATENCY_BUCKETS)
-        return self._ttfb
-
-    @property
-    def probe_duration(self) -> Histogram:
-        if self._probe_duration is None:
-            self._probe_duration = self._m.probe_duration.labels(self.name)
-        return self._probe_duration
-
-    @property
-    def no_routable(self) -> Counter:
-        if self._no_routable is None:
-            self._no_routable = self._m.no_routable.labels(self.name)
-        return self._no_routable
-
-    @property
-    def connect_failures(self) -> Counter:
-        if self._connect_failures is None:
-            self._connect_failures = self._m.connect_failures.labels(self.name)
-        return self._connect_failures
-
-    def made(self, child: str) -> bool:
-        """Whether ``child`` (one of ``_SERVICE_CHILDREN``) was made, so has a series."""
-        return getattr(self, "_" + child) is not None
-
-    def retry(self, reason: str) -> Counter:
+    def retry(self, reason: str, n: int) -> None:
         reason = reason if reason in RETRY_REASONS else "other"
-        child = self.retries.get(reason)
-        if child is None:
-            child = self.retries[reason] = self._m.retries.labels(self.name, reason)
-        return child
-
-    def remove(self) -> None:
-        m, name = self._m, self.name
-        self.revisions.clear()
-        for child in _SERVICE_CHILDREN:
-            if child != "ttfb" and self.made(child):
-                getattr(m, child).remove(name)
-        for reason in self.retries:
-            m.retries.remove(name, reason)
+        retries = self.retries
+        retries[reason] = retries.get(reason, 0) + n
 
 
-_SERVICE_CHILDREN: Final[tuple[str, ...]] = (
-    "ttfb",
-    "probe_duration",
-    "no_routable",
-    "connect_failures",
-)
-"""The per-service children, each named as its metric's attribute on ``GatewayMetrics``."""
-
-
-class _RevisionSeries(StatusCounts):
+class RevisionSeries(StatusCounts):
     """The request counts of one revision of a service; its series go with it."""
 
     __slots__ = ("duration", "label", "service", "ttfb")
 
-    def __init__(self, service: _ServiceSeries, revision: int | None) -> None:
+    def __init__(self, service: ServiceSeries, revision: int | None) -> None:
         super().__init__()
         self.service = service
         self.label = "" if revision is None else str(revision)
@@ -172,81 +105,29 @@ class _RevisionSeries(StatusCounts):
 
 
 class GatewayMetrics:
-    """The data plane's metrics on ``registry``; call ``attach(pool)`` to follow a pool.
+    """The data plane's counts; call ``attach(pool)`` to follow a pool.
 
     Requests that matched no route are counted under ``service=""``.
     """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        r = registry
-        self._services: dict[str, _ServiceSeries] = {"": _ServiceSeries(self, "")}
-        registry.register(RequestCollector(self._services))
-        self.upstream_up = Gauge(
-            "gateway_upstream_up",
-            "1 if the upstream is routable (healthy, active, not ejected), else 0.",
-            ("service", "revision", "upstream"),
-            registry=r,
-        )
-        self.upstream_state = Gauge(
-            "gateway_upstream_state",
-            "The upstream's state, one-hot: " + ", ".join(UPSTREAM_STATES) + ".",
-            ("service", "revision", "upstream", "state"),
-            registry=r,
-        )
-        self.probes = Counter(
-            "gateway_probe",
-            "Active probe rounds by result (success, failure, timeout).",
-            ("service", "upstream", "result"),
-            registry=r,
-        )
-        self.probe_duration = Histogram(
-            "gateway_probe_duration_seconds",
-            "Time one probe round took.",
-            ("service",),
-            buckets=PROBE_BUCKETS,
-            registry=r,
-        )
-        self.retries = Counter(
-            "gateway_retries",
-            "Attempts made again, by reason: on another upstream (connect, disconnect, status),"
-            " or on a new connection to the same one (stale: a kept connection it had closed).",
-            ("service", "reason"),
-            registry=r,
-        )
-        self.no_routable = Counter(
-            "gateway_no_routable_upstream",
-            "Requests answered 503 because no upstream was routable.",
-            ("service",),
-            registry=r,
-        )
-        self.ejections = Counter(
-            "gateway_ejections",
-            "Passive ejections of an upstream (failure streaks on real traffic).",
-            ("service", "upstream"),
-            registry=r,
-        )
-        self.connect_failures = Counter(
-            "gateway_upstream_connect_failures",
-            "Attempts that could not connect to an upstream or were reset before an answer.",
-            ("service",),
-            registry=r,
-        )
-        self._pool: Pool | None = None
-        self._upstreams: dict[tuple[str, str], _UpstreamSeries] = {}
+    def __init__(self) -> None:
+        self.services: dict[str, ServiceSeries] = {"": ServiceSeries("")}
+        """Service name -> its counts, in order of appearance (read at scrape time)."""
+        self.upstreams: dict[tuple[str, str], UpstreamSeries] = {}
+        """(service, upstream id) -> the counts of each upstream in the pool."""
+        self.pool: Pool | None = None
+        """The pool followed, None before ``attach``."""
         self._live: dict[tuple[str, int], int] = {}
         """(service, revision) -> upstreams of it in the pool."""
-        self._requests: dict[tuple[str, int | None], _RevisionSeries] = {}
+        self._requests: dict[tuple[str, int | None], RevisionSeries] = {}
         self._sweep: set[str] = set()
         """Services with a revision series but no upstream of that revision left."""
         self.unrecorded = 0
         """Records of services no longer in the pool, not recorded (they would be stale)."""
-        registry.register(InflightCollector(lambda: self._pool))
-        registry.register(GuardCollector(lambda: self._pool))
 
     def attach(self, pool: Pool) -> None:
         """Follow ``pool``: take in what is in it now, subscribe, report its in-flight counts."""
-        self._pool = pool
+        self.pool = pool
         for name, service in pool.services.items():
             self._service(name)
             for upstream in service.snapshot.upstreams:
@@ -257,7 +138,7 @@ class GatewayMetrics:
     def revision_counts(self, service: str) -> RequestCounts:
         """``service``'s requests so far per revision (the workers' as last merged): the
         counts a canary's analysis reads (``Pool.request_counts``)."""
-        entry = self._services.get(service)
+        entry = self.services.get(service)
         out: dict[int, tuple[int, int, tuple[int, ...]]] = {}
         if entry is None or not service:
             return LATENCY_BUCKETS, out
@@ -277,11 +158,11 @@ class GatewayMetrics:
     def on_pool_event(self, event: PoolEvent) -> None:
         kind, upstream = event.kind, event.upstream
         if kind == "changed" and upstream is not None:
-            series = self._upstreams.get((event.service, upstream.id))
+            series = self.upstreams.get((event.service, upstream.id))
             if series is not None:
-                series.set(upstream)
+                series.upstream = upstream
                 if upstream.ejected and event.previous is not None and not event.previous.ejected:
-                    series.ejections.inc()
+                    series.ejections += 1
         elif kind == "added" and upstream is not None:
             self._service(event.service)
             self._add(upstream)
@@ -290,36 +171,34 @@ class GatewayMetrics:
         elif kind == "service_set":
             self._service(event.service)
         elif kind == "service_removed":
-            service = self._services.pop(event.service, None)
+            service = self.services.pop(event.service, None)
             if service is not None:
-                service.remove()
                 for revision in list(service.revisions):
                     self._requests.pop((event.service, revision), None)
             self._sweep.discard(event.service)
-            for key in [k for k in self._upstreams if k[0] == event.service]:
+            for key in [k for k in self.upstreams if k[0] == event.service]:
                 self._remove(*key)
         if event.service in self._sweep:
             self._sweep_revisions(event.service)
 
-    def _service(self, name: str) -> _ServiceSeries:
-        service = self._services.get(name)
+    def _service(self, name: str) -> ServiceSeries:
+        service = self.services.get(name)
         if service is None:
-            service = self._services[name] = _ServiceSeries(self, name)
+            service = self.services[name] = ServiceSeries(name)
         return service
 
     def _add(self, upstream: Upstream) -> None:
         key = (upstream.service, upstream.id)
-        if key in self._upstreams:
+        if key in self.upstreams:
             return
-        self._upstreams[key] = _UpstreamSeries(self, upstream)
+        self.upstreams[key] = UpstreamSeries(upstream)
         live = (upstream.service, upstream.revision)
         self._live[live] = self._live.get(live, 0) + 1
 
     def _remove(self, service: str, upstream_id: str) -> None:
-        series = self._upstreams.pop((service, upstream_id), None)
+        series = self.upstreams.pop((service, upstream_id), None)
         if series is None:
             return
-        series.remove(self)
         live = (service, series.revision)
         left = self._live.get(live, 0) - 1
         if left > 0:
@@ -336,7 +215,7 @@ class GatewayMetrics:
     def _sweep_revisions(self, service: str) -> None:
         """Drop revision series recreated by requests that ended after their upstream left."""
         self._sweep.discard(service)
-        entry = self._services.get(service)
+        entry = self.services.get(service)
         if entry is None:
             return
         for revision in list(entry.revisions):
@@ -346,13 +225,15 @@ class GatewayMetrics:
     # -- probes -------------------------------------------------------------------------------
 
     def on_probe(self, result: ProbeResult) -> None:
-        series = self._upstreams.get((result.service, result.upstream_id))
+        series = self.upstreams.get((result.service, result.upstream_id))
         if series is None:
             return  # not (or no longer) in the pool
-        series.probes[result.outcome].inc()
-        service = self._services.get(result.service)
+        series.probes[result.outcome] += 1
+        service = self.services.get(result.service)
         if service is not None:
-            service.probe_duration.observe(result.duration)
+            duration = result.duration
+            bucket = bisect.bisect_left(PROBE_BUCKETS, duration)
+            service.probe_duration.count(bucket, duration)
 
     # -- requests (hot path) ------------------------------------------------------------------
 
@@ -377,7 +258,7 @@ class GatewayMetrics:
 
     def _count(
         self,
-        entry: _RevisionSeries,
+        entry: RevisionSeries,
         status: int,
         error: str | None,
         retry_reasons: tuple[str, ...],
@@ -388,14 +269,14 @@ class GatewayMetrics:
         service = entry.service
         if retry_reasons:
             for reason in retry_reasons:
-                service.retry(reason).inc(n)
+                service.retry(reason, n)
                 if reason == "connect" or reason == "disconnect":
-                    service.connect_failures.inc(n)
+                    service.connect_failures += n
         if error is not None:
             if error == "no_routable_upstream":
-                service.no_routable.inc(n)
+                service.no_routable += n
             elif error == "upstream_connect_error":
-                service.connect_failures.inc(n)
+                service.connect_failures += n
 
     def merge(self, tally: Tally) -> None:
         """Add a worker's counts (``RequestTally.take``) as if its requests were served here."""
@@ -410,21 +291,21 @@ class GatewayMetrics:
             if entry is not None:
                 entry.duration.merge(counts)
         for name, counts in tally.ttfb.items():
-            service = self._services.get(name)
+            service = self.services.get(name)
             if service is not None and name:
                 service.ttfb.merge(counts)
 
-    def _entry(self, name: str, revision: int | None) -> _RevisionSeries | None:
+    def _entry(self, name: str, revision: int | None) -> RevisionSeries | None:
         """A revision's request series (made on first use), or None for an unknown service."""
         return self._requests.get((name, revision)) or self._revision(name, revision)
 
-    def _revision(self, name: str, revision: int | None) -> _RevisionSeries | None:
-        service = self._services.get(name)
+    def _revision(self, name: str, revision: int | None) -> RevisionSeries | None:
+        service = self.services.get(name)
         if service is None:
             return None
         entry = service.revisions.get(revision)
         if entry is None:
-            entry = service.revisions[revision] = _RevisionSeries(service, revision)
+            entry = service.revisions[revision] = RevisionSeries(service, revision)
             if revision is not None and (name, revision) not in self._live:
                 self._sweep.add(name)
         self._requests[(name, revision)] = entry
@@ -432,7 +313,7 @@ class GatewayMetrics:
 
     def __repr__(self) -> str:
         return (
-            f"<GatewayMetrics services={len(self._services) - 1} "
-            f"upstreams={len(self._upstreams)} revisions={len(self._requests)} "
+            f"<GatewayMetrics services={len(self.services) - 1} "
+            f"upstreams={len(self.upstreams)} revisions={len(self._requests)} "
             f"unrecorded={self.unrecorded}>"
         )

@@ -1,145 +1,260 @@
-"""The data plane's series made at scrape time, and the ``/metrics`` handler that serves them.
+"""The data plane's Prometheus collectors, and the ``/metrics`` exposition that serves them.
 
-Nothing here runs per request: the collectors read plain counts and the pool only when the
-registry is collected.
+prometheus_client's custom collectors: at each scrape they read plain counts (``metrics``,
+``tally``: the workers' merged in) and the pool, and yield its metric families. Nothing
+here runs per request, and only the main process imports this module (a worker imports no
+prometheus_client).
 
-- ``RequestCollector``: the request series (``gateway_requests``,
-  ``gateway_request_duration_seconds``, ``gateway_upstream_ttfb_seconds``) from the plain
-  counts that ``GatewayMetrics.on_request`` keeps per service and revision.
-- ``InflightCollector``: ``gateway_inflight_requests``, from the pool's lease counts.
-- ``GuardCollector``: auth outcomes, rate-limited requests and the slot queue, from the
-  pool's counters.
+- ``MetricsCollector``: upstream health and state, probes, requests, latencies, retries,
+  ejections, in-flight requests, auth outcomes, rate limits and the slot queue, from a
+  ``GatewayMetrics`` and the pool it follows.
 - ``ConnectionsCollector``: ``gateway_client_connections``, the client connections open,
   in the event loop or parked (``proxy.parking``), from the traffic listener's counts.
+- ``WorkersCollector``: the worker processes serving, and restarted (``--workers``).
+- ``AccessLogCollector``: access log lines dropped.
 - ``metrics_exposition``: a registry rendered for a scrape's ``Accept`` (the admin
-  listener's ``/metrics``).
-
-The collectors know ``GatewayMetrics`` only through what they read (``ServiceRequests``, a
-pool getter), so the dependency runs one way: ``metrics`` registers them.
+  listener's ``/metrics``), in the format prometheus_client chooses for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
-from .pool import Pool
-from .prometheus import (
-    Collector,
-    CollectorRegistry,
+from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
     SummaryMetricFamily,
-    choose_encoder,
 )
-from .tally import Buckets
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from .metrics import UPSTREAM_STATES, GatewayMetrics
+
+if TYPE_CHECKING:
+    from .accesslog import AccessLog
+    from .pool import Pool
+    from .workers.supervisor import Supervisor
 
 
-class RevisionRequests(Protocol):
-    """What ``RequestCollector`` reads of one revision's request counts."""
+class MetricsCollector(Collector):
+    """The series of ``metrics`` (a ``GatewayMetrics``) and of the pool it follows."""
 
-    @property
-    def label(self) -> str:
-        """The ``revision`` label."""
-        ...
-
-    @property
-    def duration(self) -> Buckets: ...
-
-    def code_counts(self) -> dict[str, int]: ...
-
-
-class ServiceRequests(Protocol):
-    """What ``RequestCollector`` reads of one service's request counts."""
-
-    @property
-    def revisions(self) -> Mapping[int | None, RevisionRequests]: ...
-
-    @property
-    def ttfb(self) -> Buckets: ...
-
-    def made(self, child: str) -> bool:
-        """Whether ``child`` (``"ttfb"`` here) was made, so has a series."""
-        ...
-
-
-class RequestCollector(Collector):
-    """The request series, made from the plain counts of ``on_request`` at scrape time.
-
-    ``services``: service name -> its request counts (``""``: requests that matched no route),
-    read as it is at each scrape.
-    """
-
-    def __init__(self, services: Mapping[str, ServiceRequests]) -> None:
-        self._services = services
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
 
     def describe(self) -> Iterable[Metric]:
-        return self._families()
+        return [
+            *_request_families(),
+            *_upstream_families(),
+            *_service_families(),
+            _inflight_family(),
+            *_guard_families(),
+        ]
 
     def collect(self) -> Iterator[Metric]:
-        requests, duration, ttfb = self._families()
-        for name, service in list(self._services.items()):
+        metrics = self._metrics
+        yield from self._requests(metrics)
+        yield from self._upstreams(metrics)
+        yield from self._services(metrics)
+        pool = metrics.pool
+        yield self._inflight(pool)
+        yield from self._guards(pool)
+
+    @staticmethod
+    def _requests(metrics: GatewayMetrics) -> Iterator[Metric]:
+        requests, duration, ttfb = _request_families()
+        for name, service in list(metrics.services.items()):
             for entry in list(service.revisions.values()):
                 labels = (name, entry.label)
                 for code, count in entry.code_counts().items():
                     requests.add_metric((*labels, code), count)
                 duration.add_metric(labels, entry.duration.buckets(), entry.duration.sum)
-            if name and service.made("ttfb"):
+            if name:  # no TTFB without an upstream
                 ttfb.add_metric((name,), service.ttfb.buckets(), service.ttfb.sum)
         yield from (requests, duration, ttfb)
 
     @staticmethod
-    def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, HistogramMetricFamily]:
-        return (
-            CounterMetricFamily(
-                "gateway_requests",
-                "Requests answered, by status class (2xx...) or exact status of a gateway error.",
-                labels=("service", "revision", "code"),
-            ),
-            HistogramMetricFamily(
-                "gateway_request_duration_seconds",
-                "Time from the request's arrival to the end of its answer.",
-                labels=("service", "revision"),
-            ),
-            HistogramMetricFamily(
-                "gateway_upstream_ttfb_seconds",
-                "Time from the request's arrival to the upstream's response headers.",
-                labels=("service",),
-            ),
-        )
+    def _upstreams(metrics: GatewayMetrics) -> Iterator[Metric]:
+        up, state, probes, ejections = _upstream_families()
+        for (service, uid), series in list(metrics.upstreams.items()):
+            upstream, revision = series.upstream, str(series.revision)
+            up.add_metric((service, revision, uid), 1 if upstream.routable else 0)
+            for s in UPSTREAM_STATES:
+                state.add_metric((service, revision, uid, s), 1 if upstream.state == s else 0)
+            for result, count in series.probes.items():
+                probes.add_metric((service, uid, result), count)
+            ejections.add_metric((service, uid), series.ejections)
+        yield from (up, state, probes, ejections)
 
+    @staticmethod
+    def _services(metrics: GatewayMetrics) -> Iterator[Metric]:
+        probe_duration, retries, no_routable, connect_failures = _service_families()
+        for name, service in list(metrics.services.items()):
+            for reason, count in list(service.retries.items()):
+                retries.add_metric((name, reason), count)
+            if name:  # a service of the pool: every series from 0
+                durations = service.probe_duration
+                probe_duration.add_metric((name,), durations.buckets(), durations.sum)
+            if name or service.no_routable:
+                no_routable.add_metric((name,), service.no_routable)
+            if name or service.connect_failures:
+                connect_failures.add_metric((name,), service.connect_failures)
+        yield from (probe_duration, retries, no_routable, connect_failures)
 
-class InflightCollector(Collector):
-    """``gateway_inflight_requests``, read from the pool's lease counts at scrape time.
-
-    ``pool``: the pool followed, None before there is one.
-    """
-
-    def __init__(self, pool: Callable[[], Pool | None]) -> None:
-        self._pool = pool
-
-    def describe(self) -> Iterable[Metric]:
-        return [self._family()]
-
-    def collect(self) -> Iterator[Metric]:
-        family = self._family()
-        pool = self._pool()
+    @staticmethod
+    def _inflight(pool: Pool | None) -> Metric:
+        family = _inflight_family()
         if pool is not None:
             for name, service in list(pool.services.items()):
                 inflight = service.inflight_all()
                 for upstream in service.snapshot.upstreams:
                     family.add_metric((name, upstream.id), inflight.get(upstream.id, 0))
-        yield family
+        return family
 
     @staticmethod
-    def _family() -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            "gateway_inflight_requests",
-            "Requests (and streams, WebSockets) in flight on the upstream.",
+    def _guards(pool: Pool | None) -> Iterator[Metric]:
+        """From the pool's counters (``ServicePool.counted_all``, workers' included)."""
+        auth, limited, queued, waited, timeouts = _guard_families()
+        if pool is not None:
+            for name, sp in list(pool.services.items()):
+                routing = sp.routing
+                counts = sp.counted_all()
+                if routing.auth is not None:
+                    for outcome in ("ok", "missing", "wrong"):
+                        auth.add_metric((name, outcome), counts.get(f"auth_{outcome}", 0))
+                if routing.rate_limits:
+                    limited.add_metric((name,), counts.get("rate_limited", 0))
+                if routing.limits.max_in_flight_per_replica:
+                    queued.add_metric((name,), sp.queued_all())
+                    waited.add_metric(
+                        (name,), int(counts.get("queued", 0)), counts.get("queue_wait_seconds", 0.0)
+                    )
+                    timeouts.add_metric(
+                        (name,), counts.get("queue_timeout", 0) + counts.get("queue_full", 0)
+                    )
+        yield from (auth, limited, queued, waited, timeouts)
+
+
+def _request_families() -> tuple[CounterMetricFamily, HistogramMetricFamily, HistogramMetricFamily]:
+    return (
+        CounterMetricFamily(
+            "gateway_requests",
+            "Requests answered, by status class (2xx...) or exact status of a gateway error.",
+            labels=("service", "revision", "code"),
+        ),
+        HistogramMetricFamily(
+            "gateway_request_duration_seconds",
+            "Time from the request's arrival to the end of its answer.",
+            labels=("service", "revision"),
+        ),
+        HistogramMetricFamily(
+            "gateway_upstream_ttfb_seconds",
+            "Time from the request's arrival to the upstream's response headers.",
+            labels=("service",),
+        ),
+    )
+
+
+def _upstream_families() -> tuple[
+    GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily
+]:
+    return (
+        GaugeMetricFamily(
+            "gateway_upstream_up",
+            "1 if the upstream is routable (healthy, active, not ejected), else 0.",
+            labels=("service", "revision", "upstream"),
+        ),
+        GaugeMetricFamily(
+            "gateway_upstream_state",
+            "The upstream's state, one-hot: " + ", ".join(UPSTREAM_STATES) + ".",
+            labels=("service", "revision", "upstream", "state"),
+        ),
+        CounterMetricFamily(
+            "gateway_probe",
+            "Active probe rounds by result (success, failure, timeout).",
+            labels=("service", "upstream", "result"),
+        ),
+        CounterMetricFamily(
+            "gateway_ejections",
+            "Passive ejections of an upstream (failure streaks on real traffic).",
             labels=("service", "upstream"),
-        )
+        ),
+    )
+
+
+def _service_families() -> tuple[
+    HistogramMetricFamily, CounterMetricFamily, CounterMetricFamily, CounterMetricFamily
+]:
+    return (
+        HistogramMetricFamily(
+            "gateway_probe_duration_seconds",
+            "Time one probe round took.",
+            labels=("service",),
+        ),
+        CounterMetricFamily(
+            "gateway_retries",
+            "Attempts made again, by reason: on another upstream (connect, disconnect, status),"
+            " or on a new connection to the same one (stale: a kept connection it had closed).",
+            labels=("service", "reason"),
+        ),
+        CounterMetricFamily(
+            "gateway_no_routable_upstream",
+            "Requests answered 503 because no upstream was routable.",
+            labels=("service",),
+        ),
+        CounterMetricFamily(
+            "gateway_upstream_connect_failures",
+            "Attempts that could not connect to an upstream or were reset before an answer.",
+            labels=("service",),
+        ),
+    )
+
+
+def _inflight_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "gateway_inflight_requests",
+        "Requests (and streams, WebSockets) in flight on the upstream.",
+        labels=("service", "upstream"),
+    )
+
+
+def _guard_families() -> tuple[
+    CounterMetricFamily,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    SummaryMetricFamily,
+    CounterMetricFamily,
+]:
+    return (
+        CounterMetricFamily(
+            "gateway_auth_requests",
+            "Requests to a service with auth, by outcome: ok, missing or wrong token.",
+            labels=("service", "outcome"),
+        ),
+        CounterMetricFamily(
+            "gateway_rate_limited_requests",
+            "Requests refused with 429 by a rate limit of the service.",
+            labels=("service",),
+        ),
+        GaugeMetricFamily(
+            "gateway_service_queued_requests",
+            "Requests waiting for a slot under max_in_flight_per_replica.",
+            labels=("service",),
+        ),
+        SummaryMetricFamily(
+            "gateway_service_queue_wait_seconds",
+            "Time requests waited for a slot under max_in_flight_per_replica.",
+            labels=("service",),
+        ),
+        CounterMetricFamily(
+            "gateway_service_queue_rejected_requests",
+            "Requests answered 503 by the slot queue: full, or no slot within queue_timeout.",
+            labels=("service",),
+        ),
+    )
 
 
 class ConnectionsCollector(Collector):
@@ -172,75 +287,55 @@ class ConnectionsCollector(Collector):
         )
 
 
-class GuardCollector(Collector):
-    """Auth outcomes, rate-limited requests and the slot queue, read from the pool's
-    counters (``ServicePool.counted_all``, workers' included) at scrape time.
+class WorkersCollector(Collector):
+    """``gateway_workers`` (serving now) and ``gateway_worker_restarts_total`` of a
+    ``Supervisor``'s worker processes."""
 
-    ``pool``: the pool followed, None before there is one.
-    """
-
-    def __init__(self, pool: Callable[[], Pool | None]) -> None:
-        self._pool = pool
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        auth, limited, queued, waited, timeouts = self._families()
-        pool = self._pool()
-        if pool is not None:
-            for name, sp in list(pool.services.items()):
-                routing = sp.routing
-                counts = sp.counted_all()
-                if routing.auth is not None:
-                    for outcome in ("ok", "missing", "wrong"):
-                        auth.add_metric((name, outcome), counts.get(f"auth_{outcome}", 0))
-                if routing.rate_limits:
-                    limited.add_metric((name,), counts.get("rate_limited", 0))
-                if routing.limits.max_in_flight_per_replica:
-                    queued.add_metric((name,), sp.queued_all())
-                    waited.add_metric(
-                        (name,), int(counts.get("queued", 0)), counts.get("queue_wait_seconds", 0.0)
-                    )
-                    timeouts.add_metric(
-                        (name,), counts.get("queue_timeout", 0) + counts.get("queue_full", 0)
-                    )
-        yield from (auth, limited, queued, waited, timeouts)
+        restarts, serving = self._families()
+        restarts.add_metric((), self._supervisor.restarted)
+        serving.add_metric((), self._supervisor.serving)
+        yield from (restarts, serving)
 
     @staticmethod
-    def _families() -> tuple[
-        CounterMetricFamily,
-        CounterMetricFamily,
-        GaugeMetricFamily,
-        SummaryMetricFamily,
-        CounterMetricFamily,
-    ]:
+    def _families() -> tuple[CounterMetricFamily, GaugeMetricFamily]:
         return (
             CounterMetricFamily(
-                "gateway_auth_requests",
-                "Requests to a service with auth, by outcome: ok, missing or wrong token.",
-                labels=("service", "outcome"),
+                "gateway_worker_restarts",
+                "Worker processes started again after one exited.",
+                labels=(),
             ),
-            CounterMetricFamily(
-                "gateway_rate_limited_requests",
-                "Requests refused with 429 by a rate limit of the service.",
-                labels=("service",),
-            ),
-            GaugeMetricFamily(
-                "gateway_service_queued_requests",
-                "Requests waiting for a slot under max_in_flight_per_replica.",
-                labels=("service",),
-            ),
-            SummaryMetricFamily(
-                "gateway_service_queue_wait_seconds",
-                "Time requests waited for a slot under max_in_flight_per_replica.",
-                labels=("service",),
-            ),
-            CounterMetricFamily(
-                "gateway_service_queue_rejected_requests",
-                "Requests answered 503 by the slot queue: full, or no slot within queue_timeout.",
-                labels=("service",),
-            ),
+            GaugeMetricFamily("gateway_workers", "Worker processes serving traffic.", labels=()),
+        )
+
+
+class AccessLogCollector(Collector):
+    """``gateway_access_log_dropped_total``: an ``AccessLog``'s lines dropped (its queue was
+    full) or lost (a write failed)."""
+
+    def __init__(self, log: AccessLog) -> None:
+        self._log = log
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        family.add_metric((), self._log.dropped + self._log.lost)
+        yield family
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "gateway_access_log_dropped",
+            "Access log lines dropped because the writer fell behind or could not write.",
+            labels=(),
         )
 
 
@@ -249,7 +344,8 @@ Exposition = Callable[[str], tuple[bytes, str]]
 
 
 def metrics_exposition(registry: CollectorRegistry) -> Exposition:
-    """``registry`` in the text format, or OpenMetrics if the scrape asks for it."""
+    """``registry`` in the format the scrape's ``Accept`` asks for, as prometheus_client
+    chooses it (``choose_encoder``): OpenMetrics if named, else the text format 0.0.4."""
 
     def render(accept: str) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)

@@ -1,4 +1,5 @@
-"""Prometheus series of the HTTPS listeners, read from a ``Termination`` at scrape time.
+"""Prometheus series of the HTTPS listeners, read from a ``Termination`` at scrape time
+(``TlsCollector``; the main process's only, as ``gateway.scrape``).
 
     gateway_tls_handshakes_total{outcome="ok"|"resumed", version}
     gateway_tls_handshake_failures_total{reason}     (``handshake.FAILURE_REASONS``)
@@ -13,18 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from ..prometheus import (
-    Collector,
-    CollectorRegistry,
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
 from . import Termination
 from .handshake import FAILURE_REASONS
 
 
 class TlsCollector(Collector):
+    """The handshakes, failures and certificates of ``tls``."""
+
     def __init__(self, tls: Termination) -> None:
         self.tls = tls
 
@@ -63,7 +62,3 @@ class TlsCollector(Collector):
             "Certificate files refused by a load or reload (the one loaded before kept serving).",
             value=store.reload_failures,
         )
-
-
-def register_tls(registry: CollectorRegistry, tls: Termination) -> None:
-    registry.register(TlsCollector(tls))

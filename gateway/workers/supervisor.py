@@ -40,7 +40,6 @@ from ..config import ProxyConfig, parse_address
 from ..events import PoolEvent
 from ..metrics import GatewayMetrics
 from ..pool import Pool
-from ..prometheus import CollectorRegistry, Counter, Gauge
 from ..tls import Termination
 from . import ipc
 
@@ -100,7 +99,6 @@ class Supervisor:
         config: ProxyConfig,
         settings: WorkerSettings,
         metrics: GatewayMetrics | None = None,
-        registry: CollectorRegistry | None = None,
         tls: Termination | None = None,
     ) -> None:
         self.pool = pool
@@ -126,21 +124,19 @@ class Supervisor:
         self._watchdog: asyncio.Task[None] | None = None
         self._waiting: list[asyncio.Future[None]] = []
         """``changed`` futures, resolved at the next change."""
-        self._restart_metric = Counter(
-            "gateway_worker_restarts",
-            "Worker processes started again after one exited.",
-            registry=registry,
-        )
-        self._up_metric = Gauge(
-            "gateway_workers", "Worker processes serving traffic.", registry=registry
-        )
-        self._up_metric.set_function(lambda: sum(w.ready.done() for w in self.workers.values()))
+        self.restarted = 0
+        """Workers started again after one exited (``gateway_worker_restarts``)."""
 
     @property
     def port(self) -> int:
         if not self._port:
             raise RuntimeError("Supervisor is not started")
         return self._port
+
+    @property
+    def serving(self) -> int:
+        """Workers started and ready (``gateway_workers``)."""
+        return sum(w.ready.done() for w in self.workers.values())
 
     @property
     def connections(self) -> int:
@@ -400,7 +396,7 @@ class Supervisor:
                 log.error("worker %d could not be started: %s", index, e)
                 self._failures[index] += 1
                 return
-            self._restart_metric.inc()
+            self.restarted += 1
             log.info("worker %d started again: pid %d", index, new.pid)
 
         task = asyncio.create_task(restart(), name=f"restart-worker-{index}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from controller.acme import AcmeManager, OrderFailed
 from controller.acme.client import Issued
@@ -25,7 +26,6 @@ from controller.journal import Entry, Journal
 from controller.metrics import register_acme
 from controller.store import Store
 from gateway import RouteConfig
-from gateway.prometheus import CollectorRegistry, generate_latest
 
 from .conftest import FakeClock
 from .test_acme_ca import TestCA

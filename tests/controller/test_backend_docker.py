@@ -22,6 +22,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from controller.backends import Exit, Launch
 from controller.backends.docker import (
@@ -40,7 +41,6 @@ from controller.errors import NoCapacity, StartFailed
 from controller.metrics import DockerHostMetrics
 from controller.spec import ReplicaTemplate
 from gateway import dump_settings
-from gateway.prometheus import CollectorRegistry
 from tests.ports import free_port
 
 ENGINE = os.environ.get("GATEWAY_TEST_DOCKER_HOST", "unix:///var/run/docker.sock")

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from controller.backends.docker import DockerBackend, DockerHost
 from controller.metrics import (
@@ -19,7 +20,6 @@ from controller.metrics import (
     register,
 )
 from controller.model import ReplicaState
-from gateway.prometheus import CollectorRegistry, generate_latest
 
 from .conftest import Harness, spec
 

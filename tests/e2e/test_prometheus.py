@@ -23,13 +23,13 @@ import aiohttp
 import pytest
 import yaml
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from controller.config import load_config
 from controller.metrics import ControllerMetrics
 from controller.serving import Gateway, run_gateway
 from gateway.metrics import GatewayMetrics
-from gateway.prometheus import CollectorRegistry
-from gateway.scrape import ConnectionsCollector
+from gateway.scrape import ConnectionsCollector, MetricsCollector
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -285,7 +285,7 @@ def dashboard_queries() -> list[str]:
 def exposed_names() -> set[str]:
     """Every sample name the gateway can expose (counters as _total, histograms' series)."""
     registry = CollectorRegistry()
-    GatewayMetrics(registry)
+    registry.register(MetricsCollector(GatewayMetrics()))
     registry.register(ControllerMetrics(SimpleNamespace(services={})))  # type: ignore[arg-type]
     registry.register(ConnectionsCollector(lambda: (0, 0)))  # the traffic listener's (serving)
     names = set()

@@ -90,8 +90,8 @@ async def test_workers_stop_by_themselves_when_the_main_process_is_killed(gatewa
 
 def test_a_worker_imports_neither_aiohttp_nor_the_control_plane():
     """A worker is spawned, so it holds only what its imports bring: the admin API's and the
-    prober's aiohttp, the controller, the supervisor and the metrics (``gateway.prometheus``:
-    the access log's counter is the main process's) stay in the main process (a worker's
+    prober's aiohttp, the controller, the supervisor and the metrics' collectors (with
+    prometheus_client: a worker counts in plain ints) stay in the main process (a worker's
     memory is counted once per core)."""
     code = (
         "import sys, gateway.workers.worker\n"
@@ -106,7 +106,8 @@ def test_a_worker_imports_neither_aiohttp_nor_the_control_plane():
     assert not modules & {
         "gateway.metrics",
         "gateway.prober",
-        "gateway.prometheus",
+        "gateway.scrape",
+        "gateway.tls.metrics",
         "gateway.workers.supervisor",
     }
     assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config: dataclasses

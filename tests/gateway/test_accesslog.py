@@ -14,11 +14,12 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from gateway import accesslog
 from gateway.accesslog import AccessLog, _tenths, format_json, format_plain, whole_lines
 from gateway.events import RequestRecord
-from gateway.prometheus import CollectorRegistry
+from gateway.scrape import AccessLogCollector
 
 AT = 1_700_000_000.25  # 2023-11-14T22:13:20.250Z
 
@@ -209,8 +210,9 @@ class BlockedStream(io.StringIO):
 
 async def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
     stream = BlockedStream()
+    log = AccessLog("plain", stream=stream, queue_size=3)
     registry = CollectorRegistry()
-    log = AccessLog("plain", stream=stream, queue_size=3, registry=registry)
+    registry.register(AccessLogCollector(log))
     log.start()
     log.on_request(record(request_id="first"))
     # The writer has taken the first record and hangs in write(); the queue fills behind it.

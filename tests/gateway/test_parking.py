@@ -9,9 +9,9 @@ import os
 import socket
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gateway.config import ListenerLimits
-from gateway.prometheus import CollectorRegistry
 from gateway.scrape import ConnectionsCollector
 from gateway.server import TrafficServer
 

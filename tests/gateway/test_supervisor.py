@@ -16,11 +16,12 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from gateway.config import ProxyConfig
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool
-from gateway.prometheus import CollectorRegistry
+from gateway.scrape import MetricsCollector, WorkersCollector
 from gateway.upstream import AdminState
 from gateway.workers.supervisor import Supervisor, WorkerSettings
 
@@ -57,15 +58,13 @@ async def workers(pool: Pool) -> AsyncIterator[Callable[..., Awaitable[Superviso
 
     async def start(count: int = 2, hang_after: float = 10.0, **proxy: Any) -> Supervisor:
         config = ProxyConfig(listen="127.0.0.1:0", shutdown_timeout=2, **proxy)
-        registry = CollectorRegistry()
-        metrics = GatewayMetrics(registry)
+        metrics = GatewayMetrics()
         metrics.attach(pool)
         supervisor = Supervisor(
             pool,
             config,
             WorkerSettings(count, report_interval=0.05, hang_after=hang_after, log_level="warning"),
             metrics=metrics,
-            registry=registry,
         )
         await supervisor.start()
         started.append(supervisor)
@@ -76,6 +75,18 @@ async def workers(pool: Pool) -> AsyncIterator[Callable[..., Awaitable[Superviso
         pids = [w.pid for w in supervisor.workers.values()]
         await supervisor.stop()
         assert not [pid for pid in pids if alive(pid)], "a worker outlived the supervisor"
+
+
+def scraped(
+    supervisor: Supervisor, name: str, labels: dict[str, str] | None = None
+) -> float | None:
+    """A sample of ``supervisor``'s series, as ``/metrics`` would show it now (the collectors
+    read the counts at scrape time)."""
+    assert supervisor.metrics is not None
+    registry = CollectorRegistry()
+    registry.register(MetricsCollector(supervisor.metrics))
+    registry.register(WorkersCollector(supervisor))
+    return registry.get_sample_value(name, labels)
 
 
 async def get(port: int, path: str = "/") -> tuple[int, str]:
@@ -99,13 +110,9 @@ async def test_workers_serve_from_the_pool_and_report_to_its_metrics(pool, upstr
         supervisor, lambda: sum(w.served for w in supervisor.workers.values()) == 40, what="reports"
     )
     assert all(w.served for w in supervisor.workers.values()), "one worker served everything"
-    metrics = supervisor.metrics
-    assert metrics is not None
-    sample = metrics.registry.get_sample_value(
-        "gateway_requests_total", {"service": "web", "revision": "0", "code": "2xx"}
-    )
-    assert sample == 40
-    assert metrics.registry.get_sample_value("gateway_workers") == 2
+    labels = {"service": "web", "revision": "0", "code": "2xx"}
+    assert scraped(supervisor, "gateway_requests_total", labels) == 40
+    assert scraped(supervisor, "gateway_workers") == 2
 
 
 async def answers(port: int, status: int, tries: int = 100) -> None:
@@ -222,8 +229,7 @@ async def test_a_worker_that_dies_is_started_again_and_the_other_serves_on(pool,
         what="the restart",
     )
     assert victim not in {w.pid for w in supervisor.workers.values()}
-    assert supervisor.metrics is not None
-    assert supervisor.metrics.registry.get_sample_value("gateway_worker_restarts_total") == 1
+    assert scraped(supervisor, "gateway_worker_restarts_total") == 1
 
 
 async def test_a_hung_worker_is_killed_and_started_again(pool, upstream, workers):
