@@ -264,6 +264,28 @@ async def test_the_gateways_metrics_pass_promtool_and_the_reference_parsers(
     assert samples(openmetrics_families(openmetrics)).keys() == plain.keys()
 
 
+async def test_metrics_are_openmetrics_if_the_scrape_asks_else_the_text_format(
+    gateway: Gateway,
+) -> None:
+    """``Accept`` chooses the format (prometheus_client's ``choose_encoder``): OpenMetrics,
+    which names a counter's family without ``_total`` and ends with ``# EOF``, for a scrape
+    that names it; the text format 0.0.4 for one that does not."""
+    url = f"http://127.0.0.1:{gateway.admin.port}/metrics"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url, headers={"Accept": "application/openmetrics-text"}) as resp:
+            om_type = resp.headers["Content-Type"]
+            openmetrics = await resp.text()
+        async with session.get(url, headers={"Accept": "text/plain"}) as resp:
+            text_type = resp.headers["Content-Type"]
+            text = await resp.text()
+    assert om_type.startswith("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    assert openmetrics.endswith("\n# EOF\n")
+    assert "# TYPE gateway_requests counter\n" in openmetrics
+    assert text_type == "text/plain; version=0.0.4; charset=utf-8"
+    assert "# EOF" not in text
+    assert "# TYPE gateway_requests_total counter\n" in text
+
+
 # -- the dashboard -------------------------------------------------------------------------
 
 DASHBOARD = ROOT / "configs" / "grafana-dashboard.json"
