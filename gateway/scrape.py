@@ -345,10 +345,14 @@ Exposition = Callable[[str], tuple[bytes, str]]
 
 def metrics_exposition(registry: CollectorRegistry) -> Exposition:
     """``registry`` in the format the scrape's ``Accept`` asks for, as prometheus_client
-    chooses it (``choose_encoder``): OpenMetrics if named, else the text format 0.0.4."""
+    chooses it (``choose_encoder``): OpenMetrics if named, else the text format 0.0.4, also
+    for an ``Accept`` the library cannot read (the endpoint is open to anyone)."""
 
     def render(accept: str) -> tuple[bytes, str]:
-        encoder, content_type = choose_encoder(accept)
+        try:
+            encoder, content_type = choose_encoder(accept)
+        except (TypeError, ValueError):  # a version it cannot read ("version=x") raises
+            encoder, content_type = choose_encoder("")  # as for a scrape that names none
         return encoder(registry), content_type
 
     return render

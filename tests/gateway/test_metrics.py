@@ -409,6 +409,12 @@ async def test_metrics_exposition_renders_the_registry_for_the_accept_header(
     assert content_type.startswith("application/openmetrics-text")
     assert body.endswith(b"# EOF\n")
 
+    # A version prometheus_client cannot compare raises in choose_encoder: the text format.
+    for accept in ("application/openmetrics-text;version=x", "text/plain;version=1..0"):
+        body, content_type = render(accept)
+        assert content_type.startswith("text/plain; version=0.0.4"), accept
+        assert b"# EOF" not in body
+
 
 # -- worker processes ----------------------------------------------------------------------
 
