@@ -32,6 +32,7 @@ from .handlers import (
     READY,
     STOPPING,
     ApiError,
+    checked,
 )
 from .openapi import Operation
 from .routes import Router
@@ -180,7 +181,7 @@ def build_admin_app(
     app[OPERATIONS] = operations
     app[DOCUMENT] = {}
     for op in operations:
-        router.add_route(op.method, op.path, op.handler)
+        router.add_route(op.method, op.path, checked(op))
     app.on_shutdown.append(_stop_streams)
     return app
 

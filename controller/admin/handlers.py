@@ -12,8 +12,9 @@ import asyncio
 import json
 import posixpath
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -186,6 +187,49 @@ def _flag(request: web.Request, name: str) -> bool:
     if value not in FLAGS:
         raise invalid_request(name, f"must be one of {', '.join(FLAGS)}, not {value!r}")
     return FLAGS[value]
+
+
+def unknown_query(operation: Operation, names: Iterable[str]) -> ApiError | None:
+    """The refusal of a query parameter ``operation`` does not declare, or of one given twice
+    (which of its values counts would be a guess): 400 naming it. None if there is none."""
+    known = {q.name for q in operation.query}
+    seen: set[str] = set()
+    for name in names:
+        if name not in known:
+            takes = ", ".join(sorted(known)) or "none"
+            return ApiError(
+                400,
+                "unknown_parameter",
+                f"unknown query parameter {name!r} (this route takes: {takes})",
+                parameter=name,
+            )
+        if name in seen:
+            return ApiError(
+                400, "repeated_parameter", f"query parameter {name!r} is given twice",
+                parameter=name,
+            )  # fmt: skip
+        seen.add(name)
+    return None
+
+
+def query_names(path_qs: str) -> list[str]:
+    """The name of each query parameter of a request target, percent-decoded, repeats kept."""
+    query = path_qs.partition("?")[2]
+    return [name for name, _ in parse_qsl(query, keep_blank_values=True)]
+
+
+def checked(operation: Operation) -> web.Handler:
+    """``operation``'s handler, which first refuses a query the operation does not declare
+    (``unknown_query``): what the app mounts for it."""
+    handler = operation.handler
+
+    async def dispatch(request: web.Request) -> web.Response:
+        error = unknown_query(operation, query_names(request.path_qs))
+        if error is not None:
+            raise error
+        return await handler(request)
+
+    return dispatch
 
 
 # -- the gateway itself -------------------------------------------------------------------------

@@ -28,7 +28,7 @@ YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml")
 SSE = "text/event-stream"
 
 ERROR_TEXT = {
-    400: "The body is not valid JSON or YAML",
+    400: "The body is not valid JSON or YAML, or a query parameter is unknown or given twice",
     401: "Missing or wrong bearer token",
     404: "No such service, revision, replica or upstream",
     405: "Method not allowed on this path",
@@ -62,7 +62,8 @@ class Operation:
     responses: Mapping[int, type[BaseModel] | None]
     """Success statuses and their JSON body's model."""
     errors: tuple[int, ...] = ()
-    """Error statuses this route can answer besides 401, 405, 500 and 503."""
+    """Error statuses this route can answer besides 400 (a query parameter not in ``query``),
+    401, 405, 500 and 503."""
     body: type[BaseModel] | Literal["spec"] | None = None
     body_required: bool = True
     query: tuple[Query, ...] = ()
@@ -154,7 +155,7 @@ def _operation(op: Operation) -> dict[str, Any]:
         elif model is not None:
             response["content"] = {JSON: {"schema": _ref(model)}}
         responses[str(status)] = response
-    errors = {405, 500, *op.errors}
+    errors = {400, 405, 500, *op.errors}  # 400: any route, for a query it does not take
     if op.auth:
         errors |= {401, 503}
     for status in sorted(errors):

@@ -642,6 +642,56 @@ async def test_query_parameters_outside_the_document_are_422(
     assert api.fingerprint() == before
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "code", "name"),
+    [
+        ("PUT", "/api/services/web?dryrun=1", "unknown_parameter", "dryrun"),
+        ("PUT", "/api/services/web?dry_run=1&force", "unknown_parameter", "force"),
+        ("PUT", "/api/services/web?dry_run=0&dry_run=1", "repeated_parameter", "dry_run"),
+        ("PUT", "/api/services/web?dry%5Frun=0&dry_run=1", "repeated_parameter", "dry_run"),
+        ("POST", "/api/services/web/scale?dry_run=1", "unknown_parameter", "dry_run"),
+        ("GET", "/api/services/web?verbose", "unknown_parameter", "verbose"),
+        ("GET", "/api/services/web/rollouts?limit=1&Limit=2", "unknown_parameter", "Limit"),
+        ("GET", "/api/events?service=web&since=3", "unknown_parameter", "since"),
+        ("GET", "/healthz?probe=1", "unknown_parameter", "probe"),
+    ],
+)
+async def test_a_query_parameter_the_route_does_not_declare_is_400_naming_it(
+    api: Api, method: str, path: str, code: str, name: str
+) -> None:
+    await serving(api)
+    before = api.fingerprint()
+    body = spec("web", 3) if method == "PUT" else {"replicas": 3} if method == "POST" else None
+    result = await api.call(method, path, body, status=400)
+    assert (result["error"], result["parameter"]) == (code, name)
+    assert repr(name) in result["message"]
+    await api.h.settle()
+    assert api.fingerprint() == before
+
+
+async def test_an_extra_route_takes_only_its_declared_query(
+    h: Harness, admin_client: AdminClientFactory
+) -> None:
+    from controller.admin.handlers import unknown_query
+    from controller.admin.openapi import Query
+
+    async def extra(request: web.Request) -> web.Response:
+        return web.json_response(dict(request.query))
+
+    declared = Query("page", {"type": "integer"}, "Which page")
+    op = Operation("GET", "/api/extra", extra, "An extra route", {200: None}, query=(declared,))
+    assert unknown_query(op, ["page"]) is None
+    client = await admin_client(build_admin_app(h.controller, lambda: True, TOKEN,
+                                                extra_routes=[op]))  # fmt: skip
+    assert await (await client.get("/api/extra?page=2", headers=AUTH)).json() == {"page": "2"}
+    refused = await client.get("/api/extra?pages=2", headers=AUTH)
+    assert refused.status == 400
+    assert (await refused.json())["message"] == (
+        "unknown query parameter 'pages' (this route takes: page)"
+    )
+    assert (await client.get("/api/extra?pages=2")).status == 401  # the token comes first
+
+
 # -- rollouts ---------------------------------------------------------------------------------
 
 

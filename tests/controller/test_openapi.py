@@ -328,6 +328,8 @@ async def test_every_response_matches_the_document(h: Harness, checked: Checked)
     await c.call("PUT", svc, spec("web", 2), query="?dry_run=1", name="web")
     await c.call("PUT", svc, spec("web", 2), name="web")
     await c.call("PUT", svc, "{nope", status=400, name="web")
+    await c.call("PUT", svc, spec("web", 2), query="?dryrun=1", status=400, name="web")
+    await c.call("GET", "/api/hosts", query="?verbose=1", status=400)
     await c.call("PUT", svc, spec("web", -1), status=422, name="web")
     await c.call("PUT", svc, spec("other"), status=409, name="web")
     await c.call("PUT", svc, {**spec("web"), "replicas": True}, status=422, name="web")
@@ -401,6 +403,9 @@ async def test_every_response_matches_the_document(h: Harness, checked: Checked)
     succeeded = {(m, p) for m, p, s in c.seen if s < 300}
     assert ops <= succeeded, ops - succeeded
     assert {s for _, _, s in c.seen} >= {200, 202, 400, 401, 404, 405, 409, 413, 422, 503}
+    for path, ops in c.document["paths"].items():
+        for op in ops.values():  # any route refuses a query parameter it does not declare
+            assert "400" in op["responses"], path
 
 
 async def test_server_sent_events_match_the_document(h: Harness, checked: Checked) -> None:
