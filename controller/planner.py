@@ -79,10 +79,19 @@ from .actions import (
     Undrain,
     WakeAt,
 )
-from .model import Desired, Observed, Replica, ReplicaState, Rollout, RolloutKind, RolloutStatus
+from .model import (
+    Backoff,
+    Desired,
+    Observed,
+    Replica,
+    ReplicaState,
+    Rollout,
+    RolloutKind,
+    RolloutStatus,
+)
 from .spec import RolloutStrategy
 
-__all__ = ["Desired", "backoff_delay", "fmt_seconds", "plan"]
+__all__ = ["Desired", "backoff_delay", "fmt_seconds", "plan", "retry_at"]
 
 PAUSED_BY_REQUEST = steps.PAUSED_BY_REQUEST
 
@@ -94,6 +103,14 @@ def backoff_delay(failures: int, strategy: RolloutStrategy) -> float:
     return float(
         min(strategy.retry_backoff * 2 ** min(failures - 1, 30), strategy.max_retry_backoff)
     )
+
+
+def retry_at(backoff: Backoff, strategy: RolloutStrategy) -> float | None:
+    """When the next start of the target revision may be tried after ``backoff``'s failures
+    (monotonic seconds); None when nothing failed."""
+    if not backoff.failures:
+        return None
+    return backoff.last_failure_at + backoff_delay(backoff.failures, strategy)
 
 
 def fmt_seconds(seconds: float) -> str:
@@ -422,11 +439,10 @@ def _starts(
     count = min(want - new_count, room)
     if count <= 0:
         return []
-    backoff = observed.backoff
-    if backoff.failures:
-        retry_at = backoff.last_failure_at + backoff_delay(backoff.failures, s)
-        if now < retry_at:
-            wake.append(retry_at)
+    retry = retry_at(observed.backoff, s)
+    if retry is not None:
+        if now < retry:
+            wake.append(retry)
             return []
         # After a failure, probe the backend with one start at a time, not a burst: a replan
         # while that start is still with the backend must not add another.

@@ -138,6 +138,19 @@ class Conditions(Schema):
     reason: str | None = None
 
 
+class BackoffView(Schema):
+    """Starts of the target revision failing in a row: placement is retried with backoff."""
+
+    failures: int
+    """Failures in a row (to place, start, or keep a replica of the target revision)."""
+    reason: str | None = None
+    """The last failure's reason."""
+    last_failure_at: float
+    """When the last one failed (Unix time)."""
+    retry_at: float
+    """When the next start may be tried (Unix time); past it, the retry is under way or due."""
+
+
 class AutoscalingView(Schema):
     """An autoscaled service's range and its autoscaler's last change."""
 
@@ -201,6 +214,8 @@ class ServiceView(Schema):
     conditions: Conditions
     rollout: RolloutView | None
     """The active rollout, if any."""
+    backoff: BackoffView | None = None
+    """While starts of the target revision fail: how many, why, and when the next is tried."""
     autoscaling: AutoscalingView | None = None
     """With a replica range: the autoscaler's settings and last decision."""
     guards: GuardsView | None = None

@@ -13,7 +13,7 @@ from typing import Any
 
 from gateway import Upstream
 
-from .. import steps
+from .. import planner, steps
 from ..acme import AcmeManager
 from ..acme.manager import CertificateStatus
 from ..backends import Backend
@@ -26,6 +26,7 @@ from .openapi import Operation
 from .schemas import (
     AuthView,
     AutoscalingView,
+    BackoffView,
     CertificateList,
     CertificateView,
     Conditions,
@@ -165,8 +166,22 @@ def service_view(controller: Controller, state: ServiceState) -> ServiceView:
         rollout=None
         if rollout is None or not rollout.active
         else rollout_view(controller, state, rollout, wall),
+        backoff=backoff_view(state, wall),
         autoscaling=autoscaling_view(state, wall),
         guards=guards_view(controller, state.name),
+    )
+
+
+def backoff_view(state: ServiceState, wall: Wall) -> BackoffView | None:
+    backoff = state.observed.backoff
+    retry = planner.retry_at(backoff, state.desired.strategy)
+    if retry is None:
+        return None
+    return BackoffView(
+        failures=backoff.failures,
+        reason=backoff.reason or None,
+        last_failure_at=wall(backoff.last_failure_at),
+        retry_at=wall(retry),
     )
 
 

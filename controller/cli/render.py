@@ -44,6 +44,20 @@ def within(at: float | None) -> str:
     return f"in {seconds // 86_400}d"
 
 
+def plural(count: int, word: str) -> str:
+    """``1 failure``, ``2 failures``."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def backoff_text(backoff: dict[str, Any]) -> str:
+    """A service's placement backoff (its view's ``backoff``): ``2 failures in a row, next
+    start in 4s``."""
+    return (
+        f"{plural(backoff['failures'], 'failure')} in a row, "
+        f"next start {within(backoff['retry_at'])}"
+    )
+
+
 def utc(at: float | None) -> str:
     if at is None:
         return "-"
@@ -182,6 +196,8 @@ def service_detail(view: dict[str, Any], show_all: bool, out: TextIO) -> None:
     )
     if view["conditions"]["degraded"]:
         print(f"degraded: {view['conditions']['reason']}", file=out)
+    if view.get("backoff"):
+        print(f"backing off: {backoff_text(view['backoff'])}", file=out)
     scaling = view.get("autoscaling")
     if scaling:
         print(

@@ -787,6 +787,31 @@ async def test_a_failed_rollout_shows_its_reason(api: Api) -> None:
     ]
 
 
+async def test_a_start_that_cannot_be_placed_shows_its_backoff(api: Api) -> None:
+    await serving(api)
+    view = await api.call("GET", "/api/services/web")
+    assert view["backoff"] is None
+    api.h.backend.set_capacity(2)
+    await api.call("POST", "/api/services/web/scale", {"replicas": 3})
+    await api.h.settle()
+    failed_at = api.h.clock.now  # the harness's wall clock is its clock
+    view = await api.call("GET", "/api/services/web")
+    assert view["backoff"] == {
+        "failures": 1,
+        "reason": "no capacity: 2 of 2 slots in use",
+        "last_failure_at": failed_at,
+        "retry_at": failed_at + 1,  # retry_backoff
+    }
+    await api.h.advance(1)  # the retry fails too: the backoff doubles
+    view = await api.call("GET", "/api/services/web")
+    assert (view["backoff"]["failures"], view["backoff"]["retry_at"]) == (2, failed_at + 1 + 2)
+    api.h.backend.set_capacity(None)
+    await api.h.advance(2)
+    await api.h.pass_probes("web")
+    view = await api.call("GET", "/api/services/web")
+    assert (view["ready"], view["backoff"]) == (3, None)
+
+
 # -- replicas and upstreams -------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,6 +264,17 @@ def test_a_first_rollout_reads_new_service_not_none() -> None:
     assert cli.progress_text(rollout | {"from_revision": 3, "to_revision": 4}) == (
         "rollout 1: revision 3 -> 4, progressing: r1 1 ready"
     )
+
+
+def test_a_backoff_reads_its_failures_and_its_next_start() -> None:
+    from controller.cli.render import backoff_text
+
+    now = time.time()
+    backoff = {"failures": 1, "reason": "no capacity", "last_failure_at": now, "retry_at": now}
+    assert backoff_text(backoff | {"retry_at": now + 30.5}) == (
+        "1 failure in a row, next start in 30s"
+    )
+    assert backoff_text(backoff | {"failures": 3}) == "3 failures in a row, next start now"
 
 
 def view_of(status: str, desired: int, *states: str, rollout: bool = False) -> dict[str, Any]:
