@@ -173,9 +173,13 @@ def service_view(controller: Controller, state: ServiceState) -> ServiceView:
 
 
 def backoff_view(state: ServiceState, wall: Wall) -> BackoffView | None:
+    """The backoff while the service wants starts of its target (as the planner applies it):
+    not after a scale down to what it has, though the failures count until one is ready."""
     backoff = state.observed.backoff
     retry = planner.retry_at(backoff, state.desired.strategy)
-    if retry is None:
+    target = state.desired.revision
+    live = sum(1 for r in state.observed.replicas if r.revision == target and r.state in LIVE)
+    if retry is None or live >= state.desired.replicas:
         return None
     return BackoffView(
         failures=backoff.failures,

@@ -805,7 +805,11 @@ async def test_a_start_that_cannot_be_placed_shows_its_backoff(api: Api) -> None
     await api.h.advance(1)  # the retry fails too: the backoff doubles
     view = await api.call("GET", "/api/services/web")
     assert (view["backoff"]["failures"], view["backoff"]["retry_at"]) == (2, failed_at + 1 + 2)
+    await api.call("POST", "/api/services/web/scale", {"replicas": 2})
+    view = await api.call("GET", "/api/services/web")  # it wants no start: nothing waits
+    assert (view["ready"], view["backoff"]) == (2, None)
     api.h.backend.set_capacity(None)
+    await api.call("POST", "/api/services/web/scale", {"replicas": 3})
     await api.h.advance(2)
     await api.h.pass_probes("web")
     view = await api.call("GET", "/api/services/web")
