@@ -123,14 +123,23 @@ async def _step_scale(
         follow.code = EXIT_DEGRADED
         say(f"{name}: degraded: {reason} (retried with backoff)")
         return
-    line = f"{name}: {view['ready']}/{view['desired']} ready"
-    if reason and outcome is None:
-        line += f" ({reason})"
+    line = scale_text(view)
     if line != follow.last:
         say(line)
         follow.last = line
     if outcome == "done":
         follow.code = EXIT_OK
+
+
+def scale_text(view: dict[str, Any]) -> str:
+    """A scale's progress line: ``web: 7/12 ready``, and why starts fail should they
+    (``(no capacity: 3 of 3 slots in use)``). The count is the view's alone: the degraded
+    condition's reason carries one of its own, read when it was set."""
+    line = f"{view['name']}: {view['ready']}/{view['desired']} ready"
+    backoff = view.get("backoff")
+    if backoff and backoff["reason"]:
+        line += f" ({backoff['reason']})"
+    return line
 
 
 async def follow_change(

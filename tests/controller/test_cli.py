@@ -277,6 +277,32 @@ def test_a_backoff_reads_its_failures_and_its_next_start() -> None:
     assert backoff_text(backoff | {"failures": 3}) == "3 failures in a row, next start now"
 
 
+async def test_a_scales_progress_gives_one_count() -> None:
+    from controller.cli.following import Follow, _step_scale
+
+    view = {
+        "name": "web", "status": "degraded", "desired": 12, "ready": 7, "rollout": None,
+        "replicas": [{"id": f"r{i}", "state": "ready"} for i in range(7)]
+        + [{"id": "r7", "state": "starting"}],
+        # Set when 6 were ready: the condition's count lags the view's.
+        "conditions": {"degraded": True, "reason": "6 of 12 replicas ready"},
+        "backoff": None,
+    }  # fmt: skip
+
+    class Views:
+        async def service(self, name: str) -> dict[str, Any]:
+            return view
+
+    said: list[str] = []
+    follow = Follow()
+    await _step_scale(Views(), "web", frozenset(), follow, said.append)  # type: ignore[arg-type]
+    view["backoff"] = {"failures": 2, "reason": "no capacity: 7 of 7 slots in use",
+                       "last_failure_at": 0.0, "retry_at": 0.0}  # fmt: skip
+    await _step_scale(Views(), "web", frozenset(), follow, said.append)  # type: ignore[arg-type]
+    assert said == ["web: 7/12 ready", "web: 7/12 ready (no capacity: 7 of 7 slots in use)"]
+    assert follow.code is None
+
+
 def view_of(status: str, desired: int, *states: str, rollout: bool = False) -> dict[str, Any]:
     """A service view with replicas ``a``, ``b``, ... in ``states``."""
     replicas = [{"id": chr(ord("a") + i), "state": s} for i, s in enumerate(states)]
