@@ -257,10 +257,14 @@ async def cmd_logs(client: Client, args: argparse.Namespace, out: TextIO) -> int
     if args.json:
         dump(results, out)
         return EXIT_OK
+    if not ids:  # nothing to read is said, not printed as nothing
+        print(f"{args.name}: no {'failed ' if args.failed else ''}replicas", file=out)
     for logs in results:
         prefix = f"[{logs['replica']}] " if len(results) > 1 else ""
         for line in logs["lines"]:
             print(prefix + line, file=out)
+        if not logs["lines"]:
+            print(f"{logs['replica']}: no output", file=out)
     return EXIT_OK
 
 

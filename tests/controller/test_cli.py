@@ -486,6 +486,35 @@ async def test_a_crash_reason_carries_its_last_output_and_logs_show_the_failed(
     assert "loading" in out
 
 
+async def test_logs_say_a_replica_wrote_nothing() -> None:
+    from controller.cli.commands import cmd_logs
+
+    replicas = [
+        {"id": "k-1-9f95d3", "state": "failed", "since": 3.0},
+        {"id": "k-1-a0b1c2", "state": "failed", "since": 5.0},
+    ]
+    written = {"k-1-9f95d3": [], "k-1-a0b1c2": ["fatal: no model"]}
+
+    class Api:
+        async def call(self, method: str, path: str) -> dict[str, Any]:
+            if path.endswith("/logs?tail=5"):
+                rid = path.split("/")[-2]
+                return {"service": "k", "replica": rid, "lines": written[rid]}
+            return {"replicas": replicas}
+
+    async def logs(*argv: str) -> str:
+        out = io.StringIO()
+        args = build_parser().parse_args(["logs", "k", "--tail", "5", *argv])
+        assert await cmd_logs(Api(), args, out) == 0  # type: ignore[arg-type]
+        return out.getvalue()
+
+    assert await logs("--failed") == "k-1-9f95d3: no output\n[k-1-a0b1c2] fatal: no model\n"
+    assert await logs("--replica", "k-1-9f95d3") == "k-1-9f95d3: no output\n"
+    replicas.clear()
+    assert await logs("--failed") == "k: no failed replicas\n"
+    assert await logs() == "k: no replicas\n"
+
+
 def test_logs_pick_the_live_replicas_else_the_last_failed() -> None:
     replicas = [
         {"id": "a", "state": "failed", "since": 3.0},
