@@ -347,7 +347,8 @@ def _failure(
     last = _give_up_reason(failing[-1], s) if failing else observed.backoff.reason
     if failures > s.retries:
         reason = last or "replicas of the new revision failed"
-        return f"{reason} (after {failures} failures)"
+        times = "failure" if failures == 1 else "failures"
+        return f"{reason} (after {failures} {times})"
     deadline = steps.deadline(rollout, s)
     if deadline is not None and now >= deadline:
         failed = f"not complete within {fmt_seconds(s.progress_deadline)}"

@@ -777,7 +777,7 @@ async def test_a_failed_rollout_shows_its_reason(api: Api) -> None:
     history = await api.call("GET", "/api/services/web/rollouts")
     failed = next(r for r in history["rollouts"] if r["id"] == 2)
     assert failed["status"] == "failed"
-    assert failed["reason"] == "replica exited with code 3 (after 1 failures)"
+    assert failed["reason"] == "replica exited with code 3 (after 1 failure)"
     assert failed["finished_at"] is not None
     view = await api.call("GET", "/api/services/web")
     assert (view["serving_revision"], view["target_revision"], view["ready"]) == (1, 1, 2)

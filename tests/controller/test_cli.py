@@ -478,7 +478,7 @@ async def test_a_crash_reason_carries_its_last_output_and_logs_show_the_failed(
     code, out, _ = await running.gw("apply", "-f", broken)
     assert code == 1, out
     assert (
-        "rollout 2 failed: replica exited with code 3: fatal: model file missing (after 1 failures)"
+        "rollout 2 failed: replica exited with code 3: fatal: model file missing (after 1 failure)"
     ) in out.splitlines()
     code, out, _ = await running.gw("logs", "web", "--failed", "--tail", "5")
     assert code == 0, out
@@ -538,7 +538,7 @@ async def test_a_failed_rollout_exits_non_zero_with_the_reason(running: Running)
     lines = out.splitlines()
     changes = "replica.commands, replica.env, replica.working_dir"
     assert lines[0] == f"web: revision 1 -> 2: {changes}; rollout 2 started"
-    assert "rollout 2 failed: replica exited with code 3 (after 1 failures)" in lines
+    assert "rollout 2 failed: replica exited with code 3 (after 1 failure)" in lines
     assert lines[-1] in ("revision 1 serving", "rolling back to revision 1 (rollback 3)")
     state = running.controller.state("web")
     assert state.observed.serving_revision == 1
