@@ -9,6 +9,7 @@ script itself as a process, to see its exit code and its one-line errors.
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
 import os
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -214,13 +216,27 @@ async def test_the_console_script_gives_one_line_errors(running: Running) -> Non
     code, out, err = await run_script("status", "--admin", url, "--token", TOKEN)
     assert code == 2
     assert out == ""
-    assert err.startswith(f"gateway: cannot reach the gateway at {url}")
-    assert err.count("\n") == 1
+    assert err == f"gateway: cannot connect to the gateway at {url}: connection refused\n"
     assert "Traceback" not in err
 
     code, out, err = await run_script("status", "--admin", running.url, "--token", "wrong")
     assert (code, out) == (2, "")
     assert err == f"gateway: the gateway at {running.url} refused the token\n"
+
+
+async def test_an_unreachable_gateway_is_said_in_words() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    async with aiohttp.ClientSession() as session:
+        client = cli.Client(session, cli.Target(url, None))
+        with pytest.raises(cli.CliError) as refused:
+            await client.call("GET", "/api/services")
+    # Before: "Cannot connect to host 127.0.0.1:N ssl:default [Connect call failed (...)]".
+    assert refused.value.message == f"cannot connect to the gateway at {url}: connection refused"
+    assert refused.value.code == cli.EXIT_UNUSABLE
+    from controller.cli.client import unreachable_reason
+
+    assert unreachable_reason(TimeoutError()) == "no answer in time"
+    assert unreachable_reason(OSError(errno.EHOSTUNREACH, "x")) == "no route to host"
 
 
 async def run_script_into_closed_pipe(*argv: str) -> tuple[int, str]:
