@@ -15,6 +15,7 @@ import sys
 
 from gateway import without_tls
 
+from .cli.exits import closed_stdout
 from .cli.parser import add_commands as add_client_commands
 from .config import ConfigError, load_config
 
@@ -118,9 +119,16 @@ def native_main(args: argparse.Namespace) -> int:
 
 
 def cli_main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
+    """The ``gateway`` command. A closed standard output (``| head``) ends any of it quietly
+    with 141, its help included: flushed here, where that is caught, not at exit."""
+    try:
+        try:
+            args = build_parser().parse_args(argv)  # --help prints, then raises SystemExit
+            code: int = args.func(args)
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return closed_stdout()
     return code
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from typing import TextIO
 
@@ -13,7 +12,7 @@ import aiohttp
 
 from .client import Client
 from .commands import COMMANDS
-from .exits import EXIT_PIPE, EXIT_UNUSABLE, CliError
+from .exits import EXIT_UNUSABLE, CliError, closed_stdout
 from .target import REQUEST_TIMEOUT, resolve_target
 
 
@@ -47,10 +46,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()  # here, not at exit, where a closed pipe would be reported
         return code
     except BrokenPipeError:
-        # The reader went away (``| head``): end quietly, as a tool killed by SIGPIPE
-        # does. What is still buffered goes nowhere, so the flush at exit cannot fail.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_PIPE
+        return closed_stdout()
     except KeyboardInterrupt:
         print("gateway: interrupted", file=sys.stderr)
         return 130

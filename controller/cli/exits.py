@@ -3,6 +3,9 @@ with one (never a traceback)."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_DEGRADED = 0, 1, 2, 3
 EXIT_PIPE = 141
 EXIT_CODES = """exit codes:
@@ -23,3 +26,11 @@ class CliError(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
+
+
+def closed_stdout() -> int:
+    """After a ``BrokenPipeError`` on standard output (its reader went away: ``| head``): end
+    quietly, as a tool killed by SIGPIPE does. What is still buffered goes nowhere, so the
+    flush at exit cannot fail."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_PIPE

@@ -241,19 +241,26 @@ async def test_an_unreachable_gateway_is_said_in_words() -> None:
 
 async def run_script_into_closed_pipe(*argv: str) -> tuple[int, str]:
     """Run the console script with its standard output a pipe nobody reads any more (as
-    after ``| head -3`` exits); returns (exit code, stderr)."""
+    after ``| head -3`` exits), buffered as in a shell; returns (exit code, stderr)."""
     read, write = os.pipe()
     os.close(read)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     try:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "controller.main", *argv,
-            stdout=write, stderr=asyncio.subprocess.PIPE,
+            stdout=write, stderr=asyncio.subprocess.PIPE, env=env,
         )  # fmt: skip
     finally:
         os.close(write)
     _, err = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode is not None
     return process.returncode, err.decode()
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["logs", "--help"], ["native", "status"]])
+async def test_a_closed_pipe_ends_help_and_local_commands_quietly(argv: list[str]) -> None:
+    # Before: "Exception ignored ... BrokenPipeError" at exit, and 120.
+    assert await run_script_into_closed_pipe(*argv) == (cli.EXIT_PIPE, "")
 
 
 async def test_a_closed_pipe_ends_the_command_quietly(running: Running) -> None:
