@@ -323,6 +323,15 @@ class GatewayConfig(Model):
             raise ValueError("workers: a cluster node serves from its own process (workers: 1)")
         return self
 
+    @model_validator(mode="after")
+    def _cluster_admin_reachable(self) -> GatewayConfig:
+        # Every admin request a follower takes is forwarded to the leader's node.address.
+        if self.state.store == "etcd":
+            reason = self.node.admin_unreachable(self.admin.listen)
+            if reason is not None:
+                raise ValueError(reason)
+        return self
+
     def proxy_config(self) -> ProxyConfig:
         tls = TlsConfig(**{f.name: getattr(self.tls, f.name) for f in fields(TlsConfig)})
         return ProxyConfig(

@@ -130,3 +130,38 @@ class NodeConfig(Model):
             return self.address
         host, _ = parse_address(admin_listen, listen=True)
         return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+    def admin_unreachable(self, admin_listen: str) -> str | None:
+        """Why the other nodes, which forward admin requests to the leader at ``address`` on
+        ``admin_listen``'s port, would not reach this node's admin API there; None if they
+        can, as far as the two addresses tell (a host name is not resolved here)."""
+        if self.address is None:
+            return None
+        host, port = parse_address(admin_listen, listen=True)
+        if host in ("", "0.0.0.0", "::") or host == self.address:
+            return None
+        listen_ip, node_ip = _ip(host), _ip(self.address)
+        if listen_ip is not None and node_ip is not None:
+            differs = listen_ip != node_ip
+        else:
+            differs = _loopback(host) and not _loopback(self.address)
+        if not differs:
+            return None
+        there = f"[{self.address}]" if ":" in self.address else self.address
+        return (
+            f"admin.listen {admin_listen} takes connections on {host} only, but the other "
+            f"nodes reach this node's admin API at node.address {self.address}, port {port}: "
+            f"listen on {there}:{port} (or 0.0.0.0:{port}), or set node.address to {host}"
+        )
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _loopback(host: str) -> bool:
+    ip = _ip(host)
+    return host == "localhost" if ip is None else ip.is_loopback

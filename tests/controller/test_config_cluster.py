@@ -27,6 +27,7 @@ def test_etcd_store_with_its_defaults() -> None:
         {
             "state": {"store": "etcd", "etcd": {"endpoints": ["http://127.0.0.1:2379/"]}},
             "node": {"name": "node-a", "address": "127.0.0.2"},
+            "admin": {"listen": "0.0.0.0:8081"},
         }
     )
     assert config.state.etcd is not None
@@ -35,6 +36,50 @@ def test_etcd_store_with_its_defaults() -> None:
     assert config.node.name == "node-a"
     assert config.node.lease_ttl == 5
     assert config.node.host("0.0.0.0:8081") == "127.0.0.2"
+
+
+ETCD = {"store": "etcd", "etcd": {"endpoints": ["http://127.0.0.1:2379"]}}
+
+
+@pytest.mark.parametrize(
+    ("listen", "address"),
+    [
+        ("127.0.0.1:8081", "10.0.0.2"),
+        ("127.0.0.1:8081", "127.0.0.2"),  # a socket bound to 127.0.0.1 takes nothing else
+        ("localhost:8081", "gw-2.example"),
+        ("10.0.0.1:8081", "10.0.0.2"),
+        ("[::1]:8081", "10.0.0.2"),
+    ],
+)
+def test_an_admin_listener_the_other_nodes_cannot_reach_is_refused(
+    listen: str, address: str
+) -> None:
+    """Issue 53.10: every admin request a follower takes goes to the leader's node.address, on
+    admin.listen's port; a node listening elsewhere was accepted, then every forward failed."""
+    found = fields({"state": ETCD, "node": {"address": address}, "admin": {"listen": listen}})
+    reason = found["(top level)"]
+    port = "8081"
+    assert reason.startswith(f"admin.listen {listen} takes connections on ")
+    assert f"reach this node's admin API at node.address {address}, port {port}" in reason
+    assert f"listen on {address}:{port} (or 0.0.0.0:{port})" in reason
+
+
+@pytest.mark.parametrize(
+    ("listen", "address"),
+    [
+        ("0.0.0.0:8081", "10.0.0.2"),
+        ("[::]:8081", "10.0.0.2"),
+        ("10.0.0.2:8081", "10.0.0.2"),
+        ("127.0.0.1:8081", None),  # node.address defaults to the listener's host
+        ("127.0.0.1:8081", "localhost"),
+        ("10.0.0.2:8081", "gw-2.example"),  # a name is not resolved: it may be that address
+    ],
+)
+def test_an_admin_listener_at_the_nodes_address_is_taken(listen: str, address: str | None) -> None:
+    node: dict[str, Any] = {} if address is None else {"address": address}
+    GatewayConfig.model_validate({"state": ETCD, "node": node, "admin": {"listen": listen}})
+    # One node (SQLite) forwards nothing: node is not read.
+    GatewayConfig.model_validate({"node": {"address": "10.0.0.9"}, "admin": {"listen": listen}})
 
 
 def test_node_host_defaults_to_the_admin_listener_host() -> None:
