@@ -334,7 +334,7 @@ def test_a_rollout_within_its_retries_does_not_fail():
 def test_a_failed_rollout_without_a_recorded_reason_says_what_failed():
     o = observed(ready("a", 1), rollout=rollout(1, 2, failures=1))
     assert plan(o, desired(2, retries=0), now=1.0) == [
-        FailRollout(7, "replicas of the new revision failed (after 1 failures)"),
+        FailRollout(7, "replicas of the new revision failed (after 1 failure)"),
         BeginRollout(2, 1, "rollback"),
         WakeAt(1.0),
     ]

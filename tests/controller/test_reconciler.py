@@ -169,7 +169,7 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
     assert h.replicas("web", ReplicaState.STARTING, revision=2)
     await h.advance(2)
     await h.settle()
-    assert failure_of_revision_2(h) == "not ready within 30s: probe failed (after 1 failures)"
+    assert failure_of_revision_2(h) == "not ready within 30s: probe failed (after 1 failure)"
     assert h.ready("web", revision=1) == 2
     assert new.id in h.backend.stopped
 
@@ -185,7 +185,7 @@ async def test_a_replica_given_up_is_reported_with_its_latest_probe_failure(h: H
     h.controller.reconciler.on_probe(ProbeResult("web", new.id, "success", 0.01))
     await h.advance(21)
     await h.settle()
-    assert failure_of_revision_2(h) == "not ready within 30s: HTTP 404 (after 1 failures)"
+    assert failure_of_revision_2(h) == "not ready within 30s: HTTP 404 (after 1 failure)"
     assert h.ready("web", revision=1) == 2
 
 
