@@ -23,7 +23,7 @@ import aiohttp
 
 from .client import Client
 from .exits import EXIT_DEGRADED, EXIT_FAILED, EXIT_OK, CliError
-from .render import progress_text, pull_text
+from .render import progress_text, pull_text, scale_text
 
 POLL = 1.0
 """Seconds between reads of a followed service when no event arrives."""
@@ -129,17 +129,6 @@ async def _step_scale(
         follow.last = line
     if outcome == "done":
         follow.code = EXIT_OK
-
-
-def scale_text(view: dict[str, Any]) -> str:
-    """A scale's progress line: ``web: 7/12 ready``, and why starts fail should they
-    (``(no capacity: 3 of 3 slots in use)``). The count is the view's alone: the degraded
-    condition's reason carries one of its own, read when it was set."""
-    line = f"{view['name']}: {view['ready']}/{view['desired']} ready"
-    backoff = view.get("backoff")
-    if backoff and backoff["reason"]:
-        line += f" ({backoff['reason']})"
-    return line
 
 
 async def follow_change(

@@ -94,6 +94,17 @@ def progress_text(rollout: dict[str, Any]) -> str:
     return text
 
 
+def scale_text(view: dict[str, Any]) -> str:
+    """A scale's progress line: ``web: 7/12 ready``, and why starts fail should they
+    (``(no capacity: 3 of 3 slots in use)``). The count is the view's alone: the degraded
+    condition's reason carries one of its own, read when it was set."""
+    line = f"{view['name']}: {view['ready']}/{view['desired']} ready"
+    backoff = view.get("backoff")
+    if backoff and backoff["reason"]:
+        line += f" ({backoff['reason']})"
+    return line
+
+
 def revision_text(view: dict[str, Any]) -> str:
     serving, target = view["serving_revision"], view["target_revision"]
     if serving is None:
