@@ -498,7 +498,7 @@ def test_a_replica_whose_time_ran_out_while_paused_is_replaced_uncounted_once_re
     o = observed(ready("a", 1), hung(created=480.0), rollout=rollout(1, 2, started=500.0))
     assert decisions(plan(o, d, now=540.0)) == [
         KeepFailed("x", NOT_READY),
-        PauseRollout(7, f"{NOT_READY} (after 1 failures)"),
+        PauseRollout(7, f"{NOT_READY} (after 1 failure)"),
     ]
 
 

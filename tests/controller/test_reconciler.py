@@ -225,7 +225,7 @@ async def test_on_failure_pause_keeps_the_unready_replica_for_inspection(
     await h.settle()
     record = h.store.active_rollout("web")
     why = "not ready within 30s: probe failed"
-    assert (record.status, record.reason) == ("paused", f"{why} (after 1 failures)")
+    assert (record.status, record.reason) == ("paused", f"{why} (after 1 failure)")
     assert record.retries_used == 1
     # Kept: still running, still probed (not routed), its failure said; for as long as the
     # rollout stays paused.
