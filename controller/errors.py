@@ -9,9 +9,14 @@ ControllerError
 └── BackendError              a backend could not do what it was asked
     ├── NoCapacity            the fleet is full; ``retry_after`` hints when to try again
     └── StartFailed           the replica could not be started (bad command, directory...)
+└── StartRefused              the gateway did not start, and touched nothing (exit 2)
+    ├── StateDirInUse         another gateway process holds the state directory's lock
+    └── ListenFailed          an address to listen on could not be bound
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 
 class ControllerError(Exception):
@@ -69,3 +74,32 @@ class NoCapacity(BackendError):
 
 class StartFailed(BackendError):
     code = "start_failed"
+
+
+class StartRefused(ControllerError):
+    """``gateway serve`` stopped before it touched anything: no replica was started, adopted
+    or stopped, and the store was not opened."""
+
+    code = "start_refused"
+
+
+class StateDirInUse(StartRefused):
+    """Another gateway process holds the lock of this state directory (``statelock``)."""
+
+    code = "state_dir_in_use"
+
+    def __init__(self, state_dir: Path, lock: Path, pid: int | None) -> None:
+        holder = f"pid {pid}" if pid is not None else "pid not written yet"
+        super().__init__(
+            f"state directory {state_dir} is in use by another gateway ({holder}, lock {lock})",
+            pid=pid,
+        )
+        self.state_dir = state_dir
+        self.lock = lock
+        self.pid = pid
+
+
+class ListenFailed(StartRefused):
+    """A listener's address could not be bound (in use, not local, not permitted)."""
+
+    code = "listen_failed"
