@@ -59,7 +59,7 @@ if TYPE_CHECKING:
         RequestObserver,
         RequestRecord,
     )
-    from .listening import listen
+    from .listening import listen, listening_socket
     from .metrics import GatewayMetrics
     from .pool import Pool
     from .prober import Prober
@@ -139,6 +139,7 @@ _WHERE: dict[str, str] = {
     "TlsConfig": ".config",
     "TrafficServer": ".server",
     "listen": ".listening",
+    "listening_socket": ".listening",
     "http_date": ".wire.http1",
     "Upstream": ".upstream",
     "UpstreamConnectError": ".errors",
@@ -218,6 +219,7 @@ __all__ = [
     "dump_settings",
     "http_date",
     "listen",
+    "listening_socket",
     "metrics_exposition",
     "parse_address",
     "parse_duration",

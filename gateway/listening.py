@@ -62,11 +62,14 @@ async def listen(
     protocol: Callable[[], asyncio.BaseProtocol],
     address: tuple[str, int],
     reuse_port: bool,
+    sock: socket.socket | None = None,
 ) -> asyncio.Server:
     """``loop.create_server`` on ``address``: on a socket of ours for an IP address (the
-    server owns it then), else on the name, resolved."""
+    server owns it then), else on the name, resolved. ``sock``: one bound earlier by
+    ``listening_socket`` for ``address``, served as it is."""
     host, port = address
-    sock = listening_socket(host, port, reuse_port)
+    if sock is None:
+        sock = listening_socket(host, port, reuse_port)
     if sock is not None:
         return await loop.create_server(protocol, sock=sock, backlog=BACKLOG)
     return await loop.create_server(

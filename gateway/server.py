@@ -3,6 +3,10 @@
 The listener is a plain ``loop.create_server`` whose protocol is ``proxy.client``'s
 ``ClientConnection`` (llhttp parsing, limits, deadlines); each request runs ``Proxy.handle``.
 
+``bind`` takes the addresses (listening sockets, held, not accepting yet) before ``start``
+serves them: the composition root binds before it touches any state, so a second gateway on
+the same port fails with nothing touched. ``start`` binds what ``bind`` did not.
+
 Shutdown (``TrafficServer.stop``) is the drain order: stop accepting, close idle keep-alive
 connections, parked ones included (busy ones close after their answer), close relayed
 WebSockets with 1001, let in-flight requests finish for up to ``shutdown_timeout``, cancel what
@@ -14,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 
 from .config import ProxyConfig, parse_address
-from .listening import listen
+from .listening import listen, listening_socket
 from .proxy.client import ClientConnection, ConnectionGate
 from .proxy.handler import Proxy
 from .proxy.parking import Parking
@@ -51,6 +56,9 @@ class TrafficServer:
         self.tls_addresses = tls_addresses if tls is not None else []
         self._server: asyncio.Server | None = None
         self._tls_servers: list[asyncio.Server] = []
+        self._bound: list[socket.socket | None] = []
+        """The sockets of ``bind``, for ``address`` then ``tls_addresses`` (None: a name),
+        each until ``start`` serves it."""
         self._port = 0
         self.tls_ports: list[int] = []
         """The bound ports of the HTTPS listeners, in ``tls_addresses`` order."""
@@ -61,7 +69,7 @@ class TrafficServer:
     def port(self) -> int:
         """The bound port (useful when ``listen`` asked for port 0)."""
         if not self._port:
-            raise RuntimeError("TrafficServer is not started")
+            raise RuntimeError("TrafficServer is not bound")
         return self._port
 
     @property
@@ -75,9 +83,41 @@ class TrafficServer:
         """Of ``connections``, those parked."""
         return self._gate.parked if self._gate is not None else 0
 
+    def bind(self) -> None:
+        """Bind ``address`` and the HTTPS addresses, and hold the sockets: they queue
+        connections from now on, and ``start`` accepts them. A name is left to ``start``,
+        which resolves it. If one address fails, none is held."""
+        if self._bound or self._server is not None:
+            return
+        bound: list[socket.socket | None] = []
+        try:
+            for address in (self.address, *self.tls_addresses):
+                bound.append(listening_socket(*address, self.reuse_port))
+        except BaseException:
+            for sock in bound:
+                if sock is not None:
+                    sock.close()
+            raise
+        self._bound = bound
+        if bound[0] is not None:
+            self._port = bound[0].getsockname()[1]
+
+    def unbind(self) -> None:
+        """Close the sockets ``bind`` holds that no server took (all of them unless started)."""
+        bound, self._bound = self._bound, []
+        for sock in bound:
+            if sock is not None:
+                sock.close()
+
+    def _served(self, index: int) -> socket.socket | None:
+        """The socket ``bind`` made for the ``index``-th address, handed to its server."""
+        sock, self._bound[index] = self._bound[index], None
+        return sock
+
     async def start(self) -> None:
         if self._server is not None:
             return
+        self.bind()
         await self.proxy.start()
         limits = self.config.limits
         gate = ConnectionGate(limits.max_connections, self.proxy.connector.batch)
@@ -90,7 +130,7 @@ class TrafficServer:
         protocol = functools.partial(ClientConnection, handle, limits, gate, connections, begin)
 
         loop = asyncio.get_running_loop()
-        server = await listen(loop, protocol, self.address, self.reuse_port)
+        server = await listen(loop, protocol, self.address, self.reuse_port, self._served(0))
         if server.sockets:
             self._port = server.sockets[0].getsockname()[1]
             if limits.park_after:
@@ -111,14 +151,15 @@ class TrafficServer:
             secure = tls_connections(
                 protocol, tls.store, self.config.tls.handshake_timeout, gate, tls.tally
             )
-            for address in self.tls_addresses:
-                tls_server = await listen(loop, secure, address, self.reuse_port)
+            for i, address in enumerate(self.tls_addresses, 1):
+                tls_server = await listen(loop, secure, address, self.reuse_port, self._served(i))
                 self._tls_servers.append(tls_server)
                 self.tls_ports.append(tls_server.sockets[0].getsockname()[1])
             self.proxy.https_port = self.tls_ports[0]
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests (up to shutdown_timeout), then close."""
+        self.unbind()
         server, self._server = self._server, None
         tls_servers, self._tls_servers = self._tls_servers, []
         for tls_server in tls_servers:

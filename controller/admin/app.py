@@ -15,6 +15,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import socket
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -200,10 +201,12 @@ def is_loopback(listen: str) -> bool:
 class AdminServer:
     """The admin app on its listen address (``server.AdminListener``)."""
 
-    def __init__(self, app: App, listen: str) -> None:
+    def __init__(self, app: App, listen: str, sock: socket.socket | None = None) -> None:
+        """``sock``: a socket bound on ``listen`` earlier (``gateway.listening_socket``),
+        served from ``start``."""
         self.app = app
         host, port = parse_address(listen, listen=True)
-        self._listener = AdminListener(app, host, port)
+        self._listener = AdminListener(app, host, port, sock)
 
     @property
     def host(self) -> str:

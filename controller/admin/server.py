@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import socket
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -414,20 +415,23 @@ def _origin_form(target: str) -> str:
 
 
 class AdminListener:
-    """The admin app on a listening socket."""
+    """The admin app on a listening socket: ``sock`` if given (bound on ``host``/``port``
+    earlier, served from ``start``; ``stop`` closes it), else one bound by ``start``."""
 
-    def __init__(self, app: App, host: str, port: int) -> None:
+    def __init__(self, app: App, host: str, port: int, sock: socket.socket | None = None) -> None:
         self.app = app
         self.host = host
-        self.port = port
+        self.port = port if sock is None else sock.getsockname()[1]
+        self._sock = sock
         self.connections: set[AdminConnection] = set()
         self._server: asyncio.Server | None = None
         self._settled: asyncio.Event | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        sock, self._sock = self._sock, None
         self._server = await listen(
-            loop, lambda: AdminConnection(self.app, self), (self.host, self.port), False
+            loop, lambda: AdminConnection(self.app, self), (self.host, self.port), False, sock
         )
         sockets = self._server.sockets
         if sockets and self.port == 0:
@@ -440,6 +444,9 @@ class AdminListener:
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stop accepting; let the answers under way finish (``grace`` seconds at most)."""
+        if self._sock is not None:  # never started
+            self._sock.close()
+            self._sock = None
         if self._server is None:
             return
         server, self._server = self._server, None

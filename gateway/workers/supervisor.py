@@ -1,9 +1,10 @@
 """Worker processes: N processes serve traffic on one port, from the controller's pool.
 
 ``Supervisor`` takes the place of ``TrafficServer`` in the controller's process when
-``workers`` > 1 (same ``start``/``stop``/``port``). It reserves the listening port (a socket
-bound with SO_REUSEPORT that never listens, so port 0 resolves once and the port stays ours
-while workers come and go), starts the workers (``gateway.workers.worker``) and then:
+``workers`` > 1 (same ``bind``/``start``/``stop``/``port``). It reserves the listening port
+(``bind``: a socket bound with SO_REUSEPORT that never listens, so port 0 resolves once and the
+port stays ours while workers come and go), starts the workers (``gateway.workers.worker``)
+and then:
 
 - sends each worker every pool change as a whole snapshot of the service (``ipc.Install``),
   coalesced per service within one loop iteration, in order on one channel per worker;
@@ -150,23 +151,44 @@ class Supervisor:
 
     # -- life cycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    def bind(self) -> None:
+        """Reserve the traffic port and the HTTPS ports (``_reserve``), before ``start``
+        starts the workers on them. If one fails, none is held."""
         if self._reservation is not None:
             return
         self._host, port = parse_address(self.config.listen, listen=True)
         reservation = _reserve(self._host, port)
-        self._reservation = reservation
-        self._port = reservation.getsockname()[1]
+        reservations, addresses = [], []
         if self.tls is not None:
             try:
                 for address in self.config.listen_tls:
                     host, tls_port = parse_address(address, listen=True)
                     held = _reserve(host, tls_port)
-                    self._tls_reservations.append(held)
-                    self._tls_addresses.append((host, held.getsockname()[1]))
+                    reservations.append(held)
+                    addresses.append((host, held.getsockname()[1]))
             except BaseException:
-                await self.stop()
+                for held in (reservation, *reservations):
+                    held.close()
                 raise
+        self._reservation = reservation
+        self._port = reservation.getsockname()[1]
+        self._tls_reservations = reservations
+        self._tls_addresses = addresses
+
+    def unbind(self) -> None:
+        """Release the reserved ports (``stop`` does, once the workers are gone)."""
+        if self._reservation is not None:
+            self._reservation.close()
+            self._reservation = None
+        for held in self._tls_reservations:
+            held.close()
+        self._tls_reservations.clear()
+
+    async def start(self) -> None:
+        if self._watchdog is not None:
+            return
+        self.bind()
+        if self.tls is not None:
             self.tls.start()
         self.pool.subscribe(self)
         try:
@@ -207,12 +229,7 @@ class Supervisor:
         self.pool.unsubscribe(self)
         if self._flush is not None:
             self._flush.cancel()
-        if self._reservation is not None:
-            self._reservation.close()
-            self._reservation = None
-        for held in self._tls_reservations:
-            held.close()
-        self._tls_reservations.clear()
+        self.unbind()
         if self.tls is not None:
             await self.tls.stop()
 
@@ -443,7 +460,10 @@ def _reserve(host: str, port: int) -> socket.socket:
     reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         reservation.bind((host, port))
-    except OSError:
+    except OSError as exc:
         reservation.close()
-        raise
+        reason = (exc.strerror or str(exc)).lower()
+        raise OSError(
+            exc.errno, f"error while attempting to bind on address {(host, port)!r}: {reason}"
+        ) from None
     return reservation

@@ -14,8 +14,10 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType, web
 
-from gateway.config import ListenerLimits
+from gateway.config import ListenerLimits, ProxyConfig, parse_settings
 from gateway.listening import listening_socket
+from gateway.proxy.handler import Proxy
+from gateway.server import TrafficServer
 
 from .conftest import raw_request, routing, url
 from .test_prober import ipv6_loopback
@@ -289,6 +291,37 @@ def test_a_taken_port_is_refused_in_create_servers_words_and_nothing_is_left_ope
             f"('127.0.0.1', {port}): address already in use"
         )
         assert len(os.listdir("/proc/self/fd")) == before
+
+
+async def test_bind_holds_the_port_and_start_serves_what_queued_meanwhile(pool, upstream, recorder):
+    """``bind`` takes the port before ``start`` (the composition root binds before it touches
+    any state): another bind fails, a client's connection waits in the backlog and is
+    answered once serving starts; ``stop`` releases a port never served too."""
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "u1")
+    settings = parse_settings(ProxyConfig, {"listen": "127.0.0.1:0"})
+    server = TrafficServer(Proxy(pool, settings, [recorder]), settings)
+    server.bind()
+    port = server.port
+    with pytest.raises(OSError, match="address already in use"):
+        listening_socket("127.0.0.1", port, reuse_port=False)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+    try:
+        await server.start()
+        assert server.port == port
+        head, _ = await asyncio.wait_for(read_response(reader), 5)
+        assert head.startswith(b"HTTP/1.1 200"), head
+    finally:
+        writer.close()
+        await server.stop()
+    listening_socket("127.0.0.1", port, reuse_port=False).close()  # released
+
+    never = TrafficServer(Proxy(pool, settings, [recorder]), settings)
+    never.bind()
+    port = never.port
+    await never.stop()
+    listening_socket("127.0.0.1", port, reuse_port=False).close()
 
 
 async def test_a_finished_request_leaves_no_cyclic_garbage(pool, upstream, gateway, client):
