@@ -18,6 +18,7 @@ from gateway import without_tls
 from .cli.exits import closed_stdout
 from .cli.parser import add_commands as add_client_commands
 from .config import ConfigError, load_config
+from .errors import StartRefused
 
 log = logging.getLogger("gateway")
 
@@ -59,6 +60,9 @@ def serve_main(args: argparse.Namespace) -> int:
 
     try:
         uvloop.run(serve(loaded))
+    except StartRefused as e:  # nothing was touched: the running gateway, if any, serves on
+        print(f"gateway: {e.message}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 1

@@ -3,7 +3,9 @@
 ``gateway serve -c FILE`` builds both halves on one event loop in this order and stops them
 in reverse: the traffic listener stops accepting first and lets in-flight requests finish,
 then the admin listener, the prober and the controller go (replicas are left running for the
-next start to adopt, unless ``replicas_on_exit: stop``).
+next start to adopt, unless ``replicas_on_exit: stop``). Before any of it, the state directory
+is locked and the listeners are bound (``StateLock``, ``bind``): a second gateway beside a
+running one stops there, having touched nothing of it.
 
 The store is the state; the config's ``services`` are intents. At start-up the stored services
 come back first; then each config entry is applied only if its document changed since it was
@@ -14,6 +16,7 @@ last applied from the config (or never was), so what the API changed since stand
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -37,6 +40,7 @@ from gateway import (
     Supervisor,
     WorkersCollector,
     WorkerSettings,
+    listening_socket,
     metrics_exposition,
     native,
     parse_address,
@@ -51,11 +55,12 @@ from .admin.views import certificates_operation
 from .backends import ProcessBackend, StaticBackend
 from .backends.base import Backend
 from .config import ConfigService, GatewayConfig, LoadedConfig
-from .errors import ControllerError
+from .errors import ControllerError, ListenFailed
 from .journal import Journal
 from .metrics import register as register_controller_metrics
 from .metrics import register_acme, register_docker
 from .operations import Controller
+from .statelock import StateLock
 from .store import ConfigAppliedRow, Store
 
 if TYPE_CHECKING:  # imported where used: most gateways run no Docker backend
@@ -163,11 +168,85 @@ async def run_gateway(
 ) -> None:
     """Run until ``stop`` is set, then shut down in order. The trigger is injectable.
     ``at_once`` gets what must still be done if the process exits without that order (a
-    second signal): with ``replicas_on_exit: stop``, SIGKILL to the local replicas."""
-    config = loaded.config
-    loop = asyncio.get_running_loop()
+    second signal): with ``replicas_on_exit: stop``, SIGKILL to the local replicas.
+
+    First the state directory's lock (``StateLock``), then the listeners are bound: a second
+    gateway on the same directory or addresses raises ``StartRefused`` having opened no store
+    and started, adopted or stopped no replica."""
     state_dir = Path(loaded.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before serving
+    with StateLock.take(state_dir), contextlib.ExitStack() as bound:
+        await _run_locked(loaded, stop, started, at_once, state_dir, bound)
+
+
+async def _run_locked(
+    loaded: LoadedConfig,
+    stop: asyncio.Event,
+    started: Callable[[Gateway], Awaitable[None] | None] | None,
+    at_once: list[Callable[[], None]] | None,
+    state_dir: Path,
+    bound: contextlib.ExitStack,
+) -> None:
+    """``run_gateway`` under the lock. ``bound`` closes the listening sockets if start-up
+    fails before they are served."""
+    config = loaded.config
+    loop = asyncio.get_running_loop()
+    pool = Pool(clock=loop.time)
+    # -- observability: metrics on one registry (served at the admin /metrics), access log --
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics()
+    metrics.attach(pool)
+    registry.register(MetricsCollector(metrics))
+    # -- HTTPS: certificates from files and from ACME, served by the TLS listeners --
+    proxy_config = config.proxy_config()
+    if config.tls.acme is not None:  # what ACME obtains is loaded from here
+        managed = str(state_dir / "acme" / "certificates")
+        tls_config = replace(proxy_config.tls, managed_dir=managed)
+        proxy_config = replace(proxy_config, tls=tls_config)
+    tls: Termination | None = None
+    if proxy_config.listen_tls:
+        from gateway import Termination, TlsCollector
+
+        tls = Termination(proxy_config.tls)
+        registry.register(TlsCollector(tls))
+    request_observers: list[RequestObserver] = [metrics]
+    access_log: AccessLog | None = None
+    workers = config.worker_count
+    if config.access_log.enabled and workers == 1:
+        from gateway import AccessLog, AccessLogCollector
+
+        access_log = AccessLog(config.access_log.format, config.access_log.path)
+        registry.register(AccessLogCollector(access_log))
+        request_observers.append(access_log)
+    traffic: TrafficServer | Supervisor
+    if workers == 1:
+        from gateway import Proxy, TrafficServer
+
+        proxy = Proxy(pool, proxy_config, observers=request_observers)
+        traffic = TrafficServer(proxy, proxy_config, tls=tls)
+    else:
+        settings = WorkerSettings(
+            count=workers,
+            access_log=(config.access_log.format, config.access_log.path)
+            if config.access_log.enabled
+            else None,
+            log_level=config.log_level,
+        )
+        traffic = Supervisor(pool, proxy_config, settings, metrics=metrics, tls=tls)
+        registry.register(WorkersCollector(traffic))
+    # -- listeners: bound (connections queue, and are accepted once serving starts) before
+    # the store is opened or any replica adopted, swept or started: a second gateway on
+    # these addresses stops here, having touched nothing --
+    admin_host, admin_port = parse_address(config.admin.listen, listen=True)
+    try:
+        bound.callback(traffic.unbind)
+        traffic.bind()
+        admin_socket = listening_socket(admin_host, admin_port, False)
+    except OSError as e:
+        raise ListenFailed(e.strerror or str(e)) from e
+    if admin_socket is not None:
+        bound.callback(admin_socket.close)  # a no-op once served: the server closed it
+    # -- the state --
     etcd = config.state.etcd if config.state.store == "etcd" else None
     client: EtcdClient | None = None
     store: Store
@@ -180,7 +259,6 @@ async def run_gateway(
         client = connect(etcd)
         store = EtcdStore(client, etcd.prefix, time.time)
     journal = Journal(store, time.time)
-    pool = Pool(clock=loop.time)
     process = config.backends.process
     local = ProcessBackend(
         capacity=process.capacity,
@@ -210,27 +288,9 @@ async def run_gateway(
 
         docker.pull_listeners.append(say_pull)
     controller = Controller(pool, backends, store, journal, loop.time, time.time)
-    # -- observability: metrics on one registry (served at the admin /metrics), access log --
-    registry = CollectorRegistry()
-    metrics = GatewayMetrics()
-    metrics.attach(pool)
-    registry.register(MetricsCollector(metrics))
     register_controller_metrics(registry, controller)
     if docker is not None:
         register_docker(registry, controller, docker)
-    # -- HTTPS: certificates from files and from ACME, served by the TLS listeners --
-    proxy_config = config.proxy_config()
-    if config.tls.acme is not None:  # what ACME obtains is loaded from here
-        managed = str(state_dir / "acme" / "certificates")
-        tls_config = replace(proxy_config.tls, managed_dir=managed)
-        proxy_config = replace(proxy_config, tls=tls_config)
-    tls: Termination | None = None
-    if proxy_config.listen_tls:
-        from gateway import Termination, TlsCollector
-
-        tls = Termination(proxy_config.tls)
-        registry.register(TlsCollector(tls))
-    traffic: TrafficServer | Supervisor
 
     def reload_tls() -> ReloadReport | None:
         """Load the certificate files that changed, here and in every worker."""
@@ -254,32 +314,7 @@ async def run_gateway(
             on_certificates=certificates_changed,
         )
         register_acme(registry, acme)
-    request_observers: list[RequestObserver] = [metrics]
-    access_log: AccessLog | None = None
-    workers = config.worker_count
-    if config.access_log.enabled and workers == 1:
-        from gateway import AccessLog, AccessLogCollector
-
-        access_log = AccessLog(config.access_log.format, config.access_log.path)
-        registry.register(AccessLogCollector(access_log))
-        request_observers.append(access_log)
-    # -- end observability --
     prober = Prober(pool, observers=[metrics, controller.reconciler])
-    if workers == 1:
-        from gateway import Proxy, TrafficServer
-
-        proxy = Proxy(pool, proxy_config, observers=request_observers)
-        traffic = TrafficServer(proxy, proxy_config, tls=tls)
-    else:
-        settings = WorkerSettings(
-            count=workers,
-            access_log=(config.access_log.format, config.access_log.path)
-            if config.access_log.enabled
-            else None,
-            log_level=config.log_level,
-        )
-        traffic = Supervisor(pool, proxy_config, settings, metrics=metrics, tls=tls)
-        registry.register(WorkersCollector(traffic))
     served = traffic
     registry.register(ConnectionsCollector(lambda: (served.connections, served.parked)))
     ready = False
@@ -295,7 +330,6 @@ async def run_gateway(
             await apply_config_services(controller, store, loaded.services)
 
         host = config.node.host(config.admin.listen)
-        admin_port = parse_address(config.admin.listen, listen=True)[1]
         node = ClusterNode(
             etcd=etcd,
             node=config.node,
@@ -327,6 +361,7 @@ async def run_gateway(
             middlewares=middlewares,
         ),
         config.admin.listen,
+        sock=admin_socket,
     )
 
     await prober.start()
