@@ -16,11 +16,10 @@ and closes once what was written is sent. A client's close_notify, or its FIN wi
 is the end of what it sends (``eof_received``).
 
 Why not uvloop's ``start_tls``: it tells nothing of a handshake that failed, and per
-connection it costs a 256 KiB read buffer, an SSLProtocol and an app transport, a waiter
-future and the Python methods of ``ssl.SSLObject`` around each call to OpenSSL (about a
-third of what a resumed handshake cost beside nginx's). This calls the C object OpenSSL's
-state lives in (``SSLContext._wrap_bio``, which ``ssl.SSLObject`` itself wraps) and reads
-it only while records are waiting, so a read that would block raises nothing.
+connection it costs a 256 KiB read buffer, an SSLProtocol and an app transport and a waiter
+future (about a third of what a resumed handshake cost beside nginx's). This makes the
+public ``ssl.SSLObject`` (``SSLContext.wrap_bio``) and reads it only while records are
+waiting, so a read that would block raises nothing.
 
 Connections in their handshake count against ``limits.max_connections`` like any other: a
 connection over the limit is closed before its handshake (no bytes: it cannot be told why
@@ -99,7 +98,7 @@ class TlsConnection(asyncio.Protocol):
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
         self._ssl: Any = None
-        """OpenSSL's connection (``_ssl._SSLSocket``): what ``ssl_object`` gives."""
+        """OpenSSL's connection (an ``ssl.SSLObject``): what ``ssl_object`` gives."""
         self._timer: asyncio.TimerHandle | None = None
         self._state = _HANDSHAKE
         self._made = False
@@ -117,8 +116,7 @@ class TlsConnection(asyncio.Protocol):
             return
         gate.open += 1
         self._tcp = tcp
-        wrap = self._context._wrap_bio  # type: ignore[attr-defined]
-        self._ssl = wrap(self._incoming, self._outgoing, True, None)
+        self._ssl = self._context.wrap_bio(self._incoming, self._outgoing, server_side=True)
         if self._timeout:
             self._timer = self._loop.call_later(self._timeout, self._timed_out)
 
@@ -302,7 +300,7 @@ class TlsConnection(asyncio.Protocol):
 
     def _close_notify(self) -> None:
         try:
-            self._ssl.shutdown()
+            self._ssl.unwrap()
         except ssl.SSLError:
             pass  # close_notify is out; OpenSSL wants the client's, which is not waited for
         self._flush()
