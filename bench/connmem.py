@@ -29,11 +29,13 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway import native
-from gateway.config import ListenerLimits, ProxyConfig, RouteConfig, ServiceRouting
-from gateway.pool import Pool
-from gateway.proxy.handler import Proxy
-from gateway.server import TrafficServer
-from gateway.upstream import Health, Upstream
+
+native.use()  # the compiled modules if built, as the gateway runs them
+from gateway.config import ListenerLimits, ProxyConfig, RouteConfig, ServiceRouting  # noqa: E402
+from gateway.pool import Pool  # noqa: E402
+from gateway.proxy.handler import Proxy  # noqa: E402
+from gateway.server import TrafficServer  # noqa: E402
+from gateway.upstream import Health, Upstream  # noqa: E402
 
 FRAMES = 3
 """Frames of each allocation site shown, innermost first."""

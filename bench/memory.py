@@ -143,17 +143,13 @@ def wrk_sampled(procs: Procs, target: Target, duration: int, cpu: int) -> tuple[
     return rps, sampler.max
 
 
-WORKER_ENV = {"GATEWAY_WITHOUT_TLS": "1"}
-"""The environment the supervisor gives a worker when no HTTPS listener is configured (as in
-this bench's gateways): no OpenSSL (``gateway/without_tls.py``)."""
-
-
-def import_rss(module: str, pure: bool, extra: dict[str, str] | None = None) -> float:
-    """VmRSS (MiB) of a fresh interpreter once ``module`` is imported (``extra``: more
-    environment)."""
-    code = (f"import {module}, re; s = open('/proc/self/status').read(); "
+def import_rss(module: str, pure: bool) -> float:
+    """VmRSS (MiB) of a fresh interpreter once ``module`` is imported, after
+    ``gateway.native.use()`` as the gateway's entry points call it."""
+    code = (f"import gateway.native; gateway.native.use(); import {module}, re; "
+            "s = open('/proc/self/status').read(); "
             "print(int(re.search(r'VmRSS:\\s+(\\d+)', s).group(1)))")  # fmt: skip
-    env = {**os.environ, "GATEWAY_NATIVE": "0" if pure else "", **(extra or {})}
+    env = {**os.environ, "GATEWAY_NATIVE": "0" if pure else ""}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, cwd=REPO, timeout=60, check=True)  # fmt: skip
     return int(out.stdout.strip()) / 1024
@@ -164,9 +160,6 @@ def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) 
     worker = "gateway.workers.worker"
     figures.imports["`uvloop`"] = import_rss("uvloop", args.pure)
     figures.imports[f"`{worker}`"] = import_rss(worker, args.pure)
-    figures.imports[f"`{worker}` as a worker without HTTPS listeners starts"] = import_rss(
-        worker, args.pure, WORKER_ENV
-    )
     figures.imports["`controller.serving`"] = import_rss("controller.serving", args.pure)
     for target in targets.values():  # warm-up, then the idle figures
         wrk_sampled(procs, target, args.warmup, args.load_cpu)

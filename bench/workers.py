@@ -106,7 +106,7 @@ def _is_worker(pid: int) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"gateway.workers.worker" in argv
+    return b"gateway.workers" in argv  # python -m gateway.workers FD
 
 
 def _workers(target: Target) -> list[int]:

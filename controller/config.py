@@ -338,21 +338,6 @@ class GatewayConfig(Model):
             listen=self.listen, listen_tls=self.listen_tls, tls=tls, **dict(self.proxy)
         )
 
-    def tls_needed(self) -> str | None:
-        """What makes this process need OpenSSL (None: nothing, and ``gateway serve`` leaves it
-        out, ``gateway.without_tls``): HTTPS listeners, ACME, or a client that imports ``ssl``
-        (aiohttp: a Docker engine's, a cluster's etcd client). Probes and the admin API
-        speak plain HTTP; nothing a spec says needs TLS."""
-        if self.listen_tls:
-            return "listen_tls"
-        if self.tls.acme is not None:
-            return "tls.acme"
-        if self.backends.docker is not None:
-            return "backends.docker"
-        if self.state.store == "etcd":
-            return "state.store etcd"
-        return None
-
     def admin_token(self) -> str | None:
         """The admin token from the file or the environment, or None if neither is set."""
         if self.admin.token_file:

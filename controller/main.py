@@ -1,10 +1,9 @@
 """The command line: ``gateway serve``, ``gateway native`` and the admin API's client commands.
 
-``gateway serve -c FILE`` reads and checks the config first, then decides whether this process
-needs OpenSSL (``GatewayConfig.tls_needed``): if nothing in the config makes or takes a TLS
-connection here, ``ssl`` is left out (``gateway.without_tls``, 4.8 MiB) before the event loop
-and the composition root (``controller.serving``) are imported. So this module imports only
-what the command line needs at its top.
+``gateway serve`` is an entry point of the data plane: it puts the compiled modules on the
+package's path (``gateway.native.use``) before anything imports them, then reads and checks
+the config, and only then imports the event loop and the composition root
+(``controller.serving``). So this module imports only what the command line needs at its top.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import argparse
 import logging
 import sys
 
-from gateway import without_tls
+from gateway import native
 
 from .cli.exits import closed_stdout
 from .cli.parser import add_commands as add_client_commands
@@ -25,14 +24,16 @@ log = logging.getLogger("gateway")
 
 def serve_main(args: argparse.Namespace) -> int:
     try:
+        native.use()  # first: the compiled data plane, if built from these sources
+    except ImportError as e:  # GATEWAY_NATIVE=1 and it cannot be used
+        print(f"gateway: {e}", file=sys.stderr)
+        return 2
+    try:
         loaded = load_config(args.config, workers=args.workers)
         token = loaded.config.admin_token()
     except ConfigError as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
-    tls_needed = loaded.config.tls_needed()
-    # Before the event loop is imported (it imports ssl): OpenSSL only if the config needs it.
-    left_out = tls_needed is None and without_tls.leave_out_ssl(strict=False)
     from .admin.app import is_loopback
 
     listen = loaded.config.admin.listen
@@ -50,10 +51,6 @@ def serve_main(args: argparse.Namespace) -> int:
     if token is None:
         log.warning("no admin token configured: the admin API on %s is open to local users", listen)
     del token  # run_gateway reads it again; it is never logged
-    if left_out:
-        log.info("TLS: not loaded in this process (no listen_tls, ACME, Docker or etcd)")
-    elif tls_needed is not None:
-        log.info("TLS: loaded for %s", tls_needed)
     import uvloop
 
     from .serving import serve
@@ -109,8 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def native_main(args: argparse.Namespace) -> int:
-    from gateway import native
-
     if args.action == "build":
         try:
             profile = native.build(profile=not args.no_profile)

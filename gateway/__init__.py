@@ -1,22 +1,18 @@
 """The data plane: a health-gated reverse proxy.
 
 The control plane uses it only through the names below. They are imported on first use
-(PEP 562): a worker process (``gateway.workers.worker``) imports this package first, and
-must not pay for what only the controller's process uses (the metrics' collectors and
-exposition, with prometheus_client; the prober, the supervisor).
+(PEP 562): a worker process (``gateway.workers``) imports this package first, and must not
+pay for what only the controller's process uses (the metrics' collectors and exposition, with
+prometheus_client; the prober, the supervisor).
+
+Importing it changes nothing in the process and gives the pure Python modules: a process
+that runs the data plane compiled calls ``gateway.native.use()`` first (its entry point does).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING
-
-from . import without_tls
-
-without_tls.apply()  # before anything imports hashlib or ssl: OpenSSL only for TLS
-from . import native
-
-native.use(__path__)  # then the compiled modules, if built from these sources (native.py)
 
 if TYPE_CHECKING:
     from .accesslog import AccessLog

@@ -10,14 +10,18 @@ request (``bench/RESULTS.md``). The build needs mypy (a test dependency) and a C
 without them, or before a build, the pure Python modules run, as they always can.
 
 The compiled modules are kept in ``gateway/_native/<interpreter>/`` with a manifest: the
-digest of every source file of the package they were built from. The package's
-``__init__`` calls ``use()`` before it imports anything else: if the manifest matches the
-sources as they are now, that directory goes first on the package's ``__path__``, and each
-subpackage's ``__init__`` calls ``use_in()`` to put its own compiled modules first on its
-``__path__``, so ``import gateway.proxy.handler`` loads the compiled module. Any source
-changed since the build (an edit, a checkout) and the pure modules run instead: a compiled
-module is never a stale copy of the code. ``GATEWAY_NATIVE=0`` runs the pure modules
-whatever was built; ``GATEWAY_NATIVE=1`` makes a missing or stale build an error (the tests
+digest of every source file of the package they were built from. ``import gateway`` alone
+gives the pure modules: a process that wants the compiled ones calls ``use()`` before it
+imports the data plane (the entry points do: ``gateway serve``, a worker process's
+``gateway.workers.__main__``, the tests' ``conftest``, the benches that run it in-process).
+If the manifest matches the sources as they are now, that directory goes first on the
+package's ``__path__``, and each subpackage's ``__init__`` calls ``use_in()`` to put its own
+compiled modules first on its ``__path__``, so ``import gateway.proxy.handler`` loads the
+compiled module. Any source changed since the build (an edit, a checkout) and the pure
+modules run instead: a compiled module is never a stale copy of the code. Nor is a process
+run half compiled: a module of ``MODULES`` imported before ``use()`` keeps the whole process
+on the pure modules. ``GATEWAY_NATIVE=0`` runs the pure modules whatever was built;
+``GATEWAY_NATIVE=1`` makes a missing or stale build (or a late ``use()``) an error (the tests
 use it to make sure they test the compiled modules).
 
 With GCC the build is guided by a profile: the modules are compiled once instrumented
@@ -36,6 +40,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+from collections.abc import MutableSequence
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
@@ -166,25 +171,41 @@ running = "pure Python: use() was not called"
 """Which modules this process runs, as ``use`` found them (``status`` words)."""
 
 
-def use(path: list[str]) -> bool:
-    """Put the compiled modules first on the package's ``path`` if they match the sources."""
+def use(path: MutableSequence[str] | None = None) -> bool:
+    """Put the compiled modules first on the package's ``__path__`` (or ``path``) if they
+    match the sources; for an entry point, before it imports the data plane. Calling it
+    again changes nothing. Returns whether the compiled modules run."""
     global running
+    package = sys.modules[__name__.rpartition(".")[0]]
+    if path is None:
+        path = package.__path__
+    if str(NATIVE) in path:
+        return True
     why = check()
+    if why is None and path is package.__path__:
+        early = [m for m in MODULES if f"{package.__name__}.{m}" in sys.modules]
+        if early:
+            why = f"{package.__name__}.{early[0]} was imported before native.use()"
     running = _describe(why)
     if why is None:
         path.insert(0, str(NATIVE))
+        for sub in sorted({m.rpartition(".")[0] for m in MODULES if "." in m}):
+            module = sys.modules.get(f"{package.__name__}.{sub}")
+            if module is not None:  # imported already (with none of its compiled modules)
+                use_in(module.__path__, module.__name__)
         return True
     if os.environ.get(ENV) == "1":
         raise ImportError(f"{ENV}=1 but the compiled modules cannot be used: {why}")
     return False
 
 
-def use_in(path: list[str], name: str) -> None:
+def use_in(path: MutableSequence[str], name: str) -> None:
     """For a subpackage's ``__init__`` (``name``: its ``__name__``): its compiled modules
     first on its ``path`` if ``use`` put the package's on the package's."""
     top, _, sub = name.partition(".")
-    if str(NATIVE) in sys.modules[top].__path__:
-        path.insert(0, str(NATIVE.joinpath(*sub.split("."))))
+    where = str(NATIVE.joinpath(*sub.split(".")))
+    if str(NATIVE) in sys.modules[top].__path__ and where not in path:
+        path.insert(0, where)
 
 
 def status() -> str:

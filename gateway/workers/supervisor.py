@@ -3,7 +3,7 @@
 ``Supervisor`` takes the place of ``TrafficServer`` in the controller's process when
 ``workers`` > 1 (same ``bind``/``start``/``stop``/``port``). It reserves the listening port
 (``bind``: a socket bound with SO_REUSEPORT that never listens, so port 0 resolves once and the
-port stays ours while workers come and go), starts the workers (``gateway.workers.worker``)
+port stays ours while workers come and go), starts the workers (``gateway.workers``)
 and then:
 
 - sends each worker every pool change as a whole snapshot of the service (``ipc.Install``),
@@ -30,13 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import sys
 from dataclasses import dataclass, field
 
-from .. import without_tls
 from ..config import ProxyConfig, parse_address
 from ..events import PoolEvent
 from ..metrics import GatewayMetrics
@@ -243,27 +241,16 @@ class Supervisor:
         for worker in self.workers.values():
             worker.send(ipc.ReloadTls())
 
-    def _environment(self) -> dict[str, str]:
-        """A worker's environment: this process's, and without HTTPS listeners, no OpenSSL
-        (``gateway.without_tls``: about 4.5 MiB less a worker)."""
-        env = dict(os.environ)
-        if self._tls_addresses:
-            env.pop(without_tls.ENV, None)
-        else:
-            env[without_tls.ENV] = "1"
-        return env
-
     async def _spawn(self, index: int) -> _Worker:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             process = await asyncio.create_subprocess_exec(
                 self.settings.python,
                 "-m",
-                "gateway.workers.worker",
+                "gateway.workers",
                 str(child.fileno()),
                 pass_fds=(child.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
-                env=self._environment(),
             )
         except BaseException:
             parent.close()

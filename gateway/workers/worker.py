@@ -1,7 +1,8 @@
 """A worker process: serves traffic from a mirror of the controller's pool.
 
 ``gateway serve --workers N`` (N > 1) starts N of these (``supervisor``), each as
-``python -m gateway.workers.worker FD`` with one end of a socketpair (``ipc``) at ``FD``. A
+``python -m gateway.workers FD`` (``__main__``: the compiled modules first, then ``main``
+here) with one end of a socketpair (``ipc``) at ``FD``. A
 worker runs the data plane alone: a ``TrafficServer`` bound with SO_REUSEPORT to the port the
 supervisor reserved (the kernel spreads connections over the workers), a ``Proxy``, and a
 ``Pool`` that is a mirror: it installs the snapshots the controller's pool publishes, and
@@ -29,7 +30,6 @@ import socket
 import sys
 from collections.abc import Callable
 
-from .. import without_tls
 from ..accesslog import AccessLog
 from ..events import RequestObserver
 from ..pool import Pool
@@ -120,10 +120,6 @@ async def serve(channel: socket.socket) -> None:
     setup = await ipc.receive(reader)
     if not isinstance(setup, ipc.Setup):
         raise RuntimeError(f"expected Setup first on the channel, got {setup!r}")
-    if setup.tls_addresses and without_tls.active():
-        raise without_tls.TlsLeftOut(
-            f"HTTPS listeners for a worker started with {without_tls.ENV}=1"
-        )
     logging.basicConfig(
         level=setup.log_level.upper(),
         format=f"%(asctime)s %(levelname)s worker-{setup.worker} %(name)s: %(message)s",
@@ -231,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not args[0].isdigit():
         print(
-            "usage: python -m gateway.workers.worker FD (started by the gateway itself)",
+            "usage: python -m gateway.workers FD (started by the gateway itself)",
             file=sys.stderr,
         )
         return 2
@@ -241,7 +237,3 @@ def main(argv: list[str] | None = None) -> int:
 
     uvloop.run(serve(channel))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

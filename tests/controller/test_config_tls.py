@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -47,29 +46,3 @@ def test_certificate_paths_are_relative_to_the_config_file(tmp_path: Path) -> No
     proxy = load_config(path).config.proxy_config()
     assert proxy.listen_tls == ("127.0.0.1:8443",)
     assert proxy.tls.certificates[0].cert_file == str(tmp_path / "c/cert.pem")
-
-
-@pytest.mark.parametrize(
-    ("document", "needed"),
-    [
-        ({}, None),
-        ({"workers": 2, "listen": "127.0.0.1:8080"}, None),
-        ({"listen_tls": ["127.0.0.1:8443"], "tls": {"acme": {"email": "a@b.c"}}}, "listen_tls"),
-        ({"tls": {"acme": {"email": "a@b.c"}}}, "tls.acme"),
-        (
-            {"backends": {"docker": {"hosts": [{"name": "a", "engine": "unix:///d.sock"}]}}},
-            "backends.docker",
-        ),
-        (
-            {"state": {"store": "etcd", "etcd": {"endpoints": ["http://127.0.0.1:2379"]}}},
-            "state.store etcd",
-        ),
-    ],
-)
-def test_what_makes_the_main_process_need_openssl(
-    tmp_path: Path, document: dict[str, object], needed: str | None
-) -> None:
-    """``gateway serve`` leaves OpenSSL out of its process when this says None."""
-    path = tmp_path / "gateway.json"  # JSON is YAML
-    path.write_text(json.dumps(document))
-    assert load_config(path).config.tls_needed() == needed

@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -222,3 +223,77 @@ def test_a_build_without_mypyc_says_what_to_install_and_keeps_the_last_build(pac
     assert str(refused.value).startswith(f"mypyc not installed in this environment ({sys.prefix})")
     assert "install mypy" in str(refused.value)
     assert native.MANIFEST.exists()  # the last build stays as it was
+
+
+USE = r"""
+import json, os, sys
+from gateway import native
+
+native.NATIVE.mkdir(parents=True)  # a build's manifest (no compiled module in it)
+native.MANIFEST.write_text(json.dumps({"digest": native.digest(), "modules": []}))
+for name in sys.argv[1:]:
+    __import__(name)
+try:
+    used = [native.use(), native.use()]
+except ImportError as exc:
+    used = [str(exc)]
+gateway = sys.modules["gateway"]
+wire = sys.modules.get("gateway.wire")
+print(json.dumps({
+    "used": used,
+    "running": native.running,
+    "path": [os.path.relpath(p, native.PACKAGE) for p in gateway.__path__],
+    "wire": [os.path.relpath(p, native.PACKAGE) for p in wire.__path__] if wire else None,
+}))
+"""
+
+
+def use_in_a_copy(tmp_path: Path, *imported_first: str, native_env: str = "") -> dict:
+    """``native.use()`` twice in a fresh interpreter that runs a copy of the package with a
+    build of its sources, after importing ``imported_first``."""
+    shutil.copytree(
+        native.PACKAGE,
+        tmp_path / "gateway",
+        ignore=shutil.ignore_patterns("__pycache__", "_native"),
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), native.ENV: native_env}
+    out = subprocess.run(
+        [sys.executable, "-c", USE, *imported_first],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    result: dict = json.loads(out.stdout)
+    return result
+
+
+BUILD = os.path.join("_native", native.TAG)
+
+
+def test_use_puts_the_build_first_once(tmp_path):
+    seen = use_in_a_copy(tmp_path, "gateway")
+    assert seen["used"] == [True, True]
+    assert seen["path"] == [BUILD, "."]
+    assert seen["running"].startswith("compiled (mypyc): ")
+
+
+def test_use_after_a_subpackage_was_imported_puts_its_build_first_too(tmp_path):
+    seen = use_in_a_copy(tmp_path, "gateway.wire")  # its __init__ imports none of its modules
+    assert seen["used"] == [True, True]
+    assert seen["wire"] == [os.path.join(BUILD, "wire"), "wire"]
+
+
+def test_use_after_a_compiled_module_was_imported_runs_the_pure_modules(tmp_path):
+    """Not half of them compiled: the pure ``gateway.balancer`` is imported already."""
+    seen = use_in_a_copy(tmp_path, "gateway.balancer")
+    assert seen["used"] == [False, False]
+    assert seen["path"] == ["."]
+    assert seen["running"] == "pure Python: gateway.balancer was imported before native.use()"
+    seen = use_in_a_copy(tmp_path / "again", "gateway.balancer", native_env="1")
+    assert seen["used"] == [
+        "GATEWAY_NATIVE=1 but the compiled modules cannot be used: "
+        "gateway.balancer was imported before native.use()"
+    ]
