@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SEEN = r"""
 import sys
+import tomllib
 def seen():
     import hashlib, ssl
     return {
@@ -97,3 +99,72 @@ def test_hashlib_and_ssl_imported_after_the_gateway_are_openssls_own() -> None:
     seen = run(FIRST, *MODULES)
     assert seen["sha256_is_openssls"] is True
     assert seen["SSLContext_is_openssls"] is True
+
+
+PURE_AT_RUN_TIME = r"""
+import builtins, importlib.util, json, os, sys, types
+forbidden, found, root = json.loads(sys.argv[1]), {}, os.getcwd()
+
+def forbidden_imports(module):
+    # A module in a forbidden package may import its package's other modules (the Docker
+    # backend's pure modules take the backends' protocol, controller.backends.base).
+    mine = [f for f in forbidden if not module.startswith(f + ".")]
+    # Every import statement of the gateway's own modules that ran while ``module`` was
+    # imported, and imported a forbidden module (a library's own imports are its own).
+    hits = []
+    real = builtins.__import__
+
+    def spy(name, globals=None, locals=None, fromlist=(), level=0):
+        imported = real(name, globals, locals, fromlist, level)
+        importer = (globals or {}).get("__name__", "")
+        if importer.split(".")[0] in ("gateway", "controller"):
+            whole = importlib.util.resolve_name("." * level + name, globals["__package__"])
+            submodules = [f"{whole}.{n}" for n in fromlist or () if f"{whole}.{n}" in sys.modules]
+            for module in (whole, *submodules):
+                if any(module == f or module.startswith(f + ".") for f in mine):
+                    hits.append(f"{importer} -> {module}")
+        return imported
+
+    # Its packages but the top one stand empty: importing it runs theirs ``__init__`` too,
+    # which is not what it imports (gateway.proxy's brings the whole proxy).
+    top, *packages = module.split(".")[:-1]
+    for depth in range(1, len(packages) + 1):
+        name = ".".join([top, *packages[:depth]])
+        sys.modules[name] = stand_in = types.ModuleType(name)
+        stand_in.__path__ = [os.path.join(root, *name.split("."))]
+    builtins.__import__ = spy
+    __import__(module)
+    return sorted(set(hits))
+
+for module in json.loads(sys.argv[2]):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a child imports the module alone
+        os.close(read)
+        os.write(write, json.dumps(forbidden_imports(module)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        found[module] = json.loads(answer.read() or '["(the child failed)"]')
+    os.waitpid(pid, 0)
+print(json.dumps(found))
+"""
+
+
+def test_the_pure_modules_load_no_io_module_at_run_time() -> None:
+    """What the purity contract of ``lint-imports`` cannot see: the ``gateway`` package gives
+    its names on first use (PEP 562), so ``from gateway import Duration`` imports
+    ``gateway.config`` alone at run time, while its imports for type checkers name every
+    module (the contract ignores those). Each pure module, imported alone in a fresh
+    process, runs no import of a forbidden module in the gateway's own code. As in the
+    contract, a library's imports are its own (pydantic's entry points bring ``socket``
+    through ``email``), and so are the module's packages' ``__init__`` (``gateway.proxy``'s
+    imports the whole proxy: its pure modules are pure, the package is not)."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    (pure,) = [c for c in contracts if c["name"] == "Pure modules import no I/O module"]
+    assert pure["allow_indirect_imports"] is False
+    found = run(
+        PURE_AT_RUN_TIME, json.dumps(pure["forbidden_modules"]), json.dumps(pure["source_modules"])
+    )
+    assert found == {module: [] for module in pure["source_modules"]}
