@@ -7,14 +7,21 @@ controller in this process drains an old replica only once both workers hold not
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
 
 import aiohttp
+import pytest
 
-from gateway import Supervisor
+from gateway import Supervisor, native
 
+from ..ports import free_port
 from .conftest import Gateways, Load, alive, children, serve_process, serving, spec, threads, until
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def requests_counted(url: str, revision: int) -> float:
@@ -82,30 +89,72 @@ async def test_workers_stop_by_themselves_when_the_main_process_is_killed(gatewa
     await until(lambda: not any(alive(pid) for pid in workers), 10, "the workers to exit")
 
 
-def test_a_worker_imports_neither_aiohttp_nor_the_control_plane():
+MODULES_AT_EXIT = """
+import atexit, json, os, sys
+
+def _modules_at_exit():
+    with open(os.path.join(%r, f"{os.getpid()}.json"), "w") as out:
+        json.dump({n: getattr(m, "__file__", None) for n, m in sys.modules.items()}, out)
+
+atexit.register(_modules_at_exit)
+"""
+"""A ``sitecustomize``: every Python process started with it on its path writes the modules
+it has loaded when it exits, and their files (``sys.modules``: imports inside functions too)."""
+
+
+async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
+    gateways: Gateways, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """A worker is spawned, so it holds only what its imports bring: the admin API's and the
-    prober's aiohttp, the controller, the supervisor and the metrics' collectors (with
-    prometheus_client: a worker counts in plain ints) stay in the main process (a worker's
-    memory is counted once per core)."""
-    code = (
-        "import sys, gateway.workers.worker\n"
-        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
-        "print(' '.join(sorted(m for m in sys.modules if m.startswith('gateway.'))))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    ).stdout.splitlines()
-    packages, modules = set(out[0].split()), set(out[1].split())
-    assert not packages & {"aiohttp", "controller", "yaml", "prometheus_client"}, packages
-    assert not modules & {
-        "gateway.metrics",
-        "gateway.prober",
-        "gateway.scrape",
-        "gateway.tls.metrics",
-        "gateway.workers.supervisor",
-    }
-    assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config: dataclasses
-    assert not packages & {"shutil", "tempfile"}, packages  # gateway.native's build only
-    # gateway.config's bounds are its own, not annotated_types' (which brings the first
-    # three in); gateway.native reads its version from sys.version
-    assert not packages & {"annotated_types", "typing_extensions", "datetime", "platform"}, packages
+    prober's aiohttp, the controller, the supervisor and the metrics' collectors
+    (``gateway.scrape``, with prometheus_client: a worker counts in plain ints), the config's models
+    (pydantic: a worker's settings come over its channel as dataclasses) stay in the main
+    process (a worker's memory is counted once per core). Read from the modules real workers
+    of ``gateway serve --workers 2`` had loaded when they exited, having served a request;
+    they ran the data plane the suite runs (compiled under GATEWAY_NATIVE=1: ``python -m
+    gateway.workers`` calls ``native.use`` first)."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(MODULES_AT_EXIT % str(tmp_path))
+    path = [str(hooks), os.environ.get("PYTHONPATH") or str(ROOT)]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+    port = free_port()
+    config = gateways.config(workers=2, listen=f"127.0.0.1:{port}")
+    process = await serve_process(gateways.write_config(config))
+    try:
+        workers = children(process.pid)
+        assert len(workers) == 2
+        async with aiohttp.ClientSession() as session:
+            for _ in range(4):  # the proxy's answer for a path no service routes
+                async with session.get(f"http://127.0.0.1:{port}/nowhere") as response:
+                    assert response.status == 404
+        process.send_signal(signal.SIGTERM)  # stops its workers: each exits as it should
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    for pid in workers:
+        files = json.loads((tmp_path / f"{pid}.json").read_text())
+        modules = set(files)
+        packages = {m.split(".")[0] for m in modules}
+        assert {"gateway.workers.worker", "gateway.proxy.handler", "uvloop"} <= modules, pid
+        assert not packages & {"aiohttp", "controller", "yaml", "prometheus_client"}, packages
+        assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config
+        assert not modules & {
+            "gateway.metrics",
+            "gateway.prober",
+            "gateway.scrape",
+            "gateway.tls.metrics",
+            "gateway.workers.supervisor",
+        }
+        assert not packages & {"shutil", "tempfile"}, packages  # gateway.native's build only
+        # gateway.config's bounds are its own, not annotated_types' (which brings the first
+        # three in); gateway.native reads its version from sys.version
+        assert not packages & {"annotated_types", "typing_extensions", "datetime", "platform"}
+        wanted = os.environ.get(native.ENV)
+        if wanted in ("0", "1"):
+            hot = [f"gateway.{m}" for m in native.MODULES if f"gateway.{m}" in modules]
+            assert "gateway.proxy.handler" in hot
+            compiled = {m for m in hot if not files[m].endswith(".py")}
+            assert compiled == (set(hot) if wanted == "1" else set()), compiled
