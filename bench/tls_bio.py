@@ -9,7 +9,8 @@ connection (one record each way). Both ends run here, so each figure is the clie
 server's CPU together; the client is the same in every variant. Variants, interleaved
 repetition by repetition: ``public`` (``SSLContext.wrap_bio``, an ``ssl.SSLObject``, as the
 gateway does) and ``private`` (the C object from CPython's ``SSLContext._wrap_bio``, as it
-did before 9c5759a). CPU time (``time.process_time``): the machine's other load counts less.
+did before 9c5759a). On the compiled modules if built (``gateway native status``). CPU
+time (``time.process_time``): the machine's other load counts less.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import ssl
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,21 +86,26 @@ class Loop:
     def call_soon(self, *args: Any) -> None: ...
 
 
-class Private(TlsConnection):
-    """The C object from the private ``_wrap_bio``, as before 9c5759a."""
+def public(conn: Any) -> Any:
+    """What ``TlsConnection`` makes: an ``ssl.SSLObject``."""
+    return SERVER.wrap_bio(conn._incoming, conn._outgoing, server_side=True)
 
-    def connection_made(self, transport: Any) -> None:
-        super().connection_made(transport)
-        self._ssl = self._context._wrap_bio(self._incoming, self._outgoing, True, None)  # type: ignore[attr-defined]
+
+def private(conn: Any) -> Any:
+    """What it made before 9c5759a: the C object, from the private ``_wrap_bio``."""
+    return SERVER._wrap_bio(conn._incoming, conn._outgoing, True, None)  # type: ignore[attr-defined]
 
 
 class Pair:
-    """A server ``TlsConnection`` (of ``kind``) and a client, handshaken."""
+    """A server ``TlsConnection`` on OpenSSL's object made by ``make``, and a client,
+    handshaken. (``make``'s object replaces the one ``connection_made`` made, unused, in
+    both variants alike: a compiled ``TlsConnection`` cannot be subclassed.)"""
 
-    def __init__(self, kind: type[TlsConnection], session: ssl.SSLSession | None = None) -> None:
-        self.conn = kind(App(), SERVER, 0, GATE, TALLY, Loop())  # type: ignore[arg-type]
+    def __init__(self, make: Callable[[Any], Any], session: ssl.SSLSession | None = None) -> None:
+        self.conn = TlsConnection(App(), SERVER, 0, GATE, TALLY, Loop())  # type: ignore[arg-type]
         self.tcp = Tcp()
         self.conn.connection_made(self.tcp)  # type: ignore[arg-type]
+        self.conn._ssl = make(self.conn)
         self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         self.client = CLIENT.wrap_bio(
             self.incoming, self.outgoing, server_hostname="example.test", session=session
@@ -126,10 +133,10 @@ CA.issue_cert("example.test").configure_cert(SERVER)
 CLIENT = ssl.create_default_context()
 CA.configure_trust(CLIENT)
 GATE, TALLY = ConnectionGate(10**9), HandshakeTally()
-VARIANTS: dict[str, type[TlsConnection]] = {"private": Private, "public": TlsConnection}
+VARIANTS: dict[str, Callable[[Any], Any]] = {"private": private, "public": public}
 
 
-def step(what: str, kind: type[TlsConnection], n: int) -> float:
+def step(what: str, kind: Callable[[Any], Any], n: int) -> float:
     """CPU microseconds per handshake or per request and answer."""
     pair = Pair(kind)
     pair.request()  # the session tickets come with the first answer's records
