@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gateway import Duration, ListenAddress, ListenerLimits, ProxyConfig, TlsConfig
 
+from . import documents
 from .cluster.config import NodeConfig, StateConfig
+from .errors import DocumentError, DocumentTooLarge
 from .schema import Model
 from .spec import NAME_PATTERN, ServiceSpec
 
@@ -400,16 +401,18 @@ def _describe(source: str, error: ValidationError) -> str:
 
 
 def read_document(path: Path) -> Any:
+    """A YAML file (JSON if its name ends in ``.json``) within the limits of ``documents``;
+    ConfigError names the file and the limit passed."""
     try:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
     try:
-        if path.suffix == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not valid YAML/JSON: {e}") from None
+        return documents.parse(text, "json" if path.suffix == ".json" else "yaml")
+    except DocumentTooLarge as e:
+        raise ConfigError(f"{path}: refused: {e.message} (limit: {e.limit})") from None
+    except DocumentError as e:
+        raise ConfigError(f"{path}: {e.message}") from None
 
 
 def parse_spec(data: Any, source: str, base_dir: Path | None = None) -> ServiceSpec:

@@ -4,6 +4,8 @@ ControllerError
 ├── SpecError            422  a spec or request that cannot be applied (field path + reason)
 ├── NotFound             404  no such service, revision or replica
 ├── Conflict             409  the action does not fit the current state
+├── DocumentError        400  a YAML or JSON document that cannot be read (not UTF-8, syntax)
+│   └── DocumentTooLarge 413  past a limit of ``documents``: ``limit`` names which
 ├── StoreUnavailable     503  the state database cannot be written
 │   └── Deposed          503  a write fenced by this node's leadership, refused: another leads
 └── BackendError              a backend could not do what it was asked
@@ -17,6 +19,9 @@ ControllerError
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
+
+Limit = Literal["depth", "nodes"]
 
 
 class ControllerError(Exception):
@@ -46,6 +51,23 @@ class NotFound(ControllerError):
 class Conflict(ControllerError):
     status = 409
     code = "conflict"
+
+
+class DocumentError(ControllerError):
+    status = 400
+    code = "bad_request"
+
+
+class DocumentTooLarge(DocumentError):
+    """Nested deeper, or with more nodes, than ``documents`` reads: refused while parsing."""
+
+    status = 413
+    code = "document_too_large"
+
+    def __init__(self, message: str, limit: Limit, allowed: int) -> None:
+        super().__init__(message, limit=limit, allowed=allowed)
+        self.limit = limit
+        self.allowed = allowed
 
 
 class StoreUnavailable(ControllerError):
