@@ -13,14 +13,17 @@ are taken, as in any YAML file.
 
 Invariants: the cost of ``parse`` grows with the text's length and the limits, never with what
 aliases stand for; what it returns has at most ``MAX_NODES`` nodes once expanded, so a caller
-can walk, dump and validate it in bounded time. Nothing here blocks on I/O, and nothing is
-cheap enough to run on the event loop: callers there run it in a thread.
+can walk, dump and validate it in bounded time. Nothing here blocks on I/O; a caller on an
+event loop runs it in a thread, and passes ``pause`` so that the thread hands the loop the
+GIL every ``PAUSE_EVERY`` steps instead of making it wait a switch interval (5 ms) at each of
+its turns.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,7 +31,7 @@ import yaml
 
 from .errors import DocumentError, DocumentTooLarge
 
-__all__ = ["MAX_DEPTH", "MAX_INTEGER", "MAX_NODES", "Kind", "parse"]
+__all__ = ["MAX_DEPTH", "MAX_INTEGER", "MAX_NODES", "PAUSE_EVERY", "Kind", "parse"]
 
 MAX_DEPTH = 64
 """Levels of nesting, the document's top value being level 1; a spec needs about 6."""
@@ -39,6 +42,9 @@ MAX_INTEGER = 4300
 """Characters of a YAML integer: Python's own limit on decimal digits (``int("9" * 4301)``
 is refused), applied to YAML's base-60 integers too, whose conversion time is quadratic."""
 
+PAUSE_EVERY = 256
+"""Steps (parser events, objects built, values walked) between two calls of ``pause``."""
+
 Kind = Literal["yaml", "json"]
 
 _Loader: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -47,6 +53,19 @@ safe constructors; the pure-Python parser otherwise."""
 
 
 class _BoundedLoader(_Loader):  # type: ignore[misc]
+    """The safe loader, with integers bounded and ``pause`` called as objects are built."""
+
+    def __init__(self, text: str, pause: Callable[[], object] | None) -> None:
+        super().__init__(text)
+        self.pause = pause
+        self.built = 0
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        self.built += 1
+        if self.pause is not None and self.built % PAUSE_EVERY == 0:
+            self.pause()
+        return super().construct_object(node, deep)
+
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         if len(node.value) > MAX_INTEGER:
             raise DocumentError(f"not valid YAML: an integer longer than {MAX_INTEGER} characters")
@@ -57,11 +76,11 @@ class _BoundedLoader(_Loader):  # type: ignore[misc]
 _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
-def parse(text: str | bytes, kind: Kind) -> Any:
+def parse(text: str | bytes, kind: Kind, pause: Callable[[], object] | None = None) -> Any:
     """``text`` (bytes are read as UTF-8) as Python data: dicts, lists and scalars.
 
     Raises ``DocumentTooLarge`` past a limit, ``DocumentError`` for anything else that is not
-    one document of ``kind``.
+    one document of ``kind``. ``pause`` is called every ``PAUSE_EVERY`` steps.
     """
     if isinstance(text, bytes):
         try:
@@ -69,8 +88,8 @@ def parse(text: str | bytes, kind: Kind) -> Any:
         except UnicodeDecodeError:
             raise DocumentError("not UTF-8") from None
     if kind == "json":
-        return _json(text)
-    return _yaml(text)
+        return _json(text, pause)
+    return _yaml(text, pause)
 
 
 def _too_deep() -> DocumentTooLarge:
@@ -85,24 +104,27 @@ def _too_many() -> DocumentTooLarge:
     )
 
 
-def _json(text: str) -> Any:
-    # json.loads builds the whole document in one call that holds the GIL (70 ms for 1 MiB of
-    # "[],"), so the event loop's thread would wait for it. A count of punctuation bounds the
-    # nodes from above; past the limit, the YAML parser's events (JSON is YAML's flow style)
-    # count them exactly, a few at a time, and stop at the limit.
+def _json(text: str, pause: Callable[[], object] | None) -> Any:
+    # json.loads builds the whole document in one call that holds the GIL however long it
+    # takes, so an event loop beside it would wait. A count of punctuation bounds the nodes
+    # from above; past the limit, the YAML parser's events (JSON is YAML's flow style) count
+    # them exactly, pausing, and stop at the limit before json.loads builds anything.
     bound = 1 + sum(text.count(c) for c in "[{,:")
     if bound > MAX_NODES:
         with contextlib.suppress(yaml.YAMLError):  # json.loads is the judge of JSON
-            _measure(text)
+            _measure(text, pause)
     try:
         data = json.loads(text)
     except RecursionError:  # the C scanner stops near Python's recursion limit, far past ours
         raise _too_deep() from None
     except ValueError as e:
         raise DocumentError(f"not valid JSON: {e}") from None
-    nodes = 0
+    nodes = visited = 0
     stack: list[tuple[Any, int]] = [(data, 1)]
     while stack:
+        visited += 1
+        if pause is not None and visited % PAUSE_EVERY == 0:
+            pause()
         value, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise _too_deep()
@@ -132,10 +154,14 @@ class _Open:
     """Levels below it so far."""
 
 
-def _yaml(text: str) -> Any:
+def _yaml(text: str, pause: Callable[[], object] | None) -> Any:
     try:
-        _measure(text)
-        return yaml.load(text, Loader=_BoundedLoader)  # the safe constructors, bounded ints
+        _measure(text, pause)
+        loader = _BoundedLoader(text, pause)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         if "maximum nesting depth" in str(e):  # libyaml's own limit (1000) met by its scanner
             raise _too_deep() from None
@@ -144,14 +170,16 @@ def _yaml(text: str) -> Any:
         raise DocumentError(f"not valid YAML: {e}") from None
 
 
-def _measure(text: str) -> None:
+def _measure(text: str, pause: Callable[[], object] | None) -> None:
     """Walk the parser's events, counting nodes and levels as the composed document would
     have them, an alias as its anchor's; stop at the first limit passed."""
     nodes = 0
     open_: list[_Open] = []
     anchors: dict[str, tuple[int, int]] = {}
     """Anchor -> the nodes and levels of what it names."""
-    for event in yaml.parse(text, Loader=_Loader):
+    for count, event in enumerate(yaml.parse(text, Loader=_Loader), 1):
+        if pause is not None and count % PAUSE_EVERY == 0:
+            pause()
         if isinstance(event, yaml.CollectionStartEvent):
             if len(open_) + 1 > MAX_DEPTH:
                 raise _too_deep()

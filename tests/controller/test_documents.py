@@ -18,10 +18,10 @@ import yaml
 
 from controller import cli
 from controller.config import ConfigError, load_config
-from controller.documents import MAX_DEPTH, MAX_INTEGER, MAX_NODES, Kind, parse
+from controller.documents import MAX_DEPTH, MAX_INTEGER, MAX_NODES, PAUSE_EVERY, Kind, parse
 from controller.errors import DocumentError, DocumentTooLarge
 from controller.main import build_parser
-from tests.bombs import alias_bomb
+from tests.bombs import FLAT_MIB, alias_bomb
 from tests.ports import free_port
 
 
@@ -181,6 +181,19 @@ def test_what_is_not_a_document_is_a_document_error(
     assert not isinstance(caught.value, DocumentTooLarge)
     assert (caught.value.status, caught.value.code) == (400, "bad_request")
     assert message in caught.value.message
+
+
+@pytest.mark.parametrize("kind", ["yaml", "json"])
+def test_pause_is_called_every_so_many_nodes(kind: Kind) -> None:
+    # A parse in a thread beside an event loop hands it the GIL through ``pause``.
+    calls: list[None] = []
+    parse(flat(10_000), kind, pause=lambda: calls.append(None))
+    assert len(calls) >= 10_000 // PAUSE_EVERY  # the events, or the walk of what was built
+    calls.clear()
+    with pytest.raises(DocumentTooLarge):
+        parse(FLAT_MIB[1], kind, pause=lambda: calls.append(None))
+    # The events of "[]," are two a node: refused after 2 * MAX_NODES of them at most.
+    assert MAX_NODES // PAUSE_EVERY <= len(calls) <= 2 * MAX_NODES // PAUSE_EVERY + 1
 
 
 # -- config files and gateway apply -f --------------------------------------------------------
