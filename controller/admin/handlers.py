@@ -12,15 +12,16 @@ import asyncio
 import json
 import posixpath
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from .. import documents
 from ..config import format_validation_error
-from ..errors import Conflict, NotFound, SpecError
+from ..errors import Conflict, DocumentError, NotFound, SpecError
 from ..journal import HISTORY, Entry
 from ..model import LEAVING, Rollout
 from ..operations import Controller
@@ -100,19 +101,21 @@ def _controller(request: web.Request) -> Controller:
 
 
 def _parse(raw: bytes, content_type: str) -> Any:
+    """The body as data, within the limits of ``documents`` (413 naming the one passed).
+    Called in a thread (``read_model``, ``put_service``): no parser runs on the event loop."""
+    kind: documents.Kind = "json"
+    if content_type in YAML_TYPES or content_type == "text/x-yaml":
+        kind = "yaml"
     try:
-        text = raw.decode("utf-8")
-        if content_type in YAML_TYPES or content_type == "text/x-yaml":
-            return yaml.safe_load(text)
-        return json.loads(text)
-    except UnicodeDecodeError:
-        raise ApiError(400, "bad_request", "the body is not UTF-8") from None
-    except RecursionError:
-        raise ApiError(400, "bad_request", "the body is nested too deeply") from None
-    except yaml.YAMLError as e:
-        raise ApiError(400, "bad_request", f"the body is not valid YAML: {e}") from None
-    except ValueError as e:
-        raise ApiError(400, "bad_request", f"the body is not valid JSON: {e}") from None
+        return documents.parse(raw, kind, pause=_hand_over)
+    except DocumentError as e:
+        raise ApiError(e.status, e.code, f"the body is {e.message}", None, **e.details) from None
+
+
+def _hand_over() -> None:
+    """Let the event loop's thread take the GIL if it waits for it: a blocking call, for the
+    thread that parses beside it."""
+    time.sleep(0)
 
 
 def strict(model: type[M], data: Any) -> M:
@@ -144,15 +147,19 @@ def _integral(data: Any) -> Any:
 
 
 async def read_model(request: web.Request, model: type[M], optional: bool = False) -> M:
-    """The body as ``model``: 400 if it is not JSON, 422 naming each field if it is wrong.
-    ``optional``: no body at all (zero bytes) stands for ``model()``; white space is a body,
-    and not JSON."""
+    """The body as ``model``: 400 if it is not JSON, 413 past a limit, 422 naming each field if
+    it is wrong. ``optional``: no body at all (zero bytes) stands for ``model()``; white space
+    is a body, and not JSON. Parsed and validated in a thread."""
     raw = await request.read()  # raises 413 past client_max_size
     if optional and not raw:
         return model()
     if not raw.strip():
         raise ApiError(400, "bad_request", "a JSON body is required")
-    data = _parse(raw, request.content_type)
+    return await asyncio.to_thread(_read_model, raw, request.content_type, model)
+
+
+def _read_model(raw: bytes, content_type: str, model: type[M]) -> M:
+    data = _parse(raw, content_type)
     try:
         return strict(model, data)
     except ValidationError as e:
@@ -277,10 +284,8 @@ async def put_service(request: web.Request) -> web.Response:
     controller = _controller(request)
     name = request.match_info["name"]
     dry_run = _flag(request, "dry_run")
-    data = _parse(await request.read(), request.content_type)
-    if isinstance(data, dict):
-        data.setdefault("name", name)
-    spec = _spec(data)
+    raw = await request.read()
+    spec = await asyncio.to_thread(_read_spec, raw, request.content_type, name)
     if spec.name != name:
         # RFC 9110 9.3.4: a PUT representation inconsistent with its target is a 409.
         reason = f"{spec.name!r} differs from {name!r} in the path"
@@ -288,6 +293,13 @@ async def put_service(request: web.Request) -> web.Response:
     _refuse_relative_paths(spec)
     result = controller.plan_apply(spec) if dry_run else await controller.apply(spec)
     return respond(ApplyResultBody.model_validate(result.to_json() | {"dry_run": dry_run}))
+
+
+def _read_spec(raw: bytes, content_type: str, name: str) -> ServiceSpec:
+    data = _parse(raw, content_type)
+    if isinstance(data, dict):
+        data.setdefault("name", name)
+    return _spec(data)
 
 
 def _spec(data: Any) -> ServiceSpec:

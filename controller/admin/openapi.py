@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from ..documents import MAX_DEPTH, MAX_NODES
 from ..spec import NAME_PATTERN, ServiceSpec
 from . import constraints
 from .schemas import REQUEST_MODELS, RESPONSE_MODELS, SPEC_MARK, ErrorBody
@@ -34,7 +35,9 @@ ERROR_TEXT = {
     405: "Method not allowed on this path",
     409: "The action does not fit the service's current state (or, on a PUT, the spec's name "
     "is not the path's)",
-    413: "The body is larger than the admin API accepts",
+    413: "The body is larger than the admin API accepts (`payload_too_large`), or its document "
+    f"is nested deeper than {MAX_DEPTH} levels or has more than {MAX_NODES} nodes, a YAML "
+    "alias counting as all it repeats (`document_too_large`, `limit` names which)",
     415: "The body's content type is not accepted",
     422: "An invalid spec or request: each field path and reason in `errors`",
     500: "An unexpected error (logged by the gateway; no details are given)",

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from ..acme.manager import CertificateState
+from ..errors import Limit
 from ..scaling import MAX_REPLICAS
 from ..tokens import TOKEN_PATTERN
 
@@ -77,6 +78,10 @@ class ErrorBody(BaseModel):
     message: str
     errors: list[FieldError] | None = None
     """Invalid specs and requests: each field path and what is wrong with it."""
+    limit: Limit | None = None
+    """A document refused while it was parsed (413 ``document_too_large``): the limit passed."""
+    allowed: int | None = None
+    """That limit's value."""
 
 
 # -- services -------------------------------------------------------------------------------

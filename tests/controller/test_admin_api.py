@@ -18,10 +18,12 @@ import yaml
 from controller.admin import web
 from controller.admin.app import build_admin_app, is_loopback
 from controller.admin.openapi import Operation
+from controller.documents import MAX_DEPTH, MAX_NODES
 from controller.journal import Journal
 from controller.model import ReplicaState
 from gateway import Health
 from tests.admin_client import AdminClient, AdminClientFactory
+from tests.bombs import BOMBS, FLAT_MIB
 
 from .conftest import Harness, spec
 
@@ -379,15 +381,39 @@ async def test_an_optional_body_of_white_space_is_400_and_no_body_is_none(
     ],
     ids=["unclosed", "objects", "closed"],
 )
-async def test_a_body_nested_too_deeply_is_400_not_500(api: Api, path: str, body: str) -> None:
-    # The parser (or a walk of what it parsed) runs out of stack: a bad body, not a crash.
+async def test_a_body_nested_too_deeply_is_413_naming_the_limit(
+    api: Api, path: str, body: str
+) -> None:
+    # Refused while parsing, at 64 levels (a 500 when the parser ran out of stack, then a 400).
     if path.endswith("/scale"):
         await serving(api)
     method = "POST" if path.endswith("/scale") else "PUT"
     headers = {**AUTH, "Content-Type": "application/json"}
     response = await api.client.request(method, path, data=body, headers=headers)
-    assert response.status in (400, 422), await response.text()
-    assert (await response.json())["error"] in ("bad_request", "invalid_request")
+    assert response.status == 413, await response.text()
+    assert await response.json() == {
+        "error": "document_too_large",
+        "message": "the body is nested deeper than 64 levels",
+        "limit": "depth",
+        "allowed": 64,
+    }
+
+
+@pytest.mark.parametrize("name", [*BOMBS, "flat_mib"])
+async def test_a_bomb_is_413_naming_the_limit_and_changes_nothing(api: Api, name: str) -> None:
+    # Issue 53: a 324-byte YAML alias bomb grew the gateway past 4 GB and was never answered.
+    await serving(api)
+    before = api.fingerprint()
+    content_type, body = FLAT_MIB if name == "flat_mib" else BOMBS[name]
+    headers = {**AUTH, "Content-Type": content_type}
+    for method, path in [("PUT", "/api/services/web"), ("POST", "/api/services/web/scale")]:
+        response = await api.client.request(method, path, data=body, headers=headers)
+        assert response.status == 413, await response.text()
+        answer = await response.json()
+        assert answer["error"] == "document_too_large"
+        assert answer["limit"] in ("depth", "nodes")
+        assert answer["allowed"] == {"depth": MAX_DEPTH, "nodes": MAX_NODES}[answer["limit"]]
+    assert api.fingerprint() == before
 
 
 async def test_an_oversized_body_is_413(api: Api) -> None:
