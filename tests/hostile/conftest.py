@@ -30,9 +30,10 @@ from tests.gateway.conftest import (  # noqa: F401 - fixtures, registered by imp
 MiB = 1024 * 1024
 
 
-def rss() -> int:
-    """Resident memory of this process (gateway and test client alike), in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+def rss(pid: int | str = "self") -> int:
+    """Resident memory of this process (gateway and test client alike), or of ``pid``, in
+    bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS in /proc/self/status")
