@@ -203,7 +203,7 @@ def _measure(text: str, pause: Callable[[], object] | None) -> None:
                     "depth",
                     MAX_DEPTH,
                 )
-            else:  # an undefined alias: the composer refuses it
+            else:  # an undefined alias counts as one node: the composer refuses it
                 size, height = anchors.get(event.anchor or "", (1, 1))
             nodes += size
             if len(open_) + height > MAX_DEPTH:
