@@ -8,9 +8,9 @@ ControllerError
 │   └── DocumentTooLarge 413  past a limit of ``documents``: ``limit`` names which
 ├── StoreUnavailable     503  the state database cannot be written
 │   └── Deposed          503  a write fenced by this node's leadership, refused: another leads
-└── BackendError              a backend could not do what it was asked
-    ├── NoCapacity            the fleet is full; ``retry_after`` hints when to try again
-    └── StartFailed           the replica could not be started (bad command, directory...)
+├── BackendError              a backend could not do what it was asked
+│   ├── NoCapacity            the fleet is full; ``retry_after`` hints when to try again
+│   └── StartFailed           the replica could not be started (bad command, directory...)
 └── StartRefused              the gateway did not start, and touched nothing (exit 2)
     ├── StateDirInUse         another gateway process holds the state directory's lock
     └── ListenFailed          an address to listen on could not be bound
