@@ -1,70 +1,32 @@
-"""A client of an admin app served on a loopback port of its own, for the tests.
+"""A test client of an admin app, served by pytest-aiohttp with the admin listener's settings.
 
-``admin_client(app)`` starts the app's listener (``controller.admin.server``) on 127.0.0.1
-and answers a client whose paths are relative to it; both are closed when the test ends.
+``admin_client(app)`` serves the app on a loopback port (pytest-aiohttp's ``aiohttp_server``,
+with ``HTTP_SETTINGS``: the keep-alive, header and shutdown limits ``AdminServer`` runs it
+with) and answers its ``aiohttp_client``, whose paths are relative to it; both are closed
+when the test ends. (``aiohttp_client(app, server_kwargs=...)`` would drop the settings:
+``TestServer`` takes them only in ``start_server``.)
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
 
-from controller.admin.server import AdminListener
-from controller.admin.web import App
+from controller.admin.app import HTTP_SETTINGS
 
-
-class AdminClient:
-    """An aiohttp session bound to one admin listener."""
-
-    def __init__(self, app: App, listener: AdminListener, session: aiohttp.ClientSession):
-        self.app = app
-        self.listener = listener
-        self.session = session
-
-    @property
-    def port(self) -> int:
-        return self.listener.port
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self.session.request(method, self.url(path), **kwargs)
-
-    def get(self, path: str, **kwargs: Any) -> Any:
-        return self.request("GET", path, **kwargs)
-
-    def post(self, path: str, **kwargs: Any) -> Any:
-        return self.request("POST", path, **kwargs)
-
-    def put(self, path: str, **kwargs: Any) -> Any:
-        return self.request("PUT", path, **kwargs)
-
-    def patch(self, path: str, **kwargs: Any) -> Any:
-        return self.request("PATCH", path, **kwargs)
-
-    def delete(self, path: str, **kwargs: Any) -> Any:
-        return self.request("DELETE", path, **kwargs)
-
-
-AdminClientFactory = Callable[[App], Awaitable[AdminClient]]
+AdminClient = TestClient[web.Request, web.Application]
+AdminClientFactory = Callable[[web.Application], Awaitable[AdminClient]]
 
 
 @pytest.fixture
-async def admin_client() -> AsyncIterator[AdminClientFactory]:
-    made: list[AdminClient] = []
-
-    async def make(app: App) -> AdminClient:
-        listener = AdminListener(app, "127.0.0.1", 0)
-        await listener.start()
-        client = AdminClient(app, listener, aiohttp.ClientSession())
-        made.append(client)
+def admin_client(aiohttp_server: Any, aiohttp_client: Any) -> AdminClientFactory:
+    async def make(app: web.Application) -> AdminClient:
+        server = await aiohttp_server(app, **HTTP_SETTINGS)
+        client: AdminClient = await aiohttp_client(server)
         return client
 
-    yield make
-    for client in made:
-        await client.session.close()
-        await client.listener.stop(grace=2)
+    return make

@@ -23,15 +23,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from . import web
+import aiohttp
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
 from .handlers import ApiError
 from .openapi import Operation
-from .web import Handler, Middleware
-
-if TYPE_CHECKING:  # a cluster's node imports aiohttp (the etcd client); one node does not
-    import aiohttp
 from .schemas import ClusterNodeView, ClusterView
 
 log = logging.getLogger("gateway.admin")
@@ -102,7 +101,8 @@ def cluster_middleware(
 ) -> Middleware:
     """Forward what the leader carries out; refuse writes the store cannot take now."""
 
-    async def cluster(request: web.Request, handler: Handler) -> web.Response:
+    @web.middleware
+    async def cluster(request: web.Request, handler: Handler) -> web.StreamResponse:
         if _local(request.path):
             return await handler(request)
         if membership.leading():
@@ -141,12 +141,10 @@ def cluster_middleware(
 
 async def _forward(
     request: web.Request, leader: NodeInfo, node: str, session: aiohttp.ClientSession
-) -> web.Response:
-    import aiohttp
-
+) -> web.StreamResponse:
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
     headers[FORWARDED_BY] = node
-    body = await request.read() if request.can_read_body else None
+    body = await request.read() if request.body_exists else None
     url = leader.address + request.path_qs
     try:
         upstream = await session.request(
@@ -168,7 +166,7 @@ async def _forward(
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for key, value in upstream.headers.items():
             if key.lower() not in _HOP_BY_HOP:
-                response.headers[key] = value
+                response.headers.add(key, value)
         response.headers[LEADER_HEADER] = leader.name
         await response.prepare(request)
         async for chunk in upstream.content.iter_any():

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
+from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from .. import documents
@@ -26,7 +27,6 @@ from ..journal import HISTORY, Entry
 from ..model import LEAVING, Rollout
 from ..operations import Controller
 from ..spec import ServiceSpec
-from . import web
 from .openapi import YAML_TYPES, Operation, Query, build_document
 from .schemas import (
     ApplyResultBody,

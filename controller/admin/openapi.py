@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
@@ -21,7 +22,6 @@ from ..documents import MAX_DEPTH, MAX_NODES
 from ..spec import NAME_PATTERN, ServiceSpec
 from . import constraints
 from .schemas import REQUEST_MODELS, RESPONSE_MODELS, SPEC_MARK, ErrorBody
-from .web import Handler
 
 REF = "#/components/schemas/{model}"
 JSON = "application/json"

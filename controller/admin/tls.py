@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import web
+from aiohttp import web
+
 from .openapi import Operation
 from .schemas import TlsCertificateView, TlsRefusalView, TlsView
 

@@ -9,8 +9,9 @@ plane at once, in every worker (``Controller.add_token``).
 
 from __future__ import annotations
 
+from aiohttp import web
+
 from ..tokens import TokenInfo
-from . import web
 from .handlers import SERVICE, _controller, read_model, respond
 from .openapi import Operation
 from .schemas import TokenAdded, TokenList, TokenRequest, TokenRevoked, TokenView

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from math import ceil
 from typing import Any
 
+from aiohttp import web
+
 from gateway import Upstream
 
 from .. import planner, steps
@@ -21,7 +23,6 @@ from ..model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
 from ..operations import Controller
 from ..state import ServiceState
 from ..store import RevisionRow, RolloutRow
-from . import web
 from .openapi import Operation
 from .schemas import (
     AuthView,

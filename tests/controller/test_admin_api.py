@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
-from controller.admin import web
 from controller.admin.app import build_admin_app, is_loopback
 from controller.admin.openapi import Operation
 from controller.documents import MAX_DEPTH, MAX_NODES
@@ -966,7 +966,7 @@ async def test_events_end_when_the_admin_app_shuts_down(
     client = await admin_client(app)
     response = await client.get("/api/events", headers=AUTH)
     assert await response.content.readline() == b": watching\n"
-    await client.listener.stop()
+    await client.server.close()  # AdminServer.stop: aiohttp's runner cleanup
     assert await asyncio.wait_for(response.content.read(), 5) == b"\n"
     assert not h.controller.journal._watchers
 

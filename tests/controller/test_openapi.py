@@ -297,7 +297,8 @@ async def test_the_document_describes_every_route_of_the_app(checked: Checked) -
     assert app is not None
     mounted = set()
     for route in app.router.routes():
-        mounted.add((route.method.lower(), route.template))
+        assert route.resource is not None
+        mounted.add((route.method.lower(), route.resource.canonical))
     documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
     assert mounted == documented
     for path, ops in doc["paths"].items():
