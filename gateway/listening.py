@@ -1,8 +1,8 @@
 """Listening sockets: each listener bound on a socket of ours where its address is an IP.
 
-The traffic listeners (``server.TrafficServer``, a worker's) and the admin API's
-(``controller.admin.server``) listen through ``listen``; this module imports no data plane,
-so a process that serves no traffic (the main process of ``--workers N``) does not load it.
+The traffic listeners (``server.TrafficServer``, a worker's) listen through ``listen``; this
+module imports no data plane, so a process that serves no traffic (the main process of
+``--workers N``) does not load it.
 """
 
 from __future__ import annotations
