@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ValidationError
 
 from .. import documents
@@ -225,12 +226,12 @@ def query_names(path_qs: str) -> list[str]:
     return [name for name, _ in parse_qsl(query, keep_blank_values=True)]
 
 
-def checked(operation: Operation) -> web.Handler:
+def checked(operation: Operation) -> Handler:
     """``operation``'s handler, which first refuses a query the operation does not declare
     (``unknown_query``): what the app mounts for it."""
     handler = operation.handler
 
-    async def dispatch(request: web.Request) -> web.Response:
+    async def dispatch(request: web.Request) -> web.StreamResponse:
         error = unknown_query(operation, query_names(request.path_qs))
         if error is not None:
             raise error
