@@ -1,6 +1,6 @@
 """The planner: ``plan(observed, desired, now) -> actions``. PURE; the rules live here only.
 
-Rules (ARCHITECTURE.md), with D = desired replicas and T = the target revision:
+Rules (docs/architecture.md), with D = desired replicas and T = the target revision:
 
 1. Ready replicas never drop below ``D - max_unavailable`` because of a drain the planner
    asks for: a ready replica is drained only while the count of available replicas (old ones
