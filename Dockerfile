@@ -34,7 +34,7 @@ RUN "$PYTHON" -m venv /opt/gateway \
         && export PIP_CERT=/tmp/build-ca.pem; \
     fi \
     && if [ -n "$BUILD_INDEX_URL" ]; then export PIP_INDEX_URL="$BUILD_INDEX_URL"; fi \
-    && /opt/gateway/bin/pip install --no-compile . "mypy==2.4.1" "setuptools>=68" \
+    && /opt/gateway/bin/pip install --no-compile ".[native]" \
     && /opt/gateway/bin/gateway native build \
     && /opt/gateway/bin/pip uninstall -y mypy \
     && rm -f /tmp/build-ca.pem

@@ -9,45 +9,71 @@
                                              members and three gateways (configs/cluster/)
 
 Only the standard library is used here, so this works where nothing but Python 3.11+ exists.
-The install is skipped while pyproject.toml is unchanged since the last one. Both tasks
-compile the data plane's hot modules (gateway/native.py) when their sources changed since
-the last build; where that cannot be done (no C compiler), the pure Python modules run.
+``serve`` and ``cluster`` install the project with its ``native`` extra (what compiling the
+data plane needs), ``test`` with its ``test`` extra (the test tools too); an install is
+skipped while pyproject.toml is unchanged since one with that extra.
+
+The data plane's hot modules are compiled (gateway/native.py) when their sources changed
+since the last build. ``test`` and ``cluster`` build before they run; where that cannot be
+done (no C compiler), the pure Python modules run. ``serve`` does not wait: it starts on the
+pure modules and builds in the background (``BUILD_LOG``), for the next start.
 ``GATEWAY_NATIVE=0 python3 dev.py serve`` runs the pure modules and builds nothing.
 
 ``serve`` then becomes the gateway (exec): its pid is the gateway's, so SIGTERM or Ctrl-C
-to it stops the gateway and the replicas it runs, as ``gateway serve`` does.
+to it stops the gateway and the replicas it runs, as ``gateway serve`` does (neither stops
+a background build). On the demo config it says what to try once ``hello`` serves.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
 import venv
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STAMP = VENV / ".installed"
+"""pyproject.toml's digest, then the extras installed with it (one a word)."""
+BUILD_LOG = ROOT / "state" / "native-build.log"
+"""Where ``serve``'s background builds write (appended, one header line each)."""
+DEMO_URL = "localhost:8080/hello/"
+DEMO_SERVICE = "http://127.0.0.1:8081/api/services/hello"
+"""configs/gateway.yaml's route to ``hello`` and its admin API's view of it."""
+DEMO_WAIT = 300.0
+"""Seconds the demo's waiter waits for ``hello`` to serve before it gives up, silently."""
+
+INSTALLING = {
+    "native": "the project and what compiling its data plane needs (mypy, setuptools)",
+    "test": "the project and its test tools",
+}
 
 
-def ensure_venv() -> None:
+def ensure_venv(extra: str) -> None:
+    """Install the project with ``extra`` into .venv unless it is, from this pyproject.toml."""
     if sys.version_info < (3, 11):  # noqa: UP036 - this script must run, and say so, anywhere
         sys.exit(f"dev.py: Python 3.11+ is needed, this is {sys.version.split()[0]}")
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    if STAMP.exists() and STAMP.read_text() == digest:
+    stamp = STAMP.read_text().split() if STAMP.exists() else []
+    if stamp[:1] == [digest] and extra in stamp[1:]:
         return
     if not (BIN / "python").exists():
         print("dev.py: creating .venv", file=sys.stderr)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    print("dev.py: installing the project and its test tools into .venv", file=sys.stderr)
+    print(f"dev.py: installing {INSTALLING[extra]} into .venv", file=sys.stderr)
     pip = [str(BIN / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "-e", f"{ROOT}[test]"], check=True)
-    STAMP.write_text(digest)
+    subprocess.run([*pip, "-e", f"{ROOT}[{extra}]"], check=True)
+    extras = stamp[1:] if stamp[:1] == [digest] else []
+    STAMP.write_text(" ".join([digest, *extras, extra]))
 
 
 def ensure_native() -> bool:
@@ -55,18 +81,109 @@ def ensure_native() -> bool:
 
     True if it is (then the gateway runs it); False if the build failed, with the reason.
     """
-    gateway = str(BIN / "gateway")
-    env = native_env("")
-    status = subprocess.run([gateway, "native", "status"], capture_output=True, text=True, env=env)
-    if status.returncode == 0 and status.stdout.startswith("compiled"):
+    if native_status().startswith("compiled"):
         return True
-    print("dev.py: compiling the data plane with mypyc (a minute or two)", file=sys.stderr)
+    print("dev.py: compiling the data plane with mypyc (a few minutes)", file=sys.stderr)
     # Without the profile-guided second compilation (a few % of CPU a request, twice the
     # build's time): the edit-and-test loop rebuilds often. Images and installs train it.
-    build = [gateway, "native", "build", "--no-profile"]
-    if subprocess.call(build, cwd=ROOT, env=env) == 0:
+    build = [str(BIN / "gateway"), "native", "build", "--no-profile"]
+    if subprocess.call(build, cwd=ROOT, env=native_env("")) == 0:
         return True
     print("dev.py: the pure Python data plane runs instead", file=sys.stderr)
+    return False
+
+
+def native_status() -> str:
+    """``gateway native status``: which modules a gateway starting now would run."""
+    status = [str(BIN / "gateway"), "native", "status"]
+    done = subprocess.run(status, capture_output=True, text=True, env=native_env(""))
+    return done.stdout.strip() or done.stderr.strip()
+
+
+def build_in_background() -> None:
+    """Compile the data plane in a process of its own, at the lowest CPU priority, for the
+    next start: it outlives this one (and the gateway it becomes)."""
+    BUILD_LOG.parent.mkdir(parents=True, exist_ok=True)
+    build = [str(BIN / "gateway"), "native", "build", "--no-profile"]
+    detach(build, BUILD_LOG)
+    log = BUILD_LOG.relative_to(ROOT)
+    print(
+        f"dev.py: the pure Python data plane runs; the compiled one is being built in the"
+        f" background for the next start (a few minutes, lowest CPU priority, {log})",
+        file=sys.stderr,
+    )
+
+
+def detach(argv: list[str], log: Path) -> None:
+    """Start ``argv`` in ROOT, niced to 19, in a session of its own (no terminal's Ctrl-C or
+    hangup reaches it), its output appended to ``log`` after a header line with its pid.
+
+    Through a child that exits at once: the process is then init's, not this pid's, so
+    the gateway this pid becomes never has it as a child to reap or to stop."""
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            os.setsid()
+            os.nice(19)
+            with open(log, "ab") as out:
+                process = subprocess.Popen(
+                    argv,
+                    cwd=ROOT,
+                    env=native_env(""),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+                stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+                out.write(f"dev.py, {stamp}: pid {process.pid}: {' '.join(argv)}\n".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.waitpid(child, 0)
+
+
+def say_when_serving(gateway: int, service: str, url: str) -> None:
+    """Once ``service`` (its admin API URL) has a ready replica and ``url`` answers 200, print
+    it, to try. A grandchild of this pid does it, so the gateway never reaps it; it gives up
+    with the gateway, or after ``DEMO_WAIT``."""
+    child = os.fork()
+    if child:
+        os.waitpid(child, 0)
+        return
+    try:
+        if os.fork() == 0:
+            wait_and_say(gateway, service, url)
+    finally:
+        os._exit(0)
+
+
+def wait_and_say(gateway: int, service: str, url: str, wait: float = DEMO_WAIT) -> bool:
+    """Poll ``service`` until it has a ready replica, then ``url`` until it answers 200: then
+    print the line to try (True). False if the pid ``gateway`` ends or ``wait`` passes."""
+    asked = urllib.request.Request(service)
+    if token := os.environ.get("GATEWAY_ADMIN_TOKEN"):
+        asked.add_header("Authorization", f"Bearer {token}")
+    local = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no http_proxy
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            os.kill(gateway, 0)
+        except ProcessLookupError:
+            return False
+        try:  # the admin API first: polling the route would log a 503 a poll
+            with local.open(asked, timeout=2) as answer:
+                ready = json.load(answer).get("ready", 0) >= 1
+            if ready:
+                with local.open(f"http://{url}", timeout=2) as answer:
+                    answer.read()  # the whole answer: a request cut short logs as cancelled
+                    if answer.status == 200:
+                        name = service.rstrip("/").rpartition("/")[2]
+                        print(f"dev.py: {name} is serving: try  curl {url}", file=sys.stderr)
+                        return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.25)
     return False
 
 
@@ -110,7 +227,7 @@ def cluster() -> int:
             "dev.py: etcd is not installed (Debian: apt-get install etcd-server)", file=sys.stderr
         )
         return 2
-    ensure_venv()
+    ensure_venv("native")
     env = None if os.environ.get("GATEWAY_NATIVE") == "0" or ensure_native() else native_env("0")
     state = ROOT / "state" / "cluster"
     state.mkdir(parents=True, exist_ok=True)
@@ -172,14 +289,22 @@ def cluster() -> int:
 def main() -> int:
     task, *rest = sys.argv[1:] or ["help"]
     if task == "serve":
-        ensure_venv()
-        if os.environ.get("GATEWAY_NATIVE") != "0":  # "0" runs the pure modules: no build
-            ensure_native()
+        ensure_venv("native")
+        # "0" runs the pure modules: no build. A build under way (an earlier start's) is
+        # waited for by the new one, which then builds nothing more.
+        posix = os.name == "posix"  # elsewhere no fork: build first, as ``test`` does
+        if os.environ.get("GATEWAY_NATIVE") != "0" and not native_status().startswith("compiled"):
+            if posix:
+                build_in_background()
+            else:
+                ensure_native()
+        if posix and not any(arg.startswith(("-c", "--config")) for arg in rest):
+            say_when_serving(os.getpid(), DEMO_SERVICE, DEMO_URL)
         return become([str(BIN / "gateway"), "serve", "-c", "configs/gateway.yaml", *rest])
     if task == "cluster":
         return cluster()
     if task == "test":
-        ensure_venv()
+        ensure_venv("test")
         for step in (
             [str(BIN / "ruff"), "check", "."],
             [str(BIN / "ruff"), "format", "--check", "."],

@@ -6,8 +6,8 @@
 
 The modules of the request path (``MODULES``) are plain, fully typed Python; mypyc compiles
 them to C extension modules with the same behaviour, which take less than half the CPU a
-request (``bench/RESULTS.md``). The build needs mypy (a test dependency) and a C compiler;
-without them, or before a build, the pure Python modules run, as they always can.
+request (``bench/RESULTS.md``). The build needs the ``native`` extra (mypy, setuptools) and a
+C compiler; without them, or before a build, the pure Python modules run, as they always can.
 
 The compiled modules are kept in ``gateway/_native/<interpreter>/`` with a manifest: the
 digest of every source file of the package they were built from. ``import gateway`` alone
@@ -23,6 +23,12 @@ run half compiled: a module of ``MODULES`` imported before ``use()`` keeps the w
 on the pure modules. ``GATEWAY_NATIVE=0`` runs the pure modules whatever was built;
 ``GATEWAY_NATIVE=1`` makes a missing or stale build (or a late ``use()``) an error (the tests
 use it to make sure they test the compiled modules).
+
+One build at a time for an interpreter: a build holds ``<interpreter>.lock`` beside the
+builds (with its pid in it) from start to end. A build that finds another under way waits
+for it, and does nothing more if that one built what it was to build. A new build replaces
+the directory whole, by renames: a process that runs the old one keeps the files it loaded,
+and a process started before it was built keeps running the pure modules.
 
 With GCC the build is guided by a profile: the modules are compiled once instrumented
 (``-fprofile-generate``), run under a training load on loopback (``native_training``), and
@@ -51,6 +57,8 @@ module compiled for one patch release is not assumed to work with another). Its 
 ``platform`` costs a worker 0.1 MiB."""
 NATIVE = PACKAGE / "_native" / TAG
 MANIFEST = NATIVE / "manifest.json"
+LOCK_SUFFIX = ".lock"
+"""``NATIVE`` with this suffix: the lock a build holds (``building``)."""
 ENV = "GATEWAY_NATIVE"
 
 MODULES = (
@@ -209,8 +217,41 @@ def use_in(path: MutableSequence[str], name: str) -> None:
 
 
 def status() -> str:
-    """Whether a process starting now would run the compiled modules, and if not why."""
-    return _describe(check())
+    """Whether a process starting now would run the compiled modules, and if not why (and
+    whether a build is under way)."""
+    why = check()
+    under_way = building() if why is not None else None
+    if under_way is None:
+        return _describe(why)
+    return f"{_describe(why)}; a build is under way ({_pid_words(under_way)})"
+
+
+def building() -> int | None:
+    """The pid of the build under way for this interpreter (0 if it has not written it yet),
+    None if there is none."""
+    import fcntl
+
+    try:
+        fd = os.open(_lock_path(), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else 0
+        return None  # (closing the file lets go of the lock just taken)
+    finally:
+        os.close(fd)
+
+
+def _lock_path() -> Path:
+    return NATIVE.with_name(NATIVE.name + LOCK_SUFFIX)
+
+
+def _pid_words(pid: int) -> str:
+    return f"pid {pid}" if pid else "pid not known yet"
 
 
 def _describe(why: str | None) -> str:
@@ -222,21 +263,63 @@ def _describe(why: str | None) -> str:
 def build(profile: bool = True) -> str:
     """Compile ``MODULES`` from a copy of the package; replace this interpreter's build
     (only once the new one is complete). With ``profile``, guided by the training load's
-    (twice the compile time). Returns the profile: ``trained``, or ``none:`` and why not."""
-    # Here, not at the top: every process imports this module to choose its modules, and
-    # these two (with random, bz2 and lzma under them) cost a worker 0.5 MiB it never uses.
-    import importlib.util
-    import shutil
-    import tempfile
+    (twice the compile time). Returns the profile: ``trained``, or ``none:`` and why not.
 
-    # ``pip install .`` brings neither (the test extra does): say so, not a traceback.
+    Waits for a build under way; if that one built these sources (with a profile, when
+    ``profile``), returns its profile without building again."""
+    import fcntl
+    import importlib.util
+
+    # ``pip install .`` brings neither (the native extra does): say so, not a traceback.
     missing = [name for name in ("mypyc", "setuptools") if importlib.util.find_spec(name) is None]
     if missing:
         raise BuildError(
             f"{' and '.join(missing)} not installed in this environment ({sys.prefix}):"
-            " install mypy at the version pyproject.toml's test extra pins, and setuptools."
-            " Without the build, the same modules run as pure Python."
+            " install the project's native extra (pip install 'gateway[native]': mypy at the"
+            " version it pins, and setuptools). Without the build, the same modules run as"
+            " pure Python."
         )
+    NATIVE.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(_lock_path(), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            under_way = os.read(fd, 32).decode(errors="replace").strip()
+            print(
+                f"gateway: waiting for the build under way (pid {under_way or 'not known yet'})",
+                file=sys.stderr,
+                flush=True,
+            )
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            done = _built(profile)
+            if done is not None:
+                return done
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return _build(profile)
+    finally:
+        os.close(fd)  # and with it the lock (the file stays: removing it would race)
+
+
+def _built(profile: bool) -> str | None:
+    """The profile of the build there is, if it is of the sources as they are (and was
+    trained, if ``profile``); else None."""
+    try:
+        manifest = json.loads(MANIFEST.read_text())
+    except (OSError, ValueError):
+        return None
+    trained = str(manifest.get("profile", ""))
+    if manifest.get("digest") != digest() or (profile and trained != "trained"):
+        return None
+    return trained
+
+
+def _build(profile: bool) -> str:
+    # Here, not at the top: every process imports this module to choose its modules, and
+    # these two (with random, bz2 and lzma under them) cost a worker 0.5 MiB it never uses.
+    import shutil
+    import tempfile
 
     with tempfile.TemporaryDirectory(prefix="gateway-native-") as tmp:
         stage = Path(tmp)

@@ -1,26 +1,42 @@
-"""``python3 dev.py serve``, the README's run command, stops everything on SIGTERM (issue 22).
+"""``python3 dev.py serve``, the README's run command: it stops everything on SIGTERM (issue
+22), and it serves at once, compiling the data plane in the background for the next start
+(issue 58).
 
 The command runs as a process of its own on a config with free loopback ports and one
 process replica; SIGTERM goes to its pid, as a supervisor (systemd, a container runtime, a
-terminal's job control) sends it. ``GATEWAY_NATIVE=0``: no build, the pure modules run.
+terminal's job control) sends it. ``GATEWAY_NATIVE=0``: no build, the pure modules run. The
+background build runs in a copy of the sources (``dev_copy``), whose .venv reaches this
+interpreter's packages, so that it builds nothing here; the test ends it once it has seen
+it run (the whole build takes minutes: the README's Quickstart gives the measured times).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import importlib.util
 import json
 import os
+import re
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import sysconfig
+import venv
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import pytest
+
 from controller.store import Store
+from gateway import native
 from tests.ports import free_port
 
-from .conftest import SERVER, alive, until
+from .conftest import SERVER, Gateways, alive, spec, until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,25 +77,24 @@ def in_session(sid: int) -> list[int]:
     return out
 
 
-async def test_sigterm_to_dev_py_serve_stops_the_gateway_and_its_replicas(
-    tmp_path: Path, site
-) -> None:
+def serve_config(tmp_path: Path, working_dir: str, log_level: str = "warning") -> tuple[Path, int]:
+    """A gateway config on free loopback ports with one replica of ``web``; and its traffic
+    port."""
     traffic = free_port()
-    state = tmp_path / "state"
     base = 23000 + os.getpid() % 40 * 25
     config: dict[str, Any] = {
         "listen": f"127.0.0.1:{traffic}",
         "admin": {"listen": f"127.0.0.1:{free_port()}", "token_env": None},
-        "state_dir": str(state),
+        "state_dir": str(tmp_path / "state"),
         "backends": {"process": {"port_range": f"{base}-{base + 24}"}},
         "access_log": {"enabled": False},
-        "log_level": "warning",
+        "log_level": log_level,
         "replicas_on_exit": "stop",
         "services": [
             {
                 "name": "web",
                 "route": {"path_prefix": "/"},
-                "replica": {"commands": [SERVER], "working_dir": site("v1")},
+                "replica": {"commands": [SERVER], "working_dir": working_dir},
                 "probes": [{"type": "tcp", "interval": 0.1, "healthy_threshold": 1}],
                 "rollout": {"stop_grace": 1},
             }
@@ -87,6 +102,14 @@ async def test_sigterm_to_dev_py_serve_stops_the_gateway_and_its_replicas(
     }
     path = tmp_path / "gateway.json"
     path.write_text(json.dumps(config))
+    return path, traffic
+
+
+async def test_sigterm_to_dev_py_serve_stops_the_gateway_and_its_replicas(
+    tmp_path: Path, site
+) -> None:
+    path, traffic = serve_config(tmp_path, site("v1"))
+    state = tmp_path / "state"
     with open(tmp_path / "dev-serve.log", "wb") as output:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -128,3 +151,180 @@ async def test_sigterm_to_dev_py_serve_stops_the_gateway_and_its_replicas(
                 os.killpg(pid, signal.SIGKILL)
         if process.returncode is None:
             await process.wait()
+
+
+# -- the background build (issue 58) ----------------------------------------------------------
+
+
+def dev_copy(tmp_path: Path) -> Path:
+    """A copy of what ``dev.py serve`` runs, with a .venv of its own that holds nothing but a
+    path to this interpreter's packages, a ``gateway`` script and dev.py's stamp of a done
+    install: ``dev.py`` installs nothing, and builds (and writes) in the copy only."""
+    repo = tmp_path / "repo"
+    for name in ("dev.py", "pyproject.toml"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, repo / name)
+    for name in ("gateway", "controller", "configs"):
+        ignore = shutil.ignore_patterns("__pycache__", "_native")
+        shutil.copytree(ROOT / name, repo / name, ignore=ignore)
+    env = repo / ".venv"
+    venv.EnvBuilder(symlinks=True).create(env)
+    scheme = {"base": str(env), "platbase": str(env)}
+    purelib = Path(sysconfig.get_path("purelib", vars=scheme))
+    (purelib / "packages.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    gateway = env / "bin" / "gateway"
+    gateway.write_text(
+        f"#!{env / 'bin' / 'python'}\n"
+        "import sys\nfrom controller.main import cli_main\nsys.exit(cli_main())\n"
+    )
+    gateway.chmod(0o755)
+    digest = hashlib.sha256((repo / "pyproject.toml").read_bytes()).hexdigest()
+    (env / ".installed").write_text(f"{digest} native")
+    return repo
+
+
+def copy_env(repo: Path) -> dict[str, str]:
+    """The environment ``dev.py`` runs in for the copy: its modules, no GATEWAY_NATIVE."""
+    env = {k: v for k, v in os.environ.items() if k != native.ENV}
+    return {**env, "PYTHONPATH": str(repo)}
+
+
+def nice(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat[stat.rindex(b")") + 2 :].split()[16])
+
+
+async def test_dev_py_serve_serves_at_once_and_compiles_in_the_background(
+    tmp_path: Path, site
+) -> None:
+    """Not built: the gateway starts on the pure modules, saying so in one line, while a
+    build runs niced in a session of its own, which the gateway's SIGTERM does not end;
+    ``gateway native status`` says it is under way."""
+    repo = dev_copy(tmp_path)
+    path, traffic = serve_config(tmp_path, site("v1"), log_level="info")
+    output = tmp_path / "dev-serve.log"
+    with open(output, "wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "dev.py", "serve", "-c", str(path),
+            cwd=repo, env=copy_env(repo), stdin=asyncio.subprocess.DEVNULL,
+            stdout=out, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    build = 0
+    try:
+        await until(lambda: accepts(traffic), 30, "the traffic listener")
+        header = (repo / "state" / "native-build.log").read_text().splitlines()[0]
+        found = re.fullmatch(r"dev\.py, .* UTC: pid (\d+): (.*)", header)
+        assert found, header
+        build = int(found[1])
+        assert found[2].endswith("gateway native build --no-profile")
+        assert alive(build)
+        assert nice(build) == 19
+        assert os.getsid(build) != process.pid, "the build is in the gateway's session"
+        await until(
+            lambda: b"data plane: pure Python: not built" in output.read_bytes(),
+            10,
+            "the gateway's line on the data plane it runs",
+        )
+        said = [line for line in output.read_text().splitlines() if "background" in line]
+        assert said == [
+            "dev.py: the pure Python data plane runs; the compiled one is being built in the"
+            " background for the next start (a few minutes, lowest CPU priority,"
+            " state/native-build.log)"
+        ]
+        status = subprocess.run(
+            [str(repo / ".venv" / "bin" / "gateway"), "native", "status"],
+            capture_output=True, text=True, env=copy_env(repo), check=True,
+        )  # fmt: skip
+        assert status.stdout.strip() == (
+            f"pure Python: not built (gateway native build); a build is under way (pid {build})"
+        )
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 10)
+        assert process.returncode == 0
+        assert alive(build), "the gateway's SIGTERM ended the build"
+    finally:
+        for pid in in_session(process.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if build:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(os.getpgid(build), signal.SIGKILL)  # the build and its compilers
+        if process.returncode is None:
+            await process.wait()
+
+
+def built_here() -> None:
+    """Skip unless this checkout's data plane is built from its sources (``dev.py test``
+    builds it before the suite)."""
+    try:
+        manifest = json.loads(native.MANIFEST.read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    if manifest.get("digest") != native.digest():
+        pytest.skip("the compiled data plane is not built from these sources (dev.py test is)")
+
+
+async def test_dev_py_serve_runs_a_build_of_its_sources_and_builds_nothing(
+    tmp_path: Path, site
+) -> None:
+    """What the next start after a background build does: the compiled modules run."""
+    built_here()
+    repo = dev_copy(tmp_path)
+    shutil.copytree(native.NATIVE, repo / "gateway" / "_native" / native.TAG)
+    path, _ = serve_config(tmp_path, site("v1"), log_level="info")
+    output = tmp_path / "dev-serve.log"
+    with open(output, "wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "dev.py", "serve", "-c", str(path),
+            cwd=repo, env=copy_env(repo), stdin=asyncio.subprocess.DEVNULL,
+            stdout=out, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        await until(
+            lambda: b"data plane: " in output.read_bytes(), 30, "the line on the data plane"
+        )
+        assert b"data plane: compiled (mypyc): " in output.read_bytes(), output.read_text()
+        assert b"background" not in output.read_bytes()
+        assert not (repo / "state" / "native-build.log").exists()
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 10)
+    finally:
+        for pid in in_session(process.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if process.returncode is None:
+            await process.wait()
+
+
+def dev_module() -> ModuleType:
+    found = importlib.util.spec_from_file_location("dev", ROOT / "dev.py")
+    assert found is not None
+    assert found.loader is not None
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module
+
+
+async def test_the_demo_says_what_to_try_once_its_service_answers(
+    gateways: Gateways, site, capsys
+) -> None:
+    """``dev.py serve`` on the demo config prints ``curl localhost:8080/hello/`` once
+    ``hello`` has a ready replica and the route answers 200 (here, ``web`` on its ports)."""
+    dev = dev_module()
+    handle = await gateways.start(services=[spec(site("v1"))])
+    admin = f"http://127.0.0.1:{handle.gateway.admin.port}/api/services/web"
+    url = f"127.0.0.1:{handle.gateway.traffic.port}/"
+    said = await asyncio.to_thread(dev.wait_and_say, os.getpid(), admin, url, 20)
+    assert said
+    assert handle.ready() >= 1
+    assert capsys.readouterr().err == f"dev.py: web is serving: try  curl {url}\n"
+
+
+async def test_the_demo_waiter_gives_up_with_the_gateway(capsys) -> None:
+    dev = dev_module()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    nowhere = f"http://127.0.0.1:{free_port()}/api/services/web"
+    said = await asyncio.to_thread(dev.wait_and_say, ended.pid, nowhere, "127.0.0.1:1/", 20)
+    assert not said
+    assert capsys.readouterr().err == ""

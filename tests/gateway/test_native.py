@@ -221,7 +221,7 @@ def test_a_build_without_mypyc_says_what_to_install_and_keeps_the_last_build(pac
     with pytest.raises(native.BuildError) as refused:
         native.build()
     assert str(refused.value).startswith(f"mypyc not installed in this environment ({sys.prefix})")
-    assert "install mypy" in str(refused.value)
+    assert "install the project's native extra" in str(refused.value)
     assert native.MANIFEST.exists()  # the last build stays as it was
 
 
@@ -297,3 +297,54 @@ def test_use_after_a_compiled_module_was_imported_runs_the_pure_modules(tmp_path
         "GATEWAY_NATIVE=1 but the compiled modules cannot be used: "
         "gateway.balancer was imported before native.use()"
     ]
+
+
+def hold_the_lock(pid: str) -> int:
+    """Hold the build lock as a build under way does (flock is per open file: this process
+    can contend with itself); the descriptor, to close to let go."""
+    import fcntl
+
+    native.NATIVE.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(native.NATIVE.with_name(native.TAG + native.LOCK_SUFFIX), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, pid.encode())
+    return fd
+
+
+def test_status_says_a_build_is_under_way_and_by_which_pid(package):
+    assert native.building() is None
+    fd = hold_the_lock("4242")
+    try:
+        assert native.building() == 4242
+        assert native.status() == (
+            "pure Python: not built (gateway native build); a build is under way (pid 4242)"
+        )
+    finally:
+        os.close(fd)
+    assert native.building() is None
+    assert native.status() == "pure Python: not built (gateway native build)"
+
+
+def test_a_build_waits_for_the_one_under_way_and_builds_nothing_it_built(package, capsys):
+    """Two builds (a background one and ``gateway native build``, or two ``dev.py serve``
+    starts) never write the same directories at once; the second one, once the first built
+    these sources, builds nothing."""
+    import threading
+
+    fd = hold_the_lock("4242")
+    results: list[str] = []
+    second = threading.Thread(target=lambda: results.append(native.build(profile=False)))
+    second.start()
+    said = ""
+    try:
+        while "waiting" not in said and second.is_alive():
+            said += capsys.readouterr().err
+        assert said == "gateway: waiting for the build under way (pid 4242)\n"
+        native.NATIVE.mkdir(parents=True)
+        manifest = {"digest": native.digest(), "profile": "none: not asked for (--no-profile)"}
+        native.MANIFEST.write_text(json.dumps(manifest))
+    finally:
+        os.close(fd)
+        second.join(30)
+    assert results == ["none: not asked for (--no-profile)"]
+    assert native.status().startswith("compiled (mypyc): ")
