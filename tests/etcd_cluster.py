@@ -23,8 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
+from tests.needs import missing
 from tests.ports import free_port
 
 
@@ -36,9 +35,7 @@ def require_etcd() -> str:
     """The etcd binary's path; the test is skipped without one, but fails under CI."""
     binary = etcd_binary()
     if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("etcd is not installed (.ci/run installs Debian's etcd-server)")
-        pytest.skip("etcd is not installed (apt-get install etcd-server)")
+        missing("etcd is not installed (apt-get install etcd-server; .ci/etcd.sh installs it)")
     return binary
 
 

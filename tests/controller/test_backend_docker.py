@@ -41,6 +41,7 @@ from controller.errors import NoCapacity, StartFailed
 from controller.metrics import DockerHostMetrics
 from controller.spec import ReplicaTemplate
 from gateway import dump_settings
+from tests.needs import missing
 from tests.ports import free_port
 
 ENGINE = os.environ.get("GATEWAY_TEST_DOCKER_HOST", "unix:///var/run/docker.sock")
@@ -52,21 +53,17 @@ MISSING = "gateway-test/no-such-image:never"
 async def engine_or_skip() -> None:
     """Skip (or fail under CI) when no engine answers or the test image is missing."""
     client = EngineClient(ENGINE)
+    why = ""
     try:
         await client.ping()
-        has_image = await client.image_exists(IMAGE)
+        if not await client.image_exists(IMAGE):
+            why = f"test image {IMAGE} missing on {ENGINE}"
     except Exception as exc:
         why = f"no Docker Engine at {ENGINE}: {exc}"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
     finally:
         await client.close()
-    if not has_image:
-        why = f"test image {IMAGE} missing on {ENGINE}"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+    if why:
+        missing(why)
 
 
 async def remove_labelled(instance: str) -> int:
@@ -822,10 +819,7 @@ async def sshd(tmp_path: Path) -> AsyncIterator[Sshd]:
     import subprocess
 
     if os.geteuid() != 0 or shutil.which("sshd", path="/usr/sbin:/usr/bin") is None:
-        why = "needs root and openssh-server (sshd; .ci/docker.sh installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+        missing("needs root and openssh-server (sshd; .ci/docker.sh installs it)")
     if not ENGINE.startswith("unix://"):
         pytest.skip("the remote engine is the test engine's unix socket")
     await engine_or_skip()

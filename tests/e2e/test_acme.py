@@ -43,15 +43,16 @@ from controller.acme.client import AcmeClient
 from controller.acme.store import AcmeStore
 from controller.config import AcmeConfig
 from controller.journal import Entry
+from tests.needs import missing
 from tests.ports import free_port
 
 from .conftest import Gateways, Handle, serving, spec, until
 
 PEBBLE = shutil.which("pebble")
-if PEBBLE is None and not os.environ.get("CI"):
-    pytest.skip(
+if PEBBLE is None:
+    missing(
         "pebble is not installed (Debian package pebble; .ci/pebble.sh installs it)",
-        allow_module_level=True,
+        module=True,
     )
 
 HOST = "app.acme.test"

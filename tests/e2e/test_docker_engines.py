@@ -35,6 +35,7 @@ import pytest
 
 from controller.backends.docker import EngineClient, EngineError, EngineTls, EngineUnreachable
 from tests.controller.test_backend_docker import ENGINE, IMAGE, engine_or_skip, remove_labelled
+from tests.needs import missing
 from tests.ports import free_port as _free_port
 
 from .conftest import Gateways, Load, until
@@ -46,12 +47,6 @@ ROOTFS = Path(
 """The test image's root file system, imported into the second engine."""
 START_WAIT = 60.0
 STOP_WAIT = 30.0
-
-
-def _skip(why: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(why)
-    pytest.skip(why)
 
 
 def _private_subnet() -> ipaddress.IPv4Network:
@@ -215,11 +210,11 @@ def _write_tls(ca: Any, directory: Path) -> EngineTls:
 @pytest.fixture(scope="module")
 def second_engine() -> Iterator[Engine]:
     if os.geteuid() != 0:
-        _skip("a second dockerd (its bridge, data root and mounts) needs root")
+        missing("a second dockerd (its bridge, data root and mounts) needs root")
     if shutil.which("dockerd") is None or shutil.which("docker") is None:
-        _skip("dockerd and the docker CLI are not installed")
+        missing("dockerd and the docker CLI are not installed")
     if not ROOTFS.exists():
-        _skip(f"{ROOTFS} (the test image's root file system) is missing")
+        missing(f"{ROOTFS} (the test image's root file system) is missing")
     import trustme
 
     root = Path(tempfile.mkdtemp(prefix="gateway-engine-"))

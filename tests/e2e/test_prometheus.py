@@ -30,6 +30,7 @@ from controller.metrics import ControllerMetrics
 from controller.serving import Gateway, run_gateway
 from gateway.metrics import GatewayMetrics
 from gateway.scrape import ConnectionsCollector, MetricsCollector
+from tests.needs import missing
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ POLL_STEP = 0.2
 def binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.skip(f"{name} not installed (Debian package 'prometheus'; .ci/run installs it)")
+        missing(f"{name} not installed (Debian package 'prometheus'; .ci/run installs it)")
     return path
 
 
