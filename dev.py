@@ -179,7 +179,7 @@ def wait_and_say(gateway: int, service: str, url: str, wait: float = DEMO_WAIT) 
                     answer.read()  # the whole answer: a request cut short logs as cancelled
                     if answer.status == 200:
                         name = service.rstrip("/").rpartition("/")[2]
-                        print(f"dev.py: {name} is serving: try  curl {url}", file=sys.stderr)
+                        print(f"dev.py: {name} is serving, try: curl {url}", file=sys.stderr)
                         return True
         except (OSError, ValueError):
             pass

@@ -317,7 +317,7 @@ async def test_the_demo_says_what_to_try_once_its_service_answers(
     said = await asyncio.to_thread(dev.wait_and_say, os.getpid(), admin, url, 20)
     assert said
     assert handle.ready() >= 1
-    assert capsys.readouterr().err == f"dev.py: web is serving: try  curl {url}\n"
+    assert capsys.readouterr().err == f"dev.py: web is serving, try: curl {url}\n"
 
 
 async def test_the_demo_waiter_gives_up_with_the_gateway(capsys) -> None:
