@@ -9,14 +9,15 @@
                                              members and three gateways (configs/cluster/)
 
 Only the standard library is used here, so this works where nothing but Python 3.11+ exists.
-``serve`` and ``cluster`` install the project with its ``native`` extra (what compiling the
-data plane needs), ``test`` with its ``test`` extra (the test tools too); an install is
-skipped while pyproject.toml is unchanged since one with that extra.
+``serve`` installs the project alone (what serving needs), ``cluster`` with its ``native``
+extra (what compiling the data plane needs), ``test`` with its ``test`` extra (the test tools
+too); an install is skipped while pyproject.toml is unchanged since one with that extra.
 
 The data plane's hot modules are compiled (gateway/native.py) when their sources changed
 since the last build. ``test`` and ``cluster`` build before they run; where that cannot be
 done (no C compiler), the pure Python modules run. ``serve`` does not wait: it starts on the
-pure modules and builds in the background (``BUILD_LOG``), for the next start.
+pure modules and, in the background (``BUILD_LOG``), installs the native extra if missing and
+builds, for the next start.
 ``GATEWAY_NATIVE=0 python3 dev.py serve`` runs the pure modules and builds nothing.
 
 ``serve`` then becomes the gateway (exec): its pid is the gateway's, so SIGTERM or Ctrl-C
@@ -53,27 +54,45 @@ DEMO_WAIT = 300.0
 """Seconds the demo's waiter waits for ``hello`` to serve before it gives up, silently."""
 
 INSTALLING = {
+    None: "the project (what serving needs; dev.py test installs the test tools)",
     "native": "the project and what compiling its data plane needs (mypy, setuptools)",
     "test": "the project and its test tools",
 }
 
 
-def ensure_venv(extra: str) -> None:
-    """Install the project with ``extra`` into .venv unless it is, from this pyproject.toml."""
+def ensure_venv(extra: str | None) -> None:
+    """Install the project (with ``extra``) into .venv unless it is, from this pyproject."""
     if sys.version_info < (3, 11):  # noqa: UP036 - this script must run, and say so, anywhere
         sys.exit(f"dev.py: Python 3.11+ is needed, this is {sys.version.split()[0]}")
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    stamp = STAMP.read_text().split() if STAMP.exists() else []
-    if stamp[:1] == [digest] and extra in stamp[1:]:
+    if installed(extra):
         return
     if not (BIN / "python").exists():
         print("dev.py: creating .venv", file=sys.stderr)
         venv.EnvBuilder(with_pip=True).create(VENV)
     print(f"dev.py: installing {INSTALLING[extra]} into .venv", file=sys.stderr)
     pip = [str(BIN / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run([*pip, "-e", f"{ROOT}[{extra}]"], check=True)
-    extras = stamp[1:] if stamp[:1] == [digest] else []
-    STAMP.write_text(" ".join([digest, *extras, extra]))
+    subprocess.run([*pip, "-e", f"{ROOT}[{extra}]" if extra else str(ROOT)], check=True)
+    digest, *extras = STAMP.read_text().split() if installed(None) else [pyproject_digest()]
+    STAMP.write_text(" ".join([digest, *extras, *([extra] if extra else [])]))
+
+
+def installed(extra: str | None) -> bool:
+    """Whether .venv holds the project as this pyproject.toml makes it (with ``extra``)."""
+    stamp = STAMP.read_text().split() if STAMP.exists() else []
+    return stamp[:1] == [pyproject_digest()] and (extra is None or extra in stamp[1:])
+
+
+def pyproject_digest() -> str:
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+
+
+def extra_requirements(extra: str) -> list[str]:
+    """The requirements pyproject.toml lists for ``extra``."""
+    import tomllib  # 3.11's: not at the top, so that an older Python gets ensure_venv's word
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        listed: list[str] = tomllib.load(f)["project"]["optional-dependencies"][extra]
+    return listed
 
 
 def ensure_native() -> bool:
@@ -102,10 +121,14 @@ def native_status() -> str:
 
 def build_in_background() -> None:
     """Compile the data plane in a process of its own, at the lowest CPU priority, for the
-    next start: it outlives this one (and the gateway it becomes)."""
+    next start: it outlives this one (and the gateway it becomes). It installs the native
+    extra first if .venv lacks it (``serve`` does not wait for that either)."""
     BUILD_LOG.parent.mkdir(parents=True, exist_ok=True)
-    build = [str(BIN / "gateway"), "native", "build", "--no-profile"]
-    detach(build, BUILD_LOG)
+    steps = [[str(BIN / "gateway"), "native", "build", "--no-profile"]]
+    if not installed("native"):
+        pip = [str(BIN / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        steps.insert(0, [*pip, *extra_requirements("native")])
+    detach(steps, BUILD_LOG)
     log = BUILD_LOG.relative_to(ROOT)
     print(
         f"dev.py: the pure Python data plane runs; the compiled one is being built in the"
@@ -114,33 +137,47 @@ def build_in_background() -> None:
     )
 
 
-def detach(argv: list[str], log: Path) -> None:
-    """Start ``argv`` in ROOT, niced to 19, in a session of its own (no terminal's Ctrl-C or
-    hangup reaches it), its output appended to ``log`` after a header line with its pid.
+def detach(steps: list[list[str]], log: Path) -> None:
+    """Run ``steps`` one after the other (until one fails) in ROOT, niced to 19, in a
+    session of its own (no terminal's Ctrl-C or hangup reaches them), their output appended
+    to ``log`` after a header line with the pid of the process that runs them (and execs
+    the last one).
 
-    Through a child that exits at once: the process is then init's, not this pid's, so
+    Through a child that exits at once: that process is then init's, not this pid's, so
     the gateway this pid becomes never has it as a child to reap or to stop."""
     child = os.fork()
-    if child == 0:
-        code = 1
-        try:
-            os.setsid()
-            os.nice(19)
-            with open(log, "ab") as out:
-                process = subprocess.Popen(
-                    argv,
-                    cwd=ROOT,
-                    env=native_env(""),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-                stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-                out.write(f"dev.py, {stamp}: pid {process.pid}: {' '.join(argv)}\n".encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.waitpid(child, 0)
+    if child:
+        os.waitpid(child, 0)
+        return
+    code = 1
+    try:
+        os.setsid()
+        os.nice(19)
+        if os.fork() == 0:
+            _run_steps(steps, log)
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _run_steps(steps: list[list[str]], log: Path) -> None:
+    try:
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        commands = " && ".join(" ".join(step) for step in steps)
+        os.write(1, f"dev.py, {stamp}: pid {os.getpid()}: {commands}\n".encode())
+        env = native_env("")
+        for step in steps[:-1]:
+            if subprocess.call(step, cwd=ROOT, env=env) != 0:
+                return
+        os.chdir(ROOT)
+        os.execve(steps[-1][0], steps[-1], env)
+    finally:
+        os._exit(1)
 
 
 def say_when_serving(gateway: int, service: str, url: str) -> None:
@@ -289,7 +326,7 @@ def cluster() -> int:
 def main() -> int:
     task, *rest = sys.argv[1:] or ["help"]
     if task == "serve":
-        ensure_venv("native")
+        ensure_venv(None)
         # "0" runs the pure modules: no build. A build under way (an earlier start's) is
         # waited for by the new one, which then builds nothing more.
         posix = os.name == "posix"  # elsewhere no fork: build first, as ``test`` does
