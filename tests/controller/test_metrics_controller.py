@@ -20,6 +20,7 @@ from controller.metrics import (
     register,
 )
 from controller.model import ReplicaState
+from tests.needs import missing
 
 from .conftest import Harness, spec
 
@@ -195,7 +196,7 @@ def test_describe_names_every_family(h: Harness) -> None:
 async def test_promtool_accepts_the_exposition(h: Harness, registry) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool not installed (Debian package 'prometheus')")
+        missing("promtool is not installed (Debian package 'prometheus')")
     await h.controller.apply(spec("web", 2))
     await h.settle()
     await h.pass_probes("web")
