@@ -24,6 +24,11 @@ from controller.main import build_parser
 from tests.bombs import FLAT_MIB, alias_bomb
 from tests.ports import free_port
 
+UNBOUNDED = 5.0
+"""Seconds that tell a parse bounded by the limits from an unbounded one (a bomb is never
+done; 1 MB of a base-60 integer took 16 s): a bound on a shared machine, not a speed figure,
+which bench/ measures."""
+
 
 def nested(depth: int, kind: Kind) -> str:
     """A document ``depth`` levels deep: mappings of one key, a scalar at the bottom."""
@@ -42,7 +47,7 @@ def refused(text: str | bytes, kind: Kind) -> DocumentTooLarge:
     started = time.perf_counter()
     with pytest.raises(DocumentTooLarge) as caught:
         parse(text, kind)
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < UNBOUNDED
     return caught.value
 
 
@@ -132,7 +137,7 @@ def test_a_document_at_the_limits_is_taken_as_it_reads(kind: Kind) -> None:
     for text in (flat(MAX_NODES), nested(MAX_DEPTH, kind)):
         started = time.perf_counter()
         data = parse(text, kind)
-        assert time.perf_counter() - started < 2  # the largest document allowed
+        assert time.perf_counter() - started < UNBOUNDED  # the largest document allowed
         assert data == (json.loads(text) if kind == "json" else yaml.safe_load(text))
     assert refused(flat(MAX_NODES + 1), kind).limit == "nodes"
     assert refused(nested(MAX_DEPTH + 1, kind), kind).limit == "depth"
@@ -177,7 +182,7 @@ def test_what_is_not_a_document_is_a_document_error(
     started = time.perf_counter()
     with pytest.raises(DocumentError) as caught:
         parse(text, kind)
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < UNBOUNDED
     assert not isinstance(caught.value, DocumentTooLarge)
     assert (caught.value.status, caught.value.code) == (400, "bad_request")
     assert message in caught.value.message

@@ -82,7 +82,7 @@ async def _second(config: Path, log: Path) -> tuple[int, float, str]:
     began = time.monotonic()
     process = await gateway_process(config, log)
     try:
-        code = await asyncio.wait_for(process.wait(), 10)
+        code = await asyncio.wait_for(process.wait(), 30)  # its imports, on a loaded machine
     except TimeoutError:
         process.kill()
         await process.wait()

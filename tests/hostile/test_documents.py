@@ -134,14 +134,14 @@ async def test_bombs_are_refused_at_once_and_traffic_goes_on(tmp_path: Path) -> 
             f"{len(load.failures)} failed; gateway RSS grew {grown / MiB:.1f} MiB"
         )
         assert not load.failures, load.summary()
-        # Generous bounds: the stalls were seconds long, or without end. The machine is
-        # shared, so a single refusal or request may wait for a CPU (up to 0.5 s was seen
-        # once in a run while other tests ran): the slowest is held to a second, the median
-        # and the p99 much closer.
-        assert max(median.values()) < 0.1, median
-        assert max(slowest.values()) < 1.0, slowest
-        assert p99(during) < max(4 * p99(baseline), p99(baseline) + 0.1)
-        assert max(o.took for o in during) < 1.0
+        # Generous bounds: the stalls were 17 to 32 s long, or without end. The machine is
+        # shared (the whole suite at a load average of 10 saw a p99 of 0.17 s against 0.01 s
+        # before the bombs), so a single refusal or request may wait for a CPU: these tell a
+        # bounded refusal from a stall, and the figures above say how close they were.
+        assert max(median.values()) < 0.25, median
+        assert max(slowest.values()) < 3.0, slowest
+        assert p99(during) < max(4 * p99(baseline), p99(baseline) + 0.5)
+        assert max(o.took for o in during) < 3.0
         assert grown < 50 * MiB
     except BaseException:
         print(log.read_text()[-4000:])
