@@ -3,11 +3,11 @@
 An ``aiohttp.web`` app of its own on its own listener (loopback by default), never the
 traffic one. Middlewares wrap every route, outermost first: errors (every refusal and every
 unexpected failure becomes a JSON body ``{"error": code, "message": text, ...}``; no traceback
-reaches a client), auth (every path but ``/healthz``, ``/readyz`` and ``/metrics`` needs
-``Authorization: Bearer <token>``, compared in constant time), the body (read whole before
-the route's handler: 413 past ``client_max_size``, at once when declared so; 408 if it takes
-over ``BODY_TIMEOUT``), then the caller's (the cluster's forwarding to the leader). The token
-is never logged, and neither is a request's headers.
+reaches a client), auth (every path but ``/healthz``, ``/readyz``, ``/metrics`` and the web
+console's, ``console.py``, needs ``Authorization: Bearer <token>``, compared in constant time),
+the body (read whole before the route's handler: 413 past ``client_max_size``, at once when
+declared so; 408 if it takes over ``BODY_TIMEOUT``), then the caller's (the cluster's
+forwarding to the leader). The token is never logged, and neither is a request's headers.
 
 ``Expect: 100-continue`` is answered before any middleware (aiohttp's order), by ``_expect``:
 a wrong token (401) or a body declared over the limit (413) is refused before ``100
@@ -34,6 +34,7 @@ from gateway import listening_socket, parse_address
 
 from ..errors import ControllerError, StoreUnavailable
 from ..operations import Controller
+from . import console
 from .handlers import (
     CONTROLLER,
     DOCUMENT,
@@ -59,8 +60,9 @@ MAX_BODY_SIZE = web.AppKey("max_body_size", int)
 BODY_TIMEOUT = 30.0
 """Seconds a request's body may take to arrive whole."""
 SSE_KEEPALIVE = 15.0
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-"""Paths that need no token. Everything else (every /api/ route) needs one."""
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", *console.PATHS})
+"""Paths that need no token (the console's page and files hold no data). Everything else
+(every /api/ route) needs one."""
 
 HTTP_SETTINGS: Mapping[str, Any] = MappingProxyType(
     {
@@ -268,7 +270,12 @@ def build_admin_app(
     app[STOPPING] = asyncio.Event()
     app[KEEPALIVE] = sse_keepalive
     app[MAX_BODY_SIZE] = client_max_size
-    operations = [*OPERATIONS_TABLE, *TOKEN_OPERATIONS, *extra_routes]
+    operations = [
+        *OPERATIONS_TABLE,
+        *TOKEN_OPERATIONS,
+        *console.console_operations(),
+        *extra_routes,
+    ]
     if metrics is not None:
         operations.append(
             Operation(
