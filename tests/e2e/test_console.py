@@ -27,7 +27,7 @@ import pytest
 from controller.journal import Entry
 from tests.needs import missing
 
-from .conftest import ROLLOUT, ROOT, Gateways, Handle, Load, serving, spec, until
+from .conftest import PROBE, ROLLOUT, ROOT, Gateways, Handle, Load, serving, spec, until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -191,6 +191,14 @@ def canary_spec(version: str, replicas: int = 2, **rollout: Any) -> dict[str, An
     }
 
 
+def choose(page: Page, select: str, value: str) -> None:
+    """Pick ``value`` in the ``select`` element as a user does (blocking: call off the loop)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(page.driver.find_element(By.ID, select)).select_by_value(value)
+
+
 def heard(handle: Handle, kind: str) -> list[tuple[float, Entry]]:
     """Each journal entry of ``kind`` from now on, with when it was recorded (monotonic)."""
     out: list[tuple[float, Entry]] = []
@@ -205,10 +213,17 @@ async def test_the_page_lists_the_services_and_follows_a_failing_replica_without
 ) -> None:
     gw = await gateways.start()
     await serving(gw, spec(site("v1"), 3))
+    # Nothing listens on port 9 of loopback (discard): its only upstream stays unhealthy.
+    down = {"name": "api", "backend": "static", "route": {"path_prefix": "/api"},
+            "replica": {"addresses": ["127.0.0.1:9"]}, "probes": [PROBE]}  # fmt: skip
+    await gw.controller.apply(down)
     page = page_for(gw)
     await page.open()
-    await page.until("return document.querySelectorAll('tr.replica').length === 3")
-    assert await page.services() == ["web"]
+    await page.until(
+        "return document.querySelectorAll('section.service[data-service=\"web\"] tr.replica')"
+        ".length === 3"
+    )
+    assert await page.services() == ["api", "web"]
     notice = await page.js("return document.getElementById('no-token').textContent")
     assert "No admin token is configured" in notice
     assert await page.js("return document.getElementById('stream').dataset.state") == "live"
@@ -249,6 +264,14 @@ async def test_the_page_lists_the_services_and_follows_a_failing_replica_without
     )
     assert "upstream_unhealthy" in events
     assert "replica_failed" in events
+    # The event log, filtered by service.
+    for name in ("api", "web"):
+        await page.call(choose, page, "events-service", name)
+        shown = await page.js(
+            "return [...document.querySelectorAll('#events li')].map(li => li.dataset.service)"
+        )
+        assert shown, name
+        assert set(shown) == {name}
     assert not await page.reloaded()
     assert not await page.errors()
 
@@ -283,9 +306,9 @@ async def test_a_canary_moves_on_the_page_and_promote_and_scale_do_what_the_cli_
         assert step == "step 2 of 3"
         # The charts have a point once two scrapes (5 s apart) have been taken.
         await page.until(
-            "const v = document.querySelector('section.service[data-service=\"web\"]"
-            " .value-rps'); return v && v.textContent !== '\\u2013';",
-            timeout=20, what="the request rate charted",
+            "const c = document.querySelector('section.service[data-service=\"web\"]"
+            " svg.chart'); return c && Number(c.dataset.points) >= 3;",
+            timeout=30, what="three points of the request rate charted",
         )  # fmt: skip
         shot = await page.screenshot("console.png")
 
