@@ -343,7 +343,7 @@ async def test_a_canary_moves_on_the_page_and_promote_and_scale_do_what_the_cli_
 
 
 async def test_names_and_reasons_are_shown_as_text_and_a_failed_rollout_says_why_on_top(
-    gateways: Gateways, page_for: Any, site: Any, tmp_path: Path
+    gateways: Gateways, page_for: Any, site: Any
 ) -> None:
     gw = await gateways.start()
     name = HTML_LIKE_NAME
@@ -355,7 +355,7 @@ async def test_names_and_reasons_are_shown_as_text_and_a_failed_rollout_says_why
     await page.until("return document.querySelectorAll('tr.replica').length === 1")
     assert await page.services() == [name]
 
-    missing_dir = tmp_path / HOSTILE  # does not exist: each start fails naming it
+    missing_dir = Path("/nonexistent") / HOSTILE  # each start fails, naming it
     await gw.controller.apply(spec(str(missing_dir), 1, name=name, retries=1))
     await until(
         lambda: any(r.to_revision == 2 and r.status == "failed" for r in gw.rollouts(name)),
