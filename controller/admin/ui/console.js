@@ -73,9 +73,10 @@ function renderService(name) {
     return;
   }
   const rollouts = state.rollouts.get(name) || [];
-  const key = JSON.stringify([svc, rollouts, Math.floor(Date.now() / 30000)]);
+  const nodes = state.cluster && state.cluster.nodes.map((n) => [n.name, n.address]);
+  const key = JSON.stringify([svc, rollouts, nodes, Math.floor(Date.now() / 30000)]);
   if (card && card.key === key) return;
-  const body = serviceCard(svc, { rollouts, act });
+  const body = serviceCard(svc, { rollouts, cluster: state.cluster, act });
   const charts = card ? card.charts : h("div", { class: "charts-slot" });
   body.insertBefore(charts, body.querySelector("table.replicas"));
   if (!card) renderCharts(name, charts);
@@ -230,6 +231,7 @@ async function loadHosts() {
 async function loadCluster() {
   state.cluster = await optional("/api/cluster");
   renderOverview();
+  for (const name of state.services.keys()) markDirty(name); // the replicas' nodes
 }
 
 async function loadCertificates() {

@@ -21,7 +21,21 @@ function badge(text, kind) {
   return h("span", { class: `badge badge-${kind}` }, text);
 }
 
-function replicaRow(r) {
+function hostOf(address) {
+  const m = /^(?:[a-z]+:\/\/)?(\[[^\]]+\]|[^:/]+)/i.exec(address || "");
+  return m ? m[1] : "";
+}
+
+/** The cluster node a replica runs on: the one whose address has the replica's host. */
+export function nodeOf(address, cluster) {
+  if (!cluster || !cluster.nodes || !address) return null;
+  const host = hostOf(address);
+  const node = cluster.nodes.find((n) => hostOf(n.address) === host);
+  return node ? node.name : null;
+}
+
+function replicaRow(r, cluster) {
+  const node = nodeOf(r.address, cluster);
   const bad = BAD_REPLICA.has(r.state) || BAD_HEALTH.has(r.health);
   return h(
     "tr",
@@ -32,7 +46,7 @@ function replicaRow(r) {
     h("td", null, badge(r.state, r.state)),
     h("td", null, r.health ? badge(r.health, r.health) : h("span", { class: "dim" }, "–")),
     h("td", { class: "num" }, r.inflight),
-    h("td", { class: "mono" }, r.address || "–"),
+    h("td", { class: "mono" }, r.address || "–", node ? h("span", { class: "dim" }, ` on ${node}`) : null),
     h("td", { class: "dim", title: utc(r.since) }, ago(r.since)),
     h("td", { class: "reason" },
       r.failure || "", r.exit_code !== null && r.exit_code !== undefined ? ` (exit ${r.exit_code})` : ""),
@@ -127,7 +141,7 @@ export function chartsView(points, now) {
 
 /** One service's card (its charts are added by the caller). Its buttons call
  * ``act(svc, action)``. */
-export function serviceCard(svc, { rollouts, act }) {
+export function serviceCard(svc, { rollouts, cluster, act }) {
   const failed = failedRollout(rollouts);
   const ro = svc.rollout;
   const active = ro && ACTIVE.has(ro.status);
@@ -168,7 +182,7 @@ export function serviceCard(svc, { rollouts, act }) {
       h("thead", null, h("tr", null, ["replica", "rev", "state", "health", "in flight", "address",
         "since", "failure"].map((t) => h("th", null, t)))),
       h("tbody", null, svc.replicas.length
-        ? svc.replicas.map(replicaRow)
+        ? svc.replicas.map((r) => replicaRow(r, cluster))
         : h("tr", null, h("td", { colspan: 8, class: "dim" }, "no replicas")))),
   );
 }
