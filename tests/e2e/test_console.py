@@ -432,3 +432,51 @@ async def test_without_the_token_the_page_shows_nothing_and_its_actions_are_refu
     await page.click("#token-forget")
     await page.until("return document.querySelectorAll('section.service').length === 0")
     assert await page.js("return sessionStorage.getItem('gateway-admin-token')") is None
+
+
+METRICS_BEFORE = """\
+# TYPE gateway_requests counter
+gateway_requests_total{code="2xx",revision="1",service="web"} 0
+gateway_requests_total{code="5xx",revision="2",service="web"} 0
+gateway_request_duration_seconds_bucket{le="0.01",revision="1",service="web"} 0
+gateway_request_duration_seconds_bucket{le="0.1",revision="1",service="web"} 0
+gateway_request_duration_seconds_bucket{le="+Inf",revision="1",service="web"} 0
+gateway_requests_total{code="2xx",revision="1",service="a\\\\b\\"c"} 7
+"""
+METRICS_AFTER = """\
+gateway_requests_total{code="2xx",revision="1",service="web"} 90
+gateway_requests_total{code="5xx",revision="2",service="web"} 10
+gateway_request_duration_seconds_bucket{le="0.01",revision="1",service="web"} 30
+gateway_request_duration_seconds_bucket{le="0.01",revision="2",service="web"} 20
+gateway_request_duration_seconds_bucket{le="0.1",revision="1",service="web"} 60
+gateway_request_duration_seconds_bucket{le="0.1",revision="2",service="web"} 30
+gateway_request_duration_seconds_bucket{le="+Inf",revision="1",service="web"} 65
+gateway_request_duration_seconds_bucket{le="+Inf",revision="2",service="web"} 35
+gateway_service_held_requests{service="web"} 3
+gateway_requests_total{code="2xx",revision="1",service="a\\\\b\\"c"} 2
+"""
+
+
+async def test_the_charts_arithmetic_is_prometheus_own(gateways: Gateways, page_for: Any) -> None:
+    """The page's rates and quantiles (ui/metrics.js, run in the browser) on a known pair of
+    scrapes: summed over revisions, the 5xx share, p50 inside a bucket, p99 in the +Inf one
+    (its lower bound, as histogram_quantile), a counter gone back (a restart) not a rate, and
+    a label value with escapes read whole."""
+    gw = await gateways.start()
+    page = page_for(gw)
+    await page.open()
+    result = await page.call(
+        page.driver.execute_async_script,
+        """const [before, after, done] = arguments;
+           import('/ui/metrics.js').then((m) => {
+             const a = m.snapshot(m.parse(before));
+             const b = m.snapshot(m.parse(after));
+             done(Object.fromEntries(m.rates(a, b, 10)));
+           }, (e) => done(String(e)));""",
+        METRICS_BEFORE,
+        METRICS_AFTER,
+    )
+    assert result["web"] == {
+        "rps": 10, "errorRate": 0.1, "p50": 0.01, "p99": 0.1, "held": 3, "queued": 0
+    }  # fmt: skip
+    assert result['a\\b"c']["rps"] is None  # 7 -> 2: a restart, no rate
