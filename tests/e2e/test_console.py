@@ -281,7 +281,9 @@ async def test_a_canary_moves_on_the_page_and_promote_and_scale_do_what_the_cli_
 ) -> None:
     gw = await gateways.start()
     steps = [{"weight": 20, "pause": 3}, {"weight": 50}]  # held at 50% until promoted
-    await serving(gw, canary_spec("1", strategy="canary", steps=steps))
+    analysis = {"max_error_rate": 0.01, "min_requests": 20, "interval": 1}
+    canary = {"strategy": "canary", "steps": steps, "analysis": analysis}
+    await serving(gw, canary_spec("1", **canary))
     page = page_for(gw)
     await page.open()
     await page.until("return document.querySelector('section.service[data-service=\"web\"]')")
@@ -290,7 +292,7 @@ async def test_a_canary_moves_on_the_page_and_promote_and_scale_do_what_the_cli_
         " return w && Number(w.dataset.weight);"
     )
     async with Load(gw.url, clients=2, limit=120) as load:
-        await gw.controller.apply(canary_spec("2", strategy="canary", steps=steps))
+        await gw.controller.apply(canary_spec("2", **canary))
         seen = [await page.until(weight, what="a weight on the page")]
         deadline = time.monotonic() + 30
         while seen[-1] != 50 and time.monotonic() < deadline:
@@ -304,6 +306,12 @@ async def test_a_canary_moves_on_the_page_and_promote_and_scale_do_what_the_cli_
             ".textContent"
         )
         assert step == "step 2 of 3"
+        analysed = await page.until(
+            "const a = document.querySelector('section.service[data-service=\"web\"] .analysis');"
+            " return a && a.textContent.includes('error rate') && a.textContent;",
+            what="the last analysis with its figures",
+        )
+        assert "pass" in analysed, analysed
         # The charts have a point once two scrapes (5 s apart) have been taken.
         await page.until(
             "const c = document.querySelector('section.service[data-service=\"web\"]"

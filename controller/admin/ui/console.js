@@ -101,6 +101,7 @@ function renderServiceOrder() {
   const select = $("events-service");
   const chosen = select.value;
   const known = new Set([...state.services.keys(), ...state.events.map((e) => e.service)]);
+  known.delete("");
   const wanted = ["", ...[...known].sort()];
   const have = [...select.options].map((o) => o.value);
   if (JSON.stringify(have) !== JSON.stringify(wanted)) {
