@@ -488,3 +488,95 @@ async def test_the_charts_arithmetic_is_prometheus_own(gateways: Gateways, page_
         "rps": 10, "errorRate": 0.1, "p50": 0.01, "p99": 0.1, "held": 3, "queued": 0
     }  # fmt: skip
     assert result['a\\b"c']["rps"] is None  # 7 -> 2: a restart, no rate
+
+
+async def test_the_overview_reads_the_fields_the_api_documents(
+    gateways: Gateways, page_for: Any
+) -> None:
+    """Certificates, the cluster and the hosts as the page draws them (ui/views.js, in
+    chromium) from bodies made with the API's own response models, so a field the page
+    reads under another name fails here."""
+    from controller.admin.schemas import (
+        CertificateList,
+        CertificateView,
+        ClusterNodeView,
+        ClusterView,
+        HostList,
+        HostView,
+        TlsCertificateView,
+        TlsRefusalView,
+        TlsView,
+    )
+
+    now = time.time()
+    tls = TlsView(
+        enabled=True,
+        certificates=[
+            TlsCertificateView(name="files.example", names=["files.example", "*.files.example"],
+                               not_after=now + 40 * 86400, cert_file="/c", key_file="/k",
+                               acme=False),
+        ],
+        refused=[TlsRefusalView(cert_file="/bad", key_file="/bad.key", file="/bad",
+                                reason="not PEM <b>")],
+        reload_failures=1,
+        handshakes={},
+    )  # fmt: skip
+    acme = CertificateList(
+        enabled=True,
+        directory="https://acme.test/dir",
+        certificates=[
+            CertificateView(name="app.example", services=["web"], state="failing",
+                            names=["app.example"], issuer=None, not_before=None,
+                            not_after=now + 3 * 86400, next_order=now + 60, ordering=False,
+                            failures=2, last_error="the CA said no"),
+        ],
+    )  # fmt: skip
+    cluster = ClusterView(
+        store="etcd", node="n1", leader="n2", store_reachable=True,
+        nodes=[
+            ClusterNodeView(name="n1", address="http://127.0.0.2:8081", leader=False,
+                            started_at=now, replicas=2, capacity=8),
+            ClusterNodeView(name="n2", address="http://127.0.0.3:8081", leader=True,
+                            started_at=now, replicas=1, capacity=8),
+        ],
+    )  # fmt: skip
+    hosts = HostList(
+        hosts=[
+            HostView(backend="docker", name="gpu1", engine="tcp://10.0.0.7:2376",
+                     reachable=False, error="connect refused", replicas=0, capacity=8),
+        ]
+    )  # fmt: skip
+    gw = await gateways.start()
+    page = page_for(gw)
+    await page.open()
+    result = await page.call(
+        page.driver.execute_async_script,
+        """const [tls, acme, cluster, hosts, done] = arguments;
+           import('/ui/views.js').then((v) => {
+             const text = (el) => el.textContent;
+             const bad = (el) => [...el.querySelectorAll('tr.bad')].map((r) => r.textContent);
+             const c = v.certificatesView(tls, acme), n = v.clusterView(cluster);
+             const hs = v.hostsView(hosts.hosts);
+             done({certificates: text(c), badCertificates: bad(c), cluster: text(n),
+                   leader: n.querySelector('tr.leader').dataset.node, hosts: text(hs),
+                   badHosts: bad(hs),
+                   node: v.nodeOf('127.0.0.3:21000', cluster)});
+           }, (e) => done(String(e)));""",
+        tls.model_dump(mode="json"),
+        acme.model_dump(mode="json"),
+        cluster.model_dump(mode="json"),
+        hosts.model_dump(mode="json"),
+    )
+    assert isinstance(result, dict), result
+    certificates = result["certificates"]
+    assert "files.example" in certificates
+    assert "expires in 40d" in certificates or "expires in 39d" in certificates
+    assert "not PEM <b>" in certificates
+    failing = " ".join(result["badCertificates"])
+    assert "app.example" in failing  # failing, and expiring within a week
+    assert "the CA said no" in failing
+    assert result["leader"] == "n2"
+    assert "2/8 replicas" in result["cluster"]
+    assert result["node"] == "n2"
+    assert "gpu1" in " ".join(result["badHosts"])
+    assert "connect refused" in result["hosts"]
