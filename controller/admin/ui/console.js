@@ -280,6 +280,7 @@ function soon(key, work) {
 }
 
 function onEvent(e) {
+  if (state.events.some((seen) => seen.id === e.id && seen.at === e.at)) return; // sent again
   state.events.push(e);
   if (state.events.length > MAX_EVENTS) state.events.splice(0, state.events.length - MAX_EVENTS);
   if (matches(e)) {
