@@ -47,6 +47,7 @@ from .handlers import (
     checked,
 )
 from .openapi import Operation
+from .origin import origin_middleware
 from .tokens import TOKEN_OPERATIONS
 
 __all__ = ["CONTROLLER", "HTTP_SETTINGS", "READY", "AdminServer", "build_admin_app",
@@ -258,7 +259,13 @@ def build_admin_app(
     leader: ``admin.cluster``).
     """
     app = web.Application(
-        middlewares=[errors_middleware, auth_middleware(token), body_middleware, *middlewares],
+        middlewares=[
+            errors_middleware,
+            auth_middleware(token),
+            origin_middleware(token is not None),
+            body_middleware,
+            *middlewares,
+        ],
         client_max_size=client_max_size,
     )
     # /api/events shows the data plane's health transitions too (once, however many apps).

@@ -31,6 +31,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from .handlers import ApiError
 from .openapi import Operation
+from .origin import BROWSER_HEADERS
 from .schemas import ClusterNodeView, ClusterView
 
 log = logging.getLogger("gateway.admin")
@@ -52,6 +53,7 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
         "content-length",
         "host",
+        *BROWSER_HEADERS,  # checked here (origin.py), and not of the leader's origin
     }
 )
 

@@ -31,6 +31,9 @@ SSE = "text/event-stream"
 ERROR_TEXT = {
     400: "The body is not valid JSON or YAML, or a query parameter is unknown or given twice",
     401: "Missing or wrong bearer token",
+    403: "A browser sent the request for another site (`cross_site_request`: `Sec-Fetch-Site` "
+    "or `Origin`), or, with no token configured, to a host name other than localhost "
+    "(`untrusted_host`)",
     404: "No such service, revision, replica or upstream",
     405: "Method not allowed on this path",
     409: "The action does not fit the service's current state (or, on a PUT, the spec's name "
@@ -161,6 +164,8 @@ def _operation(op: Operation) -> dict[str, Any]:
     errors = {400, 405, 500, *op.errors}  # 400: any route, for a query it does not take
     if op.auth:
         errors |= {401, 503}
+    if op.path.startswith("/api/"):
+        errors.add(403)  # origin.py: what a browser sends for another site
     for status in sorted(errors):
         responses[str(status)] = {
             "description": ERROR_TEXT[status],

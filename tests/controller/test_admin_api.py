@@ -1072,3 +1072,68 @@ async def test_an_unexpected_error_is_a_bare_500(
         body = await api.call("GET", "/api/services", status=500)
     assert body == {"error": "internal_error", "message": "internal error (see the gateway log)"}
     assert "internal detail" in caplog.text  # for the operator, not for the client
+
+
+# -- what a browser sends for another site (origin.py) -----------------------------------------
+
+
+@pytest.fixture
+async def open_api(h: Harness, admin_client: AdminClientFactory) -> Api:
+    """The API with no token configured, as on the demo's loopback listener."""
+    app = build_admin_app(h.controller, lambda: True, None)
+    return Api(await admin_client(app), h)
+
+
+@pytest.mark.parametrize(
+    ("headers", "code"),
+    [
+        ({"Sec-Fetch-Site": "cross-site"}, "cross_site_request"),  # a form's POST from a page
+        ({"Sec-Fetch-Site": "same-site"}, "cross_site_request"),  # another port of the host
+        ({"Origin": "http://attacker.example"}, "cross_site_request"),
+        ({"Origin": "null"}, "cross_site_request"),  # a sandboxed page or a file
+        ({"Host": "rebound.example:8081"}, "untrusted_host"),  # DNS rebinding to 127.0.0.1
+    ],
+    ids=["cross_site", "same_site", "origin", "null_origin", "rebinding"],
+)
+async def test_a_write_a_browser_sends_for_another_site_is_403_and_changes_nothing(
+    open_api: Api, h: Harness, headers: dict[str, str], code: str
+) -> None:
+    await h.controller.apply(spec("web", 2))
+    await h.settle()
+    before = open_api.fingerprint()
+    for path, body in (("/api/services/web/scale", {"replicas": 0}), ("/api/services/web", None)):
+        method = "POST" if body is not None else "DELETE"
+        error = await open_api.call(method, path, body, status=403, headers=headers)
+        assert error["error"] == code, error
+    # text/plain, as a form may send it: refused before the body is read as JSON
+    response = await open_api.client.post(
+        "/api/services/web/scale",
+        data='{"replicas": 0}',
+        headers={**headers, "Content-Type": "text/plain"},
+    )
+    assert response.status == 403
+    await h.settle()
+    assert open_api.fingerprint() == before
+
+
+async def test_the_page_of_the_listener_itself_and_clients_that_are_not_browsers_are_served(
+    open_api: Api, h: Harness
+) -> None:
+    await h.controller.apply(spec("web", 2))
+    await h.settle()
+    own = f"http://{open_api.client.host}:{open_api.client.port}"
+    for headers in (
+        {},  # the CLI, curl
+        {"Sec-Fetch-Site": "same-origin", "Origin": own},  # the console, on this listener
+        {"Sec-Fetch-Site": "none"},  # typed into the address bar
+        {"Host": f"localhost:{open_api.client.port}"},
+    ):
+        await open_api.call("POST", "/api/services/web/scale", {"replicas": 3}, headers=headers)
+    assert h.controller.reconciler.services["web"].desired.replicas == 3
+
+
+async def test_with_a_token_a_host_name_is_taken(api: Api, h: Harness) -> None:
+    """A name is refused only while no token is configured: a browser cannot send one."""
+    await h.controller.apply(spec("web", 1))
+    await h.settle()
+    await api.call("GET", "/api/services/web", headers={"Host": "gateway.internal:8081"})
