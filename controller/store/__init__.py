@@ -6,7 +6,7 @@ service applied from the gateway config, the digest of the document last applied
 ``Store`` joins one part per concept over the ``Database`` they share:
 
 - ``database``: the connection, ``BEGIN IMMEDIATE`` transactions, SQLite errors translated
-  (``StoreUnavailable``, ``Conflict``), the migration on open; ``schema``: the versions.
+  (``StoreUnavailable``, ``Conflict``), the migration on open; ``migrations``: the versions.
 - ``services``: services and revisions; ``rollouts``; ``events``; ``replicas``;
   ``config_applied``; ``tokens`` (bearer tokens added through the API, by digest).
   ``rows``: the frozen rows they return.
@@ -40,6 +40,7 @@ from controller.model import RolloutKind
 
 from .config_applied import ConfigApplied
 from .events import Events
+from .migrations import SCHEMA_VERSION
 from .replicas import Replicas
 from .rollouts import Rollouts
 from .rows import (
@@ -56,7 +57,6 @@ from .rows import (
     ServiceRow,
     TokenRow,
 )
-from .schema import SCHEMA_VERSION
 from .services import UNSET, Services
 from .tokens import Tokens
 

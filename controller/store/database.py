@@ -23,7 +23,7 @@ from typing import Final
 
 from controller.errors import Conflict, StoreUnavailable
 
-from . import schema
+from . import migrations
 
 # Primary result codes meaning "the database cannot be used now", not "the caller is wrong".
 _UNAVAILABLE_CODES: Final = frozenset(
@@ -179,30 +179,30 @@ class Database:
     def _migrate(self) -> None:
         if self.readonly:
             with self._read() as conn:
-                version = schema.version(conn)
-            if version != schema.SCHEMA_VERSION:
+                version = migrations.version(conn)
+            if version != migrations.SCHEMA_VERSION:
                 raise StoreUnavailable(
                     f"read-only state database {self.path} is at schema version {version},"
-                    f" this controller needs {schema.SCHEMA_VERSION}",
+                    f" this controller needs {migrations.SCHEMA_VERSION}",
                     reason="schema version",
                     path=str(self.path),
                 )
             return
         with self._write() as conn:
-            conn.execute(schema.CREATE_VERSION_TABLE)
-            version = schema.version(conn)
-            if version > schema.SCHEMA_VERSION:
+            conn.execute(migrations.CREATE_VERSION_TABLE)
+            version = migrations.version(conn)
+            if version > migrations.SCHEMA_VERSION:
                 raise StoreUnavailable(
                     f"state database {self.path} is at schema version {version}, newer than"
-                    f" this controller ({schema.SCHEMA_VERSION})",
+                    f" this controller ({migrations.SCHEMA_VERSION})",
                     reason="schema version",
                     path=str(self.path),
                 )
-            schema.upgrade(conn, version, self._clock)
+            migrations.upgrade(conn, version, self._clock)
 
     def schema_version(self) -> int:
         with self._read() as conn:
-            return schema.version(conn)
+            return migrations.version(conn)
 
     def close(self) -> None:
         """Close the connection. Idempotent; any later call raises ``StoreUnavailable``."""

@@ -60,7 +60,7 @@ from .etcd_keys import (
 )
 from .etcd_outbox import MAX_BYTES, MAX_OPS, Outbox, op_size
 from .etcd_rows import captured_ops, install_capture, put_row, set_sequence
-from .schema import SCHEMA_VERSION
+from .migrations import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The store's schema: one tuple of statements per version, applied in order.
+"""The store's migrations: its schema as one tuple of statements per version, applied in order.
 
 Never edit a released entry: append a new one. ``SCHEMA_VERSION`` is the number of entries; a
 file records the versions applied to it in its ``schema_version`` table.

@@ -19,7 +19,7 @@ import pytest
 
 from controller.errors import Conflict, NotFound, StoreUnavailable
 from controller.store import SCHEMA_VERSION, Store
-from controller.store.schema import MIGRATIONS as _MIGRATIONS
+from controller.store.migrations import MIGRATIONS as _MIGRATIONS
 
 REPO = Path(__file__).resolve().parents[2]
 
