@@ -5,219 +5,108 @@ The control plane uses it only through the names below. They are imported on fir
 pay for what only the controller's process uses (the metrics' collectors and exposition, with
 prometheus_client; the prober, the supervisor).
 
+Each name is declared once, by the ``TYPE_CHECKING`` import of it below (``X as X``: PEP 484's
+explicit re-export). Type checkers read those imports; at run time they never run, and
+``__getattr__``, ``__dir__`` and ``__all__`` read them from this file on first use (as
+scientific-python's ``lazy_loader`` reads a package's stub).
+
 Importing it changes nothing in the process and gives the pure Python modules: a process
 that runs the data plane compiled calls ``gateway.native.use()`` first (its entry point does).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .accesslog import AccessLog
-    from .config import (
-        Address,
-        AuthRouting,
-        Duration,
-        LimitsConfig,
-        ListenAddress,
-        ListenerLimits,
-        LoadBalancing,
-        OutlierConfig,
-        PreviewConfig,
-        ProbeConfig,
-        ProxyConfig,
-        RateLimit,
-        RequestKey,
-        RetriesConfig,
-        RouteConfig,
-        ServiceRouting,
-        StickyConfig,
-        TimeoutsConfig,
-        TlsConfig,
-        dump_settings,
-        parse_address,
-        parse_duration,
-        parse_settings,
-    )
-    from .errors import (
-        GatewayError,
-        NoRoutableUpstream,
-        UpstreamConnectError,
-        UpstreamTimeout,
-    )
-    from .events import (
-        PoolEvent,
-        PoolSubscriber,
-        ProbeObserver,
-        ProbeResult,
-        RequestObserver,
-        RequestRecord,
-    )
-    from .listening import listen, listening_socket
-    from .metrics import GatewayMetrics
-    from .pool import Pool
-    from .prober import Prober
-    from .proxy import Proxy
-    from .scrape import (
-        AccessLogCollector,
-        ConnectionsCollector,
-        MetricsCollector,
-        WorkersCollector,
-        metrics_exposition,
-    )
-    from .server import TrafficServer
-    from .service_pool import (
-        Lease,
-        ServicePool,
-    )
-    from .snapshot import PoolSnapshot
-    from .tls import (
-        ReloadReport,
-        Termination,
-    )
-    from .tls.metrics import TlsCollector
-    from .upstream import (
-        AdminState,
-        Health,
-        Upstream,
-    )
-    from .wire.http1 import http_date
-    from .workers.supervisor import (
-        Supervisor,
-        WorkerSettings,
-    )
+    from .accesslog import AccessLog as AccessLog
+    from .config import Address as Address
+    from .config import AuthRouting as AuthRouting
+    from .config import Duration as Duration
+    from .config import LimitsConfig as LimitsConfig
+    from .config import ListenAddress as ListenAddress
+    from .config import ListenerLimits as ListenerLimits
+    from .config import LoadBalancing as LoadBalancing
+    from .config import OutlierConfig as OutlierConfig
+    from .config import PreviewConfig as PreviewConfig
+    from .config import ProbeConfig as ProbeConfig
+    from .config import ProxyConfig as ProxyConfig
+    from .config import RateLimit as RateLimit
+    from .config import RequestKey as RequestKey
+    from .config import RetriesConfig as RetriesConfig
+    from .config import RouteConfig as RouteConfig
+    from .config import ServiceRouting as ServiceRouting
+    from .config import StickyConfig as StickyConfig
+    from .config import TimeoutsConfig as TimeoutsConfig
+    from .config import TlsConfig as TlsConfig
+    from .config import dump_settings as dump_settings
+    from .config import parse_address as parse_address
+    from .config import parse_duration as parse_duration
+    from .config import parse_settings as parse_settings
+    from .errors import GatewayError as GatewayError
+    from .errors import NoRoutableUpstream as NoRoutableUpstream
+    from .errors import UpstreamConnectError as UpstreamConnectError
+    from .errors import UpstreamTimeout as UpstreamTimeout
+    from .events import PoolEvent as PoolEvent
+    from .events import PoolSubscriber as PoolSubscriber
+    from .events import ProbeObserver as ProbeObserver
+    from .events import ProbeResult as ProbeResult
+    from .events import RequestObserver as RequestObserver
+    from .events import RequestRecord as RequestRecord
+    from .listening import listen as listen
+    from .listening import listening_socket as listening_socket
+    from .metrics import GatewayMetrics as GatewayMetrics
+    from .pool import Pool as Pool
+    from .prober import Prober as Prober
+    from .proxy import Proxy as Proxy
+    from .scrape import AccessLogCollector as AccessLogCollector
+    from .scrape import ConnectionsCollector as ConnectionsCollector
+    from .scrape import MetricsCollector as MetricsCollector
+    from .scrape import WorkersCollector as WorkersCollector
+    from .scrape import metrics_exposition as metrics_exposition
+    from .server import TrafficServer as TrafficServer
+    from .service_pool import Lease as Lease
+    from .service_pool import ServicePool as ServicePool
+    from .snapshot import PoolSnapshot as PoolSnapshot
+    from .tls import ReloadReport as ReloadReport
+    from .tls import Termination as Termination
+    from .tls.metrics import TlsCollector as TlsCollector
+    from .upstream import AdminState as AdminState
+    from .upstream import Health as Health
+    from .upstream import Upstream as Upstream
+    from .wire.http1 import http_date as http_date
+    from .workers.supervisor import Supervisor as Supervisor
+    from .workers.supervisor import WorkerSettings as WorkerSettings
 
-_WHERE: dict[str, str] = {
-    "AccessLog": ".accesslog",
-    "AccessLogCollector": ".scrape",
-    "Address": ".config",
-    "AdminState": ".upstream",
-    "AuthRouting": ".config",
-    "Duration": ".config",
-    "GatewayError": ".errors",
-    "GatewayMetrics": ".metrics",
-    "Health": ".upstream",
-    "Lease": ".service_pool",
-    "LimitsConfig": ".config",
-    "ListenAddress": ".config",
-    "ListenerLimits": ".config",
-    "LoadBalancing": ".config",
-    "MetricsCollector": ".scrape",
-    "NoRoutableUpstream": ".errors",
-    "OutlierConfig": ".config",
-    "Pool": ".pool",
-    "PoolEvent": ".events",
-    "PoolSnapshot": ".snapshot",
-    "PoolSubscriber": ".events",
-    "PreviewConfig": ".config",
-    "ProbeConfig": ".config",
-    "ProbeObserver": ".events",
-    "ProbeResult": ".events",
-    "Prober": ".prober",
-    "Proxy": ".proxy",
-    "ProxyConfig": ".config",
-    "RateLimit": ".config",
-    "ReloadReport": ".tls",
-    "RequestKey": ".config",
-    "RequestObserver": ".events",
-    "RequestRecord": ".events",
-    "RetriesConfig": ".config",
-    "RouteConfig": ".config",
-    "ServicePool": ".service_pool",
-    "ServiceRouting": ".config",
-    "StickyConfig": ".config",
-    "Supervisor": ".workers.supervisor",
-    "Termination": ".tls",
-    "TimeoutsConfig": ".config",
-    "TlsCollector": ".tls.metrics",
-    "TlsConfig": ".config",
-    "TrafficServer": ".server",
-    "listen": ".listening",
-    "listening_socket": ".listening",
-    "http_date": ".wire.http1",
-    "Upstream": ".upstream",
-    "UpstreamConnectError": ".errors",
-    "UpstreamTimeout": ".errors",
-    "WorkerSettings": ".workers.supervisor",
-    "WorkersCollector": ".scrape",
-    "metrics_exposition": ".scrape",
-    "ConnectionsCollector": ".scrape",
-    "dump_settings": ".config",
-    "parse_address": ".config",
-    "parse_duration": ".config",
-    "parse_settings": ".config",
-}
-"""Each public name -> the module that defines it."""
+
+@functools.cache
+def _exports() -> dict[str, str]:
+    """Each public name -> its module, read from the ``TYPE_CHECKING`` imports above."""
+    import ast
+
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(node for node in tree.body if isinstance(node, ast.If))
+    return {
+        alias.name: "." * node.level + (node.module or "")
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
 
 
 def __getattr__(name: str) -> object:
-    where = _WHERE.get(name)
-    if where is None:
+    if name == "__all__":
+        value: object = sorted(_exports())
+    elif name in _exports():
+        value = getattr(importlib.import_module(_exports()[name], __name__), name)
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(where, __name__), name)
     globals()[name] = value
     return value
 
 
-__all__ = [
-    "AccessLog",
-    "AccessLogCollector",
-    "Address",
-    "AdminState",
-    "AuthRouting",
-    "ConnectionsCollector",
-    "Duration",
-    "GatewayError",
-    "GatewayMetrics",
-    "Health",
-    "Lease",
-    "LimitsConfig",
-    "ListenAddress",
-    "ListenerLimits",
-    "LoadBalancing",
-    "MetricsCollector",
-    "NoRoutableUpstream",
-    "OutlierConfig",
-    "Pool",
-    "PoolEvent",
-    "PoolSnapshot",
-    "PoolSubscriber",
-    "PreviewConfig",
-    "ProbeConfig",
-    "ProbeObserver",
-    "ProbeResult",
-    "Prober",
-    "Proxy",
-    "ProxyConfig",
-    "RateLimit",
-    "ReloadReport",
-    "RequestKey",
-    "RequestObserver",
-    "RequestRecord",
-    "RetriesConfig",
-    "RouteConfig",
-    "ServicePool",
-    "ServiceRouting",
-    "StickyConfig",
-    "Supervisor",
-    "Termination",
-    "TimeoutsConfig",
-    "TlsCollector",
-    "TlsConfig",
-    "TrafficServer",
-    "Upstream",
-    "UpstreamConnectError",
-    "UpstreamTimeout",
-    "WorkerSettings",
-    "WorkersCollector",
-    "dump_settings",
-    "http_date",
-    "listen",
-    "listening_socket",
-    "metrics_exposition",
-    "parse_address",
-    "parse_duration",
-    "parse_settings",
-]
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_exports()})
