@@ -1,15 +1,14 @@
 """The store's database: the one SQLite connection, its transactions, and its errors.
 
-- Every write is one ``BEGIN IMMEDIATE`` transaction (``_write``): committed whole, or rolled
+- Every write is one ``BEGIN IMMEDIATE`` transaction (``write``): committed whole, or rolled
   back whole. WAL with ``synchronous=FULL``: a write that returned is durable.
 - SQLite errors are translated here, once: a database that cannot be opened or written
   (read-only, disk full, I/O error, locked past ``busy_timeout``, not a database) raises
   ``StoreUnavailable`` with the reason; a broken constraint ``Conflict``.
 - Opening migrates the file to ``SCHEMA_VERSION``; a read-only file must already be there.
 
-One lock serialises the connection, which any thread may use. ``Database`` is the base of the
-store's parts (``services``, ``rollouts``, ...), which reach the tables only through ``_read``
-and ``_write`` and take their timestamps from ``_clock``.
+One lock (``lock``) serialises the connection, which any thread may use. The store reaches
+the tables only through ``read`` and ``write``.
 """
 
 from __future__ import annotations
@@ -64,7 +63,8 @@ class Database:
     """The connection to the store's file, opened and migrated; closed by ``close``.
 
     ``readonly=True`` opens the file with SQLite's ``mode=ro``: reads work, every write raises
-    ``StoreUnavailable``, and a file that needs a migration is refused.
+    ``StoreUnavailable``, and a file that needs a migration is refused. ``committing`` is
+    called in each write transaction before its COMMIT; raising rolls it back.
     """
 
     def __init__(
@@ -74,12 +74,14 @@ class Database:
         *,
         readonly: bool = False,
         busy_timeout: float = 5.0,
+        committing: Callable[[sqlite3.Connection], None] | None = None,
     ) -> None:
         self.path = path
         self.readonly = readonly
         self._clock = clock
-        self._lock = threading.RLock()
-        self._closed = False
+        self._committing = committing
+        self.lock = threading.RLock()
+        self.closed = False
         self.writes = 0
         """Transactions committed by this instance."""
         self.failed_writes = 0
@@ -97,7 +99,7 @@ class Database:
         else:
             target, uri = str(self.path), False
         with self._translating():
-            # isolation_level=None: no implicit transactions; _write opens them explicitly, so
+            # isolation_level=None: no implicit transactions; write opens them explicitly, so
             # a read-modify-write (the next revision number) happens under one write lock.
             conn = sqlite3.connect(
                 target,
@@ -145,22 +147,23 @@ class Database:
         return error
 
     @contextlib.contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            if self._closed:
+    def read(self) -> Iterator[sqlite3.Connection]:
+        with self.lock:
+            if self.closed:
                 raise StoreUnavailable("the store is closed", reason="closed", path=str(self.path))
             with self._translating():
                 yield self._conn
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> Iterator[sqlite3.Connection]:
         """One transaction: committed whole, or rolled back whole and the error translated."""
-        with self._read() as conn:
+        with self.read() as conn:
             # IMMEDIATE takes the write lock up front: reads inside see what the write is based on.
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
-                self._committing(conn)
+                if self._committing is not None:
+                    self._committing(conn)
                 conn.execute("COMMIT")
             except BaseException:
                 self.failed_writes += 1
@@ -172,13 +175,9 @@ class Database:
                 raise
             self.writes += 1
 
-    def _committing(self, conn: sqlite3.Connection) -> None:
-        """Called in each write transaction before its COMMIT; raising rolls it back. The etcd
-        store (``store.etcd``) turns the rows the transaction changed into etcd operations."""
-
     def _migrate(self) -> None:
         if self.readonly:
-            with self._read() as conn:
+            with self.read() as conn:
                 version = migrations.version(conn)
             if version != migrations.SCHEMA_VERSION:
                 raise StoreUnavailable(
@@ -188,7 +187,7 @@ class Database:
                     path=str(self.path),
                 )
             return
-        with self._write() as conn:
+        with self.write() as conn:
             conn.execute(migrations.CREATE_VERSION_TABLE)
             version = migrations.version(conn)
             if version > migrations.SCHEMA_VERSION:
@@ -200,13 +199,9 @@ class Database:
                 )
             migrations.upgrade(conn, version, self._clock)
 
-    def schema_version(self) -> int:
-        with self._read() as conn:
-            return migrations.version(conn)
-
     def close(self) -> None:
         """Close the connection. Idempotent; any later call raises ``StoreUnavailable``."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
+        with self.lock:
+            if not self.closed:
+                self.closed = True
                 self._conn.close()

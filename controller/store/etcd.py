@@ -22,7 +22,7 @@ one active rollout, foreign keys), are exactly the SQLite store's. The key layou
   it applies nothing while it leads. A compacted watch, or a mirror made stale, loads again.
   A write on a node that does not lead raises ``StoreUnavailable``.
 
-One lock (``Database``'s) serialises the mirror, which any thread may read.
+One lock (``database.lock``) serialises the mirror, which any thread may read.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class EtcdStore(Store):
             max_events_per_service=max_events_per_service,
             trim_every=trim_every,
         )
-        with self._read() as conn:
+        with self.database.read() as conn:
             install_capture(conn)
         self._capturing = True
 
@@ -150,7 +150,7 @@ class EtcdStore(Store):
         """Become the writer: load the mirror fresh from etcd; every later write carries
         ``fence``. Raises ``StoreUnavailable`` if etcd cannot be read, or its state is newer."""
         self.leading = False
-        with self._lock:
+        with self.database.lock:
             self._outbox.clear()
         self.fence = fence
         try:
@@ -166,7 +166,7 @@ class EtcdStore(Store):
         self.leading = False
         self.fence = None
         self.stale = True
-        with self._lock:
+        with self.database.lock:
             self._outbox.clear()
         self._wake.set()
 
@@ -225,7 +225,7 @@ class EtcdStore(Store):
     def _applying_transaction(self) -> Iterator[sqlite3.Connection]:
         """A transaction on the mirror of what etcd already holds: not captured, and with
         foreign keys off (rows arrive in any order; etcd's state is consistent as a whole)."""
-        with self._read() as conn:
+        with self.database.read() as conn:
             conn.execute("PRAGMA foreign_keys = OFF")
             self._applying = True
             try:
@@ -323,7 +323,7 @@ class EtcdStore(Store):
         Flushes run one at a time: a second waits, then sends what is still pending."""
         async with self._flushing:
             while True:
-                with self._lock:  # writes append to the outbox from any thread
+                with self.database.lock:  # writes append to the outbox from any thread
                     batch = self._outbox.batch()
                     if batch is None:
                         return
@@ -331,7 +331,7 @@ class EtcdStore(Store):
                         self._outbox.clear()
                         raise Deposed("this node does not lead: its pending writes were dropped")
                 await self._send(batch.ops)
-                with self._lock:
+                with self.database.lock:
                     self._outbox.committed(batch)
 
     async def _send(self, ops: list[Op]) -> None:

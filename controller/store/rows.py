@@ -124,6 +124,7 @@ ROLLOUT_COLS: Final = (
 )
 EVENT_COLS: Final = "id, at, service, kind, message, revision, replica"
 REPLICA_COLS: Final = "service, replica_id, revision, backend, handle_json, created_at"
+TOKEN_COLS: Final = "id, service, digest, label, created_at"
 
 
 def service_row(r: Sequence[Any]) -> ServiceRow:

@@ -618,7 +618,7 @@ async def test_a_rollout_whose_record_keeps_no_strategy_state_goes_on_as_a_rolli
     """A record written before strategy_json existed (or unreadable) is a rolling update."""
     await canary_at_step_2(h)
     rid = h.state("web").observed.rollout.id
-    with h.store._write() as conn:
+    with h.store.database.write() as conn:
         conn.execute("UPDATE rollouts SET strategy_json = 'not json' WHERE id = ?", (rid,))
     await restart(h)
     rollout = h.state("web").observed.rollout

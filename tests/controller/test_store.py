@@ -84,10 +84,10 @@ def test_schema_created(store: Store, db: Path) -> None:
     finally:
         conn.close()
     # Per-connection settings can only be read on the store's own connection.
-    assert store._conn.execute("PRAGMA foreign_keys").fetchone() == (1,)
-    assert store._conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
-    assert store._conn.execute("PRAGMA busy_timeout").fetchone() == (5000,)
-    assert store.journal_mode == "wal"
+    assert store.database._conn.execute("PRAGMA foreign_keys").fetchone() == (1,)
+    assert store.database._conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+    assert store.database._conn.execute("PRAGMA busy_timeout").fetchone() == (5000,)
+    assert store.database.journal_mode == "wal"
 
 
 def test_reopen_is_idempotent_and_keeps_everything(db: Path) -> None:
@@ -332,13 +332,13 @@ def test_apply_revision_failing_midway_writes_nothing(store: Store, db: Path) ->
         def __getattr__(self, name: str) -> object:
             return getattr(self.conn, name)
 
-    real = store._conn
-    store._conn = FailingConnection(real)  # type: ignore[assignment]
+    real = store.database._conn
+    store.database._conn = FailingConnection(real)  # type: ignore[assignment]
     try:
         with pytest.raises(StoreUnavailable) as info:
             store.apply_revision("web", '{"v": 2}', "k2", 3, 1)
     finally:
-        store._conn = real
+        store.database._conn = real
     assert "disk is full" in str(info.value.details["reason"])
     assert snapshot(db) == before
     assert store.active_rollout("web") == ro1
@@ -566,7 +566,7 @@ def test_readonly_store_reads_and_refuses_writes(db: Path) -> None:
                 write()
             assert "readonly" in str(info.value.details["reason"])
             assert info.value.status == 503
-        assert ro.failed_writes == len(writes)
+        assert ro.database.failed_writes == len(writes)
     assert snapshot(db) == before
 
 
@@ -581,13 +581,13 @@ def test_readonly_store_needs_an_existing_current_file(tmp_path: Path) -> None:
 def test_disk_full_raises_and_keeps_the_old_state(store: Store, db: Path) -> None:
     store.apply_revision("web", "{}", "k1", 1, None)
     before = snapshot(db)
-    (pages,) = store._conn.execute("PRAGMA page_count").fetchone()
-    store._conn.execute(f"PRAGMA max_page_count = {pages}")
+    (pages,) = store.database._conn.execute("PRAGMA page_count").fetchone()
+    store.database._conn.execute(f"PRAGMA max_page_count = {pages}")
     with pytest.raises(StoreUnavailable) as info:
         store.apply_revision("web", "x" * 200_000, "k2", 1, 1)
     assert "full" in str(info.value.details["reason"])
     assert snapshot(db) == before
-    store._conn.execute("PRAGMA max_page_count = 1073741823")
+    store.database._conn.execute("PRAGMA max_page_count = 1073741823")
     assert store.apply_revision("web", "x" * 200_000, "k2", 1, 1)[0].number == 2
 
 

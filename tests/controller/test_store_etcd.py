@@ -141,7 +141,7 @@ def stores(etcd: EtcdCluster, loop: Loop) -> Iterator[Stores]:
 
 
 def rows(store: Store) -> dict[str, list[tuple[object, ...]]]:
-    with store._read() as conn:
+    with store.database.read() as conn:
         return {t: conn.execute(f"SELECT * FROM main.{t} ORDER BY 1, 2").fetchall() for t in TABLES}
 
 
@@ -390,13 +390,13 @@ def test_a_failed_write_leaves_nothing_pending(stores: Stores) -> None:
         def __getattr__(self, name: str) -> object:
             return getattr(self.conn, name)
 
-    real = leader._conn
-    leader._conn = FailingConnection(real)  # type: ignore[assignment]
+    real = leader.database._conn
+    leader.database._conn = FailingConnection(real)  # type: ignore[assignment]
     try:
         with pytest.raises(StoreUnavailable):
             leader.apply_revision("web", '{"v": 2}', "k2", 3, 1)
     finally:
-        leader._conn = real
+        leader.database._conn = real
     with pytest.raises(NotFound):
         leader.update_rollout(ro1.id + 100, status="paused")
     assert leader.pending == 0

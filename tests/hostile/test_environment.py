@@ -97,7 +97,7 @@ async def test_an_unwritable_state_db_keeps_traffic_and_answers_503_for_writes(
             rows = [(r.number, r.spec_json) for r in store.revisions("web")]
             return rows, store.service("web"), store.rollouts("web"), state.desired, state.spec
 
-        conn = store._conn  # the test's way in: no chmod for root
+        conn = store.database._conn  # the test's way in: no chmod for root
         for broken, fix, word in [
             ("PRAGMA query_only = 1", "PRAGMA query_only = 0", "readonly"),
             (None, "PRAGMA max_page_count = 1000000", "full"),
