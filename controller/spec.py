@@ -14,21 +14,27 @@ import itertools
 import json
 import re
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, GetJsonSchemaHandler, field_validator, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from gateway import (
+    HEADER_NAME,
+    WHITE_SPACE,
     Address,
+    AffinityKey,
     AuthRouting,
     Duration,
+    HeaderName,
     LimitsConfig,
     LoadBalancing,
     OutlierConfig,
+    PositiveDuration,
     PreviewConfig,
     ProbeConfig,
     RateLimit,
-    RequestKey,
     RetriesConfig,
     RouteConfig,
     ServiceRouting,
@@ -45,7 +51,7 @@ from .scaling import (
     ScalingConfig,
     replica_range,
 )
-from .schema import Model
+from .schema import Model, on_branch
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 """A service name: a DNS label. Checked with ``fullmatch`` (``$`` alone lets a newline by)."""
@@ -55,8 +61,12 @@ _ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
 MAX_COMMANDS = 32
 MAX_COMMAND_LENGTH = 8192
+NOT_BLANK = f"^[^\\u0000]*[^\\u0000{WHITE_SPACE}][^\\u0000]*$"
+"""A command: something besides white space (``str.strip``'s), and no NUL."""
 MAX_ENV = 256
 MAX_ENV_VALUE = 32768
+NO_NUL = "^[^\\u0000]*$"
+MAX_PROBES = 8
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
 """An image reference as Docker writes it: ``name[:tag]`` or ``name@sha256:...``."""
 MEMORY_PATTERN = r"^[1-9][0-9]{0,12}[kmg]?$"
@@ -161,9 +171,34 @@ def _volume(volume: str) -> str:
 class ReplicaTemplate(Model):
     """What one replica runs. Part of the revision."""
 
-    commands: tuple[str, ...] = ()
+    commands: Annotated[
+        tuple[
+            Annotated[
+                str,
+                Field(
+                    min_length=1,
+                    max_length=MAX_COMMAND_LENGTH,
+                    json_schema_extra={"pattern": NOT_BLANK},  # _commands
+                ),
+            ],
+            ...,
+        ],
+        Field(max_length=MAX_COMMANDS),
+    ] = ()
     """Shell commands, run in order by ``sh -c`` (process backend); the last one serves."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables for the replica; PORT is the backend's to set.",
+        json_schema_extra={  # _env
+            "maxProperties": MAX_ENV,
+            "propertyNames": {"pattern": ENV_NAME_PATTERN, "not": {"const": "PORT"}},
+            "additionalProperties": {
+                "type": "string",
+                "maxLength": MAX_ENV_VALUE,
+                "pattern": NO_NUL,
+            },
+        },
+    )
     working_dir: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)
     """Process backend: a fixed port; by default the backend allocates one and passes it as
@@ -205,13 +240,11 @@ class ReplicaTemplate(Model):
     @field_validator("commands")
     @classmethod
     def _commands(cls, commands: tuple[str, ...]) -> tuple[str, ...]:
-        if len(commands) > MAX_COMMANDS:
-            raise ValueError(f"at most {MAX_COMMANDS} commands")
         for command in commands:
             if not command.strip():
                 raise ValueError("a command must not be empty")
-            if len(command) > MAX_COMMAND_LENGTH or "\x00" in command:
-                raise ValueError(f"a command is at most {MAX_COMMAND_LENGTH} characters, no NUL")
+            if "\x00" in command:
+                raise ValueError("a command holds no NUL")
         return commands
 
     @field_validator("env")
@@ -272,7 +305,7 @@ class AnalysisConfig(Model):
     window; none: latency is not judged."""
     min_requests: int = Field(default=50, ge=1, le=10_000_000)
     """Fewer requests than this is not enough data: never a pass."""
-    interval: Duration = Field(default=10.0, gt=0)
+    interval: PositiveDuration = 10.0
     """How often the analysis is judged while a step holds."""
 
     @field_validator("max_error_rate", mode="before")
@@ -333,6 +366,47 @@ class RolloutStrategy(Model):
                 raise ValueError(f"steps.{i}: weight 100 is the last step")
         return self
 
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """``_progress``'s rules that JSON Schema can state (not the order of the steps)."""
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        schema["allOf"] = [
+            {  # max_surge defaults to 1, max_unavailable to 0
+                "anyOf": [
+                    {"not": {"required": ["max_surge"]}},
+                    {"properties": {"max_surge": {"minimum": 1}}},
+                    {
+                        "required": ["max_unavailable"],
+                        "properties": {"max_unavailable": {"minimum": 1}},
+                    },
+                ]
+            },
+            {
+                "anyOf": [
+                    {"not": {"required": ["steps"]}},
+                    {"properties": {"steps": {"maxItems": 0}}},
+                    {"required": ["strategy"], "properties": {"strategy": {"const": "canary"}}},
+                ]
+            },
+            {
+                "anyOf": [
+                    {"not": {"required": ["analysis"]}},
+                    {"properties": {"analysis": {"type": "null"}}},
+                    {
+                        "required": ["strategy"],
+                        "properties": {
+                            "strategy": {
+                                "enum": [s for s in get_args(StrategyName) if s != "rolling"]
+                            }
+                        },
+                    },
+                ]
+            },
+        ]
+        return schema
+
     @property
     def canary_steps(self) -> tuple[CanaryStep, ...]:
         """The canary's steps, ending at 100 (the default ones if none were given)."""
@@ -343,7 +417,6 @@ class RolloutStrategy(Model):
 
 
 MAX_RATE_LIMITS = 16
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
 
 
 class AuthConfig(Model):
@@ -355,10 +428,14 @@ class AuthConfig(Model):
     store). Only their SHA-256 digests reach the data plane."""
 
     type: Literal["bearer"] = "bearer"
-    tokens_file: str | None = Field(default=None, max_length=4096)
+    tokens_file: str | None = Field(
+        default=None,
+        max_length=4096,
+        json_schema_extra=on_branch("string", pattern="^/[^\\u0000]*$"),  # _absolute
+    )
     """An absolute path, read when the spec is applied (and when tokens change)."""
     tokens_env: str | None = Field(default=None, pattern=ENV_NAME_PATTERN, max_length=256)
-    header: str = "Authorization"
+    header: HeaderName = "Authorization"
     """``Authorization`` carries ``Bearer <token>``; any other header the token alone."""
     pass_token: bool = False
     """Send the token's header upstream too (by default the gateway strips it)."""
@@ -370,19 +447,16 @@ class AuthConfig(Model):
             raise ValueError(f"must be an absolute path, not {path!r}")
         return path
 
-    @field_validator("header")
-    @classmethod
-    def _header(cls, name: str) -> str:
-        if not _HEADER_NAME.fullmatch(name):
-            raise ValueError(f"not a header name: {name!r}")
-        return name
+
+UNKEYED_POLICIES = [p for p in get_args(LoadBalancing) if p != "hash"]
+"""The policies named alone (``hash`` needs a key: ``Balancing``)."""
 
 
 class Balancing(Model):
     """``load_balancing: {policy, key}``: ``hash`` sends each key to one replica."""
 
     policy: LoadBalancing
-    key: RequestKey | None = None
+    key: AffinityKey | None = None
     """``hash`` only: ``ip``, ``header:NAME`` or ``cookie:NAME``."""
 
     @model_validator(mode="after")
@@ -391,25 +465,119 @@ class Balancing(Model):
             raise ValueError("policy hash needs a key: ip, header:NAME or cookie:NAME")
         if self.policy != "hash" and self.key is not None:
             raise ValueError(f"a key is for policy hash, not {self.policy}")
-        if self.key == "token":
-            raise ValueError("key: ip, header:NAME or cookie:NAME")
         return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """``_key``: a key with hash, and only with hash."""
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        schema["anyOf"] = [
+            {
+                "required": ["policy", "key"],
+                "properties": {"policy": {"const": "hash"}, "key": {"type": "string"}},
+            },
+            {"properties": {"policy": {"enum": UNKEYED_POLICIES}, "key": {"type": "null"}}},
+        ]
+        return schema
+
+
+_NO_DOCKER_FIELDS = {name: {"type": "null"} for name in DOCKER_FIELDS}
+_BACKEND_RULES: list[dict[str, Any]] = [
+    {  # a command, no addresses, and a fixed port only for one replica
+        "properties": {
+            "backend": {"const": "process"},
+            "replica": {
+                "required": ["commands"],
+                "properties": {
+                    "commands": {"minItems": 1},
+                    "addresses": {"maxItems": 0},
+                    **_NO_DOCKER_FIELDS,
+                },
+            },
+        },
+        "anyOf": [
+            {"properties": {"replica": {"properties": {"port": {"type": "null"}}}}},
+            {
+                "properties": {
+                    "replicas": {
+                        "anyOf": [
+                            {"type": "null"},
+                            {"type": "integer", "maximum": 1},
+                            {"type": "object", "properties": {"max": {"maximum": 1}}},
+                        ]
+                    }
+                }
+            },
+        ],
+    },
+    {  # addresses, no command, and no more replicas (a count, not a range) than addresses
+        "required": ["backend"],
+        "properties": {
+            "backend": {"const": "static"},
+            "replica": {
+                "required": ["addresses"],
+                "properties": {
+                    "addresses": {"minItems": 1},
+                    "commands": {"maxItems": 0},
+                    **_NO_DOCKER_FIELDS,
+                },
+            },
+        },
+        "anyOf": [
+            {"properties": {"replicas": {"type": "null"}}},
+            *(
+                {
+                    "properties": {
+                        "replicas": {"type": "integer", "maximum": n},
+                        "replica": {"properties": {"addresses": {"minItems": n}}},
+                    }
+                }
+                for n in range(1, MAX_REPLICAS + 1)
+            ),
+        ],
+    },
+    {  # an image; no addresses and no working directory
+        "required": ["backend"],
+        "properties": {
+            "backend": {"const": "docker"},
+            "replica": {
+                "required": ["image"],
+                "properties": {
+                    "image": {"type": "string"},
+                    "addresses": {"maxItems": 0},
+                    "working_dir": {"type": "null"},
+                },
+            },
+        },
+    },
+]
+"""``ServiceSpec._backend`` in JSON Schema: one branch per backend (the admin API's document
+keeps those of the backends its gateway has)."""
 
 
 class ServiceSpec(Model):
     """A named, routed set of replicas."""
 
-    name: str = Field(json_schema_extra={"pattern": NAME_PATTERN, "maxLength": 63})
+    name: str = Field(json_schema_extra={"pattern": NAME_PATTERN, "maxLength": 63})  # _name
     route: RouteConfig
     backend: Literal["process", "static", "docker"] = "process"
-    replicas: int | ReplicaRange | None = None
+    replicas: int | ReplicaRange | None = Field(
+        default=None,
+        json_schema_extra=on_branch("integer", minimum=0, maximum=MAX_REPLICAS),  # _replicas_count
+    )
     """A fixed count (by default 1, or the number of static addresses), or a range
     (``{min, max}`` or ``"min..max"``) the autoscaler keeps the count within."""
     scaling: ScalingConfig | None = None
     """How to autoscale (with a range only; a range without it takes the defaults)."""
     replica: ReplicaTemplate
-    probes: tuple[ProbeConfig, ...] = ()
-    load_balancing: LoadBalancing | Balancing = "least_outstanding"
+    probes: tuple[ProbeConfig, ...] = Field(default=(), max_length=MAX_PROBES)
+    load_balancing: LoadBalancing | Balancing = Field(
+        default="least_outstanding",
+        description="A policy's name, or {policy: hash, key} for affinity.",
+        json_schema_extra=on_branch("string", enum=UNKEYED_POLICIES),  # _guards
+    )
     """A policy's name, or ``{policy: hash, key: ...}`` for affinity."""
     timeouts: TimeoutsConfig = TimeoutsConfig()
     retries: RetriesConfig = RetriesConfig()
@@ -423,7 +591,7 @@ class ServiceSpec(Model):
     """Keep a client on its revision while a canary splits the traffic."""
     auth: AuthConfig | None = None
     """Requests need a bearer token (none: open)."""
-    rate_limits: tuple[RateLimit, ...] = ()
+    rate_limits: tuple[RateLimit, ...] = Field(default=(), max_length=MAX_RATE_LIMITS)
     """Token buckets per key (``ip``, ``header:NAME`` or ``token``) for path prefixes."""
 
     @model_validator(mode="after")
@@ -433,8 +601,6 @@ class ServiceSpec(Model):
                 "load_balancing: hash needs a key: {policy: hash, key: ip | header:NAME | "
                 "cookie:NAME}"
             )
-        if len(self.rate_limits) > MAX_RATE_LIMITS:
-            raise ValueError(f"rate_limits: at most {MAX_RATE_LIMITS}")
         for i, limit in enumerate(self.rate_limits):
             if limit.key == "token" and self.auth is None:
                 raise ValueError(f"rate_limits.{i}.key: token needs auth on the service")
@@ -458,13 +624,6 @@ class ServiceSpec(Model):
         if isinstance(value, int) and not 0 <= value <= MAX_REPLICAS:
             raise ValueError(f"a count from 0 to {MAX_REPLICAS}")
         return value
-
-    @field_validator("probes")
-    @classmethod
-    def _probes(cls, probes: tuple[ProbeConfig, ...]) -> tuple[ProbeConfig, ...]:
-        if len(probes) > 8:
-            raise ValueError("at most 8 probes")
-        return probes
 
     @model_validator(mode="after")
     def _scaling(self) -> ServiceSpec:
@@ -507,6 +666,42 @@ class ServiceSpec(Model):
             if self.desired_replicas > len(self.replica.addresses):
                 raise ValueError("replicas: more than the static addresses given")
         return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The rules of ``_backend``, ``_guards`` and ``_scaling``, in JSON Schema. That a
+        range's min is at most its max is the one rule it cannot state (it compares no two
+        fields' values): the API refuses such a range with 422."""
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        schema["allOf"] = [
+            {"anyOf": _BACKEND_RULES},
+            {  # a rate limit keyed by token needs auth (a pattern: the fuzz draws from no "not")
+                "anyOf": [
+                    {
+                        "properties": {
+                            "rate_limits": {
+                                "items": {
+                                    "properties": {
+                                        "key": {"pattern": f"^(ip|header:{HEADER_NAME})$"}
+                                    }
+                                }
+                            }
+                        }
+                    },
+                    {"required": ["auth"], "properties": {"auth": {"type": "object"}}},
+                ]
+            },
+            {  # scaling only with a range of replicas
+                "anyOf": [
+                    {"not": {"required": ["scaling"]}},
+                    {"properties": {"scaling": {"type": "null"}}},
+                    {"required": ["replicas"], "properties": {"replicas": {"type": "object"}}},
+                ]
+            },
+        ]
+        return schema
 
     @property
     def desired_replicas(self) -> int:

@@ -23,14 +23,19 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .accesslog import AccessLog as AccessLog
+    from .config import HEADER_NAME as HEADER_NAME
+    from .config import WHITE_SPACE as WHITE_SPACE
     from .config import Address as Address
+    from .config import AffinityKey as AffinityKey
     from .config import AuthRouting as AuthRouting
     from .config import Duration as Duration
+    from .config import HeaderName as HeaderName
     from .config import LimitsConfig as LimitsConfig
     from .config import ListenAddress as ListenAddress
     from .config import ListenerLimits as ListenerLimits
     from .config import LoadBalancing as LoadBalancing
     from .config import OutlierConfig as OutlierConfig
+    from .config import PositiveDuration as PositiveDuration
     from .config import PreviewConfig as PreviewConfig
     from .config import ProbeConfig as ProbeConfig
     from .config import ProxyConfig as ProxyConfig

@@ -2,14 +2,17 @@
 it: pydantic is imported when a schema is built, in the controller's process, never in a
 worker's, which only receives the settings.
 
-    Check     a function run on the field's value, before or after the type's own validation
+    Check     a function run on the field's value, before or after the type's own validation,
+              with what it checks stated in JSON Schema (``json_schema``) for the documents
+              generated from the schema (the admin API's OpenAPI document)
     Pattern   a str field matched by a regular expression, as ``Field(pattern=...)``
-    Ge Gt Le  a number field's bounds, as annotated_types' classes of the same names
+    Ge Gt Le  a number field's bounds, as annotated_types' classes of the same names (a
+              duration's too: bound its number, then ``Check`` its text, ``config.Duration``)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 if TYPE_CHECKING:
@@ -21,13 +24,24 @@ if TYPE_CHECKING:
 class Check:
     """A check (or normalisation) of a field's value, run by pydantic when it validates the
     dataclass: ``before`` on the raw input, else after the type's own validation. pydantic is
-    imported only when a schema is built (in the controller's process, never a worker's)."""
+    imported only when a schema is built (in the controller's process, never a worker's).
 
-    __slots__ = ("before", "fn")
+    ``json_schema`` states the check in JSON Schema (2020-12, with ECMA-262 patterns): keywords
+    added to the value's schema (to its non-null part, for an optional field), or a function
+    that returns the schema from the type's own."""
 
-    def __init__(self, fn: Callable[[Any], Any], *, before: bool = False) -> None:
+    __slots__ = ("before", "fn", "json_schema")
+
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        before: bool = False,
+        json_schema: Mapping[str, Any] | Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         self.fn = fn
         self.before = before
+        self.json_schema = json_schema
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
@@ -37,6 +51,18 @@ class Check:
         if self.before:
             return core_schema.no_info_before_validator_function(self.fn, handler(source))
         return core_schema.no_info_after_validator_function(self.fn, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json = handler(schema)
+        if callable(self.json_schema):
+            return self.json_schema(json)
+        if self.json_schema is not None:
+            options = [o for o in json.get("anyOf", ()) if o.get("type") != "null"]
+            for part in options if "type" not in json and options else [json]:
+                part.update(self.json_schema)
+        return json
 
 
 class Pattern:
@@ -61,44 +87,24 @@ class Pattern:
 
 class _Bound:
     """A bound of a number field (``Ge``, ``Gt``, ``Le``) stated to pydantic as it states
-    annotated_types' class of the same name: on a number's schema, the schema's own
-    constraint; on any other (a duration's check of its text), a check after it, with the
-    same error, and the bound in the JSON schema. annotated_types (with typing_extensions and
-    datetime, 0.5 MiB of a worker that only receives the settings) is never imported."""
+    annotated_types' class of the same name: the number schema's own constraint, so its error
+    and its JSON Schema are pydantic's. annotated_types (with typing_extensions and datetime,
+    0.5 MiB of a worker that only receives the settings) is never imported."""
 
     __slots__ = ("value",)
     key: ClassVar[str]
-    error: ClassVar[str]
 
     def __init__(self, value: float) -> None:
         self.value = value
-
-    def holds(self, value: float) -> bool:
-        raise NotImplementedError
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> CoreSchema:
         schema: dict[str, Any] = dict(handler(source))
-        if schema["type"] in ("int", "float"):
-            schema[self.key] = self.value
-            return cast("CoreSchema", schema)
-        from pydantic_core import PydanticKnownError, core_schema
-
-        def check(value: Any) -> Any:
-            if not self.holds(value):
-                raise PydanticKnownError(self.error, {self.key: self.value})  # type: ignore[arg-type]
-            return value
-
-        return core_schema.no_info_after_validator_function(check, cast("CoreSchema", schema))
-
-    def __get_pydantic_json_schema__(
-        self, schema: CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        json = handler(schema)
         if schema["type"] not in ("int", "float"):
-            json[self.key] = self.value
-        return json
+            raise TypeError(f"{self!r} bounds a number, not a {schema['type']} schema")
+        schema[self.key] = self.value
+        return cast("CoreSchema", schema)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.value!r})"
@@ -106,23 +112,11 @@ class _Bound:
 
 class Ge(_Bound):
     key = "ge"
-    error = "greater_than_equal"
-
-    def holds(self, value: float) -> bool:
-        return value >= self.value
 
 
 class Gt(_Bound):
     key = "gt"
-    error = "greater_than"
-
-    def holds(self, value: float) -> bool:
-        return value > self.value
 
 
 class Le(_Bound):
     key = "le"
-    error = "less_than_equal"
-
-    def holds(self, value: float) -> bool:
-        return value <= self.value

@@ -10,6 +10,11 @@ controller's process only: constraints and checks are ``Annotated`` metadata, cr
 receives them pickled, never loads it. Built directly, a dataclass takes its values as given
 (only ``__post_init__`` runs): build it from typed values, or with ``parse_settings``.
 
+Each check states what it takes in JSON Schema too (a ``Check``'s ``json_schema``; a
+cross-field rule's, in ``json_schema_extra`` beside its ``__post_init__``), so the schema
+pydantic makes of a class (the admin API's document) takes what validation takes. Patterns
+there are ECMA-262's: ``$`` is the end of the string, where the checks use ``fullmatch``.
+
 Nothing here reads a file or the environment: the one loader is in ``controller.config``.
 """
 
@@ -56,8 +61,23 @@ def dump_settings(obj: object) -> dict[str, Any]:
     return result
 
 
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", re.ASCII)
-"""Matched whole, in ASCII: ``\\d`` is no Arabic-Indic digit, ``\\s`` no Unicode space."""
+WHITE_SPACE = (
+    "\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029"
+    "\\u202f\\u205f\\u3000"
+)
+"""What ``str.isspace`` (so ``str.strip``) takes for white space, as the body of a regex class
+(ECMA-262's ``\\s`` is another set)."""
+_ASCII_SPACE = r"[\t\n\v\f\r ]*"
+"""``\\s*`` as ``re.ASCII`` reads it."""
+DURATION_TEXT = rf"{_ASCII_SPACE}([0-9]+(?:\.[0-9]+)?){_ASCII_SPACE}(ms|s|m|h)?{_ASCII_SPACE}"
+"""A duration written as text, matched whole, in ASCII (no Arabic-Indic digit, no Unicode
+space): its number, then its unit."""
+_POSITIVE_DURATION_TEXT = (
+    rf"{_ASCII_SPACE}([0-9]*[1-9][0-9]*(?:\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)"
+    rf"{_ASCII_SPACE}(ms|s|m|h)?{_ASCII_SPACE}"
+)
+"""``DURATION_TEXT`` whose number is not 0."""
+_DURATION = re.compile(DURATION_TEXT)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
@@ -73,8 +93,19 @@ def parse_duration(value: object) -> object:
     return value
 
 
-Duration = Annotated[float, Check(parse_duration, before=True), Ge(0)]
+def _duration_schema(number: dict[str, Any]) -> dict[str, Any]:
+    """A duration in JSON Schema: its number, with its bound, or its text (not 0 where the
+    bound excludes it)."""
+    text = _POSITIVE_DURATION_TEXT if number.get("exclusiveMinimum") == 0 else DURATION_TEXT
+    return {"anyOf": [number, {"type": "string", "pattern": f"^{text}$"}]}
+
+
+_AS_DURATION = Check(parse_duration, before=True, json_schema=_duration_schema)
+
+Duration = Annotated[float, Ge(0), _AS_DURATION]
 """Seconds, as a float; written in config as ``"500ms"``, ``"30s"``, ``"5m"`` or a number."""
+PositiveDuration = Annotated[float, Gt(0), _AS_DURATION]
+"""A ``Duration`` that is not 0."""
 
 
 def parse_address(value: str, *, listen: bool = False) -> tuple[str, int]:
@@ -103,7 +134,15 @@ def _check_address(value: str) -> str:
     return value
 
 
-Address = Annotated[str, Check(before=True, fn=lambda v: _check_address(str(v)))]
+_PORT = r"0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+Address = Annotated[
+    str,
+    Check(
+        before=True,
+        fn=lambda v: _check_address(str(v)),
+        json_schema={"pattern": rf"^(\[[^{WHITE_SPACE}]+\]|[^:\[\]{WHITE_SPACE}]+):{_PORT}$"},
+    ),
+]
 """``host:port``; IPv6 hosts in brackets."""
 
 
@@ -119,8 +158,11 @@ ListenAddress = Annotated[str, Check(before=True, fn=lambda v: _check_listen(str
 LoadBalancing = Literal["round_robin", "least_outstanding", "p2c", "hash"]
 """``hash``: consistent hashing of a request key (``ServiceRouting.affinity``)."""
 
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
+HEADER_NAME = r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}"
 """An HTTP header name (RFC 9110 5.1)."""
+_TOKEN = re.compile(HEADER_NAME)
+_COOKIE_NAME = r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}"
+_COOKIE = re.compile(_COOKIE_NAME)
 _HOST = re.compile(
     r"(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*"
 )
@@ -132,7 +174,8 @@ PreviewAllow = Literal["off", "anyone", "token"]
 """Who may ask for a revision by preview route: nobody, anyone, or a request bearing the
 admin token or one of the service's preview tokens."""
 
-_DIGEST = re.compile(r"[0-9a-f]{64}")
+_DIGEST_TEXT = r"[0-9a-f]{64}"
+_DIGEST = re.compile(_DIGEST_TEXT)
 
 
 def _header(name: str | None) -> str | None:
@@ -141,7 +184,8 @@ def _header(name: str | None) -> str | None:
     return name
 
 
-HeaderName = Annotated[str, Check(_header)]
+HeaderName = Annotated[str, Check(_header, json_schema={"pattern": f"^{HEADER_NAME}$"})]
+"""An HTTP header name, in any case."""
 
 
 def _digests(tokens: tuple[str, ...]) -> tuple[str, ...]:
@@ -166,9 +210,23 @@ class PreviewConfig:
     form."""
     token_header: HeaderName = "X-Gateway-Preview-Token"
     """With ``allow: token``: the header that bears the token (not passed upstream)."""
-    tokens: Annotated[tuple[str, ...], Check(_digests)] = ()
+    tokens: Annotated[
+        tuple[str, ...],
+        Check(_digests, json_schema={"items": {"type": "string", "pattern": f"^{_DIGEST_TEXT}$"}}),
+    ] = ()
     """SHA-256 digests (hex) of the tokens accepted: the service's; the controller adds the
     admin token's."""
+
+
+_ONE_OF_HEADER_OR_COOKIE = {
+    **_FORBID,
+    "json_schema_extra": {  # StickyConfig.__post_init__
+        "oneOf": [
+            {"required": ["header"], "properties": {"header": {"type": "string"}}},
+            {"required": ["cookie"], "properties": {"cookie": {"type": "string"}}},
+        ]
+    },
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +234,10 @@ class StickyConfig:
     """A client keeps its revision while traffic is split between two: the draw between
     them is a hash of this header's or cookie's value instead of a random number."""
 
-    __pydantic_config__ = _FORBID
+    __pydantic_config__ = _ONE_OF_HEADER_OR_COOKIE
 
-    header: Annotated[str | None, Check(_header)] = None
-    cookie: Annotated[str | None, Pattern(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")] = None
+    header: HeaderName | None = None
+    cookie: Annotated[str | None, Pattern(f"^{_COOKIE_NAME}$")] = None
 
     def __post_init__(self) -> None:
         if (self.header is None) == (self.cookie is None):
@@ -218,15 +276,56 @@ def _route_prefix(prefix: str | None) -> str | None:
     return prefix.rstrip("/") or "/"
 
 
+_HOST_NAME = (
+    r"^(?=.{1,253}\.*$)(\*\.)?[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
+    r"(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*\.*$"
+)
+"""``_hosts``: a host name or ``*.suffix``, in any case, trailing dots allowed, at most 253
+characters without them."""
+_ROUTE_PREFIX = r"^(?!.*//)(?!(.*/)?\.\.?(/|$))/[^?#\\ \t\r\n%]*$"
+"""``_route_prefix``: starts with '/', no '?', '#', '%', '\\' or space, no '.' or '..' segment,
+no '//'."""
+_HAS_PREFIX = {"required": ["path_prefix"], "properties": {"path_prefix": {"type": "string"}}}
+_HOSTS_OR_PREFIX = {
+    **_FORBID,
+    "json_schema_extra": {  # RouteConfig.__post_init__
+        "allOf": [
+            {
+                "anyOf": [
+                    {"required": ["hosts"], "properties": {"hosts": {"minItems": 1}}},
+                    _HAS_PREFIX,
+                ]
+            },
+            {
+                "anyOf": [
+                    {
+                        "not": {
+                            "required": ["strip_prefix"],
+                            "properties": {"strip_prefix": {"const": True}},
+                        }
+                    },
+                    _HAS_PREFIX,
+                ]
+            },
+        ]
+    },
+}
+
+
 @dataclass(frozen=True, slots=True)
 class RouteConfig:
     """Which requests belong to a service: by Host and/or by path prefix."""
 
-    __pydantic_config__ = _FORBID
+    __pydantic_config__ = _HOSTS_OR_PREFIX
 
-    hosts: Annotated[tuple[str, ...], Check(_hosts)] = ()
+    hosts: Annotated[
+        tuple[str, ...],
+        Check(_hosts, json_schema={"items": {"type": "string", "pattern": _HOST_NAME}}),
+    ] = ()
     """Exact host names, or ``*.suffix`` wildcards; empty means any host."""
-    path_prefix: Annotated[str | None, Check(_route_prefix)] = None
+    path_prefix: Annotated[
+        str | None, Check(_route_prefix, json_schema={"pattern": _ROUTE_PREFIX})
+    ] = None
     """A path prefix such as ``/api``; the longest matching prefix wins."""
     strip_prefix: bool = False
     """Remove ``path_prefix`` from the path before forwarding."""
@@ -268,24 +367,32 @@ class ProbeConfig:
     __pydantic_config__ = _FORBID
 
     type: Literal["http", "tcp"] = "http"
-    path: Annotated[str, Check(_probe_path)] = "/"
+    path: Annotated[str, Check(_probe_path, json_schema={"pattern": r"^/[^\r\n ]*$"})] = "/"
     """HTTP only: the path requested."""
     method: Literal["GET", "HEAD", "OPTIONS"] = "GET"
-    headers: Annotated[dict[str, str], Check(_probe_headers)] = field(default_factory=dict)
+    headers: Annotated[
+        dict[str, str],
+        Check(
+            _probe_headers,
+            json_schema={
+                "propertyNames": {"pattern": f"^{HEADER_NAME}$"},
+                "additionalProperties": {
+                    "type": "string",
+                    "pattern": "^[^\\u0000-\\u0008\\u000a-\\u001f\\u007f]*$",
+                },
+            },
+        ),
+    ] = field(default_factory=dict)
     expected_statuses: tuple[int, ...] = ()
     """HTTP statuses that pass; empty means any 2xx. Redirects are not followed."""
-    interval: Duration = 5.0
-    timeout: Duration = 2.0
+    interval: PositiveDuration = 5.0
+    timeout: PositiveDuration = 2.0
     healthy_threshold: Annotated[int, Ge(1), Le(100)] = 2
     """Consecutive passes that make an upstream healthy."""
     unhealthy_threshold: Annotated[int, Ge(1), Le(100)] = 3
     """Consecutive failures that make an upstream unhealthy."""
     jitter: Annotated[float, Ge(0), Le(1)] = 0.1
     """Each interval is stretched or shrunk by up to this fraction, so probes spread out."""
-
-    def __post_init__(self) -> None:
-        if self.interval <= 0 or self.timeout <= 0:
-            raise ValueError("interval and timeout must be greater than 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +447,14 @@ class LimitsConfig:
     process); beyond, 503 at once."""
 
 
-RequestKey = Annotated[str, Check(before=True, fn=lambda v: _check_key(v))]
+RequestKey = Annotated[
+    str,
+    Check(
+        before=True,
+        fn=lambda v: _check_key(v),
+        json_schema={"pattern": f"^(ip|token|header:{HEADER_NAME}|cookie:{_COOKIE_NAME})$"},
+    ),
+]
 """Where a request's key comes from: ``ip`` (the client's address), ``header:NAME``,
 ``cookie:NAME`` (affinity only) or ``token`` (the bearer token's id; rate limits only)."""
 
@@ -358,9 +472,6 @@ def _check_key(value: object) -> object:
     raise ValueError(f"not a key: {value!r} (ip, header:NAME, cookie:NAME or token)")
 
 
-_COOKIE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
-
-
 def _limit_prefix(prefix: str) -> str:
     if not prefix.startswith("/") or any(c in prefix for c in "?# \t\r\n"):
         raise ValueError("must start with '/' and hold no '?', '#' or space")
@@ -373,14 +484,38 @@ def _no_cookie(key: str) -> str:
     return key
 
 
+def _no_token(key: str) -> str:
+    if key == "token":
+        raise ValueError("an affinity key is ip, header:NAME or cookie:NAME")
+    return key
+
+
+AffinityKey = Annotated[
+    RequestKey,
+    Check(_no_token, json_schema={"pattern": f"^(ip|header:{HEADER_NAME}|cookie:{_COOKIE_NAME})$"}),
+]
+"""What ``load_balancing: hash`` hashes: ``ip``, ``header:NAME`` or ``cookie:NAME``."""
+
+
 @dataclass(frozen=True, slots=True)
 class RateLimit:
     """A token bucket per key for requests whose path starts with ``path_prefix``."""
 
     __pydantic_config__ = _FORBID
 
-    path_prefix: Annotated[str, Check(_limit_prefix)] = "/"
-    key: Annotated[RequestKey, Check(_no_cookie)] = "ip"
+    path_prefix: Annotated[
+        str, Check(_limit_prefix, json_schema={"pattern": r"^/[^?# \t\r\n]*$"})
+    ] = "/"
+    key: Annotated[
+        RequestKey,
+        Check(
+            _no_cookie,
+            json_schema={
+                "pattern": f"^(ip|token|header:{HEADER_NAME})$",
+                "description": "ip, header:NAME or token (the bearer token's id: needs auth)",
+            },
+        ),
+    ] = "ip"
     rps: Annotated[float, Gt(0), Le(1_000_000)] = field(kw_only=True)
     """Tokens added per second."""
     burst: Annotated[int, Ge(0), Le(1_000_000)] = 0

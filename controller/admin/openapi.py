@@ -2,8 +2,10 @@
 
 Each route is declared once, as an ``Operation`` (handlers.py): the app mounts it and this
 module describes it, with the JSON schemas pydantic makes of the request and response models
-(``schemas.py``) and of ``ServiceSpec``, with what their validators check written in
-(``constraints.py``). So the document says what the routes really accept and return; a test
+(``schemas.py``) and of ``ServiceSpec``, whose fields and validators state what they check
+there (``controller.schema``, ``gateway.config``). This module adds only what the API itself
+decides: the backends this gateway has, and what the apply route does with a spec's name and
+working directory. So the document says what the routes really accept and return; a test
 sends real requests and checks each response against it, and the fuzz holds the API to it.
 """
 
@@ -20,7 +22,6 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from ..documents import MAX_DEPTH, MAX_NODES
 from ..spec import NAME_PATTERN, ServiceSpec
-from . import constraints
 from .schemas import REQUEST_MODELS, RESPONSE_MODELS, SPEC_MARK, ErrorBody
 
 REF = "#/components/schemas/{model}"
@@ -47,7 +48,6 @@ ERROR_TEXT = {
     503: "The state store is unavailable",
 }
 SUCCESS_TEXT = {202: "Accepted: it goes on in the background", 503: "Not ready yet"}
-DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h)?\s*$"
 
 
 @dataclass(frozen=True)
@@ -88,35 +88,68 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": REF.format(model=model.__name__)}
 
 
-def _fix(node: Any) -> Any:
-    """Durations validate from "30s" as well as 30, but pydantic sees only their float core;
-    and a spec in a response refers to the ServiceSpec schema."""
+def _spec_refs(node: Any) -> Any:
+    """A spec in a response refers to the ServiceSpec schema."""
     if isinstance(node, list):
-        return [_fix(x) for x in node]
+        return [_spec_refs(x) for x in node]
     if not isinstance(node, dict):
         return node
     if node.get(SPEC_MARK):
         return {"$ref": REF.format(model="ServiceSpec")}
-    node = {k: _fix(v) for k, v in node.items()}
-    if node.get("type") == "number" and "ge" in node:
-        minimum = node.pop("ge")
-        node.pop("type")
-        node["anyOf"] = [
-            {"type": "number", "minimum": minimum},
-            {"type": "string", "pattern": DURATION_PATTERN},
-        ]
-    return node
+    return {k: _spec_refs(v) for k, v in node.items()}
+
+
+def _backends(spec: dict[str, Any], backends: Iterable[str]) -> None:
+    """Only the backends this gateway has: a spec naming another one is refused, so the
+    branches of ``ServiceSpec``'s rules that name another go."""
+    have = set(backends)
+    backend = spec["properties"]["backend"]
+    backend["enum"] = [b for b in backend["enum"] if b in have]
+    if backend["default"] not in have:
+        spec["required"] = [*spec.get("required", []), "backend"]
+    rules = []
+    for rule in spec.get("allOf", []):
+        if "anyOf" in rule:
+            options = [o for o in rule["anyOf"] if _names_backend(o) in (None, *have)]
+            rule = {**rule, "anyOf": options} if options else False
+        rules.append(rule)
+    spec["allOf"] = rules
+
+
+def _names_backend(schema: dict[str, Any]) -> str | None:
+    const: str | None = schema.get("properties", {}).get("backend", {}).get("const")
+    return const
+
+
+def _through_the_api(schemas: dict[str, Any]) -> None:
+    """What the apply route (``handlers.put_service``) makes of a spec: without a name, it takes
+    the path's; a relative working directory has no file to be relative to here, and is refused
+    (``handlers._refuse_relative_paths``)."""
+    spec = schemas["ServiceSpec"]
+    spec["required"] = [r for r in spec["required"] if r != "name"]
+    spec["properties"]["name"]["description"] = (
+        "Required in a spec file; through the API, the path's name."
+    )
+    working_dir = schemas["ReplicaTemplate"]["properties"]["working_dir"]
+    for option in working_dir["anyOf"]:
+        if option.get("type") == "string":
+            option["pattern"] = "^/"
+    working_dir["description"] = (
+        "An absolute path (a spec file's relative one is resolved against the file by the "
+        "config loader and the CLI)."
+    )
 
 
 def component_schemas(backends: Iterable[str] = ("process", "static")) -> dict[str, Any]:
-    """The models' schemas, with the rules their validators keep written in
-    (``constraints.py``); ``backends``: those this gateway has."""
+    """The models' schemas (what their fields and validators check stated in them), for the
+    ``backends`` this gateway has, and as the API takes a spec."""
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(ServiceSpec, "validation")]
     models += [(m, "validation") for m in REQUEST_MODELS]
     models += [(m, "serialization") for m in RESPONSE_MODELS]
     _, defs = models_json_schema(models, ref_template=REF)
-    schemas: dict[str, Any] = _fix(defs.get("$defs", {}))
-    constraints.add(schemas, backends)
+    schemas: dict[str, Any] = _spec_refs(defs.get("$defs", {}))
+    _backends(schemas["ServiceSpec"], backends)
+    _through_the_api(schemas)
     return schemas
 
 

@@ -558,9 +558,9 @@ def test_the_white_space_of_the_patterns_is_pythons() -> None:
     # A command must hold more than what str.strip removes; the document's class says which.
     import sys
 
-    from controller.admin.constraints import SPACE
+    from gateway import WHITE_SPACE
 
-    space = re.compile(f"[{SPACE}]")
+    space = re.compile(f"[{WHITE_SPACE}]")
     wrong = [
         hex(c)
         for c in range(sys.maxunicode + 1)

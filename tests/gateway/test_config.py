@@ -232,8 +232,8 @@ def test_probe_defaults():
 @pytest.mark.parametrize(
     ("fields", "loc"),
     [
-        ({"interval": 0}, ()),
-        ({"timeout": "0ms"}, ()),
+        ({"interval": 0}, ("interval",)),
+        ({"timeout": "0ms"}, ("timeout",)),
         ({"path": "health"}, ("path",)),
         ({"path": "/a b"}, ("path",)),
         ({"path": "/a\r\nX: y"}, ("path",)),
