@@ -69,15 +69,15 @@ WHITE_SPACE = (
 (ECMA-262's ``\\s`` is another set)."""
 _ASCII_SPACE = r"[\t\n\v\f\r ]*"
 """``\\s*`` as ``re.ASCII`` reads it."""
-DURATION_TEXT = rf"{_ASCII_SPACE}([0-9]+(?:\.[0-9]+)?){_ASCII_SPACE}(ms|s|m|h)?{_ASCII_SPACE}"
+_DURATION_TEXT = rf"{_ASCII_SPACE}([0-9]+(?:\.[0-9]+)?){_ASCII_SPACE}(ms|s|m|h)?{_ASCII_SPACE}"
 """A duration written as text, matched whole, in ASCII (no Arabic-Indic digit, no Unicode
 space): its number, then its unit."""
 _POSITIVE_DURATION_TEXT = (
     rf"{_ASCII_SPACE}([0-9]*[1-9][0-9]*(?:\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)"
     rf"{_ASCII_SPACE}(ms|s|m|h)?{_ASCII_SPACE}"
 )
-"""``DURATION_TEXT`` whose number is not 0."""
-_DURATION = re.compile(DURATION_TEXT)
+"""``_DURATION_TEXT`` whose number is not 0."""
+_DURATION = re.compile(_DURATION_TEXT)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
@@ -96,7 +96,7 @@ def parse_duration(value: object) -> object:
 def _duration_schema(number: dict[str, Any]) -> dict[str, Any]:
     """A duration in JSON Schema: its number, with its bound, or its text (not 0 where the
     bound excludes it)."""
-    text = _POSITIVE_DURATION_TEXT if number.get("exclusiveMinimum") == 0 else DURATION_TEXT
+    text = _POSITIVE_DURATION_TEXT if number.get("exclusiveMinimum") == 0 else _DURATION_TEXT
     return {"anyOf": [number, {"type": "string", "pattern": f"^{text}$"}]}
 
 

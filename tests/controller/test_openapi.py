@@ -491,6 +491,8 @@ def _spec_with(field: str, value: Any) -> dict[str, Any]:
             base["probes"] = [{"headers": {"X-A": value}}]
         case "interval":
             base["probes"] = [{"interval": value}]
+        case "duration":
+            base["queue_timeout"] = value
         case "address":
             base.update(backend="static", replica={"addresses": [value]})
         case "rate_key":
@@ -517,6 +519,7 @@ FIELD_PATTERNS = {
     "header_name": r"^[!#$%&'*+.^_`|~0-9A-Za-z:\n -]{0,5}$",
     "header_value": r"^[\x00-\x20\x7fa-z]{0,4}$",
     "interval": r"^\s?[0-9.]{0,5}(ms|s|m|h)?\s?$",
+    "duration": r"^\s?[0-9\u0660.]{0,4}(ms|s|m|h)?\s?$",
     "address": r"^[\[\]:a-z0-9 .]{0,10}$",
     "rate_key": r"^(ip|token|cookie|header|[a-z:\n -]){0,4}$",
     "rate_prefix": r"^[/a-z?# \t\n]{0,5}$",
