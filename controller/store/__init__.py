@@ -6,10 +6,10 @@ service applied from the gateway config, the digest of the document last applied
 (so that start-up applies a config entry again only once its content changed); and the bearer
 tokens added through the admin API, by digest.
 
-``Store`` is one object over the helpers it composes: ``database`` (the connection,
-``BEGIN IMMEDIATE`` transactions, SQLite errors translated to ``StoreUnavailable`` and
-``Conflict``, the migration on open; ``migrations``: the versions) and ``rows`` (the frozen
-rows it returns, the columns they are read from).
+``Store`` is one class, a section per table, over the ``Database`` it holds (``database``: the
+connection, ``BEGIN IMMEDIATE`` transactions, SQLite errors translated to ``StoreUnavailable``
+and ``Conflict``, the migration on open; ``migrations``: the versions). ``rows``: the frozen
+rows it returns and the columns they are read from.
 
 Invariants:
 
