@@ -76,6 +76,8 @@ class Nodes:
     prefix: str = "/gateway-test/"
     count: int = 3
     capacity: int = 4
+    workers: int = 1
+    """Each node's worker processes (``workers``)."""
     nodes: list[Node] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -93,6 +95,7 @@ class Nodes:
             "state_dir": str(node.directory / "state"),
             "log_level": "info",
             "replicas_on_exit": "stop",
+            "workers": self.workers,
             "access_log": {"enabled": False},
             "state": {
                 "store": "etcd",

@@ -5,7 +5,8 @@
 ``GET /anything``: ``{"replica", "path", "headers", "most"}`` as JSON (header names
 lower-cased; ``most``: the most ``/slow`` requests it has held at once so far);
 ``GET /slow?s=N``: the same after N seconds (requests are served each in a thread, so many
-can be held at once). Standard library only: it starts in a few tens of milliseconds.
+can be held at once). It listens on ``HOST`` (a cluster node's address), 127.0.0.1 without
+one. Standard library only: it starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler)
+    address = (os.environ.get("HOST", "127.0.0.1"), int(os.environ["PORT"]))
+    server = ThreadingHTTPServer(address, Handler)
     server.daemon_threads = True
     server.serve_forever()
