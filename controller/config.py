@@ -320,8 +320,6 @@ class GatewayConfig(Model):
                 "backends.docker: not yet with state.store etcd (a cluster runs process replicas"
                 " on its nodes; Docker Engines are for one node)"
             )
-        if self.state.store == "etcd" and self.workers != 1:
-            raise ValueError("workers: a cluster node serves from its own process (workers: 1)")
         return self
 
     @model_validator(mode="after")

@@ -41,6 +41,19 @@ def test_etcd_store_with_its_defaults() -> None:
 ETCD = {"store": "etcd", "etcd": {"endpoints": ["http://127.0.0.1:2379"]}}
 
 
+def test_a_node_may_serve_with_worker_processes() -> None:
+    """Issue 54.2: a node's workers serve from the pools the node follows, as on one machine."""
+    config = GatewayConfig.model_validate(
+        {
+            "state": ETCD,
+            "node": {"address": "127.0.0.2"},
+            "workers": 2,
+            "admin": {"listen": "0.0.0.0:8081"},
+        }
+    )
+    assert config.worker_count == 2
+
+
 @pytest.mark.parametrize(
     ("listen", "address"),
     [
