@@ -1,10 +1,11 @@
 """The autoscaler: ``desired(now, samples, current, spec, memory) -> Decision``. PURE.
 
 It reads a service's traffic as the gateway saw it (``Sample``: in flight, held, completed,
-taken every second or so by the reconciler) and says how many replicas the service wants.
-No I/O, no clock: ``now`` and the samples are given, and what it must remember between two
-decisions (``Memory``: the last change, the last load above target) is plain data kept in
-the service's observed state, updated by ``remember`` as samples come in.
+taken every second or so by the reconciler; in a cluster, over every live node) and says how
+many replicas the service wants. No I/O, no clock: ``now`` and the samples are given, and
+what it must remember between two decisions (``Memory``: the last change, the last load above
+target) is plain data kept in the service's observed state, updated by ``remember`` as
+samples come in.
 
 Rules:
 
@@ -52,6 +53,21 @@ class Sample:
     ready: int = 0
     per_replica: tuple[tuple[str, int], ...] = ()
     """In flight per upstream (replica id, count): what a scale-down disturbs least."""
+
+    def plus(self, other: Sample) -> Sample:
+        """This sample with ``other``'s traffic added (the other nodes' of a cluster): its
+        time and ready count kept."""
+        per_replica = dict(self.per_replica)
+        for rid, count in other.per_replica:
+            per_replica[rid] = per_replica.get(rid, 0) + count
+        return replace(
+            self,
+            inflight=self.inflight + other.inflight,
+            held=self.held + other.held,
+            completed=self.completed + other.completed,
+            waited=self.waited + other.waited,
+            per_replica=tuple(sorted(per_replica.items())),
+        )
 
     def inflight_of(self, replica_id: str) -> int:
         for rid, count in self.per_replica:

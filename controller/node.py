@@ -6,15 +6,17 @@ Every node, whatever its role:
 - serves traffic from its own pool and probes for itself.
 
 A node that **follows** has its pool follow the leader's records (``pools.Follower``) and
-reports what it routes to and which drains it holds nothing of; its store mirror follows etcd
-by watch; its admin API forwards to the leader (``admin.cluster``); it stores no event.
+reports what it routes to, which drains it holds nothing of and its traffic per service; its
+store mirror follows etcd by watch; its admin API forwards to the leader (``admin.cluster``);
+it stores no event.
 
 A node that **leads** (``Election``) loads the state fresh as the one writer, restores the
 services (adopting the replicas the nodes run), runs the controller, places replicas on the
 nodes (``ClusterBackend``), publishes its pool (``pools.Publisher``) and takes the other
-nodes' reports as peers of its drains (``peers.Peers``). Every write it makes is fenced by its
-leadership. When it stops leading (its lease lapsed: a pause, a partition, etcd away) it stops
-the controller at once, stops nothing else, and follows.
+nodes' reports as peers of its drains and as traffic its autoscaler reads (``peers.Peers``).
+Every write it makes is fenced by its leadership. When it stops leading (its lease lapsed: a
+pause, a partition, etcd away) it stops the controller at once, stops nothing else, and
+follows.
 
 The order of each change of role is the one the parts require (see each): the pool is never
 emptied, so traffic goes on through the change.
@@ -114,8 +116,28 @@ class ClusterNode:
             ),
         )
         self.agent = Agent(client, self.prefix, node.name, local, lambda: self.keeper.lease)
-        self.follower = Follower(client, self.prefix, pool, node.name, lambda: self.keeper.lease)
-        self.peers = Peers(client, self.prefix, pool, node.name, on_change=self._peer_changed)
+        self.follower = Follower(
+            client,
+            self.prefix,
+            pool,
+            node.name,
+            lambda: self.keeper.lease,
+            fresh_for=float(node.lease_ttl),
+        )
+        self.peers = Peers(
+            client,
+            self.prefix,
+            pool,
+            node.name,
+            on_change=self._peer_changed,
+            on_waiting=self._waiting,
+        )
+        # Held requests are demand on every node: the leader samples at once, a follower
+        # reports at once. The other nodes' traffic is in every sample the leader takes (the
+        # peers are empty while this node follows, and its reconciler samples only while it
+        # leads).
+        pool.on_waiting = self._waiting
+        controller.reconciler.elsewhere = self.peers.elsewhere
         self.publisher: Publisher | None = None
         self.backend: ClusterBackend | None = None
         self._past_publishing = 0
@@ -353,3 +375,10 @@ class ClusterNode:
     def _peer_changed(self, node: str) -> None:
         if self.role == "leader":
             self.controller.reconciler.regate()
+
+    def _waiting(self, service: str) -> None:
+        """Requests of ``service`` began to be held, here or (said a report) on another node."""
+        if self.role == "leader":
+            self.controller.reconciler.on_waiting(service)
+        else:
+            self.follower.wake()

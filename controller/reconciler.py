@@ -78,6 +78,9 @@ class Reconciler:
         node that serves too (``cluster.peers``). A replica becomes ready only then, so that
         "a replacement is serving" holds on every node. None: this node is enough."""
         self._gated: set[tuple[str, str]] = set()
+        self.elsewhere: Callable[[str], Sample] | None = None
+        """In a cluster: a service's traffic on the other nodes now (``cluster.peers``), added
+        to this node's in each sample. None: this node serves alone."""
 
     # -- loops ---------------------------------------------------------------------------------
 
@@ -302,7 +305,8 @@ class Reconciler:
             self._commit(state, observe(state.desired, state.observed, Counted(traffic), now))
 
     def sample(self, state: ServiceState) -> None:
-        """Take a sample of ``state``'s traffic from the pool (every process's) and plan."""
+        """Take a sample of ``state``'s traffic from the pool (every process's) and the other
+        nodes' reports (``elsewhere``), and plan."""
         sp = self.pool.services.get(state.name)
         if sp is None:
             return
@@ -318,6 +322,8 @@ class Reconciler:
             ready,
             tuple(sorted(inflight.items())),
         )
+        if self.elsewhere is not None:
+            sample = sample.plus(self.elsewhere(state.name))
         self.observe(state, Sampled(sample))
 
     def on_waiting(self, service: str) -> None:

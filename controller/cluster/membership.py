@@ -6,10 +6,11 @@ snapshot version. Never health or ejections: every node probes and ejects for it
 other node (a follower) turns a record into the steps that make its own pool match (``plan``).
 
 Each follower publishes a *node report* (``<prefix>reports/<node>``): which upstreams it can
-route to, and which draining upstreams it holds nothing of (``idle``), each with the version
-the leader gave that drain (``Member.since``). The leader reads the reports (``PeerTable``): a
-drain there completes once every live node is idle on it; "a replacement is serving" means
-routable on every node that reports.
+route to, which draining upstreams it holds nothing of (``idle``), each with the version
+the leader gave that drain (``Member.since``), and its traffic per service (``demand.Demand``).
+The leader reads the reports (``PeerTable``): a drain there completes once every live node is
+idle on it; "a replacement is serving" means routable on every node that reports; the
+autoscaler reads the demand merged over the nodes (``demand.DemandTable``).
 
 Invariants:
 - A record's content (``PoolRecord.content``) changes only when membership, admin state, the
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from controller.cluster.demand import Demand
 from gateway import (
     AdminState,
     PoolSnapshot,
@@ -294,21 +296,34 @@ def plan(
 
 @dataclass(frozen=True, slots=True)
 class NodeReport:
-    """What one node can route to, and the draining upstreams it holds nothing of."""
+    """What one node can route to, the draining upstreams it holds nothing of, and its
+    traffic per service (``demand``)."""
 
     routable: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Service -> the ids of its upstreams routable on the node (services with none left out)."""
     idle: Mapping[tuple[str, str], int] = field(default_factory=dict)
     """(service, upstream id) -> the ``since`` of the drain the node is idle on."""
+    demand: Mapping[str, Demand] = field(default_factory=dict)
+    """Service -> its traffic on the node (services with none so far left out)."""
+    fresh_for: float = 0.0
+    """Seconds ``demand`` counts once taken in (the node's lease TTL; 0: while it is there)."""
+
+    @property
+    def busy(self) -> bool:
+        """Requests in flight or held on the node: its report is written again before its
+        demand goes stale."""
+        return any(d.busy for d in self.demand.values())
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "routable": {s: sorted(ids) for s, ids in sorted(self.routable.items())},
-                "idle": {f"{s}/{u}": v for (s, u), v in sorted(self.idle.items())},
-            },
-            separators=(",", ":"),
-        ).encode()
+        out: dict[str, Any] = {
+            "routable": {s: sorted(ids) for s, ids in sorted(self.routable.items())},
+            "idle": {f"{s}/{u}": v for (s, u), v in sorted(self.idle.items())},
+        }
+        if self.demand:
+            out["demand"] = {s: d.to_json() for s, d in sorted(self.demand.items())}
+        if self.fresh_for:
+            out["fresh_for"] = self.fresh_for
+        return json.dumps(out, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> NodeReport:
@@ -321,18 +336,23 @@ class NodeReport:
             for key, version in raw["idle"].items():
                 service, _, uid = str(key).partition("/")
                 idle[service, uid] = int(version)
+            demand = {str(s): Demand.from_json(d) for s, d in raw.get("demand", {}).items()}
+            fresh_for = float(raw.get("fresh_for", 0.0))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a node report: {exc!r}") from exc
-        return cls(routable, idle)
+        return cls(routable, idle, demand, fresh_for)
 
 
 def report_of(
     snapshots: Iterable[PoolSnapshot],
     records: Mapping[str, PoolRecord],
     drained: Iterable[tuple[str, str]],
+    demand: Mapping[str, Demand] | None = None,
+    fresh_for: float = 0.0,
 ) -> NodeReport:
-    """A follower's report: what its ``snapshots`` route to, and of the upstreams the leader's
-    ``records`` say are draining, those whose local drain is over (``drained``)."""
+    """A follower's report: what its ``snapshots`` route to, of the upstreams the leader's
+    ``records`` say are draining those whose local drain is over (``drained``), and the
+    ``demand`` of the records' services that have any."""
     routable = {s.service: frozenset(u.id for u in s.routable) for s in snapshots if s.routable}
     idle: dict[tuple[str, str], int] = {}
     for service, uid in drained:
@@ -340,7 +360,8 @@ def report_of(
         member = record.member(uid) if record is not None else None
         if member is not None and member.admin is AdminState.DRAINING:
             idle[service, uid] = member.since
-    return NodeReport(routable, idle)
+    said = {s: d for s, d in (demand or {}).items() if s in records and not d.empty}
+    return NodeReport(routable, idle, said, fresh_for)
 
 
 # -- what the leader makes of the reports -----------------------------------------------------

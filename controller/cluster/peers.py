@@ -7,6 +7,10 @@ worker's pid): a drain begun there waits for the node's idle report of it (``pee
 with the drain's ``since``). A report's key is bound to its node's lease, so when the node
 dies the key goes and the node leaves (``peer_left``): it holds nothing, no drain waits for
 it. With etcd unreachable the peers stay as they are; drains then end by their timeout.
+
+The reports' demand goes to a ``DemandTable``: ``elsewhere(service)`` is the other nodes'
+traffic that the autoscaler adds to the leader's own, and a node that begins holding
+requests of a service calls ``on_waiting`` (a cold start goes at once).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from controller.autoscaler import Sample
+from controller.cluster.demand import DemandTable
 from controller.cluster.feed import RETRY, Feed
 from controller.cluster.membership import NodeReport, PeerTable
 from controller.cluster.pools import reports_key
@@ -30,7 +36,8 @@ class Peers:
 
     ``node`` is the leader's own name: its report (left from when it followed) is not a
     peer's. ``on_change(node)`` is called after each report taken in or gone, for the loop
-    that waits for a replacement to be routable everywhere.
+    that waits for a replacement to be routable everywhere; ``on_waiting(service)`` when a
+    node begins holding requests of ``service``. ``clock``: the loop's monotonic time.
     """
 
     def __init__(
@@ -41,12 +48,17 @@ class Peers:
         node: str = "",
         *,
         on_change: Callable[[str], object] | None = None,
+        on_waiting: Callable[[str], object] | None = None,
+        clock: Callable[[], float] | None = None,
         retry: tuple[float, float] = RETRY,
     ) -> None:
         self.pool = pool
         self.node = node
         self.on_change = on_change
+        self.on_waiting = on_waiting
+        self.clock = clock or (lambda: asyncio.get_running_loop().time())
         self.table = PeerTable()
+        self.demand = DemandTable()
         self.feed = Feed(client, reports_key(prefix), self._load, self.change, retry=retry)
         self._task: asyncio.Task[None] | None = None
 
@@ -83,6 +95,10 @@ class Peers:
         does not route to it. True when no node reports (the leader alone serves)."""
         return self.table.routable_everywhere(service, upstream_id)
 
+    def elsewhere(self, service: str) -> Sample:
+        """``service``'s traffic on the nodes that report, as of now (``DemandTable.merged``)."""
+        return self.demand.merged(service, self.clock())
+
     def _load(self, values: dict[str, bytes]) -> None:
         for node in list(self.table.reports.keys() - values.keys()):
             self._left(node)
@@ -107,10 +123,15 @@ class Peers:
             self.pool.peer_joined(peer)
         for (service, uid), since in report.idle.items():
             self.pool.peer_idle(peer, service, uid, since)
+        began = self.demand.update(node, report.demand, self.clock(), report.fresh_for)
         if self.on_change is not None:
             self.on_change(node)
+        if self.on_waiting is not None:
+            for service in began:
+                self.on_waiting(service)
 
     def _left(self, node: str) -> None:
+        self.demand.remove(node)
         if self.table.remove(node):
             log.info("node %s no longer reports: it holds nothing", node)
             self.pool.peer_left(self.table.number(node))

@@ -7,6 +7,9 @@ Keys (``prefix`` ends with ``/``; records and reports are ``membership``'s JSON)
   leadership; deleted when the service is removed.
 - ``<prefix>reports/<node>``: a follower's report (``Follower``), bound to the node's lease,
   so a node that dies stops counting on its own. The leader reads them (``peers.Peers``).
+  Written when it changed (its traffic is looked at every second, at once when a service
+  begins holding requests), and again within a third of ``fresh_for`` while the node has
+  requests in flight or held, so that its demand never reads as stale while it lasts.
 
 ``Follower`` loads the records, then watches them (``feed.Feed``, never polling) and makes its
 own pool match (``membership.plan``); its own prober decides health. With etcd unreachable
@@ -20,6 +23,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
+from controller.cluster.demand import Demand
 from controller.cluster.feed import RETRY, Feed, Status
 from controller.cluster.membership import (
     AddUpstream,
@@ -268,7 +272,8 @@ class Follower:
 
     A ``PoolSubscriber`` of its own pool (for the report). ``drain_timeout`` is a drain's
     timeout here when the record gives none. ``on_status`` hears the feed's status changes
-    (``feed.Status``).
+    (``feed.Status``). ``fresh_for``: how long the leader counts the report's demand (the
+    node's lease TTL; 0: while the report is there).
     """
 
     def __init__(
@@ -284,18 +289,20 @@ class Follower:
         delay: float = DEBOUNCE,
         retry: tuple[float, float] = RETRY,
         lease_check: float = 1.0,
+        fresh_for: float = 0.0,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.pool = pool
         self.node = node
         self.lease = lease
+        self.fresh_for = fresh_for
         self.drain_timeout = drain_timeout
         self.delay = delay
         self.retry = retry
         self.lease_check = lease_check
-        """Seconds between looks at ``lease()``: a new lease (the old one expired with the
-        report) makes the report written again."""
+        """Seconds between looks at ``lease()`` and at the traffic: a new lease (the old one
+        expired with the report) or new traffic makes the report written again."""
         self.feed = Feed(
             client, pools_key(prefix), self._load, self.change, on_status=on_status, retry=retry
         )
@@ -305,6 +312,7 @@ class Follower:
         """The records applied, by service: the services this follower keeps."""
         self._drains: dict[tuple[str, str], asyncio.Future[bool]] = {}
         self._reported: tuple[NodeReport, int] | None = None
+        self._reported_at = 0.0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -336,6 +344,10 @@ class Follower:
             self._reported = None
 
     def on_pool_event(self, event: PoolEvent) -> None:
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Report now, not at the next look: a service began holding requests here."""
         self._wake.set()
 
     def handover(self) -> list[tuple[str, str]]:
@@ -444,19 +456,29 @@ class Follower:
     def report(self) -> NodeReport:
         """What this node says now."""
         drained = [k for k, f in self._drains.items() if f.done() and not f.cancelled()]
-        snapshots = [sp.snapshot for name, sp in self.pool.services.items() if name in self.records]
-        return report_of(snapshots, self.records, drained)
+        services = [(n, sp) for n, sp in self.pool.services.items() if n in self.records]
+        demand = {}
+        for name, sp in services:
+            inflight = {uid: count for uid, count in sp.inflight_all().items() if count}
+            demand[name] = Demand(inflight, sp.held_all(), *sp.totals())
+        snapshots = [sp.snapshot for _, sp in services]
+        return report_of(snapshots, self.records, drained, demand, self.fresh_for)
 
     async def _report(self) -> None:
         pause = self.retry[0]
+        loop = asyncio.get_running_loop()
+        refresh = self.fresh_for / 3
         while True:
+            busy = self._reported is not None and self._reported[0].busy
+            look = min(self.lease_check, refresh) if busy and refresh else self.lease_check
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.lease_check)
+                await asyncio.wait_for(self._wake.wait(), look)
                 await asyncio.sleep(self.delay)  # gather the rest of this change
             self._wake.clear()
             lease = self.lease()
             report = self.report()
-            if not lease or self._reported == (report, lease):
+            due = report.busy and refresh and loop.time() - self._reported_at >= refresh
+            if not lease or (self._reported == (report, lease) and not due):
                 continue
             try:
                 self.reports += 1
@@ -471,6 +493,7 @@ class Follower:
                 continue
             pause = self.retry[0]
             self._reported = (report, lease)
+            self._reported_at = loop.time()
 
     def __repr__(self) -> str:
         return (

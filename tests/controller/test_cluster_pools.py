@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from controller.cluster.demand import Demand
 from controller.cluster.membership import (
     AddUpstream,
     DrainUpstream,
@@ -323,7 +324,9 @@ async def test_a_follower_applies_records_and_reports_its_drains() -> None:
     pool.set_health("web", "a", Health.HEALTHY)
     lease = pool.service("web").lease()
     assert lease is not None
-    assert follower.report() == NodeReport({"web": frozenset({"a"})})
+    assert follower.report() == NodeReport(
+        {"web": frozenset({"a"})}, demand={"web": Demand({"a": 1})}
+    )
 
     draining = dataclasses.replace(
         record,
@@ -334,10 +337,12 @@ async def test_a_follower_applies_records_and_reports_its_drains() -> None:
     )
     follower.change("web", draining.encode())
     assert pool.upstream("web", "a").admin is AdminState.DRAINING
-    assert follower.report() == NodeReport()
+    assert follower.report() == NodeReport(demand={"web": Demand({"a": 1})})
     lease.release()
     assert await pool.drain("web", "a", 1.0) is True  # the follower's drain, done
-    assert follower.report() == NodeReport(idle={("web", "a"): 5})
+    assert follower.report() == NodeReport(
+        idle={("web", "a"): 5}, demand={"web": Demand(completed=1)}
+    )
 
     # The service's key deleted: gone here too; a key of no service of ours: nothing.
     follower.change("web", None)
