@@ -467,8 +467,8 @@ class Follower:
     async def _report(self) -> None:
         pause = self.retry[0]
         loop = asyncio.get_running_loop()
-        refresh = self.fresh_for / 3
         while True:
+            refresh = self.fresh_for / 3
             busy = self._reported is not None and self._reported[0].busy
             look = min(self.lease_check, refresh) if busy and refresh else self.lease_check
             with contextlib.suppress(TimeoutError):

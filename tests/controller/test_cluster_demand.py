@@ -4,14 +4,20 @@ The table is pure: each test passes ``now`` as the leader's clock would read it.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Iterator
+
 import pytest
 
 from controller.autoscaler import Sample
 from controller.cluster.demand import Demand, DemandTable
-from controller.cluster.membership import NodeReport, PoolRecord, report_of
+from controller.cluster.membership import Member, NodeReport, PoolRecord, report_of
 from controller.cluster.peers import Peers
+from controller.cluster.pools import Follower, pools_key
 from controller.etcd import EtcdClient
-from gateway import Pool, ServiceRouting
+from gateway import Health, Pool
+from tests.controller.test_cluster_pools import routing
+from tests.etcd_cluster import EtcdCluster
 
 TTL = 2.0
 
@@ -143,8 +149,7 @@ def test_held_again_after_a_stale_report_is_the_cue_again() -> None:
 
 
 def test_a_report_with_demand_round_trips_and_leaves_out_what_has_none() -> None:
-    routing = ServiceRouting(name="web", route={"path_prefix": "/"})
-    records = {"web": PoolRecord(routing), "api": PoolRecord(routing)}
+    records = {"web": PoolRecord(routing()), "api": PoolRecord(routing("api"))}
     demand = {
         "web": Demand({"a": 2}, 1, 40, 3),
         "api": Demand(),  # nothing so far: left out
@@ -190,3 +195,76 @@ def test_a_sample_plus_the_other_nodes_traffic() -> None:
     assert own.plus(other) == Sample(
         5.0, 7, 3, 130, 3, ready=2, per_replica=(("a", 2), ("b", 2), ("c", 3))
     )
+
+
+# -- with etcd: a follower's report, and the leader's peers ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """One etcd member for the module (skipped without etcd, failed under CI)."""
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), 1).start()
+    yield cluster
+    cluster.close()
+
+
+async def test_a_request_held_on_a_follower_reaches_the_leader_at_once_and_stays_fresh(
+    etcd: EtcdCluster,
+) -> None:
+    """The follower looks at its traffic every 5 s here: the hold is reported at once all
+    the same (the pool's cue), and while it lasts the report is written again within a
+    third of ``fresh_for`` though nothing changed, so the leader never reads it as stale."""
+    clients = [EtcdClient(etcd.endpoints, timeout=0.5) for _ in range(2)]
+    heard = asyncio.Event()
+    waiting: list[str] = []
+    peers = Peers(
+        clients[0],
+        "/demand/",
+        Pool(),
+        "n0",
+        on_change=lambda _: heard.set(),
+        on_waiting=waiting.append,
+    )
+    pool = Pool()
+    lease = await clients[1].grant(30)
+    follower = Follower(
+        clients[1],
+        "/demand/",
+        pool,
+        "n1",
+        lambda: lease,
+        delay=0.01,
+        lease_check=5.0,
+        fresh_for=0.6,
+    )
+
+    async def until(condition: Callable[[], bool]) -> None:
+        async with asyncio.timeout(5):
+            while not condition():
+                heard.clear()
+                await heard.wait()
+
+    try:
+        await peers.start()
+        await peers.loaded()
+        record = PoolRecord(routing(), (Member("a", "127.0.0.1", 9000),))
+        await clients[0].put(pools_key("/demand/", "web"), record.encode())  # the leader's
+        await follower.start()
+        await asyncio.wait_for(follower.feed.loaded.wait(), 5)
+        await until(lambda: peers.nodes == ["n1"])
+        pool.on_waiting = lambda _: follower.wake()  # the node's wiring (``ClusterNode``)
+        held = asyncio.ensure_future(pool.service("web").queue(10.0))
+        await until(lambda: waiting == ["web"])
+        assert peers.elsewhere("web").held == 1
+        written = follower.reports
+        await until(lambda: follower.reports >= written + 2)
+        assert peers.elsewhere("web").held == 1
+        pool.set_health("web", "a", Health.HEALTHY)  # the hold ends
+        await held
+        await until(lambda: peers.elsewhere("web").held == 0)
+        assert peers.elsewhere("web").waited == 1  # after its first report: counted
+    finally:
+        await follower.stop()
+        await peers.stop()
+        for client in clients:
+            await client.close()
