@@ -87,6 +87,17 @@ def inflight(node: Node) -> float:
     )
 
 
+def pool_requests(node: Node) -> float:
+    """etcd requests ``node`` made for the pools: records, reports (``gateway_cluster_etcd_
+    requests_total{part="pools"}``)."""
+    with urllib.request.urlopen(node.admin + "/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    prefix = f'gateway_cluster_etcd_requests_total{{node="{node.name}",part="pools"}}'
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
+    )
+
+
 async def test_a_rollout_on_nodes_with_workers_fails_nothing_and_waits_for_a_follower_worker(
     nodes: Nodes,
 ) -> None:
@@ -109,6 +120,7 @@ async def test_a_rollout_on_nodes_with_workers_fails_nothing_and_waits_for_a_fol
         held = asyncio.ensure_future(slow())
         await nodes.until(lambda: inflight(follower) >= 1, 10, "the slow request in flight")
         loads = await loaded(nodes.nodes)
+        before = [await asyncio.to_thread(pool_requests, n) for n in others]
         try:
             began = time.monotonic()
             status, body = await nodes.api("PUT", "/api/services/web", echo("v2"))
@@ -117,6 +129,8 @@ async def test_a_rollout_on_nodes_with_workers_fails_nothing_and_waits_for_a_fol
             done = time.monotonic()
             for load in loads:
                 await load.more(30)
+            after = [await asyncio.to_thread(pool_requests, n) for n in others]
+            loaded_for = time.monotonic() - began
         finally:
             await unloaded(loads)
         status, answer, answered = await held
@@ -127,6 +141,12 @@ async def test_a_rollout_on_nodes_with_workers_fails_nothing_and_waits_for_a_fol
         f" the slow request answered {answered - began:.2f} s after the PUT, the rollout"
         f" complete {done - answered:.2f} s after it"
     )
+    rates = [(a - b) / loaded_for for a, b in zip(after, before, strict=True)]
+    print(
+        "etcd requests for the pools (reports included) per second on each follower, under"
+        f" load for {loaded_for:.1f} s: {', '.join(f'{r:.2f}' for r in rates)}"
+    )
+    assert all(rate < 10 for rate in rates), rates  # no storm of reports: one a look at most
     assert status == 200, answer
     assert answer["replica"] in first, answer  # not retried elsewhere: its replica lived on
     assert done >= answered, "the rollout completed before the slow request was answered"
