@@ -78,6 +78,8 @@ class Nodes:
     capacity: int = 4
     workers: int = 1
     """Each node's worker processes (``workers``)."""
+    ports: int = 23000
+    """The first port of the replicas' ranges, 200 a node on from it."""
     nodes: list[Node] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -88,7 +90,7 @@ class Nodes:
             self.nodes.append(Node(f"n{i + 1}", host, free_port(host), free_port(host), directory))
 
     def config(self, node: Node, index: int) -> dict[str, Any]:
-        low = 23000 + index * 200
+        low = self.ports + index * 200
         return {
             "listen": f"{node.host}:{node.port}",
             "admin": {"listen": f"{node.host}:{node.admin_port}", "token_env": None},

@@ -24,6 +24,7 @@ import pytest
 from tests.e2e.cluster_nodes import LEASE_TTL, Nodes
 from tests.e2e.conftest import PROBE, ROLLOUT
 from tests.e2e.test_cluster import leader_and_others, metrics_text
+from tests.e2e.test_cluster_workers import replica_ports
 from tests.etcd_cluster import EtcdCluster
 
 ECHO = Path(__file__).with_name("echo_replica.py")
@@ -34,7 +35,7 @@ SAMPLE_INTERVAL = 1.0
 @pytest.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
     etcd = EtcdCluster(tmp_path / "etcd", 3).start()
-    cluster = Nodes(tmp_path / "nodes", etcd, workers=2)
+    cluster = Nodes(tmp_path / "nodes", etcd, workers=2, ports=replica_ports())
     try:
         await cluster.start_all()
         yield cluster
@@ -80,8 +81,8 @@ async def until_view(nodes: Nodes, check: Any, timeout: float, what: str, among:
 
 
 def at_zero(seen: dict[str, Any]) -> bool:
-    live = [r for r in seen["replicas"] if r["state"] in ("starting", "ready", "draining")]
-    return seen["desired"] == 0 and not live
+    running = [r for r in seen["replicas"] if r["state"] not in ("stopped", "failed")]
+    return seen["desired"] == 0 and not running
 
 
 async def test_requests_held_on_a_follower_scale_from_zero_and_a_dead_ones_stop_counting(
@@ -129,7 +130,7 @@ async def test_requests_held_on_a_follower_scale_from_zero_and_a_dead_ones_stop_
         await until_view(
             nodes,
             lambda v: v["autoscaling"]["held"] == 0,
-            LEASE_TTL + SAMPLE_INTERVAL + 3,
+            LEASE_TTL + SAMPLE_INTERVAL + 5,
             "the dead node's held requests no longer counted",
             among=leader,
         )
@@ -138,4 +139,5 @@ async def test_requests_held_on_a_follower_scale_from_zero_and_a_dead_ones_stop_
             future.cancel()
         await asyncio.gather(*held, return_exceptions=True)
     print(f"{other.name} killed holding 3 requests: not counted {gone:.2f} s later")
-    assert gone <= LEASE_TTL + SAMPLE_INTERVAL + 0.5, gone
+    # The TTL, a sample, and room for a machine under load (the view is polled).
+    assert gone <= LEASE_TTL + SAMPLE_INTERVAL + 1.5, gone
