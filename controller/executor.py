@@ -21,7 +21,9 @@ from typing import Any, Literal
 from gateway import Health, Pool, Upstream
 
 from . import tokens
-from .actions import (
+from .backends.base import Backend, Launch, Running
+from .errors import BackendError, StoreUnavailable
+from .planning.actions import (
     AbandonRollout,
     Action,
     BeginRollout,
@@ -43,13 +45,11 @@ from .actions import (
     Stop,
     Undrain,
 )
-from .backends.base import Backend, Launch, Running
-from .errors import BackendError, StoreUnavailable
-from .model import Observed, Replica, ReplicaState, Rollout, strategy_state
+from .planning.model import Observed, Replica, ReplicaState, Rollout, strategy_state
+from .planning.transitions import DrainDone, HealthChanged, Observation, Placed, StartFailed
 from .spec import ServiceSpec
 from .state import ServiceState
 from .store import Store
-from .transitions import DrainDone, HealthChanged, Observation, Placed, StartFailed
 
 log = logging.getLogger(__name__)
 

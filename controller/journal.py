@@ -23,7 +23,7 @@ from typing import Literal
 from gateway import Health, Pool, PoolEvent
 
 from .errors import StoreUnavailable
-from .model import EventKind, Replica
+from .planning.model import EventKind, Replica
 from .store import Store
 
 log = logging.getLogger("gateway.events")

@@ -48,8 +48,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from .acme import AcmeManager
 from .acme.manager import ORDER_OUTCOMES
 from .journal import Entry, Journal
-from .model import LEAVING, LIVE, EventKind, ReplicaState
 from .operations import Controller
+from .planning.model import LEAVING, LIVE, EventKind, ReplicaState
 
 if TYPE_CHECKING:  # imported by main only when a Docker backend is configured
     from .backends.docker import DockerBackend, HostState

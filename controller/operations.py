@@ -28,13 +28,13 @@ from .config import format_validation_error
 from .errors import Conflict, NotFound, SpecError
 from .executor import Executor
 from .journal import Journal
-from .model import Desired, Observed, Replica, ReplicaState, Rollout, RolloutStatus
+from .planning.model import Desired, Observed, Replica, ReplicaState, Rollout, RolloutStatus
+from .planning.transitions import AskPromote, Configure, Delete, Retarget, SetPaused
 from .reconciler import Reconciler
 from .spec import ServiceSpec
 from .state import ServiceState
 from .store import Store
 from .tokens import TokenInfo
-from .transitions import AskPromote, Configure, Delete, Retarget, SetPaused
 
 log = logging.getLogger(__name__)
 

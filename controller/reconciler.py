@@ -21,18 +21,15 @@ from collections.abc import Callable, Iterable, Mapping
 
 from gateway import Health, Pool, PoolEvent, ProbeResult
 
-from .actions import Action, BeginRollout, Forget, Start, WakeAt
-from .analysis import NO_TRAFFIC, Counts, Traffic
-from .autoscaler import Sample
 from .backends.base import Backend, Exit
 from .executor import Executor
 from .journal import Journal
-from .model import ReplicaState, restore_strategy
-from .planner import plan
-from .spec import ServiceSpec
-from .state import ServiceState
-from .store import Store
-from .transitions import (
+from .planning.actions import Action, BeginRollout, Forget, Start, WakeAt
+from .planning.analysis import NO_TRAFFIC, Counts, Traffic
+from .planning.autoscaler import Sample
+from .planning.model import ReplicaState, restore_strategy
+from .planning.planner import plan
+from .planning.transitions import (
     Change,
     Counted,
     Exited,
@@ -45,6 +42,9 @@ from .transitions import (
     intend,
     observe,
 )
+from .spec import ServiceSpec
+from .state import ServiceState
+from .store import Store
 
 log = logging.getLogger(__name__)
 

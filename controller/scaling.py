@@ -1,5 +1,5 @@
 """The autoscaling part of a service spec: ``replicas`` as a range, ``scaling``, and what the
-autoscaler (``controller.autoscaler``) works with for one service (``Autoscaling``).
+autoscaler (``controller.planning.autoscaler``) works with for one service (``Autoscaling``).
 
 A plain count keeps its meaning (fixed); ``{min, max}`` or ``"min..max"`` makes the service
 autoscaled within that range, on ``scaling``'s metric and target.
@@ -41,7 +41,7 @@ class ReplicaRange(Model):
 
 
 class ScalingConfig(Model):
-    """How the autoscaler reads a service's traffic (``controller.autoscaler``)."""
+    """How the autoscaler reads a service's traffic (``controller.planning.autoscaler``)."""
 
     metric: ScalingMetric = "concurrency"
     """``concurrency`` reads long streams as the load they are; ``rps`` counts completions."""

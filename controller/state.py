@@ -1,7 +1,7 @@
 """One service's control state: what the user asked, what was observed, and its loop's handles.
 
 The reconciler is the only writer of ``desired`` and ``observed``: it passes them through the
-pure transitions (``controller.transitions``) and stores what they return. Everything else
+pure transitions (``controller.planning.transitions``) and stores what they return. Everything else
 (the admin API, metrics, the executor) reads them. Mutated only on the event loop.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from .model import Desired, Observed, Replica
+from .planning.model import Desired, Observed, Replica
 from .spec import ServiceSpec
 
 

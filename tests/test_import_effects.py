@@ -68,7 +68,7 @@ print(json.dumps(seen()))
 """
 )
 
-MODULES = ("gateway", "controller.planner", "gateway.workers.worker")
+MODULES = ("gateway", "controller.planning.planner", "gateway.workers.worker")
 
 
 def run(program: str, *modules: str) -> dict[str, object]:

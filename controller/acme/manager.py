@@ -32,8 +32,8 @@ from gateway import RouteConfig
 
 from ..config import AcmeConfig
 from ..journal import Entry, Journal
-from ..model import EventKind
 from ..operations import Controller
+from ..planning.model import EventKind
 from .errors import AcmeError
 from .schedule import Demand, HostState, Policy, demand, next_step, renewal_time
 from .store import AcmeStore, StoredCertificate

@@ -25,8 +25,8 @@ from .. import documents
 from ..config import format_validation_error
 from ..errors import Conflict, DocumentError, NotFound, SpecError
 from ..journal import HISTORY, Entry
-from ..model import LEAVING, Rollout
 from ..operations import Controller
+from ..planning.model import LEAVING, Rollout
 from ..spec import ServiceSpec
 from .openapi import YAML_TYPES, Operation, Query, build_document
 from .schemas import (

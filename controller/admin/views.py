@@ -15,12 +15,12 @@ from aiohttp import web
 
 from gateway import Upstream
 
-from .. import planner, steps
 from ..acme import AcmeManager
 from ..acme.manager import CertificateStatus
 from ..backends import Backend
-from ..model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
 from ..operations import Controller
+from ..planning import planner, steps
+from ..planning.model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
 from ..state import ServiceState
 from ..store import RevisionRow, RolloutRow
 from .openapi import Operation

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.autoscaler import Sample
+from controller.planning.autoscaler import Sample
 
 
 @dataclass(frozen=True, slots=True)

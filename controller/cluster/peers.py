@@ -19,12 +19,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from controller.autoscaler import Sample
 from controller.cluster.demand import DemandTable
 from controller.cluster.feed import RETRY, Feed
 from controller.cluster.membership import NodeReport, PeerTable
 from controller.cluster.pools import reports_key
 from controller.etcd import EtcdClient
+from controller.planning.autoscaler import Sample
 from controller.tasks import cancel_task, guarded_task
 from gateway import Pool
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Final
 
 from controller.errors import Conflict, NotFound
-from controller.model import RolloutKind
+from controller.planning.model import RolloutKind
 
 from . import migrations
 from .database import Database

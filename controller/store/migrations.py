@@ -98,7 +98,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     ),
     (
         # A staged rollout's strategy state (step, weight, promotion, its times, the last
-        # analysis), JSON as ``controller.model.strategy_state`` writes it: a canary in
+        # analysis), JSON as ``controller.planning.model.strategy_state`` writes it: a canary in
         # progress goes on at its step after a restart. NULL: none kept (a rolling update of
         # an older controller).
         "ALTER TABLE rollouts ADD COLUMN strategy_json TEXT",

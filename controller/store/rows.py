@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
-from controller.model import RolloutKind
+from controller.planning.model import RolloutKind
 
 RolloutStatus = Literal[
     "progressing", "paused", "complete", "failed", "aborted", "superseded", "rolled_back"
@@ -61,7 +61,7 @@ class RolloutRow:
     started_at: float
     finished_at: float | None
     strategy_json: str | None = None
-    """How it moves, as ``controller.model.strategy_state`` writes it; None: not kept."""
+    """How it moves, as ``controller.planning.model.strategy_state`` writes it; None: not kept."""
 
     @property
     def active(self) -> bool:

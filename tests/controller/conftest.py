@@ -12,8 +12,8 @@ import pytest
 
 from controller.backends import FakeBackend
 from controller.journal import Journal
-from controller.model import ReplicaState
 from controller.operations import Controller
+from controller.planning.model import ReplicaState
 from controller.store import Store
 from gateway import Health, Pool
 from tests.admin_client import admin_client  # noqa: F401 - a fixture of the admin API tests

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from controller.actions import (
+from controller.planning.actions import (
     AbandonRollout,
     Action,
     BeginRollout,
@@ -25,14 +25,12 @@ from controller.actions import (
     Start,
     WakeAt,
 )
-from controller.analysis import Counts, Traffic
-from controller.autoscaler import Sample
-from controller.model import Desired, Intent, Observed, Replica, Rollout, RolloutStatus
-from controller.model import ReplicaState as S
-from controller.planner import plan
-from controller.scaling import Autoscaling
-from controller.spec import RolloutStrategy
-from controller.transitions import (
+from controller.planning.analysis import Counts, Traffic
+from controller.planning.autoscaler import Sample
+from controller.planning.model import Desired, Intent, Observed, Replica, Rollout, RolloutStatus
+from controller.planning.model import ReplicaState as S
+from controller.planning.planner import plan
+from controller.planning.transitions import (
     AskPromote,
     Change,
     Configure,
@@ -52,6 +50,8 @@ from controller.transitions import (
     intend,
     observe,
 )
+from controller.scaling import Autoscaling
+from controller.spec import RolloutStrategy
 
 RUNNING = frozenset({S.STARTING, S.READY, S.UNHEALTHY})
 """States whose process runs, so it can exit or be probed."""

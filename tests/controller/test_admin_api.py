@@ -20,7 +20,7 @@ from controller.admin.app import build_admin_app, is_loopback
 from controller.admin.openapi import Operation
 from controller.documents import MAX_DEPTH, MAX_NODES
 from controller.journal import Journal
-from controller.model import ReplicaState
+from controller.planning.model import ReplicaState
 from gateway import Health
 from tests.admin_client import AdminClient, AdminClientFactory
 from tests.bombs import BOMBS, FLAT_MIB

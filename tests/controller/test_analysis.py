@@ -1,4 +1,4 @@
-"""The analysis of a canary's window of counts (``controller.analysis``): table tests."""
+"""The analysis of a canary's window of counts (``controller.planning.analysis``): table tests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.analysis import Counts, Traffic, judge, quantile
+from controller.planning.analysis import Counts, Traffic, judge, quantile
 from controller.spec import AnalysisConfig
 
 BOUNDS = (0.01, 0.05, 0.1, 0.5, 1.0)

@@ -1,4 +1,4 @@
-"""The autoscaler (``controller/autoscaler.py``) on a fake clock: tables, then Hypothesis
+"""The autoscaler (``controller/planning/autoscaler.py``) on a fake clock: tables, then Hypothesis
 properties over generated load histories. Nothing sleeps: ``now`` is a number."""
 
 from __future__ import annotations
@@ -11,9 +11,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.autoscaler import Decision, Memory, Sample, changed, desired, load, remember
 from controller.errors import SpecError
 from controller.operations import validate_spec
+from controller.planning.autoscaler import (
+    Decision,
+    Memory,
+    Sample,
+    changed,
+    desired,
+    load,
+    remember,
+)
 from controller.scaling import COLD_START_QUEUE_TIMEOUT, Autoscaling
 
 

@@ -28,7 +28,7 @@ import yaml
 from controller import cli
 from controller.config import load_config
 from controller.main import build_parser, cli_main
-from controller.model import ReplicaState
+from controller.planning.model import ReplicaState
 from controller.serving import Gateway, run_gateway
 from tests.ports import free_port
 

@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from controller.autoscaler import Sample
 from controller.cluster.demand import Demand, DemandTable
 from controller.cluster.membership import Member, NodeReport, PoolRecord, report_of
 from controller.cluster.peers import Peers
 from controller.cluster.pools import Follower, pools_key
 from controller.etcd import EtcdClient
+from controller.planning.autoscaler import Sample
 from gateway import Health, Pool
 from tests.controller.test_cluster_pools import routing
 from tests.etcd_cluster import EtcdCluster

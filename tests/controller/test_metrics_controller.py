@@ -19,7 +19,7 @@ from controller.metrics import (
     exit_reason,
     register,
 )
-from controller.model import ReplicaState
+from controller.planning.model import ReplicaState
 from tests.needs import missing
 
 from .conftest import Harness, spec

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.actions import (
+from controller.planning.actions import (
     AbandonRollout,
     Action,
     BeginRollout,
@@ -29,8 +29,8 @@ from controller.actions import (
     Undrain,
     WakeAt,
 )
-from controller.autoscaler import Memory, Sample
-from controller.model import (
+from controller.planning.autoscaler import Memory, Sample
+from controller.planning.model import (
     Backoff,
     Intent,
     Observed,
@@ -40,7 +40,7 @@ from controller.model import (
     RolloutKind,
     RolloutStatus,
 )
-from controller.planner import Desired, backoff_delay, fmt_seconds, plan
+from controller.planning.planner import Desired, backoff_delay, fmt_seconds, plan
 from controller.scaling import Autoscaling
 from controller.spec import RolloutStrategy
 

@@ -14,12 +14,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.actions import Drain, Rescale, SetDegraded
-from controller.autoscaler import Sample
-from controller.model import ReplicaState
+from controller.planning.actions import Drain, Rescale, SetDegraded
+from controller.planning.autoscaler import Sample
+from controller.planning.model import ReplicaState
+from controller.planning.transitions import Sampled, observe
 from controller.scaling import Autoscaling
 from controller.spec import RolloutStrategy
-from controller.transitions import Sampled, observe
 
 from .simulation import World
 from .test_planner_properties import happen, plan_and_check, settle

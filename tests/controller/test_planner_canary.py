@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.actions import SetSplit, SetWeight
-from controller.analysis import NO_TRAFFIC
-from controller.model import (
+from controller.planning.actions import SetSplit, SetWeight
+from controller.planning.analysis import NO_TRAFFIC
+from controller.planning.model import (
     ReplicaState,
     Rollout,
     RolloutStatus,
@@ -265,8 +265,8 @@ def test_a_rolling_update_promoted_starts_every_replica_at_once() -> None:
 
 
 def _preview(w: World, revision: int, n: int) -> None:
-    from controller.analysis import Counts, Traffic
-    from controller.transitions import Counted
+    from controller.planning.analysis import Counts, Traffic
+    from controller.planning.transitions import Counted
 
     before = w.counts.get(revision, Counts(0, 0, (0, 0)))
     w.counts[revision] = Counts(before.requests + n, before.errors, (before.latency[0] + n, 0))

@@ -42,8 +42,8 @@ import pytest
 from hypothesis import currently_in_test_context, event, example, given, settings
 from hypothesis import strategies as st
 
-from controller import planner
-from controller.actions import (
+from controller.planning import planner
+from controller.planning.actions import (
     Action,
     BeginRollout,
     CompleteRollout,
@@ -60,8 +60,8 @@ from controller.actions import (
     Stop,
     WakeAt,
 )
-from controller.model import Backoff, Observed, Replica, ReplicaState, RolloutStatus
-from controller.planner import PAUSED_BY_REQUEST, backoff_delay, plan
+from controller.planning.model import Backoff, Observed, Replica, ReplicaState, RolloutStatus
+from controller.planning.planner import PAUSED_BY_REQUEST, backoff_delay, plan
 from controller.spec import RolloutStrategy
 
 from .simulation import MAX_REPLANS, World
@@ -1069,7 +1069,7 @@ def test_a_give_up_that_spends_the_retries_fails_the_rollout_at_once():
 
 @contextmanager
 def mutated(name: str, replacement: Callable[..., Any]) -> Iterator[None]:
-    """``controller.planner.<name>`` replaced for the duration (the planner looks its
+    """``controller.planning.planner.<name>`` replaced for the duration (the planner looks its
     helpers up by name at each call)."""
     mp = pytest.MonkeyPatch()
     mp.setattr(planner, name, replacement)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from controller.errors import Conflict, NoCapacity, SpecError
-from controller.model import ReplicaState, RolloutStatus
+from controller.planning.model import ReplicaState, RolloutStatus
 from gateway import Health, ProbeResult
 
 from .conftest import Harness, spec

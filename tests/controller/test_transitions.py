@@ -1,4 +1,4 @@
-"""``controller/transitions.py``: decisions, observations and intents, one table each.
+"""``controller/planning/transitions.py``: decisions, observations and intents, one table each.
 
 Pure: every test builds a ``(desired, observed)`` pair, applies one input at a literal
 instant and checks the new pair and the journal entries.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.actions import (
+from controller.planning.actions import (
     AbandonRollout,
     Action,
     BeginRollout,
@@ -27,8 +27,8 @@ from controller.actions import (
     Undrain,
     WakeAt,
 )
-from controller.autoscaler import Sample
-from controller.model import (
+from controller.planning.autoscaler import Sample
+from controller.planning.model import (
     Backoff,
     Desired,
     Observed,
@@ -38,9 +38,7 @@ from controller.model import (
     RolloutKind,
     RolloutStatus,
 )
-from controller.scaling import Autoscaling
-from controller.spec import RolloutStrategy
-from controller.transitions import (
+from controller.planning.transitions import (
     KEEP_TERMINAL,
     Configure,
     Delete,
@@ -60,6 +58,8 @@ from controller.transitions import (
     intend,
     observe,
 )
+from controller.scaling import Autoscaling
+from controller.spec import RolloutStrategy
 
 S = ReplicaState
 NOW = 50.0

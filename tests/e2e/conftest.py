@@ -31,7 +31,7 @@ import pytest
 
 from controller.backends.base import Launch, Running
 from controller.config import load_config
-from controller.model import ReplicaState
+from controller.planning.model import ReplicaState
 from controller.serving import Gateway, run_gateway
 from controller.state import ServiceState
 

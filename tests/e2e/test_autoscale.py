@@ -25,7 +25,7 @@ import pytest
 
 from controller.admin.views import service_view
 from controller.cli.render import service_detail, service_table
-from controller.model import ReplicaState
+from controller.planning.model import ReplicaState
 
 from .conftest import Gateways, Handle, Load, spec, until
 

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from controller.model import ReplicaState
+from controller.planning.model import ReplicaState
 
 from .conftest import Gateways, Load, Watch, alive, serving, spec, until
 

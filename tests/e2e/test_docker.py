@@ -24,7 +24,7 @@ import pytest
 from controller.admin.views import host_views
 from controller.backends.docker import EngineClient
 from controller.cli.render import host_table
-from controller.model import ReplicaState
+from controller.planning.model import ReplicaState
 from controller.store import Store
 from tests.controller.test_backend_docker import (
     ENGINE,

@@ -7,7 +7,7 @@ throughout.
 
 from __future__ import annotations
 
-from controller.model import ReplicaState
+from controller.planning.model import ReplicaState
 
 from .conftest import PROBE, SERVER, Gateways, Load, Watch, alive, serving, spec, until
 

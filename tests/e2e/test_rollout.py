@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.model import ReplicaState
+from controller.planning.model import ReplicaState
 
 from .conftest import Gateways, Load, Watch, alive, serving, spec, until
 

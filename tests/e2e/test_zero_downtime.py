@@ -27,8 +27,8 @@ import pytest
 from bench.zero_downtime import SHORT, Row, run_scenarios
 from controller.backends import FakeBackend
 from controller.journal import Journal
-from controller.model import ReplicaState
 from controller.operations import Controller
+from controller.planning.model import ReplicaState
 from controller.store import Store
 from gateway import Health, Pool
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..spec import StrategyName
 from .analysis import Outcome
 from .model import AbandonedAs, RolloutKind
-from .spec import StrategyName
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +144,7 @@ class NextStep:
 
 @dataclass(frozen=True, slots=True)
 class Judge:
-    """The analysis judged the step's window (``controller.analysis``)."""
+    """The analysis judged the step's window (``controller.planning.analysis``)."""
 
     rollout_id: int
     outcome: Outcome

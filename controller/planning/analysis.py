@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .spec import AnalysisConfig
+from ..spec import AnalysisConfig
 
 Outcome = Literal["pass", "fail", "wait"]
 

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import math
 
+from ..spec import RolloutStrategy
 from . import analysis
 from .actions import Action, Judge, NextStep, SetWeight
 from .model import Desired, Observed, Rollout, RolloutStatus
-from .spec import RolloutStrategy
 
 PAUSED_BY_REQUEST = "paused by request"
 

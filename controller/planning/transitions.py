@@ -21,6 +21,8 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..scaling import Autoscaling
+from ..spec import RolloutStrategy
 from .actions import (
     AbandonRollout,
     Action,
@@ -59,8 +61,6 @@ from .model import (
     Rollout,
     RolloutStatus,
 )
-from .scaling import Autoscaling
-from .spec import RolloutStrategy
 
 KEEP_TERMINAL = 20
 """Stopped and failed replicas kept per service for status and the planner's history."""

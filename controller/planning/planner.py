@@ -38,14 +38,14 @@ Rules (docs/architecture.md), with D = desired replicas and T = the target revis
 10. The target at full strength with no rollout in progress serves, and is what a later
     failed rollout returns to, though no rollout to it completed (a first rollout that
     failed and came up on a retry; a rollback that failed, then came up).
-11. An autoscaled service's desired count is the autoscaler's (``controller.autoscaler``),
+11. An autoscaled service's desired count is the autoscaler's (``controller.planning.autoscaler``),
     decided first from the traffic samples and applied as a ``Rescale``; the rest of the plan
     works to that count. A scale-down drains the replicas that disturb least: not ready
     first, then the fewest requests in flight, newest first.
-12. A canary or blue/green rollout moves by steps and traffic weights (``controller.steps``,
-    its rules a to f), judged by the analysis of the gateway's own counts
-    (``controller.analysis``); the pool's split follows the rollout's weight. A failed
-    analysis fails the rollout as rule 3 does, the weight back to 0 at once.
+12. A canary or blue/green rollout moves by steps and traffic weights
+    (``controller.planning.steps``, its rules a to f), judged by the analysis of the gateway's
+    own counts (``controller.planning.analysis``); the pool's split follows the rollout's
+    weight. A failed analysis fails the rollout as rule 3 does, the weight back to 0 at once.
 
 Starts are bounded by ``D + max_surge`` over live and leaving replicas together (a replica
 that is draining still holds a backend slot; counting it keeps a full fleet from failing the
@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ..spec import RolloutStrategy
 from . import autoscaler, steps
 from .actions import (
     AbandonRollout,
@@ -89,7 +90,6 @@ from .model import (
     RolloutKind,
     RolloutStatus,
 )
-from .spec import RolloutStrategy
 
 __all__ = ["Desired", "backoff_delay", "fmt_seconds", "plan", "retry_at"]
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, get_args
 
+from ..scaling import Autoscaling
+from ..spec import RolloutStrategy, StrategyName
 from .analysis import NO_TRAFFIC, Outcome, Traffic
 from .autoscaler import Memory, Sample
-from .scaling import Autoscaling
-from .spec import RolloutStrategy, StrategyName
 
 RolloutKind = Literal["rollout", "rollback", "undo"]
 """``rollout``: to a new target (an apply); ``rollback``: back to the revision a failed or
@@ -184,7 +184,7 @@ class Rollout:
     """Target-revision replicas that failed during this rollout."""
     reason: str = ""
     strategy: StrategyName = "rolling"
-    """How it moves (``controller.steps``): a rollback and an undo are rolling."""
+    """How it moves (``controller.planning.steps``): a rollback and an undo are rolling."""
     step: int = 0
     """Canary: the index of the current step; blue/green: 0 before the switch, 1 after."""
     step_since: float | None = None

@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from .scaling import Autoscaling
+from ..scaling import Autoscaling
 
 __all__ = ["Decision", "Memory", "Sample", "changed", "desired", "horizon", "load", "remember"]
 
