@@ -29,6 +29,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from ..unreachable import unreachable_reason
 from .handlers import ApiError
 from .openapi import Operation
 from .origin import BROWSER_HEADERS
@@ -161,7 +162,7 @@ async def _forward(
         raise ApiError(
             503,
             "leader_unreachable",
-            f"the leader {leader.name} ({leader.address}) did not answer: {e}",
+            f"the leader {leader.name} ({leader.address}) did not answer: {unreachable_reason(e)}",
             headers={"Retry-After": "2"},
         ) from None
     async with upstream:

@@ -8,44 +8,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 
+from ..unreachable import unreachable_reason
 from .exits import EXIT_FAILED, EXIT_UNUSABLE, CliError
 from .target import REQUEST_TIMEOUT, TOKEN_ENV, Target
-
-
-def unreachable_reason(error: BaseException) -> str:
-    """Why a request had no answer, in a user's words: ``connection refused``. (aiohttp's own
-    text names its connector's TLS setting, ``ssl:default``, for plain HTTP too.)"""
-    if isinstance(error, aiohttp.ClientConnectorCertificateError):
-        return f"its certificate is not trusted: {error.certificate_error}"
-    if isinstance(error, aiohttp.ClientConnectorDNSError):
-        return f"no such host: {error.host}"
-    if isinstance(error, aiohttp.ClientSSLError):
-        return f"TLS failed: {error.os_error}"
-    if isinstance(error, aiohttp.ClientConnectorError):
-        return _os_reason(error.os_error)
-    if isinstance(error, aiohttp.ServerDisconnectedError):
-        return "it closed the connection without an answer"
-    if isinstance(error, TimeoutError):
-        return "no answer in time"
-    if isinstance(error, OSError) and not isinstance(error, aiohttp.ClientError):
-        return _os_reason(error)
-    return str(error) or type(error).__name__
-
-
-def _os_reason(error: OSError) -> str:
-    """``connection refused``: the system's words for its errno (asyncio's text is
-    ``Connect call failed ('127.0.0.1', 8081)`` whatever the cause)."""
-    if not error.errno or error.errno < 0:
-        return str(error) or type(error).__name__
-    text = os.strerror(error.errno)
-    return text[:1].lower() + text[1:]
 
 
 class Client:

@@ -20,6 +20,7 @@ from controller.admin.app import AdminServer, build_admin_app
 from controller.admin.cluster import NodeInfo, cluster_middleware
 from controller.admin.openapi import Operation
 from tests.admin_client import AdminClient, AdminClientFactory
+from tests.ports import free_port
 
 from .conftest import Harness, spec
 
@@ -349,6 +350,23 @@ async def test_a_follower_forwards_api_requests_to_the_leader(
     response = await lost.get("/api/services", headers=AUTH)
     assert (response.status, response.headers["Retry-After"]) == (503, "2")
     assert (await response.json())["error"] == "no_leader"
+
+
+async def test_a_leader_that_does_not_answer_is_said_in_words(
+    h: Harness, admin_client: AdminClientFactory, session: aiohttp.ClientSession
+) -> None:
+    address = f"http://127.0.0.1:{free_port()}"
+    membership = Membership("b", False, NodeInfo("a", address, True, 0.0))
+    middleware = cluster_middleware(membership, lambda: session)
+    follower = await admin_client(
+        build_admin_app(h.controller, lambda: True, TOKEN, middlewares=[middleware])
+    )
+    response = await follower.get("/api/services", headers=AUTH)
+    assert (response.status, response.headers["Retry-After"]) == (503, "2")
+    body = await response.json()
+    assert body["error"] == "leader_unreachable"
+    # Before: "... did not answer: Cannot connect to host 127.0.0.1:N ssl:default [...]".
+    assert body["message"] == f"the leader a ({address}) did not answer: connection refused"
 
 
 def test_the_settings_are_the_admin_listeners() -> None:

@@ -233,7 +233,7 @@ async def test_an_unreachable_gateway_is_said_in_words() -> None:
     # Before: "Cannot connect to host 127.0.0.1:N ssl:default [Connect call failed (...)]".
     assert refused.value.message == f"cannot connect to the gateway at {url}: connection refused"
     assert refused.value.code == cli.EXIT_UNUSABLE
-    from controller.cli.client import unreachable_reason
+    from controller.unreachable import unreachable_reason
 
     assert unreachable_reason(TimeoutError()) == "no answer in time"
     assert unreachable_reason(OSError(errno.EHOSTUNREACH, "x")) == "no route to host"

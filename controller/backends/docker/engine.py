@@ -22,6 +22,8 @@ from urllib.parse import quote, urlsplit
 
 import aiohttp
 
+from ...unreachable import unreachable_reason
+
 API_VERSION = "v1.41"
 """Docker 20.10's API; later engines serve it too (their minimum is 1.24)."""
 CONNECT_TIMEOUT = 5.0
@@ -135,7 +137,7 @@ class EngineClient:
         except (aiohttp.ClientConnectionError, OSError, TimeoutError) as exc:
             # TLS refused either way (a certificate not trusted) is a ClientConnectionError too:
             # the engine is out of reach until the files or the engine change.
-            raise EngineUnreachable(f"engine {self.engine}: {_describe(exc)}") from exc
+            raise EngineUnreachable(f"engine {self.engine}: {unreachable_reason(exc)}") from exc
         if status < 300 or status in ok:
             return status, data
         raise EngineError(f"engine {self.engine}: {_message(data) or status}", status)
@@ -178,7 +180,7 @@ class EngineClient:
                     if progress is not None:
                         progress(message)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
-            raise EngineUnreachable(f"engine {self.engine}: {_describe(exc)}") from exc
+            raise EngineUnreachable(f"engine {self.engine}: {unreachable_reason(exc)}") from exc
 
     async def create(self, name: str, config: dict[str, Any]) -> str:
         _, data = await self._call("POST", "/containers/create", params={"name": name}, body=config)
@@ -250,7 +252,7 @@ class EngineClient:
                 REQUEST_TIMEOUT,
             )
         except (aiohttp.ClientConnectionError, OSError, TimeoutError) as exc:
-            raise EngineUnreachable(f"engine {self.engine}: {_describe(exc)}") from exc
+            raise EngineUnreachable(f"engine {self.engine}: {unreachable_reason(exc)}") from exc
         if response.status >= 300:
             data = await response.read()
             response.release()
@@ -279,7 +281,7 @@ class EventStream:
                     if isinstance(event, dict):
                         yield event
         except (aiohttp.ClientError, OSError) as exc:
-            why = _describe(exc)
+            why = unreachable_reason(exc)
             raise EngineUnreachable(f"engine {self._engine}: event stream lost: {why}") from exc
 
     def close(self) -> None:
@@ -308,9 +310,3 @@ def _message(data: bytes) -> str:
     if isinstance(doc, dict) and isinstance(doc.get("message"), str):
         return str(doc["message"])
     return str(doc)[:300]
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "no answer (timeout)"
-    return str(exc) or type(exc).__name__
