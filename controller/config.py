@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -28,7 +28,7 @@ from . import documents
 from .cluster.config import NodeConfig, StateConfig
 from .errors import DocumentError, DocumentTooLarge
 from .schema import Model
-from .spec import NAME_PATTERN, ServiceSpec
+from .spec import GPU_ID_PATTERN, NAME_PATTERN, ServiceSpec
 
 
 class ConfigError(Exception):
@@ -81,6 +81,23 @@ class DockerCapacity(Model):
     """Most replicas on the host at once; beyond it placement looks elsewhere."""
     gpus: int = Field(default=0, ge=0, le=1024)
     """GPUs for replicas that ask for some (``replica.gpus``); 0: none is placed here."""
+    gpu_ids: tuple[Annotated[str, Field(pattern=GPU_ID_PATTERN)], ...] = Field(
+        default=(), max_length=1024
+    )
+    """Their device ids (UUIDs, say); empty: the indexes ``0`` to ``gpus - 1``."""
+
+    @model_validator(mode="after")
+    def _ids_counted(self) -> DockerCapacity:
+        if self.gpu_ids and self.gpus not in (0, len(self.gpu_ids)):
+            raise ValueError(f"gpus: {self.gpus}, but {len(self.gpu_ids)} gpu_ids")
+        if len(set(self.gpu_ids)) != len(self.gpu_ids):
+            raise ValueError("gpu_ids: a device id is listed twice")
+        return self
+
+    @property
+    def devices(self) -> int:
+        """How many GPUs the host has."""
+        return len(self.gpu_ids) or self.gpus
 
 
 def _absolute_file(value: str) -> str:

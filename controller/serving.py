@@ -441,7 +441,8 @@ def docker_backend(config: GatewayConfig, instance: str) -> DockerBackend:
             h.address,
             h.capacity.replicas,
             h.ports,
-            gpus=h.capacity.gpus,
+            gpus=h.capacity.devices,
+            gpu_ids=h.capacity.gpu_ids,
             tls=None if h.tls is None else EngineTls(**h.tls.model_dump()),
             ssh=None if h.ssh is None else SshOptions(**h.ssh.model_dump()),
         )

@@ -36,7 +36,8 @@ from controller.backends.docker import (
     ssh_command,
 )
 from controller.backends.docker.container import container_config
-from controller.backends.docker.placement import HostLoad
+from controller.backends.docker.hosts import ReplicaRecord
+from controller.backends.docker.placement import HostLoad, gpus_for
 from controller.errors import NoCapacity, StartFailed
 from controller.metrics import DockerHostMetrics
 from controller.spec import ReplicaTemplate
@@ -429,6 +430,71 @@ async def test_the_backend_places_by_free_gpus(tmp_path: object) -> None:
         plain = [backend._load(h, launch("r1")) for h in backend._hosts.values()]
         assert [h.gpus_needed for h in plain] == [0, 0]
     finally:
+        await backend.close()
+
+
+def test_gpus_are_given_by_device_id() -> None:
+    free = ("0", "2", "3")
+    assert gpus_for(free, 2) == ("0", "2")  # a count: the lowest free, in the host's order
+    assert gpus_for(free, 4) is None
+    assert gpus_for(free, 2, ("3", "2")) == ("3", "2")  # named devices: exactly those
+    assert gpus_for(free, 2, ("1", "2")) is None  # 1 is held
+    assert gpus_for((), 1) is None
+
+
+def test_placement_by_device_ids_says_which_are_not_free() -> None:
+    def load(name: str, free: tuple[str, ...], asked: tuple[str, ...] = ()) -> HostLoad:
+        needed = len(asked) or 1
+        return HostLoad(name, 4, 4 - len(free), True, 0, 0, 4, 4 - len(free), needed, free, asked)
+
+    # The count says 2 free on each; only b has device 1 free.
+    assert place([load("a", ("0", "3"), ("1",)), load("b", ("1", "2"), ("1",))]) == "b"
+    none = place([load("a", ("0", "3"), ("1", "3")), load("b", (), ("1",))])
+    assert isinstance(none, NoRoom)
+    assert none.reason == (
+        "no capacity: 2 of 2 hosts full or short of GPUs (a: GPU 1 not free, b: 4 of 4)"
+    )
+
+
+async def test_the_backend_holds_gpus_per_device_until_the_exit() -> None:
+    """Each replica holds device ids, given to its container (DeviceIDs, label gateway.gpus)
+    and read back at adoption; its exit frees them."""
+    host = DockerHost("a", "unix:///nowhere", gpus=4)
+    backend = DockerBackend([host], "instance")
+    record = backend._hosts["a"]
+    loop = asyncio.get_running_loop()
+
+    def hold(rid: str, **template: object) -> ReplicaRecord:
+        replica = ReplicaRecord(launch(rid, **template), record, 0, loop.create_future())
+        replica.gpus = backend._gpus(record, replica.launch)
+        record.replicas[rid] = replica
+        return replica
+
+    try:
+        assert hold("r1", gpus=2).gpus == ("0", "1")
+        assert hold("r2", gpus=["3"]).gpus == ("3",)
+        assert hold("r3", gpus=1).gpus == ("2",)
+        full = backend._load(record, launch("r4", gpus=1))
+        assert full.gpus_short
+        assert full.gpus_in_use == 4
+        assert backend._load(record, launch("r4", gpus="all")).gpus_short
+        del record.replicas["r1"]  # its exit reported: devices 0 and 1 free again
+        assert backend._gpus(record, launch("r4", gpus=["1"])) == ("1",)
+        config = container_config(launch("r4", gpus=2), "127.0.0.1", 21000, {}, ("0", "1"))
+        assert config["HostConfig"]["DeviceRequests"] == [
+            {"Driver": "nvidia", "Capabilities": [["gpu"]], "DeviceIDs": ["0", "1"]}
+        ]
+        assert config["Labels"]["gateway.gpus"] == "0,1"
+        # Adoption reads the devices back from the container's label.
+        labels = {"gateway.replica": "r5", "gateway.gpus": "0,1"}
+        record.listing = {"c5": {"State": "running", "Labels": labels}}
+        adopted = backend.adopt(launch("r5", gpus=2), {"host": "a", "container": "c5", "port": 1})
+        assert adopted is not None
+        assert adopted.handle["gpus"] == ["0", "1"]
+        assert record.replicas["r5"].gpus == ("0", "1")
+        assert backend._free_gpus(record) == ()  # r2: 3, r3: 2, r5: 0 and 1
+    finally:
+        record.replicas.clear()
         await backend.close()
 
 

@@ -20,7 +20,12 @@ def write(tmp_path: Path, config: dict[str, object]) -> Path:
 def test_docker_hosts_are_read_with_their_defaults(tmp_path: Path) -> None:
     hosts = [
         {"name": "a", "engine": "unix:///var/run/docker.sock", "capacity": {"replicas": 2}},
-        {"name": "gpu-1", "engine": "tcp://10.0.0.7:2375", "address": "10.0.0.7"},
+        {
+            "name": "gpu-1",
+            "engine": "tcp://10.0.0.7:2375",
+            "address": "10.0.0.7",
+            "capacity": {"gpu_ids": ["GPU-a", "GPU-b"]},
+        },
     ]
     loaded = load_config(write(tmp_path, {"backends": {"docker": {"hosts": hosts}}}))
     docker = loaded.config.backends.docker
@@ -30,6 +35,8 @@ def test_docker_hosts_are_read_with_their_defaults(tmp_path: Path) -> None:
     assert (gpu.address, gpu.capacity.replicas) == ("10.0.0.7", 8)
     backend = docker_backend(loaded.config, "instance")
     assert (backend.capacity, backend.in_use) == (10, 0)
+    devices = [(h.config.gpus, h.config.devices) for h in backend._hosts.values()]
+    assert devices == [(0, ()), (2, ("GPU-a", "GPU-b"))]
 
 
 def test_orphan_grace_is_read_and_reaches_the_backend(tmp_path: Path) -> None:
@@ -75,6 +82,14 @@ def test_without_backends_docker_there_is_none(tmp_path: Path) -> None:
             "backends.docker.hosts.0.ssh.socket",
         ),
         ({"hosts": [{"name": "a", "capacity": {"gpus": -1}}]}, "capacity.gpus"),
+        (
+            {"hosts": [{"name": "a", "capacity": {"gpus": 3, "gpu_ids": ["GPU-a", "GPU-b"]}}]},
+            "backends.docker.hosts.0.capacity: gpus: 3, but 2 gpu_ids",
+        ),
+        (
+            {"hosts": [{"name": "a", "capacity": {"gpu_ids": ["GPU-a", "GPU-a"]}}]},
+            "capacity: gpu_ids: a device id is listed twice",
+        ),
         (
             {"hosts": [{"name": "a", "engine": "tcp://h"}]},
             "backends.docker.hosts.0.engine: must be unix:///PATH, tcp://HOST:PORT or ssh://",

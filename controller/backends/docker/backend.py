@@ -50,7 +50,7 @@ from .container import LABEL, container_config, container_name, exit_reason, sig
 from .engine import EngineClient, EngineError, EngineUnreachable
 from .hosts import DockerHost, HostListener, HostRecord, HostState, ReplicaRecord
 from .orphans import sweep
-from .placement import HostLoad, NoRoom, place
+from .placement import HostLoad, NoRoom, gpus_for, place
 from .pulling import PullProgress
 from .tunnel import SshOptions, Tunnel
 from .watch import HostWatcher
@@ -199,11 +199,12 @@ class DockerBackend:
         if isinstance(chosen, NoRoom):
             raise NoCapacity(chosen.reason, retry_after=NO_CAPACITY_RETRY_AFTER)
         host = self._hosts[chosen]
-        # Hold the slot and the port before the first await: concurrent starts must not both
-        # take the last slot or the same port.
+        # Hold the slot, the port and the GPUs before the first await: concurrent starts must
+        # not both take the last slot, the same port or the same device.
         replica = ReplicaRecord(
             launch, host, self._allocate_port(host), asyncio.get_running_loop().create_future()
         )
+        replica.gpus = self._gpus(host, launch)
         host.replicas[rid] = replica
         try:
             await self._ensure_image(host, template, launch.service)
@@ -271,6 +272,14 @@ class DockerBackend:
         replica = ReplicaRecord(launch, host, port, asyncio.get_running_loop().create_future())
         replica.container = container
         replica.verified = host.listing is not None
+        # The devices it holds: as its label says (the handle's word while unverified).
+        if host.listing is not None:
+            held = str(
+                ((host.listing.get(container) or {}).get("Labels") or {}).get(LABEL + "gpus") or ""
+            )
+            replica.gpus = tuple(g for g in held.split(",") if g)
+        else:
+            replica.gpus = tuple(str(g) for g in handle.get("gpus") or ())
         replica.started.set()
         host.replicas[rid] = replica
         log.info(
@@ -358,10 +367,24 @@ class DockerBackend:
 
     # -- starting ---------------------------------------------------------------------------
 
+    def _free_gpus(self, host: HostRecord) -> tuple[str, ...]:
+        held = {g for r in host.replicas.values() for g in r.gpus}
+        return tuple(g for g in host.config.devices if g not in held)
+
+    def _gpus(self, host: HostRecord, launch: Launch) -> tuple[str, ...]:
+        """The device ids the launch gets on its host (placement found them free)."""
+        load = self._load(host, launch)
+        if not load.gpus_needed:
+            return ()
+        ids = gpus_for(self._free_gpus(host), load.gpus_needed, load.gpus_asked)
+        assert ids is not None
+        return ids
+
     def _load(self, host: HostRecord, launch: Launch) -> HostLoad:
         mine = [r for r in host.replicas.values() if r.launch.service == launch.service]
         gpus = host.config.gpus
         needed = gpu_count(launch.template.gpus, gpus)
+        asked = launch.template.gpus
         return HostLoad(
             name=host.name,
             capacity=host.config.capacity,
@@ -370,11 +393,11 @@ class DockerBackend:
             service_replicas=sum(1 for r in mine),
             revision_replicas=sum(1 for r in mine if r.launch.revision == launch.revision),
             gpus=gpus,
-            gpus_in_use=sum(
-                gpu_count(r.launch.template.gpus, gpus) for r in host.replicas.values()
-            ),
+            gpus_in_use=sum(len(r.gpus) for r in host.replicas.values()),
             # Asking for GPUs is asking for one at least (``all`` of a host without any).
-            gpus_needed=max(needed, 1) if launch.template.gpus is not None else 0,
+            gpus_needed=max(needed, 1) if asked is not None else 0,
+            gpus_free=self._free_gpus(host),
+            gpus_asked=asked if isinstance(asked, tuple) else (),
         )
 
     def _allocate_port(self, host: HostRecord, skip: frozenset[int] = frozenset()) -> int:
@@ -435,7 +458,9 @@ class DockerBackend:
             launch = replica.launch
             replica.container = await host.client.create(
                 container_name(self._instance, launch),
-                container_config(launch, host.config.address, replica.port, self._labels(host)),
+                container_config(
+                    launch, host.config.address, replica.port, self._labels(host), replica.gpus
+                ),
             )
             try:
                 await host.client.start(replica.container)
@@ -459,7 +484,12 @@ class DockerBackend:
             replica_id=replica.launch.replica_id,
             host=host.config.address,
             port=replica.port,
-            handle={"host": host.name, "container": replica.container, "port": replica.port},
+            handle={
+                "host": host.name,
+                "container": replica.container,
+                "port": replica.port,
+                **({"gpus": list(replica.gpus)} if replica.gpus else {}),
+            },
         )
 
     def _find(self, replica_id: str) -> ReplicaRecord | None:

@@ -38,10 +38,15 @@ def container_name(instance: str, launch: Launch) -> str:
 
 
 def container_config(
-    launch: Launch, address: str, host_port: int, labels: Mapping[str, str]
+    launch: Launch,
+    address: str,
+    host_port: int,
+    labels: Mapping[str, str],
+    gpus: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The create body of ``launch``'s container, its port published at ``address:host_port``
-    and labelled with ``labels`` plus the launch's service, revision and replica id."""
+    and labelled with ``labels`` plus the launch's service, revision and replica id; ``gpus``:
+    the device ids placement gave it (label ``gateway.gpus``; none: as the template asks)."""
     template = launch.template
     port = template.port or DEFAULT_CONTAINER_PORT
     env = {
@@ -64,7 +69,9 @@ def container_config(
             host_config["NanoCpus"] = int(resources.cpus * 1e9)
         if resources.memory_bytes is not None:
             host_config["Memory"] = resources.memory_bytes
-    if template.gpus is not None:
+    if gpus:
+        host_config["DeviceRequests"] = [device_request(tuple(gpus))]
+    elif template.gpus is not None:
         host_config["DeviceRequests"] = [device_request(template.gpus)]
     if template.volumes:
         host_config["Binds"] = list(template.volumes)
@@ -76,6 +83,7 @@ def container_config(
             LABEL + "service": launch.service,
             LABEL + "revision": str(launch.revision),
             LABEL + "replica": launch.replica_id,
+            **({LABEL + "gpus": ",".join(gpus)} if gpus else {}),
         },
         "ExposedPorts": {f"{port}/tcp": {}},
         "HostConfig": host_config,

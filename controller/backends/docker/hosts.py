@@ -29,10 +29,17 @@ class DockerHost:
     port_range: tuple[int, int] = (21000, 21999)
     gpus: int = 0
     """GPUs the host has for replicas that ask for some."""
+    gpu_ids: tuple[str, ...] = ()
+    """Their device ids (empty: the indexes ``0`` to ``gpus - 1``)."""
     tls: EngineTls | None = None
     """A ``tcp://`` engine's TLS files; None: plain HTTP."""
     ssh: SshOptions | None = None
     """An ``ssh://`` engine's options (None: ssh's defaults)."""
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The ids of the host's GPUs, in the order they are given out."""
+        return self.gpu_ids or tuple(str(i) for i in range(self.gpus))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +73,8 @@ class ReplicaRecord:
     """False for a replica adopted while its engine could not be reached."""
     finishing: asyncio.Task[None] | None = None
     oom: bool = False
+    gpus: tuple[str, ...] = ()
+    """The device ids of the host's GPUs the replica holds, until its exit was reported."""
 
 
 @dataclass(eq=False)

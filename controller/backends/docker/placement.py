@@ -11,7 +11,11 @@ Rules, in order:
 3. None can: ``NoRoom`` with a reason naming every host, e.g.
    ``no capacity: 2 of 2 hosts full (a: 2 of 2, b: 1 of 1)``; an unreachable host reads
    ``b: unreachable``, one short of GPUs ``b: 1 of 4 GPUs free, 2 needed`` (and the count
-   reads ``hosts full or short of GPUs``).
+   reads ``hosts full or short of GPUs``); one without the very devices asked for
+   ``b: GPU 1 not free`` (held, or not a device of the host).
+4. GPUs are tracked per device: a replica holds device ids (``gpus_for``), the lowest free
+   ids for a count, every id for ``all``, the ids it names otherwise; they are free again at
+   its exit.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ class HostLoad:
     gpus_in_use: int = 0
     gpus_needed: int = 0
     """GPUs the replica being placed would hold here (0: it asks for none)."""
+    gpus_free: tuple[str, ...] | None = None
+    """The ids of the host's free GPUs (None: placement counts them only)."""
+    gpus_asked: tuple[str, ...] = ()
+    """The device ids the replica names (empty: any ``gpus_needed`` of them)."""
 
     @property
     def room(self) -> int:
@@ -44,11 +52,16 @@ class HostLoad:
 
     @property
     def gpus_short(self) -> bool:
+        if self.gpus_free is not None and self.gpus_needed:
+            return gpus_for(self.gpus_free, self.gpus_needed, self.gpus_asked) is None
         return self.gpus_needed > self.gpus - self.gpus_in_use
 
     def describe(self) -> str:
         if not self.reachable:
             return f"{self.name}: unreachable"
+        if self.room > 0 and self.gpus_short and self.gpus_asked and self.gpus_free is not None:
+            taken = ", ".join(g for g in self.gpus_asked if g not in self.gpus_free)
+            return f"{self.name}: GPU {taken} not free"
         if self.room > 0 and self.gpus_short:
             free = self.gpus - self.gpus_in_use
             return f"{self.name}: {free} of {self.gpus} GPUs free, {self.gpus_needed} needed"
@@ -58,6 +71,14 @@ class HostLoad:
 @dataclass(frozen=True, slots=True)
 class NoRoom:
     reason: str
+
+
+def gpus_for(free: Sequence[str], needed: int, asked: Sequence[str] = ()) -> tuple[str, ...] | None:
+    """The device ids a replica gets of a host's ``free`` ones (in the host's order): those it
+    ``asked`` for if each is free, else the first ``needed``; None: not enough free (rule 4)."""
+    if asked:
+        return tuple(asked) if all(g in free for g in asked) else None
+    return tuple(free[:needed]) if needed <= len(free) else None
 
 
 def place(hosts: Sequence[HostLoad]) -> str | NoRoom:
@@ -76,3 +97,6 @@ def place(hosts: Sequence[HostLoad]) -> str | NoRoom:
     if full < len(hosts):
         counted += f", {len(hosts) - full} unreachable"
     return NoRoom(f"no capacity: {counted} ({', '.join(what)})")
+
+
+__all__ = ["HostLoad", "NoRoom", "gpus_for", "place"]
