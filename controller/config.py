@@ -331,15 +331,6 @@ class GatewayConfig(Model):
         return self
 
     @model_validator(mode="after")
-    def _cluster_backends(self) -> GatewayConfig:
-        if self.state.store == "etcd" and self.backends.docker is not None:
-            raise ValueError(
-                "backends.docker: not yet with state.store etcd (a cluster runs process replicas"
-                " on its nodes; Docker Engines are for one node)"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _cluster_admin_reachable(self) -> GatewayConfig:
         # Every admin request a follower takes is forwarded to the leader's node.address.
         if self.state.store == "etcd":

@@ -39,6 +39,7 @@ from controller.cluster.agent import Agent
 from controller.cluster.backend import ClusterBackend
 from controller.cluster.config import EtcdConfig, NodeConfig
 from controller.cluster.election import Election
+from controller.cluster.engines import Engines
 from controller.cluster.lease import LeaseEvent, LeaseKeeper
 from controller.cluster.nodes import NodeRecord, NodeRegistry
 from controller.cluster.peers import Peers
@@ -90,8 +91,11 @@ class ClusterNode:
         journal: Journal,
         local: Backend,
         apply_config: Callable[[], Awaitable[None]],
+        engines: Engines | None = None,
     ) -> None:
         self.name = node.name
+        self.engines = engines
+        """The Docker Engines, talked to by this node while it leads (None: none configured)."""
         self.prefix = etcd.prefix
         self.client = client
         self.store = store
@@ -269,6 +273,11 @@ class ClusterNode:
                 await backend.wait(_every_placed_node_registered)
         self.backend = backend
         self.controller.backends["process"] = backend  # type: ignore[index]
+        if self.engines is not None:
+            # Connected before restore: adoption finds the cluster's containers by their labels.
+            docker = await self.engines.open()
+            docker.set_exit_handler(self.controller.reconciler.on_exit)
+            self.controller.backends["docker"] = docker  # type: ignore[index]
         self.controller.reconciler.gate = self.peers.routable_everywhere
         self.journal.persist = True
         self.role = "leader"
@@ -306,6 +315,8 @@ class ClusterNode:
         if self.backend is not None:
             await self.backend.close()
             self.backend = None
+        if self.engines is not None:
+            await self.engines.close()
         await self.peers.stop()
         self.store.follow()
         if not follow:

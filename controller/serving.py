@@ -57,8 +57,8 @@ from .backends.base import Backend
 from .config import ConfigService, GatewayConfig, LoadedConfig
 from .errors import ControllerError, ListenFailed
 from .journal import Journal
+from .metrics import DockerHostMetrics, HostJournal, register_acme, register_docker
 from .metrics import register as register_controller_metrics
-from .metrics import register_acme, register_docker
 from .operations import Controller
 from .statelock import StateLock
 from .store import ConfigAppliedRow, Store
@@ -71,6 +71,7 @@ if TYPE_CHECKING:  # the data plane and TLS, imported where used: with workers, 
     from gateway import AccessLog, ReloadReport, Termination, TrafficServer
 
 if TYPE_CHECKING:
+    from .cluster.engines import Engines
     from .etcd import EtcdClient
     from .node import ClusterNode
 
@@ -278,19 +279,34 @@ async def _run_locked(
         process_backend = idle_backend(client, etcd.prefix)
     backends: dict[str, Backend] = {"process": process_backend, "static": StaticBackend()}
     docker: DockerBackend | None = None
+    engines: Engines | None = None
     if config.backends.docker is not None:  # opt-in: the embedded default is process only
-        docker = docker_backend(config, instance_id(state_dir))
-        backends["docker"] = docker
 
         def say_pull(service: str, line: str) -> None:
             # A pull's progress, a line every 2 s, among the service's events.
             journal.record(service, "image_pulling", line)
 
-        docker.pull_listeners.append(say_pull)
+        if client is None or etcd is None:
+            docker = docker_backend(config, instance_id(state_dir))
+            docker.pull_listeners.append(say_pull)
+            backends["docker"] = docker
+        else:  # the leader talks to every engine, each term with a backend of its own
+            from .cluster.engines import Engines
+
+            def make_docker(instance: str) -> DockerBackend:
+                made = docker_backend(config, instance)
+                made.pull_listeners.append(say_pull)
+                made.host_listeners.append(HostJournal(journal))
+                return made
+
+            engines = Engines(client, etcd.prefix, make_docker)
+            backends["docker"] = process_backend  # places nothing until the node leads
     controller = Controller(pool, backends, store, journal, loop.time, time.time)
     register_controller_metrics(registry, controller)
     if docker is not None:
         register_docker(registry, controller, docker)
+    if engines is not None:
+        registry.register(DockerHostMetrics(engines.current))
 
     def reload_tls() -> ReloadReport | None:
         """Load the certificate files that changed, here and in every worker."""
@@ -342,6 +358,7 @@ async def _run_locked(
             journal=journal,
             local=local,
             apply_config=apply_config,
+            engines=engines,
         )
         middlewares.append(cluster_middleware(node, node.session))
         from .node_metrics import register_node
