@@ -44,6 +44,7 @@ from controller.spec import ReplicaTemplate
 from gateway import dump_settings
 from tests.needs import missing
 from tests.ports import free_port
+from tests.support.eventually import eventually
 
 ENGINE = os.environ.get("GATEWAY_TEST_DOCKER_HOST", "unix:///var/run/docker.sock")
 IMAGE = os.environ.get("GATEWAY_TEST_IMAGE", "local/bookworm-python:test")
@@ -730,6 +731,57 @@ async def went_away(harness: Harness, proxy: SocketProxy) -> None:
     assert end.reason.startswith("killed by signal 15 (SIGTERM)")
     assert backend.in_use == 0
     await backend.close()  # the exit is reported first: the removal ends before the proxy goes
+
+
+async def test_a_stop_its_engine_cannot_answer_is_an_exit_at_once_the_slot_held_till_it_can(
+    harness: Harness, tmp_path: object
+) -> None:
+    """A replica given up on a host cut off (its engine unreachable) is reported stopped at
+    once, so that the controller replaces it elsewhere; it keeps its slot on the host, and its
+    container is stopped and removed once the engine answers, with no second exit."""
+    if not ENGINE.startswith("unix://"):
+        pytest.skip("the proxy fronts a unix socket engine")
+    proxy = SocketProxy(f"{tmp_path}/engine.sock", ENGINE.removeprefix("unix://"))
+    await proxy.open()
+    try:
+        host = dataclasses.replace(harness.host("h", 1), engine=f"unix://{proxy.path}")
+        backend = harness.backend([host])
+        exits: list[Exit] = []
+        backend.set_exit_handler(exits.append)
+        changed = asyncio.Event()
+        heard: list[HostState] = []
+
+        def hear(state: HostState) -> None:
+            heard.append(state)
+            changed.set()
+
+        backend.host_listeners.append(hear)
+        running = await backend.start(launch("r1"))
+        await proxy.cut()
+        await eventually(lambda: heard, changed=changed.wait, what="host h unreachable")
+        changed.clear()
+        assert not heard[-1].reachable
+
+        await asyncio.wait_for(backend.stop("r1", 1.0), 5)
+        assert [(e.replica_id, e.code, e.requested) for e in exits] == [("r1", None, True)]
+        assert exits[0].reason.startswith("stopped while host h is unreachable (engine unix://")
+        assert exits[0].reason.endswith(
+            ": its container is stopped and removed once the engine answers"
+        )
+        assert backend.in_use == 1  # its slot, port and GPUs are held
+        with pytest.raises(NoCapacity, match=r"h: unreachable"):
+            await backend.start(launch("r2"))
+        assert await answer(running.host, running.port) == "200"  # nothing reached it
+        await asyncio.wait_for(backend.stop("r1", 1.0), 5)  # asked again: nothing more
+
+        await proxy.open()
+        await eventually(lambda: heard[-1].reachable, changed=changed.wait, what="h answers")
+        await eventually(lambda: backend.in_use == 0, timeout=15, what="r1 stopped and removed")
+        assert await running_ids({"gateway.instance": harness.instance}) == set()
+        assert len(exits) == 1
+        await backend.close()
+    finally:
+        await proxy.close()
 
 
 # -- container.py: the create body and the exit reason (pure) --------------------------------

@@ -16,8 +16,11 @@ Invariants:
   found no engine has the watcher ping at once.
 - An ``ssh://`` host's engine is reached through a local socket forwarded by an ``ssh``
   child (``tunnel``), started at ``connect()``, restarted with backoff, stopped at ``close()``. The
-  ``host_listeners`` hear each change of a host's reachability (not its first success). A ``stop``
-  it did not answer raises BackendError and is sent again once the engine answers.
+  ``host_listeners`` hear each change of a host's reachability (not its first success).
+- A ``stop`` of a replica whose engine cannot be reached (unreachable already, or no answer to
+  the stop) reports its exit at once, saying so: the controller replaces it elsewhere, as a
+  node's replicas when the node is gone. Its slot, port and GPUs stay held, and the stop is sent
+  again once the engine answers; its container's end then reports nothing more.
 
 Adoption is synchronous (the protocol's ``adopt``): ``connect()`` must have been awaited first,
 so each reachable host's containers are known; a replica of a host that cannot be reached is
@@ -244,7 +247,9 @@ class DockerBackend:
             return
         if replica.finishing is None:
             replica.stop_requested = True
-            if replica.container is not None:
+            if replica.container is not None and not replica.host.reachable:
+                self._unanswered(replica, replica.host.error)
+            elif replica.container is not None:
                 await self._stop_container(replica, grace)
         await asyncio.shield(replica.done)
 
@@ -505,11 +510,38 @@ class DockerBackend:
         try:
             await replica.host.client.stop(replica.container, math.ceil(max(grace, 0.0)))
         except EngineUnreachable as exc:
-            raise BackendError(
-                f"replica {replica.launch.replica_id} not stopped: {exc.message}"
-            ) from exc
+            replica.host.recheck.set()
+            self._unanswered(replica, exc.message)
+            return
         # Stopped: the die event reports it; this covers an event stream that was down.
         self._finish(replica, None)
+
+    def _unanswered(self, replica: ReplicaRecord, why: str) -> None:
+        """A stop its engine did not answer: the exit is reported now; the replica keeps its
+        slot, port and GPUs until the watcher, once the engine answers, stops and removes its
+        container (``_report`` then reports nothing more)."""
+        if replica.reported:
+            return
+        host, rid = replica.host, replica.launch.replica_id
+        reason = (
+            f"stopped while host {host.name} is unreachable ({why}): its container is stopped"
+            " and removed once the engine answers"
+        )
+        log.warning("replica %s: %s", rid, reason)
+        self._tell_exit(replica, Exit(rid, None, reason, requested=True))
+        if not replica.done.done():
+            replica.done.set_result(None)
+
+    def _tell_exit(self, replica: ReplicaRecord, event: Exit) -> None:
+        """Hand the exit to the exit handler, once per replica."""
+        if replica.reported:
+            return
+        replica.reported = True
+        if self._exit_handler is not None:
+            try:
+                self._exit_handler(event)
+            except Exception:
+                log.exception("exit handler failed for replica %s", event.replica_id)
 
     def _finish(self, replica: ReplicaRecord, code: int | None) -> None:
         if replica.finishing is None:
@@ -543,11 +575,7 @@ class DockerBackend:
         reason = exit_reason(replica.stop_requested, replica.oom, code, lines)
         signed = signed_code(code)
         log.info("replica %s: %s", rid, reason)
-        if self._exit_handler is not None:
-            try:
-                self._exit_handler(Exit(rid, signed, reason, replica.stop_requested))
-            except Exception:
-                log.exception("exit handler failed for replica %s", rid)
+        self._tell_exit(replica, Exit(rid, signed, reason, replica.stop_requested))
         if container is not None:
             try:
                 await host.client.remove(container)

@@ -74,7 +74,10 @@ class ReplicaRecord:
     finishing: asyncio.Task[None] | None = None
     oom: bool = False
     gpus: tuple[str, ...] = ()
-    """The device ids of the host's GPUs the replica holds, until its exit was reported."""
+    """The device ids of the host's GPUs the replica holds, until its container is gone."""
+    reported: bool = False
+    """Its exit was handed to the exit handler (before its container is gone, if its stop
+    was not answered)."""
 
 
 @dataclass(eq=False)

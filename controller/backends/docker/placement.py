@@ -14,8 +14,8 @@ Rules, in order:
    reads ``hosts full or short of GPUs``); one without the very devices asked for
    ``b: GPU 1 not free`` (held, or not a device of the host).
 4. GPUs are tracked per device: a replica holds device ids (``gpus_for``), the lowest free
-   ids for a count, every id for ``all``, the ids it names otherwise; they are free again at
-   its exit.
+   ids for a count, every id for ``all``, the ids it names otherwise; they are free again
+   once its container is gone.
 """
 
 from __future__ import annotations
