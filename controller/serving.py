@@ -294,7 +294,7 @@ async def _run_locked(
             from .cluster.engines import Engines
 
             def make_docker(instance: str) -> DockerBackend:
-                made = docker_backend(config, instance)
+                made = docker_backend(config, instance, config.node.name)
                 made.pull_listeners.append(say_pull)
                 made.host_listeners.append(HostJournal(journal))
                 return made
@@ -447,7 +447,8 @@ def instance_id(state_dir: Path) -> str:
         return value
 
 
-def docker_backend(config: GatewayConfig, instance: str) -> DockerBackend:
+def docker_backend(config: GatewayConfig, instance: str, node: str | None = None) -> DockerBackend:
+    """The Docker backend of ``config``'s hosts; ``node``: the cluster node talking to them."""
     from .backends.docker import DockerBackend, DockerHost, EngineTls, SshOptions
 
     assert config.backends.docker is not None
@@ -465,7 +466,9 @@ def docker_backend(config: GatewayConfig, instance: str) -> DockerBackend:
         )
         for h in config.backends.docker.hosts
     ]
-    return DockerBackend(hosts, instance, orphan_grace=config.backends.docker.orphan_grace)
+    return DockerBackend(
+        hosts, instance, orphan_grace=config.backends.docker.orphan_grace, node=node
+    )
 
 
 def _install_signals(stop: asyncio.Event, at_once: list[Callable[[], None]]) -> None:

@@ -400,6 +400,33 @@ def test_placement_spreads_then_takes_the_most_room() -> None:
     )
 
 
+def test_in_a_cluster_an_unreachable_host_is_named_with_the_node_that_reaches_for_it() -> None:
+    """The leader alone talks to the engines: "unreachable" is as seen from that node."""
+    hosts = [HostLoad("a", 2, 2, True, 2), HostLoad("b", 2, 1, False, 1)]
+    none = place(hosts, "n2")
+    assert isinstance(none, NoRoom)
+    assert none.reason == (
+        "no capacity: 1 of 2 hosts full, 1 unreachable (a: 2 of 2, b: unreachable from n2)"
+    )
+    alone = place(hosts)  # a gateway of its own names no node
+    assert isinstance(alone, NoRoom)
+    assert alone.reason.endswith("(a: 2 of 2, b: unreachable)")
+
+
+async def test_the_backend_of_a_cluster_node_names_it_in_the_reason(tmp_path: Path) -> None:
+    hosts = [DockerHost(name, f"unix://{tmp_path}/{name}.sock") for name in ("a", "b")]
+    backend = DockerBackend(hosts, "instance", node="n2")
+    try:
+        with pytest.raises(NoCapacity) as caught:
+            await backend.start(launch("r1"))
+    finally:
+        await backend.close()
+    assert caught.value.message == (
+        "no capacity: 0 of 2 hosts full, 2 unreachable "
+        "(a: unreachable from n2, b: unreachable from n2)"
+    )
+
+
 def test_placement_counts_gpus_and_says_when_they_are_short() -> None:
     def load(name: str, used: int, gpus: int, gpus_used: int, needed: int) -> HostLoad:
         return HostLoad(name, 4, used, True, 0, 0, gpus, gpus_used, needed)

@@ -97,6 +97,7 @@ class DockerBackend:
         instance: str,
         stop_grace_default: float = 10.0,
         orphan_grace: float = ORPHAN_GRACE,
+        node: str | None = None,
     ) -> None:
         if not hosts:
             raise ValueError("the docker backend needs at least one host")
@@ -105,6 +106,9 @@ class DockerBackend:
             raise ValueError("host names must be unique")
         self._tunnels_dir: str | None = None
         self._instance = instance
+        self._node = node
+        """The cluster node talking to the engines (its leader), named in reasons; None: one
+        gateway alone."""
         self._hosts = {h.name: self._record(h) for h in hosts}
         self._stop_grace_default = stop_grace_default
         self._orphan_grace = orphan_grace
@@ -198,7 +202,7 @@ class DockerBackend:
             raise StartFailed("the template has no image to run")
         if any(rid in h.replicas for h in self._hosts.values()):
             raise StartFailed(f"replica {rid} is already running")
-        chosen = place([self._load(h, launch) for h in self._hosts.values()])
+        chosen = place([self._load(h, launch) for h in self._hosts.values()], self._node)
         if isinstance(chosen, NoRoom):
             raise NoCapacity(chosen.reason, retry_after=NO_CAPACITY_RETRY_AFTER)
         host = self._hosts[chosen]

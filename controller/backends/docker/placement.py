@@ -10,9 +10,11 @@ Rules, in order:
    previous one), then the one with the most free slots, then the first listed.
 3. None can: ``NoRoom`` with a reason naming every host, e.g.
    ``no capacity: 2 of 2 hosts full (a: 2 of 2, b: 1 of 1)``; an unreachable host reads
-   ``b: unreachable``, one short of GPUs ``b: 1 of 4 GPUs free, 2 needed`` (and the count
-   reads ``hosts full or short of GPUs``); one without the very devices asked for
-   ``b: GPU 1 not free`` (held, or not a device of the host).
+   ``b: unreachable`` (``b: unreachable from n2`` in a cluster: the node that talks to the
+   engines, its leader, could not reach it), one short of GPUs
+   ``b: 1 of 4 GPUs free, 2 needed`` (and the count reads ``hosts full or short of GPUs``);
+   one without the very devices asked for ``b: GPU 1 not free`` (held, or not a device of
+   the host).
 4. GPUs are tracked per device: a replica holds device ids (``gpus_for``), the lowest free
    ids for a count, every id for ``all``, the ids it names otherwise; they are free again
    once its container is gone.
@@ -56,9 +58,10 @@ class HostLoad:
             return gpus_for(self.gpus_free, self.gpus_needed, self.gpus_asked) is None
         return self.gpus_needed > self.gpus - self.gpus_in_use
 
-    def describe(self) -> str:
+    def describe(self, node: str | None = None) -> str:
+        """The host's word in a no-capacity reason; ``node``: the one that reaches it."""
         if not self.reachable:
-            return f"{self.name}: unreachable"
+            return f"{self.name}: unreachable" + (f" from {node}" if node else "")
         if self.room > 0 and self.gpus_short and self.gpus_asked and self.gpus_free is not None:
             taken = ", ".join(g for g in self.gpus_asked if g not in self.gpus_free)
             return f"{self.name}: GPU {taken} not free"
@@ -81,8 +84,9 @@ def gpus_for(free: Sequence[str], needed: int, asked: Sequence[str] = ()) -> tup
     return tuple(free[:needed]) if needed <= len(free) else None
 
 
-def place(hosts: Sequence[HostLoad]) -> str | NoRoom:
-    """The name of the host for the next replica, or why there is none (rules 1 to 3)."""
+def place(hosts: Sequence[HostLoad], node: str | None = None) -> str | NoRoom:
+    """The name of the host for the next replica, or why there is none (rules 1 to 3);
+    ``node``: the cluster node that talks to the engines (None: a gateway of its own)."""
     candidates = [
         (h.revision_replicas, h.service_replicas, -h.room, i, h.name)
         for i, h in enumerate(hosts)
@@ -91,7 +95,7 @@ def place(hosts: Sequence[HostLoad]) -> str | NoRoom:
     if candidates:
         return min(candidates)[-1]
     full = sum(1 for h in hosts if h.reachable)
-    what = [h.describe() for h in hosts]
+    what = [h.describe(node) for h in hosts]
     short = any(h.room > 0 and h.gpus_short for h in hosts)
     counted = f"{full} of {len(hosts)} hosts full" + (" or short of GPUs" if short else "")
     if full < len(hosts):
