@@ -80,6 +80,8 @@ class Nodes:
     """Each node's worker processes (``workers``)."""
     ports: int = 23000
     """The first port of the replicas' ranges, 200 a node on from it."""
+    docker: dict[str, Any] | None = None
+    """Every node's ``backends.docker`` (None: none)."""
     nodes: list[Node] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -105,7 +107,8 @@ class Nodes:
             },
             "node": {"name": node.name, "address": node.host, "lease_ttl": LEASE_TTL},
             "backends": {
-                "process": {"capacity": self.capacity, "port_range": f"{low}-{low + 199}"}
+                "process": {"capacity": self.capacity, "port_range": f"{low}-{low + 199}"},
+                **({"docker": self.docker} if self.docker is not None else {}),
             },
         }
 
