@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,20 @@ def db(tmp_path: Path) -> Path:
 def store(db: Path) -> Iterator[Store]:
     with Store(db, clock=FakeClock()) as s:
         yield s
+
+
+@pytest.fixture
+def make_store(db: Path) -> Iterator[Callable[..., Store]]:
+    """A store with the given options (``max_events_per_service``...), on either store kind."""
+    made: list[Store] = []
+
+    def make(**options: Any) -> Store:
+        made.append(Store(db, clock=FakeClock(), **options))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
 
 
 def raw(db: Path) -> sqlite3.Connection:
@@ -156,15 +170,17 @@ def test_config_applied_is_replaced_and_outlives_a_delete(store: Store) -> None:
     assert store.config_applied("other") is None
 
 
-def test_config_applied_only_for_a_live_service(store: Store, db: Path) -> None:
-    before = snapshot(db)
+def test_config_applied_only_for_a_live_service(store: Store) -> None:
     with pytest.raises(NotFound):
         store.record_config_applied("ghost", "services/ghost.yaml", "d")
     store.put_service("web", "{}", 1)
     store.delete_service("web")
     with pytest.raises(NotFound):
         store.record_config_applied("web", "services/web.yaml", "d")
-    assert snapshot(db)["config_applied"] == before["config_applied"] == []
+    assert store.config_applied("ghost") is None
+    assert store.config_applied("web") is None
+    with store.database.read() as conn:
+        assert conn.execute("SELECT count(*) FROM main.config_applied").fetchone() == (0,)
 
 
 def test_repr_and_closed_store(db: Path) -> None:
@@ -367,7 +383,7 @@ def test_create_rollout_to_an_existing_revision(store: Store) -> None:
         store.create_rollout("web", 1, 2, "sideways")  # type: ignore[arg-type]
 
 
-def test_a_rollout_keeps_its_strategy_state_with_its_record(store: Store, db: Path) -> None:
+def test_a_rollout_keeps_its_strategy_state_with_its_record(store: Store) -> None:
     """Written with the rollout (create) and with the decision that changes it (update), in
     the one transaction of each; the other updates leave it as it is."""
     r1, ro1 = store.apply_revision("web", '{"v": 1}', "k1", 1, None)
@@ -385,12 +401,9 @@ def test_a_rollout_keeps_its_strategy_state_with_its_record(store: Store, db: Pa
     assert counted.strategy_json == held
     done = store.finish_rollout(ro2.id, "complete", "", r2.number)
     assert done.strategy_json == held  # kept in the history
-    conn = raw(db)
-    try:
-        query = "SELECT strategy_json FROM rollouts WHERE id = ?"
+    with store.database.read() as conn:
+        query = "SELECT strategy_json FROM main.rollouts WHERE id = ?"
         (text,) = conn.execute(query, (ro2.id,)).fetchone()
-    finally:
-        conn.close()
     assert text == held
 
 
@@ -499,19 +512,27 @@ def test_events_are_ordered_and_paged(store: Store) -> None:
     assert every[1].at > every[0].at
 
 
-def test_events_are_trimmed_per_service(db: Path) -> None:
+def test_events_are_trimmed_per_service(make_store: Callable[..., Store]) -> None:
+    s = make_store(max_events_per_service=5, trim_every=10)
+    for i in range(25):
+        s.add_event("web", "k", f"w{i}")
+    s.add_event("api", "k", "a0")
+    # Trimmed at the 10th and 20th insert: the last 5 then, plus 5 since.
+    assert [e.message for e in s.events("web")] == [f"w{i}" for i in range(15, 25)]
+    assert s.trimmed_events == 15
+    assert [e.message for e in s.events("api")] == ["a0"]
+    # Ids are never reused after trimming, so a pager's after_id stays valid.
+    assert s.add_event("web", "k", "w25").id == 27
+
+
+def test_opening_the_file_trims_every_service(db: Path) -> None:
     with Store(db, max_events_per_service=5, trim_every=10) as s:
         for i in range(25):
             s.add_event("web", "k", f"w{i}")
-        s.add_event("api", "k", "a0")
-        # Trimmed at the 10th and 20th insert: the last 5 then, plus 5 since.
-        assert [e.message for e in s.events("web")] == [f"w{i}" for i in range(15, 25)]
-        assert s.trimmed_events == 15
-        assert [e.message for e in s.events("api")] == ["a0"]
     with Store(db, max_events_per_service=5) as s:  # opening trims every service
         assert [e.message for e in s.events("web")] == [f"w{i}" for i in range(20, 25)]
         # Ids are never reused after trimming, so a pager's after_id stays valid.
-        assert s.add_event("web", "k", "w25").id == 27
+        assert s.add_event("web", "k", "w25").id == 26
 
 
 # -- replicas -------------------------------------------------------------------------------

@@ -38,12 +38,10 @@ SQLITE_ONLY = {
     "test_reopen_is_idempotent_and_keeps_everything": "reopening a file (etcd: each fresh load)",
     "test_refuses_a_newer_schema": "a newer file (etcd: test_a_state_written_by_a_newer_gateway)",
     "test_migrates_a_version_1_database_and_keeps_its_data": "migrating an old SQLite file",
-    "test_config_applied_only_for_a_live_service": "reads the file; etcd: the fresh load's check",
     "test_repr_and_closed_store": "the SQLite store's repr and file",
     "test_apply_revision_failing_midway_writes_nothing": "a disk fault (etcd: the port below)",
-    "test_a_rollout_keeps_its_strategy_state_with_its_record": "reads the column in the file",
+    "test_opening_the_file_trims_every_service": "opening a file (etcd: the writer's mirror)",
     "test_a_version_3_database_gains_the_strategy_column_and_keeps_its_rollouts": "a migration",
-    "test_events_are_trimmed_per_service": "reopens the file (etcd: ids across leaders below)",
     "test_readonly_store_reads_and_refuses_writes": "SQLite's read-only mode",
     "test_readonly_store_needs_an_existing_current_file": "SQLite's read-only mode",
     "test_disk_full_raises_and_keeps_the_old_state": "a full disk under the SQLite file",
@@ -62,12 +60,14 @@ def _behaviour() -> list[Any]:
         if not name.startswith("test_") or not callable(test):
             continue
         needs = list(inspect.signature(test).parameters)
-        why = SQLITE_ONLY.get(name) or (None if needs == ["store"] else f"needs {needs}")
+        why = SQLITE_ONLY.get(name) or (None if needs in FIXTURES else f"needs {needs}")
         marks = [pytest.mark.skip(reason=why)] if why else []
         params.append(pytest.param(test, id=name, marks=marks))
     return params
 
 
+FIXTURES = (["store"], ["make_store"])
+"""The fixtures a behaviour may take to run on etcd: both are defined below."""
 _prefixes = itertools.count()
 TABLES = ("services", "revisions", "rollouts", "events", "replicas", "config_applied", "tokens")
 
@@ -113,12 +113,15 @@ class Stores:
         self.clients: list[EtcdClient] = []
 
     def make(
-        self, fence: Callable[[], list[Compare]] | None = None, lead: bool = True
+        self,
+        fence: Callable[[], list[Compare]] | None = None,
+        lead: bool = True,
+        **options: Any,
     ) -> EtcdStore:
         async def build() -> EtcdStore:
             client = EtcdClient(self.etcd.endpoints, timeout=self.timeout)
             self.clients.append(client)
-            store = EtcdStore(client, self.prefix, FakeClock())
+            store = EtcdStore(client, self.prefix, FakeClock(), **options)
             if lead:
                 await store.lead(fence or (lambda: []))
             return store
@@ -168,25 +171,41 @@ class Flushing:
 
 
 @pytest.fixture
-def store(stores: Stores) -> Iterator[Any]:
-    """The writer, flushed after each call; afterwards a fresh load, and a follower that
-    watched all along, must hold exactly its rows."""
-    written = stores.make()
+def make_store(stores: Stores) -> Iterator[Callable[..., Any]]:
+    """Writers with the given options, flushed after each call; afterwards a fresh load, and a
+    follower that watched all along, must hold exactly the last one's rows."""
     follower = stores.make(lead=False)
     heard = Heard()
     task = asyncio.run_coroutine_threadsafe(follower.watch(heard, retry=0.1), stores.loop.loop)
+    made: list[EtcdStore] = []
+
+    def make(**options: Any) -> Any:
+        made.append(stores.make(**options))
+        return Flushing(made[-1], stores.flush)
+
     try:
-        yield Flushing(written, stores.flush)
-        loaded = stores.make()
-        assert rows(loaded) == rows(written), "etcd does not hold what the store wrote"
-        assert heard.until(lambda: rows(follower) == rows(written)), "the follower lags"
+        yield make
+        if made:
+            written = made[-1]
+            loaded = stores.make()
+            assert rows(loaded) == rows(written), "etcd does not hold what the store wrote"
+            assert heard.until(lambda: rows(follower) == rows(written)), "the follower lags"
     finally:
         task.cancel()
 
 
+@pytest.fixture
+def store(make_store: Callable[..., Any]) -> Any:
+    """The writer, flushed after each call (see ``make_store``)."""
+    return make_store()
+
+
 @pytest.mark.parametrize("behaviour", _behaviour())
-def test_the_sqlite_store_behaviour_on_etcd(behaviour: Callable[[Any], None], store: Any) -> None:
-    behaviour(store)
+def test_the_sqlite_store_behaviour_on_etcd(
+    behaviour: Callable[[Any], None], request: pytest.FixtureRequest
+) -> None:
+    needs = list(inspect.signature(behaviour).parameters)
+    behaviour(request.getfixturevalue(needs[0]))
 
 
 def test_a_node_that_does_not_lead_refuses_writes_and_changes_nothing(stores: Stores) -> None:
