@@ -8,6 +8,7 @@ ControllerError
 │   └── DocumentTooLarge 413  past a limit of ``documents``: ``limit`` names which
 ├── StoreUnavailable     503  the state database cannot be written
 │   └── Deposed          503  a write fenced by this node's leadership, refused: another leads
+├── WriteTooLarge        413  one write more than one etcd transaction takes: ``limit`` names which
 ├── BackendError              a backend could not do what it was asked
 │   ├── NoCapacity            the fleet is full; ``retry_after`` hints when to try again
 │   └── StartFailed           the replica could not be started (bad command, directory...)
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 Limit = Literal["depth", "nodes"]
+TransactionLimit = Literal["operations", "bytes"]
 
 
 class ControllerError(Exception):
@@ -80,6 +82,22 @@ class Deposed(StoreUnavailable):
     gone and another node may lead. Nothing of the write happened; the node stops acting."""
 
     code = "deposed"
+
+
+class WriteTooLarge(ControllerError):
+    """A write of the etcd store that one etcd transaction cannot hold (``limit``: its
+    operations or its bytes, ``size`` of ``allowed``): refused before anything of it is
+    applied, in the mirror or in etcd, since a write cut in several transactions could be
+    seen, or left, half done."""
+
+    status = 413
+    code = "write_too_large"
+
+    def __init__(self, message: str, limit: TransactionLimit, size: int, allowed: int) -> None:
+        super().__init__(message, limit=limit, size=size, allowed=allowed)
+        self.limit = limit
+        self.size = size
+        self.allowed = allowed
 
 
 class BackendError(ControllerError):

@@ -95,7 +95,9 @@ class Store:
 
     Events are trimmed per service: every ``trim_every`` events of a service, the write that
     adds one drops its oldest beyond ``max_events_per_service`` (and opening trims every
-    service), so a service holds at most that many plus ``trim_every``.
+    service), so a service holds at most that many plus ``trim_every``. ``trim_per_write``
+    bounds what one trim deletes (the etcd store's transactions have a size): the rest goes
+    with the next trims.
     """
 
     def __init__(
@@ -107,8 +109,10 @@ class Store:
         busy_timeout: float = 5.0,
         max_events_per_service: int = 10_000,
         trim_every: int = 100,
+        trim_per_write: int | None = None,
     ) -> None:
         self._clock = clock
+        self._trim_per_write = -1 if trim_per_write is None else trim_per_write
         self.max_events_per_service = max_events_per_service
         self._trim_every = trim_every
         self._since_trim: dict[str, int] = {}
@@ -520,9 +524,10 @@ class Store:
             names = [service]
         for name in names:
             cursor = conn.execute(
-                "DELETE FROM events WHERE service = ? AND id <= (SELECT id FROM events"
-                " WHERE service = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                (name, name, self.max_events_per_service),
+                "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE service = ?"
+                " AND id <= (SELECT id FROM events WHERE service = ? ORDER BY id DESC"
+                " LIMIT 1 OFFSET ?) ORDER BY id LIMIT ?)",
+                (name, name, self.max_events_per_service, self._trim_per_write),
             )
             self.trimmed_events += max(cursor.rowcount, 0)
 

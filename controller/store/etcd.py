@@ -9,7 +9,10 @@ one active rollout, foreign keys), are exactly the SQLite store's. The key layou
   and alone writes while it leads. Each write transaction's changed rows (captured by temporary
   triggers) become one pending etcd transaction in the outbox (``etcd_outbox``). A write is
   decided locally and durable after ``flush``, which sends the pending writes in order, as few
-  transactions as fit etcd's limits, each carrying the leader's fence. Outcomes:
+  transactions as fit etcd's limits, each carrying the leader's fence; a write is never cut
+  in two. A write bigger than one transaction (``MAX_OPS`` rows, ``MAX_BYTES``) is refused
+  with ``WriteTooLarge`` and rolled back in the mirror; event trimming deletes at most
+  ``TRIM_PER_WRITE`` events a write, so adding an event always fits. Outcomes:
 
   - committed: nothing pending;
   - the fence failed (another node leads): every pending write is dropped, the mirror is stale
@@ -36,7 +39,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from pathlib import Path
 from typing import Any
 
-from controller.errors import Deposed, SpecError, StoreUnavailable
+from controller.errors import Deposed, StoreUnavailable
 from controller.etcd import (
     Compacted,
     Compare,
@@ -58,13 +61,16 @@ from .etcd_keys import (
     row_key,
     split_key,
 )
-from .etcd_outbox import MAX_BYTES, MAX_OPS, Outbox, op_size
+from .etcd_outbox import MAX_BYTES, MAX_OPS, Outbox
 from .etcd_rows import captured_ops, install_capture, put_row, set_sequence
 from .migrations import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
 Fence = Callable[[], Sequence[Compare]]
+TRIM_PER_WRITE = MAX_OPS - 8
+"""Events a trim deletes in one write at most: the rest go with the next trims (the event added
+and the counter take two operations of the transaction)."""
 OnChange = Callable[[set[str]], None]
 
 
@@ -105,6 +111,7 @@ class EtcdStore(Store):
             clock,
             max_events_per_service=max_events_per_service,
             trim_every=trim_every,
+            trim_per_write=TRIM_PER_WRITE,
         )
         with self.database.read() as conn:
             install_capture(conn)
@@ -124,12 +131,9 @@ class EtcdStore(Store):
             return
         self._write_allowed()
         ops = captured_ops(conn, changed, self.base)
-        for op in ops:
-            if op_size(op) > MAX_BYTES:
-                raise SpecError(
-                    f"{op.key.decode()} would be {op_size(op)} bytes in etcd, more than one"
-                    f" request takes ({MAX_BYTES})"
-                )
+        refused = self._outbox.refusal(ops)
+        if refused is not None:
+            raise refused  # rolls the transaction back: the mirror stays as etcd holds it
         self._outbox.append(ops)
 
     def _write_allowed(self) -> None:
@@ -386,4 +390,13 @@ async def _aclose(stream: AsyncIterator[Any]) -> None:
         await aclose()
 
 
-__all__ = ["MAX_BYTES", "MAX_OPS", "PRIMARY_KEYS", "EtcdStore", "Fence", "row_key", "split_key"]
+__all__ = [
+    "MAX_BYTES",
+    "MAX_OPS",
+    "PRIMARY_KEYS",
+    "TRIM_PER_WRITE",
+    "EtcdStore",
+    "Fence",
+    "row_key",
+    "split_key",
+]

@@ -3,8 +3,9 @@
 Each write is the list of operations of one SQLite transaction. ``batch`` takes, from the head,
 as many consecutive writes as fit one etcd transaction (``MAX_OPS`` operations, ``MAX_BYTES`` of
 keys and values, a key written twice sent once as its last write left it: etcd refuses a key
-twice in one transaction); ``committed`` removes what was sent. A single write bigger than one
-transaction is cut into several, sent in order: the one case where a write is not atomic in etcd.
+twice in one transaction); ``committed`` removes what was sent. A write is never cut: each is
+sent whole in one transaction, so it is atomic in etcd. ``refusal`` says why a write cannot be
+(the store refuses it before it is applied anywhere).
 
 Pure: no I/O, no clock. The store sends the batches and decides what a failure does.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from controller.errors import WriteTooLarge
 from controller.etcd import Op, Put
 
 MAX_OPS: Final = 128
@@ -31,9 +33,7 @@ def op_size(op: Op) -> int:
 class Batch:
     ops: list[Op]
     writes: int
-    """Whole writes it completes (0 when it is the first part of a write cut in several)."""
-    rest: list[Op] | None
-    """What remains of the head write when it was cut, else ``None``."""
+    """The writes it holds, whole."""
     epoch: int
     """The outbox's ``clear`` count when it was taken: a batch taken before a clear is void."""
 
@@ -59,6 +59,30 @@ class Outbox:
     def fits(self, ops: dict[bytes, Op]) -> bool:
         return len(ops) <= self.max_ops and sum(map(op_size, ops.values())) <= self.max_bytes
 
+    def refusal(self, write: list[Op]) -> WriteTooLarge | None:
+        """Why ``write`` cannot be one transaction, or ``None`` when it can."""
+        ops = _dedup(write)
+        if len(ops) > self.max_ops:
+            return WriteTooLarge(
+                f"this write would be {len(ops)} operations in one etcd transaction, more"
+                f" than etcd takes ({self.max_ops}, its --max-txn-ops): refused, nothing"
+                " of it applied",
+                "operations",
+                len(ops),
+                self.max_ops,
+            )
+        size = sum(map(op_size, ops.values()))
+        if size > self.max_bytes:
+            return WriteTooLarge(
+                f"this write would be {size} bytes in one etcd transaction, more than the"
+                f" store sends in one ({self.max_bytes}, under etcd's --max-request-bytes):"
+                " refused, nothing of it applied",
+                "bytes",
+                size,
+                self.max_bytes,
+            )
+        return None
+
     def batch(self) -> Batch | None:
         """The next transaction to send, or ``None`` when nothing is pending."""
         if not self._writes:
@@ -75,24 +99,15 @@ class Outbox:
             ops = merged
             taken += 1
         if taken:
-            return Batch(list(ops.values()), taken, None, self._epoch)
-        head = list(_dedup(self._writes[0]).values())
-        cut, size = 0, 0
-        while cut < len(head) and cut < self.max_ops:
-            size += op_size(head[cut])
-            if cut and size > self.max_bytes:
-                break
-            cut += 1
-        if cut == len(head):  # one operation bigger than max_bytes alone: etcd will say
-            return Batch(head, 1, None, self._epoch)
-        return Batch(head[:cut], 0, head[cut:], self._epoch)
+            return Batch(list(ops.values()), taken, self._epoch)
+        # A head write that does not fit alone was let in despite ``refusal``: sent whole all
+        # the same, etcd refuses it whole.
+        return Batch(list(_dedup(self._writes[0]).values()), 1, self._epoch)
 
     def committed(self, batch: Batch) -> None:
         """``batch`` is in etcd: drop it from the head (unless the outbox was cleared since)."""
         if batch.epoch != self._epoch:
             return
-        if batch.rest is not None:
-            self._writes[0] = batch.rest
         del self._writes[: batch.writes]
 
 

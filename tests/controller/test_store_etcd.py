@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from controller.errors import Deposed, NotFound, StoreUnavailable
+from controller.errors import Deposed, NotFound, StoreUnavailable, WriteTooLarge
 from controller.etcd import Compare, Delete, EtcdClient, Put
 from controller.store import Store
-from controller.store.etcd import MAX_OPS, PRIMARY_KEYS, EtcdStore
+from controller.store.etcd import MAX_BYTES, MAX_OPS, PRIMARY_KEYS, TRIM_PER_WRITE, EtcdStore
 from controller.store.etcd_keys import row_key, split_key
 from controller.store.etcd_outbox import Outbox, op_size
 from tests.controller import test_store
@@ -290,16 +290,44 @@ def test_ids_continue_across_leaders_and_trimming(stores: Stores) -> None:
     assert third.add_revision("web", "k3", "{}").number == 2
 
 
-def test_a_write_bigger_than_one_transaction_is_sent_whole(stores: Stores) -> None:
+def test_a_write_bigger_than_one_transaction_is_refused_and_applies_nothing(
+    stores: Stores,
+) -> None:
     leader = stores.make()
     leader.put_service("web", "{}", 1)
+    for i in range(MAX_OPS + 5):
+        leader.add_token("web", f"t{i}", f"d{i}", "")
+    stores.flush(leader)
+    before = rows(leader)
+    # One write: the service, its tokens... more rows than one etcd transaction takes.
+    with pytest.raises(WriteTooLarge, match=f"more than etcd takes \\({MAX_OPS}") as refused:
+        leader.delete_service("web")
+    assert (refused.value.limit, refused.value.allowed) == ("operations", MAX_OPS)
+    assert refused.value.status == 413
+    assert leader.pending == 0
+    assert rows(leader) == before  # nothing of it in the mirror
+    assert rows(stores.make()) == before  # nor in etcd
+    with pytest.raises(WriteTooLarge) as big:
+        leader.add_revision("web", "k", '"' + "x" * MAX_BYTES + '"')
+    assert big.value.limit == "bytes"
+    assert rows(leader) == before
+
+
+def test_trimming_events_fits_each_write_in_one_transaction(stores: Stores) -> None:
+    leader = stores.make(max_events_per_service=10_000, trim_every=1_000)
     for i in range(MAX_OPS * 2 + 5):
         leader.add_event("web", "x", f"e{i}")
-    assert leader.pending > 1
     stores.flush(leader)
-    leader.delete_service("web")  # one write: the service and its replicas, tokens...
-    stores.flush(leader)
-    assert rows(stores.make()) == rows(leader)
+    assert leader.pending == 0
+    # Lowered bound, as after a config change: each trim deletes at most TRIM_PER_WRITE.
+    small = stores.make(max_events_per_service=5, trim_every=1)
+    small.add_event("web", "x", "next")
+    assert small.trimmed_events == TRIM_PER_WRITE
+    small.add_event("web", "x", "next")
+    small.add_event("web", "x", "next")
+    assert len(small.events("web")) == 5
+    stores.flush(small)
+    assert rows(stores.make()) == rows(small)
 
 
 def test_a_state_written_by_a_newer_gateway_is_refused(stores: Stores, loop: Loop) -> None:
@@ -329,7 +357,7 @@ def test_the_outbox_merges_consecutive_writes_and_sends_a_key_once() -> None:
     batch = box.batch()
     assert batch is not None
     assert batch.ops == [put("b"), Delete(b"a"), put("c")]  # a: its last write, once
-    assert (batch.writes, batch.rest) == (2, None)
+    assert batch.writes == 2
     box.committed(batch)
     assert len(box) == 1
     last = box.batch()
@@ -339,15 +367,15 @@ def test_the_outbox_merges_consecutive_writes_and_sends_a_key_once() -> None:
     assert box.batch() is None
 
 
-def test_the_outbox_cuts_a_write_bigger_than_a_transaction_in_order() -> None:
+def test_the_outbox_refuses_a_write_bigger_than_a_transaction() -> None:
     box = Outbox(max_ops=3, max_bytes=100)
-    box.append([put(f"k{i}") for i in range(7)])
-    box.append([put("after")])
-    sent = []
-    while (batch := box.batch()) is not None:
-        sent.append([op.key.decode() for op in batch.ops])
-        box.committed(batch)
-    assert sent == [["k0", "k1", "k2"], ["k3", "k4", "k5"], ["k6", "after"]]
+    assert box.refusal([put("a"), put("b"), put("a"), put("c")]) is None  # a key once
+    too_many = box.refusal([put(f"k{i}") for i in range(4)])
+    assert too_many is not None
+    assert (too_many.limit, too_many.size, too_many.allowed) == ("operations", 4, 3)
+    too_big = box.refusal([put("a", 60), put("b", 60)])
+    assert too_big is not None
+    assert (too_big.limit, too_big.size, too_big.allowed) == ("bytes", 122, 100)
 
 
 def test_the_outbox_counts_bytes() -> None:
@@ -358,11 +386,6 @@ def test_the_outbox_counts_bytes() -> None:
     assert first is not None
     assert [op.key for op in first.ops] == [b"a"]
     box.committed(first)
-    box.clear()
-    box.append([put("a", 60), put("b", 60), put("c", 10)])
-    cut = box.batch()
-    assert cut is not None
-    assert ([op.key for op in cut.ops], cut.writes) == ([b"a"], 0)
     assert op_size(put("a", 60)) == 61
 
 
