@@ -23,7 +23,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence, Set
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -55,7 +55,7 @@ from .admin.views import certificates_operation
 from .backends import ProcessBackend, StaticBackend
 from .backends.base import Backend
 from .config import ConfigService, GatewayConfig, LoadedConfig
-from .errors import ControllerError, ListenFailed
+from .errors import ControllerError, ListenFailed, StoreUnavailable
 from .journal import Journal
 from .metrics import DockerHostMetrics, HostJournal, register_acme, register_docker
 from .metrics import register as register_controller_metrics
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from .cluster.engines import Engines
     from .etcd import EtcdClient
     from .node import ClusterNode
+    from .store.etcd import EtcdStore
 
 log = logging.getLogger("gateway")
 
@@ -132,6 +133,63 @@ def startup_choice(
         f"{name}: deleted through the API since {source} was last applied: not created again"
         " (edit the file or apply it to bring it back)",
     )
+
+
+def config_differences(
+    entries: Sequence[ConfigService], applied: Sequence[ConfigAppliedRow], live: Set[str]
+) -> list[str]:
+    """How a node's config ``services`` differ from what the cluster applied from configs
+    (``applied``: the ``config_applied`` rows; ``live``: the live services), one line each, in
+    the config's order then by name; empty when they agree.
+
+    1. A cluster that never applied a config's service (a new one: the first node to lead
+       applies its own) has nothing to differ from.
+    2. An entry never applied in the cluster, or whose document differs from the one last
+       applied (the digests): named with the cluster's source.
+    3. A live service the cluster applied from a config that this config does not name.
+    Services made through the API only, and deleted ones not named, are no difference.
+    """
+    if not applied:
+        return []
+    last = {row.service: row for row in applied}
+    lines = []
+    for entry in entries:
+        name = entry.spec.name
+        row = last.pop(name, None)
+        if row is None:
+            lines.append(f"{name}: in this config ({entry.source}), never applied in the cluster")
+        elif row.digest != entry.digest:
+            lines.append(
+                f"{name}: {entry.source} differs from the document the cluster applied"
+                f" (from {row.source})"
+            )
+    for name, row in sorted(last.items()):
+        if name in live:
+            lines.append(f"{name}: applied in the cluster (from {row.source}), not in this config")
+    return lines
+
+
+async def tell_config_differences(
+    store: EtcdStore, entries: Sequence[ConfigService], node: str
+) -> list[str]:
+    """At a node's start: warn, naming each (``config_differences``), when its config's
+    ``services`` differ from what the cluster applied. Only the node that leads applies its
+    config's services, when its term begins; this node applies its differences then, if ever."""
+    try:
+        applied, live = await store.applied_config()
+    except StoreUnavailable as e:
+        log.warning("node %s: config services not compared with the cluster's: %s", node, e)
+        return []
+    lines = config_differences(entries, applied, live)
+    if lines:
+        log.warning(
+            "node %s: this config's services differ from what the cluster applied (only the"
+            " node that leads applies its config's services, when its term begins: keep every"
+            " node's services: the same):\n  %s",
+            node,
+            "\n  ".join(lines),
+        )
+    return lines
 
 
 async def apply_config_services(
@@ -390,6 +448,8 @@ async def _run_locked(
             await local.sweep()  # replicas left with no record to adopt them by
             await apply_config_services(controller, store, loaded.services)
         else:  # the node that leads restores and applies (``ClusterNode``)
+            assert isinstance(store, EtcdStore)
+            await tell_config_differences(store, loaded.services, node.name)
             await node.start()  # its agent has adopted this node's replicas
             if node.agent.loaded.is_set():
                 await local.sweep()

@@ -50,7 +50,7 @@ from controller.etcd import (
     WatchEvent,
 )
 
-from . import Store
+from . import ConfigAppliedRow, Store
 from .etcd_keys import (
     PRIMARY_KEYS,
     SCHEMA_VERSION_KEY,
@@ -244,6 +244,39 @@ class EtcdStore(Store):
             finally:
                 self._applying = False
                 conn.execute("PRAGMA foreign_keys = ON")
+
+    async def applied_config(self) -> tuple[list[ConfigAppliedRow], set[str]]:
+        """What the cluster applied from gateway configs (``config_applied`` rows) and the
+        names of its live services, read from etcd at one revision; the mirror is untouched,
+        so a node that does not lead may ask. Raises ``StoreUnavailable`` if etcd cannot be
+        read."""
+        try:
+            self.requests += 1
+            kvs, _ = await self.client.get(self.base.encode(), prefix=True)
+        except EtcdUnavailable as e:
+            self._unreachable(e)
+            raise StoreUnavailable(f"etcd is unreachable: {e}", reason=str(e)) from e
+        self._reached()
+        applied: list[ConfigAppliedRow] = []
+        live: set[str] = set()
+        for kv in kvs:
+            parsed = split_key(kv.key.decode()[len(self.base) :])
+            if parsed is None or parsed[0] not in ("config_applied", "services"):
+                continue
+            row = decode_row(kv.value)
+            if parsed[0] == "services":
+                if not row.get("deleted"):
+                    live.add(str(row["name"]))
+            else:
+                applied.append(
+                    ConfigAppliedRow(
+                        str(row["service"]),
+                        str(row["source"]),
+                        str(row["digest"]),
+                        float(row["applied_at"]),  # type: ignore[arg-type]
+                    )
+                )
+        return applied, live
 
     # -- following ----------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from controller.config import ConfigService, document_digest
-from controller.serving import StoredAs, startup_choice
+from controller.serving import StoredAs, config_differences, startup_choice
 from controller.spec import ServiceSpec
 from controller.store import ConfigAppliedRow
 
@@ -46,3 +46,30 @@ def test_startup_choice(
     choice = startup_choice(config, last, stored)
     assert choice.apply is applied
     assert says in choice.reason
+
+
+def named(name: str, document: dict[str, object], source: str) -> ConfigService:
+    return ConfigService(
+        source=source,
+        digest=document_digest(document),
+        spec=ServiceSpec.model_validate({**document, "name": name}),
+    )
+
+
+def test_config_differences_with_the_cluster() -> None:
+    same, changed, new = (named(n, spec(), f"services/{n}.json") for n in ("web", "api", "new"))
+    applied = [
+        ConfigAppliedRow("web", "services/web.json", same.digest, 0.0),
+        ConfigAppliedRow("api", "gw-1.yaml services[0]", document_digest({"old": 1}), 0.0),
+        ConfigAppliedRow("db", "services/db.json", "d", 0.0),
+        ConfigAppliedRow("gone", "services/gone.json", "d", 0.0),  # deleted since
+    ]
+    live = {"web", "api", "db", "made-by-api"}
+    assert config_differences([same, changed, new], applied, live) == [
+        "api: services/api.json differs from the document the cluster applied"
+        " (from gw-1.yaml services[0])",
+        "new: in this config (services/new.json), never applied in the cluster",
+        "db: applied in the cluster (from services/db.json), not in this config",
+    ]
+    assert config_differences([same], applied[:1], live) == []
+    assert config_differences([same, new], [], live) == []  # a new cluster: the leader applies

@@ -83,6 +83,8 @@ class Nodes:
     docker: dict[str, Any] | None = None
     """Every node's ``backends.docker`` (None: none)."""
     nodes: list[Node] = field(default_factory=list)
+    services: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """The ``services:`` of a node's config, by node name (none by default)."""
 
     def __post_init__(self) -> None:
         for i in range(self.count):
@@ -110,6 +112,7 @@ class Nodes:
                 "process": {"capacity": self.capacity, "port_range": f"{low}-{low + 199}"},
                 **({"docker": self.docker} if self.docker is not None else {}),
             },
+            "services": self.services.get(node.name, []),
         }
 
     async def start(self, index: int) -> Node:

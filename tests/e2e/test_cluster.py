@@ -327,3 +327,49 @@ async def test_etcd_faults_one_member_changes_nothing_all_down_serves_and_refuse
     finally:
         await unloaded(loads)
     no_failures(nodes.nodes, loads, marks, "v2")
+
+
+async def test_config_services_are_applied_by_the_leader_and_a_differing_node_is_told(
+    tmp_path: Path,
+) -> None:
+    """n1 leads and applies its config's service; n2 starts with another document for it and
+    another service: it is told at start, naming both, and applies nothing; n3 agrees."""
+
+    def spec(name: str, replicas: int) -> dict[str, Any]:
+        return {
+            "name": name,
+            "route": {"path_prefix": f"/{name}"},
+            "replicas": replicas,
+            "replica": {"commands": [SERVER]},
+        }
+
+    etcd = EtcdCluster(tmp_path / "etcd", 1).start()
+    agreed = [spec("web", 0)]
+    cluster = Nodes(
+        tmp_path / "nodes",
+        etcd,
+        services={
+            "n1": agreed,
+            "n2": [spec("web", 0) | {"route": {"path_prefix": "/w2"}}, spec("api", 0)],
+            "n3": agreed,
+        },
+    )
+    try:
+        first = await cluster.start(0)
+        await cluster.until(lambda: cluster.leader() is first, 10, "n1 leads")
+        await cluster.until(lambda: "web: created from" in first.log, 10, "web applied")
+        second, third = await cluster.start(1), await cluster.start(2)
+        assert "this config's services differ from what the cluster applied" in second.log
+        assert "web: " + str(second.directory / "gateway.yaml") + " services[0] differs" in (
+            second.log
+        )
+        assert "api: in this config" in second.log
+        assert "differ from what the cluster applied" not in third.log + first.log
+        assert "created from" not in second.log + third.log  # only the leader applies
+        status, _ = await cluster.api("GET", "/api/services/api", node=second)
+        assert status == 404
+        web_view = await cluster.service("web", node=first)
+        assert web_view["serving_revision"] in (None, 1)
+    finally:
+        await cluster.close()
+        etcd.close()
