@@ -103,6 +103,7 @@ class ClusterNode:
         self.controller = controller
         self.journal = journal
         self.apply_config = apply_config
+        self.forget_after = node.forget_after
         self.local = local
         self.role: Role = "starting"
         self.keeper = LeaseKeeper(client, ttl=node.lease_ttl)
@@ -263,7 +264,13 @@ class ClusterNode:
         await self.peers.loaded()
         self.follower.handover()
         grace = self.keeper.ttl + 2.0
-        backend = ClusterBackend(self.client, self.prefix, self.election.fence, absent_grace=grace)
+        backend = ClusterBackend(
+            self.client,
+            self.prefix,
+            self.election.fence,
+            absent_grace=grace,
+            forget_after=self.forget_after,
+        )
         backend.set_exit_handler(self.controller.reconciler.on_exit)
         await backend.open()
         # After etcd was away every lease ended: the nodes register again as it returns. Their

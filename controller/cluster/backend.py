@@ -12,7 +12,9 @@ Invariants:
 - Each replica's exit is reported once to the exit handler: from its exit record, or as
   "node NAME is gone" when the node's key disappears (its lease ended); then its records are
   removed (fenced). Exit records of replicas that are not placed (withdrawn starts, replicas
-  already reported gone) are removed without a report.
+  already reported gone) are removed without a report. A gone node's running records stay
+  (it adopts and stops its replicas if it comes back) until it has been gone ``forget_after``
+  seconds (``books.forgotten``): then they are deleted, fenced.
 - ``start`` returns only on the node's answer, or raises; with no answer within
   ``answer_timeout`` the placement is withdrawn (the node stops the replica if it started it).
 - Nothing is decided before every feed has loaded once (``open``).
@@ -27,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from controller.backends.base import Exit, ExitHandler, Launch, Running
-from controller.cluster.books import Books, change_record, load_records
+from controller.cluster.books import Books, change_record, forgotten, load_records
 from controller.cluster.feed import RETRY, Feed
 from controller.cluster.placement import NoRoom, place
 from controller.cluster.replicas import (
@@ -91,12 +93,17 @@ class ClusterBackend:
         answer_timeout: float = ANSWER_TIMEOUT,
         retry: tuple[float, float] = RETRY,
         absent_grace: float = 0.0,
+        forget_after: float = 600.0,
     ) -> None:
         self.client = client
         self.absent_grace = absent_grace
         """Seconds a node with placements may be missing when the backend opens (its lease
         ended while etcd was away, and it registers again once etcd is back) before its
         replicas count as gone. A node whose key disappears later is gone at once."""
+        self.forget_after = forget_after
+        """Seconds a gone node's running records are kept before they are deleted."""
+        self._gone_at: dict[str, float] = {}
+        """When each gone node was seen gone (loop time), until its records are forgotten."""
         self.keys = Keys.of(prefix)
         self.fence = fence
         """The compares of the leadership, put in every write; raises Deposed when the node
@@ -372,6 +379,7 @@ class ClusterBackend:
     def _node_changed(self, name: str, raw: bytes | None) -> None:
         if raw is not None:
             self._books.nodes.add(name)
+            self._gone_at.pop(name, None)
             return
         self._books.nodes.discard(name)
         if self._settled:
@@ -483,6 +491,30 @@ class ClusterBackend:
                 asyncio.get_running_loop().call_later(self.absent_grace, self._absent, node)
             else:
                 self._node_gone(node)
+        for held in self._books.running.values():  # nodes gone before this term
+            if held.node not in self._books.nodes:
+                self._gone(held.node)
+
+    def _gone(self, node: str) -> None:
+        """``node`` is seen gone: its running records are forgotten ``forget_after`` on."""
+        if node in self._gone_at:
+            return
+        loop = asyncio.get_running_loop()
+        self._gone_at[node] = loop.time()
+        loop.call_later(self.forget_after, self._forget)
+
+    def _forget(self) -> None:
+        if self._closed:
+            return
+        now = asyncio.get_running_loop().time()
+        books = self._books
+        for rid in forgotten(books.running, books.nodes, self._gone_at, now, self.forget_after):
+            node = books.running[rid].node
+            log.info("replica %s: its record forgotten (node %s gone for long)", rid, node)
+            self._cleanup(rid, [Delete(self.keys.running_key(rid))])
+        for node in list(self._gone_at):
+            if now - self._gone_at[node] >= self.forget_after:
+                del self._gone_at[node]
 
     def _absent(self, node: str) -> None:
         """A node missing since the backend opened: gone if it has not registered again."""
@@ -505,6 +537,7 @@ class ClusterBackend:
     def _node_gone(self, node: str) -> None:
         """The node's key is gone (its lease ended): so are its replicas."""
         log.warning("node %s is gone", node)
+        self._gone(node)
         for start in list(self._starts.values()):
             if start.placement.node == node and not start.answer.done():
                 start.answer.set_exception(StartFailed(f"node {node} is gone"))

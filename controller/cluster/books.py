@@ -2,12 +2,13 @@
 
 ``Books`` holds, by name, the live nodes, their capacity records, and the placements, running,
 failed and exit records (``replicas``: the keys and JSON). ``ClusterBackend`` keeps one per
-term and decides from it; ``loads`` is the input of ``placement.place``.
+term and decides from it; ``loads`` is the input of ``placement.place``; ``forgotten`` says
+which running records a node gone long enough left behind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -60,6 +61,25 @@ class Books:
                 )
             )
         return loads
+
+
+def forgotten(
+    running: Mapping[str, RunningRecord],
+    nodes: set[str],
+    gone_at: Mapping[str, float],
+    now: float,
+    grace: float,
+) -> list[str]:
+    """The running records (by replica) to delete at ``now``: those of a node not live that
+    has been gone ``grace`` seconds or more (``gone_at``: when the leader saw it go, or, gone
+    before its term, when the term began). A node with no ``gone_at`` is kept."""
+    return sorted(
+        rid
+        for rid, record in running.items()
+        if record.node not in nodes
+        and record.node in gone_at
+        and now - gone_at[record.node] >= grace
+    )
 
 
 def load_records(

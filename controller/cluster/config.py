@@ -112,6 +112,10 @@ class NodeConfig(Model):
     lease_ttl: int = Field(default=5, ge=2, le=60)
     """Seconds: a node that stops renewing its lease is gone from the cluster after this long,
     and a leader that cannot renew stops acting before it ends."""
+    forget_after: Duration = Field(default=600.0, gt=0)
+    """A node gone this long (its lease ended, and it did not register again) is forgotten:
+    the leader deletes the running records its replicas left. Until then, a node that comes
+    back adopts its replicas from them and stops those no longer placed."""
 
     @field_validator("address")
     @classmethod

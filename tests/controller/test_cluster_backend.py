@@ -26,6 +26,7 @@ import uvloop
 from controller.backends import Exit, Launch, ProcessBackend
 from controller.cluster.agent import Agent
 from controller.cluster.backend import ClusterBackend
+from controller.cluster.books import forgotten
 from controller.cluster.lease import LeaseKeeper
 from controller.cluster.nodes import NodeRecord, NodeRegistry
 from controller.cluster.placement import NodeLoad, NoRoom, place
@@ -180,7 +181,9 @@ async def world(etcd: EtcdCluster, tmp_path: Path) -> AsyncIterator[World]:
 
 
 @contextlib.asynccontextmanager
-async def opened_world(etcd: EtcdCluster, tmp_path: Path) -> AsyncIterator[World]:
+async def opened_world(
+    etcd: EtcdCluster, tmp_path: Path, forget_after: float = 600.0
+) -> AsyncIterator[World]:
     prefix = f"/cluster-backend-test/{next(_prefixes)}/"
     script = tmp_path / "server.py"
     script.write_text(SERVER_PY)
@@ -192,6 +195,7 @@ async def opened_world(etcd: EtcdCluster, tmp_path: Path) -> AsyncIterator[World
         prefix,
         lambda: [Compare(fence_key, "VALUE", "EQUAL", b"me")],
         answer_timeout=5.0,
+        forget_after=forget_after,
     )
     exits: list[Exit] = []
     exited = asyncio.Event()
@@ -371,6 +375,67 @@ async def test_a_node_whose_key_is_gone_takes_its_replicas(world: World) -> None
     again = await world.leader.start(launch(world, "web-1-d"))
     assert again.handle["node"] == "b"
     assert [e.replica_id for e in world.exits] == ["web-1-b"]
+
+
+def test_a_gone_nodes_running_records_are_forgotten_after_the_grace() -> None:
+    def record(node: str) -> RunningRecord:
+        return RunningRecord(node, "web", 1, "127.0.0.9", 8000, 1, {})
+
+    running = {"r-a": record("a"), "r-b": record("b"), "r-c": record("c"), "r-d": record("d")}
+    gone_at = {"b": 100.0, "c": 150.0, "a": 0.0}  # a came back: live, kept
+    nodes = {"a"}
+    assert forgotten(running, nodes, gone_at, now=159.0, grace=60.0) == []
+    assert forgotten(running, nodes, gone_at, now=160.0, grace=60.0) == ["r-b"]
+    assert forgotten(running, nodes, gone_at, now=210.0, grace=60.0) == ["r-b", "r-c"]
+    # d was never seen gone (no gone_at): kept whatever the time.
+    assert "r-d" not in forgotten(running, nodes, gone_at, now=1e9, grace=60.0)
+
+
+async def test_a_node_gone_for_good_leaves_no_records_after_the_grace(
+    etcd: EtcdCluster, tmp_path: Path
+) -> None:
+    async with opened_world(etcd, tmp_path, forget_after=1.5) as world:
+        await world.node("a", "127.0.0.2", capacity=1)
+        b = await world.node("b", "127.0.0.3", capacity=1)
+        await asyncio.wait_for(world.leader.wait(agents(2)), 10)
+        await world.leader.start(launch(world, "web-1-a"))
+        on_b = await world.leader.start(launch(world, "web-1-b"))
+        assert on_b.handle["node"] == "b"
+        await b.agent.close()  # b dies for good: its agent writes nothing more
+        await b.registry.stop()
+        await b.keeper.stop(revoke=True)
+        event = await world.exit_of("web-1-b")
+        seen = asyncio.get_running_loop().time()
+        assert event.reason == "node b is gone"
+        running = world.prefix.encode() + b"running/"
+        # Its running record stays for the grace (b, back, would adopt and stop its replica)...
+        assert await keys_under(world, "running/") == [running + b"web-1-a", running + b"web-1-b"]
+        assert await keys_under(world, "placements/b/") == []
+        # ...then it is deleted, and a's is not.
+        await asyncio.wait_for(world.leader.wait(lambda lb: "web-1-b" not in lb._books.running), 10)
+        assert asyncio.get_running_loop().time() - seen >= 1.0
+        assert await keys_under(world, "running/") == [running + b"web-1-a"]
+
+
+async def test_a_node_gone_before_the_term_began_is_forgotten_too(world: World) -> None:
+    """The running record of a node that went before this leader's term (a leader that died
+    within the grace) is forgotten ``forget_after`` after the term began."""
+    record = RunningRecord("z", "web", 1, "127.0.0.9", 8000, 1, {})
+    await world.client.put(world.leader.keys.running_key("web-1-z"), record.to_json())
+    fence_key = world.prefix.encode() + LEADER_KEY
+    later = ClusterBackend(
+        world.client,
+        world.prefix,
+        lambda: [Compare(fence_key, "VALUE", "EQUAL", b"me")],
+        forget_after=0.5,
+    )
+    try:
+        await asyncio.wait_for(later.open(), 10)
+        assert "web-1-z" in later._books.running
+        await asyncio.wait_for(later.wait(lambda lb: "web-1-z" not in lb._books.running), 10)
+        assert await keys_under(world, "running/") == []
+    finally:
+        await later.close()
 
 
 async def test_a_refused_fence_places_nothing(world: World) -> None:

@@ -35,6 +35,7 @@ def test_etcd_store_with_its_defaults() -> None:
     assert config.state.etcd.prefix == "/gateway/"
     assert config.node.name == "node-a"
     assert config.node.lease_ttl == 5
+    assert config.node.forget_after == 600.0
     assert config.node.host("0.0.0.0:8081") == "127.0.0.2"
 
 
@@ -134,6 +135,7 @@ def test_node_host_defaults_to_the_admin_listener_host() -> None:
         ({"node": {"address": "127.0.0.2:8081"}}, "node.address", "without port"),
         ({"node": {"address": "http://a"}}, "node.address", "without port"),
         ({"node": {"lease_ttl": 1}}, "node.lease_ttl", "greater than or equal to 2"),
+        ({"node": {"forget_after": 0}}, "node.forget_after", "greater than 0"),
     ],
 )
 def test_refused_with_the_field_and_the_reason(
@@ -142,3 +144,14 @@ def test_refused_with_the_field_and_the_reason(
     found = fields(data)
     assert field in found, found
     assert reason in found[field], found
+
+
+def test_a_gone_nodes_records_are_kept_for_forget_after() -> None:
+    config = GatewayConfig.model_validate(
+        {
+            "state": ETCD,
+            "node": {"address": "127.0.0.2", "forget_after": "90s"},
+            "admin": {"listen": "0.0.0.0:8081"},
+        }
+    )
+    assert config.node.forget_after == 90.0
