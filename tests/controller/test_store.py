@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
@@ -77,6 +78,22 @@ def snapshot(db: Path) -> dict[str, list[tuple[object, ...]]]:
         conn.close()
 
 
+def every_row(store: Store) -> dict[str, list[tuple[object, ...]]]:
+    """``snapshot`` of the store's file; of the etcd store's in-memory mirror (whose tests also
+    check that etcd holds what the mirror does), its tables but the schema's version."""
+    if str(store.database.path) != ":memory:":
+        return snapshot(store.database.path)
+    with store.database.read() as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM main.sqlite_master WHERE type = 'table'"
+                " AND name != 'schema_version' ORDER BY name"
+            )
+        ]
+        return {t: conn.execute(f"SELECT * FROM main.{t} ORDER BY 1, 2").fetchall() for t in tables}
+
+
 # -- schema and reopening -------------------------------------------------------------------
 
 
@@ -104,26 +121,27 @@ def test_schema_created(store: Store, db: Path) -> None:
     assert store.database.journal_mode == "wal"
 
 
-def test_reopen_is_idempotent_and_keeps_everything(db: Path) -> None:
-    with Store(db, clock=FakeClock()) as s:
-        rev, ro = s.apply_revision("web", '{"v": 1}', "k1", 2, None)
-        s.finish_rollout(ro.id, "complete", "", rev.number)
-        s.apply_revision("web", '{"v": 2}', "k2", 3, rev.number)
-        s.put_replica("web", "web-1", 1, "process", '{"pid": 10}')
-        s.add_event("web", "apply", "applied", revision=2)
-        before = snapshot(db)
-    with Store(db) as s:
-        assert snapshot(db) == before
-        assert s.schema_version() == SCHEMA_VERSION
-        service = s.service("web")
-        assert service is not None
-        assert (service.serving_revision, service.target_revision) == (1, 2)
-        assert service.spec_json == '{"v": 2}'
-        assert service.desired_replicas == 3
-        assert [r.number for r in s.revisions("web")] == [1, 2]
-        assert [r.status for r in s.rollouts("web")] == ["progressing", "complete"]
-        assert [r.replica_id for r in s.replicas("web")] == ["web-1"]
-        assert [e.message for e in s.events("web")] == ["applied"]
+def test_reopen_is_idempotent_and_keeps_everything(make_store: Callable[..., Store]) -> None:
+    s = make_store()
+    rev, ro = s.apply_revision("web", '{"v": 1}', "k1", 2, None)
+    s.finish_rollout(ro.id, "complete", "", rev.number)
+    s.apply_revision("web", '{"v": 2}', "k2", 3, rev.number)
+    s.put_replica("web", "web-1", 1, "process", '{"pid": 10}')
+    s.add_event("web", "apply", "applied", revision=2)
+    before = every_row(s)
+    s.close()
+    s = make_store()  # the file opened again; on etcd, a new writer loads the prefix
+    assert every_row(s) == before
+    assert s.schema_version() == SCHEMA_VERSION
+    service = s.service("web")
+    assert service is not None
+    assert (service.serving_revision, service.target_revision) == (1, 2)
+    assert service.spec_json == '{"v": 2}'
+    assert service.desired_replicas == 3
+    assert [r.number for r in s.revisions("web")] == [1, 2]
+    assert [r.status for r in s.rollouts("web")] == ["progressing", "complete"]
+    assert [r.replica_id for r in s.replicas("web")] == ["web-1"]
+    assert [e.message for e in s.events("web")] == ["applied"]
 
 
 def test_refuses_a_newer_schema(db: Path) -> None:
@@ -183,7 +201,7 @@ def test_config_applied_only_for_a_live_service(store: Store) -> None:
         assert conn.execute("SELECT count(*) FROM main.config_applied").fetchone() == (0,)
 
 
-def test_repr_and_closed_store(db: Path) -> None:
+def test_repr_says_the_file_and_whether_closed(db: Path) -> None:
     s = Store(db)
     s.put_service("web", "{}", 1)
     text = repr(s)
@@ -192,10 +210,19 @@ def test_repr_and_closed_store(db: Path) -> None:
     assert "writes=" in text
     assert "closed=False" in text
     s.close()
-    s.close()
     assert "closed=True" in repr(s)
+
+
+def test_a_closed_store_refuses_every_call(make_store: Callable[..., Store]) -> None:
+    s = make_store()
+    s.put_service("web", "{}", 1)
+    s.close()
+    s.close()  # idempotent
     with pytest.raises(StoreUnavailable, match="closed"):
         s.services()
+    with pytest.raises(StoreUnavailable, match="closed"):
+        s.put_service("api", "{}", 1)
+    assert [r.name for r in make_store().services()] == ["web"]  # what it wrote stays
 
 
 def test_usable_from_another_thread(store: Store) -> None:
@@ -327,14 +354,15 @@ def test_apply_revision_supersedes_the_active_rollout(store: Store) -> None:
         store.apply_revision("web", "{}", "k3", 1, from_revision=42)
 
 
-def test_apply_revision_failing_midway_writes_nothing(store: Store, db: Path) -> None:
+def test_apply_revision_failing_midway_writes_nothing(store: Store) -> None:
     """A fault between the statements of one transaction rolls all of them back.
 
     The real connection is wrapped so that the rollout insert fails as a full disk would; the
-    revision insert that ran before it in the same transaction must be gone too.
+    revision insert that ran before it in the same transaction must be gone too (on etcd: from
+    the mirror, and nothing is sent).
     """
     _, ro1 = store.apply_revision("web", '{"v": 1}', "k1", 1, None)
-    before = snapshot(db)
+    before = every_row(store)
 
     class FailingConnection:
         def __init__(self, conn: sqlite3.Connection) -> None:
@@ -356,7 +384,7 @@ def test_apply_revision_failing_midway_writes_nothing(store: Store, db: Path) ->
     finally:
         store.database._conn = real
     assert "disk is full" in str(info.value.details["reason"])
-    assert snapshot(db) == before
+    assert every_row(store) == before
     assert store.active_rollout("web") == ro1
     # The store goes on working, and the number that was never committed is reused.
     r2, _ = store.apply_revision("web", '{"v": 2}', "k2", 3, 1)
@@ -568,27 +596,29 @@ def test_replicas_put_replace_remove(store: Store) -> None:
 # test that runs only where it means something.
 
 
-def test_readonly_store_reads_and_refuses_writes(db: Path) -> None:
-    with Store(db) as s:
-        s.apply_revision("web", "{}", "k1", 1, None)
-        s.add_event("web", "k", "m")
-    before = snapshot(db)
-    with Store(db, readonly=True) as ro:
-        assert ro.service("web") is not None
-        assert len(ro.events()) == 1
-        writes = [
-            lambda: ro.apply_revision("web", "{}", "k2", 1, 1),
-            lambda: ro.put_service("api", "{}", 1),
-            lambda: ro.add_event("web", "k", "m2"),
-            lambda: ro.delete_service("web"),
-        ]
-        for write in writes:
-            with pytest.raises(StoreUnavailable) as info:
-                write()
-            assert "readonly" in str(info.value.details["reason"])
-            assert info.value.status == 503
-        assert ro.database.failed_writes == len(writes)
-    assert snapshot(db) == before
+def test_readonly_store_reads_and_refuses_writes(make_store: Callable[..., Store]) -> None:
+    """SQLite's read-only mode; on etcd, a node that does not lead (its mirror loaded)."""
+    s = make_store()
+    s.apply_revision("web", "{}", "k1", 1, None)
+    s.add_event("web", "k", "m")
+    s.close()
+    ro = make_store(readonly=True)
+    before = every_row(ro)
+    assert ro.service("web") is not None
+    assert len(ro.events()) == 1
+    writes = [
+        lambda: ro.apply_revision("web", "{}", "k2", 1, 1),
+        lambda: ro.put_service("api", "{}", 1),
+        lambda: ro.add_event("web", "k", "m2"),
+        lambda: ro.delete_service("web"),
+    ]
+    for write in writes:
+        with pytest.raises(StoreUnavailable) as info:
+            write()
+        assert re.search("readonly|not leading", str(info.value.details["reason"]))
+        assert info.value.status == 503
+    assert ro.database.failed_writes == len(writes)
+    assert every_row(ro) == before
 
 
 def test_readonly_store_needs_an_existing_current_file(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 
 The SQLite store's behaviour tests (tests/controller/test_store.py) that use only the store run
 here again against ``EtcdStore``, with every write flushed to etcd; after each of them a fresh
-store loads the prefix and must hold exactly the rows of the one that wrote them. Then what is
-etcd's own: the fence, an unreachable etcd, ids across leaders, a newer schema refused.
+store loads the prefix and must hold exactly the rows of the one that wrote them (the last
+still open). Those about the SQLite file itself skip, saying why. Then what is etcd's own:
+the fence, an unreachable etcd, ids across leaders, a newer schema refused.
 """
 
 from __future__ import annotations
@@ -34,20 +35,27 @@ from tests.etcd_cluster import EtcdCluster
 T = TypeVar("T")
 
 SQLITE_ONLY = {
-    "test_schema_created": "the SQLite file's tables and version",
-    "test_reopen_is_idempotent_and_keeps_everything": "reopening a file (etcd: each fresh load)",
-    "test_refuses_a_newer_schema": "a newer file (etcd: test_a_state_written_by_a_newer_gateway)",
-    "test_migrates_a_version_1_database_and_keeps_its_data": "migrating an old SQLite file",
-    "test_repr_and_closed_store": "the SQLite store's repr and file",
-    "test_apply_revision_failing_midway_writes_nothing": "a disk fault (etcd: the port below)",
-    "test_opening_the_file_trims_every_service": "opening a file (etcd: the writer's mirror)",
-    "test_a_version_3_database_gains_the_strategy_column_and_keeps_its_rollouts": "a migration",
-    "test_readonly_store_reads_and_refuses_writes": "SQLite's read-only mode",
-    "test_readonly_store_needs_an_existing_current_file": "SQLite's read-only mode",
-    "test_disk_full_raises_and_keeps_the_old_state": "a full disk under the SQLite file",
-    "test_unopenable_paths": "file paths",
-    "test_readonly_directory": "file modes",
-    "test_sigkill_at_a_random_moment_leaves_a_consistent_store": "a SQLite writer process killed",
+    "test_schema_created": "SQLite-only: the file's tables, its journal mode and its connection's"
+    " pragmas (etcd's schema version: test_a_state_written_by_a_newer_gateway_is_refused)",
+    "test_refuses_a_newer_schema": "SQLite-only: a newer version written into the file (etcd:"
+    " test_a_state_written_by_a_newer_gateway_is_refused)",
+    "test_migrates_a_version_1_database_and_keeps_its_data": "SQLite-only: an old file migrated"
+    " (etcd holds rows, loaded into a mirror made at the current schema)",
+    "test_a_version_3_database_gains_the_strategy_column_and_keeps_its_rollouts": "SQLite-only:"
+    " an old file migrated (etcd holds rows, loaded into a mirror made at the current schema)",
+    "test_repr_says_the_file_and_whether_closed": "SQLite-only: the repr names the file",
+    "test_opening_the_file_trims_every_service": "SQLite-only: opening the file trims; a new"
+    " leader's load trims nothing, its writes do (test_trimming_events_fits_each_write_in_one"
+    "_transaction)",
+    "test_readonly_store_needs_an_existing_current_file": "SQLite-only: a read-only open of a"
+    " missing or unmigrated file",
+    "test_disk_full_raises_and_keeps_the_old_state": "SQLite-only: a full disk under the file"
+    " (etcd's limit is a transaction's size: test_a_write_bigger_than_one_transaction_is"
+    "_refused_and_applies_nothing)",
+    "test_unopenable_paths": "SQLite-only: paths that cannot be opened as a database",
+    "test_readonly_directory": "SQLite-only: file modes",
+    "test_sigkill_at_a_random_moment_leaves_a_consistent_store": "SQLite-only: a writer process"
+    " killed in a transaction of the file (etcd: a flush is one etcd transaction)",
 }
 """test_store.py's tests that are about SQLite itself, by name, with why they do not apply."""
 
@@ -179,14 +187,18 @@ def make_store(stores: Stores) -> Iterator[Callable[..., Any]]:
     task = asyncio.run_coroutine_threadsafe(follower.watch(heard, retry=0.1), stores.loop.loop)
     made: list[EtcdStore] = []
 
-    def make(**options: Any) -> Any:
-        made.append(stores.make(**options))
+    def make(*, readonly: bool = False, **options: Any) -> Any:
+        """``readonly``: a node that does not lead, its mirror loaded."""
+        made.append(stores.make(lead=not readonly, **options))
+        if readonly:
+            stores.loop.run(made[-1].load())
         return Flushing(made[-1], stores.flush)
 
     try:
         yield make
-        if made:
-            written = made[-1]
+        opened = [m for m in made if not m.database.closed]
+        if opened:
+            written = opened[-1]
             loaded = stores.make()
             assert rows(loaded) == rows(written), "etcd does not hold what the store wrote"
             assert heard.until(lambda: rows(follower) == rows(written)), "the follower lags"
