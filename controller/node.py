@@ -7,8 +7,8 @@ Every node, whatever its role:
 
 A node that **follows** has its pool follow the leader's records (``pools.Follower``) and
 reports what it routes to, which drains it holds nothing of and its traffic per service; its
-store mirror follows etcd by watch; its admin API forwards to the leader (``admin.cluster``);
-it stores no event.
+store mirror follows etcd by watch; its admin API forwards to the leader (``admin.cluster``),
+but for a replica's logs, read on the node that runs it; it stores no event.
 
 A node that **leads** (``Election``) loads the state fresh as the one writer, restores the
 services (adopting the replicas the nodes run), runs the controller, places replicas on the
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,7 +35,7 @@ from typing import Literal
 import aiohttp
 
 from controller.admin.cluster import NodeInfo
-from controller.backends.base import Backend
+from controller.backends.process import ProcessBackend
 from controller.cluster.agent import Agent
 from controller.cluster.backend import ClusterBackend
 from controller.cluster.config import EtcdConfig, NodeConfig
@@ -89,7 +90,7 @@ class ClusterNode:
         pool: Pool,
         controller: Controller,
         journal: Journal,
-        local: Backend,
+        local: ProcessBackend,
         apply_config: Callable[[], Awaitable[None]],
         engines: Engines | None = None,
     ) -> None:
@@ -197,6 +198,32 @@ class ClusterNode:
 
     async def committed(self) -> None:
         await self.store.flush()
+
+    def node_address(self, name: str) -> str | None:
+        record = self.registry.nodes.get(name)
+        return None if record is None else record.address
+
+    def replica_node(self, service: str, replica_id: str) -> str | None:
+        """From the replica's row (its handle names the node), in this node's mirror."""
+        try:
+            rows = self.store.replicas(service)
+        except StoreUnavailable:
+            return None
+        for row in rows:
+            if row.replica_id != replica_id:
+                continue
+            try:
+                handle = json.loads(row.handle_json)
+            except ValueError:
+                return None
+            node = handle.get("node") if isinstance(handle, dict) else None
+            return node if isinstance(node, str) else None
+        return None
+
+    def local_logs(self, replica_id: str, tail: int) -> list[str] | None:
+        if not self.local.has_logs(replica_id):
+            return None
+        return self.local.logs(replica_id, tail)
 
     def session(self) -> aiohttp.ClientSession:
         """The HTTP client that forwards admin requests to the leader."""

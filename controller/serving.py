@@ -49,7 +49,8 @@ from gateway import (
 from .acme import AcmeManager
 from .acme.manager import controller_routes
 from .admin.app import AdminServer, build_admin_app
-from .admin.cluster import cluster_middleware, cluster_operations
+from .admin.cluster import cluster_logs, cluster_middleware, cluster_operations
+from .admin.handlers import LOGS_ELSEWHERE
 from .admin.tls import tls_operations
 from .admin.views import certificates_operation
 from .backends import ProcessBackend, StaticBackend
@@ -422,22 +423,21 @@ async def _run_locked(
         from .node_metrics import register_node
 
         register_node(registry, node)
-    admin = AdminServer(
-        build_admin_app(
-            controller,
-            lambda: ready,
-            config.admin_token(),
-            metrics=metrics_exposition(registry),
-            extra_routes=[
-                certificates_operation(acme),
-                *tls_operations(tls, reload_tls),
-                *cluster_operations(node),
-            ],
-            middlewares=middlewares,
-        ),
-        config.admin.listen,
-        sock=admin_socket,
+    admin_app = build_admin_app(
+        controller,
+        lambda: ready,
+        config.admin_token(),
+        metrics=metrics_exposition(registry),
+        extra_routes=[
+            certificates_operation(acme),
+            *tls_operations(tls, reload_tls),
+            *cluster_operations(node),
+        ],
+        middlewares=middlewares,
     )
+    if node is not None:  # a replica's log is on the node that runs it
+        admin_app[LOGS_ELSEWHERE] = cluster_logs(node, node.session)
+    admin = AdminServer(admin_app, config.admin.listen, sock=admin_socket)
 
     await prober.start()
     try:

@@ -9,8 +9,15 @@ rollout and every rule of the planner in one place, with no write race between n
 settle.
 
 Answered by the node itself, never forwarded: ``GET /api/cluster`` (the nodes, who leads),
-the certificate and TLS routes (each node has its own listeners), ``/healthz``, ``/readyz``,
+``GET /api/cluster/replicas/{replica}/logs`` (this node's own log of a replica), the
+certificate and TLS routes (each node has its own listeners), ``/healthz``, ``/readyz``,
 ``/metrics``.
+
+A replica's log is a file on the node that runs it. ``GET .../replicas/{replica}/logs``
+through a node that does not lead goes to the node that runs the replica, as the state it
+follows says (this node itself, or that node's own logs route), not to the leader. A replica
+the state has no record of (it ended) goes to the leader, which checks it is the service's
+and asks every live node for its log: the node that ran it holds one.
 
 With no leader (an election under way, or etcd unreachable) a forwarded request gets 503
 ``no_leader`` with ``Retry-After``; on the leader, a write while etcd is unreachable gets 503
@@ -20,20 +27,23 @@ changed is in etcd.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from ..unreachable import unreachable_reason
-from .handlers import ApiError
+from .handlers import TAIL, ApiError, ReplicaLogs, respond, tail_query
 from .openapi import Operation
 from .origin import BROWSER_HEADERS
-from .schemas import ClusterNodeView, ClusterView
+from .schemas import ClusterNodeView, ClusterView, LogsView, NodeLogsView
 
 log = logging.getLogger("gateway.admin")
 
@@ -42,6 +52,10 @@ LOCAL_PATHS = ("/api/cluster", "/api/tls", "/api/certificates")
 FORWARDED_BY = "X-Gateway-Forwarded-By"
 LEADER_HEADER = "X-Gateway-Leader"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+LOGS_ROUTE = "/api/services/{name}/replicas/{replica}/logs"
+NODE_LOGS_ROUTE = "/api/cluster/replicas/{replica}/logs"
+NODE_TIMEOUT = 10.0
+"""Seconds another node has to answer for its log of a replica."""
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -92,6 +106,17 @@ class Membership(Protocol):
         """Return once what was written so far is in etcd; raise ``StoreUnavailable`` (or
         ``Deposed``) when it cannot be."""
 
+    def node_address(self, name: str) -> str | None:
+        """A live node's admin API (``http://host:port``); None if it is not live."""
+
+    def replica_node(self, service: str, replica_id: str) -> str | None:
+        """The node that runs the replica, as the cluster's state says; None if the state has
+        no record of it (it ended, or never started)."""
+
+    def local_logs(self, replica_id: str, tail: int) -> list[str] | None:
+        """The last ``tail`` lines of this node's log of the replica; None if this node holds
+        none. Reads files: called off the event loop."""
+
 
 def _local(path: str) -> bool:
     return not path.startswith("/api/") or any(
@@ -123,6 +148,10 @@ def cluster_middleware(
                 await membership.committed()
             response.headers[LEADER_HEADER] = membership.node
             return response
+        if request.method == "GET" and _route(request) == LOGS_ROUTE:
+            answer = await _logs_where_running(request, membership, session())
+            if answer is not None:
+                return answer
         leader = membership.leader()
         if leader is None or leader.name == membership.node or FORWARDED_BY in request.headers:
             if FORWARDED_BY in request.headers:
@@ -140,6 +169,127 @@ def cluster_middleware(
         return await _forward(request, leader, membership.node, session())
 
     return cluster
+
+
+def _route(request: web.Request) -> str | None:
+    """The path pattern of the route the request matched (None: no route)."""
+    route = request.match_info.route
+    resource = None if route is None else route.resource
+    return None if resource is None else resource.canonical
+
+
+async def _logs_where_running(
+    request: web.Request, membership: Membership, session: aiohttp.ClientSession
+) -> web.Response | None:
+    """A follower's answer to a replica's logs, from the node that runs it; None when the
+    state it follows does not say (the leader's to answer)."""
+    service, replica = request.match_info["name"], request.match_info["replica"]
+    node = membership.replica_node(service, replica)
+    if node is None:
+        return None
+    lines = await node_logs(request, membership, session, node, replica, tail_query(request))
+    if lines is None:  # that node is gone, or holds no log of it
+        return None
+    return respond(LogsView(service=service, replica=replica, lines=lines, node=node))
+
+
+async def node_logs(
+    request: web.Request,
+    membership: Membership,
+    session: aiohttp.ClientSession,
+    node: str,
+    replica: str,
+    tail: int,
+) -> list[str] | None:
+    """``node``'s log of the replica (its last ``tail`` lines): read here if ``node`` is this
+    one, else asked of it with the caller's token. None if the node is not live or holds no
+    log of it; ``ApiError`` 503 if it does not answer."""
+    if node == membership.node:
+        return await asyncio.to_thread(membership.local_logs, replica, tail)
+    address = membership.node_address(node)
+    if address is None:
+        return None
+    headers = {FORWARDED_BY: membership.node}
+    if "Authorization" in request.headers:
+        headers["Authorization"] = request.headers["Authorization"]
+    url = address + NODE_LOGS_ROUTE.format(replica=quote(replica, safe=""))
+    try:
+        async with session.get(
+            url,
+            params={"tail": str(tail)},
+            headers=headers,
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=NODE_TIMEOUT),
+        ) as answer:
+            status = answer.status
+            text = await answer.text()
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        raise ApiError(
+            503,
+            "node_unreachable",
+            f"node {node} ({address}) did not answer for the log of {replica}:"
+            f" {unreachable_reason(e)}",
+            headers={"Retry-After": "2"},
+        ) from None
+    body = _json(text)
+    if status != 200 or not isinstance(body.get("lines"), list):
+        why = body.get("message") or text[:200]
+        raise ApiError(
+            503,
+            "node_refused",
+            f"node {node} ({address}) did not give the log of {replica}: {status} {why}",
+            headers={"Retry-After": "2"},
+        )
+    if not body.get("found"):
+        return None
+    return [str(line) for line in body["lines"]]
+
+
+def _json(text: str) -> dict[str, Any]:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def cluster_logs(
+    membership: Membership, session: Callable[[], aiohttp.ClientSession]
+) -> ReplicaLogs:
+    """The leader's reading of a process replica's log (``handlers.LOGS_ELSEWHERE``): from the
+    node the state says runs it; else (it ended) from whichever live node holds a log of it,
+    this node first. No node holding one: no lines. A node that did not answer while none
+    holding one did: 503."""
+
+    async def logs(
+        request: web.Request, service: str, replica: str, tail: int
+    ) -> tuple[list[str], str | None]:
+        node = membership.replica_node(service, replica)
+        if node is not None:
+            lines = await node_logs(request, membership, session(), node, replica, tail)
+            if lines is not None:
+                return lines, node
+        lines = await node_logs(request, membership, session(), membership.node, replica, tail)
+        if lines is not None:
+            return lines, membership.node
+        others = [n.name for n in membership.nodes() if n.name not in (membership.node, node)]
+        answers = await asyncio.gather(
+            *(node_logs(request, membership, session(), n, replica, tail) for n in others),
+            return_exceptions=True,
+        )
+        silent: list[str] = []
+        for name, answer in zip(others, answers, strict=True):
+            if isinstance(answer, list):
+                return answer, name
+            if isinstance(answer, ApiError):
+                silent.append(answer.message)
+            elif isinstance(answer, BaseException):
+                raise answer
+        if silent:
+            raise ApiError(503, "node_unreachable", "; ".join(silent), headers={"Retry-After": "2"})
+        return [], None
+
+    return logs
 
 
 async def _forward(
@@ -203,12 +353,13 @@ def cluster_view(membership: Membership | None) -> ClusterView:
 
 
 def cluster_operations(membership: Membership | None) -> list[Operation]:
-    """``GET /api/cluster``: the store, the live nodes and which one leads."""
+    """``GET /api/cluster``: the store, the live nodes and which one leads. In a cluster, ``GET
+    /api/cluster/replicas/{replica}/logs`` too: this node's own log of a replica."""
 
     async def get_cluster(request: web.Request) -> web.Response:
         return web.json_response(cluster_view(membership).model_dump(mode="json"))
 
-    return [
+    operations = [
         Operation(
             "GET",
             "/api/cluster",
@@ -217,3 +368,28 @@ def cluster_operations(membership: Membership | None) -> list[Operation]:
             {200: ClusterView},
         )
     ]
+    if membership is None:
+        return operations
+    here = membership
+
+    async def node_replica_logs(request: web.Request) -> web.Response:
+        replica = request.match_info["replica"]
+        lines = await asyncio.to_thread(here.local_logs, replica, tail_query(request))
+        found = lines is not None
+        return respond(
+            NodeLogsView(node=here.node, replica=replica, found=found, lines=lines or [])
+        )
+
+    operations.append(
+        Operation(
+            "GET",
+            NODE_LOGS_ROUTE,
+            node_replica_logs,
+            "The last lines of a replica's output as this node holds them (the node that runs"
+            " or ran it); never forwarded",
+            {200: NodeLogsView},
+            errors=(422,),
+            query=(TAIL,),
+        )
+    )
+    return operations

@@ -13,7 +13,7 @@ import json
 import posixpath
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
@@ -64,6 +64,10 @@ DOCUMENT: web.AppKey[dict[str, str]] = web.AppKey("openapi_document")
 
 DEFAULT_TAIL = 100
 MAX_TAIL = 10_000
+ReplicaLogs = Callable[[web.Request, str, str, int], Awaitable[tuple[list[str], str | None]]]
+LOGS_ELSEWHERE: web.AppKey[ReplicaLogs] = web.AppKey("logs_elsewhere")
+"""In a cluster (``admin.cluster``): a process replica's last lines, read on the node that runs
+or ran it, and that node's name."""
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -170,6 +174,11 @@ def _read_model(raw: bytes, content_type: str, model: type[M]) -> M:
 
 
 _INTEGER = re.compile(r"-?[0-9]+")
+
+
+def tail_query(request: web.Request) -> int:
+    """The ``tail`` of a logs route: how many of the last lines."""
+    return _int_query(request, "tail", DEFAULT_TAIL, 1, MAX_TAIL)
 
 
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
@@ -409,15 +418,20 @@ async def replica_logs(request: web.Request) -> web.Response:
     controller = _controller(request)
     state = controller.state(request.match_info["name"])
     replica_id = request.match_info["replica"]
-    tail = _int_query(request, "tail", DEFAULT_TAIL, 1, MAX_TAIL)
+    tail = tail_query(request)
     replica = state.replica(replica_id)
     if replica is None:
         raise NotFound(f"no replica {replica_id!r} in {state.name!r}", service=state.name)
     spec = state.revisions.get(replica.revision, state.spec)
-    backend = controller.backends.get(spec.backend)
-    # The process backend reads its log files: off the loop.
-    lines = [] if backend is None else await asyncio.to_thread(backend.logs, replica_id, tail)
-    return respond(LogsView(service=state.name, replica=replica_id, lines=lines))
+    elsewhere = request.app.get(LOGS_ELSEWHERE)
+    node = None
+    if elsewhere is not None and spec.backend == "process":  # on the cluster's nodes
+        lines, node = await elsewhere(request, state.name, replica_id, tail)
+    else:
+        backend = controller.backends.get(spec.backend)
+        # The process backend reads its log files: off the loop.
+        lines = [] if backend is None else await asyncio.to_thread(backend.logs, replica_id, tail)
+    return respond(LogsView(service=state.name, replica=replica_id, lines=lines, node=node))
 
 
 def _upstream_response(controller: Controller, name: str, upstream_id: str) -> web.Response:

@@ -285,6 +285,9 @@ class LogsView(Schema):
     service: str
     replica: str
     lines: list[str]
+    node: str | None = None
+    """In a cluster, the node whose log the lines are: the one that runs or ran the replica
+    (None: no live node holds a log of it; and on one gateway)."""
 
 
 class UpstreamView(Schema):
@@ -434,29 +437,6 @@ class TokenRevoked(Schema):
     revoked: bool
 
 
-REQUEST_MODELS: tuple[type[BaseModel], ...] = (ScaleRequest, UndoRequest, TokenRequest)
-RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
-    ErrorBody,
-    ServiceView,
-    ServiceList,
-    ApplyResultBody,
-    DeleteResult,
-    RevisionList,
-    RolloutList,
-    RolloutView,
-    LogsView,
-    UpstreamView,
-    EventView,
-    Probe,
-    HostList,
-    TlsView,
-    CertificateList,
-    TokenList,
-    TokenAdded,
-    TokenRevoked,
-)
-
-
 class ClusterNodeView(Schema):
     name: str
     address: str
@@ -480,3 +460,37 @@ class ClusterView(Schema):
     store_reason: str = ""
     """Why etcd is unreachable, when it is."""
     nodes: list[ClusterNodeView]
+
+
+class NodeLogsView(Schema):
+    node: str
+    """The node that answered: its own log of the replica, never another node's."""
+    replica: str
+    found: bool
+    """Whether this node holds a log of the replica (it started or adopted it here)."""
+    lines: list[str]
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (ScaleRequest, UndoRequest, TokenRequest)
+RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
+    ErrorBody,
+    ServiceView,
+    ServiceList,
+    ApplyResultBody,
+    DeleteResult,
+    RevisionList,
+    RolloutList,
+    RolloutView,
+    LogsView,
+    UpstreamView,
+    EventView,
+    Probe,
+    HostList,
+    TlsView,
+    CertificateList,
+    TokenList,
+    TokenAdded,
+    TokenRevoked,
+    ClusterView,
+    NodeLogsView,
+)

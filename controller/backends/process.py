@@ -303,6 +303,14 @@ class ProcessBackend:
         finally:
             timer.cancel()
 
+    def has_logs(self, replica_id: str) -> bool:
+        """Whether this backend holds a log of the replica (its live file or its rotation):
+        one it started, or adopted, here; kept after it ends."""
+        if not _REPLICA_ID.match(replica_id):
+            return False
+        path = self._log_path(replica_id)
+        return path.exists() or proclog.rotated(path).exists()
+
     def logs(self, replica_id: str, tail: int) -> list[str]:
         """The last ``tail`` lines of the replica's log and its rotation; kept after it ends.
         A log over ``log_max_bytes`` is rotated first."""

@@ -854,6 +854,7 @@ async def test_replica_logs(api: Api) -> None:
         "service": "web",
         "replica": replica.id,
         "lines": ["line 7", "line 8", "line 9"],
+        "node": None,  # on one gateway; in a cluster, the node whose log it is
     }
     body = await api.call("GET", f"/api/services/web/replicas/{replica.id}/logs")
     assert len(body["lines"]) == 10

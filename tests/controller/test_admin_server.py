@@ -17,8 +17,10 @@ from aiohttp import web
 
 from controller.admin import app as app_module
 from controller.admin.app import AdminServer, build_admin_app
-from controller.admin.cluster import NodeInfo, cluster_middleware
+from controller.admin.cluster import NodeInfo, cluster_logs, cluster_middleware, cluster_operations
+from controller.admin.handlers import LOGS_ELSEWHERE
 from controller.admin.openapi import Operation
+from controller.spec import ServiceSpec
 from tests.admin_client import AdminClient, AdminClientFactory
 from tests.ports import free_port
 
@@ -292,6 +294,12 @@ class Membership:
         self._leading = leading
         self._leader = leader
         self.reachable = True
+        self.others: dict[str, str] = {}
+        """Live nodes but the leader, by name: their admin API."""
+        self.runs: dict[str, str] = {}
+        """The node of each replica, as the state says."""
+        self.logs: dict[str, list[str]] = {}
+        """This node's own replica logs."""
 
     def leading(self) -> bool:
         return self._leading
@@ -300,7 +308,18 @@ class Membership:
         return self._leader
 
     def nodes(self) -> Sequence[NodeInfo]:
-        return [] if self._leader is None else [self._leader]
+        others = [NodeInfo(n, address, False, 0.0) for n, address in self.others.items()]
+        return others if self._leader is None else [self._leader, *others]
+
+    def node_address(self, name: str) -> str | None:
+        return next((n.address for n in self.nodes() if n.name == name), None)
+
+    def replica_node(self, service: str, replica_id: str) -> str | None:
+        return self.runs.get(replica_id)
+
+    def local_logs(self, replica_id: str, tail: int) -> list[str] | None:
+        lines = self.logs.get(replica_id)
+        return None if lines is None else lines[-tail:]
 
     def store_reachable(self) -> bool:
         return self.reachable
@@ -367,6 +386,93 @@ async def test_a_leader_that_does_not_answer_is_said_in_words(
     assert body["error"] == "leader_unreachable"
     # Before: "... did not answer: Cannot connect to host 127.0.0.1:N ssl:default [...]".
     assert body["message"] == f"the leader a ({address}) did not answer: connection refused"
+
+
+async def test_a_replicas_logs_are_read_on_the_node_that_runs_it(
+    h: Harness, admin_client: AdminClientFactory, session: aiohttp.ClientSession
+) -> None:
+    """Issue 54.5: through a follower, from the node that runs the replica (not the leader);
+    one the state has no node for, through the leader, from the node that holds its log."""
+
+    def app(membership: Membership) -> web.Application:
+        made = build_admin_app(
+            h.controller,
+            lambda: True,
+            TOKEN,
+            extra_routes=cluster_operations(membership),
+            middlewares=[cluster_middleware(membership, lambda: session)],
+        )
+        if membership.leading():
+            made[LOGS_ELSEWHERE] = cluster_logs(membership, lambda: session)
+        return made
+
+    await h.controller.apply(ServiceSpec.model_validate(spec("web", 1)))
+    await h.settle()
+    (replica,) = h.replicas("web")
+    a = Membership("a", True, None)
+    leader = await admin_client(app(a))
+    info = NodeInfo("a", f"http://127.0.0.1:{leader.port}", True, 0.0)
+    c = Membership("c", False, info)
+    c.logs[replica.id] = [f"line {i}" for i in range(5)]
+    runner = await admin_client(app(c))
+    b = Membership("b", False, info)
+    follower = await admin_client(app(b))
+    for m in (a, b, c):
+        m.others = {
+            "b": f"http://127.0.0.1:{follower.port}",
+            "c": f"http://127.0.0.1:{runner.port}",
+        }
+    path = f"/api/services/web/replicas/{replica.id}/logs?tail=2"
+
+    # The state says c runs it: the follower asks c, the leader is not asked.
+    b.runs[replica.id] = "c"
+    answer = await follower.get(path, headers=AUTH)
+    assert answer.status == 200, await answer.text()
+    assert "X-Gateway-Leader" not in answer.headers
+    assert await answer.json() == {
+        "service": "web",
+        "replica": replica.id,
+        "lines": ["line 3", "line 4"],
+        "node": "c",
+    }
+    # c's own route says what it holds, and never forwards.
+    own = await runner.get(f"/api/cluster/replicas/{replica.id}/logs?tail=1", headers=AUTH)
+    assert await own.json() == {
+        "node": "c",
+        "replica": replica.id,
+        "found": True,
+        "lines": ["line 4"],
+    }
+    nothing = await follower.get("/api/cluster/replicas/web-9-x/logs", headers=AUTH)
+    assert (await nothing.json())["found"] is False
+    assert (await follower.get(f"/api/cluster/replicas/{replica.id}/logs")).status == 401
+
+    # No node in the state (it ended): through the leader, which asks every live node.
+    del b.runs[replica.id]
+    answer = await follower.get(path, headers=AUTH)
+    assert (answer.status, answer.headers["X-Gateway-Leader"]) == (200, "a")
+    body = await answer.json()
+    assert (body["lines"], body["node"]) == (["line 3", "line 4"], "c")
+    # The leader checks the replica is the service's.
+    missing = await follower.get("/api/services/web/replicas/web-9-x/logs", headers=AUTH)
+    assert missing.status == 404
+
+    # The node that runs it does not answer: said, with that node's name.
+    dead = f"http://127.0.0.1:{free_port()}"
+    b.runs[replica.id] = "d"
+    b.others["d"] = dead
+    answer = await follower.get(path, headers=AUTH)
+    assert answer.status == 503
+    body = await answer.json()
+    assert body["error"] == "node_unreachable"
+    assert body["message"] == (
+        f"node d ({dead}) did not answer for the log of {replica.id}: connection refused"
+    )
+    # No node holds one: no lines, and no node named.
+    c.logs.clear()
+    del b.runs[replica.id]
+    body = await (await follower.get(path, headers=AUTH)).json()
+    assert (body["lines"], body["node"]) == ([], None)
 
 
 def test_the_settings_are_the_admin_listeners() -> None:

@@ -560,6 +560,19 @@ async def test_logs_are_captured_and_capped_with_one_rotation(make: Make, tmp_pa
     assert h.backend.logs("unknown", 5) == []
 
 
+async def test_has_logs_says_whether_the_replica_has_a_log_here(make: Make, tmp_path: Path) -> None:
+    """What a cluster node answers for its own log of a replica (``admin.cluster``)."""
+    h = make()
+    running = await h.start(WRITE_300)
+    await h.exit_of(running.replica_id)
+    assert h.backend.has_logs(running.replica_id)  # kept after it ended
+    log = tmp_path / "logs" / f"{running.replica_id}.log"
+    log.rename(log.with_name(log.name + ".1"))
+    assert h.backend.has_logs(running.replica_id)  # its rotation alone
+    assert not h.backend.has_logs("web-9-elsewhere")
+    assert not h.backend.has_logs("../logs")
+
+
 async def test_rotation_copies_the_tail_and_the_writer_appends_after_the_truncation(
     make: Make, tmp_path: Path, scripts: Path
 ) -> None:
