@@ -180,6 +180,12 @@ class Nodes:
 
     # -- faults -------------------------------------------------------------------------------
 
+    async def stop(self, node: Node) -> None:
+        """SIGTERM, then its exit (a leader resigns: another leads at once)."""
+        assert node.process is not None
+        node.process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(node.process.wait(), 15)
+
     def kill(self, node: Node) -> None:
         assert node.process is not None
         node.process.kill()

@@ -333,7 +333,10 @@ async def test_config_services_are_applied_by_the_leader_and_a_differing_node_is
     tmp_path: Path,
 ) -> None:
     """n1 leads and applies its config's service; n2 starts with another document for it and
-    another service: it is told at start, naming both, and applies nothing; n3 agrees."""
+    another service: it is told at start, naming both, and applies nothing; n3 agrees. Then
+    each node that leads applies its config by the rule of one gateway: n3, whose document the
+    cluster applied, keeps what the API changed since; n2, whose documents differ, applies
+    them."""
 
     def spec(name: str, replicas: int) -> dict[str, Any]:
         return {
@@ -370,6 +373,31 @@ async def test_config_services_are_applied_by_the_leader_and_a_differing_node_is
         assert status == 404
         web_view = await cluster.service("web", node=first)
         assert web_view["serving_revision"] in (None, 1)
+
+        # Changed through the API: the next leader, with the document applied, keeps it.
+        await cluster.until(lambda: cluster.leader() is first, 10, "n1 leads, as all see")
+        changed = spec("web", 0) | {"route": {"path_prefix": "/through-the-api"}}
+        status, body = await cluster.api("PUT", "/api/services/web", changed, node=third)
+        assert status == 200, body
+        assert body["action"] == "updated"
+        await cluster.stop(second)  # it leads later, not now
+        await cluster.stop(first)
+        await cluster.until(lambda: cluster.leader() is third, 10, "n3 leads")
+        await cluster.until(lambda: "web: spec from the store" in third.log, 10, "n3's choice")
+        assert "(changed through the API since" in third.log
+        assert "created from" not in third.log
+        assert "applied (" not in third.log
+        web_view = await cluster.service("web", node=third)
+        assert web_view["spec"]["route"]["path_prefix"] == "/through-the-api"
+
+        # n2 leads: its documents differ from those last applied, so it applies them.
+        second = await cluster.start(1)
+        await cluster.stop(third)
+        await cluster.until(lambda: cluster.leader() is second, 10, "n2 leads")
+        await cluster.until(lambda: "api: created from" in second.log, 10, "n2's choice")
+        assert "services[0] changed since last applied: applied (updated" in second.log
+        web_view = await cluster.service("web", node=second)
+        assert web_view["spec"]["route"]["path_prefix"] == "/w2"
     finally:
         await cluster.close()
         etcd.close()
