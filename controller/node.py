@@ -14,8 +14,9 @@ A node that **leads** (``Election``) loads the state fresh as the one writer, re
 services (adopting the replicas the nodes run), runs the controller, places replicas on the
 nodes (``ClusterBackend``), publishes its pool (``pools.Publisher``) and takes the other
 nodes' reports as peers of its drains and as traffic its autoscaler reads (``peers.Peers``).
-Every write it makes is fenced by its leadership. When it stops leading (its lease lapsed: a
-pause, a partition, etcd away) it stops the controller at once, stops nothing else, and
+Every write it makes is fenced by its leadership. When it stops leading (its record not renewed
+in time: a pause, a partition, etcd away; or another node took over) it stops the controller at
+once, stops nothing else, and
 follows.
 
 The order of each change of role is the one the parts require (see each): the pool is never

@@ -1,17 +1,16 @@
 """LeaseKeeper: this node's etcd lease, granted, kept alive and replaced when etcd drops it.
 
-Everything that must vanish with the node (its registration, its leader key) is bound to this
-lease. The keeper renews it every TTL/3 and feeds every answer to the node's ``Leadership``
-(the local deadline of rule 1 there), and tells its listeners what happened to the lease:
+Everything that must vanish with the node (its registration, its capacity, its report) is
+bound to this lease; the leadership is not (``election``). The keeper renews it every TTL/3 and
+feeds every answer to a ``LeaseClock`` (its local deadline), and tells its listeners what
+happened to the lease:
 
 - ``granted``: a new lease; register again with it (everything bound to an old one is gone);
 - ``lost``: etcd says the lease is gone (it expired, or was revoked): so is all bound to it;
   also sent by ``stop`` (the node no longer holds it, revoked or left to expire);
 - ``lapsed``: the local deadline passed with no renewal (etcd unreachable, the process paused):
-  the lease may still exist, the node cannot vouch for it, its term as leader has ended;
+  the lease may still exist, the node cannot vouch for it;
 - ``restored``: a renewal succeeded after a lapse: etcd still had the lease.
-
-Each event carries the ``Transition`` of leadership it caused, if any (a term ending).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from controller.cluster.leadership import Leadership, Transition
+from controller.cluster.leadership import LeaseClock
 from controller.etcd import EtcdClient, EtcdError, EtcdUnavailable
 
 log = logging.getLogger(__name__)
@@ -36,8 +35,6 @@ class LeaseEvent:
     kind: LeaseEventKind
     lease: int
     reason: str
-    transition: Transition | None = None
-    """The end of this node's term as leader that the event caused, if it led."""
 
 
 LeaseListener = Callable[[LeaseEvent], None]
@@ -66,7 +63,7 @@ class LeaseKeeper:
         self.ttl = ttl
         self.interval = ttl / 3
         self.retry = ttl / 10 if retry is None else retry
-        self.state = Leadership(default_margin(ttl) if margin is None else margin)
+        self.state = LeaseClock(default_margin(ttl) if margin is None else margin)
         self.unreachable = ""
         """Why the last grant or keepalive failed; empty after one succeeded."""
         self.renewals = 0
@@ -95,7 +92,7 @@ class LeaseKeeper:
 
     def valid(self) -> bool:
         """The lease is held, by its local deadline."""
-        return self.state.lease_valid(self.now())
+        return self.state.valid(self.now())
 
     def subscribe(self, listener: LeaseListener) -> Callable[[], None]:
         """Call ``listener`` with every LeaseEvent; returns the function that unsubscribes."""
@@ -165,12 +162,12 @@ class LeaseKeeper:
             await asyncio.sleep(self.retry)
             return
         self.unreachable = ""
-        transition = self.state.granted(lease, self.ttl, sent, self.now())
+        self.state.granted(lease, self.ttl, sent)
         self._lapsed = False
         self._next_renewal = sent + self.interval
         self._arm()
         log.info("lease %x granted (TTL %d s)", lease, self.ttl)
-        self._emit(LeaseEvent("granted", lease, "granted", transition))
+        self._emit(LeaseEvent("granted", lease, "granted"))
 
     async def _renew(self, lease: int) -> None:
         sent = self.now()
@@ -185,14 +182,14 @@ class LeaseKeeper:
         if left <= 0:
             self._lost(lease, "etcd no longer has the lease (expired)")
             return
-        now = self.now()
-        transition = self.state.renewed(lease, left, sent, now)
+        lapsed = self._lapsed or self.now() >= self.state.deadline
+        self.state.renewed(lease, left, sent)
         self._next_renewal = sent + self.interval
         self._arm()
-        if self._lapsed or transition is not None:
+        if lapsed:
             self._lapsed = False
             log.info("lease %x renewed after it lapsed: etcd still has it", lease)
-            self._emit(LeaseEvent("restored", lease, "renewed after a lapse", transition))
+            self._emit(LeaseEvent("restored", lease, "renewed after a lapse"))
 
     def _failed(self, why: str) -> None:
         if self.unreachable != why:
@@ -202,10 +199,10 @@ class LeaseKeeper:
     def _lost(self, lease: int, reason: str) -> None:
         if lease != self.state.lease:
             return  # told already (a keepalive answer and a LeaseNotFound can both say so)
-        transition = self.state.lost(lease, self.now())
+        self.state.lost(lease)
         self._lapsed = False
         log.warning("lease %x lost: %s", lease, reason)
-        self._emit(LeaseEvent("lost", lease, reason, transition))
+        self._emit(LeaseEvent("lost", lease, reason))
 
     def _arm(self) -> None:
         """Wake at the local deadline, to end a term there if no renewal came."""
@@ -226,9 +223,8 @@ class LeaseKeeper:
             self._arm()
             return
         self._lapsed = True
-        transition = self.state.expire(now)
         log.warning("lease %x lapsed: no renewal before its local deadline", lease)
-        self._emit(LeaseEvent("lapsed", lease, self.unreachable or "not renewed", transition))
+        self._emit(LeaseEvent("lapsed", lease, self.unreachable or "not renewed"))
 
     def _emit(self, event: LeaseEvent) -> None:
         for listener in list(self._listeners):

@@ -1,4 +1,7 @@
-"""controller/cluster/election.py and lease.py on a real three-member etcd cluster."""
+"""controller/cluster/election.py and lease.py on a real three-member etcd cluster.
+
+The leader record is bound to no lease: a follower takes over once the record has not changed
+for TTL + margin by its own clock, whatever etcd does with the old leader's lease."""
 
 from __future__ import annotations
 
@@ -7,17 +10,19 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from controller.cluster.election import Election
-from controller.cluster.leadership import Transition
+from controller.cluster.leadership import Record, Transition
 from controller.cluster.lease import LeaseEvent, LeaseKeeper
 from controller.errors import Deposed
-from controller.etcd import EtcdClient, Put
+from controller.etcd import EtcdClient, Put, TxnResult
 from tests.etcd_cluster import EtcdCluster
 
 TTL = 2
+MARGIN = 0.2  # default_margin(TTL)
 _prefixes = itertools.count()
 
 
@@ -76,8 +81,9 @@ async def test_one_leads_and_all_see_it(node: NodeFactory) -> None:
     assert leader.election.leader == leader.name
     assert leader.election.reason == ""
     [fence] = leader.election.fence()
-    assert fence.target == "CREATE"
-    assert fence.value == leader.election.term > 0
+    assert (fence.target, fence.result) == ("VALUE", "EQUAL")
+    record = Record.decode(fence.value)  # type: ignore[arg-type]
+    assert record == Record(leader.name, leader.election.term, TTL, leader.keeper.lease)
     follower = next(n for n in nodes if n is not leader)
     assert follower.election.reason == f"{leader.name} leads"
     with pytest.raises(Deposed):
@@ -86,72 +92,125 @@ async def test_one_leads_and_all_see_it(node: NodeFactory) -> None:
     assert follower.transitions == []
 
 
+async def test_the_leader_renews_its_record_and_nobody_takes_over(node: NodeFactory) -> None:
+    nodes = [await node(f"n{i}") for i in range(2)]
+    leader = await first_leader(nodes, 5)
+    term = leader.election.term
+    renewals = leader.election.renewals
+    await asyncio.sleep(2 * TTL)  # what is tested is that nothing happens meanwhile
+    assert leader.election.renewals >= renewals + 4
+    assert leader.election.term == term
+    assert [n.election.leading for n in nodes].count(True) == 1
+    assert all(n.election.campaigns <= 2 for n in nodes), [n.election for n in nodes]
+    assert all(len(n.transitions) <= 1 for n in nodes)
+
+
 async def test_a_leader_that_stops_renewing_is_replaced_within_the_ttl(
     node: NodeFactory,
 ) -> None:
     nodes = [await node(f"n{i}") for i in range(3)]
     old = await first_leader(nodes, 5)
     fence = old.election.fence()
-    # The process dies: nothing renews, nothing revokes; etcd expires the lease.
+    # The process dies: nothing renews, nothing revokes.
     await old.election.stop()
     old.keeper._task.cancel()  # type: ignore[union-attr]
     stopped = time.monotonic()
     rest = [n for n in nodes if n is not old]
-    new = await first_leader(rest, TTL + 1)
-    assert time.monotonic() - stopped < TTL + 1
+    new = await first_leader(rest, TTL + 3)
+    assert time.monotonic() - stopped < TTL + MARGIN + 1
     assert new.election.leading
     # The old leader's fenced write fails in etcd, whatever the old node believes.
     result = await old.client.txn(fence, [Put(b"/election/write", old.name.encode())])
     assert not result.succeeded
-    assert new.election.term != fence[0].value
+    assert new.election.term > Record.decode(fence[0].value).term  # type: ignore[arg-type]
     ok = await new.client.txn(new.election.fence(), [Put(b"/election/write", b"new")])
     assert ok.succeeded
 
 
-async def test_a_revoked_lease_hands_over_at_once(node: NodeFactory) -> None:
-    nodes = [await node(f"n{i}") for i in range(2)]
-    old = await first_leader(nodes, 5)
-    await old.keeper.stop(revoke=True)
-    assert not old.election.leading
-    assert [t.leading for t in old.transitions] == [True, False]
-    new = next(n for n in nodes if n is not old)
-    started = time.monotonic()
-    await asyncio.wait_for(new.election.elected(), 1)
-    assert time.monotonic() - started < 1
-
-
-async def test_a_paused_keeper_stops_leading_by_its_local_deadline(
+async def test_a_stopped_leader_whose_lease_is_kept_alive_is_replaced_and_then_follows(
     node: NodeFactory, cluster: EtcdCluster
 ) -> None:
-    old = await node("n0", margin=0.5)
+    """Issue 54: etcd may be slow to expire a dead leader's lease (here: never, a keepalive
+    from the test holds it). The record is bound to no lease: a follower takes over by its own
+    clock, the old leader stops by its own first, and its writes are refused after."""
+    old = await node("n0")
     await asyncio.wait_for(old.election.elected(), 5)
     other = await node("n1")
     await asyncio.wait_for(other.election.wait_leader(), 5)
-    observer = EtcdClient(cluster.endpoints)
+    fence = old.election.fence()
+    lease = old.keeper.lease
+    # The old leader stops (as SIGSTOP would): every etcd call it makes hangs until released.
+    released = asyncio.Event()
+    real_txn, real_keepalive = old.client.txn, old.client.keepalive
+
+    async def stuck_txn(*args: Any, **kwargs: Any) -> TxnResult:
+        await released.wait()
+        return await real_txn(*args, **kwargs)
+
+    async def stuck_keepalive(lease: int) -> int:
+        await released.wait()
+        return await real_keepalive(lease)
+
+    old.client.txn = stuck_txn  # type: ignore[method-assign]
+    old.client.keepalive = stuck_keepalive  # type: ignore[method-assign]
+    held = EtcdClient(cluster.endpoints)
+    keeping = asyncio.create_task(keep_alive(held, lease))
     try:
-        # The keeper's task hangs in its next keepalive: stopped, not cancelled.
-        hang = asyncio.Event()
-
-        async def stuck(lease: int) -> int:
-            await hang.wait()
-            return 0
-
-        old.client.keepalive = stuck  # type: ignore[method-assign]
-        lease = old.keeper.lease
+        stopped = time.monotonic()
         await asyncio.wait_for(old.election.deposed(), TTL + 1)
-        assert not old.election.leading
-        assert old.transitions[-1].leading is False
-        assert old.transitions[-1].reason == "the lease was not renewed in time"
-        # etcd has not expired the lease yet: the old leader stopped first.
-        kvs, _ = await observer.get(old.election.key)
-        assert [(kv.value, kv.lease) for kv in kvs] == [(b"n0", lease)]
+        assert old.transitions[-1].reason == "the leader record was not renewed in time"
+        # It stopped before anyone could take over: the record is still its own.
+        kvs, _ = await held.get(old.election.key)
+        assert Record.decode(kvs[0].value).name == "n0"
         assert not other.election.leading
-        # Then etcd expires it and the other node leads.
-        await asyncio.wait_for(other.election.elected(), TTL + 1)
+        await asyncio.wait_for(other.election.elected(), TTL + 3)
+        took = time.monotonic() - stopped
+        print(f"takeover {took:.2f} s after the leader stopped (TTL {TTL} s)")
+        assert took < TTL + MARGIN + 1.5
+        # etcd never expired the old leader's lease.
+        assert await held.keepalive(lease) > 0
+        # Woken: its renewal (pending all along) and its writes are refused; it follows.
+        released.set()
+        result = await old.client.txn(fence, [Put(b"/election/write", b"old")])
+        assert not result.succeeded
+        await asyncio.wait_for(until_leader(old, "n1"), 5)
         assert not old.election.leading
-        hang.set()
+        with pytest.raises(Deposed):
+            old.election.fence()
+        assert other.election.leading
+        assert [t.leading for t in old.transitions] == [True, False]
     finally:
-        await observer.close()
+        keeping.cancel()
+        await asyncio.gather(keeping, return_exceptions=True)
+        await held.close()
+
+
+async def keep_alive(client: EtcdClient, lease: int) -> None:
+    while True:
+        await client.keepalive(lease)
+        await asyncio.sleep(TTL / 4)
+
+
+async def until_leader(n: Node, name: str) -> None:
+    while n.election.leader != name:
+        await n.election._changed.wait()
+
+
+async def test_a_lost_lease_neither_ends_the_term_nor_hands_over(node: NodeFactory) -> None:
+    nodes = [await node(f"n{i}") for i in range(2)]
+    old = await first_leader(nodes, 5)
+    term = old.election.term
+    first_lease = old.keeper.lease
+    await old.client.revoke(first_lease)  # as if etcd had expired it
+    await asyncio.wait_for(old.keeper.wait_valid(), 5)
+    while old.keeper.lease == first_lease:
+        await asyncio.wait_for(old.keeper.wait_valid(), 5)
+        await asyncio.sleep(0.05)
+    assert [e.kind for e in old.lease_events] == ["granted", "lost", "granted"]
+    await asyncio.sleep(TTL + 2 * MARGIN)  # nothing is to happen meanwhile
+    assert old.election.leading
+    assert old.election.term == term
+    assert [t.leading for t in old.transitions] == [True]
 
 
 async def test_resign_hands_over_at_once(node: NodeFactory) -> None:
@@ -166,39 +225,22 @@ async def test_resign_hands_over_at_once(node: NodeFactory) -> None:
     assert time.monotonic() - started < 1
 
 
-async def test_a_lost_lease_is_replaced_and_the_node_campaigns_again(
-    node: NodeFactory,
-) -> None:
-    only = await node("n0")
-    await asyncio.wait_for(only.election.elected(), 5)
-    first_lease = only.keeper.lease
-    first_term = only.election.term
-    await only.client.revoke(first_lease)  # as if etcd had expired it
-    await asyncio.wait_for(only.election.deposed(), 2)
-    await asyncio.wait_for(only.election.elected(), 5)
-    assert only.keeper.lease != first_lease
-    assert only.election.term > first_term
-    assert [e.kind for e in only.lease_events] == ["granted", "lost", "granted"]
-    assert [t.leading for t in only.transitions] == [True, False, True]
-
-
 async def test_etcd_down_then_back(node: NodeFactory, cluster: EtcdCluster) -> None:
     nodes = [await node(f"n{i}") for i in range(2)]
     leader = await first_leader(nodes, 5)
     cluster.stop_all()
     try:
-        # Nobody can vouch for a lease: the leader stops by its local deadline.
+        # Nobody can renew the record: the leader stops by its own deadline.
         await asyncio.wait_for(leader.election.deposed(), TTL + 0.5)
         assert not any(n.election.leading for n in nodes)
-        assert leader.lease_events[-1].kind == "lapsed"
-        assert "etcd unavailable" in leader.keeper.unreachable
+        assert leader.transitions[-1].reason == "the leader record was not renewed in time"
         with pytest.raises(Deposed):
             leader.election.fence()
     finally:
         for i in range(len(cluster.members)):
             cluster.start_member(i)
         cluster.wait_healthy()
-    # etcd restores the leases it had: the cluster goes on, one node leads again.
+    # The record is as the leader left it: the same node takes it back at once.
     again = await first_leader(nodes, 10)
     assert again.election.fence()
     assert [n.election.leading for n in nodes].count(True) == 1
@@ -213,18 +255,16 @@ async def test_a_process_that_was_stopped_wakes_up_not_leading(node: NodeFactory
     time.sleep(TTL + 0.5)
     # Before anything else runs, what it reads says it does not lead.
     assert not old.election.leading
-    assert old.election.leader is None or old.election.leader != old.name
+    assert old.election.leader is None
     with pytest.raises(Deposed):
         old.election.fence()
-    # Then the loop runs again: its term has ended for good; a leader follows.
+    # Then the loop runs again: its term has ended for good; a leader follows (a new term).
     await asyncio.sleep(0)
     await first_leader(nodes, TTL + 2)
     assert [n.election.leading for n in nodes].count(True) == 1
     assert [t.leading for t in old.transitions][:2] == [True, False]
+    other = nodes[1 - nodes.index(old)].name
     assert old.transitions[1].reason in (
-        "the lease was not renewed in time",
-        "the lease lapsed before it was renewed",
-        "etcd no longer has the lease",
-        "the leader key was deleted",
-        f"{nodes[1 - nodes.index(old)].name} leads",
-    )
+        "the leader record was not renewed in time",
+        "the record was renewed past the term's deadline",
+    ) or old.transitions[1].reason.startswith(f"{other} took over")
