@@ -170,10 +170,10 @@ class Election:
             self._task = None
 
     async def resign(self) -> None:
-        """Stop, and if this node leads, delete the leader record (fenced) so that another
-        node leads at once rather than after the record's TTL."""
+        """Stop, and if the leader record is this node's, delete it (compared with its value)
+        so that another node leads at once rather than after the record's TTL."""
         await self.stop()
-        ours = self.state.ours if self.leading else None
+        ours = self.state.ours or self.state.wrote  # a term ended by the clock: still ours
         self._apply(self.state.resigned(self.keeper.now()))
         if ours is None:
             return

@@ -19,9 +19,9 @@ Rules:
    ``leading(now)`` reads the clock every time: a paused process that wakes up past the
    deadline does not lead, whatever etcd answers later.
 2. A follower campaigns when the record is absent, or when its mod revision was first seen
-   ``ttl + margin`` ago and has not changed since; or at once when the record is the last one
-   this node wrote (its own term ended by its clock and nobody took over). The write compares
-   the mod revision it saw (0: absent), so two nodes never both win one record.
+   the record's ``ttl`` + ``margin`` ago and has not changed since; or at once when the record
+   is the last one this node wrote (its own term ended by its clock and nobody took over). The
+   write compares the mod revision it saw (0: absent), so two nodes never both win one record.
 3. A new term's number is the revision the record was seen at (its mod revision, or where it
    was seen absent), greater than every earlier term; the fence compares the record's value.
 4. Safety: a renewal commits after it was sent, and a follower sees it after it commits, so the
@@ -120,8 +120,9 @@ class Record:
 
     @classmethod
     def decode(cls, raw: bytes) -> Record:
-        """The record in ``raw``; anything else (a bare name, as older versions wrote) is a
-        record of that name with no TTL of its own (the reader's applies)."""
+        """The record in ``raw``; anything else (a bare name, as older versions wrote, bound to
+        their leader's lease) is a record of that name with no TTL: one never taken over by
+        time, only once etcd deletes it."""
         try:
             data = json.loads(raw)
             return cls(str(data["name"]), int(data["term"]), float(data["ttl"]), int(data["lease"]))
@@ -164,7 +165,7 @@ class Leadership:
 
     def __init__(self, name: str, ttl: float, margin: float) -> None:
         self.name = name
-        self.ttl = ttl
+        self.ttl = float(ttl)
         self.margin = margin
         self.seen: Record | None = None
         """The record as last observed (None: absent, or not read yet)."""
@@ -202,8 +203,9 @@ class Leadership:
             return math.inf
         if self.seen is None or self.seen == self.wrote:
             return -math.inf
-        ttl = self.seen.ttl if self.seen.ttl > 0 else self.ttl
-        return self.seen_at + ttl + self.margin
+        if self.seen.ttl <= 0:
+            return math.inf  # an older version's key: its holder renews a lease, not the key
+        return self.seen_at + self.seen.ttl + self.margin
 
     def leader(self, now: float) -> str | None:
         """Who leads as this node sees it: None if nobody, if that is not known, or if the

@@ -116,8 +116,13 @@ def test_the_record_s_own_ttl_counts_not_the_follower_s() -> None:
     state = follower()
     state.observed(Record("n1", 10, 10.0, 3), 20, 100.0)
     assert state.decide(105.0, LEASE) == Step("wait", at=110.3)
-    state.observed(Record("n1", 10, 0.0, 0), 21, 101.0)  # a bare name: the follower's TTL
-    assert state.decide(101.0, LEASE) == Step("wait", at=104.3)
+    # A bare name (an older version's key, bound to its leader's lease) is never taken over
+    # by time: that leader renews its lease, not the key, and fences on its create revision.
+    state.observed(Record.decode(b"n1"), 21, 111.0)
+    assert state.decide(1000.0, LEASE) == Step("wait", at=math.inf)
+    assert state.leader(1000.0) == "n1"
+    state.observed(None, 22, 1001.0)
+    assert state.decide(1001.0, LEASE).kind == "campaign"
 
 
 def test_an_absent_record_is_campaigned_for_at_once_with_the_revision_as_its_term() -> None:
