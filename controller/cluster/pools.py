@@ -471,8 +471,12 @@ class Follower:
             refresh = self.fresh_for / 3
             busy = self._reported is not None and self._reported[0].busy
             look = min(self.lease_check, refresh) if busy and refresh else self.lease_check
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that arrives
+            # as the wake is set (CPython gh-86296), and ``stop`` would wait forever: a
+            # follower started and stopped at once (a term that begins as the last one ends).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), look)
+                async with asyncio.timeout(look):
+                    await self._wake.wait()
                 await asyncio.sleep(self.delay)  # gather the rest of this change
             self._wake.clear()
             lease = self.lease()

@@ -351,6 +351,21 @@ async def test_a_follower_applies_records_and_reports_its_drains() -> None:
     assert follower.report() == NodeReport()
 
 
+async def test_a_follower_started_and_stopped_at_once_stops() -> None:
+    """What a term that begins as the last one ends does (``_end_term`` starts the follower,
+    ``_begin_term`` stops it with no await between): the report task, cancelled as its first
+    wait ends, must end. With ``asyncio.wait_for`` (3.11) it swallowed the cancel and ``stop``
+    never returned: the node never took the lead it had won."""
+    pool = Pool(rng=random.Random(0))
+    follower = Follower(EtcdClient(NOWHERE), "/p/", pool, "n1", lambda: 0)
+    for _ in range(3):
+        await follower.start()
+        async with asyncio.timeout(2.0):
+            await follower.stop()
+        assert follower._tasks == []
+    assert [t for t in asyncio.all_tasks() if t.get_name() == "cluster report n1"] == []
+
+
 async def test_a_follower_that_leads_hands_its_drains_over_to_the_nodes() -> None:
     pool = Pool(rng=random.Random(0))
     follower = Follower(EtcdClient(NOWHERE), "/p/", pool, "n1", lambda: 0)
