@@ -61,6 +61,11 @@ REPLICA_COUNT_INTERVAL = 2.0
 """Seconds between looks at how many replicas this node runs (a local count, no etcd read)."""
 FLUSH_INTERVAL = 0.02
 """Seconds between the leader's flushes of its store writes to etcd, when there are any."""
+START_RETRY = 1.0
+"""Seconds before a node still elected begins again a term whose start failed."""
+START_CALLS = 4
+"""etcd calls' timeouts a term's start may take to load, beyond the grace it gives the nodes
+to register: the bound of the start (each load is one call when etcd answers)."""
 
 
 def _every_placed_node_registered(backend: ClusterBackend) -> bool:
@@ -154,6 +159,8 @@ class ClusterNode:
         self._roles: asyncio.Task[None] | None = None
         self._counting: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._in_term = False
+        """A term's start began, and its end has not run yet (undone in ``_end_term``)."""
         self.journal.persist = False
 
     # -- Membership (the admin API) -----------------------------------------------------------
@@ -256,8 +263,7 @@ class ClusterNode:
         node's agent stops them when it starts again."""
         await cancel_task(self._roles)
         await cancel_task(self._counting)
-        if self.role == "leader":
-            await self._end_term("this node stops", follow=False)
+        await self._end_term("this node stops", follow=False)
         self.role = "stopped"
         with contextlib.suppress(Exception):
             await self.election.resign()
@@ -274,39 +280,72 @@ class ClusterNode:
     async def _run_roles(self) -> None:
         while True:
             await self.election.elected()
-            try:
-                await self._begin_term()
-            except (Deposed, StoreUnavailable) as e:
-                log.warning("node %s: could not take the lead: %s", self.name, e.message)
-            else:
+            failed = await self._take_lead()
+            if failed is None:
                 await self.election.deposed()
                 log.warning("node %s no longer leads: %s", self.name, self.election.reason)
-            await self._end_term(self.election.reason)
+            else:
+                log.warning("node %s: could not take the lead: %s", self.name, failed)
+            await self._end_term(failed or self.election.reason)
+            if failed is not None and self.election.leading:
+                await asyncio.sleep(START_RETRY)  # still elected: begin again
+
+    async def _take_lead(self) -> str | None:
+        """Begin the term won; None once this node leads, otherwise why it could not. The
+        start is cancelled if the term ends meanwhile (its record not renewed, another took
+        over), and bounded: no await of it outlives the term, or waits for ever."""
+        begin = asyncio.create_task(self._begin_term(), name=f"cluster:{self.name}:begin")
+        deposed = asyncio.create_task(self.election.deposed(), name=f"cluster:{self.name}:term")
+        try:
+            await asyncio.wait((begin, deposed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await cancel_task(deposed)
+            if not begin.done():
+                await cancel_task(begin)
+        if begin.cancelled():
+            return f"the term ended as it began ({self.election.reason})"
+        error = begin.exception()
+        if error is None:
+            return None
+        if isinstance(error, (Deposed, StoreUnavailable)):
+            return error.message
+        if isinstance(error, TimeoutError):
+            return f"its start took longer than {self._start_bound():g} s"
+        log.error("node %s: the term's start failed", self.name, exc_info=error)
+        return f"{type(error).__name__}: {error}"
+
+    def _start_bound(self) -> float:
+        return self._grace() + START_CALLS * self.client.timeout
+
+    def _grace(self) -> float:
+        return self.keeper.ttl + 2.0
 
     async def _begin_term(self) -> None:
+        self._in_term = True  # from here on, _end_term undoes what was done
         self.terms += 1
         log.info("node %s leads (term %s)", self.name, self.election.term)
-        await self.follower.stop()
-        await self.store.lead(self.election.fence)
-        await self.peers.start()
-        await self.peers.loaded()
-        self.follower.handover()
-        grace = self.keeper.ttl + 2.0
-        backend = ClusterBackend(
-            self.client,
-            self.prefix,
-            self.election.fence,
-            absent_grace=grace,
-            forget_after=self.forget_after,
-        )
-        backend.set_exit_handler(self.controller.reconciler.on_exit)
-        await backend.open()
-        # After etcd was away every lease ended: the nodes register again as it returns. Their
-        # replicas are adopted, not replaced, if they do within the grace.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
-                await backend.wait(_every_placed_node_registered)
-        self.backend = backend
+        async with asyncio.timeout(self._start_bound()):
+            await self.follower.stop()
+            await self.store.lead(self.election.fence)
+            await self.peers.start()
+            await self.peers.loaded()
+            self.follower.handover()
+            grace = self._grace()
+            backend = ClusterBackend(
+                self.client,
+                self.prefix,
+                self.election.fence,
+                absent_grace=grace,
+                forget_after=self.forget_after,
+            )
+            backend.set_exit_handler(self.controller.reconciler.on_exit)
+            self.backend = backend  # closed by _end_term, even half open
+            await backend.open()
+            # After etcd was away every lease ended: the nodes register again as it returns.
+            # Their replicas are adopted, not replaced, if they do within the grace.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await backend.wait(_every_placed_node_registered)
         self.controller.backends["process"] = backend  # type: ignore[index]
         if self.engines is not None:
             # Connected before restore: adoption finds the cluster's containers by their labels.
@@ -332,9 +371,11 @@ class ClusterNode:
         await self.apply_config()
 
     async def _end_term(self, reason: str, *, follow: bool = True) -> None:
-        """Stop acting at once (the controller first), then follow."""
-        if self.role != "leader":
+        """Stop acting at once (the controller first), then follow. Undoes a start that
+        failed or was cancelled half way as well."""
+        if not self._in_term:
             return
+        self._in_term = False
         self.role = "follower"
         self.journal.persist = False
         reconciler = self.controller.reconciler
