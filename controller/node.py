@@ -16,8 +16,7 @@ nodes (``ClusterBackend``), publishes its pool (``pools.Publisher``) and takes t
 nodes' reports as peers of its drains and as traffic its autoscaler reads (``peers.Peers``).
 Every write it makes is fenced by its leadership. When it stops leading (its record not renewed
 in time: a pause, a partition, etcd away; or another node took over) it stops the controller at
-once, stops nothing else, and
-follows.
+once, stops nothing else, and follows.
 
 The order of each change of role is the one the parts require (see each): the pool is never
 emptied, so traffic goes on through the change.
