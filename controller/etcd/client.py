@@ -172,11 +172,17 @@ class EtcdClient:
         return header_revision(await self._call("/v3/kv/deleterange", range_fields(key, prefix)))
 
     async def txn(
-        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+        self,
+        compare: Sequence[Compare],
+        success: Sequence[Op],
+        failure: Sequence[Op] = (),
+        *,
+        within: float | None = None,
     ) -> TxnResult:
-        """If every compare holds, do ``success``, else ``failure``: one atomic step."""
-        answer = await self._call("/v3/kv/txn", txn_json(compare, success, failure))
-        return txn_result(answer)
+        """If every compare holds, do ``success``, else ``failure``: one atomic step.
+        ``within``: seconds this call may take, when fewer than the client's ``timeout``."""
+        body = txn_json(compare, success, failure)
+        return txn_result(await self._call("/v3/kv/txn", body, within))
 
     async def compact(self, revision: int) -> None:
         """Drop the history before ``revision``: watches and gets from before it fail."""
@@ -317,10 +323,11 @@ class EtcdClient:
 
     # --- the calls --------------------------------------------------------------------------
 
-    async def _call(self, path: str, body: Json) -> Json:
-        """POST ``body`` to ``path`` of the first endpoint that answers, within the timeout."""
+    async def _call(self, path: str, body: Json, within: float | None = None) -> Json:
+        """POST ``body`` to ``path`` of the first endpoint that answers, within the timeout
+        (or ``within`` seconds, when fewer)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
+        deadline = loop.time() + (self.timeout if within is None else min(within, self.timeout))
         reasons: dict[str, str] = {}
         authenticated = False
         while True:
