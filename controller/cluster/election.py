@@ -227,6 +227,7 @@ class Election:
                 [Compare(self.key, "MOD", "EQUAL", step.revision)],
                 [Put(self.key, record.encode())],
                 [Get(self.key)],
+                within=step.within,
             )
         except (EtcdUnavailable, EtcdError) as e:
             # The write may have been applied: the watch will show it, and a record this
@@ -235,7 +236,9 @@ class Election:
             if why != self._unreachable:
                 log.warning("%s: %s", self.name, why)
             self._unreachable = why
-            await asyncio.sleep(self.retry)
+            # Writes start ``retry`` apart at most: one that waited out its time goes again
+            # at once (rule 7), one refused at once waits.
+            await asyncio.sleep(max(0.0, sent + self.retry - self.keeper.now()))
             return
         self._unreachable = ""
         now = self.keeper.now()

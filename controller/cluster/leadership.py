@@ -32,6 +32,10 @@ Rules:
    term that starts (Transition True) ends exactly once (Transition False).
 6. Observations only move forward: one of an older revision than the last seen is ignored;
    renewals only move the deadline forward.
+7. A renewal waits for its answer no longer than TTL/3, nor past the deadline; then a new one
+   is sent. A write can be lost in etcd (sent to a member as its raft leader dies, it is
+   answered only at etcd's request timeout, seconds later): waiting on it must not use up the
+   term, whose slack (TTL - TTL/3 - margin) holds more than one renewal.
 """
 
 from __future__ import annotations
@@ -136,12 +140,14 @@ StepKind = Literal["wait", "campaign", "renew"]
 @dataclass(frozen=True, slots=True)
 class Step:
     """What the driver does next: write ``record`` if the record's mod revision is still
-    ``revision`` (0: absent), or wait until ``at`` (or until something is observed)."""
+    ``revision`` (0: absent), waiting ``within`` seconds at most for the answer (rule 7; inf:
+    as long as the etcd client does), or wait until ``at`` (or until something is observed)."""
 
     kind: StepKind
     at: float = math.inf
     revision: int = 0
     record: Record | None = None
+    within: float = math.inf
 
 
 class Leadership:
@@ -224,7 +230,8 @@ class Leadership:
         if self.ours is not None:
             due = self.renewed_at + self.ttl / 3
             if now >= due:
-                return Step("renew", revision=self.mine, record=self.ours)
+                within = min(self.ttl / 3, self.deadline - now)  # rule 7
+                return Step("renew", revision=self.mine, record=self.ours, within=within)
             return Step("wait", at=min(due, self.deadline))
         if lease == 0:
             return Step("wait")

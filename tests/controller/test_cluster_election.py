@@ -44,8 +44,10 @@ async def node(cluster: EtcdCluster) -> AsyncIterator[NodeFactory]:
     prefix = f"/election/{next(_prefixes)}/"
     nodes: list[Node] = []
 
-    async def make(name: str, *, margin: float | None = None, ttl: int = TTL) -> Node:
-        client = EtcdClient(cluster.endpoints, timeout=1.0)
+    async def make(
+        name: str, *, margin: float | None = None, ttl: int = TTL, timeout: float = 1.0
+    ) -> Node:
+        client = EtcdClient(cluster.endpoints, timeout=timeout)
         keeper = LeaseKeeper(client, ttl=ttl, margin=margin)
         election = Election(client, keeper, name, prefix)
         n = Node(name, client, keeper, election, [], [])
@@ -107,6 +109,39 @@ async def test_the_leader_renews_its_record_and_nobody_takes_over(node: NodeFact
     assert [n.election.leading for n in nodes].count(True) == 1
     assert all(n.election.campaigns <= 2 for n in nodes), [n.election for n in nodes]
     assert all(len(n.transitions) <= 1 for n in nodes)
+
+
+async def test_a_renewal_lost_in_etcd_is_sent_again_and_the_term_goes_on(node: NodeFactory) -> None:
+    """A write sent to a member as etcd's raft leader dies is lost: that member answers it only
+    at etcd's request timeout, seconds later. Here the next two requests of a renewal get no
+    answer at all, with the client's default timeout (2 s, more than the term's slack of
+    1.13 s): the renewal gives them up within TTL/3 and the term goes on. Waiting on them as
+    long as the client does (1 s, then 0.5 s), the third member's answer came 2.17 s after
+    the last renewal was sent, past the term's deadline (1.8 s)."""
+    n = await node("n0", timeout=2.0)
+    await asyncio.wait_for(n.election.elected(), 5)
+    renewals = n.election.renewals
+    while n.election.renewals == renewals:  # just renewed: the next renewal is TTL/3 away
+        await asyncio.wait_for(n.election._changed.wait(), TTL)
+    lost = 2
+    send = n.client._send
+
+    async def losing(
+        endpoint: str, path: str, body: Any, headers: dict[str, str] | None = None
+    ) -> Any:
+        nonlocal lost
+        if path == "/v3/kv/txn" and lost:
+            lost -= 1
+            await asyncio.Event().wait()  # never answered
+        return await send(endpoint, path, body, headers)
+
+    n.client._send = losing  # type: ignore[method-assign]
+    renewals = n.election.renewals
+    while n.election.renewals < renewals + 2:
+        await asyncio.wait_for(n.election._changed.wait(), 3 * TTL)
+    assert lost == 0
+    assert n.transitions == [Transition(True, n.transitions[0].at, "won the campaign")]
+    assert n.election.leading
 
 
 async def test_a_leader_that_stops_renewing_is_replaced_within_the_ttl(

@@ -138,15 +138,24 @@ def test_the_leader_renews_every_third_of_the_ttl_by_compare_and_swap() -> None:
     assert state.leading(100.01)
     assert state.decide(100.5, LEASE) == Step("wait", at=101.0)
     ours = Record("n1", 10, TTL, LEASE)
-    assert state.decide(101.0, LEASE) == Step("renew", revision=11, record=ours)
+    assert state.decide(101.0, LEASE) == Step("renew", revision=11, record=ours, within=1.0)
     # Its own write comes back through the watch: still ours.
     assert state.observed(ours, 11, 101.05) is None
     assert state.renewed(15, sent_at=101.0, now=101.2) is None
     assert state.deadline == 101.0 + TTL - MARGIN
     assert state.decide(101.5, LEASE) == Step("wait", at=102.0)
-    assert state.decide(102.0, LEASE) == Step("renew", revision=15, record=ours)
+    assert state.decide(102.0, LEASE) == Step("renew", revision=15, record=ours, within=1.0)
     assert state.leader(102.0) == "n1"
     assert state.term == 10
+
+
+def test_a_renewal_waits_a_third_of_the_ttl_at_most_and_never_past_the_term() -> None:
+    """Rule 7: a renewal lost in etcd is given up in time for another within the term."""
+    state = leader(at=100.0)  # deadline 102.7
+    assert state.decide(101.0, LEASE).within == TTL / 3
+    # The renewal sent at 101 was never answered: one sent at 102 waits until the deadline.
+    assert state.decide(102.0, LEASE).within == pytest.approx(0.7)
+    assert state.decide(102.6, LEASE).within == pytest.approx(0.1)
 
 
 def test_past_its_deadline_the_leader_does_not_lead_whatever_etcd_says_later() -> None:
