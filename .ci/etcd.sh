@@ -1,6 +1,6 @@
 # Sourced by .ci/run: etcd (Debian packages "etcd-server" and "etcd-client", etcd 3.4) for the
 # etcd store and cluster tests, which start and stop their own members on loopback
-# (tests/etcd_cluster.py) and run etcdctl against them (authentication, compaction): nothing
+# (tests/support/etcd_cluster.py) and run etcdctl against them (authentication, compaction): nothing
 # to clean.
 if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
     $sudo apt-get update -qq

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 import results  # noqa: E402
 
 from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Nodes  # noqa: E402
-from tests.etcd_cluster import EtcdCluster  # noqa: E402
+from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
 
 PROBE = {"type": "http", "path": "/", "interval": 0.1, "timeout": 0.5,
          "healthy_threshold": 2, "unhealthy_threshold": 2}  # fmt: skip

@@ -6,3 +6,5 @@ they must be; GATEWAY_NATIVE=0: the pure modules)."""
 from gateway import native
 
 native.use()
+
+from tests.support.fixtures import ca, etcd  # noqa: E402, F401 - fixtures, registered by import

@@ -16,8 +16,8 @@ from controller.operations import Controller
 from controller.planning.model import ReplicaState
 from controller.store import Store
 from gateway import Health, Pool
-from tests.admin_client import admin_client  # noqa: F401 - a fixture of the admin API tests
-from tests.etcd_cluster import EtcdCluster
+from tests.support.admin_client import admin_client  # noqa: F401 - a fixture of the admin API tests
+from tests.support.etcd_cluster import EtcdCluster
 
 
 class FakeClock:

@@ -22,8 +22,8 @@ from controller.documents import MAX_DEPTH, MAX_NODES
 from controller.journal import Journal
 from controller.planning.model import ReplicaState
 from gateway import Health
-from tests.admin_client import AdminClient, AdminClientFactory
 from tests.bombs import BOMBS, FLAT_MIB
+from tests.support.admin_client import AdminClient, AdminClientFactory
 
 from .conftest import Harness, spec
 

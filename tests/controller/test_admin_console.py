@@ -14,7 +14,7 @@ import pytest
 
 from controller.admin import console
 from controller.admin.app import OPEN_PATHS, build_admin_app
-from tests.admin_client import AdminClientFactory
+from tests.support.admin_client import AdminClientFactory
 
 from .conftest import Harness
 

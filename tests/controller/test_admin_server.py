@@ -21,8 +21,8 @@ from controller.admin.cluster import NodeInfo, cluster_logs, cluster_middleware,
 from controller.admin.handlers import LOGS_ELSEWHERE
 from controller.admin.openapi import Operation
 from controller.spec import ServiceSpec
-from tests.admin_client import AdminClient, AdminClientFactory
-from tests.ports import free_port
+from tests.support.admin_client import AdminClient, AdminClientFactory
+from tests.support.ports import free_port
 
 from .conftest import Harness, spec
 

@@ -43,8 +43,8 @@ from controller.metrics import DockerHostMetrics
 from controller.spec import ReplicaTemplate
 from gateway import dump_settings
 from tests.needs import missing
-from tests.ports import free_port
 from tests.support.eventually import eventually
+from tests.support.ports import free_port
 
 ENGINE = os.environ.get("GATEWAY_TEST_DOCKER_HOST", "unix:///var/run/docker.sock")
 IMAGE = os.environ.get("GATEWAY_TEST_IMAGE", "local/bookworm-python:test")

@@ -31,8 +31,8 @@ from controller.backends import Exit, Launch, ProcessBackend, Running
 from controller.backends.process import exit_reason, shell_script
 from controller.errors import NoCapacity, StartFailed
 from controller.spec import ReplicaTemplate
-from tests.ports import free_port
-from tests.strays import reap, spawn_stray
+from tests.support.ports import free_port
+from tests.support.strays import reap, spawn_stray
 
 PY = shlex.quote(sys.executable)
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ import asyncio, json, sys
 from pathlib import Path
 from controller.backends import Launch, ProcessBackend
 from controller.spec import ReplicaTemplate
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 async def main():
     low, high, log_dir, command = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]

@@ -30,7 +30,7 @@ from controller.config import load_config
 from controller.main import build_parser, cli_main
 from controller.planning.model import ReplicaState
 from controller.serving import Gateway, run_gateway
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 TOKEN = "cli-test-token"
 SERVER = f"exec {sys.executable} -m http.server $PORT --bind 127.0.0.1"

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from controller.cluster.replicas import (
 from controller.errors import Deposed, NoCapacity, StartFailed
 from controller.etcd import Compare, EtcdClient
 from controller.spec import ReplicaTemplate
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 
 # -- placement ---------------------------------------------------------------------------------
 
@@ -133,12 +133,6 @@ http.server.ThreadingHTTPServer(address, Handler).serve_forever()
 TTL = 2
 _prefixes = itertools.count()
 _ports = itertools.count(0)
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    with EtcdCluster(tmp_path_factory.mktemp("etcd"), 1) as c:
-        yield c
 
 
 @dataclass

@@ -13,8 +13,8 @@ import trustme
 from controller.cluster.config import EtcdConfig
 from controller.cluster.connect import connect
 from controller.etcd import EtcdUnavailable
-from tests.etcd_cluster import require_etcd
-from tests.ports import free_port
+from tests.support.etcd_cluster import require_etcd
+from tests.support.ports import free_port
 
 
 @pytest.fixture

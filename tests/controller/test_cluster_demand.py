@@ -17,7 +17,7 @@ from controller.etcd import EtcdClient
 from controller.planning.autoscaler import Sample
 from gateway import Health, Pool
 from tests.controller.test_cluster_pools import routing
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 
 TTL = 2.0
 

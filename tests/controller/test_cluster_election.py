@@ -19,7 +19,7 @@ from controller.cluster.leadership import Record, Transition
 from controller.cluster.lease import LeaseEvent, LeaseKeeper
 from controller.errors import Deposed
 from controller.etcd import EtcdClient, Put, TxnResult
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 
 TTL = 2
 MARGIN = 0.2  # default_margin(TTL)

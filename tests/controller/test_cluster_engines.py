@@ -9,7 +9,7 @@ from typing import Any
 
 from controller.cluster.engines import Engines, cluster_id
 from controller.etcd import EtcdClient
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 
 
 class Backend:

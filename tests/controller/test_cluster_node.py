@@ -25,7 +25,7 @@ from controller.node import ClusterNode
 from controller.operations import Controller
 from controller.store.etcd import EtcdStore
 from gateway import Pool
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 
 _prefixes = itertools.count()
 NodeFactory = Callable[[str], Awaitable[ClusterNode]]

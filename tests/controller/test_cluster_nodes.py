@@ -14,7 +14,7 @@ import pytest
 from controller.cluster.lease import LeaseKeeper
 from controller.cluster.nodes import NodeRecord, NodeRegistry
 from controller.etcd import EtcdClient, KeyValue, WatchEvent
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 
 TTL = 2
 _prefixes = itertools.count()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +43,7 @@ from gateway import (
     parse_settings,
 )
 from gateway import Upstream as Up
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 
 
 def routing(name: str = "web", **changes: Any) -> ServiceRouting:
@@ -426,14 +426,6 @@ class Changes:
             while not condition():
                 self.event.clear()
                 await self.event.wait()
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    """One etcd member for the module (skipped without etcd, failed under CI)."""
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), 1).start()
-    yield cluster
-    cluster.close()
 
 
 @dataclass

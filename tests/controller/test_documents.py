@@ -22,7 +22,7 @@ from controller.documents import MAX_DEPTH, MAX_INTEGER, MAX_NODES, PAUSE_EVERY,
 from controller.errors import DocumentError, DocumentTooLarge
 from controller.main import build_parser
 from tests.bombs import FLAT_MIB, alias_bomb
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 UNBOUNDED = 5.0
 """Seconds that tell a parse bounded by the limits from an unbounded one (a bomb is never

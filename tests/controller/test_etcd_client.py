@@ -25,7 +25,7 @@ from controller.etcd import (
     Put,
     WatchEvent,
 )
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 
 _prefixes = itertools.count()
 

@@ -30,7 +30,7 @@ from controller.store.etcd_keys import row_key, split_key
 from controller.store.etcd_outbox import Outbox, op_size
 from tests.controller import test_store
 from tests.controller.test_store import FakeClock
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 
 T = TypeVar("T")
 
@@ -95,12 +95,6 @@ class Loop:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.loop.close()
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    with EtcdCluster(tmp_path_factory.mktemp("etcd"), 1) as cluster:
-        yield cluster
 
 
 @pytest.fixture

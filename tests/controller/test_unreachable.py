@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller.backends.docker import EngineClient, EngineUnreachable
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 
 async def test_an_engine_socket_that_is_not_there(tmp_path: Path) -> None:

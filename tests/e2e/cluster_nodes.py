@@ -30,8 +30,8 @@ import yaml
 
 from controller.backends.procfs import leaders_writing_to
 from tests.e2e.conftest import gateway_process
-from tests.etcd_cluster import EtcdCluster
-from tests.ports import free_port
+from tests.support.etcd_cluster import EtcdCluster
+from tests.support.ports import free_port
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 SERVER = f"{sys.executable} -m http.server $PORT --bind $HOST"

@@ -44,7 +44,7 @@ from controller.acme.store import AcmeStore
 from controller.config import AcmeConfig
 from controller.journal import Entry
 from tests.needs import missing
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 from .conftest import Gateways, Handle, serving, spec, until
 

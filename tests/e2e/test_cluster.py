@@ -24,8 +24,8 @@ import pytest
 
 from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Node, Nodes
 from tests.e2e.conftest import PROBE, ROLLOUT, Load, alive
-from tests.etcd_cluster import EtcdCluster
-from tests.strays import reap, spawn_stray
+from tests.support.etcd_cluster import EtcdCluster
+from tests.support.strays import reap, spawn_stray
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from tests.e2e.cluster_nodes import LEASE_TTL, Nodes
 from tests.e2e.conftest import PROBE, ROLLOUT
 from tests.e2e.test_cluster import leader_and_others, metrics_text
 from tests.e2e.test_cluster_workers import replica_ports
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 
 ECHO = Path(__file__).with_name("echo_replica.py")
 SAMPLE_INTERVAL = 1.0

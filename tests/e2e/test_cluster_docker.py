@@ -39,7 +39,7 @@ from tests.e2e.test_docker_engines import (  # the module's second engine, a fix
     remove_labelled_on,
     second_engine,  # noqa: F401
 )
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventually import eventually
 
 pytestmark = pytest.mark.timeout(600)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.e2e.cluster_nodes import SERVER, Node, Nodes
 from tests.e2e.conftest import PROBE, ROLLOUT, ROOT
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventually import eventually
 
 

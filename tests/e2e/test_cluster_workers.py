@@ -25,7 +25,7 @@ import pytest
 from tests.e2e.cluster_nodes import Node, Nodes
 from tests.e2e.conftest import PROBE, ROLLOUT
 from tests.e2e.test_cluster import leader_and_others, loaded, no_failures, unloaded
-from tests.etcd_cluster import EtcdCluster
+from tests.support.etcd_cluster import EtcdCluster
 
 ECHO = Path(__file__).with_name("echo_replica.py")
 SLOW = 6.0

@@ -34,7 +34,7 @@ import pytest
 
 from controller.store import Store
 from gateway import native
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 from .conftest import SERVER, Gateways, alive, spec, until
 

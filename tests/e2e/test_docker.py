@@ -33,7 +33,7 @@ from tests.controller.test_backend_docker import (
     engine_or_skip,
     remove_labelled,
 )
-from tests.ports import free_port as _free_port
+from tests.support.ports import free_port as _free_port
 
 from .conftest import PROBE, ROLLOUT, Gateways, Load, serving, until
 

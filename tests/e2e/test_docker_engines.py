@@ -36,7 +36,7 @@ import pytest
 from controller.backends.docker import EngineClient, EngineError, EngineTls, EngineUnreachable
 from tests.controller.test_backend_docker import ENGINE, IMAGE, engine_or_skip, remove_labelled
 from tests.needs import missing
-from tests.ports import free_port as _free_port
+from tests.support.ports import free_port as _free_port
 
 from .conftest import Gateways, Load, until
 from .test_docker import docker_spec as plain_docker_spec

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 from .conftest import Gateways, children, serve_process, spec
 

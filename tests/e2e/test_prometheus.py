@@ -31,7 +31,7 @@ from controller.serving import Gateway, run_gateway
 from gateway.metrics import GatewayMetrics
 from gateway.scrape import ConnectionsCollector, MetricsCollector
 from tests.needs import missing
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRAPE_CONFIG = ROOT / "configs" / "prometheus.yml"

@@ -16,7 +16,7 @@ import pytest
 
 from controller.config import document_digest
 from controller.store import Store
-from tests.strays import reap, spawn_stray
+from tests.support.strays import reap, spawn_stray
 
 from .conftest import SERVER, Gateways, Load, alive, gateway_process, serving, spec, until
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 from .conftest import Gateways, Load, alive, children, gateway_process, spec
 

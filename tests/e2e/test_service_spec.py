@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 
 from controller.planning.model import ReplicaState
-from tests.ports import free_port as _free_port
+from tests.support.ports import free_port as _free_port
 
 from .conftest import PROBE, Gateways, Handle, Load, serving, spec, until
 

@@ -10,7 +10,7 @@ import asyncio
 
 import aiohttp
 
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 from .conftest import Gateways, children, serve_process, spec, threads
 

@@ -19,11 +19,6 @@ from tests.gateway.test_tls import client_context, handshake, write_pair
 from .conftest import Gateways, serving, spec
 
 
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_https_served_and_certificates_reloaded_without_a_restart(
     gateways: Gateways, site, ca: trustme.CA, tmp_path: Path, workers: int

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from gateway import Supervisor, native
+from tests.support.ports import free_port
 
-from ..ports import free_port
 from .conftest import Gateways, Load, alive, children, serve_process, serving, spec, threads, until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -34,11 +34,6 @@ from .conftest import Recorder, raw_request, routing
 from .test_server import read_response
 
 
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
 def write_pair(ca: trustme.CA, directory: Path, *names: str) -> CertificateFiles:
     """A certificate for ``names`` signed by ``ca``, written as PEM files in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ import aiohttp
 from controller.documents import MAX_DEPTH, MAX_NODES
 from tests.bombs import BOMBS
 from tests.e2e.conftest import PROBE, Load, Outcome, gateway_process
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 from .conftest import MiB, rss
 

@@ -32,7 +32,7 @@ from controller.serving import Gateway, run_gateway
 from controller.store import Store
 from gateway import Pool
 from tests.e2e.conftest import until
-from tests.ports import free_port as _free_port
+from tests.support.ports import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = {"type": "tcp", "interval": 0.1, "timeout": 0.5, "healthy_threshold": 1}

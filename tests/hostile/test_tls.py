@@ -42,11 +42,6 @@ from .conftest import MiB, rss
 REQUEST = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n"
 
 
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
 def client_hello(server_name: str = "a.test") -> bytes:
     """The bytes of a real ClientHello (TLS 1.2 and 1.3 offered), as Python's ssl sends it."""
     context = ssl.create_default_context()

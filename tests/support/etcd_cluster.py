@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.needs import missing
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 
 def etcd_binary() -> str | None:

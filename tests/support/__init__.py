@@ -1,0 +1,3 @@
+"""What the tests share: the fixtures and helpers of more than one test directory (free ports,
+etcd members, an admin API client, stray replica processes, a test CA). The fixtures in
+``fixtures`` are registered for the whole suite by ``tests/conftest.py``."""
