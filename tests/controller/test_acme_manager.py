@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 import io
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -26,6 +25,7 @@ from controller.journal import Entry, Journal
 from controller.metrics import register_acme
 from controller.store import Store
 from gateway import RouteConfig
+from tests.support.eventually import eventually
 
 from .conftest import FakeClock
 from .test_acme_ca import TestCA
@@ -94,13 +94,6 @@ class Rig:
         self.clock.advance(seconds)
         manager.wake()
 
-    async def until(self, condition: Callable[[], Any], what: str) -> None:
-        for _ in range(500):
-            if condition():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"timed out waiting for {what}")
-
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
@@ -128,7 +121,7 @@ async def test_a_missing_certificate_is_obtained_stored_and_the_data_plane_told(
     assert entry.message.startswith(f"certificate for {HOST} issued by Fake ACME CA, valid until")
     assert rig.orderer.hosts == [HOST]  # the wildcard is not ordered
     assert (rig.state_dir / "acme/certificates" / HOST / "fullchain.pem").exists()
-    await rig.until(lambda: rig.reloads == 1, "the reload")
+    await eventually(lambda: rig.reloads == 1, what="the reload")
     [skipped, valid] = manager.status()
     assert (valid.name, valid.state, valid.names, valid.failures) == (HOST, "valid", (HOST,), 0)
     assert valid.not_after == START + LIFETIME
@@ -147,7 +140,9 @@ async def test_a_restart_reuses_the_stored_certificate_without_an_order(rig: Rig
     await first.stop()
     rig.clock.advance(86_400)
     second = await rig.manager()
-    await rig.until(lambda: len(second.status()) == 2 and of(second).state == "valid", "status")
+    await eventually(
+        lambda: len(second.status()) == 2 and of(second).state == "valid", what="status"
+    )
     # Its next step is the renewal, two months on; nothing was ordered.
     assert (of(second).next_order or 0) > rig.clock() + 50 * 86_400
     await asyncio.sleep(0.05)
@@ -218,7 +213,7 @@ async def test_a_service_added_later_is_ordered_and_one_removed_is_forgotten(rig
     assert (issued.service, issued.kind) == ("api", "certificate_issued")
     rig.routes = []
     rig.journal.record("api", "service_deleted", "deleted")
-    await rig.until(lambda: manager.status() == [], "the host forgotten")
+    await eventually(lambda: manager.status() == [], what="the host forgotten")
     assert (rig.state_dir / "acme/certificates/api.example.com/privkey.pem").exists()
 
 

@@ -16,7 +16,7 @@ import os
 import re
 import signal
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -702,14 +702,6 @@ class SocketProxy:
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
 
-async def until_true(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
-
-
 async def test_an_engine_that_goes_away_stops_nothing_and_missed_exits_are_seen_after(
     harness: Harness, tmp_path: object
 ) -> None:
@@ -734,7 +726,7 @@ async def went_away(harness: Harness, proxy: SocketProxy) -> None:
     assert registry.get_sample_value("gateway_docker_host_up", {"host": "h"}) == 1
     assert heard == []  # the first answer is no change
     await proxy.cut()
-    await until_true(lambda: "unreachable" in repr(backend))
+    await eventually(lambda: "unreachable" in repr(backend))
     assert registry.get_sample_value("gateway_docker_host_up", {"host": "h"}) == 0
     assert [(s.name, s.reachable, s.replicas) for s in heard] == [("h", False, 1)]
     assert heard[0].error.startswith(f"engine unix://{proxy.path}")
@@ -1027,8 +1019,11 @@ async def test_an_ssh_engine_through_its_forwarded_socket_restarted_when_it_ends
     pid = tunnel.pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)  # the link went away: the child is started again
-    await until_true(lambda: tunnel.starts == 2 and tunnel.ready.is_set(), 15)
-    await until_true(lambda: backend.hosts()[0].reachable, 15)
+    await eventually(
+        lambda: tunnel.starts == 2 and tunnel.ready.is_set(),
+        timeout=15,
+    )
+    await eventually(lambda: backend.hosts()[0].reachable, timeout=15)
     assert [s.engine for s in heard] == [host.engine] * len(heard)
     assert not harness.exit_of("r1").done()  # nothing stopped because the link went away
     assert await answer(running.host, running.port) == "200"

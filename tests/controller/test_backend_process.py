@@ -31,6 +31,7 @@ from controller.backends import Exit, Launch, ProcessBackend, Running
 from controller.backends.process import exit_reason, shell_script
 from controller.errors import NoCapacity, StartFailed
 from controller.spec import ReplicaTemplate
+from tests.support.eventually import eventually
 from tests.support.ports import free_port
 from tests.support.strays import reap, spawn_stray
 
@@ -210,15 +211,6 @@ def alive(pid: int) -> bool:
 
 def pgid_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
-
-
-async def until(condition: Callable[[], object], what: str) -> None:
-    """Returns once ``condition()`` is true; fails after 10 s. For what only a file shows."""
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def ticks(lines: list[str]) -> list[int]:
@@ -592,7 +584,7 @@ async def test_rotation_copies_the_tail_and_the_writer_appends_after_the_truncat
 
     # Its stdout is O_APPEND: the next writes land at the new end, not after a hole of NULs
     # as long as the file was before.
-    await until(lambda: log.read_bytes().count(b"\n") >= 3, "ticks after the truncation")
+    await eventually(lambda: log.read_bytes().count(b"\n") >= 3, what="ticks after the truncation")
     assert re.fullmatch(rb"(tick-\d+\n)+", log.read_bytes())
     assert "line-299" in h.backend.logs(rid, 10_000)
     assert h.backend.in_use == 1
@@ -616,7 +608,9 @@ async def test_the_log_check_runs_periodically(make: Make, tmp_path: Path) -> No
     await h.notifier.next()
     log = tmp_path / "logs" / f"{running.replica_id}.log"
     rotated = log.with_name(log.name + ".1")
-    await until(lambda: rotated.exists() and log.stat().st_size <= 1000, "the periodic check")
+    await eventually(
+        lambda: rotated.exists() and log.stat().st_size <= 1000, what="the periodic check"
+    )
     assert h.backend.logs(running.replica_id, 1) == ["line-299"]
 
 
@@ -690,7 +684,7 @@ async def test_a_restart_leaves_the_replica_running_and_writing_its_log(
     if restart == "in-process":
         old = make(port_range=(port, port))
         running = await old.backend.start(old.launch(ticker, replica_id="svc-1-old"))
-        await until(lambda: last_tick(old.backend, "svc-1-old") >= 0, "a first tick")
+        await eventually(lambda: last_tick(old.backend, "svc-1-old") >= 0, what="a first tick")
         await old.backend.close()
         handle = running.handle
     else:
@@ -704,7 +698,7 @@ async def test_a_restart_leaves_the_replica_running_and_writing_its_log(
     h.ids.append("svc-1-old")
     before = last_tick(h.backend, "svc-1-old")
     # Ten more ticks: at least half a second of writing after the restart.
-    await until(lambda: last_tick(h.backend, "svc-1-old") >= before + 10, "new ticks")
+    await eventually(lambda: last_tick(h.backend, "svc-1-old") >= before + 10, what="new ticks")
     assert alive(pid)
     assert h.reports_of("svc-1-old") == []
     numbers = ticks(h.backend.logs("svc-1-old", 10_000))

@@ -13,7 +13,6 @@ import itertools
 import os
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from controller.errors import Deposed, NoCapacity, StartFailed
 from controller.etcd import Compare, EtcdClient
 from controller.spec import ReplicaTemplate
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.eventually import eventually
 
 # -- placement ---------------------------------------------------------------------------------
 
@@ -245,24 +245,15 @@ def launch(world: World, rid: str, service: str = "web", revision: int = 1) -> L
     return Launch(service, revision, rid, ReplicaTemplate(commands=(world.command,)))
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll what only a process or the kernel tells (a port answering, a pid gone)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
-
-
 async def get(host: str, port: int) -> str:
-    deadline = time.monotonic() + 10
-    async with aiohttp.ClientSession() as session:
-        while True:
-            try:
-                async with session.get(f"http://{host}:{port}/") as response:
-                    return await response.text()
-            except aiohttp.ClientConnectionError:
-                assert time.monotonic() < deadline, f"{host}:{port} does not answer"
-                await asyncio.sleep(0.05)
+    """The body a replica answers at ``/``, once it listens."""
+
+    async def once() -> str:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://{host}:{port}/") as response:
+                return await response.text()
+
+    return await eventually(once, what=f"{host}:{port} to answer")
 
 
 def agents(count: int) -> Callable[[ClusterBackend], bool]:
@@ -282,12 +273,11 @@ async def keys_under(world: World, what: str) -> list[bytes]:
     return [kv.key for kv in kvs]
 
 
-async def until_no_keys(world: World, *under: str) -> None:
-    deadline = time.monotonic() + 5
-    for what in under:
-        while await keys_under(world, what):
-            assert time.monotonic() < deadline, f"{what} left behind"
-            await asyncio.sleep(0.05)
+async def nothing_under(world: World, *under: str) -> bool:
+    """For ``eventually``: no key left under any of ``under`` (the keys left, if any)."""
+    left = [key for what in under for key in await keys_under(world, what)]
+    assert not left, f"left behind: {left}"
+    return True
 
 
 async def test_starts_spread_over_the_nodes_answer_and_stop(world: World) -> None:
@@ -310,9 +300,13 @@ async def test_starts_spread_over_the_nodes_answer_and_stop(world: World) -> Non
         assert event.requested
     for pid in pids:
         assert pid is not None
-        await until(lambda pid=pid: gone(pid))
-    await until(lambda: world.leader.placed() == {})
-    await until_no_keys(world, "placements/", "running/", "exits/")
+        await eventually(lambda pid=pid: gone(pid), what="the replica's process to end")
+    await eventually(lambda: world.leader.placed() == {}, what="no placement left")
+    await eventually(
+        lambda: nothing_under(world, "placements/", "running/", "exits/"),
+        timeout=5,
+        what="no keys under placements/, running/, exits/",
+    )
 
 
 async def test_a_crash_is_an_exit(world: World) -> None:
@@ -325,7 +319,7 @@ async def test_a_crash_is_an_exit(world: World) -> None:
     event = await world.exit_of("web-1-c")
     assert not event.requested
     assert event.code == -signal.SIGKILL
-    await until(lambda: world.leader.placed() == {})
+    await eventually(lambda: world.leader.placed() == {}, what="no placement left")
 
 
 async def test_a_start_that_fails_on_the_node(world: World) -> None:
@@ -335,7 +329,11 @@ async def test_a_start_that_fails_on_the_node(world: World) -> None:
     with pytest.raises(StartFailed, match="node a: the template has no command"):
         await world.leader.start(empty)
     assert world.leader.placed() == {}
-    await until_no_keys(world, "placements/", "failed/")
+    await eventually(
+        lambda: nothing_under(world, "placements/", "failed/"),
+        timeout=5,
+        what="no keys under placements/, failed/",
+    )
 
 
 async def test_no_capacity_on_any_node(world: World) -> None:
@@ -362,7 +360,7 @@ async def test_a_node_whose_key_is_gone_takes_its_replicas(world: World) -> None
     assert "web-1-a" not in [e.replica_id for e in world.exits]
     # b is back (a new lease): its placement is gone, so its agent stops the replica.
     assert on_b.pid is not None
-    await until(lambda: gone(on_b.pid))  # type: ignore[arg-type]
+    await eventually(lambda: gone(on_b.pid), what="b's replica to end")  # type: ignore[arg-type]
     await get(on_a.host, on_a.port)  # a's goes on
     await asyncio.wait_for(world.leader.wait(agents(2)), 10)
     # A place on b again: the old records were cleaned up.
@@ -469,7 +467,9 @@ async def test_a_node_that_does_not_answer(world: World) -> None:
     with pytest.raises(StartFailed, match=r"node a did not answer within 0\.5 s"):
         await world.leader.start(launch(world, "web-1-a"))
     assert world.leader.placed() == {}
-    await until_no_keys(world, "placements/")
+    await eventually(
+        lambda: nothing_under(world, "placements/"), timeout=5, what="no keys under placements/"
+    )
 
 
 async def test_a_new_leader_adopts_and_hears_what_it_missed(world: World) -> None:
@@ -480,9 +480,13 @@ async def test_a_new_leader_adopts_and_hears_what_it_missed(world: World) -> Non
     await world.leader.close()
     assert crashed.pid is not None
     os.killpg(crashed.pid, signal.SIGKILL)
-    await until(lambda: gone(crashed.pid))  # type: ignore[arg-type]
+    await eventually(lambda: gone(crashed.pid), what="the crashed replica reaped")  # type: ignore[arg-type]
     # The agent's exit record is in etcd before the next leader reads.
-    await until_no_keys(world, "running/web-1-b")
+    await eventually(
+        lambda: nothing_under(world, "running/web-1-b"),
+        timeout=5,
+        what="no keys under running/web-1-b",
+    )
     fence_key = world.prefix.encode() + LEADER_KEY
     leader = ClusterBackend(
         world.client, world.prefix, lambda: [Compare(fence_key, "VALUE", "EQUAL", b"me")]
@@ -515,7 +519,7 @@ async def test_with_etcd_away_nothing_stops_and_exits_come_later(
     try:
         assert crashed.pid is not None
         os.killpg(crashed.pid, signal.SIGKILL)
-        await until(lambda: a.backend.in_use == 1)
+        await eventually(lambda: a.backend.in_use == 1, what="a's replica in use")
         await asyncio.sleep(0.5)  # the agent tries to write meanwhile, and fails
         assert world.exits == []
     finally:
@@ -540,7 +544,9 @@ async def test_an_agent_back_stops_what_was_stopped_while_it_was_away(
     await world.leader.stop("web-1-a", 0.0)
     event = await world.exit_of("web-1-a")
     assert event == Exit("web-1-a", None, "node a did not report the stop within 0.5 s", True)
-    await until_no_keys(world, "placements/")
+    await eventually(
+        lambda: nothing_under(world, "placements/"), timeout=5, what="no keys under placements/"
+    )
     assert await keys_under(world, "running/web-1-a")  # the node's, to adopt
     assert running.pid is not None
     assert not gone(running.pid)
@@ -550,8 +556,12 @@ async def test_an_agent_back_stops_what_was_stopped_while_it_was_away(
     a.backend = backend
     a.agent = Agent(a.client, world.prefix, "a", backend, lambda: a.keeper.lease, stop_grace=1)
     await asyncio.wait_for(a.agent.open(), 10)
-    await until(lambda: gone(running.pid))  # type: ignore[arg-type]
-    await until_no_keys(world, "running/", "exits/")
+    await eventually(lambda: gone(running.pid), what="the replica's process to end")  # type: ignore[arg-type]
+    await eventually(
+        lambda: nothing_under(world, "running/", "exits/"),
+        timeout=5,
+        what="no keys under running/, exits/",
+    )
     assert [e.replica_id for e in world.exits] == ["web-1-a"]  # reported once
 
 

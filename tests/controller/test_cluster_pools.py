@@ -44,6 +44,7 @@ from gateway import (
 )
 from gateway import Upstream as Up
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.eventually import eventually
 
 
 def routing(name: str = "web", **changes: Any) -> ServiceRouting:
@@ -402,7 +403,7 @@ class Kinds:
 
 
 class Changes:
-    """Wakes ``until`` on any change: a pool event, a report taken in, a follower's status."""
+    """Wakes ``eventually`` on any change: a pool event, a report taken in, a follower's status."""
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
@@ -421,11 +422,10 @@ class Changes:
 
         return record
 
-    async def until(self, condition: Callable[[], bool], timeout: float = 5.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not condition():
-                self.event.clear()
-                await self.event.wait()
+    async def changed(self) -> None:
+        """Returns at the next change (``eventually``'s ``changed``)."""
+        self.event.clear()
+        await self.event.wait()
 
 
 @dataclass
@@ -499,7 +499,10 @@ async def cluster(etcd: EtcdCluster, request: pytest.FixtureRequest) -> AsyncIte
     for follower in followers.values():
         await follower.start()
     c = Cluster(etcd, prefix, changes, clients, leader, publisher, peers, pools, followers, leases)
-    await changes.until(lambda: c.peers.nodes == ["n1", "n2"])
+    await eventually(
+        lambda: c.peers.nodes == ["n1", "n2"],
+        changed=changes.changed,
+    )
     yield c
     await c.stop()
 
@@ -514,16 +517,25 @@ def add_web(c: Cluster, *upstreams: Up) -> None:
 async def test_an_upstream_added_on_the_leader_appears_on_every_follower(cluster: Cluster) -> None:
     c = cluster
     add_web(c, up("a"))
-    await c.changes.until(lambda: c.has("n1", "a") and c.has("n2", "a"))
+    await eventually(
+        lambda: c.has("n1", "a") and c.has("n2", "a"),
+        changed=c.changes.changed,
+    )
     for node in ("n1", "n2"):
         # Health is each node's own: it starts unknown, whatever the leader's probes said.
         assert c.pools[node].upstream("web", "a") == up("a")
     assert not c.peers.routable_everywhere("web", "a")
     c.pools["n1"].set_health("web", "a", Health.HEALTHY)
-    await c.changes.until(lambda: "a" in c.peers.table.reports["n1"].routable.get("web", ()))
+    await eventually(
+        lambda: "a" in c.peers.table.reports["n1"].routable.get("web", ()),
+        changed=c.changes.changed,
+    )
     assert not c.peers.routable_everywhere("web", "a")  # n2 does not route to it yet
     c.pools["n2"].set_health("web", "a", Health.HEALTHY)
-    await c.changes.until(lambda: c.peers.routable_everywhere("web", "a"))
+    await eventually(
+        lambda: c.peers.routable_everywhere("web", "a"),
+        changed=c.changes.changed,
+    )
 
     # Health on the leader writes nothing.
     await c.publisher.flushed()
@@ -539,16 +551,25 @@ async def test_an_upstream_added_on_the_leader_appears_on_every_follower(cluster
     c.leader.set_failure("web", "why")
     await c.publisher.flushed()
     assert c.publisher.requests == requests + 1
-    await c.changes.until(lambda: c.has("n1", "b") and c.has("n2", "b"))
+    await eventually(
+        lambda: c.has("n1", "b") and c.has("n2", "b"),
+        changed=c.changes.changed,
+    )
     for node in ("n1", "n2"):
         snapshot = c.pools[node].service("web").snapshot
         assert (snapshot.weights, snapshot.failure) == ((0, 50), "why")
 
     # Removed on the leader, removed everywhere; so is the service.
     c.leader.remove_upstream("web", "a")
-    await c.changes.until(lambda: not c.has("n1", "a") and not c.has("n2", "a"))
+    await eventually(
+        lambda: not c.has("n1", "a") and not c.has("n2", "a"),
+        changed=c.changes.changed,
+    )
     c.leader.remove_service("web")
-    await c.changes.until(lambda: not c.pools["n1"].services and not c.pools["n2"].services)
+    await eventually(
+        lambda: not c.pools["n1"].services and not c.pools["n2"].services,
+        changed=c.changes.changed,
+    )
     kvs, _ = await c.clients[0].get(pools_key(c.prefix), prefix=True)
     assert kvs == []
 
@@ -556,15 +577,24 @@ async def test_an_upstream_added_on_the_leader_appears_on_every_follower(cluster
 async def drain_with_a_request_on_n1(c: Cluster) -> tuple[asyncio.Future[bool], Any]:
     """Upstream ``a`` on every node, a request in flight on it in n1, then the leader drains it."""
     add_web(c, up("a"), up("b", 9001))
-    await c.changes.until(lambda: c.has("n1", "a") and c.has("n2", "a"))
+    await eventually(
+        lambda: c.has("n1", "a") and c.has("n2", "a"),
+        changed=c.changes.changed,
+    )
     c.pools["n1"].set_health("web", "a", Health.HEALTHY)
     lease = c.pools["n1"].service("web").lease()
     assert lease is not None
     assert lease.upstream.id == "a"
     drain = c.leader.drain("web", "a", 10.0)
-    await c.changes.until(lambda: c.admin("n1", "a") == c.admin("n2", "a") == AdminState.DRAINING)
+    await eventually(
+        lambda: c.admin("n1", "a") == c.admin("n2", "a") == AdminState.DRAINING,
+        changed=c.changes.changed,
+    )
     # n2 holds nothing of it and says so; n1 holds a request.
-    await c.changes.until(lambda: ("web", "a") in c.idle("n2"))
+    await eventually(
+        lambda: ("web", "a") in c.idle("n2"),
+        changed=c.changes.changed,
+    )
     assert c.idle("n1") == {}
     assert not drain.done()
     return drain, lease
@@ -579,15 +609,24 @@ async def test_a_drain_on_the_leader_waits_for_every_follower(cluster: Cluster) 
 
     # Taken back on the leader: active everywhere, and no longer idle in any report.
     c.leader.undrain("web", "a")
-    await c.changes.until(lambda: c.admin("n1", "a") == c.admin("n2", "a") == AdminState.ACTIVE)
-    await c.changes.until(lambda: c.idle("n1") == c.idle("n2") == {})
+    await eventually(
+        lambda: c.admin("n1", "a") == c.admin("n2", "a") == AdminState.ACTIVE,
+        changed=c.changes.changed,
+    )
+    await eventually(
+        lambda: c.idle("n1") == c.idle("n2") == {},
+        changed=c.changes.changed,
+    )
 
     # Drained again: the reports of the earlier drain do not complete this one.
     c.pools["n2"].set_health("web", "a", Health.HEALTHY)
     lease = c.pools["n2"].service("web").lease()
     assert lease is not None
     drain = c.leader.drain("web", "a", 10.0)
-    await c.changes.until(lambda: ("web", "a") in c.idle("n1"))
+    await eventually(
+        lambda: ("web", "a") in c.idle("n1"),
+        changed=c.changes.changed,
+    )
     assert not drain.done()
     lease.release()
     assert await asyncio.wait_for(drain, 5) is True
@@ -602,7 +641,10 @@ async def test_a_node_whose_report_is_gone_holds_nothing(cluster: Cluster) -> No
     lease.release()
     # n1 registers again with a new lease: its report is written again, bound to it.
     c.leases["n1"] = await c.clients[1].grant(30)
-    await c.changes.until(lambda: c.peers.nodes == ["n1", "n2"])
+    await eventually(
+        lambda: c.peers.nodes == ["n1", "n2"],
+        changed=c.changes.changed,
+    )
     assert c.idle("n1") == {("web", "a"): c.idle("n2")[("web", "a")]}
 
 
@@ -614,7 +656,7 @@ async def test_a_drain_timeout_comes_with_the_record(cluster: Cluster) -> None:
     )
     await c.publisher.start()
     add_web(c, up("a"))
-    await c.changes.until(lambda: c.has("n1", "a"))
+    await eventually(lambda: c.has("n1", "a"), changed=c.changes.changed)
     c.pools["n1"].set_health("web", "a", Health.HEALTHY)
     lease = c.pools["n1"].service("web").lease()
     assert lease is not None
@@ -628,11 +670,17 @@ async def test_a_drain_timeout_comes_with_the_record(cluster: Cluster) -> None:
 async def test_with_etcd_gone_followers_keep_their_pools_and_resume(cluster: Cluster) -> None:
     c = cluster
     add_web(c, up("a"))
-    await c.changes.until(lambda: c.has("n1", "a") and c.has("n2", "a"))
+    await eventually(
+        lambda: c.has("n1", "a") and c.has("n2", "a"),
+        changed=c.changes.changed,
+    )
     before = {node: pool.service("web").snapshot.upstreams for node, pool in c.pools.items()}
     await asyncio.to_thread(c.etcd.stop_all)
     try:
-        await c.changes.until(lambda: all(f.status == "unreachable" for f in c.followers.values()))
+        await eventually(
+            lambda: all(f.status == "unreachable" for f in c.followers.values()),
+            changed=c.changes.changed,
+        )
         c.leader.add_upstream(up("b", 9001))  # the publisher retries until etcd is back
         drain = c.leader.drain("web", "a", 30.0)
         for node, pool in c.pools.items():
@@ -641,8 +689,15 @@ async def test_with_etcd_gone_followers_keep_their_pools_and_resume(cluster: Clu
     finally:
         c.etcd.start_member(0)
         await asyncio.to_thread(c.etcd.wait_healthy)
-    await c.changes.until(lambda: c.has("n1", "b") and c.has("n2", "b"), timeout=10)
-    await c.changes.until(lambda: c.admin("n1", "a") == c.admin("n2", "a") == AdminState.DRAINING)
+    await eventually(
+        lambda: c.has("n1", "b") and c.has("n2", "b"),
+        timeout=10,
+        changed=c.changes.changed,
+    )
+    await eventually(
+        lambda: c.admin("n1", "a") == c.admin("n2", "a") == AdminState.DRAINING,
+        changed=c.changes.changed,
+    )
     assert all(f.status == "watching" for f in c.followers.values())
     assert await asyncio.wait_for(drain, 5) is True  # both nodes said they hold nothing
 
@@ -651,9 +706,14 @@ async def test_a_follower_started_again_after_a_compaction_loads_anew(cluster: C
     c = cluster
     add_web(c, up("a"))
     c.leader.set_service(routing("api"))
-    await c.changes.until(lambda: c.has("n1", "a") and "api" in c.pools["n1"].services)
+    await eventually(
+        lambda: c.has("n1", "a") and "api" in c.pools["n1"].services,
+        changed=c.changes.changed,
+    )
     await c.followers["n1"].stop()
-    await c.changes.until(lambda: c.peers.nodes == ["n2"])  # its report went with it
+    await eventually(
+        lambda: c.peers.nodes == ["n2"], changed=c.changes.changed
+    )  # its report went with it
     c.leader.remove_upstream("web", "a")
     c.leader.add_upstream(up("b", 9001))
     c.leader.remove_service("api")
@@ -661,9 +721,15 @@ async def test_a_follower_started_again_after_a_compaction_loads_anew(cluster: C
     _, revision = await c.clients[0].get(b"/nothing")
     await c.clients[0].compact(revision)
     await c.followers["n1"].start()
-    await c.changes.until(lambda: c.has("n1", "b") and not c.has("n1", "a"))
+    await eventually(
+        lambda: c.has("n1", "b") and not c.has("n1", "a"),
+        changed=c.changes.changed,
+    )
     assert set(c.pools["n1"].services) == {"web"}
-    await c.changes.until(lambda: c.peers.nodes == ["n1", "n2"])
+    await eventually(
+        lambda: c.peers.nodes == ["n1", "n2"],
+        changed=c.changes.changed,
+    )
 
 
 async def test_a_follower_back_from_leading_keeps_what_its_pool_has_and_probed(
@@ -675,7 +741,7 @@ async def test_a_follower_back_from_leading_keeps_what_its_pool_has_and_probed(
     nothing routable for a moment (the etcd-faults e2e test's 503s)."""
     c = cluster
     add_web(c, up("a"))
-    await c.changes.until(lambda: c.has("n1", "a"))
+    await eventually(lambda: c.has("n1", "a"), changed=c.changes.changed)
     n1 = c.pools["n1"]
     await c.followers["n1"].stop()  # n1 leads: its controller makes the same changes
     for pool in (c.leader, n1):
@@ -689,7 +755,10 @@ async def test_a_follower_back_from_leading_keeps_what_its_pool_has_and_probed(
     kvs, _ = await c.clients[0].get(pools_key(c.prefix, "web"))
     await c.followers["n1"].start()
     # Applied once the follower's feed is at the last record's revision.
-    await c.changes.until(lambda: c.followers["n1"].feed.revision >= kvs[0].mod_revision)
+    await eventually(
+        lambda: c.followers["n1"].feed.revision >= kvs[0].mod_revision,
+        changed=c.changes.changed,
+    )
     upstream = n1.upstream("web", "b")
     assert upstream is not None
     assert upstream.health is Health.HEALTHY
@@ -712,7 +781,7 @@ async def test_a_deposed_leader_writes_nothing(cluster: Cluster) -> None:
     )
     await c.publisher.start()
     add_web(c, up("a"))
-    await c.changes.until(lambda: c.has("n1", "a"))
+    await eventually(lambda: c.has("n1", "a"), changed=c.changes.changed)
     await c.clients[0].put(leader_key, b"n3")
     c.leader.add_upstream(up("b", 9001))
     await asyncio.wait_for(deposed.wait(), 5)
@@ -731,7 +800,10 @@ async def test_many_services_in_few_transactions_and_pruning(cluster: Cluster) -
         c.leader.set_service(routing(name))
     await c.publisher.flushed()
     assert c.publisher.requests == requests + 2  # 100 writes in a transaction at most
-    await c.changes.until(lambda: sorted(c.pools["n2"].services) == names)
+    await eventually(
+        lambda: sorted(c.pools["n2"].services) == names,
+        changed=c.changes.changed,
+    )
 
     # A new leader whose pool lacks some services leaves them be, unless told to prune.
     await c.publisher.stop()
@@ -742,5 +814,8 @@ async def test_many_services_in_few_transactions_and_pruning(cluster: Cluster) -
         await c.publisher.flushed()
         await c.publisher.stop()
         assert c.publisher.writes == int(prune)
-    await c.changes.until(lambda: "s000" not in c.pools["n1"].services)
+    await eventually(
+        lambda: "s000" not in c.pools["n1"].services,
+        changed=c.changes.changed,
+    )
     assert sorted(c.pools["n1"].services) == names[1:]

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ import yaml
 from controller.backends.procfs import leaders_writing_to
 from tests.e2e.conftest import gateway_process
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.eventually import eventually
 from tests.support.ports import free_port
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
@@ -121,13 +121,21 @@ class Nodes:
         path.write_text(yaml.safe_dump(self.config(node, index)))
         node.process = await gateway_process(path, node.directory / "gateway.log")
         node.paused = False
-        await self.until(lambda: self._ready(node), 20, f"{node.name} ready")
+        await eventually(
+            lambda: asyncio.to_thread(lambda: self._ready(node)),
+            timeout=20,
+            what=f"{node.name} ready",
+        )
         return node
 
     async def start_all(self) -> None:
         for i in range(self.count):
             await self.start(i)
-        await self.until(lambda: self.leader() is not None, 10, "a leader")
+        await eventually(
+            lambda: asyncio.to_thread(lambda: self.leader() is not None),
+            timeout=10,
+            what="a leader",
+        )
 
     def _ready(self, node: Node) -> bool:
         if node.process is not None and node.process.returncode is not None:
@@ -201,16 +209,6 @@ class Nodes:
         node.paused = False
 
     # -- helpers ------------------------------------------------------------------------------
-
-    @staticmethod
-    async def until(condition: Any, timeout: float = 10.0, what: str = "a condition") -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if await asyncio.to_thread(condition):
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-            await asyncio.sleep(0.1)
 
     def replica_pids(self) -> dict[str, int]:
         """Every replica's pid, from etcd's running records."""

@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -34,8 +34,7 @@ from controller.config import load_config
 from controller.planning.model import ReplicaState
 from controller.serving import Gateway, run_gateway
 from controller.state import ServiceState
-
-T = TypeVar("T")
+from tests.support.eventually import eventually
 
 SERVER = f"{sys.executable} -m http.server $PORT --bind 127.0.0.1"
 """The replica command: a stdlib static file server on the port the backend allocated."""
@@ -138,20 +137,6 @@ def alive(pid: int) -> bool:
         return False
     state = data[data.rindex(b")") + 2 :].split()[0]
     return state not in (b"Z", b"X")
-
-
-async def until(
-    condition: Callable[[], T], timeout: float = 10.0, what: str = "the condition"
-) -> T:
-    """Poll ``condition`` every 50 ms until it is truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 # -- the gateway ------------------------------------------------------------------------------
@@ -369,7 +354,7 @@ async def serving(handle: Handle, data: dict[str, Any], revision: int = 1) -> No
     """Apply ``data`` and wait until all its replicas are ready and its rollout is done."""
     await handle.controller.apply(data)
     replicas = data["replicas"]
-    await until(
+    await eventually(
         lambda: (
             handle.ready(revision) == replicas
             and handle.state().observed.serving_revision == revision
@@ -415,7 +400,7 @@ class Load:
 
     async def __aenter__(self) -> Load:
         self._tasks = [asyncio.create_task(self._client(i)) for i in range(self.clients)]
-        await until(lambda: len(self.outcomes) >= self.clients, what="the first responses")
+        await eventually(lambda: len(self.outcomes) >= self.clients, what="the first responses")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -470,7 +455,7 @@ class Load:
     async def more(self, count: int = 50) -> None:
         """Wait until ``count`` more requests were answered."""
         target = len(self.outcomes) + count
-        await until(lambda: len(self.outcomes) >= target, what=f"{count} more responses")
+        await eventually(lambda: len(self.outcomes) >= target, what=f"{count} more responses")
 
     def summary(self) -> str:
         failures = self.failures

@@ -44,9 +44,10 @@ from controller.acme.store import AcmeStore
 from controller.config import AcmeConfig
 from controller.journal import Entry
 from tests.needs import missing
+from tests.support.eventually import eventually
 from tests.support.ports import free_port
 
-from .conftest import Gateways, Handle, serving, spec, until
+from .conftest import Gateways, Handle, serving, spec
 
 PEBBLE = shutil.which("pebble")
 if PEBBLE is None:
@@ -179,7 +180,9 @@ class Pebble:
                 "-dnsserver", f"127.0.0.1:{self.dns_port}",
                 env=env, stdout=log, stderr=log,
             )  # fmt: skip
-        await until(lambda: self.listening() or self.exited(), 10, "pebble to listen")
+        await eventually(
+            lambda: self.listening() or self.exited(), timeout=10, what="pebble to listen"
+        )
         assert not self.exited(), self.log.read_text()[-2000:]
 
     def listening(self) -> bool:
@@ -338,7 +341,9 @@ async def test_a_certificate_is_issued_validated_for_real_and_served(
     await pebble.start(http_port=plain)
     handle = await start(gateways, pebble, plain, tls)
     await serving(handle, web_spec(site))
-    [issued] = await until(lambda: entries(handle, "certificate_issued"), 20, "the certificate")
+    [issued] = await eventually(
+        lambda: entries(handle, "certificate_issued"), timeout=20, what="the certificate"
+    )
     assert issued.service == "web"
     assert f"certificate for {HOST} issued by Pebble Intermediate CA" in issued.message
     assert [e["id"] for e in await api_events(handle, "certificate_issued", 1)] == [issued.id]
@@ -391,11 +396,15 @@ async def test_a_short_lived_certificate_is_renewed(
     await pebble.start(http_port=plain, validity=12)
     handle = await start(gateways, pebble, plain, tls, renew_at=0.5)
     await serving(handle, web_spec(site))
-    await until(lambda: entries(handle, "certificate_issued"), 20, "the first certificate")
+    await eventually(
+        lambda: entries(handle, "certificate_issued"), timeout=20, what="the first certificate"
+    )
     first = stored(gateways.state_dir)
     lifetime = (first.not_valid_after_utc - first.not_valid_before_utc).total_seconds()
     assert lifetime < 15
-    [renewed] = await until(lambda: entries(handle, "certificate_renewed")[:1], 20, "a renewal")
+    [renewed] = await eventually(
+        lambda: entries(handle, "certificate_renewed")[:1], timeout=20, what="a renewal"
+    )
     assert f"certificate for {HOST} renewed by Pebble Intermediate CA" in renewed.message
     second = stored(gateways.state_dir)
     assert second.serial_number != first.serial_number
@@ -419,7 +428,9 @@ async def test_an_unreachable_challenge_fails_is_retried_and_the_service_stays_u
     await pebble.start(http_port=closed)  # nothing listens there
     handle = await start(gateways, pebble, plain, tls)
     await serving(handle, web_spec(site))
-    await until(lambda: len(entries(handle, "certificate_failed")) >= 3, 30, "three failures")
+    await eventually(
+        lambda: len(entries(handle, "certificate_failed")) >= 3, timeout=30, what="three failures"
+    )
     first, second, third = entries(handle, "certificate_failed")[:3]
     for n, entry in enumerate((first, second, third), 1):
         assert entry.service == "web"
@@ -457,17 +468,21 @@ async def test_a_restart_reuses_the_stored_certificate_without_an_order(
     await pebble.start(http_port=plain)
     first = await start(gateways, pebble, plain, tls)
     await serving(first, web_spec(site))
-    await until(lambda: entries(first, "certificate_issued"), 20, "the certificate")
+    await eventually(
+        lambda: entries(first, "certificate_issued"), timeout=20, what="the certificate"
+    )
     cert = stored(gateways.state_dir)
     account = (gateways.state_dir / "acme/account/key.pem").read_bytes()
     await first.stop()
     assert (pebble.orders(), pebble.count(r"POST /sign-me-up")) == (1, 1)
 
     second = await start(gateways, pebble, plain, tls)
-    await until(lambda: second.ready() == 1, 15, "web's replica ready again")
+    await eventually(lambda: second.ready() == 1, timeout=15, what="web's replica ready again")
     assert second.gateway.acme is not None
-    await until(
-        lambda: [c.state for c in second.gateway.acme.status()] == ["valid"], 10, "the status"
+    await eventually(
+        lambda: [c.state for c in second.gateway.acme.status()] == ["valid"],
+        timeout=10,
+        what="the status",
     )
     [shown] = (await admin_json(second, "/api/certificates"))["certificates"]
     assert shown["not_after"] == cert.not_valid_after_utc.timestamp()

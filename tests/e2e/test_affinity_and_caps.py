@@ -16,8 +16,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.eventually import eventually
+
 from .conftest import Gateways, serving
-from .test_auth import admin, echo_spec, metric, until_async
+from .test_auth import admin, echo_spec, metric
 
 
 async def replica_of(url: str, user: str) -> str:
@@ -50,7 +52,7 @@ async def test_a_user_keeps_its_replica_and_only_a_leavers_users_move(
     async def moved() -> bool:
         return await replica_of(gw.url + "/", users[0]) != leaving
 
-    await until_async(moved, "the drain in every process")
+    await eventually(moved, what="the drain in every process")
     for user in users:
         now = await replica_of(gw.url + "/", user)
         if before[user] == leaving:
@@ -84,7 +86,7 @@ async def test_the_cap_holds_and_the_rest_wait_their_turn(
             waited = await metric(s, gw, 'gateway_service_queue_wait_seconds_count{service="web"}')
             return waited is not None and waited >= 6
 
-        await until_async(counted, "the queue's waits in /metrics")
+        await eventually(counted, what="the queue's waits in /metrics")
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -113,7 +115,7 @@ async def test_past_queue_timeout_503_with_retry_after(
             )
             return rejected == len(refused)
 
-        await until_async(counted, "the queue's 503s in /metrics")
+        await eventually(counted, what="the queue's 503s in /metrics")
         async with s.get(admin(gw) + "/api/services/web") as r:
             guards = (await r.json())["guards"]
         assert guards["max_in_flight_per_replica"] == 2

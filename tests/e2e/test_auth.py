@@ -6,17 +6,17 @@ without a restart (and in every worker), kept across a restart, counted by outco
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from .conftest import PROBE, Gateways, Handle, serving, until
+from tests.support.eventually import eventually
+
+from .conftest import PROBE, Gateways, Handle, serving
 
 ECHO = f"{sys.executable} {Path(__file__).parent / 'echo_replica.py'}"
 TOKEN = "file-token-0123456789abcdef"
@@ -97,7 +97,7 @@ async def test_bearer_tokens_end_to_end(gateways: Gateways, tmp_path: Path, work
                     results.add((await get(fresh, gw.url + "/", token))[0])
             return results == {401}
 
-        await until_async(lambda: accepted(secret), "the new token in every process")
+        await eventually(lambda: accepted(secret), what="the new token in every process")
         async with s.get(admin(gw) + "/api/services/web/tokens") as r:
             listed = await r.json()
         assert [(t["source"], t["label"]) for t in listed["tokens"]] == [
@@ -107,7 +107,7 @@ async def test_bearer_tokens_end_to_end(gateways: Gateways, tmp_path: Path, work
         assert secret not in json.dumps(listed)
         async with s.delete(admin(gw) + f"/api/services/web/tokens/{added['token']['id']}") as r:
             assert r.status == 200
-        await until_async(lambda: refused(secret), "the revoked token refused everywhere")
+        await eventually(lambda: refused(secret), what="the revoked token refused everywhere")
         assert await accepted(TOKEN)
 
         # Counted by outcome, workers' requests included (they report every second).
@@ -121,7 +121,7 @@ async def test_bearer_tokens_end_to_end(gateways: Gateways, tmp_path: Path, work
             )
             return (missing, wrong) == (1, 1 + 6) and ok is not None and ok >= 1 + 6 + 6
 
-        await until_async(counted, "the auth counts in /metrics")
+        await eventually(counted, what="the auth counts in /metrics")
         async with s.get(admin(gw) + "/api/services/web") as r:
             guards = (await r.json())["guards"]
         assert guards["auth"]["tokens"] == 1
@@ -139,16 +139,7 @@ async def test_bearer_tokens_end_to_end(gateways: Gateways, tmp_path: Path, work
                 _, _, body = await get(fresh, gw.url + "/", TOKEN)
             return body["headers"].get("authorization") == f"Bearer {TOKEN}"
 
-        await until_async(passed, "pass_token in every process")
-
-
-async def until_async(check: Any, what: str, timeout: float = 10.0) -> None:
-    """``until`` for a check that awaits (a request through the gateway)."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.1)
+        await eventually(passed, what="pass_token in every process")
 
 
 async def test_api_tokens_survive_a_restart(gateways: Gateways, tmp_path: Path):
@@ -166,7 +157,7 @@ async def test_api_tokens_survive_a_restart(gateways: Gateways, tmp_path: Path):
         assert "x-api-key" not in body["headers"]
     await gw.stop()
     gw = await gateways.start()
-    await until(lambda: gw.ready() == 1, what="the restored replica")
+    await eventually(lambda: gw.ready() == 1, what="the restored replica")
     async with aiohttp.ClientSession() as s:
         status, _, _ = await get(s, gw.url + "/", **{"X-Api-Key": "given-token-abcdef0123"})
         assert status == 200

@@ -26,8 +26,9 @@ import pytest
 from controller.admin.views import service_view
 from controller.cli.render import service_detail, service_table
 from controller.planning.model import ReplicaState
+from tests.support.eventually import eventually
 
-from .conftest import Gateways, Handle, Load, spec, until
+from .conftest import Gateways, Handle, Load, spec
 
 SLOW_SERVER = """
 import os, sys, time
@@ -79,7 +80,7 @@ def events(gw: Handle, kind: str) -> list[str]:
 
 
 async def at_zero(gw: Handle) -> None:
-    await until(
+    await eventually(
         lambda: (
             gw.state().desired.replicas == 0
             and live(gw) == 0
@@ -109,7 +110,7 @@ async def test_load_stepping_up_and_down_scales_0_to_n_to_0_with_no_failed_reque
 
     # 8 clients, 0.2 s a request: about 8 in flight, 4 replicas at target 2.
     async with Load(gw.url, clients=8, limit=60) as load:
-        await until(track, timeout=20, what="3 or more replicas ready under load")
+        await eventually(track, timeout=20, what="3 or more replicas ready under load")
         await load.more(100)
     assert not load.failures, load.summary()
     assert most["desired"] >= 3, most
@@ -182,8 +183,8 @@ async def test_a_cold_start_with_no_capacity_answers_503_with_the_reason(
     queue_timeout = 5.0
     gw = await gateways.start(capacity=0, workers=workers)
     await gw.controller.apply(autoscaled(tmp_path, "0..2", queue_timeout=queue_timeout))
-    await until(lambda: gw.state().desired.replicas == 0, timeout=20, what="idle at zero")
-    await until(lambda: gw.state().observed.degraded is None, what="not degraded at zero")
+    await eventually(lambda: gw.state().desired.replicas == 0, timeout=20, what="idle at zero")
+    await eventually(lambda: gw.state().observed.degraded is None, what="not degraded at zero")
     async with aiohttp.ClientSession() as http:
         started = time.monotonic()
         async with http.get(gw.url + "/") as response:
@@ -206,14 +207,14 @@ async def test_a_scale_down_drains_and_the_long_requests_on_it_finish(
     data = autoscaled(tmp_path, "1..3", delay=0.2)
     data["rollout"]["drain_timeout"] = 30
     await gw.controller.apply(data)
-    await until(lambda: gw.ready() == 1, what="one replica")
+    await eventually(lambda: gw.ready() == 1, what="one replica")
     # Short requests from 6 clients: 6 in flight at target 2 wants 3 replicas.
     async with Load(gw.url, clients=6, limit=60) as load:
-        await until(lambda: gw.ready() == 3, timeout=20, what="3 replicas under load")
+        await eventually(lambda: gw.ready() == 3, timeout=20, what="3 replicas under load")
         await load.more(20)
     # The short load ended; three long requests, one per replica.
     pool = gw.controller.pool.service("web")
-    await until(lambda: not sum(pool.inflight_all().values()), what="nothing in flight")
+    await eventually(lambda: not sum(pool.inflight_all().values()), what="nothing in flight")
     async with aiohttp.ClientSession() as http:
 
         async def long_request() -> tuple[int, str, float]:
@@ -224,10 +225,13 @@ async def test_a_scale_down_drains_and_the_long_requests_on_it_finish(
         longs = []
         for _ in range(3):  # least outstanding: one on each replica
             longs.append(asyncio.ensure_future(long_request()))
-            await until(lambda: sum(pool.inflight_all().values()) == len(longs))
+            await eventually(
+                lambda: sum(pool.inflight_all().values()) == len(longs),
+                what="each long request in flight",
+            )
         assert sorted(pool.inflight_all().values()) == [1, 1, 1], pool.inflight_all()
         # 3 in flight: wants 2; the scale-down drains a replica that holds one of them.
-        await until(lambda: gw.state().desired.replicas < 3, timeout=15, what="a scale-down")
+        await eventually(lambda: gw.state().desired.replicas < 3, timeout=15, what="a scale-down")
         draining = gw.replicas(ReplicaState.DRAINING)
         assert draining, "the replica scaled down drains"
         assert pool.inflight_all().get(draining[0].id) == 1

@@ -18,7 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from .conftest import ROLLOUT, Gateways, Load, serving, until
+from tests.support.eventually import eventually
+
+from .conftest import ROLLOUT, Gateways, Load, serving
 
 REPLICA = Path(__file__).with_name("canary_replica.py")
 PROBE = {"type": "http", "path": "/healthz", "interval": 0.1, "timeout": 0.5}
@@ -74,14 +76,20 @@ async def test_canary_weights_hold_at_each_step_then_it_completes(
         )
         assert result.revision == 2
         for weight in (20, 50):
-            await until(lambda w=weight: split() == (2, w), 30, f"revision 2 at {weight}%")
+            await eventually(
+                lambda w=weight: split() == (2, w), timeout=30, what=f"revision 2 at {weight}%"
+            )
             start = load.mark()
-            await until(lambda w=weight: split() != (2, w), 30, f"the step at {weight}% to end")
+            await eventually(
+                lambda w=weight: split() != (2, w), timeout=30, what=f"the step at {weight}% to end"
+            )
             # Requests sent up to 0.1 s before the move was seen (polled every 50 ms).
             ended = time.monotonic() - 0.1
             windows.append((weight, [o for o in load.outcomes[start:] if o.at < ended]))
-        await until(
-            lambda: gw.state().observed.rollout is None and split() is None, 30, "completion"
+        await eventually(
+            lambda: gw.state().observed.rollout is None and split() is None,
+            timeout=30,
+            what="completion",
         )
         after = load.mark()
         await load.more(200)
@@ -111,9 +119,11 @@ async def test_a_canary_failing_one_request_in_five_is_aborted_at_its_first_step
         await gw.controller.apply(
             canary_spec("2", fail_every=5, strategy="canary", steps=steps, analysis=analysis)
         )
-        await until(lambda: gw.state().desired.revision == 1, 30, "the abort")
+        await eventually(lambda: gw.state().desired.revision == 1, timeout=30, what="the abort")
         aborted = load.mark()
-        await until(lambda: gw.state().observed.rollout is None, 30, "the rollback")
+        await eventually(
+            lambda: gw.state().observed.rollout is None, timeout=30, what="the rollback"
+        )
         after = load.mark()
         await load.more(300)
     failed = gw.rollouts()[1]
@@ -141,8 +151,12 @@ async def test_blue_green_switch_and_instant_undo_fail_nothing(gateways: Gateway
     await serving(gw, canary_spec("1", **bg))
     async with Load(gw.url, clients=8, limit=60) as load:
         await gw.controller.apply(canary_spec("2", **bg))
-        await until(lambda: gw.ready(2) == 2 and gw.ready(1) == 2, 20, "blue and green")
-        await until(lambda: gw.state().observed.split == (2, 0), 10, "green at 0%")
+        await eventually(
+            lambda: gw.ready(2) == 2 and gw.ready(1) == 2, timeout=20, what="blue and green"
+        )
+        await eventually(
+            lambda: gw.state().observed.split == (2, 0), timeout=10, what="green at 0%"
+        )
         mark = load.mark()
         await load.more(200)
         assert load.bodies(mark) == {"v1"}  # no traffic to green but preview traffic
@@ -151,7 +165,9 @@ async def test_blue_green_switch_and_instant_undo_fail_nothing(gateways: Gateway
             async with session.get(gw.url, headers=headers) as response:
                 assert (response.status, await response.text()) == (200, "v2")
         await gw.controller.promote("web")
-        await until(lambda: gw.state().observed.split == (2, 100), 5, "the switch")
+        await eventually(
+            lambda: gw.state().observed.split == (2, 100), timeout=5, what="the switch"
+        )
         switched = load.mark()
         await load.more(200)
         assert load.bodies(switched) == {"v2"}
@@ -159,10 +175,14 @@ async def test_blue_green_switch_and_instant_undo_fail_nothing(gateways: Gateway
         started = len(gw.started_pids)
         await gw.controller.undo("web")
         # All traffic back at once: the split to blue, then none once green is drained.
-        await until(lambda: gw.state().observed.split in ((1, 100), None), 2, "the undo")
+        await eventually(
+            lambda: gw.state().observed.split in ((1, 100), None), timeout=2, what="the undo"
+        )
         undone = load.mark()
         await load.more(200)
-        await until(lambda: gw.state().observed.rollout is None, 20, "the undo to complete")
+        await eventually(
+            lambda: gw.state().observed.rollout is None, timeout=20, what="the undo to complete"
+        )
     assert not load.failures, load.summary()
     assert load.bodies(undone) == {"v1"}
     assert len(gw.started_pids) == started  # nothing had to start: undo was instant
@@ -177,7 +197,7 @@ async def test_preview_routes_reach_the_revision_asked_for_or_are_refused(
     bg: dict[str, Any] = {"strategy": "blue_green"}
     await serving(gw, canary_spec("1", preview=preview, **bg))
     await gw.controller.apply(canary_spec("2", preview=preview, **bg))
-    await until(lambda: gw.ready(2) == 2, 20, "revision 2 ready")
+    await eventually(lambda: gw.ready(2) == 2, timeout=20, what="revision 2 ready")
     host = {"Host": "hello.example.com"}
     async with aiohttp.ClientSession() as session:
 
@@ -217,7 +237,9 @@ async def test_sticky_clients_keep_their_revision_during_a_canary(gateways: Gate
     sticky = {"sticky": {"header": "X-User"}}
     await serving(gw, canary_spec("1", strategy="canary", steps=steps) | sticky)
     await gw.controller.apply(canary_spec("2", strategy="canary", steps=steps) | sticky)
-    await until(lambda: gw.state().observed.split == (2, 50), 20, "revision 2 at 50%")
+    await eventually(
+        lambda: gw.state().observed.split == (2, 50), timeout=20, what="revision 2 at 50%"
+    )
     seen: dict[str, set[str]] = {}
     async with aiohttp.ClientSession() as session:
         for i in range(40):

@@ -25,6 +25,7 @@ import pytest
 from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Node, Nodes
 from tests.e2e.conftest import PROBE, ROLLOUT, Load, alive
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.eventually import eventually
 from tests.support.strays import reap, spawn_stray
 
 
@@ -57,19 +58,15 @@ async def serving(nodes: Nodes, revision: int, replicas: int, timeout: float = 3
 
     async def done() -> bool:
         status, view = await nodes.api("GET", "/api/services/web")
-        return (
-            status == 200
-            and view["serving_revision"] == revision
-            and view["rollout"] is None
-            and view["ready"] == replicas
-        )
+        assert status == 200, view
+        assert (view["serving_revision"], view["rollout"], view["ready"]) == (
+            revision,
+            None,
+            replicas,
+        ), view  # the last view is in the failure
+        return True
 
-    deadline = time.monotonic() + timeout
-    while not await done():
-        if time.monotonic() > deadline:
-            _, view = await nodes.api("GET", "/api/services/web")
-            raise AssertionError(f"revision {revision} not serving: {view}")
-        await asyncio.sleep(0.2)
+    await eventually(done, timeout=timeout, every=0.2, what=f"revision {revision} serving")
 
 
 async def serve_v1(nodes: Nodes, site: Callable[[str], str]) -> None:
@@ -170,13 +167,13 @@ async def new_leader(nodes: Nodes, old: Any, limit: float) -> tuple[Any, float]:
     """The node the survivors agree leads, and how long after now that took."""
     start = time.monotonic()
     survivors = [n for n in nodes.live() if n is not old]
-    while True:
+
+    async def elected() -> Any:
         leader = await asyncio.to_thread(nodes.leader, survivors)
-        if leader is not None and leader is not old:
-            return leader, time.monotonic() - start
-        if time.monotonic() - start > limit:
-            raise AssertionError(f"no new leader after {limit} s")
-        await asyncio.sleep(0.05)
+        return leader if leader is not old else None
+
+    leader = await eventually(elected, timeout=limit, every=0.05, what="a new leader")
+    return leader, time.monotonic() - start
 
 
 async def test_the_leader_killed_mid_rollout_another_leads_and_finishes_it(
@@ -250,10 +247,12 @@ async def test_a_paused_leader_whose_lease_stays_is_replaced_stops_acting_then_f
             assert old.name in {n["name"] for n in (nodes.cluster(leader) or {})["nodes"]}
             await serving(nodes, 1, 3, timeout=40)
             nodes.resume(old)
-            await nodes.until(
-                lambda: (nodes.cluster(old) or {}).get("leader") == leader.name,
-                10,
-                f"{old.name} to follow {leader.name}",
+            await eventually(
+                lambda: asyncio.to_thread(
+                    lambda: (nodes.cluster(old) or {}).get("leader") == leader.name
+                ),
+                timeout=10,
+                what=f"{old.name} to follow {leader.name}",
             )
         # Writes through the old leader go to the new one.
         status, body = await nodes.api("POST", "/api/services/web/scale", {"replicas": 4}, node=old)
@@ -282,13 +281,15 @@ async def test_a_node_killed_its_replicas_are_replaced_on_the_others(
     before = nodes.replica_pids()
     try:
         nodes.kill(victim)
-        await nodes.until(
-            lambda: (
-                victim.name
-                not in {n["name"] for n in (nodes.cluster(leader) or {}).get("nodes", [])}
+        await eventually(
+            lambda: asyncio.to_thread(
+                lambda: (
+                    victim.name
+                    not in {n["name"] for n in (nodes.cluster(leader) or {}).get("nodes", [])}
+                )
             ),
-            LEASE_TTL + 3,
-            f"{victim.name} to leave the cluster",
+            timeout=LEASE_TTL + 3,
+            what=f"{victim.name} to leave the cluster",
         )
 
         async def replaced() -> bool:
@@ -324,7 +325,11 @@ async def test_a_node_killed_its_replicas_are_replaced_on_the_others(
         assert not alive(stray), "a replica with no record outlived the node's restart"
     finally:
         reap(stray)
-    await nodes.until(lambda: not any(alive(pid) for pid in left), 10, "its replica to end")
+    await eventually(
+        lambda: asyncio.to_thread(lambda: not any(alive(pid) for pid in left)),
+        timeout=10,
+        what="its replica to end",
+    )
     await serving(nodes, 1, 3)
 
 
@@ -352,7 +357,11 @@ async def test_etcd_faults_one_member_changes_nothing_all_down_serves_and_refuse
         for i in range(3):
             nodes.etcd.start_member(i)
         nodes.etcd.wait_healthy()
-        await nodes.until(lambda: nodes.leader() is not None, LEASE_TTL + 10, "a leader")
+        await eventually(
+            lambda: asyncio.to_thread(lambda: nodes.leader() is not None),
+            timeout=LEASE_TTL + 10,
+            what="a leader",
+        )
         # The nodes' leases ended while etcd was away; they register again, and the new
         # leader adopts their replicas instead of replacing them.
         await asyncio.sleep(LEASE_TTL + 3)
@@ -399,8 +408,16 @@ async def test_config_services_are_applied_by_the_leader_and_a_differing_node_is
     )
     try:
         first = await cluster.start(0)
-        await cluster.until(lambda: cluster.leader() is first, 10, "n1 leads")
-        await cluster.until(lambda: "web: created from" in first.log, 10, "web applied")
+        await eventually(
+            lambda: asyncio.to_thread(lambda: cluster.leader() is first),
+            timeout=10,
+            what="n1 leads",
+        )
+        await eventually(
+            lambda: asyncio.to_thread(lambda: "web: created from" in first.log),
+            timeout=10,
+            what="web applied",
+        )
         second, third = await cluster.start(1), await cluster.start(2)
         assert "this config's services differ from what the cluster applied" in second.log
         assert "web: " + str(second.directory / "gateway.yaml") + " services[0] differs" in (
@@ -415,15 +432,27 @@ async def test_config_services_are_applied_by_the_leader_and_a_differing_node_is
         assert web_view["serving_revision"] in (None, 1)
 
         # Changed through the API: the next leader, with the document applied, keeps it.
-        await cluster.until(lambda: cluster.leader() is first, 10, "n1 leads, as all see")
+        await eventually(
+            lambda: asyncio.to_thread(lambda: cluster.leader() is first),
+            timeout=10,
+            what="n1 leads, as all see",
+        )
         changed = spec("web", 0) | {"route": {"path_prefix": "/through-the-api"}}
         status, body = await cluster.api("PUT", "/api/services/web", changed, node=third)
         assert status == 200, body
         assert body["action"] == "updated"
         await cluster.stop(second)  # it leads later, not now
         await cluster.stop(first)
-        await cluster.until(lambda: cluster.leader() is third, 10, "n3 leads")
-        await cluster.until(lambda: "web: spec from the store" in third.log, 10, "n3's choice")
+        await eventually(
+            lambda: asyncio.to_thread(lambda: cluster.leader() is third),
+            timeout=10,
+            what="n3 leads",
+        )
+        await eventually(
+            lambda: asyncio.to_thread(lambda: "web: spec from the store" in third.log),
+            timeout=10,
+            what="n3's choice",
+        )
         assert "(changed through the API since" in third.log
         assert "created from" not in third.log
         assert "applied (" not in third.log
@@ -433,8 +462,16 @@ async def test_config_services_are_applied_by_the_leader_and_a_differing_node_is
         # n2 leads: its documents differ from those last applied, so it applies them.
         second = await cluster.start(1)
         await cluster.stop(third)
-        await cluster.until(lambda: cluster.leader() is second, 10, "n2 leads")
-        await cluster.until(lambda: "api: created from" in second.log, 10, "n2's choice")
+        await eventually(
+            lambda: asyncio.to_thread(lambda: cluster.leader() is second),
+            timeout=10,
+            what="n2 leads",
+        )
+        await eventually(
+            lambda: asyncio.to_thread(lambda: "api: created from" in second.log),
+            timeout=10,
+            what="n2's choice",
+        )
         assert "services[0] changed since last applied: applied (updated" in second.log
         web_view = await cluster.service("web", node=second)
         assert web_view["spec"]["route"]["path_prefix"] == "/w2"

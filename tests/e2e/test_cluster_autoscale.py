@@ -26,6 +26,7 @@ from tests.e2e.conftest import PROBE, ROLLOUT
 from tests.e2e.test_cluster import leader_and_others, metrics_text
 from tests.e2e.test_cluster_workers import replica_ports
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.eventually import eventually
 
 ECHO = Path(__file__).with_name("echo_replica.py")
 SAMPLE_INTERVAL = 1.0
@@ -111,7 +112,10 @@ async def test_requests_held_on_a_follower_scale_from_zero_and_a_dead_ones_stop_
     assert max(t for *_, t in answers) < 20
     # The leader counts the cold start once every node routes to the replica.
     cold_starts = 'gateway_service_cold_starts_total{service="web"} 1.0'
-    await nodes.until(lambda: cold_starts in metrics_text(leader.admin), 10, "the cold start")
+    await eventually(
+        lambda: asyncio.to_thread(lambda: cold_starts in metrics_text(leader.admin)),
+        what="the cold start",
+    )
 
     # 2. A follower killed while it holds requests: they stop counting within its lease TTL.
     await until_view(nodes, at_zero, 40, "web at zero again")

@@ -26,6 +26,7 @@ from tests.e2e.cluster_nodes import Node, Nodes
 from tests.e2e.conftest import PROBE, ROLLOUT
 from tests.e2e.test_cluster import leader_and_others, loaded, no_failures, unloaded
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.eventually import eventually
 
 ECHO = Path(__file__).with_name("echo_replica.py")
 SLOW = 6.0
@@ -126,7 +127,10 @@ async def test_a_rollout_on_nodes_with_workers_fails_nothing_and_waits_for_a_fol
                 return answer.status, json.loads(await answer.text()), time.monotonic()
 
         held = asyncio.ensure_future(slow())
-        await nodes.until(lambda: inflight(follower) >= 1, 10, "the slow request in flight")
+        await eventually(
+            lambda: asyncio.to_thread(lambda: inflight(follower) >= 1),
+            what="the slow request in flight",
+        )
         loads = await loaded(nodes.nodes)
         before = [await asyncio.to_thread(pool_requests, n) for n in others]
         try:

@@ -26,8 +26,9 @@ import pytest
 
 from controller.journal import Entry
 from tests.needs import missing
+from tests.support.eventually import eventually
 
-from .conftest import PROBE, ROLLOUT, ROOT, Gateways, Handle, Load, serving, spec, until
+from .conftest import PROBE, ROLLOUT, ROOT, Gateways, Handle, Load, serving, spec
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -323,7 +324,11 @@ async def test_a_canary_moves_on_the_page_and_promote_and_scale_do_what_the_cli_
         promoted = heard(gw, "rollout_promoted")
         outcome = await page.act("web", "promote")
         assert "Promote web: rollout" in outcome, outcome
-        await until(lambda: gw.state().observed.rollout is None, 30, "the promoted canary's end")
+        await eventually(
+            lambda: gw.state().observed.rollout is None,
+            timeout=30,
+            what="the promoted canary's end",
+        )
         assert promoted
         record = gw.rollouts()[0]
         assert (record.status, record.to_revision) == ("complete", 2)
@@ -337,7 +342,7 @@ async def test_a_canary_moves_on_the_page_and_promote_and_scale_do_what_the_cli_
 
     outcome = await page.act("web", "scale", replicas=3)
     assert "Scale web: scaled" in outcome, outcome
-    await until(lambda: gw.ready(2) == 3, 20, "3 ready replicas")
+    await eventually(lambda: gw.ready(2) == 3, timeout=20, what="3 ready replicas")
     assert gw.state().desired.replicas == 3  # as `gateway scale web 3` leaves it
     await page.until(
         "return document.querySelector('section.service[data-service=\"web\"] .ready')"
@@ -357,7 +362,7 @@ async def test_names_and_reasons_are_shown_as_text_and_a_failed_rollout_says_why
     name = HTML_LIKE_NAME
     good = spec(site("v1"), 1, name=name, retries=1)
     await gw.controller.apply(good)
-    await until(lambda: gw.ready(1, name=name) == 1, 20, "the service serving")
+    await eventually(lambda: gw.ready(1, name=name) == 1, timeout=20, what="the service serving")
     page = page_for(gw)
     await page.open()
     await page.until("return document.querySelectorAll('tr.replica').length === 1")
@@ -365,10 +370,10 @@ async def test_names_and_reasons_are_shown_as_text_and_a_failed_rollout_says_why
 
     missing_dir = Path("/nonexistent") / HOSTILE  # each start fails, naming it
     await gw.controller.apply(spec(str(missing_dir), 1, name=name, retries=1))
-    await until(
+    await eventually(
         lambda: any(r.to_revision == 2 and r.status == "failed" for r in gw.rollouts(name)),
-        30,
-        "the rollout to fail",
+        timeout=30,
+        what="the rollout to fail",
     )
     section = f'section.service[data-service="{name}"]'
     alert = await page.until(

@@ -7,8 +7,9 @@ import signal
 import time
 
 from controller.planning.model import ReplicaState
+from tests.support.eventually import eventually
 
-from .conftest import Gateways, Load, Watch, alive, serving, spec, until
+from .conftest import Gateways, Load, Watch, alive, serving, spec
 
 
 async def test_killing_a_replica_under_load_costs_no_request(gateways: Gateways, site) -> None:
@@ -23,14 +24,16 @@ async def test_killing_a_replica_under_load_costs_no_request(gateways: Gateways,
         await load.more()
         killed = time.monotonic()
         os.kill(victim_pid, signal.SIGKILL)  # a replica this test's gateway started
-        failed = await until(
+        failed = await eventually(
             lambda: (r := gw.state().replica(victim_id)) and r.state is ReplicaState.FAILED and r,
-            5,
-            "the killed replica to be seen failed",
+            timeout=5,
+            what="the killed replica to be seen failed",
         )
         # Only that replica is replaced, after the crash backoff; the other is left alone.
-        await until(
-            lambda: gw.ready() == 2 and victim_id not in gw.pids(), 10, "a replacement replica"
+        await eventually(
+            lambda: gw.ready() == 2 and victim_id not in gw.pids(),
+            timeout=10,
+            what="a replacement replica",
         )
         after = load.mark()
         await load.more(100)

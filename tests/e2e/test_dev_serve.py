@@ -34,9 +34,10 @@ import pytest
 
 from controller.store import Store
 from gateway import native
+from tests.support.eventually import eventually
 from tests.support.ports import free_port
 
-from .conftest import SERVER, Gateways, alive, spec, until
+from .conftest import SERVER, Gateways, alive, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,17 +127,19 @@ async def test_sigterm_to_dev_py_serve_stops_the_gateway_and_its_replicas(
         )
     replicas: list[int] = []
     try:
-        replicas = await until(lambda: replica_pids(state / "gateway.db"), 20, "a replica")
-        await until(lambda: accepts(traffic), 10, "the traffic listener")
+        replicas = await eventually(
+            lambda: replica_pids(state / "gateway.db"), timeout=20, what="a replica"
+        )
+        await eventually(lambda: accepts(traffic), timeout=10, what="the traffic listener")
         process.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(process.wait(), 10)
         except TimeoutError:
             raise AssertionError("dev.py serve did not end within 10 s of SIGTERM") from None
-        await until(
+        await eventually(
             lambda: not in_session(process.pid) and not any(alive(p) for p in replicas),
-            5,
-            "the gateway and its replicas to end",
+            timeout=5,
+            what="the gateway and its replicas to end",
         )
         assert not accepts(traffic), "the traffic port still accepts connections"
         assert process.returncode == 0, "the gateway did not stop as on its own SIGTERM"
@@ -211,7 +214,7 @@ async def test_dev_py_serve_serves_at_once_and_compiles_in_the_background(
         )  # fmt: skip
     build = 0
     try:
-        await until(lambda: accepts(traffic), 30, "the traffic listener")
+        await eventually(lambda: accepts(traffic), timeout=30, what="the traffic listener")
         header = (repo / "state" / "native-build.log").read_text().splitlines()[0]
         found = re.fullmatch(r"dev\.py, .* UTC: pid (\d+): (.*)", header)
         assert found, header
@@ -220,10 +223,9 @@ async def test_dev_py_serve_serves_at_once_and_compiles_in_the_background(
         assert alive(build)
         assert nice(build) == 19
         assert os.getsid(build) != process.pid, "the build is in the gateway's session"
-        await until(
+        await eventually(
             lambda: b"data plane: pure Python: not built" in output.read_bytes(),
-            10,
-            "the gateway's line on the data plane it runs",
+            what="the gateway's line on the data plane it runs",
         )
         said = [line for line in output.read_text().splitlines() if "background" in line]
         assert said == [
@@ -280,8 +282,10 @@ async def test_dev_py_serve_runs_a_build_of_its_sources_and_builds_nothing(
             stdout=out, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
-        await until(
-            lambda: b"data plane: " in output.read_bytes(), 30, "the line on the data plane"
+        await eventually(
+            lambda: b"data plane: " in output.read_bytes(),
+            timeout=30,
+            what="the line on the data plane",
         )
         assert b"data plane: compiled (mypyc): " in output.read_bytes(), output.read_text()
         assert b"background" not in output.read_bytes()

@@ -33,9 +33,10 @@ from tests.controller.test_backend_docker import (
     engine_or_skip,
     remove_labelled,
 )
+from tests.support.eventually import eventually
 from tests.support.ports import free_port as _free_port
 
-from .conftest import PROBE, ROLLOUT, Gateways, Load, serving, until
+from .conftest import PROBE, ROLLOUT, Gateways, Load, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVE = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY)
@@ -108,21 +109,23 @@ async def test_rolling_update_over_two_hosts_costs_no_request(docker_gateways: G
         assert load.bodies() == {"v1"}
         result = await gw.controller.apply(docker_spec("v2"))
         assert (result.action, result.revision) == ("rollout", 2)
-        await until(
+        await eventually(
             lambda: (
                 gw.state().observed.rollout is None
                 and gw.ready(2) == 2
                 and not gw.replicas(*LIVE, revision=1)
             ),
-            20,
-            "two ready replicas of revision 2 only",
+            timeout=20,
+            what="two ready replicas of revision 2 only",
         )
         after = load.mark()
         await load.more()
     assert not load.failures, load.summary()
     assert load.bodies(after) == {"v2"}
     assert gw.rollouts()[0].status == "complete"  # the newest first
-    await until(lambda: len(hosts_of(gw)) == 2, 5, "the revision-1 containers to be gone")
+    await eventually(
+        lambda: len(hosts_of(gw)) == 2, timeout=5, what="the revision-1 containers to be gone"
+    )
     assert hosts_of(gw) == ["a", "b"]
 
 
@@ -134,10 +137,10 @@ async def test_rollout_to_a_missing_image_fails_and_the_old_revision_serves(
     async with Load(gw.url) as load:
         await load.more()
         await gw.controller.apply(docker_spec("v2", image=MISSING))
-        failed = await until(
+        failed = await eventually(
             lambda: [r for r in gw.rollouts() if r.to_revision == 2 and r.status == "failed"],
-            20,
-            "the rollout to fail",
+            timeout=20,
+            what="the rollout to fail",
         )
         await load.more()
     assert not load.failures, load.summary()
@@ -155,7 +158,9 @@ async def test_a_restarted_gateway_adopts_its_containers(docker_gateways: Gatewa
     await first.stop()  # the containers keep running
     second = await docker_gateways.start(backends=backends)
     assert containers_of(second) == containers
-    await until(lambda: second.ready(1) == 2, 10, "the adopted replicas to be ready")
+    await eventually(
+        lambda: second.ready(1) == 2, timeout=10, what="the adopted replicas to be ready"
+    )
     async with Load(second.url) as load:
         await load.more()
     assert not load.failures, load.summary()
@@ -178,7 +183,9 @@ async def test_the_docker_backend_is_opt_in_and_an_unreachable_engine_degrades(
     gw = await gateways.start(backends=backends)
     assert sorted(gw.controller.backends) == ["docker", "process", "static"]
     await gw.controller.apply(docker_spec("v1", replicas=1))
-    degraded = await until(lambda: gw.state().observed.degraded, 10, "the service to degrade")
+    degraded = await eventually(
+        lambda: gw.state().observed.degraded, timeout=10, what="the service to degrade"
+    )
     assert "a: unreachable" in degraded
     # gateway status lists the host, unreachable, and why.
     hosts = [h.model_dump() for h in host_views(gw.controller.backends)]
@@ -199,24 +206,28 @@ async def test_capacity_full_on_both_hosts_degrades_a_scale_up_until_a_slot_free
     await serving(gw, docker_spec("v1"))
     other = {**docker_spec("api"), "name": "api", "route": {"path_prefix": "/api/"}}
     await gw.controller.apply(other)
-    await until(lambda: gw.ready(1, name="api") == 2, 20, "api's two replicas to be ready")
+    await eventually(
+        lambda: gw.ready(1, name="api") == 2, timeout=20, what="api's two replicas to be ready"
+    )
     async with Load(gw.url) as load:
         await load.more()
         await gw.controller.apply(docker_spec("v1", replicas=3))  # 4 slots, all taken
-        degraded = await until(
+        degraded = await eventually(
             lambda: (
                 "no capacity" in (gw.state().observed.degraded or "")
                 and gw.state().observed.degraded
             ),
-            10,
-            "web to degrade",
+            timeout=10,
+            what="web to degrade",
         )
         assert "no capacity: 2 of 2 hosts full (a: 2 of 2, b: 2 of 2)" in degraded
         assert gw.ready(1) == 2
         await load.more()
         await gw.controller.apply({**other, "replicas": 1})  # a slot frees
-        await until(lambda: gw.ready(1) == 3, 20, "web's third replica to be ready")
-        await until(lambda: not gw.state().observed.degraded, 5, "web to recover")
+        await eventually(
+            lambda: gw.ready(1) == 3, timeout=20, what="web's third replica to be ready"
+        )
+        await eventually(lambda: not gw.state().observed.degraded, timeout=5, what="web to recover")
         await load.more()
     assert not load.failures, load.summary()
     assert load.bodies() == {"v1"}
@@ -241,10 +252,10 @@ async def test_containers_killed_as_by_an_engine_restart_are_replaced(
             killed_at = time.monotonic()
         finally:
             await client.close()
-        await until(
+        await eventually(
             lambda: gw.ready(1) == 2 and containers_of(gw) != before and len(hosts_of(gw)) == 2,
-            20,
-            "the killed replica to be replaced",
+            timeout=20,
+            what="the killed replica to be replaced",
         )
         after = load.mark()
         await load.more()
@@ -339,23 +350,23 @@ async def test_a_gateway_killed_mid_rollout_adopts_its_containers_and_completes(
             stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
     try:
-        await until(
+        await eventually(
             lambda: (
                 _first_rollout_complete(db)
                 and sorted(rev for rev, _ in _stored_containers(db).values()) == [1, 1]
             ),
-            30,
-            "the first gateway to serve two revision-1 containers",
+            timeout=30,
+            what="the first gateway to serve two revision-1 containers",
         )
         async with aiohttp.ClientSession() as session:
             url = f"http://127.0.0.1:{admin}/api/services/web"
             async with session.put(url, json=slow) as answer:
                 assert answer.status == 200, await answer.text()
                 assert (await answer.json())["action"] == "rollout"
-        await until(
+        await eventually(
             lambda: any(rev == 2 for rev, _ in _stored_containers(db).values()),
-            20,
-            "a revision-2 container to be recorded",
+            timeout=20,
+            what="a revision-2 container to be recorded",
         )
         process.kill()  # SIGKILL: no shutdown, nothing stopped
         await process.wait()
@@ -371,17 +382,19 @@ async def test_a_gateway_killed_mid_rollout_adopts_its_containers_and_completes(
     second = await g.start(backends=backends, services=[docker_spec("v1")])
     assert containers_of(second) == recorded  # adopted, nothing started again for them
     # Adopted upstreams route once their probes pass (a fresh process knows no health).
-    await until(lambda: second.ready(1) + second.ready(2) >= 2, 10, "adopted replicas ready")
+    await eventually(
+        lambda: second.ready(1) + second.ready(2) >= 2, timeout=10, what="adopted replicas ready"
+    )
     async with Load(second.url) as load:
         await load.more()
-        await until(
+        await eventually(
             lambda: (
                 second.state().observed.rollout is None
                 and second.ready(2) == 2
                 and not second.replicas(*LIVE, revision=1)
             ),
-            30,
-            "the rollout to revision 2 to complete",
+            timeout=30,
+            what="the rollout to revision 2 to complete",
         )
         after = load.mark()
         await load.more()
@@ -392,14 +405,18 @@ async def test_a_gateway_killed_mid_rollout_adopts_its_containers_and_completes(
         (1, "complete"),
     ]
     # Nothing orphaned: what runs is what the gateway knows (orphan_grace is 1 s here).
-    await until(lambda: len(containers_of(second)) == 2, 10, "the revision-1 containers to be gone")
-    assert await _labelled_eventually(instance, containers_of(second))
+    await eventually(
+        lambda: len(containers_of(second)) == 2,
+        timeout=10,
+        what="the revision-1 containers to be gone",
+    )
+    known = containers_of(second)
 
+    async def labelled_are_known() -> set[str]:
+        found = await _labelled(instance)
+        assert found == known, f"containers of the instance {found} != known {known}"
+        return found
 
-async def _labelled_eventually(instance: str, expected: set[str], timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while (found := await _labelled(instance)) != expected:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"containers of the instance {found} != known {expected}")
-        await asyncio.sleep(0.2)
-    return True
+    await eventually(
+        labelled_are_known, every=0.2, what="the instance's containers to be the known ones"
+    )

@@ -36,9 +36,10 @@ import pytest
 from controller.backends.docker import EngineClient, EngineError, EngineTls, EngineUnreachable
 from tests.controller.test_backend_docker import ENGINE, IMAGE, engine_or_skip, remove_labelled
 from tests.needs import missing
+from tests.support.eventually import eventually
 from tests.support.ports import free_port as _free_port
 
-from .conftest import Gateways, Load, until
+from .conftest import Gateways, Load
 from .test_docker import docker_spec as plain_docker_spec
 
 ROOTFS = Path(
@@ -347,14 +348,14 @@ async def serving_four(gw: Any) -> None:
     """Four ready replicas of revision 1, its rollout done (containers start slower than
     processes: up to 30 s on a busy machine)."""
     await gw.controller.apply(docker_spec("v1", 4))
-    await until(
+    await eventually(
         lambda: (
             gw.ready(1) == 4
             and gw.state().observed.serving_revision == 1
             and gw.state().observed.rollout is None
         ),
-        30,
-        "4 ready replicas of revision 1",
+        timeout=30,
+        what="4 ready replicas of revision 1",
     )
 
 
@@ -416,21 +417,23 @@ async def test_a_rolling_update_over_two_engines_costs_no_request(
         assert load.bodies() == {"v1"}
         result = await gw.controller.apply(docker_spec("v2", 4))
         assert (result.action, result.revision) == ("rollout", 2)
-        await until(
+        await eventually(
             lambda: (
                 gw.state().observed.rollout is None
                 and gw.ready(2) == 4
                 and not [r for r in live(gw) if r.revision == 1]
             ),
-            60,
-            "four ready replicas of revision 2 only",
+            timeout=60,
+            what="four ready replicas of revision 2 only",
         )
         after = load.mark()
         await load.more()
     assert not load.failures, load.summary()
     assert load.bodies(after) == {"v2"}
     assert gw.rollouts()[0].status == "complete"
-    await until(lambda: len(placed(gw)) == 4, 10, "the revision-1 containers to be gone")
+    await eventually(
+        lambda: len(placed(gw)) == 4, timeout=10, what="the revision-1 containers to be gone"
+    )
     assert hosts_of(gw) == ["a", "a", "b", "b"]
     # Host b's containers are on the second engine, not on the first. A stopped revision-1
     # container is removed after its exit is reported, so the engine's list catches up.
@@ -477,13 +480,19 @@ async def test_the_second_engine_stopped_and_started_again(
         await load.more()
         await asyncio.to_thread(second_engine.stop)  # off the loop: the gateway serves on
         stopped_at = time.monotonic()
-        await until(lambda: journal(gw, "host_unreachable"), 15, "host b unreachable")
-        await until(lambda: not gw.controller.backends["docker"].hosts()[1].reachable, 15, "b down")
+        await eventually(
+            lambda: journal(gw, "host_unreachable"), timeout=15, what="host b unreachable"
+        )
+        await eventually(
+            lambda: not gw.controller.backends["docker"].hosts()[1].reachable,
+            timeout=15,
+            what="b down",
+        )
         assert await host_up(gw, "b") == 0
-        degraded = await until(
+        degraded = await eventually(
             lambda: counted() and "b: unreachable" in (gw.state().observed.degraded or ""),
-            15,
-            "web degraded: host b unreachable",
+            timeout=15,
+            what="web degraded: host b unreachable",
         )
         # a's replicas untouched. (A replacement may have been started on b while its dockerd
         # was shutting down, which still takes requests: it dies with it, counted below.)
@@ -493,19 +502,19 @@ async def test_the_second_engine_stopped_and_started_again(
         # reachable again through one of them for a moment. What counts is after the restart.
         reachable = len(journal(gw, "host_reachable"))
         await asyncio.to_thread(second_engine.start)
-        await until(
+        await eventually(
             lambda: (
                 len(journal(gw, "host_reachable")) > reachable
                 and gw.controller.backends["docker"].hosts()[1].reachable
             ),
-            30,
-            "host b reachable again",
+            timeout=30,
+            what="host b reachable again",
         )
         assert await host_up(gw, "b") == 1
-        await until(
+        await eventually(
             lambda: counted() and gw.ready(1) == 4 and not gw.state().observed.degraded,
-            30,
-            "host b's two replicas to be replaced and web to recover",
+            timeout=30,
+            what="host b's two replicas to be replaced and web to recover",
         )
         after = load.mark()
         await load.more()
@@ -538,13 +547,17 @@ async def test_the_second_engine_frozen_and_thawed_keeps_its_replicas(
         await load.more()
         second_engine.signal(signal.SIGSTOP)
         try:
-            await until(lambda: journal(gw, "host_unreachable"), 15, "host b unreachable")
+            await eventually(
+                lambda: journal(gw, "host_unreachable"), timeout=15, what="host b unreachable"
+            )
             assert await host_up(gw, "b") == 0
             await load.more()
             assert placed(gw) == before
         finally:
             second_engine.signal(signal.SIGCONT)
-        await until(lambda: journal(gw, "host_reachable"), 40, "host b reachable again")
+        await eventually(
+            lambda: journal(gw, "host_reachable"), timeout=40, what="host b reachable again"
+        )
         assert await host_up(gw, "b") == 1
         await load.more()
     assert not load.failures, load.summary()
@@ -597,7 +610,7 @@ async def test_apply_following_prints_the_pull_progress_the_backend_reports(
                 listener("api", "another service's pull")
                 for line in lines:
                     listener("web", line)
-            await until(lambda: len(said) >= len(lines), 5, "the pull lines")
+            await eventually(lambda: len(said) >= len(lines), timeout=5, what="the pull lines")
         finally:
             following.cancel()
     assert said == lines

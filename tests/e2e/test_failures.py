@@ -8,8 +8,9 @@ throughout.
 from __future__ import annotations
 
 from controller.planning.model import ReplicaState
+from tests.support.eventually import eventually
 
-from .conftest import PROBE, SERVER, Gateways, Load, Watch, alive, serving, spec, until
+from .conftest import PROBE, SERVER, Gateways, Load, Watch, alive, serving, spec
 
 LIVE = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY)
 
@@ -25,17 +26,19 @@ async def test_scale_up_without_capacity_keeps_serving_degraded(gateways: Gatewa
         assert result.action == "scaled"
         # The scale answers once the loop has planned it: degraded at once, its reason once
         # the start was refused.
-        degraded = await until(
+        degraded = await eventually(
             lambda: (
                 "no capacity" in (gw.state().observed.degraded or "")
                 and gw.state().observed.degraded
             ),
-            5,
-            "a degraded report with its reason",
+            timeout=5,
+            what="a degraded report with its reason",
         )
         assert "1 of 2 replicas ready" in degraded
         # Placement is retried with backoff, and each retry fails alone.
-        await until(lambda: gw.state().observed.backoff.failures >= 3, 5, "placement retries")
+        await eventually(
+            lambda: gw.state().observed.backoff.failures >= 3, timeout=5, what="placement retries"
+        )
         await load.more()
 
     assert not load.failures, load.summary()
@@ -65,12 +68,14 @@ async def test_rollout_without_capacity_fails_and_revision_1_keeps_serving(
     async with Load(gw.url) as load, Watch(lambda: alive(first_pid), "replica alive") as kept:
         result = await gw.controller.apply(spec(site("v2"), 1, retries=1))
         assert (result.action, result.revision) == ("rollout", 2)
-        failed = await until(
+        failed = await eventually(
             lambda: next((r for r in gw.rollouts() if r.to_revision == 2 and not r.active), None),
-            20,
-            "the rollout to revision 2 to end",
+            timeout=20,
+            what="the rollout to revision 2 to end",
         )
-        await until(lambda: gw.state().observed.rollout is None, 5, "the rollback to complete")
+        await eventually(
+            lambda: gw.state().observed.rollout is None, timeout=5, what="the rollback to complete"
+        )
         await load.more()
 
     assert not load.failures, load.summary()
@@ -99,12 +104,14 @@ async def test_new_revision_that_exits_at_once_fails_the_rollout_only(
         bad = spec(site("v1"), 2, commands=["exit 3"], retries=1)
         result = await gw.controller.apply(bad)
         assert (result.action, result.revision) == ("rollout", 2)
-        failed = await until(
+        failed = await eventually(
             lambda: next((r for r in gw.rollouts() if r.to_revision == 2 and not r.active), None),
-            20,
-            "the rollout to revision 2 to end",
+            timeout=20,
+            what="the rollout to revision 2 to end",
         )
-        await until(lambda: gw.state().observed.rollout is None, 5, "the rollback to complete")
+        await eventually(
+            lambda: gw.state().observed.rollout is None, timeout=5, what="the rollback to complete"
+        )
         await load.more()
 
     assert not load.failures, load.summary()
@@ -139,13 +146,17 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
         bad = spec(site("v2"), 2, commands=[late], probes=[probe], retries=1, start_timeout=4)
         result = await gw.controller.apply(bad)
         assert (result.action, result.revision) == ("rollout", 2)
-        await until(lambda: gw.replicas(ReplicaState.STARTING, revision=2), 5, "a v2 replica")
-        failed = await until(
-            lambda: next((r for r in gw.rollouts() if r.to_revision == 2 and not r.active), None),
-            30,
-            "the rollout to revision 2 to end",
+        await eventually(
+            lambda: gw.replicas(ReplicaState.STARTING, revision=2), timeout=5, what="a v2 replica"
         )
-        await until(lambda: gw.state().observed.rollout is None, 5, "the rollback to complete")
+        failed = await eventually(
+            lambda: next((r for r in gw.rollouts() if r.to_revision == 2 and not r.active), None),
+            timeout=30,
+            what="the rollout to revision 2 to end",
+        )
+        await eventually(
+            lambda: gw.state().observed.rollout is None, timeout=5, what="the rollback to complete"
+        )
         await load.more()
 
     assert not load.failures, load.summary()
@@ -161,4 +172,6 @@ async def test_new_revision_that_never_passes_its_probe_fails_after_start_timeou
     assert gw.state().observed.serving_revision == 1
     new_pids = gw.started_pids[2:]
     assert len(new_pids) == 2
-    await until(lambda: not any(alive(p) for p in new_pids), 5, "revision-2 processes to end")
+    await eventually(
+        lambda: not any(alive(p) for p in new_pids), timeout=5, what="revision-2 processes to end"
+    )

@@ -24,6 +24,7 @@ that had none yet runs alone once they wait for it, as it did when it began ther
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -40,6 +41,7 @@ from pathlib import Path
 import pytest
 
 from tests.needs import missing
+from tests.support.eventually import eventually
 
 ENGINE = os.environ.get("GATEWAY_TEST_DOCKER_HOST", "unix:///var/run/docker.sock")
 BUILD_BASE = os.environ.get("GATEWAY_TEST_BUILD_BASE", "")
@@ -247,14 +249,15 @@ def container(image: Image) -> Container:
     return Container(cid, f"http://{port}")
 
 
-def until_true(check: Callable[[], bool], timeout: float, what: str, logs: Container) -> None:
-    """Call ``check`` every 0.5 s until it returns True; fail after ``timeout`` seconds with
-    the container's log."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}\n{logs.logs()}")
-        time.sleep(0.5)
+async def in_container(
+    check: Callable[[], bool], timeout: float, what: str, logs: Container
+) -> None:
+    """``eventually`` for a check that runs ``docker`` (in a thread, every 0.5 s); a failure
+    shows the container's log."""
+    try:
+        await eventually(lambda: asyncio.to_thread(check), timeout=timeout, every=0.5, what=what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{logs.logs()}") from e
 
 
 def test_native_status_says_compiled(image: Image) -> None:
@@ -285,7 +288,7 @@ def test_build_arguments_stay_out_of_the_image(image: Image) -> None:
     assert "BUILD_" not in env, env
 
 
-def test_healthz_answers_on_the_admin_port(container: Container) -> None:
+async def test_healthz_answers_on_the_admin_port(container: Container) -> None:
     fetch = (
         "import urllib.request; r = urllib.request.urlopen("
         "'http://127.0.0.1:8081/healthz', timeout=2); print(r.status, r.read().decode())"
@@ -294,7 +297,7 @@ def test_healthz_answers_on_the_admin_port(container: Container) -> None:
     def answered() -> bool:
         return docker("exec", container.id, "python", "-c", fetch).returncode == 0
 
-    until_true(answered, 60, "/healthz on the admin port", container)
+    await in_container(answered, 60, "/healthz on the admin port", container)
     status, _, body = container.exec("python", "-c", fetch).partition(" ")
     assert status == "200", body
 
@@ -302,10 +305,10 @@ def test_healthz_answers_on_the_admin_port(container: Container) -> None:
         state = docker("inspect", "--format", "{{.State.Health.Status}}", container.id)
         return state.stdout.strip() == "healthy"
 
-    until_true(healthy, 30, "the image's HEALTHCHECK to pass", container)
+    await in_container(healthy, 30, "the image's HEALTHCHECK to pass", container)
 
 
-def test_a_request_is_proxied_to_a_replica(container: Container) -> None:
+async def test_a_request_is_proxied_to_a_replica(container: Container) -> None:
     answers: list[dict[str, str]] = []
 
     def proxied() -> bool:
@@ -316,7 +319,7 @@ def test_a_request_is_proxied_to_a_replica(container: Container) -> None:
         except OSError:
             return False  # the gateway or the replica not ready yet: 503 or refused
 
-    until_true(proxied, 60, "a proxied answer from a hello replica", container)
+    await in_container(proxied, 60, "a proxied answer from a hello replica", container)
     answer = answers[-1]
     assert answer["message"].startswith("hello from hello-"), answer
     assert answer["path"] == "/ping", answer

@@ -13,7 +13,6 @@ import asyncio
 import json
 import re
 import shutil
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,6 +30,7 @@ from controller.serving import Gateway, run_gateway
 from gateway.metrics import GatewayMetrics
 from gateway.scrape import ConnectionsCollector, MetricsCollector
 from tests.needs import missing
+from tests.support.eventually import eventually
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,18 +183,20 @@ async def query(session: aiohttp.ClientSession, base: str, promql: str) -> list[
     return result
 
 
-async def until_value(
+async def value_seen(
     session: aiohttp.ClientSession, base: str, promql: str, expected: float
 ) -> list[dict[str, Any]]:
-    """Poll Prometheus until ``promql`` has a series equal to ``expected``, bounded."""
-    deadline = time.monotonic() + POLL_TIMEOUT
-    last: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        last = await query(session, base, promql)
-        if any(float(r["value"][1]) == expected for r in last):
-            return last
-        await asyncio.sleep(POLL_STEP)
-    raise AssertionError(f"{promql} never was {expected} in {POLL_TIMEOUT:g}s; last: {last}")
+    """The series of ``promql`` once one of them equals ``expected`` (Prometheus scrapes the
+    gateway every second)."""
+
+    async def seen() -> list[dict[str, Any]]:
+        found = await query(session, base, promql)
+        assert any(float(r["value"][1]) == expected for r in found), found
+        return found
+
+    return await eventually(
+        seen, timeout=POLL_TIMEOUT, every=POLL_STEP, what=f"{promql} to be {expected}"
+    )
 
 
 async def test_prometheus_reads_upstream_health_from_the_gateway(
@@ -206,20 +208,19 @@ async def test_prometheus_reads_upstream_health_from_the_gateway(
             assert (resp.status, await resp.text()) == (200, "hello")
 
         up = 'gateway_upstream_up{job="gateway",service="static"}'
-        (series,) = await until_value(session, prometheus, up, 1.0)
+        (series,) = await value_seen(session, prometheus, up, 1.0)
         assert series["metric"]["revision"] == "1"
         assert series["metric"]["upstream"]
         requests = 'sum(gateway_requests_total{service="static",code="2xx"})'
-        await until_value(session, prometheus, requests, 1.0)
+        await value_seen(session, prometheus, requests, 1.0)
 
         # The replica fails its probe: the gateway takes it out, and Prometheus sees it.
         switch["healthy"] = False
-        await until_value(session, prometheus, up, 0.0)
+        await value_seen(session, prometheus, up, 0.0)
         state = 'gateway_upstream_state{service="static",state="unhealthy"}'
-        await until_value(session, prometheus, state, 1.0)
-        await until_value(
-            session, prometheus, 'gateway_service_replicas{service="static",state="unhealthy"}', 1
-        )
+        await value_seen(session, prometheus, state, 1.0)
+        replicas = 'gateway_service_replicas{service="static",state="unhealthy"}'
+        await value_seen(session, prometheus, replicas, 1)
 
 
 async def test_the_gateways_metrics_pass_promtool_and_the_reference_parsers(

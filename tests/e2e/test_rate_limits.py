@@ -11,8 +11,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.support.eventually import eventually
+
 from .conftest import Gateways, serving
-from .test_auth import admin, echo_spec, metric, until_async
+from .test_auth import admin, echo_spec, metric
 
 LIMIT = {"path_prefix": "/api", "key": "ip", "rps": 0.1, "burst": 3}
 """A token every 10 s: nothing refills while a test runs."""
@@ -52,7 +54,7 @@ async def test_a_burst_then_429_and_spoofing_gets_nothing(gateways: Gateways, tm
             value = await metric(s, gw, 'gateway_rate_limited_requests_total{service="web"}')
             return value == 21
 
-        await until_async(counted, "the 429s in /metrics")
+        await eventually(counted, what="the 429s in /metrics")
         async with s.get(admin(gw) + "/api/services/web") as r:
             guards = (await r.json())["guards"]
         assert guards["rate_limited"] == 21

@@ -20,8 +20,9 @@ import aiohttp
 from pydantic import BaseModel
 
 from controller.config import GatewayConfig
+from tests.support.eventually import eventually
 
-from .conftest import Gateways, until
+from .conftest import Gateways
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -39,10 +40,10 @@ async def test_the_readme_rollout_sample_is_what_a_real_run_prints(
     services = [str(ROOT / "configs/services/hello.yaml")]
     services.append(str(ROOT / "configs/services/static-demo.yaml"))
     handle = await gateways.start(services=services)
-    await until(
+    await eventually(
         lambda: handle.state("hello").observed.serving_revision == 1,
-        15,
-        "hello serving revision 1, as when the Quickstart's curl answers",
+        timeout=15,
+        what="hello serving revision 1, as when the Quickstart's curl answers",
     )
     async with aiohttp.ClientSession() as session:
         async with session.get(handle.url + "/hello/") as response:

@@ -16,9 +16,10 @@ import pytest
 
 from controller.config import document_digest
 from controller.store import Store
+from tests.support.eventually import eventually
 from tests.support.strays import reap, spawn_stray
 
-from .conftest import SERVER, Gateways, Load, alive, gateway_process, serving, spec, until
+from .conftest import SERVER, Gateways, Load, alive, gateway_process, serving, spec
 
 
 async def test_restart_adopts_running_replicas_at_the_serving_revision(
@@ -27,15 +28,15 @@ async def test_restart_adopts_running_replicas_at_the_serving_revision(
     first = await gateways.start(on_exit="keep")
     await serving(first, spec(site("v1"), 1))
     await first.controller.apply(spec(site("v2"), 2))
-    await until(
+    await eventually(
         lambda: (
             first.state().observed.serving_revision == 2
             and first.state().observed.rollout is None
             and first.ready(2) == 2
             and not first.pids(revision=1)
         ),
-        15,
-        "revision 2 serving alone",
+        timeout=15,
+        what="revision 2 serving alone",
     )
     kept = first.pids()
     assert len(kept) == 2
@@ -54,7 +55,9 @@ async def test_restart_adopts_running_replicas_at_the_serving_revision(
     assert state.desired.revision == 2
     assert state.observed.serving_revision == 2
     assert second.pids() == kept  # adopted: the same replicas, the same processes
-    await until(lambda: second.ready(2) == 2, 5, "the adopted replicas to pass their probes")
+    await eventually(
+        lambda: second.ready(2) == 2, timeout=5, what="the adopted replicas to pass their probes"
+    )
     async with Load(second.url) as load:
         await load.more(100)
     assert not load.failures, load.summary()
@@ -63,8 +66,12 @@ async def test_restart_adopts_running_replicas_at_the_serving_revision(
     assert [r.status for r in second.rollouts()] == ["complete", "complete"]
 
     await second.controller.delete("web")
-    await until(lambda: "web" not in second.controller.service_names(), 10, "the delete")
-    await until(lambda: not any(alive(p) for p in kept.values()), 5, "the replicas to end")
+    await eventually(
+        lambda: "web" not in second.controller.service_names(), timeout=10, what="the delete"
+    )
+    await eventually(
+        lambda: not any(alive(p) for p in kept.values()), timeout=5, what="the replicas to end"
+    )
     assert second.controller.store.service("web") is None
     # The first backend spawned these replicas: let it take in their exits, and collect now
     # so that a resource it leaked (an unclosed transport) is reported against this test.
@@ -110,7 +117,7 @@ async def test_restart_of_the_gateway_process_keeps_adopted_replicas_serving(
     process = await gateway_process(path, tmp_path / "first-gateway.log")
     db = gateways.state_dir / "gateway.db"
     try:
-        kept = await until(lambda: _serving_pids(db), 15, "the first gateway")
+        kept = await eventually(lambda: _serving_pids(db), timeout=15, what="the first gateway")
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
@@ -127,7 +134,9 @@ async def test_restart_of_the_gateway_process_keeps_adopted_replicas_serving(
     second = await gateways.start(on_exit="stop")
     assert second.pids() == kept  # adopted
     assert second.state().observed.serving_revision == 1
-    await until(lambda: second.ready(1) == 2, 3, "the adopted replicas to pass their probes")
+    await eventually(
+        lambda: second.ready(1) == 2, timeout=3, what="the adopted replicas to pass their probes"
+    )
     async with Load(second.url) as load:
         await load.more(100)
     assert not load.failures, load.summary()
@@ -157,17 +166,17 @@ async def test_restart_keeps_what_the_api_changed_until_the_config_file_changes(
 
     first = await gateways.start(on_exit="keep", services=services)
     # Its rollout complete, not only its replica ready: an apply in between supersedes it.
-    await until(
+    await eventually(
         lambda: first.ready(1) == 1 and first.state().observed.rollout is None,
-        10,
-        "revision 1 from the file, its rollout complete",
+        timeout=10,
+        what="revision 1 from the file, its rollout complete",
     )
     first_log = caplog.text
     await first.controller.apply(spec(site("v2"), 1))  # what `gateway apply` does
-    await until(
+    await eventually(
         lambda: first.state().observed.serving_revision == 2 and not first.pids(revision=1),
-        15,
-        "revision 2 from the API serving alone",
+        timeout=15,
+        what="revision 2 from the API serving alone",
     )
     kept = first.pids()
     await first.stop()
@@ -183,7 +192,9 @@ async def test_restart_keeps_what_the_api_changed_until_the_config_file_changes(
         f"web: spec from the store (changed through the API since {spec_file} was last applied)"
         in caplog.text
     )
-    await until(lambda: second.ready(2) == 1, 5, "the adopted replica to pass its probes")
+    await eventually(
+        lambda: second.ready(2) == 1, timeout=5, what="the adopted replica to pass its probes"
+    )
     async with Load(second.url) as load:
         await load.more(50)
     assert not load.failures, load.summary()
@@ -198,10 +209,10 @@ async def test_restart_keeps_what_the_api_changed_until_the_config_file_changes(
         caplog.text
     )
     assert third.state().desired.revision == 3
-    await until(
+    await eventually(
         lambda: third.state().observed.serving_revision == 3 and third.ready(3) == 1,
-        15,
-        "revision 3 from the edited file",
+        timeout=15,
+        what="revision 3 from the edited file",
     )
 
 
@@ -212,7 +223,9 @@ async def test_restart_does_not_bring_back_a_service_deleted_through_the_api(
     services = [spec(site("v1"), 1)]  # inline in the config
     first = await gateways.start(services=services)
     await first.controller.delete("web")
-    await until(lambda: "web" not in first.controller.service_names(), 10, "the delete")
+    await eventually(
+        lambda: "web" not in first.controller.service_names(), timeout=10, what="the delete"
+    )
     await first.stop()
 
     caplog.clear()
@@ -253,7 +266,7 @@ async def test_a_canary_goes_on_at_its_weight_after_the_gateway_process_ends(
     spec_file.write_text(json.dumps(canary_spec("1", **canary)))
     services = [str(spec_file)]
     first = await gateways.start(on_exit="keep", services=services)
-    await until(lambda: first.ready(1) == 2, 15, "revision 1 from the file")
+    await eventually(lambda: first.ready(1) == 2, timeout=15, what="revision 1 from the file")
     await first.stop()
 
     spec_file.write_text(json.dumps(canary_spec("2", **canary)))  # the next start applies it
@@ -262,7 +275,9 @@ async def test_a_canary_goes_on_at_its_weight_after_the_gateway_process_ends(
     db = gateways.state_dir / "gateway.db"
     process = await gateway_process(path, tmp_path / "second-gateway.log")
     try:
-        held = await until(lambda: _held(db, 50), 30, "the canary at 50% in the store")
+        held = await eventually(
+            lambda: _held(db, 50), timeout=30, what="the canary at 50% in the store"
+        )
         await asyncio.sleep(2)  # into its pause
         process.send_signal(signum)
         await asyncio.wait_for(process.wait(), 10)
@@ -287,16 +302,20 @@ async def test_a_canary_goes_on_at_its_weight_after_the_gateway_process_ends(
     )
     assert third.state().observed.split == (2, 50)
     assert third.pids() == kept  # adopted
-    await until(lambda: third.ready(1) == 2 and third.ready(2) == 1, 5, "the adopted replicas")
+    await eventually(
+        lambda: third.ready(1) == 2 and third.ready(2) == 1, timeout=5, what="the adopted replicas"
+    )
     async with Load(third.url, clients=8, limit=60) as load:
         start = load.mark()
-        await until(lambda: third.state().observed.split != (2, 50), 30, "the step to end")
+        await eventually(
+            lambda: third.state().observed.split != (2, 50), timeout=30, what="the step to end"
+        )
         step_ended = asyncio.get_running_loop().time()
         window = [o for o in load.outcomes[start:] if o.at < time.monotonic() - 0.1]
-        await until(
+        await eventually(
             lambda: third.state().observed.rollout is None and third.state().observed.split is None,
-            30,
-            "completion",
+            timeout=30,
+            what="completion",
         )
         after = load.mark()
         await load.more(200)
@@ -332,9 +351,11 @@ async def test_a_second_signal_exits_at_once_and_takes_the_replicas_with_it(
     db = gateways.state_dir / "gateway.db"
     process = await gateway_process(gateways.write_config(config), tmp_path / "gateway.log")
     try:
-        pids = await until(lambda: _stored(db)[1] or None, 15, "the replica in the store")
+        pids = await eventually(
+            lambda: _stored(db)[1] or None, timeout=15, what="the replica in the store"
+        )
         (pid,) = pids.values()
-        await until(lambda: alive(pid), 5, "the replica to run")
+        await eventually(lambda: alive(pid), timeout=5, what="the replica to run")
         gateways.other_pids.add(pid)
         process.send_signal(signal.SIGTERM)
         await asyncio.sleep(1)  # stopping the replica, which ignores SIGTERM
@@ -346,6 +367,6 @@ async def test_a_second_signal_exits_at_once_and_takes_the_replicas_with_it(
         if process.returncode is None:
             process.kill()
             await process.wait()
-    await until(lambda: not alive(pid), 5, "the replica to be killed")
+    await eventually(lambda: not alive(pid), timeout=5, what="the replica to be killed")
     log = (tmp_path / "gateway.log").read_text()
     assert "second signal: exiting at once" in log, log[-2000:]

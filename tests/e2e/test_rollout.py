@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from controller.planning.model import ReplicaState
+from tests.support.eventually import eventually
 
-from .conftest import Gateways, Load, Watch, alive, serving, spec, until
+from .conftest import Gateways, Load, Watch, alive, serving, spec
 
 LIVE = (ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY)
 
@@ -22,14 +23,14 @@ async def test_rolling_update_of_three_replicas_costs_no_request(gateways: Gatew
         async with Watch(lambda: gw.ready() >= 3, "3 ready replicas") as floor:
             result = await gw.controller.apply(spec(site("v2"), 3))
             assert (result.action, result.revision) == ("rollout", 2)
-            await until(
+            await eventually(
                 lambda: (
                     gw.state().observed.rollout is None
                     and gw.ready(2) == 3
                     and not gw.replicas(*LIVE, revision=1)
                 ),
-                15,
-                "three ready replicas of revision 2 only",
+                timeout=15,
+                what="three ready replicas of revision 2 only",
             )
         after = load.mark()
         await load.more()
@@ -41,6 +42,8 @@ async def test_rolling_update_of_three_replicas_costs_no_request(gateways: Gatew
     assert gw.state().observed.serving_revision == 2
     assert gw.rollouts()[0].status == "complete"
     # Every revision-1 process is gone, and three revision-2 ones serve.
-    await until(lambda: not any(alive(p) for p in old_pids), 5, "revision-1 processes to end")
+    await eventually(
+        lambda: not any(alive(p) for p in old_pids), timeout=5, what="revision-1 processes to end"
+    )
     assert set(gw.pids()) == {r.id for r in gw.replicas(ReplicaState.READY, revision=2)}
     assert not old_pids & set(gw.pids().values())

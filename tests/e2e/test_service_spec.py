@@ -13,9 +13,10 @@ from typing import Any
 import aiohttp
 
 from controller.planning.model import ReplicaState
+from tests.support.eventually import eventually
 from tests.support.ports import free_port as _free_port
 
-from .conftest import PROBE, Gateways, Handle, Load, serving, spec, until
+from .conftest import PROBE, Gateways, Handle, Load, serving, spec
 
 
 class Api:
@@ -55,10 +56,10 @@ async def test_scale_after_undo_keeps_the_serving_template(gateways: Gateways, s
     async with aiohttp.ClientSession() as http, Load(gw.url) as load:
         api = Api(gw, http)
         await api.call("PUT", "/web", versioned(site, "v2", 1))
-        await until(lambda: gw.state().observed.serving_revision == 2, what="v2 serving")
-        await until(lambda: gw.state().observed.rollout is None, what="v2's rollout done")
+        await eventually(lambda: gw.state().observed.serving_revision == 2, what="v2 serving")
+        await eventually(lambda: gw.state().observed.rollout is None, what="v2's rollout done")
         await api.call("POST", "/web/rollout/undo", {})
-        await until(
+        await eventually(
             lambda: (
                 gw.state().observed.serving_revision == 1
                 and gw.state().observed.rollout is None
@@ -72,7 +73,7 @@ async def test_scale_after_undo_keeps_the_serving_template(gateways: Gateways, s
         result = await api.call("POST", "/web/scale", {"replicas": 2})
         assert result["action"] == "scaled"
         assert result["revision"] == 1
-        await until(lambda: gw.ready(1) == 2, what="two v1 replicas")
+        await eventually(lambda: gw.ready(1) == 2, what="two v1 replicas")
         assert gw.state().observed.rollout is None
         assert version_of(gw) == {"v1"}
         since = load.mark()
@@ -92,7 +93,7 @@ async def test_scale_after_a_failed_rollout_starts_nothing_failed(gateways: Gate
     async with aiohttp.ClientSession() as http:
         api = Api(gw, http)
         await api.call("PUT", "/web", broken)
-        await until(
+        await eventually(
             lambda: [r.status for r in gw.rollouts()][:2] == ["complete", "failed"],
             what="the failed rollout rolled back",
         )
@@ -100,7 +101,7 @@ async def test_scale_after_a_failed_rollout_starts_nothing_failed(gateways: Gate
         unchanged = await api.call("POST", "/web/scale", {"replicas": 1})
         assert unchanged["action"] == "unchanged"
         await api.call("POST", "/web/scale", {"replicas": 2})
-        await until(lambda: gw.ready(1) == 2, what="two v1 replicas")
+        await eventually(lambda: gw.ready(1) == 2, what="two v1 replicas")
     assert not gw.replicas(ReplicaState.STARTING, revision=2)
     assert {r.revision for r in gw.replicas() if r.live} == {1}
 
@@ -112,14 +113,14 @@ async def test_scale_during_an_undo_does_not_supersede_it(gateways: Gateways, si
     async with aiohttp.ClientSession() as http:
         api = Api(gw, http)
         await api.call("PUT", "/web", versioned(site, "v2", 1))
-        await until(lambda: gw.state().observed.serving_revision == 2, what="v2 serving")
-        await until(lambda: gw.state().observed.rollout is None, what="v2's rollout done")
+        await eventually(lambda: gw.state().observed.serving_revision == 2, what="v2 serving")
+        await eventually(lambda: gw.state().observed.rollout is None, what="v2's rollout done")
         undo = await api.call("POST", "/web/rollout/undo", {})
         await api.call("POST", "/web/scale", {"replicas": 2})
         rollout = gw.state().observed.rollout
         assert rollout is not None
         assert rollout.id == undo["id"], "the undo was superseded"
-        await until(
+        await eventually(
             lambda: gw.ready(1) == 2 and gw.state().observed.rollout is None,
             what="the undo done at two replicas",
         )
@@ -133,12 +134,12 @@ async def test_a_template_run_before_keeps_its_revision(gateways: Gateways, site
     async with aiohttp.ClientSession() as http:
         api = Api(gw, http)
         await api.call("PUT", "/web", versioned(site, "v2", 1))
-        await until(lambda: gw.state().observed.serving_revision == 2, what="v2 serving")
-        await until(lambda: gw.state().observed.rollout is None, what="v2's rollout done")
+        await eventually(lambda: gw.state().observed.serving_revision == 2, what="v2 serving")
+        await eventually(lambda: gw.state().observed.rollout is None, what="v2's rollout done")
         again = await api.call("PUT", "/web", versioned(site, "v1", 1))
         assert again["action"] == "rollout"
         assert again["revision"] == 1
-        await until(lambda: gw.state().observed.serving_revision == 1, what="v1 serving")
+        await eventually(lambda: gw.state().observed.serving_revision == 1, what="v1 serving")
         revisions = await api.call("GET", "/web/revisions")
     numbers = sorted(r["number"] for r in revisions["revisions"])
     assert numbers == [1, 2]
@@ -162,7 +163,7 @@ async def test_a_static_address_down_past_start_timeout_is_routed_once_up(
     async with aiohttp.ClientSession() as http:
         api = Api(gw, http)
         await api.call("PUT", "/web", data)
-        await until(lambda: gw.state().observed.rollout is None, what="the first rollout done")
+        await eventually(lambda: gw.state().observed.rollout is None, what="the first rollout done")
         await asyncio.sleep(1.5)  # past start_timeout and progress_deadline, the address down
         # Issue 53.5: it never passed a probe, yet it is reported unhealthy, not starting
         # (and is neither given up nor replaced).
@@ -188,7 +189,7 @@ async def test_a_static_address_down_past_start_timeout_is_routed_once_up(
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            await until(lambda: gw.ready() == 1, what="the static replica ready")
+            await eventually(lambda: gw.ready() == 1, what="the static replica ready")
             async with http.get(gw.url + "/") as response:
                 assert response.status == 200
                 assert await response.text() == "up"
@@ -229,7 +230,7 @@ async def test_two_static_services_at_one_address_both_serve(gateways: Gateways,
                     },
                 )
             for name in ("one", "two"):
-                await until(lambda n=name: gw.ready(name=n) == 1, what=f"{name} ready")
+                await eventually(lambda n=name: gw.ready(name=n) == 1, what=f"{name} ready")
                 async with http.get(f"{gw.url}/{name}/") as response:
                     assert response.status == 200
                     assert await response.text() == "up"

@@ -17,9 +17,10 @@ import aiohttp
 import pytest
 
 from gateway import Supervisor, native
+from tests.support.eventually import eventually
 from tests.support.ports import free_port
 
-from .conftest import Gateways, Load, alive, children, serve_process, serving, spec, threads, until
+from .conftest import Gateways, Load, alive, children, serve_process, serving, spec, threads
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,10 +49,10 @@ async def test_a_rolling_update_with_two_workers_costs_no_request(gateways: Gate
         await load.more(100)
         result = await gw.controller.apply(spec(site("v2"), 2))
         assert (result.action, result.revision) == ("rollout", 2)
-        await until(
+        await eventually(
             lambda: gw.state().observed.rollout is None and gw.ready(2) == 2,
-            15,
-            "two ready replicas of revision 2",
+            timeout=15,
+            what="two ready replicas of revision 2",
         )
         after = load.mark()
         await load.more(100)
@@ -61,10 +62,10 @@ async def test_a_rolling_update_with_two_workers_costs_no_request(gateways: Gate
     assert gw.rollouts()[0].status == "complete"
     # Both workers served, and /metrics counts every request they answered, once (revision
     # 1's series went with its last replica: no stale series).
-    await until(
+    await eventually(
         lambda: sum(w.served for w in supervisor.workers.values()) == len(load.outcomes),
-        5,
-        "the workers' reports",
+        timeout=5,
+        what="the workers' reports",
     )
     assert all(w.served for w in supervisor.workers.values())
     admin = f"http://127.0.0.1:{gw.gateway.admin.port}/metrics"
@@ -86,7 +87,9 @@ async def test_workers_stop_by_themselves_when_the_main_process_is_killed(gatewa
         process.kill()  # SIGKILL: no chance to stop its workers (this test started it)
         await process.wait()
     # Each worker sees its channel end, stops accepting, finishes and exits.
-    await until(lambda: not any(alive(pid) for pid in workers), 10, "the workers to exit")
+    await eventually(
+        lambda: not any(alive(pid) for pid in workers), timeout=10, what="the workers to exit"
+    )
 
 
 MODULES_AT_EXIT = """

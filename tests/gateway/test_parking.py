@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from gateway.config import ListenerLimits
 from gateway.scrape import ConnectionsCollector
 from gateway.server import TrafficServer
+from tests.support.eventually import eventually
 
 from .conftest import routing
 from .test_server import read_response
@@ -29,12 +30,6 @@ def parked(gw: TrafficServer) -> int:
 
 def in_loop(gw: TrafficServer) -> int:
     return len(gw._connections)
-
-
-async def until(check, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.02)
 
 
 async def served(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
@@ -81,24 +76,27 @@ async def test_an_idle_connection_is_parked_and_serves_its_next_requests(web, ga
         await served(reader, writer)
         assert (in_loop(gw), parked(gw)) == (1, 0)
 
-        await until(lambda: parked(gw) == 1)
+        await eventually(lambda: parked(gw) == 1, what="the connection parked")
         assert in_loop(gw) == 0
         assert gw.connections == 1  # still open, and counted
         # The parked descriptor only: the transport's own closes on the loop's next turn
         # (asyncio's abort calls connection_lost soon, not at once).
-        await until(lambda: len(ends_of(client)) == 1)
+        await eventually(
+            lambda: len(ends_of(client)) == 1,
+            what="one descriptor of the connection in the gateway",
+        )
 
         for wait in (0.2, 0.4):  # resumed, then parked again after each answer
             body = await served(reader, writer)
             assert b'"path": "/again"' in body
             [conn] = gw._connections
             assert conn.park_after == wait  # back soon: it waits twice as long next time
-            await until(lambda: parked(gw) == 1)
+            await eventually(lambda: parked(gw) == 1, what="the connection parked")
         assert in_loop(gw) == 0
     finally:
         writer.close()
-    await until(lambda: gw.connections == 0)
-    await until(lambda: not ends_of(client))  # no descriptor of it left in the gateway
+    await eventually(lambda: gw.connections == 0, what="no connection left")
+    await eventually(lambda: not ends_of(client), what="no descriptor of it left in the gateway")
 
 
 async def test_pipelined_requests_to_a_parked_connection_are_answered_in_order(web, gateway):
@@ -106,7 +104,7 @@ async def test_pipelined_requests_to_a_parked_connection_are_answered_in_order(w
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
     try:
         await served(reader, writer)
-        await until(lambda: parked(gw) == 1)
+        await eventually(lambda: parked(gw) == 1, what="the connection parked")
         writer.write(b"".join(b"GET /%d HTTP/1.1\r\nHost: h\r\n\r\n" % i for i in range(3)))
         async with asyncio.timeout(5):
             paths = [(await read_response(reader))[1].split(b'"path": "')[1][:2] for _ in range(3)]
@@ -125,11 +123,11 @@ async def test_a_parked_connection_its_client_closed_is_closed_without_a_transpo
     gate.parking._factory = lambda park_after: made.append(1) or factory(park_after)  # type: ignore[assignment]
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
     await served(reader, writer)
-    await until(lambda: parked(gw) == 1)
+    await eventually(lambda: parked(gw) == 1, what="the connection parked")
 
     writer.close()
 
-    await until(lambda: gw.connections == 0)
+    await eventually(lambda: gw.connections == 0, what="no connection left")
     assert made == []
 
 
@@ -139,7 +137,7 @@ async def test_a_parked_connection_is_closed_at_its_keepalive_deadline(web, gate
     try:
         await served(reader, writer)
         idle_from = asyncio.get_running_loop().time()
-        await until(lambda: parked(gw) == 1)
+        await eventually(lambda: parked(gw) == 1, what="the connection parked")
         async with asyncio.timeout(5):
             assert await reader.read() == b""  # closed by the gateway, cleanly
         waited = asyncio.get_running_loop().time() - idle_from
@@ -154,7 +152,7 @@ async def test_parked_connections_count_against_max_connections(web, gateway):
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
     try:
         await served(reader, writer)
-        await until(lambda: parked(gw) == 1)
+        await eventually(lambda: parked(gw) == 1, what="the connection parked")
 
         other_reader, other_writer = await asyncio.open_connection("127.0.0.1", gw.port)
         async with asyncio.timeout(5):
@@ -172,7 +170,7 @@ async def test_shutdown_closes_parked_connections(web, gateway):
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
     try:
         await served(reader, writer)
-        await until(lambda: parked(gw) == 1)
+        await eventually(lambda: parked(gw) == 1, what="the connection parked")
 
         await gw.stop()
 
@@ -209,14 +207,14 @@ async def test_the_connections_gauge_counts_parked_and_in_loop_connections(web, 
     busy = await asyncio.open_connection("127.0.0.1", gw.port)
     try:
         await served(*idle)
-        await until(lambda: gw.parked == 1)
+        await eventually(lambda: gw.parked == 1, what="the connection parked")
         busy[1].write(b"GET / HT")  # a head begun: in the loop
         await asyncio.sleep(0.3)
         assert (gauge("in_loop"), gauge("parked")) == (1, 1)
     finally:
         idle[1].close()
         busy[1].close()
-    await until(lambda: gw.connections == 0)
+    await eventually(lambda: gw.connections == 0, what="no connection left")
     assert (gauge("in_loop"), gauge("parked")) == (0, 0)
 
 

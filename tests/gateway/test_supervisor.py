@@ -2,7 +2,8 @@
 
 Each test starts a ``Supervisor`` with two workers (real subprocesses, SO_REUSEPORT) in front
 of real aiohttp upstreams in this process, and drives the pool as the controller would.
-Reports come every 50 ms; a test waits for what a report brings with ``until``.
+Reports come every 50 ms; a test waits for what a report brings with ``eventually``, woken
+by ``Supervisor.changed``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -24,24 +25,9 @@ from gateway.pool import Pool
 from gateway.scrape import MetricsCollector, WorkersCollector
 from gateway.upstream import AdminState
 from gateway.workers.supervisor import Supervisor, WorkerSettings
+from tests.support.eventually import eventually
 
 from .conftest import routing
-
-T = TypeVar("T")
-
-
-async def until(
-    supervisor: Supervisor, condition: Callable[[], T], timeout: float = 10.0, what: str = "it"
-) -> T:
-    """``condition()``, checked at each change the supervisor sees (``Supervisor.changed``),
-    once true; ``timeout`` bounds a hang."""
-    try:
-        async with asyncio.timeout(timeout):
-            while not (value := condition()):
-                await supervisor.changed()
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
-    return value
 
 
 def alive(pid: int) -> bool:
@@ -106,8 +92,10 @@ async def test_workers_serve_from_the_pool_and_report_to_its_metrics(pool, upstr
     assert len({w.pid for w in supervisor.workers.values()}) == 2
     results = await asyncio.gather(*(get(supervisor.port) for _ in range(40)))
     assert {status for status, _ in results} == {200}
-    await until(
-        supervisor, lambda: sum(w.served for w in supervisor.workers.values()) == 40, what="reports"
+    await eventually(
+        lambda: sum(w.served for w in supervisor.workers.values()) == 40,
+        changed=supervisor.changed,
+        what="reports",
     )
     assert all(w.served for w in supervisor.workers.values()), "one worker served everything"
     labels = {"service": "web", "revision": "0", "code": "2xx"}
@@ -157,7 +145,11 @@ async def held_request(
     supervisor = await workers()
     request = asyncio.create_task(get(supervisor.port))
     await asyncio.wait_for(entered.wait(), 10)
-    await until(supervisor, lambda: pool.service("web").inflight_all() == {"a": 1}, what="a report")
+    await eventually(
+        lambda: pool.service("web").inflight_all() == {"a": 1},
+        changed=supervisor.changed,
+        what="a report",
+    )
     return supervisor, request
 
 
@@ -168,9 +160,9 @@ async def test_a_drain_waits_for_a_request_in_flight_in_a_worker(pool, upstream,
     assert pool.upstream("web", "a").admin is AdminState.DRAINING  # type: ignore[union-attr]
     assert pool.service("web").inflight == {}  # nothing here: the lease is in a worker
     seen = {w.pid: w.reports for w in supervisor.workers.values()}
-    await until(
-        supervisor,
+    await eventually(
         lambda: all(w.reports >= seen[w.pid] + 2 for w in supervisor.workers.values()),
+        changed=supervisor.changed,
         what="two more reports from each worker (both have the draining snapshot by then)",
     )
     assert not done.done()
@@ -188,8 +180,10 @@ async def test_a_drain_timeout_cuts_off_what_workers_hold(pool, upstream, worker
     except aiohttp.ClientError:
         status = 0  # cut off
     assert status != 200
-    await until(
-        supervisor, lambda: not pool.service("web").inflight_all().get("a"), what="the abort"
+    await eventually(
+        lambda: not pool.service("web").inflight_all().get("a"),
+        changed=supervisor.changed,
+        what="the abort",
     )
 
 
@@ -205,7 +199,9 @@ async def test_a_worker_proposes_an_ejection_and_the_pool_takes_it(pool, upstrea
     supervisor = await workers(1)
     for _ in range(8):
         await get(supervisor.port)
-    await until(supervisor, lambda: pool.upstream("web", "a").ejected, what="the ejection")  # type: ignore[union-attr]
+    await eventually(
+        lambda: pool.upstream("web", "a").ejected, changed=supervisor.changed, what="the ejection"
+    )  # type: ignore[union-attr]
     assert not pool.upstream("web", "b").ejected  # type: ignore[union-attr]
 
 
@@ -215,17 +211,19 @@ async def test_a_worker_that_dies_is_started_again_and_the_other_serves_on(pool,
     supervisor = await workers()
     victim = supervisor.workers[0].pid
     os.kill(victim, signal.SIGKILL)  # a worker this test's supervisor started
-    await until(
-        supervisor, lambda: victim not in {w.pid for w in supervisor.workers.values()}, what="exit"
+    await eventually(
+        lambda: victim not in {w.pid for w in supervisor.workers.values()},
+        changed=supervisor.changed,
+        what="exit",
     )
     results = await asyncio.gather(*(get(supervisor.port) for _ in range(20)))
     assert {status for status, _ in results} == {200}
-    await until(
-        supervisor,
+    await eventually(
         lambda: (
             len(supervisor.workers) == 2
             and all(w.ready.done() for w in supervisor.workers.values())
         ),
+        changed=supervisor.changed,
         what="the restart",
     )
     assert victim not in {w.pid for w in supervisor.workers.values()}
@@ -239,20 +237,20 @@ async def test_a_hung_worker_is_killed_and_started_again(pool, upstream, workers
     victim = supervisor.workers[1].pid
     os.kill(victim, signal.SIGSTOP)  # hung: alive, holding its listener, answering nothing
     try:
-        await until(
-            supervisor,
+        await eventually(
             lambda: victim not in {w.pid for w in supervisor.workers.values()},
+            changed=supervisor.changed,
             what="the hung worker to be killed",
         )
     finally:
         if alive(victim):
             os.kill(victim, signal.SIGKILL)
-    await until(
-        supervisor,
+    await eventually(
         lambda: (
             len(supervisor.workers) == 2
             and all(w.ready.done() for w in supervisor.workers.values())
         ),
+        changed=supervisor.changed,
         what="the restart",
     )
     results = await asyncio.gather(*(get(supervisor.port) for _ in range(20)))

@@ -31,7 +31,7 @@ from controller.operations import Controller
 from controller.serving import Gateway, run_gateway
 from controller.store import Store
 from gateway import Pool
-from tests.e2e.conftest import until
+from tests.support.eventually import eventually
 from tests.support.ports import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +89,9 @@ async def test_an_unwritable_state_db_keeps_traffic_and_answers_503_for_writes(
         traffic = f"http://127.0.0.1:{g.traffic.port}/"
         async with http.put(admin, json=_static(replica.port, "v1")) as r:
             assert r.status == 200
-        await until(lambda: g.pool.service("web").snapshot.routable, 5, "a routable upstream")
+        await eventually(
+            lambda: g.pool.service("web").snapshot.routable, timeout=5, what="a routable upstream"
+        )
         store = g.controller.store
 
         def fingerprint():
@@ -209,7 +211,7 @@ async def _cannot_start(controller, port, name, replica, reason):
         state = controller.reconciler.services[name]
         return [r for r in state.observed.replicas if r.failure]
 
-    replicas = await until(failed, 10, "a failed replica")
+    replicas = await eventually(failed, timeout=10, what="a failed replica")
     failure = replicas[0].failure
     print(f"\n{name}: {failure[:120]}")
     assert reason.format(port=port) in failure
