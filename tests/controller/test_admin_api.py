@@ -24,6 +24,7 @@ from controller.planning.model import ReplicaState
 from gateway import Health
 from tests.bombs import BOMBS, FLAT_MIB
 from tests.support.admin_client import AdminClient, AdminClientFactory
+from tests.support.eventually import eventually
 
 from .conftest import Harness, spec
 
@@ -953,11 +954,8 @@ async def test_events_send_keepalives_and_end_when_the_client_goes(api: Api) -> 
     assert await asyncio.wait_for(response.content.readline(), 5) == b": keepalive\n"
     assert len(journal._watchers) == 1
     response.close()
-    for _ in range(100):  # the handler is cancelled on the server's next turn
-        if not journal._watchers:
-            break
-        await asyncio.sleep(0.01)
-    assert not journal._watchers
+    # The handler is cancelled on the server's next turn.
+    await eventually(lambda: not journal._watchers, what="the watcher to go")
 
 
 async def test_events_end_when_the_admin_app_shuts_down(

@@ -289,7 +289,8 @@ async def test_etcd_down_then_back(node: NodeFactory, cluster: EtcdCluster) -> N
 async def test_a_process_that_was_stopped_wakes_up_not_leading(node: NodeFactory) -> None:
     nodes = [await node(f"n{i}") for i in range(2)]
     old = await first_leader(nodes, 5)
-    # The whole process stops (SIGSTOP): no task, no timer runs until it continues.
+    # The whole process stops (SIGSTOP): no task, no timer runs until it continues. The
+    # blocking sleep is that stop, the thing under test (etcd's lease expires meanwhile).
     time.sleep(TTL + 0.5)
     # Before anything else runs, what it reads says it does not lead.
     assert not old.election.leading

@@ -26,6 +26,7 @@ from controller.etcd import (
     WatchEvent,
 )
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.eventually import eventually
 
 _prefixes = itertools.count()
 
@@ -166,10 +167,17 @@ async def test_watch_sees_puts_and_deletes_in_order(client: EtcdClient, prefix: 
     assert [e.kv.mod_revision for e in seen] == sorted(e.kv.mod_revision for e in seen)
 
 
-async def test_watch_from_now_sees_later_changes(client: EtcdClient, prefix: bytes) -> None:
+async def test_watch_from_now_sees_later_changes(
+    client: EtcdClient, prefix: bytes, cluster: EtcdCluster
+) -> None:
+    before = await asyncio.to_thread(cluster.watchers)
     watch = client.watch(prefix + b"k")
     first = asyncio.ensure_future(anext(watch))
-    await asyncio.sleep(0.2)  # the watch is being created; the put comes after
+
+    async def created() -> bool:  # on etcd: the put comes after the watch
+        return await asyncio.to_thread(cluster.watchers) > before
+
+    await eventually(created, what="the watch created on etcd")
     assert not first.done()
     revision = await client.put(prefix + b"k", b"v")
     batch = await asyncio.wait_for(first, 5)
@@ -293,7 +301,7 @@ async def test_a_quiet_watch_stays_open(cluster: EtcdCluster, prefix: bytes) -> 
     try:
         watch = client.watch(prefix + b"k")
         pending = asyncio.ensure_future(anext(watch))
-        await asyncio.sleep(1.0)  # five checks, all answered
+        await asyncio.sleep(1.0)  # the quiet spell under test: five checks, all answered
         assert not pending.done()
         revision = await client.put(prefix + b"k", b"1")
         assert (await asyncio.wait_for(pending, 5))[0].kv.mod_revision == revision

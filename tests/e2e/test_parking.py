@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.eventually import eventually
 from tests.support.ports import free_port
 
 from .conftest import Gateways, children, serve_process, spec
@@ -92,18 +93,23 @@ async def test_parked_connections_are_served_again_and_closed_with_their_clients
     )
     process = await serve_process(config)
     try:
-        async with asyncio.timeout(20):
-            while True:  # its replica is ready
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+        async def ready() -> bool:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
                 writer.write(GET)
-                ready = (await answered(reader)).startswith(b"200")
+                return (await answered(reader)).startswith(b"200")
+            finally:
                 writer.close()
                 await writer.wait_closed()
-                if ready:
-                    break
-                await asyncio.sleep(0.1)
+
+        await eventually(ready, timeout=20, what="its replica ready")
         workers = children(process.pid)  # and the replica, which holds none of these
         clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(CONNECTIONS)]
+
+        async def all_reported() -> bool:
+            return await gauge(admin, "parked") == CONNECTIONS
+
         for round_ in range(3):  # each round on connections parked since the last
             async with asyncio.timeout(20):  # one at a time: the replica is http.server
                 bodies = []
@@ -111,20 +117,20 @@ async def test_parked_connections_are_served_again_and_closed_with_their_clients
                     writer.write(GET)
                     bodies.append(await answered(reader))
             assert bodies == [b"200 v1"] * CONNECTIONS, round_
-            async with asyncio.timeout(10):  # each idle past its park_after (0.2 s, then more)
-                while parked(workers, port) < CONNECTIONS:
-                    await asyncio.sleep(0.1)
-            async with asyncio.timeout(5):  # as the workers report it
-                while await gauge(admin, "parked") != CONNECTIONS:
-                    await asyncio.sleep(0.2)
+            # Each idle past its park_after (0.2 s, then more), as the workers report it.
+            await eventually(lambda: parked(workers, port) == CONNECTIONS, what="all parked")
+            await eventually(all_reported, every=0.2, timeout=5, what="the parked gauge")
             assert await gauge(admin, "in_loop") == 0
 
         for _, writer in clients:
             writer.close()
             await writer.wait_closed()
-        async with asyncio.timeout(10):  # the gateway closed its ends too
-            while (ends := gateway_ends(port))["established"] or ends["close_wait"]:
-                await asyncio.sleep(0.1)
+
+        def closed() -> bool:  # the gateway closed its ends too
+            ends = gateway_ends(port)
+            return not ends["established"] and not ends["close_wait"]
+
+        await eventually(closed, what="the gateway's ends closed")
     finally:
         process.terminate()
         await asyncio.wait_for(process.wait(), 15)

@@ -10,6 +10,7 @@ import asyncio
 
 import aiohttp
 
+from tests.support.eventually import eventually
 from tests.support.ports import free_port
 
 from .conftest import Gateways, children, serve_process, spec, threads
@@ -34,10 +35,7 @@ async def test_the_serving_process_starts_no_thread_pool(gateways: Gateways, sit
                 return any(r["state"] == "ready" for r in view["replicas"])
 
             # Its replica passed its HTTP probes; the admin API answered (and /metrics).
-            deadline = asyncio.get_running_loop().time() + 15
-            while not await ready():
-                assert asyncio.get_running_loop().time() < deadline, "no replica got ready"
-                await asyncio.sleep(0.1)
+            await eventually(ready, timeout=15, what="a ready replica")
             async with session.get(f"{base}/metrics") as response:
                 assert response.status == 200
         gateways.other_pids |= children(process.pid)

@@ -9,12 +9,14 @@ import os
 import signal
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 import trustme
 
 from tests.gateway.test_tls import client_context, handshake, write_pair
+from tests.support.eventually import eventually
 
 from .conftest import Gateways, serving, spec
 
@@ -60,16 +62,18 @@ async def test_https_served_and_certificates_reloaded_without_a_restart(
             seen = [await names_served("b.test") for _ in range(6)]
             return all(names == ["a.test", "b.test"] for names in seen)
 
-        deadline = asyncio.get_running_loop().time() + 5
-        while not await all_new():
-            assert asyncio.get_running_loop().time() < deadline, "a process serves the old one"
+        await eventually(all_new, timeout=5, what="every process serving the new pair")
 
         Path(pair.key_file).write_text("garbage\n")  # a bad file: refused, the last one serves
         if workers == 1:
             os.kill(os.getpid(), signal.SIGHUP)  # the gateway's handler, on this loop
-            await asyncio.sleep(0.1)
-            async with session.get(f"{admin}/api/tls") as answer:
-                body = await answer.json()
+
+            async def reloaded() -> Any:
+                async with session.get(f"{admin}/api/tls") as answer:
+                    shown = await answer.json()
+                return shown if shown["reload_failures"] else None
+
+            body = await eventually(reloaded, what="the reload after SIGHUP")
         else:
             async with session.post(f"{admin}/api/tls/reload") as answer:
                 body = await answer.json()
@@ -91,7 +95,5 @@ async def test_https_served_and_certificates_reloaded_without_a_restart(
                 'gateway_tls_certificate_expiry_timestamp_seconds{name="a.test"}' in text
             )
 
-        deadline = asyncio.get_running_loop().time() + 5  # workers report every second
-        while not await handshakes_counted():
-            assert asyncio.get_running_loop().time() < deadline, "handshakes not counted"
-            await asyncio.sleep(0.2)
+        # Workers report every second.
+        await eventually(handshakes_counted, timeout=5, every=0.2, what="the handshakes counted")

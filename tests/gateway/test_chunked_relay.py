@@ -15,6 +15,7 @@ import httptools
 
 from gateway.proxy.read_timeout import LOOK
 from gateway.wire import plainhead
+from tests.support.eventually import eventually
 
 from .conftest import add, raw_request, routing
 
@@ -191,7 +192,7 @@ async def test_a_drain_waits_for_a_relayed_stream_and_ends_with_it(pool, raw_ups
     gw = await _serve(pool, gateway, await _scripted(raw_upstream, *steps, b"0\r\n\r\n"))
 
     stream = asyncio.create_task(raw_request(gw.port, GET))
-    await asyncio.sleep(0.2)  # the head and a chunk or two: the stream is relayed
+    await eventually(lambda: pool.service("web").inflight.get("u1"), what="the stream relayed")
     drained = pool.drain("web", "u1", timeout=5)
     await asyncio.sleep(0.05)
     assert not drained.done()  # the stream is in flight

@@ -29,6 +29,7 @@ from gateway.proxy import Proxy
 from gateway.server import TrafficServer
 from gateway.tls import Termination
 from gateway.tls.names import NameIndex
+from tests.support.eventually import eventually
 
 from .conftest import Recorder, raw_request, routing
 from .test_server import read_response
@@ -298,7 +299,7 @@ async def test_limits_count_connections_in_their_handshake(
     )
     port = server.tls_ports[0]
     held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
-    await asyncio.sleep(0.05)
+    await eventually(lambda: server.connections == 2, what="both connections accepted")
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     async with asyncio.timeout(5):
         assert await reader.read() == b""  # over the limit: closed before any handshake
@@ -559,10 +560,8 @@ async def test_an_idle_tls_connection_is_never_parked_and_serves_after_its_idle_
             writer.write(request)
             async with asyncio.timeout(5):
                 assert (await read_response(reader))[0].startswith(b"HTTP/1.1 200")
-        async with asyncio.timeout(5):
-            while gate.parked < 1:
-                await asyncio.sleep(0.02)
-        await asyncio.sleep(0.5)
+        await eventually(lambda: gate.parked == 1, what="the plain connection parked")
+        await asyncio.sleep(0.5)  # idle five times park_after: the TLS one would be parked
         assert gate.parked == 1  # the plain one alone
         assert server.connections == 2
 

@@ -14,7 +14,6 @@ past 4 GB; the 254-byte one stalled traffic for 17.5 s.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import statistics
@@ -28,6 +27,7 @@ import aiohttp
 from controller.documents import MAX_DEPTH, MAX_NODES
 from tests.bombs import BOMBS
 from tests.e2e.conftest import PROBE, Load, Outcome, gateway_process
+from tests.support.eventually import eventually
 from tests.support.ports import free_port
 
 from .conftest import MiB, rss
@@ -45,15 +45,13 @@ def p99(outcomes: list[Outcome]) -> float:
 
 
 async def ready(url: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
-        while True:
-            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                async with http.get(url) as response:
-                    if response.status == 200:
-                        return
-            assert time.monotonic() < deadline, f"{url} did not answer 200 in {timeout:g}s"
-            await asyncio.sleep(0.1)
+
+        async def answers() -> bool:
+            async with http.get(url) as response:
+                return response.status == 200
+
+        await eventually(answers, timeout=timeout, every=0.1, what=f"{url} to answer 200")
 
 
 async def test_bombs_are_refused_at_once_and_traffic_goes_on(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.config import LimitsConfig, ListenerLimits
 from tests.gateway.conftest import routing
+from tests.support.eventually import eventually
 
 from .conftest import MiB, rss, send_raw
 
@@ -130,9 +131,6 @@ async def test_thousands_of_idle_connections_cannot_exhaust_fds(pool, recording,
         for _, writer in conns:
             writer.close()
     # Once they are gone the gateway takes new connections again.
-    for _ in range(100):
-        answer = await send_raw(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
-        if answer.statuses == [200]:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: gw.connections == 0, what="the closed connections gone")
+    answer = await send_raw(gw.port, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
     assert answer.statuses == [200]

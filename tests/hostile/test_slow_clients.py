@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway.config import ListenerLimits, OutlierConfig
 from tests.gateway.conftest import routing, url
+from tests.support.eventually import eventually
 
 from .conftest import MiB, rss
 
@@ -46,9 +47,13 @@ async def test_slowloris_heads_are_closed_and_others_are_served(pool, upstream, 
     gw = await gateway(limits=ListenerLimits(header_timeout=1.0))
     baseline = await _latencies(client, url(gw), 100)
 
+    connected = 0
+
     async def slowloris() -> float:
+        nonlocal connected
         started = time.perf_counter()
         _reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        connected += 1
         try:
             writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n")
             for i in range(100):  # a header byte every 50 ms, never the end of the head
@@ -62,7 +67,7 @@ async def test_slowloris_heads_are_closed_and_others_are_served(pool, upstream, 
         return time.perf_counter() - started
 
     attackers = [asyncio.create_task(slowloris()) for _ in range(300)]
-    await asyncio.sleep(0.2)
+    await eventually(lambda: connected == 300, what="the 300 slowloris connections")
     under_attack = await _latencies(client, url(gw), 100)
     lasted = await asyncio.gather(*attackers)
     print(

@@ -36,6 +36,7 @@ from tests.gateway.test_tls import (  # noqa: F401 - fixtures, registered by imp
     tls_gateway,
     write_pair,
 )
+from tests.support.eventually import eventually
 
 from .conftest import MiB, rss
 
@@ -284,7 +285,7 @@ async def test_a_flood_of_handshakes_beyond_max_connections_is_refused_at_accept
     assert sum(tally.failed.values()) == 0  # the refused never reached OpenSSL
     for writer in held:
         writer.close()
-    await asyncio.sleep(0.1)  # the closes reach the gateway
+    await eventually(lambda: server.connections == 0, what="the closes to reach the gateway")
     assert (await served(port, context)) < 2.0
 
 
