@@ -129,8 +129,8 @@ class Nodes:
         return node
 
     async def start_all(self) -> None:
-        for i in range(self.count):
-            await self.start(i)
+        # At once, as the nodes of a cluster start: each waits for its own readiness.
+        await asyncio.gather(*(self.start(i) for i in range(self.count)))
         await eventually(
             lambda: asyncio.to_thread(lambda: self.leader() is not None),
             timeout=10,
