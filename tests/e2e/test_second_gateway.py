@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from tests.support.eventually import eventually
 from tests.support.ports import free_port
 
 from .conftest import Gateways, Load, alive, children, gateway_process, spec
@@ -48,17 +49,13 @@ class First:
         self.process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
-        self.process = await gateway_process(self.path, self.log)
-        deadline = time.monotonic() + 20
-        while True:
-            assert self.process.returncode is None, self.log.read_text()
-            try:
-                if await _ready_replicas(self.admin) == 2:
-                    break
-            except aiohttp.ClientError:
-                pass  # not listening yet
-            assert time.monotonic() < deadline, "the first gateway's replicas never got ready"
-            await asyncio.sleep(0.1)
+        process = self.process = await gateway_process(self.path, self.log)
+
+        async def both_ready() -> bool:  # a refused connection: not listening yet
+            assert process.returncode is None, self.log.read_text()
+            return await _ready_replicas(self.admin) == 2
+
+        await eventually(both_ready, timeout=20, every=0.1, what="the first gateway's replicas")
         self.gateways.other_pids |= self.replicas()
 
     def replicas(self) -> set[int]:
