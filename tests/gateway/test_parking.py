@@ -186,7 +186,7 @@ async def test_zero_never_parks(web, gateway):
     reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
     try:
         await served(reader, writer)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # idle long enough to be parked, were park_after not 0
         assert (in_loop(gw), parked(gw)) == (1, 0)
         assert gw._gate is not None
         assert gw._gate.parking is None
@@ -209,7 +209,7 @@ async def test_the_connections_gauge_counts_parked_and_in_loop_connections(web, 
         await served(*idle)
         await eventually(lambda: gw.parked == 1, what="the connection parked")
         busy[1].write(b"GET / HT")  # a head begun: in the loop
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # idle three times park_after: it stays in the loop
         assert (gauge("in_loop"), gauge("parked")) == (1, 1)
     finally:
         idle[1].close()

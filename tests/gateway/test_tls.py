@@ -299,7 +299,9 @@ async def test_limits_count_connections_in_their_handshake(
     )
     port = server.tls_ports[0]
     held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
-    await eventually(lambda: server.connections == 2, what="both connections accepted")
+    gate = server._gate
+    assert gate is not None
+    await eventually(lambda: gate.open == 2, what="both connections counted against the limit")
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     async with asyncio.timeout(5):
         assert await reader.read() == b""  # over the limit: closed before any handshake
@@ -500,9 +502,7 @@ async def test_a_clients_close_notify_is_answered_with_one_and_the_connection_cl
 
     answer = await asyncio.to_thread(keep_then_unwrap)
     assert answer.startswith(b"HTTP/1.1 200 ")
-    async with asyncio.timeout(5):
-        while server.connections:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: not server.connections, what="the connection closed")
 
 
 async def test_a_websocket_over_tls_is_relayed_both_ways_and_closed_with_its_code(

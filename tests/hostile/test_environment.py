@@ -281,17 +281,12 @@ async def test_sigkill_at_random_moments_of_rollouts_loses_no_record(tmp_path):
         log.close()
         async with aiohttp.ClientSession() as http:
 
-            async def ready() -> bool:
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with http.get(f"http://127.0.0.1:{admin}/readyz") as r:
-                        return r.status == 200
-                return False
-
-            deadline = time.monotonic() + 15
-            while not await ready():
+            async def ready() -> bool:  # a refused connection: not listening yet
                 assert process.returncode is None, (tmp_path / "gateway.log").read_text()
-                assert time.monotonic() < deadline, "the gateway did not become ready"
-                await asyncio.sleep(0.05)
+                async with http.get(f"http://127.0.0.1:{admin}/readyz") as r:
+                    return r.status == 200
+
+            await eventually(ready, timeout=15, what="the gateway ready")
         return process
 
     def check_records() -> None:
@@ -329,17 +324,15 @@ async def test_sigkill_at_random_moments_of_rollouts_loses_no_record(tmp_path):
         process = await start()  # the survivor: it must resume and finish
         async with aiohttp.ClientSession() as http:
             url = f"http://127.0.0.1:{admin}/api/services/web"
-            deadline = time.monotonic() + 20
-            while True:
+
+            async def finished() -> Any:
                 async with http.get(url) as r:
                     view = await r.json()
-                if (
-                    view["status"] == "ready"
-                    and view["serving_revision"] == view["target_revision"]
-                ):
-                    break
-                assert time.monotonic() < deadline, view
-                await asyncio.sleep(0.1)
+                assert view["status"] == "ready", view
+                assert view["serving_revision"] == view["target_revision"], view
+                return view
+
+            view = await eventually(finished, timeout=20, every=0.1, what="the rollout finished")
             last = max(acknowledged)
             assert view["target_revision"] == last
             async with http.get(f"http://127.0.0.1:{traffic}/") as r:
