@@ -5,7 +5,7 @@ The table is pure: each test passes ``now`` as the leader's clock would read it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,6 +18,7 @@ from controller.planning.autoscaler import Sample
 from gateway import Health, Pool
 from tests.controller.test_cluster_pools import routing
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.eventually import eventually
 
 TTL = 2.0
 
@@ -238,11 +239,9 @@ async def test_a_request_held_on_a_follower_reaches_the_leader_at_once_and_stays
         fresh_for=0.6,
     )
 
-    async def until(condition: Callable[[], bool]) -> None:
-        async with asyncio.timeout(5):
-            while not condition():
-                heard.clear()
-                await heard.wait()
+    async def changed() -> None:
+        heard.clear()
+        await heard.wait()
 
     try:
         await peers.start()
@@ -251,17 +250,17 @@ async def test_a_request_held_on_a_follower_reaches_the_leader_at_once_and_stays
         await clients[0].put(pools_key("/demand/", "web"), record.encode())  # the leader's
         await follower.start()
         await asyncio.wait_for(follower.feed.loaded.wait(), 5)
-        await until(lambda: peers.nodes == ["n1"])
+        await eventually(lambda: peers.nodes == ["n1"], changed=changed)
         pool.on_waiting = lambda _: follower.wake()  # the node's wiring (``ClusterNode``)
         held = asyncio.ensure_future(pool.service("web").queue(10.0))
-        await until(lambda: waiting == ["web"])
+        await eventually(lambda: waiting == ["web"], changed=changed)
         assert peers.elsewhere("web").held == 1
         written = follower.reports
-        await until(lambda: follower.reports >= written + 2)
+        await eventually(lambda: follower.reports >= written + 2, changed=changed)
         assert peers.elsewhere("web").held == 1
         pool.set_health("web", "a", Health.HEALTHY)  # the hold ends
         await held
-        await until(lambda: peers.elsewhere("web").held == 0)
+        await eventually(lambda: peers.elsewhere("web").held == 0, changed=changed)
         assert peers.elsewhere("web").waited == 1  # after its first report: counted
     finally:
         await follower.stop()

@@ -14,7 +14,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,15 +70,18 @@ async def view(nodes: Nodes, among: Any = None) -> dict[str, Any]:
     return dict(body)
 
 
-async def until_view(nodes: Nodes, check: Any, timeout: float, what: str, among: Any = None):
-    deadline = time.monotonic() + timeout
-    while True:
-        seen = await view(nodes, among)
-        if check(seen):
-            return seen
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}: {seen}")
-        await asyncio.sleep(0.1)
+def view_where(
+    nodes: Nodes, check: Callable[[dict[str, Any]], bool], among: Any = None
+) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """For ``eventually``: the service's view (from ``among``, else any node) once ``check``
+    holds of it (the last view is in the failure)."""
+
+    async def seen() -> dict[str, Any]:
+        body = await view(nodes, among)
+        assert check(body), body
+        return body
+
+    return seen
 
 
 def at_zero(seen: dict[str, Any]) -> bool:
@@ -94,7 +97,7 @@ async def test_requests_held_on_a_follower_scale_from_zero_and_a_dead_ones_stop_
     status, body = await nodes.api("PUT", "/api/services/web", autoscaled(delay))
     assert status in (200, 201), body
     # A new service starts one replica (its revision proven), then idle goes to zero.
-    await until_view(nodes, at_zero, 40, "web at zero")
+    await eventually(view_where(nodes, at_zero), timeout=40, what="web at zero")
     leader, (follower, other) = leader_and_others(nodes)
 
     # 1. Held on a follower (in one of its workers), answered once a replica is ready.
@@ -118,25 +121,20 @@ async def test_requests_held_on_a_follower_scale_from_zero_and_a_dead_ones_stop_
     )
 
     # 2. A follower killed while it holds requests: they stop counting within its lease TTL.
-    await until_view(nodes, at_zero, 40, "web at zero again")
+    await eventually(view_where(nodes, at_zero), timeout=40, what="web at zero again")
     delay.write_text("30")  # the next cold start takes long: the requests stay held
     async with aiohttp.ClientSession() as http:
         held = [asyncio.ensure_future(http.get(f"{other.url}/held/{i}")) for i in range(3)]
-        await until_view(
-            nodes,
-            lambda v: v["autoscaling"]["held"] == 3,
-            10,
-            f"the 3 requests held on {other.name} counted by the leader",
-            among=leader,
+        await eventually(
+            view_where(nodes, lambda v: v["autoscaling"]["held"] == 3, among=leader),
+            what=f"the 3 requests held on {other.name} counted by the leader",
         )
         nodes.kill(other)
         killed = time.monotonic()
-        await until_view(
-            nodes,
-            lambda v: v["autoscaling"]["held"] == 0,
-            LEASE_TTL + SAMPLE_INTERVAL + 5,
-            "the dead node's held requests no longer counted",
-            among=leader,
+        await eventually(
+            view_where(nodes, lambda v: v["autoscaling"]["held"] == 0, among=leader),
+            timeout=LEASE_TTL + SAMPLE_INTERVAL + 5,
+            what="the dead node's held requests no longer counted",
         )
         gone = time.monotonic() - killed
         for future in held:

@@ -70,19 +70,18 @@ def echo(version: str, replicas: int = 3) -> dict[str, Any]:
 
 async def serving(nodes: Nodes, revision: int, replicas: int, timeout: float = 60) -> dict:
     """Until ``web`` serves ``revision`` with ``replicas`` ready and no rollout; its view."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def done() -> dict:
         status, view = await nodes.api("GET", "/api/services/web")
-        if (
-            status == 200
-            and view["serving_revision"] == revision
-            and view["rollout"] is None
-            and view["ready"] == replicas
-        ):
-            return dict(view)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"revision {revision} not serving: {view}")
-        await asyncio.sleep(0.2)
+        assert status == 200, view
+        assert (view["serving_revision"], view["rollout"], view["ready"]) == (
+            revision,
+            None,
+            replicas,
+        ), view  # the last view is in the failure
+        return dict(view)
+
+    return await eventually(done, timeout=timeout, every=0.2, what=f"revision {revision} serving")
 
 
 def inflight(node: Node) -> float:

@@ -95,29 +95,26 @@ class Page:
             await self.call(self.driver.get, self.base + "/")
         await self.js("window.sameDocument = true")  # gone if the page reloads
 
-    async def until(self, script: str, *args: Any, timeout: float = 15, what: str = "") -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = await self.js(script, *args)
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:g}s waiting for {what or script}")
-            await asyncio.sleep(0.05)
+    async def eventually(self, script: str, *args: Any, timeout: float = 15, what: str = "") -> Any:
+        """The first truthy value ``script`` returns in the page (``eventually`` on it)."""
+        return await eventually(
+            lambda: self.js(script, *args), timeout=timeout, every=0.05, what=what or script
+        )
 
     async def click(self, selector: str) -> None:
         """A real click on the element; again if a refresh replaced it meanwhile."""
         from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.common.by import By
 
-        for _ in range(20):
+        async def clicked() -> bool:
             try:
                 element = await self.call(self.driver.find_element, By.CSS_SELECTOR, selector)
                 await self.call(element.click)
-                return
             except StaleElementReferenceException:
-                await asyncio.sleep(0.05)
-        raise AssertionError(f"{selector} kept being replaced")
+                return False
+            return True
+
+        await eventually(clicked, timeout=1, every=0.05, what=f"{selector} not replaced")
 
     async def act(self, service: str, action: str, replicas: int | None = None) -> str:
         """Click an action's button, confirm, and answer the toast that says how it went."""
@@ -125,7 +122,7 @@ class Page:
         await self.click(
             f'section.service[data-service="{service}"] button[data-action="{action}"]'
         )
-        await self.until("return document.getElementById('confirm').open", what="the dialog")
+        await self.eventually("return document.getElementById('confirm').open", what="the dialog")
         text = await self.js("return document.getElementById('confirm-text').textContent")
         assert service in text
         if replicas is not None:
@@ -136,7 +133,9 @@ class Page:
             await self.call(field.send_keys, str(replicas))
         await self.click("#confirm-ok")
         toasts = "return [...document.querySelectorAll('.toast')].map(t => t.textContent)"
-        await self.until(f"return {toasts[7:]}.length > arguments[0]", before, what="the outcome")
+        await self.eventually(
+            f"return {toasts[7:]}.length > arguments[0]", before, what="the outcome"
+        )
         return str((await self.js(toasts))[-1])
 
     async def services(self) -> list[str]:
@@ -220,7 +219,7 @@ async def test_the_page_lists_the_services_and_follows_a_failing_replica_without
     await gw.controller.apply(down)
     page = page_for(gw)
     await page.open()
-    await page.until(
+    await page.eventually(
         "return document.querySelectorAll('section.service[data-service=\"web\"] tr.replica')"
         ".length === 3"
     )
@@ -234,7 +233,7 @@ async def test_the_page_lists_the_services_and_follows_a_failing_replica_without
     stopped, killed, _ = sorted(gw.pids().items())
     os.kill(stopped[1], signal.SIGSTOP)
     try:
-        await page.until(
+        await page.eventually(
             "return [...document.querySelectorAll('tr.replica')].some(r =>"
             " r.dataset.replica === arguments[0] && r.dataset.health === 'unhealthy')",
             stopped[0], what="the stopped replica's row to turn unhealthy",
@@ -251,7 +250,7 @@ async def test_the_page_lists_the_services_and_follows_a_failing_replica_without
 
     # SIGKILL: the replica exits, and its row says it failed.
     os.kill(killed[1], signal.SIGKILL)
-    await page.until(
+    await page.eventually(
         "return [...document.querySelectorAll('tr.replica')].some(r =>"
         " r.dataset.replica === arguments[0] && r.dataset.state === 'failed'"
         " && r.classList.contains('bad'))",
@@ -287,34 +286,37 @@ async def test_a_canary_moves_on_the_page_and_promote_and_scale_do_what_the_cli_
     await serving(gw, canary_spec("1", **canary))
     page = page_for(gw)
     await page.open()
-    await page.until("return document.querySelector('section.service[data-service=\"web\"]')")
+    await page.eventually("return document.querySelector('section.service[data-service=\"web\"]')")
     weight = (
         "const w = document.querySelector('section.service[data-service=\"web\"] .weight');"
         " return w && Number(w.dataset.weight);"
     )
     async with Load(gw.url, clients=2, limit=120) as load:
         await gw.controller.apply(canary_spec("2", **canary))
-        seen = [await page.until(weight, what="a weight on the page")]
-        deadline = time.monotonic() + 30
-        while seen[-1] != 50 and time.monotonic() < deadline:
+        seen = [await page.eventually(weight, what="a weight on the page")]
+
+        async def at_50() -> bool:
             value = await page.js(weight)
             if value and value != seen[-1]:
                 seen.append(value)
-            await asyncio.sleep(0.05)
+            assert seen[-1] == 50, seen  # the weights seen so far are in the failure
+            return True
+
+        await eventually(at_50, timeout=30, every=0.05, what="a weight of 50")
         assert seen == [20, 50], seen
         step = await page.js(
             "return document.querySelector('section.service[data-service=\"web\"] .step')"
             ".textContent"
         )
         assert step == "step 2 of 3"
-        analysed = await page.until(
+        analysed = await page.eventually(
             "const a = document.querySelector('section.service[data-service=\"web\"] .analysis');"
             " return a && a.textContent.includes('error rate') && a.textContent;",
             what="the last analysis with its figures",
         )
         assert "pass" in analysed, analysed
         # The charts have a point once two scrapes (5 s apart) have been taken.
-        await page.until(
+        await page.eventually(
             "const c = document.querySelector('section.service[data-service=\"web\"]"
             " svg.chart'); return c && Number(c.dataset.points) >= 3;",
             timeout=30, what="three points of the request rate charted",
@@ -333,7 +335,7 @@ async def test_a_canary_moves_on_the_page_and_promote_and_scale_do_what_the_cli_
         record = gw.rollouts()[0]
         assert (record.status, record.to_revision) == ("complete", 2)
         assert gw.state().observed.serving_revision == 2
-        await page.until(
+        await page.eventually(
             "return !document.querySelector('section.service[data-service=\"web\"] .rollout')",
             what="the rollout to leave the page",
         )
@@ -344,7 +346,7 @@ async def test_a_canary_moves_on_the_page_and_promote_and_scale_do_what_the_cli_
     assert "Scale web: scaled" in outcome, outcome
     await eventually(lambda: gw.ready(2) == 3, timeout=20, what="3 ready replicas")
     assert gw.state().desired.replicas == 3  # as `gateway scale web 3` leaves it
-    await page.until(
+    await page.eventually(
         "return document.querySelector('section.service[data-service=\"web\"] .ready')"
         ".textContent === '3/3 ready'",
         what="3/3 ready on the page",
@@ -365,7 +367,7 @@ async def test_names_and_reasons_are_shown_as_text_and_a_failed_rollout_says_why
     await eventually(lambda: gw.ready(1, name=name) == 1, timeout=20, what="the service serving")
     page = page_for(gw)
     await page.open()
-    await page.until("return document.querySelectorAll('tr.replica').length === 1")
+    await page.eventually("return document.querySelectorAll('tr.replica').length === 1")
     assert await page.services() == [name]
 
     missing_dir = Path("/nonexistent") / HOSTILE  # each start fails, naming it
@@ -376,7 +378,7 @@ async def test_names_and_reasons_are_shown_as_text_and_a_failed_rollout_says_why
         what="the rollout to fail",
     )
     section = f'section.service[data-service="{name}"]'
-    alert = await page.until(
+    alert = await page.eventually(
         f"const a = document.querySelector('{section} .alert-failed'); return a && a.textContent",
         what="the failed rollout's alert",
     )
@@ -384,7 +386,7 @@ async def test_names_and_reasons_are_shown_as_text_and_a_failed_rollout_says_why
     assert HOSTILE in alert, alert
     first = await page.js(f"return document.querySelector('{section}').children[1].className")
     assert "alert-failed" in first  # the first thing under the service's name
-    rows = await page.until(
+    rows = await page.eventually(
         "return [...document.querySelectorAll('td.reason')].map(td => td.textContent)"
         ".filter(t => t.includes(arguments[0]))",
         HOSTILE, what="the failure reason in a replica's row",
@@ -417,7 +419,7 @@ async def test_without_the_token_the_page_shows_nothing_and_its_actions_are_refu
     await serving(gw, spec(site("v1"), 1))
     page = page_for(gw)
     await page.open()
-    await page.until("return document.getElementById('token-needed')", what="the token prompt")
+    await page.eventually("return document.getElementById('token-needed')", what="the token prompt")
     assert await page.services() == []
     assert await page.js("return document.getElementById('stream').dataset.state") == (
         "unauthorized"
@@ -429,7 +431,7 @@ async def test_without_the_token_the_page_shows_nothing_and_its_actions_are_refu
     field = await page.call(page.driver.find_element, By.ID, "token-input")
     await page.call(field.send_keys, token)
     await page.click("#token-use")
-    await page.until("return document.querySelectorAll('section.service').length === 1")
+    await page.eventually("return document.querySelectorAll('section.service').length === 1")
     assert await page.js("return sessionStorage.getItem('gateway-admin-token')") == token
     assert token not in await page.js("return location.href")
     assert await page.js("return document.cookie") == ""
@@ -443,7 +445,7 @@ async def test_without_the_token_the_page_shows_nothing_and_its_actions_are_refu
     outcome = await page.act("web", "undo")
     assert "refused (401)" in outcome, outcome
     await page.click("#token-forget")
-    await page.until("return document.querySelectorAll('section.service').length === 0")
+    await page.eventually("return document.querySelectorAll('section.service').length === 0")
     assert await page.js("return sessionStorage.getItem('gateway-admin-token')") is None
 
 
