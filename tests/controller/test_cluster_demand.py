@@ -5,7 +5,6 @@ The table is pure: each test passes ``now`` as the leader's clock would read it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -199,14 +198,6 @@ def test_a_sample_plus_the_other_nodes_traffic() -> None:
 
 
 # -- with etcd: a follower's report, and the leader's peers ---------------------------------
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    """One etcd member for the module (skipped without etcd, failed under CI)."""
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), 1).start()
-    yield cluster
-    cluster.close()
 
 
 async def test_a_request_held_on_a_follower_reaches_the_leader_at_once_and_stays_fresh(

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import urllib.request
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,3 +263,17 @@ class Nodes:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+@contextlib.asynccontextmanager
+async def started(base: Path, **options: Any) -> AsyncIterator[Nodes]:
+    """Three etcd members and three nodes (``options`` for ``Nodes``) under ``base``, started;
+    closed on the way out, replicas and all."""
+    etcd = EtcdCluster(base / "etcd", 3).start()
+    cluster = Nodes(base / "nodes", etcd, **options)
+    try:
+        await cluster.start_all()
+        yield cluster
+    finally:
+        await cluster.close()
+        etcd.close()

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Node, Nodes
+from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Node, Nodes, started
 from tests.e2e.conftest import PROBE, ROLLOUT, Load, alive
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventually import eventually
@@ -31,14 +31,8 @@ from tests.support.strays import reap, spawn_stray
 
 @pytest.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
-    etcd = EtcdCluster(tmp_path / "etcd", 3).start()
-    cluster = Nodes(tmp_path / "nodes", etcd)
-    try:
-        await cluster.start_all()
+    async with started(tmp_path) as cluster:
         yield cluster
-    finally:
-        await cluster.close()
-        etcd.close()
 
 
 def web(site: Callable[[str], str], version: str, replicas: int = 3) -> dict[str, Any]:

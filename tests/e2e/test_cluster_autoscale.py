@@ -21,11 +21,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.e2e.cluster_nodes import LEASE_TTL, Nodes
+from tests.e2e.cluster_nodes import LEASE_TTL, Nodes, started
 from tests.e2e.conftest import PROBE, ROLLOUT
 from tests.e2e.test_cluster import leader_and_others, metrics_text
 from tests.e2e.test_cluster_workers import replica_ports
-from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventually import eventually
 
 ECHO = Path(__file__).with_name("echo_replica.py")
@@ -35,14 +34,8 @@ SAMPLE_INTERVAL = 1.0
 
 @pytest.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
-    etcd = EtcdCluster(tmp_path / "etcd", 3).start()
-    cluster = Nodes(tmp_path / "nodes", etcd, workers=2, ports=replica_ports())
-    try:
-        await cluster.start_all()
+    async with started(tmp_path, workers=2, ports=replica_ports()) as cluster:
         yield cluster
-    finally:
-        await cluster.close()
-        etcd.close()
 
 
 def autoscaled(delay_file: Path) -> dict[str, Any]:

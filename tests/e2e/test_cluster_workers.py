@@ -22,10 +22,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.e2e.cluster_nodes import Node, Nodes
+from tests.e2e.cluster_nodes import Node, Nodes, started
 from tests.e2e.conftest import PROBE, ROLLOUT
 from tests.e2e.test_cluster import leader_and_others, loaded, no_failures, unloaded
-from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventually import eventually
 
 ECHO = Path(__file__).with_name("echo_replica.py")
@@ -42,14 +41,8 @@ def replica_ports() -> int:
 
 @pytest.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
-    etcd = EtcdCluster(tmp_path / "etcd", 3).start()
-    cluster = Nodes(tmp_path / "nodes", etcd, workers=2, ports=replica_ports())
-    try:
-        await cluster.start_all()
+    async with started(tmp_path, workers=2, ports=replica_ports()) as cluster:
         yield cluster
-    finally:
-        await cluster.close()
-        etcd.close()
 
 
 def echo(version: str, replicas: int = 3) -> dict[str, Any]:
