@@ -17,20 +17,8 @@ from controller.planning.model import ReplicaState
 from controller.store import Store
 from gateway import Health, Pool
 from tests.support.admin_client import admin_client  # noqa: F401 - a fixture of the admin API tests
+from tests.support.clock import FakeClock
 from tests.support.etcd_cluster import EtcdCluster
-
-
-class FakeClock:
-    """Monotonic time that moves only when a test says so."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass

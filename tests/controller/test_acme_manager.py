@@ -25,9 +25,9 @@ from controller.journal import Entry, Journal
 from controller.metrics import register_acme
 from controller.store import Store
 from gateway import RouteConfig
+from tests.support.clock import FakeClock
 from tests.support.eventually import eventually
 
-from .conftest import FakeClock
 from .test_acme_ca import TestCA
 
 HOST = "app.example.com"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import aiohttp
@@ -21,6 +21,8 @@ from gateway.pool import Pool
 from gateway.proxy.handler import Proxy
 from gateway.server import TrafficServer
 from gateway.upstream import Health, Upstream
+
+from .fakeloop import FakeLoop, running
 
 
 class Recorder:
@@ -164,3 +166,12 @@ async def raw_request(port: int, data: bytes) -> bytes:
             return await reader.read()
     finally:
         writer.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[FakeLoop]:
+    """A fake loop (``fakeloop.FakeLoop``) as the running loop: the deadline tests move its
+    clock."""
+    fake = FakeLoop()
+    with running(fake):
+        yield fake

@@ -5,10 +5,8 @@ test moves: nothing sleeps."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from gateway.config import ListenerLimits
 from gateway.proxy.client import ClientConnection, ConnectionGate
@@ -61,13 +59,6 @@ class Served:
     def __call__(self, conn: ClientConnection, request: Any) -> bool:
         self.requests.append(request)
         return True
-
-
-@pytest.fixture
-def loop() -> Iterator[FakeLoop]:
-    fake = FakeLoop()
-    with running(fake):
-        yield fake
 
 
 def connect(

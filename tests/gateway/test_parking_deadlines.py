@@ -16,7 +16,7 @@ from gateway.proxy.client import ClientConnection, ConnectionGate
 from gateway.proxy.parking import Parking
 from gateway.proxy.wheel import WHEEL_SLOT
 
-from .fakeloop import FakeLoop, running
+from .fakeloop import FakeLoop
 from .test_keepalive_wheel import GET, Served, Transport
 
 
@@ -57,13 +57,6 @@ class Lot:
     def park(self, fd: int, deadline: float, park_after: float) -> bool:
         self.parked.append((fd, deadline, asyncio.get_running_loop().time()))
         return self.accept
-
-
-@pytest.fixture
-def loop() -> Iterator[FakeLoop]:
-    fake = FakeLoop()
-    with running(fake):
-        yield fake
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,14 +21,7 @@ from gateway.pool import Pool
 from gateway.service_pool import Lease
 from gateway.snapshot import PoolSnapshot
 from gateway.upstream import AdminState, Health, Upstream
-
-
-@dataclass
-class Clock:
-    now: float = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import FakeClock
 
 
 class Recorder:
@@ -70,8 +63,10 @@ def routing(name: str = "svc", **changes: Any) -> ServiceRouting:
     )
 
 
-def make_pool(*ids: str, healthy: bool = True, clock: Clock | None = None, **changes: Any) -> Pool:
-    pool = Pool(clock=clock or Clock(), rng=random.Random(0))
+def make_pool(
+    *ids: str, healthy: bool = True, clock: FakeClock | None = None, **changes: Any
+) -> Pool:
+    pool = Pool(clock=clock or FakeClock(100.0), rng=random.Random(0))
     pool.set_service(routing(**changes))
     for i, uid in enumerate(ids):
         pool.add_upstream(Upstream(uid, "svc", "127.0.0.1", 9000 + i))
@@ -356,7 +351,7 @@ def eject(pool: Pool, uid: str) -> object:
 
 
 def test_report_ejects_and_a_probe_lifts_only_after_the_ejection_time():
-    clock = Clock(100.0)
+    clock = FakeClock(100.0)
     pool = make_pool("a", "b", clock=clock, outlier=OUTLIER)
     recorder = Recorder(pool)
     assert pool.report("svc", "a", "connect_failure") is None
@@ -415,7 +410,7 @@ def test_outlier_config_change_applies_to_existing_upstreams():
 
 
 def test_events_in_order_with_the_new_snapshot_in_place():
-    clock = Clock(5.0)
+    clock = FakeClock(5.0)
     pool = Pool(clock=clock)
     recorder = Recorder(pool)
     pool.set_service(routing(outlier=OUTLIER))
@@ -530,7 +525,7 @@ operations = st.lists(
 
 
 async def run_sequence(ops: list[tuple[object, ...]]) -> None:
-    clock = Clock(0.0)
+    clock = FakeClock(0.0)
     pool = Pool(clock=clock, rng=random.Random(0))
     pool.set_service(
         routing(outlier=OutlierConfig(consecutive_connect_failures=2, consecutive_5xx=2))

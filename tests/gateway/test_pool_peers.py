@@ -13,15 +13,16 @@ import random
 from gateway import router
 from gateway.pool import Pool
 from gateway.upstream import AdminState, Health, Upstream
+from tests.support.clock import FakeClock
 
-from .test_pool import Clock, Recorder, make_pool, routing
+from .test_pool import Recorder, make_pool, routing
 
 PEER = 4242
 
 
 def mirror_of(pool: Pool, proposals: list[tuple[str, str, str]] | None = None) -> Pool:
     mirror = Pool(
-        clock=Clock(),
+        clock=FakeClock(100.0),
         rng=random.Random(0),
         propose_ejection=(lambda *p: proposals.append(p)) if proposals is not None else None,
     )
@@ -48,7 +49,7 @@ def test_versions_grow_across_services_and_a_service_set_again():
 
 def test_a_mirror_serves_what_it_installed_and_hears_the_changes():
     pool = make_pool("a", "b")
-    mirror = Pool(clock=Clock(), rng=random.Random(0))
+    mirror = Pool(clock=FakeClock(100.0), rng=random.Random(0))
     recorder = Recorder(mirror)
     sync(pool, mirror)
     assert mirror.service("svc").snapshot == pool.service("svc").snapshot

@@ -7,7 +7,6 @@ sleeps."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -19,7 +18,7 @@ from gateway.proxy.upstream_connection import UpstreamConnection
 from gateway.wire.batch import WriteBatch
 from gateway.wire.splice import Buffers
 
-from .fakeloop import FakeLoop, running
+from .fakeloop import FakeLoop
 
 GET = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -62,13 +61,6 @@ class Waiter:
 
     def failed(self, conn: UpstreamConnection, error: GatewayError) -> None:
         self.errors.append(error)
-
-
-@pytest.fixture
-def loop() -> Iterator[FakeLoop]:
-    fake = FakeLoop()
-    with running(fake):
-        yield fake
 
 
 def connect() -> tuple[UpstreamConnection, Transport]:
