@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.support.eventually import eventually
+from tests.support.eventually import GiveUp, eventually, eventually_blocking
 
 
 async def test_returns_the_first_truthy_value_of_a_check_or_of_what_it_awaits() -> None:
@@ -59,3 +59,22 @@ async def test_with_changed_it_checks_again_at_each_signal_not_on_a_timer() -> N
     assert await eventually(check, what="three signals", changed=changed, timeout=5)
     await task
     assert checks <= 4  # once, then once per signal
+
+
+async def test_a_check_that_gives_up_ends_the_wait_at_once() -> None:
+    def exited() -> bool:
+        raise GiveUp("the process exited")
+
+    started = time.monotonic()
+    with pytest.raises(GiveUp, match="the process exited"):
+        await eventually(exited, timeout=5)
+    with pytest.raises(GiveUp, match="the process exited"):
+        eventually_blocking(exited, timeout=5)
+    assert time.monotonic() - started < 1
+
+
+def test_the_blocking_form_returns_the_first_truthy_value_or_fails_the_same() -> None:
+    values = iter([0, None, "x"])
+    assert eventually_blocking(lambda: next(values), every=0) == "x"
+    with pytest.raises(AssertionError, match="waiting for the member; last: False"):
+        eventually_blocking(lambda: False, what="the member", timeout=0.05, every=0.01)

@@ -31,7 +31,7 @@ import yaml
 from controller.backends.procfs import leaders_writing_to
 from tests.e2e.conftest import gateway_process
 from tests.support.etcd_cluster import EtcdCluster
-from tests.support.eventually import eventually
+from tests.support.eventually import GiveUp, eventually
 from tests.support.ports import free_port
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
@@ -140,7 +140,7 @@ class Nodes:
 
     def _ready(self, node: Node) -> bool:
         if node.process is not None and node.process.returncode is not None:
-            raise AssertionError(f"{node.name} exited: {node.log[-3000:]}")
+            raise GiveUp(f"{node.name} exited: {node.log[-3000:]}")
         try:
             with urllib.request.urlopen(node.admin + "/readyz", timeout=1) as answer:
                 return bool(answer.status == 200)

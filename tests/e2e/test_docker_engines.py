@@ -36,7 +36,7 @@ import pytest
 from controller.backends.docker import EngineClient, EngineError, EngineTls, EngineUnreachable
 from tests.controller.test_backend_docker import ENGINE, IMAGE, engine_or_skip, remove_labelled
 from tests.needs import missing
-from tests.support.eventually import eventually
+from tests.support.eventually import GiveUp, eventually, eventually_blocking
 from tests.support.ports import free_port as _free_port
 
 from .conftest import Gateways, Load
@@ -137,11 +137,14 @@ class Engine:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + START_WAIT
-        while not _ping(self.socket):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the second dockerd did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.1)
+        process = self.process
+
+        def answering() -> bool:
+            if process.poll() is not None:
+                raise GiveUp(f"the second dockerd exited: {log.read_text()[-2000:]}")
+            return _ping(self.socket)
+
+        eventually_blocking(answering, timeout=START_WAIT, every=0.1, what="the second dockerd")
 
     def signal(self, signum: signal.Signals) -> None:
         assert self.process is not None

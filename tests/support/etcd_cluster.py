@@ -18,12 +18,12 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.needs import missing
+from tests.support.eventually import GiveUp, eventually_blocking
 from tests.support.ports import free_port
 
 
@@ -145,7 +145,7 @@ class EtcdCluster:
             try:
                 self.wait_healthy(timeout)
                 return self
-            except RuntimeError as e:
+            except GiveUp as e:
                 if "address already in use" not in str(e) or attempt == 2:
                     raise
                 self.close()
@@ -177,20 +177,21 @@ class EtcdCluster:
         return total
 
     def wait_healthy(self, timeout: float = 20.0, indexes: list[int] | None = None) -> None:
+        """Until each member (of ``indexes``) answers ``/health``; one that exited fails the
+        wait at once (``GiveUp``, with the end of its log)."""
         wanted = list(range(len(self.members))) if indexes is None else indexes
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def healthy() -> bool:
             missing = [i for i in wanted if not self.healthy(i)]
-            if not missing:
-                return
             for i in missing:
                 process = self.members[i].process
                 if process is not None and process.poll() is not None:
                     log = self.members[i].log_path.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"etcd member {i} exited: {log}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"etcd members {missing} not healthy after {timeout} s")
-            time.sleep(0.05)
+                    raise GiveUp(f"etcd member {i} exited: {log}")
+            assert not missing, f"etcd members {missing} not healthy"
+            return True
+
+        eventually_blocking(healthy, timeout=timeout, what="the etcd members healthy")
 
     def kill_member(self, index: int) -> None:
         """SIGKILL one member; its data stays, so ``start_member`` brings it back."""

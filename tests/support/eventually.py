@@ -6,6 +6,10 @@ file or the kernel can tell (a port answering, a pid gone, a key written by etcd
 again every ``every`` seconds. ``timeout`` bounds a hang and is never a pace: a passing test
 does not wait for it. It is measured on the monotonic clock, not the loop's, so a test on a
 fake loop clock still fails in real seconds.
+
+A check that finds waiting longer cannot help (the process it waits for exited) raises
+``GiveUp``: the wait fails at once with it. ``eventually_blocking`` is the same wait for code
+that cannot await (a synchronous fixture starting an engine or etcd).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+class GiveUp(Exception):
+    """Raised by a check when waiting longer cannot help; ``eventually`` lets it through."""
+
+
 async def eventually(
     check: Callable[[], T | Awaitable[T]],
     *,
@@ -30,30 +38,25 @@ async def eventually(
     """The first truthy value of ``check()`` (awaited if it returns an awaitable).
 
     Between checks it awaits ``changed()`` if given (a signal of the code under test), else
-    sleeps ``every`` seconds. A check that raises counts as false. After ``timeout`` seconds it
-    fails with ``what`` (by default the check's source), the last value, and the last
-    exception as the cause.
+    sleeps ``every`` seconds. A check that raises counts as false, but for ``GiveUp``, which
+    ends the wait. After ``timeout`` seconds it fails with ``what`` (by default the check's
+    source), the last value, and the last exception as the cause.
     """
-    deadline = time.monotonic() + timeout
-    last: object = None
-    error: BaseException | None = None
+    wait = _Wait(check, what, timeout)
     while True:
         try:
             value = check()
             if inspect.isawaitable(value):
                 value = await value
+        except GiveUp:
+            raise
         except Exception as e:  # not yet: e.g. a connection refused until the port listens
-            last, error = None, e
+            wait.failed(e)
         else:
             if value:
                 return value  # type: ignore[return-value]
-            last, error = value, None
-        left = deadline - time.monotonic()
-        if left <= 0:
-            because = f"; last error: {error!r}" if error is not None else f"; last: {last!r}"
-            waited = what or _source(check)
-            message = f"timed out after {timeout:g}s waiting for {waited}{because}"
-            raise AssertionError(message) from error
+            wait.was(value)
+        left = wait.left()
         if changed is None:
             await asyncio.sleep(min(every, left))
         else:
@@ -62,6 +65,55 @@ async def eventually(
                     await changed()
             except TimeoutError:
                 pass  # checked once more, then failed
+
+
+def eventually_blocking(
+    check: Callable[[], T], *, what: str | None = None, timeout: float = 10.0, every: float = 0.05
+) -> T:
+    """``eventually`` for code that cannot await: the same checks and failure, blocking for
+    ``every`` seconds between them (nothing else runs on the thread meanwhile)."""
+    wait = _Wait(check, what, timeout)
+    while True:
+        try:
+            value = check()
+        except GiveUp:
+            raise
+        except Exception as e:
+            wait.failed(e)
+        else:
+            if value:
+                return value
+            wait.was(value)
+        time.sleep(min(every, wait.left()))
+
+
+class _Wait:
+    """The deadline of one wait and what its last check saw."""
+
+    def __init__(self, check: Callable[..., object], what: str | None, timeout: float) -> None:
+        self.check = check
+        self.what = what
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.last: object = None
+        self.error: BaseException | None = None
+
+    def was(self, value: object) -> None:
+        self.last, self.error = value, None
+
+    def failed(self, error: BaseException) -> None:
+        self.last, self.error = None, error
+
+    def left(self) -> float:
+        """Seconds left; past the deadline, the failure."""
+        left = self.deadline - time.monotonic()
+        if left > 0:
+            return left
+        error = self.error
+        because = f"; last error: {error!r}" if error is not None else f"; last: {self.last!r}"
+        waited = self.what or _source(self.check)
+        message = f"timed out after {self.timeout:g}s waiting for {waited}{because}"
+        raise AssertionError(message) from error
 
 
 def _source(check: Callable[..., object]) -> str:
