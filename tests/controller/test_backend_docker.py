@@ -129,18 +129,14 @@ def launch(rid: str, service: str = "web", image: str = IMAGE, **template: objec
 
 
 async def answer(host: str, port: int, timeout: float = 10.0) -> str:
-    """The replica's answer to GET /, retried until it listens."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    """The status of the replica's answer to GET /, once it listens."""
     async with aiohttp.ClientSession() as session:
-        while True:
-            try:
-                async with session.get(f"http://{host}:{port}/") as response:
-                    return f"{response.status}"
-            except aiohttp.ClientError:
-                if loop.time() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+
+        async def get() -> str:
+            async with session.get(f"http://{host}:{port}/") as response:
+                return f"{response.status}"
+
+        return await eventually(get, timeout=timeout, every=0.05, what=f"{host}:{port} listening")
 
 
 async def test_start_serves_on_loopback_then_stop_reports_and_removes(harness: Harness) -> None:
@@ -185,12 +181,10 @@ async def test_logs_of_a_running_container_come_from_the_engine(harness: Harness
     backend = harness.backend()
     await backend.start(launch("talk", commands=["echo one; echo two", SERVER]))
     # The admin API calls logs() off the loop, as here.
-    for _ in range(100):
-        lines = await asyncio.to_thread(backend.logs, "talk", 10)
-        if lines[:2] == ["one", "two"]:
-            break
-        await asyncio.sleep(0.05)
-    assert lines[:2] == ["one", "two"]
+    await eventually(
+        lambda: asyncio.to_thread(lambda: backend.logs("talk", 10)[:2] == ["one", "two"]),
+        what="the container's first two lines",
+    )
     await backend.stop("talk", 1.0)
 
 
@@ -260,11 +254,11 @@ async def test_an_orphan_is_removed_after_the_grace_an_adopted_or_foreign_one_is
         assert second.adopt(launch("kept"), kept.handle) is not None
         mine = {"gateway.instance": harness.instance}
         assert await running_ids(mine) == {kept.handle["container"], created["orphan"]}
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 15
-        while created["orphan"] in {c["Id"] for c in await client.containers(mine)}:
-            assert loop.time() < deadline, "the orphan was not removed"
-            await asyncio.sleep(0.1)
+
+        async def orphan_removed() -> bool:
+            return created["orphan"] not in {c["Id"] for c in await client.containers(mine)}
+
+        await eventually(orphan_removed, timeout=15, every=0.1, what="the orphan removed")
         assert await running_ids(mine) == {kept.handle["container"]}
         assert await running_ids({"gateway.instance": foreign}) == {created["foreign"]}
         assert not harness.exit_of("kept").done()
@@ -305,18 +299,14 @@ async def test_a_replica_asking_for_gpus_has_no_room_on_hosts_without(harness: H
 
 
 async def fetch(host: str, port: int, path: str, timeout: float = 10.0) -> str:
-    """The replica's body for GET ``path``, retried until it listens."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    """The replica's body for GET ``path``, once it listens."""
     async with aiohttp.ClientSession() as session:
-        while True:
-            try:
-                async with session.get(f"http://{host}:{port}{path}") as response:
-                    return await response.text()
-            except aiohttp.ClientError:
-                if loop.time() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+
+        async def get() -> str:
+            async with session.get(f"http://{host}:{port}{path}") as response:
+                return await response.text()
+
+        return await eventually(get, timeout=timeout, every=0.05, what=f"{host}:{port} listening")
 
 
 async def test_volumes_a_named_one_outlives_its_replica_a_host_path_read_only(
@@ -985,13 +975,13 @@ async def sshd(tmp_path: Path) -> AsyncIterator[Sshd]:
             stderr=log,
         )  # fmt: skip
     try:
-        for _ in range(100):
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
+
+        async def listening() -> bool:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return True
+
+        await eventually(listening, timeout=5, every=0.05, what="sshd listening")
         options = SshOptions(
             str(keys / "client_key"), str(keys / "known_hosts"), ENGINE.removeprefix("unix://")
         )

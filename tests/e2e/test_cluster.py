@@ -149,12 +149,13 @@ async def unloaded(loads: list[Load]) -> None:
 async def write_when_led(nodes: Nodes, method: str, path: str, body: Any) -> tuple[int, Any]:
     """An admin write, retried while it is answered 503 (a node taking the lead, as a client
     that honours Retry-After would), for at most 10 s."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    async def written() -> tuple[int, Any]:
         status, answer = await nodes.api(method, path, body)
-        if status != 503 or time.monotonic() > deadline:
-            return status, answer
-        await asyncio.sleep(0.5)
+        assert status != 503, answer  # not applied: tried again
+        return status, answer
+
+    return await eventually(written, every=0.5, what=f"{method} {path} answered, not 503")
 
 
 async def new_leader(nodes: Nodes, old: Any, limit: float) -> tuple[Any, float]:

@@ -448,15 +448,15 @@ async def test_a_rolling_update_over_two_engines_costs_no_request(
     )
     client = EngineClient(second_engine.tcp, second_engine.tls)
     try:
-        deadline = time.monotonic() + 10
-        while True:
+
+        async def listed() -> bool:
             on_b = sorted(c["Id"] for c in await client.containers({"gateway.instance": instance}))
-            if on_b == expected or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.1)
+            assert on_b == expected  # the last list is in the failure
+            return True
+
+        await eventually(listed, every=0.1, what="the second engine's containers as placed")
     finally:
         await client.close()
-    assert on_b == expected
 
 
 async def test_the_second_engine_stopped_and_started_again(
@@ -600,13 +600,15 @@ async def test_apply_following_prints_the_pull_progress_the_backend_reports(
         try:
             # The stream is open once a line said before the pull comes through.
             assert backend.pull_listeners, "nothing hears the backend's pulls"
-            for _ in range(100):
+
+            def heard() -> bool:
+                if said:  # the last line sent had its 50 ms to come through
+                    return True
                 for listener in backend.pull_listeners:
                     listener("web", "pulling ready")
-                await asyncio.sleep(0.05)
-                if said:
-                    break
-            assert said, "the follower heard no pull line"
+                return False
+
+            await eventually(heard, timeout=5, every=0.05, what="a pull line the follower heard")
             said.clear()
             gw.controller.journal.record("web", "service_updated", "not a pull line")
             for listener in backend.pull_listeners:

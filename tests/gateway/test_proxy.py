@@ -14,6 +14,7 @@ from yarl import URL
 
 from gateway.config import LimitsConfig, RetriesConfig, TimeoutsConfig
 from gateway.upstream import Health
+from tests.support.eventually import eventually
 
 from .conftest import add, raw_request, routing, url
 
@@ -130,9 +131,9 @@ async def test_queue_timeout_waits_for_an_upstream_to_become_routable(
     gw = await gateway()
 
     request = asyncio.create_task(get_json(client, gw))
-    async with asyncio.timeout(2):
-        while not sp._routable_waiters:  # the request waits in ``wait_routable``
-            await asyncio.sleep(0.005)
+    await eventually(
+        lambda: sp._routable_waiters, timeout=2, every=0.005, what="the request in wait_routable"
+    )
     assert not request.done()
     pool.set_health("web", "u1", Health.HEALTHY)
     status, body, _ = await request

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -17,6 +17,7 @@ import uvloop
 from gateway.config import ListenerLimits
 from gateway.proxy.client import ClientConnection, ConnectionGate
 from gateway.proxy.streams import ResponseStream
+from tests.support.eventually import eventually
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -105,14 +106,10 @@ def test_relayed_chunks_reach_the_client_in_order_through_a_full_socket(new_loop
             # transport (the loop has not run since) still holds the rest: a relay now goes
             # after the rest all the same.
             got = b""
-            quiet = 0
-            while quiet < 20:
-                try:
-                    got += peer.recv(65536)
-                    quiet = 0
-                except BlockingIOError:
-                    quiet += 1
-                    time.sleep(0.005)
+            while select.select([peer], [], [], 0.1)[0]:  # blocking: the loop must not run
+                data = peer.recv(65536)
+                assert data, "the gateway closed the connection"
+                got += data
             assert got
             assert transport.get_write_buffer_size() > 0
             chunks.append(chunk(300))
@@ -121,10 +118,12 @@ def test_relayed_chunks_reach_the_client_in_order_through_a_full_socket(new_loop
             sent = HEAD + b"".join(chunks)
             received = got + await receive(peer, len(sent) - len(got))
             assert differ_at(received, sent) is None
-            for _ in range(100):  # the transport's last write is done once it holds nothing
-                if not transport.get_write_buffer_size():
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(
+                lambda: not transport.get_write_buffer_size(),
+                timeout=1,
+                every=0.01,
+                what="the transport's last write done (it holds nothing)",
+            )
 
             stream.relay(chunks[1], 1000)  # the transport holds nothing: to the socket again
             assert stream.direct is transport

@@ -124,12 +124,16 @@ async def test_a_clienthello_trickled_a_byte_at_a_time_is_cut_off_and_costs_noth
             writer.close()
         return time.perf_counter() - started
 
+    gate = server._gate
+    assert gate is not None
     grew = []
     for wave in (1, 2, 3):
         gc.collect()
         before = rss()
         attacks = [asyncio.create_task(trickle()) for _ in range(attackers)]
-        await asyncio.sleep(0.2)
+        await eventually(
+            lambda: gate.open == attackers, what=f"the {attackers} attackers counted by the gate"
+        )
         # One slot is left: a client is served while the 100 hold theirs.
         during = [await served(port, context) for _ in range(5)]
         lasted = await asyncio.gather(*attacks)
@@ -364,11 +368,13 @@ def test_a_connection_closed_before_its_first_byte_is_counted_not_an_error_under
                 # Blocking, on purpose: the kernel completes the connection from its backlog
                 # and the FIN arrives before the gateway's loop accepts it.
                 socket.create_connection(("127.0.0.1", server.tls_ports[0])).close()
-                await asyncio.sleep(0.01)
-            for _ in range(100):  # the closes reach the gateway: a bound, not a pace
-                if sum(server.tls.tally.failed.values()) + len(errors) >= 20:
-                    break
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # clients one after another, not one burst
+            await eventually(
+                lambda: sum(server.tls.tally.failed.values()) + len(errors) >= 20,
+                timeout=1,
+                every=0.01,
+                what="the 20 closes to reach the gateway",
+            )
             return dict(server.tls.tally.failed)
         finally:
             await server.stop()
