@@ -145,7 +145,7 @@ async def test_a_restart_reuses_the_stored_certificate_without_an_order(rig: Rig
     )
     # Its next step is the renewal, two months on; nothing was ordered.
     assert (of(second).next_order or 0) > rig.clock() + 50 * 86_400
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a window for an order it should not place
     assert rig.orderer.hosts == [HOST]
     assert second.orders == {"issued": 0, "renewed": 0, "failed": 0}
     assert rig.entries.empty()
@@ -189,7 +189,7 @@ async def test_failures_are_retried_with_backoff_and_reported(rig: Rig) -> None:
         delays.append(delay)
         # Not retried before its time: a wake just short of it orders nothing.
         await rig.advance(manager, delay - 1)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a window for an early retry
         assert len(rig.orderer.hosts) == n
         await rig.advance(manager, 1)
     assert (await rig.entry()).kind == "certificate_issued"
@@ -204,7 +204,7 @@ async def test_failures_are_retried_with_backoff_and_reported(rig: Rig) -> None:
 async def test_a_service_added_later_is_ordered_and_one_removed_is_forgotten(rig: Rig) -> None:
     rig.routes = []
     manager = await rig.manager()
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a window for a certificate it should not list
     assert manager.status() == []
     rig.routes = [("api", RouteConfig(hosts=("api.example.com",), tls="acme"))]
     rig.journal.record("api", "service_created", "created")

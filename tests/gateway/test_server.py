@@ -182,7 +182,7 @@ async def test_keepalive_timeout_closes_after_an_answer_the_gateway_gave_itself(
             if split:
                 writer.write(head[:10])
                 await writer.drain()
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # the rest in a read of its own
                 head = head[10:]
             writer.write(head)
             answer, _ = await read_response(reader)
