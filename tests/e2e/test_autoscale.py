@@ -91,6 +91,7 @@ async def at_zero(gw: Handle) -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_load_stepping_up_and_down_scales_0_to_n_to_0_with_no_failed_request(
     gateways: Gateways, tmp_path: Path, workers: int

@@ -58,6 +58,7 @@ def share(outcomes: list[Any], body: str) -> tuple[float, int]:
     return sum(1 for o in outcomes if o.body == body) / n, n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_canary_weights_hold_at_each_step_then_it_completes(
     gateways: Gateways, workers: int

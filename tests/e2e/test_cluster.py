@@ -28,6 +28,8 @@ from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventually import eventually
 from tests.support.strays import reap, spawn_stray
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Nodes]:

@@ -27,6 +27,8 @@ from tests.e2e.test_cluster import leader_and_others, metrics_text
 from tests.e2e.test_cluster_workers import replica_ports
 from tests.support.eventually import eventually
 
+pytestmark = pytest.mark.slow
+
 ECHO = Path(__file__).with_name("echo_replica.py")
 SAMPLE_INTERVAL = 1.0
 """The leader's autoscaler samples every second (``reconciler.SAMPLE_INTERVAL``)."""

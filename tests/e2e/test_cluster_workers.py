@@ -27,6 +27,8 @@ from tests.e2e.conftest import PROBE, ROLLOUT
 from tests.e2e.test_cluster import leader_and_others, loaded, no_failures, unloaded
 from tests.support.eventually import eventually
 
+pytestmark = pytest.mark.slow
+
 ECHO = Path(__file__).with_name("echo_replica.py")
 SLOW = 6.0
 """Seconds the slow request is held by its replica."""

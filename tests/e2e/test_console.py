@@ -276,6 +276,7 @@ async def test_the_page_lists_the_services_and_follows_a_failing_replica_without
     assert not await page.errors()
 
 
+@pytest.mark.slow
 async def test_a_canary_moves_on_the_page_and_promote_and_scale_do_what_the_cli_does(
     gateways: Gateways, page_for: Any
 ) -> None:

@@ -55,7 +55,7 @@ RUN = "gateway.test.image"
 
 # The image build (minutes: see the module docstring) ends in the setup of the first test that
 # uses it.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

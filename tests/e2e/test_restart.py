@@ -249,6 +249,7 @@ def _held(db: Path, weight: int) -> Any:
     return active[0] if held else None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 async def test_a_canary_goes_on_at_its_weight_after_the_gateway_process_ends(
     gateways: Gateways, tmp_path: Path, signum: signal.Signals

@@ -253,6 +253,7 @@ sent: schemathesis would otherwise mask fields named like secrets (auth, cookie,
 masked body cannot be replayed."""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # about 20 s alone; the whole suite on two cores is slower
 def test_the_api_fuzzed_from_its_own_openapi_document(admin_in_thread):
     from schemathesis.config import SchemathesisConfig
