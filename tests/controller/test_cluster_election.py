@@ -20,6 +20,7 @@ from controller.cluster.lease import LeaseEvent, LeaseKeeper
 from controller.errors import Deposed
 from controller.etcd import EtcdClient, Put, TxnResult
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.eventually import eventually
 
 TTL = 2
 MARGIN = 0.2  # default_margin(TTL)
@@ -102,8 +103,12 @@ async def test_the_leader_renews_its_record_and_nobody_takes_over(node: NodeFact
     renewals = leader.election.renewals
     started = time.monotonic()
     # Four renewals take 4 s: longer than a follower waits (TTL + margin) for a silent record.
-    while leader.election.renewals < renewals + 4:
-        await asyncio.wait_for(leader.election._changed.wait(), ttl)
+    await eventually(
+        lambda: leader.election.renewals >= renewals + 4,
+        changed=lambda: leader.election._changed.wait(),
+        timeout=4 * ttl,
+        what="four renewals",
+    )
     assert time.monotonic() - started > ttl + 0.3
     assert leader.election.term == term
     assert [n.election.leading for n in nodes].count(True) == 1
@@ -121,8 +126,12 @@ async def test_a_renewal_lost_in_etcd_is_sent_again_and_the_term_goes_on(node: N
     n = await node("n0", timeout=2.0)
     await asyncio.wait_for(n.election.elected(), 5)
     renewals = n.election.renewals
-    while n.election.renewals == renewals:  # just renewed: the next renewal is TTL/3 away
-        await asyncio.wait_for(n.election._changed.wait(), TTL)
+    await eventually(  # just renewed: the next renewal is TTL/3 away
+        lambda: n.election.renewals != renewals,
+        changed=lambda: n.election._changed.wait(),
+        timeout=TTL,
+        what="a renewal",
+    )
     lost = 2
     send = n.client._send
 
@@ -137,8 +146,12 @@ async def test_a_renewal_lost_in_etcd_is_sent_again_and_the_term_goes_on(node: N
 
     n.client._send = losing  # type: ignore[method-assign]
     renewals = n.election.renewals
-    while n.election.renewals < renewals + 2:
-        await asyncio.wait_for(n.election._changed.wait(), 3 * TTL)
+    await eventually(
+        lambda: n.election.renewals >= renewals + 2,
+        changed=lambda: n.election._changed.wait(),
+        timeout=6 * TTL,
+        what="two renewals past the lost requests",
+    )
     assert lost == 0
     assert n.transitions == [Transition(True, n.transitions[0].at, "won the campaign")]
     assert n.election.leading
@@ -210,7 +223,12 @@ async def test_a_stopped_leader_whose_lease_is_kept_alive_is_replaced_and_then_f
         released.set()
         result = await old.client.txn(fence, [Put(b"/election/write", b"old")])
         assert not result.succeeded
-        await asyncio.wait_for(until_leader(old, "n1"), 5)
+        await eventually(
+            lambda: old.election.leader == "n1",
+            changed=lambda: old.election._changed.wait(),
+            timeout=5,
+            what="n1 leading, as n0 sees",
+        )
         assert not old.election.leading
         with pytest.raises(Deposed):
             old.election.fence()
@@ -226,11 +244,6 @@ async def keep_alive(client: EtcdClient, lease: int) -> None:
     while True:
         await client.keepalive(lease)
         await asyncio.sleep(TTL / 4)
-
-
-async def until_leader(n: Node, name: str) -> None:
-    while n.election.leader != name:
-        await n.election._changed.wait()
 
 
 async def test_a_lost_lease_neither_ends_the_term_nor_hands_over(node: NodeFactory) -> None:

@@ -26,6 +26,7 @@ from controller.operations import Controller
 from controller.store.etcd import EtcdStore
 from gateway import Pool
 from tests.support.etcd_cluster import EtcdCluster
+from tests.support.eventually import eventually
 
 _prefixes = itertools.count()
 NodeFactory = Callable[[str], Awaitable[ClusterNode]]
@@ -71,21 +72,14 @@ async def make_node(cluster: EtcdCluster) -> AsyncIterator[NodeFactory]:
         await node.client.close()
 
 
-async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``check`` until it holds; after ``timeout`` seconds, fail saying ``what``."""
-    try:
-        async with asyncio.timeout(timeout):
-            while not check():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"after {timeout} s: {what}") from None
+def leads(node: ClusterNode) -> Callable[[], bool]:
+    """For ``eventually``: whether ``node`` leads (its election in the failure if not)."""
 
+    def check() -> bool:
+        assert node.leading(), f"the node does not lead: {node.election}"
+        return True
 
-async def until_leading(node: ClusterNode, timeout: float) -> None:
-    try:
-        await until(node.leading, timeout, "")
-    except AssertionError:
-        raise AssertionError(f"after {timeout} s the node does not lead: {node.election}") from None
+    return check
 
 
 @dataclass
@@ -127,9 +121,9 @@ async def test_a_start_that_hangs_is_bounded_undone_and_begun_again(
     hang_first_loads(node, 1)
     node._start_bound = lambda: 1.0  # type: ignore[method-assign]
     await node.start()
-    await until(lambda: bool(took_the_lead_failed(caplog)), 10, "no failed start logged")
+    await eventually(lambda: took_the_lead_failed(caplog), what="a failed start logged")
     assert "its start took longer than 1 s" in took_the_lead_failed(caplog)[0]
-    await until_leading(node, 10)
+    await eventually(leads(node), what="the node leading")
     assert node.terms == 2
     assert node.backend is not None
     assert node.publisher is not None
@@ -153,14 +147,14 @@ async def test_a_start_that_hangs_ends_with_its_term_and_the_node_follows(
     # Another node takes over while the start waits: the start is cancelled and undone.
     other = Record("n2", 1, 2.0, 1)
     await node.client.put(leader_key(node.prefix), other.encode())
-    await until(lambda: bool(took_the_lead_failed(caplog)), 5, "no failed start logged")
+    await eventually(lambda: took_the_lead_failed(caplog), timeout=5, what="a failed start logged")
     assert "the term ended as it began (n2 leads)" in took_the_lead_failed(caplog)[0]
-    await until(lambda: bool(node.follower._tasks), 5, "the node does not follow")
+    await eventually(lambda: node.follower._tasks, timeout=5, what="the node following")
     assert node.role == "follower"
     assert node.backend is None
     assert node.peers._task is None
     assert not node._in_term
     # n2's record goes silent: the node takes over and, its loads answered, leads.
     hang.release.set()
-    await until_leading(node, 15)
+    await eventually(leads(node), timeout=15, what="the node leading")
     assert node.publisher is not None
