@@ -266,10 +266,10 @@ class Nodes:
 
 
 @contextlib.asynccontextmanager
-async def started(base: Path, **options: Any) -> AsyncIterator[Nodes]:
-    """Three etcd members and three nodes (``options`` for ``Nodes``) under ``base``, started;
-    closed on the way out, replicas and all."""
-    etcd = EtcdCluster(base / "etcd", 3).start()
+async def started(base: Path, members: int = 3, **options: Any) -> AsyncIterator[Nodes]:
+    """``members`` etcd members and three nodes (``options`` for ``Nodes``) under ``base``,
+    started; closed on the way out, replicas and all."""
+    etcd = EtcdCluster(base / "etcd", members).start()
     cluster = Nodes(base / "nodes", etcd, **options)
     try:
         await cluster.start_all()

@@ -29,7 +29,7 @@ import pytest
 from controller.backends.docker import EngineClient
 from controller.etcd import EtcdClient
 from tests.controller.test_backend_docker import ENGINE, engine_or_skip, remove_labelled
-from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Node, Nodes
+from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Node, Nodes, started
 from tests.e2e.conftest import PROBE, ROLLOUT, Load, children
 from tests.e2e.test_cluster import leader_and_others, write_when_led
 from tests.e2e.test_cluster_workers import replica_ports
@@ -39,7 +39,6 @@ from tests.e2e.test_docker_engines import (  # the module's second engine, a fix
     remove_labelled_on,
     second_engine,  # noqa: F401
 )
-from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventually import eventually
 
 pytestmark = pytest.mark.timeout(600)
@@ -60,18 +59,16 @@ def engines(second: Engine, capacity: int = 4) -> dict[str, Any]:
 @pytest.fixture
 async def nodes(tmp_path: Path, second_engine: Engine) -> AsyncIterator[Nodes]:  # noqa: F811
     await engine_or_skip()
-    etcd = EtcdCluster(tmp_path / "etcd", 3).start()
-    cluster = Nodes(tmp_path / "nodes", etcd, ports=replica_ports(), docker=engines(second_engine))
     instance = None
     try:
-        await cluster.start_all()
-        yield cluster
+        async with started(
+            tmp_path, ports=replica_ports(), docker=engines(second_engine)
+        ) as cluster:
+            try:
+                yield cluster
+            finally:
+                instance = await cluster_id(cluster)
     finally:
-        try:
-            instance = await cluster_id(cluster)
-        finally:
-            await cluster.close()
-            etcd.close()
         if instance is not None:  # the nodes leave the containers: removed by their label
             await remove_labelled(instance)
             if second_engine.process is not None and second_engine.process.poll() is None:

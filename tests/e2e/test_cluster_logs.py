@@ -17,23 +17,16 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster_nodes import SERVER, Node, Nodes
+from tests.e2e.cluster_nodes import SERVER, Node, Nodes, started
 from tests.e2e.conftest import PROBE, ROLLOUT, ROOT
-from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventually import eventually
 
 
 @pytest.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
-    etcd = EtcdCluster(tmp_path / "etcd", 1).start()
     # Replica ports apart from the other cluster tests' (see test_cluster_workers.py).
-    cluster = Nodes(tmp_path / "nodes", etcd, ports=25000 + random.randrange(12) * 600)
-    try:
-        await cluster.start_all()
+    async with started(tmp_path, 1, ports=25000 + random.randrange(12) * 600) as cluster:
         yield cluster
-    finally:
-        await cluster.close()
-        etcd.close()
 
 
 def service(name: str, commands: list[str], replicas: int) -> dict[str, Any]:
