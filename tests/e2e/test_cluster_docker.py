@@ -41,7 +41,7 @@ from tests.e2e.test_docker_engines import (  # the module's second engine, a fix
 )
 from tests.support.eventually import eventually
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def engines(second: Engine, capacity: int = 4) -> dict[str, Any]:

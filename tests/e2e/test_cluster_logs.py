@@ -21,6 +21,8 @@ from tests.e2e.cluster_nodes import SERVER, Node, Nodes, started
 from tests.e2e.conftest import PROBE, ROLLOUT, ROOT
 from tests.support.eventually import eventually
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
