@@ -3,8 +3,8 @@
 
     python3 dev.py serve [gateway args...]   run the gateway on configs/gateway.yaml
     python3 dev.py test  [pytest args...]    lint, type-check, check the import layering and run
-                                             the test suite but its slow tier (``--all``: with
-                                             it, as .ci/run does)
+                                             the test suite but its slow tier (``--slow``: that
+                                             tier alone, as .ci/run runs it after; ``--all``: both)
                                              (compiled; then tests/gateway on pure Python)
     python3 dev.py cluster                   a three-node cluster on this machine: three etcd
                                              members and three gateways (configs/cluster/)
@@ -357,15 +357,17 @@ def main() -> int:
         # is (skipped when pytest arguments pick what to run).
         pytest = [str(BIN / "python"), "-m", "pytest"]
         # The suite names its slowest tests: without its slow tier (tests marked ``slow``) it
-        # is to stay under 6 minutes on 2 cores; ``--all`` runs that tier too.
-        everything = rest[:1] == ["--all"]
-        rest = rest[1:] if everything else rest
-        picked = rest or ["--durations=20", *([] if everything else ["-m", "not slow"])]
+        # is to stay under 6 minutes on 2 cores; ``--slow`` runs that tier alone (.ci/run runs
+        # it after the suite), ``--all`` both.
+        tier = rest[0] if rest[:1] in (["--all"], ["--slow"]) else None
+        rest = rest[1:] if tier else rest
+        marker = {None: ["-m", "not slow"], "--all": [], "--slow": ["-m", "slow"]}[tier]
+        picked = rest or ["--durations=20", *marker]
         if not ensure_native():
             return run([*pytest, *picked], env=native_env("0"))
         if code := run([*pytest, *picked], env=native_env("1")):
             return code
-        if rest:
+        if rest or tier == "--slow":
             return 0
         print("dev.py: the data plane's tests again, on its pure Python modules", file=sys.stderr)
         return run([*pytest, "tests/gateway"], env=native_env("0"))
