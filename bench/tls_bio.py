@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gateway import native
 
 native.use()  # the compiled modules if built, as the gateway runs them
-from gateway.proxy.client import ConnectionGate  # noqa: E402
+from gateway.proxy.http1_downstream import ConnectionGate  # noqa: E402
 from gateway.tls.context import server_context  # noqa: E402
 from gateway.tls.handshake import HandshakeTally  # noqa: E402
 from gateway.tls.transport import TlsConnection  # noqa: E402

@@ -16,8 +16,9 @@
         └── UpstreamTimeout     504  (also a TimeoutError) connect, read or total timeout
 
 Library exceptions (OSError, llhttp's) are translated into these once, where they happen
-(``proxy.connector``, ``proxy.client``). An error of an attempt also says what kind of failure it
-was (``kind``), which decides whether a retry may help and what passive detection hears.
+(``proxy.connector``, ``proxy.http1_downstream``). An error of an attempt also says what kind
+of failure it was (``kind``), which decides whether a retry may help and what passive
+detection hears.
 """
 
 from __future__ import annotations
@@ -140,5 +141,6 @@ class UpstreamTimeout(UpstreamError, TimeoutError):
 class ClientGone(ConnectionError):
     """The client closed its connection before its request body was complete.
 
-    (Here, not in ``proxy.client``: this module stays pure Python, as mypyc cannot compile a
-    subclass of a built-in exception such as ``ConnectionError``; see ``native.MODULES``.)"""
+    (Here, not in ``proxy.http1_downstream``: this module stays pure Python, as mypyc cannot
+    compile a subclass of a built-in exception such as ``ConnectionError``; see
+    ``native.MODULES``.)"""

@@ -1,6 +1,6 @@
 """The traffic listener: ``ClientConnection``s around ``Proxy.handle``, start-up and shutdown.
 
-The listener is a plain ``loop.create_server`` whose protocol is ``proxy.client``'s
+The listener is a plain ``loop.create_server`` whose protocol is ``proxy.http1_downstream``'s
 ``ClientConnection`` (llhttp parsing, limits, deadlines); each request runs ``Proxy.handle``.
 
 ``bind`` takes the addresses (listening sockets, held, not accepting yet) before ``start``
@@ -22,8 +22,8 @@ import socket
 
 from .config import ProxyConfig, parse_address
 from .listening import listen, listening_socket
-from .proxy.client import ClientConnection, ConnectionGate
 from .proxy.handler import Proxy
+from .proxy.http1_downstream import ClientConnection, ConnectionGate
 from .proxy.parking import Parking
 from .tls import Termination, tls_connections
 

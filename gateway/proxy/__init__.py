@@ -4,7 +4,7 @@
                          limit, time out, splice large bodies)
     limits, wheel        a listener's limits as it reads them; the deadlines of the
                          connections that wait for a request, in one timer's slots
-    client               ClientConnection: runs them in turn, writes the answers, closes
+    http1_downstream     ClientConnection: runs them in turn, writes the answers, closes
     parking              idle connections held out of the loop, their sockets alone, until
                          their clients send again
     request              a request as the client sent it: its head, its body, head rules
@@ -17,7 +17,7 @@
     streams              what both connection sides share: bodies between them, back-pressure
     websocket            the relay of an upgraded connection
 
-The client side (reader, client, request) and the upstream side (connector,
+The client side (reader, http1_downstream, request) and the upstream side (connector,
 upstream_connection) never import each other (``streams``).
 """
 

@@ -43,8 +43,8 @@ from ..service_pool import ServicePool
 from ..upstream import Upstream
 from ..wire import headers, http1
 from . import answers, messages, retry
-from .client import ClientConnection
 from .connector import Connector, ResponseHead, UpstreamConnection
+from .http1_downstream import ClientConnection
 from .request import IncomingRequest
 from .retry import RETRY_STATUSES, Failed
 from .streams import ResponseStream

@@ -49,9 +49,9 @@ from ..snapshot import Split
 from ..wire import http1
 from . import guard, messages, preview, sticky
 from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect
-from .client import ClientConnection
 from .connector import Connector, ResponseHead, UpstreamConnection
 from .exchange import Exchange, Forwarding
+from .http1_downstream import ClientConnection
 from .request import IncomingRequest
 from .retry import Failed
 from .routing import Routes, Unroutable, no_route, route

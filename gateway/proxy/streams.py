@@ -1,7 +1,7 @@
 """What the two sides of a proxied request share: bodies on their way between them.
 
-The client's side (``client``) and the upstream's (``connector``) never import each other;
-each sees the other only through the protocols here:
+The client's side (``http1_downstream``) and the upstream's (``connector``) never import each
+other; each sees the other only through the protocols here:
 
 - ``Producer``: the other side, paused while this one's socket buffer is over
   ``WRITE_HIGH_WATER`` (back-pressure, both ways);

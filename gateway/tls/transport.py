@@ -33,7 +33,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any, Final, cast
 
-from ..proxy.client import ClientConnection, ConnectionGate
+from ..proxy.http1_downstream import ClientConnection, ConnectionGate
 from .certificates import CertificateStore
 from .handshake import HandshakeTally, failure_reason
 

@@ -1,6 +1,6 @@
 """HTTP/1.1 on the wire: message heads, body framing and the gateway's own answers.
 
-The proxy speaks HTTP/1.1 on both legs over asyncio protocols (``proxy.client`` towards
+The proxy speaks HTTP/1.1 on both legs over asyncio protocols (``proxy.http1_downstream`` towards
 clients, ``proxy.connector`` towards upstreams), parsed by llhttp through ``httptools``. This module
 holds what both legs share: body framing and the serialisation of response heads, including
 whole answers the gateway makes itself (an error, a refusal). Header rules are ``headers``.

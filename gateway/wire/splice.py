@@ -3,7 +3,7 @@
 uvloop reads into a buffer of its own and copies each read into a new bytes object (up to
 256 KiB: a memcpy and a malloc per read). A protocol that is an ``asyncio.BufferedProtocol``
 names the buffer instead. While a large body framed by a Content-Length goes through (the
-raw-body bypasses of ``proxy.client`` and ``proxy.connector``), a leg's transport has a
+raw-body bypasses of ``proxy.http1_downstream`` and ``proxy.connector``), a leg's transport has a
 ``SplicedReads`` for protocol: each read goes into buffers of the body's own, and a
 memoryview of it is written to the other leg's transport as it is. The rest of the time the
 connection is a plain protocol again (``splice_reads``): for a small read uvloop's own copy
@@ -26,7 +26,8 @@ from typing import Final, Protocol, cast
 
 RAW_BODY_MIN: Final = 64 * 1024
 """Bodies framed by a Content-Length above this skip llhttp once their head is parsed, and
-are spliced (both sides: ``proxy.client`` for requests, ``proxy.connector`` for answers)."""
+are spliced (both sides: ``proxy.http1_downstream`` for requests, ``proxy.connector`` for
+answers)."""
 READ_SIZE: Final = 256 * 1024
 """The scratch buffer: bytes read at once outside a splice (uvloop's own is as large)."""
 SPLICE_SIZE: Final = 1024 * 1024

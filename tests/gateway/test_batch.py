@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from gateway.config import ListenerLimits
-from gateway.proxy.client import ClientConnection, ConnectionGate
 from gateway.proxy.connector import Connector
+from gateway.proxy.http1_downstream import ClientConnection, ConnectionGate
 from gateway.proxy.streams import ResponseStream
 from gateway.wire.batch import WriteBatch
 

@@ -12,8 +12,8 @@ import pytest
 
 from gateway.config import ListenerLimits
 from gateway.errors import UpstreamConnectError
-from gateway.proxy.client import ClientConnection, ConnectionGate
 from gateway.proxy.connector import Connector, UpstreamConnection
+from gateway.proxy.http1_downstream import ClientConnection, ConnectionGate
 from gateway.proxy.streams import ResponseStream
 from gateway.upstream import Upstream
 

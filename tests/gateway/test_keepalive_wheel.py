@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config import ListenerLimits
-from gateway.proxy.client import ClientConnection, ConnectionGate
+from gateway.proxy.http1_downstream import ClientConnection, ConnectionGate
 from gateway.proxy.wheel import WHEEL_SLOT, wheel_of
 
 from .fakeloop import FakeLoop, running

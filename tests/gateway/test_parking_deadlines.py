@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.config import ListenerLimits
-from gateway.proxy.client import ClientConnection, ConnectionGate
+from gateway.proxy.http1_downstream import ClientConnection, ConnectionGate
 from gateway.proxy.parking import Parking
 from gateway.proxy.wheel import WHEEL_SLOT
 

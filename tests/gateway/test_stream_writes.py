@@ -15,7 +15,7 @@ import pytest
 import uvloop
 
 from gateway.config import ListenerLimits
-from gateway.proxy.client import ClientConnection, ConnectionGate
+from gateway.proxy.http1_downstream import ClientConnection, ConnectionGate
 from gateway.proxy.streams import ResponseStream
 from tests.support.eventually import eventually
 
