@@ -1,10 +1,10 @@
 """The request path, from a client's socket to an upstream's and back.
 
-    reader               RequestReader: requests read off a client connection (parse,
-                         limit, time out, splice large bodies)
+    http1_downstream     ClientConnection: a client's connection over HTTP/1.1: reads its
+                         requests (parse, limit, time out, splice large bodies), runs
+                         them in turn, writes the answers, closes
     limits, wheel        a listener's limits as it reads them; the deadlines of the
                          connections that wait for a request, in one timer's slots
-    http1_downstream     ClientConnection: runs them in turn, writes the answers, closes
     parking              idle connections held out of the loop, their sockets alone, until
                          their clients send again
     request              a request as the client sent it: its head, its body, head rules
@@ -17,7 +17,7 @@
     streams              what both connection sides share: bodies between them, back-pressure
     websocket            the relay of an upgraded connection
 
-The client side (reader, http1_downstream, request) and the upstream side (connector,
+The client side (http1_downstream, request) and the upstream side (connector,
 upstream_connection) never import each other (``streams``).
 """
 

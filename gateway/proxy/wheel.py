@@ -3,7 +3,7 @@ a request (idle between requests, or for a new connection's first head) in coars
 one timer of the loop, instead of a timer each.
 
 Invariants: a connection is closed no earlier than its deadline and at most ``WHEEL_SLOT``
-after it; it is in at most one slot (``deadlines.ConnectionDeadlines._wheel_slot``).
+after it; it is in at most one slot (``ClientConnection._wheel_slot``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Final, Protocol
 
 
 class Deadlined(Protocol):
-    """A connection with a deadline in the wheel (``deadlines.ConnectionDeadlines``)."""
+    """A connection with a deadline in the wheel (``http1_downstream.ClientConnection``)."""
 
     def on_wheel(self) -> None:
         """Its slot came: it is out of the wheel now (close it, or put it back)."""
@@ -41,9 +41,9 @@ class Wheel:
     new connection).
 
     Lazy, like a connection's own timer: a connection stays in its slot when it becomes busy
-    or when its deadline moves later; when the slot comes, ``RequestReader.on_wheel`` skips
+    or when its deadline moves later; when the slot comes, ``ClientConnection.on_wheel`` skips
     a busy one, puts back one whose deadline is later and closes the others. A connection
-    closed meanwhile takes itself out (``ConnectionDeadlines._stop_timer``). One per loop
+    closed meanwhile takes itself out (``ClientConnection._stop_timer``). One per loop
     (``wheel_of``): each worker process has its own."""
 
     __slots__ = ("_handle", "_next", "loop", "slots")

@@ -9,7 +9,7 @@ from pathlib import Path
 import gateway.proxy
 
 PROXY = Path(gateway.proxy.__file__).parent
-CLIENT_SIDE = {"reader", "http1_downstream", "request"}
+CLIENT_SIDE = {"http1_downstream", "request"}
 UPSTREAM_SIDE = {"connector", "upstream_connection"}
 
 
