@@ -79,7 +79,6 @@ MODULES = (
     "proxy.answers",
     "proxy.chunked_answer",
     "proxy.connector",
-    "proxy.read_timeout",
     "proxy.exchange",
     "proxy.guard",
     "proxy.http1_downstream",

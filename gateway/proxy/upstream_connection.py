@@ -14,9 +14,17 @@ Failures are ``GatewayError``s with a ``kind`` that says whether a retry can hel
 ``connect`` (nothing reached the upstream), ``disconnect`` (closed before any answer: on a
 connection ``reused``, maybe a stale one), ``timeout``, ``protocol`` (not HTTP, or broken).
 
-Its read timeout is its base's (``read_timeout.ReadTimeout``). Longer than most modules: one
-protocol, whose parser callbacks, plain-answer reads and splice all act on the state of the
-one request under way.
+A request's answer must come, and each read of it follow the last, within ``read_timeout``:
+one timer of the connection's, armed once and moved lazily (a later deadline only changes
+``_last_read``; the timer, when it fires early, is armed again for it: no timer per request
+or per read). A streamed chunked body's reads (``_chunked_read``) are counted, not timed:
+each sets ``_untimed``, and the timer reads the clock; while such a body is under way the
+timer looks at most ``LOOK`` of the timeout apart, and a read since its last look counts as
+then: a body that stops is cut between 1 and 1 + ``LOOK`` times the timeout after its last
+read, never before.
+
+Longer than most modules: one protocol, whose parser callbacks, plain-answer reads, splice
+and read timer all act on the state of the one request under way.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 import httptools
 
@@ -35,10 +43,13 @@ from ..wire.headers import response_fields
 from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
 from . import chunked_answer
 from .messages import AfterAnswer, HeadTooLarge, ResponseHead
-from .read_timeout import ReadTimeout
 from .streams import WRITE_HIGH_WATER, Producer, ResponseStream
 
 log = logging.getLogger(__name__)
+
+LOOK: Final = 0.125
+"""While a chunked body is under way, the read timer looks at most this fraction of the
+timeout apart."""
 
 
 class Waiter(Protocol):
@@ -51,7 +62,7 @@ class Waiter(Protocol):
         """The request failed before the answer's head arrived."""
 
 
-class UpstreamConnection(ReadTimeout):
+class UpstreamConnection(asyncio.Protocol):
     """One connection to one upstream: one request at a time."""
 
     def __init__(
@@ -67,7 +78,16 @@ class UpstreamConnection(ReadTimeout):
         self._batch = batch
         self._forget = forget
         """Told when the connection is lost (its ``Connector``)."""
-        super().__init__(asyncio.get_running_loop())
+        self._loop = asyncio.get_running_loop()
+        self._read_timeout = 0.0
+        self._last_read = 0.0
+        self._untimed = False
+        """A chunked body was read since ``_last_read`` (counted, not timed: ``LOOK``)."""
+        self._reading_paused = False
+        """Paused by the client side: the upstream is not late meanwhile."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        """When ``_timer`` fires (its ``when()``, kept: a call a request less)."""
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self._held: bytes | None = None
@@ -516,7 +536,63 @@ class UpstreamConnection(ReadTimeout):
             if self.transport is not None:
                 self.transport.resume_reading()
 
-    # -- what the read timeout asks (``read_timeout.ReadTimeout``) ---------------------------
+    # -- the read timeout: one timer, re-armed lazily (``LOOK``) ------------------------------
+
+    def _arm(self, now: float, read_timeout: float) -> None:
+        """A request sent at ``now`` (the loop's time as the caller read it): its answer is
+        due within ``read_timeout`` (0: never)."""
+        self._read_timeout = read_timeout
+        self._last_read = now
+        self._untimed = False
+        if read_timeout:
+            self._due_by(now + read_timeout)
+
+    def _due_by(self, at: float) -> None:
+        """The timer fires at ``at`` or earlier (an earlier one is kept: it re-arms)."""
+        timer = self._timer
+        if timer is not None:
+            if self._timer_at <= at:
+                return
+            timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._on_timer)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _look_soon(self) -> None:
+        """A chunked body goes on after its head's read, now; its reads are counted, not
+        timed: the timer looks at them within ``LOOK`` times the timeout."""
+        timeout = self._read_timeout
+        if not timeout or self._answer_over():
+            return
+        now = self._last_read = self._loop.time()
+        self._untimed = False
+        self._due_by(now + timeout * LOOK)
+
+    def _on_timer(self) -> None:
+        # Armed once and re-armed while requests go on: no timer per request.
+        self._timer = None
+        if not self._read_timeout or self._answer_over():
+            return
+        now = self._loop.time()
+        timeout = self._read_timeout
+        if self._untimed:
+            self._untimed = False  # read since the last look: at most LOOK * timeout ago
+            self._last_read = now
+        deadline = self._last_read + timeout
+        if self._reading_paused or now < deadline:
+            # Armed for an earlier request or read: due at the last one's. A paused read is
+            # the client's doing, the upstream is not late: half a timeout more from now.
+            paused = self._reading_paused
+            at = max(deadline, now + timeout * 0.5) if paused else deadline
+            if self._streaming():
+                at = min(at, now + timeout * LOOK)
+            self._due_by(at)  # (no timer now: armed at ``at``)
+            return
+        self._timed_out()
 
     def _answer_over(self) -> bool:
         return self.complete or self.failed or self.transport is None

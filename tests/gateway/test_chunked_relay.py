@@ -13,7 +13,7 @@ import contextlib
 
 import httptools
 
-from gateway.proxy.read_timeout import LOOK
+from gateway.proxy.upstream_connection import LOOK
 from gateway.wire import plainhead
 from tests.support.eventually import eventually
 

@@ -1,5 +1,5 @@
-"""An upstream connection's read timeout (``UpstreamConnection``, its one lazily re-armed
-timer, ``read_timeout.ReadTimeout``): due ``read_timeout`` after the request was sent or the
+"""An upstream connection's read timeout (``UpstreamConnection``'s one lazily re-armed
+timer): due ``read_timeout`` after the request was sent or the
 last read, whatever request armed the timer; after a streamed chunked body's last read, up
 to ``LOOK`` of it later, never earlier. On a fake loop whose clock the test moves: nothing
 sleeps."""
@@ -12,9 +12,8 @@ import pytest
 
 from gateway.errors import GatewayError
 from gateway.proxy.messages import ResponseHead
-from gateway.proxy.read_timeout import LOOK
 from gateway.proxy.streams import ResponseStream
-from gateway.proxy.upstream_connection import UpstreamConnection
+from gateway.proxy.upstream_connection import LOOK, UpstreamConnection
 from gateway.wire.batch import WriteBatch
 from gateway.wire.splice import Buffers
 
