@@ -78,6 +78,7 @@ MODULES = (
     "upstream",
     "proxy.answers",
     "proxy.chunked_answer",
+    "proxy.codec",
     "proxy.connector",
     "proxy.exchange",
     "proxy.guard",

@@ -1,5 +1,7 @@
 """The request path, from a client's socket to an upstream's and back.
 
+    codec                Downstream: a client's side of a request whatever its HTTP
+                         version (the seam: the rest of the request path calls only it)
     http1_downstream     ClientConnection: a client's connection over HTTP/1.1: reads its
                          requests (parse, limit, time out, splice large bodies), runs
                          them in turn, writes the answers, closes
@@ -17,7 +19,7 @@
     streams              what both connection sides share: bodies between them, back-pressure
     websocket            the relay of an upgraded connection
 
-The client side (http1_downstream, request) and the upstream side (connector,
+The client side (codec, http1_downstream, request) and the upstream side (connector,
 upstream_connection) never import each other (``streams``).
 """
 

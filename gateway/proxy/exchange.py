@@ -5,11 +5,12 @@ An ``Exchange`` is made when a request's head was read, by ``Proxy.begin`` or
 request has done so far (route, upstream, status, timings, bytes, retries, error) and does
 what both ways through the proxy share: the failure of an attempt and whether it is retried,
 the answer's head towards the client, the answer delivered or broken off, the gateway's own
-error answers, and the record.
+error answers, and the record. It knows the client only as its ``codec.Downstream``: the
+bytes of the answer and whether the connection is kept are the codec's.
 
 The common request is served without a task (``Proxy.begin``): the exchange then is the
-upstream connection's ``Waiter`` (told of the answer from its callbacks), the client
-connection's ``exchange`` (cancelled if the client goes away) and its pool's holder of the
+upstream connection's ``Waiter`` (told of the answer from its callbacks), the client's
+``Downstream.exchange`` (cancelled if the client goes away) and its pool's holder of the
 request in flight (aborted if a drain times out): exactly one of ``answered``, ``failed``
 and ``cancel`` ends it, or hands it on to a task (``Forwarding.hand_on``), and each clears
 the references to it. Anything else is ``Proxy.handle``, as the request's task, with the
@@ -43,8 +44,8 @@ from ..service_pool import ServicePool
 from ..upstream import Upstream
 from ..wire import headers, http1
 from . import answers, messages, retry
+from .codec import Downstream
 from .connector import Connector, ResponseHead, UpstreamConnection
-from .http1_downstream import ClientConnection
 from .request import IncomingRequest
 from .retry import RETRY_STATUSES, Failed
 from .streams import ResponseStream
@@ -138,9 +139,7 @@ class Exchange:
     replayed: bool = False
     """Sent again once already after a stale kept connection (``retry.stale``)."""
 
-    def __init__(
-        self, proxy: Forwarding, client: ClientConnection, request: IncomingRequest
-    ) -> None:
+    def __init__(self, proxy: Forwarding, client: Downstream, request: IncomingRequest) -> None:
         self.proxy = proxy
         self.client = client
         self.request = request
@@ -201,12 +200,12 @@ class Exchange:
                 return
         if conn.complete and head.content_length is not None:  # the whole answer (most)
             body = conn.take_body()  # framed by its length: never chunked to the client
-            self.client.write(self.client_head(conn, head, body)[1])  # at once, one bytes
+            extra = self.answering(head)
+            self.client.answer(self.request, head, self.request_id_bytes(), extra, conn, body)
             self._served(len(body), now)
             return
-        chunked, data = self.client_head(conn, head)
-        sink = ResponseStream(self.client, chunked)
-        done = conn.stream_to(sink, data)  # never raises: the connection has not failed
+        sink = self.open_answer(conn, head)
+        done = conn.stream_to(sink)  # never raises: the connection has not failed
         if done is None:
             self._served(sink.bytes_out, now)
         else:
@@ -374,32 +373,23 @@ class Exchange:
                 return Failed(error, "status")
         return None
 
-    def client_head(
-        self, conn: UpstreamConnection, head: ResponseHead, body: bytes = b""
-    ) -> tuple[bool, bytes]:
-        """The head of the answer as the client gets it (then ``body``, if given: see
-        ``messages.client_head``), and whether its body is chunked; the client's connection
-        reads from ``conn`` from now on."""
-        client = self.client
-        request = self.request
-        request_body = request.body
-        keep_alive = request.keep_alive and not client.closing
-        if request_body is not None and not request_body.complete:
-            keep_alive = False  # the rest of the body would have to be read first
+    def answering(self, head: ResponseHead) -> bytes:
+        """The answer's head arrived and goes to the client: no other answer is possible.
+        Returns the field line the service adds to it (HSTS's, over TLS), or nothing."""
         self.status = head.status
         self.response_started = True
-        client.producer = conn
-        extra = b""
-        if client.secure:
+        if self.client.secure:
             sp = self.sp
             hsts = sp.hsts if sp is not None else None
-            if hsts is not None:  # one more field, last
-                extra = answers.hsts_field(hsts)
-        chunked, keep_alive, data = messages.client_head(
-            request, head, self.request_id_bytes(), keep_alive, extra=extra, body=body
-        )
-        request.keep_alive = keep_alive
-        return chunked, data
+            if hsts is not None:
+                return answers.hsts_field(hsts)
+        return b""
+
+    def open_answer(self, conn: UpstreamConnection, head: ResponseHead) -> ResponseStream:
+        """The answer goes to the client as it comes from ``conn``: where its body goes (its
+        head with it)."""
+        extra = self.answering(head)
+        return self.client.open_answer(self.request, head, self.request_id_bytes(), extra, conn)
 
     def delivered(self, conn: UpstreamConnection, bytes_out: int) -> None:
         """The answer went to the client whole: the upstream connection is free again."""
@@ -432,17 +422,7 @@ class Exchange:
         """Answer with the gateway's own error (no answer went to the client yet)."""
         self.status = exc.status
         self.error = None if isinstance(exc, OwnAnswer) else exc.code
-        request, client = self.request, self.client
-        body = request.body
-        close = (
-            not request.keep_alive
-            or client.closing
-            or (body is not None and not body.complete)
-            or isinstance(exc, RequestTimeout | BadRequest)
-        )
-        if close:
-            request.keep_alive = False
-        client.write(messages.gateway_error_response(exc, self.request_id, close))
+        self.client.send_error(self.request, exc, self.request_id)
 
     def cancelled(self) -> None:
         """The request's task was cancelled (the client went away, a drain timed out)."""

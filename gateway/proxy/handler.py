@@ -47,15 +47,14 @@ from ..pool import Pool
 from ..service_pool import Lease, ServicePool
 from ..snapshot import Split
 from ..wire import http1
-from . import guard, messages, preview, sticky
+from . import guard, preview, sticky
 from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect
+from .codec import Downstream
 from .connector import Connector, ResponseHead, UpstreamConnection
 from .exchange import Exchange, Forwarding
-from .http1_downstream import ClientConnection
 from .request import IncomingRequest
 from .retry import Failed
 from .routing import Routes, Unroutable, no_route, route
-from .streams import ResponseStream
 from .websocket import Relay
 
 
@@ -102,7 +101,7 @@ class Proxy(Forwarding):
 
     # -- the handler -------------------------------------------------------------------------
 
-    def begin(self, client: ClientConnection, request: IncomingRequest) -> bool:
+    def begin(self, client: Downstream, request: IncomingRequest) -> bool:
         """Serve ``request`` without a task of its own if it can start at once; else False.
 
         The common request (no body, no upgrade, an upstream routable now and an idle
@@ -150,12 +149,12 @@ class Proxy(Forwarding):
 
     async def handle(
         self,
-        client: ClientConnection,
+        client: Downstream,
         request: IncomingRequest,
         ex: Exchange | None = None,
         failed: Failed | None = None,
     ) -> None:
-        """Answer ``request`` (run as its own task by its ``ClientConnection``).
+        """Answer ``request`` (run as its own task by its ``Downstream``).
 
         ``ex`` is given when ``begin`` started the request: it is routed (``ex.sp``), and
         ``ex.upstream`` is the upstream it picked, if any; with ``failed``, the attempt on it
@@ -422,10 +421,9 @@ class Proxy(Forwarding):
 
     async def _respond(self, ex: Exchange, conn: UpstreamConnection, head: ResponseHead) -> None:
         """Send the upstream's answer to the client as it arrives."""
-        chunked, data = ex.client_head(conn, head)
-        sink = ResponseStream(ex.client, chunked)
+        sink = ex.open_answer(conn, head)
         try:
-            done = conn.stream_to(sink, data)
+            done = conn.stream_to(sink)
             if done is not None:
                 await done
         except GatewayError as exc:
@@ -486,25 +484,16 @@ class Proxy(Forwarding):
         client = ex.client
         ex.status = 101
         ex.response_started = True
-        client.write(messages.upgrade_head(head, ex.request_id))
-        relay = Relay(client, conn)
-        client.producer = conn
+        relay = client.upgrade(head, ex.request_id, conn)
         conn.body_producer = client
-        client.tunnel = relay.from_client
-        client.on_lost = relay.client_lost
         conn.tunnel = relay.from_upstream
         conn.on_lost = relay.upstream_lost
-        if client.transport is None:
-            relay.client_lost()
         if conn.transport is None:
             relay.upstream_lost()
         if conn.tunnel_data:
             relay.from_upstream(conn.tunnel_data)
-        early = client.take_tunnel_data()
-        if early:
-            relay.from_client(early)
         conn.resume_reading()
-        client.start_tunnel()
+        client.start_relay(relay)
         self._relays.add(relay)
         # A drain timeout (or a shutdown) closes with 1001 instead of cancelling.
         lease.on_abort = relay.going_away

@@ -49,15 +49,19 @@ from typing import Any, Final, Protocol, cast
 import httptools
 
 from ..config import ListenerLimits
-from ..errors import BadRequest, ClientGone, RequestTimeout
+from ..errors import BadRequest, ClientGone, GatewayError, RequestTimeout
 from ..wire import http1, plainhead
 from ..wire.batch import WriteBatch
 from ..wire.http1 import HEAD_LIMIT_FACTOR
 from ..wire.plainhead import PlainRequest
 from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
+from . import messages
+from .codec import Begin, Cancellable, Downstream, Handler, Tunneled
 from .limits import Limits, limits_of
+from .messages import ResponseHead
 from .request import HOST, IncomingRequest, Refused, RequestBody, head_problem
-from .streams import WRITE_HIGH_WATER, Producer
+from .streams import WRITE_HIGH_WATER, Producer, ResponseStream
+from .websocket import Relay
 from .wheel import Deadlined, wheel_of
 
 log = logging.getLogger(__name__)
@@ -91,19 +95,6 @@ class _CheckedHost:
 
 
 _checked_host: Final = _CheckedHost()
-
-
-Handler = Callable[["ClientConnection", IncomingRequest], Coroutine[Any, Any, None]]
-"""Serves a request as a task of its own (``Proxy.handle``)."""
-Begin = Callable[["ClientConnection", IncomingRequest], bool]
-"""Serves a request without a task of its own if it can (``Proxy.begin``); False if not."""
-
-
-class Cancellable(Protocol):
-    """The exchange of a request served without a task (``Begin``): cut off when the client
-    goes away."""
-
-    def cancel(self) -> None: ...
 
 
 class Parks(Protocol):
@@ -144,9 +135,9 @@ _TOO_MANY: Final = http1.json_response(
 )
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(asyncio.Protocol, Downstream):
     """One client connection over HTTP/1.1: read its requests, run each in turn, write the
-    answers, close."""
+    answers (the ``Downstream`` of its active request), close."""
 
     # Slots: ten thousand idle connections each save a __dict__.
     __slots__ = (
@@ -466,6 +457,86 @@ class ClientConnection(asyncio.Protocol):
         """The relay took the connection over (``tunnel`` is set): read again."""
         self._clear_deadline()
         self._resume(_PAUSE_PIPELINE)
+
+    # -- answers (``codec.Downstream``): HTTP/1.1's bytes and keep-alive -------------------
+
+    def _kept(self, request: IncomingRequest) -> bool:
+        """Whether the connection may serve another request after ``request``, as far as
+        the request goes (an answer's framing may still end it): not if the client said it
+        was the last, the connection is closing, or the rest of its body would have to be
+        read first."""
+        body = request.body
+        return request.keep_alive and not self._closing and (body is None or body.complete)
+
+    def _answer_head(
+        self,
+        request: IncomingRequest,
+        head: ResponseHead,
+        request_id: bytes,
+        extra: bytes,
+        producer: Producer,
+        body: bytes,
+    ) -> tuple[bool, bytes]:
+        """The answer's head (then ``body``) as the client gets it, and whether its body is
+        chunked; ``request.keep_alive`` says from now on whether the connection is kept."""
+        self.producer = producer
+        chunked, kept, data = messages.client_head(
+            request, head, request_id, self._kept(request), extra=extra, body=body
+        )
+        request.keep_alive = kept
+        return chunked, data
+
+    def answer(
+        self,
+        request: IncomingRequest,
+        head: ResponseHead,
+        request_id: bytes,
+        extra: bytes,
+        producer: Producer,
+        body: bytes,
+    ) -> None:
+        """A whole answer framed by its length: one ``bytes``, one write (``codec``)."""
+        self.write(self._answer_head(request, head, request_id, extra, producer, body)[1])
+
+    def open_answer(
+        self,
+        request: IncomingRequest,
+        head: ResponseHead,
+        request_id: bytes,
+        extra: bytes,
+        producer: Producer,
+    ) -> ResponseStream:
+        chunked, data = self._answer_head(request, head, request_id, extra, producer, b"")
+        return ResponseStream(self, chunked, data)
+
+    def send_error(self, request: IncomingRequest, exc: GatewayError, request_id: str) -> None:
+        """The gateway's own answer; the connection closes after it if it could not be kept,
+        or if the request's body broke (too slow, badly framed: the rest of it cannot be read
+        as the next request)."""
+        close = not self._kept(request) or isinstance(exc, RequestTimeout | BadRequest)
+        if close:
+            request.keep_alive = False
+        self.write(messages.gateway_error_response(exc, request_id, close))
+
+    def upgrade(self, head: ResponseHead, request_id: str, upstream: Tunneled) -> Relay:
+        self.write(messages.upgrade_head(head, request_id))
+        relay = Relay(self, upstream)
+        self.producer = upstream
+        self.tunnel = relay.from_client
+        self.on_lost = relay.client_lost
+        return relay
+
+    def start_relay(self, relay: Relay) -> None:
+        if self.transport is None:
+            relay.client_lost()
+        early = self.take_tunnel_data()
+        if early:
+            relay.from_client(early)
+        self.start_tunnel()
+
+    def send_continue(self) -> None:
+        """``100 Continue``: the client waits for it before it sends its body."""
+        self.write(http1.CONTINUE)
 
     # -- writing ------------------------------------------------------------------------------
 

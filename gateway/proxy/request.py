@@ -14,7 +14,7 @@ import re
 from typing import Final, Protocol
 
 from ..errors import RequestTooLarge
-from ..wire import http1, plainhead
+from ..wire import plainhead
 from ..wire.headers import Fields
 from ..wire.http1 import MAX_HEADERS
 from .streams import BodySink
@@ -48,7 +48,8 @@ class BodySource(Protocol):
 
     def pause_body(self) -> None: ...
     def resume_body(self) -> None: ...
-    def write(self, data: bytes) -> None: ...
+    def send_continue(self) -> None:
+        """Tell the client to send the body it holds back (``Expect: 100-continue``)."""
 
 
 class RequestBody:
@@ -130,7 +131,7 @@ class RequestBody:
             self._buffered = 0
             self._conn.resume_body()
         elif self.expect_continue and not self.complete:
-            self._conn.write(http1.CONTINUE)
+            self._conn.send_continue()
         self.expect_continue = False
         if self.complete:
             sink.body_end()

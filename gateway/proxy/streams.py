@@ -82,11 +82,13 @@ class ResponseStream:
     (its descriptor stays open until ``connection_lost``, so the socket would not).
     """
 
-    __slots__ = ("bytes_out", "chunked", "conn", "direct", "fd", "held")
+    __slots__ = ("bytes_out", "chunked", "conn", "direct", "fd", "head", "held")
 
-    def __init__(self, conn: ClientSide, chunked: bool) -> None:
+    def __init__(self, conn: ClientSide, chunked: bool, head: bytes = b"") -> None:
         self.conn = conn
         self.chunked = chunked
+        self.head = head
+        """The answer's head, as the codec made it, until ``write_head`` writes it."""
         self.bytes_out = 0
         self.held = False
         """The head went through the client's ``write``, which may hold it until the end of
@@ -97,10 +99,12 @@ class ResponseStream:
         self.fd = -2
         """The client's socket (``socket_fd``; -2: not asked yet)."""
 
-    def write_head(self, head: bytes) -> None:
-        """The answer's head, or its head and whole body, written with the loop turn's other
-        writes (``ClientSide.write``)."""
-        self.conn.write(head)
+    def write_head(self, body: bytes = b"") -> None:
+        """The answer's head, or its head and whole ``body``, written with the loop turn's
+        other writes (``ClientSide.write``)."""
+        head = self.head
+        self.head = b""
+        self.conn.write(head + body if body else head)
         self.held = True
 
     def response_data(self, data: bytes | memoryview) -> None:

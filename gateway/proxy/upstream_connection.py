@@ -438,8 +438,8 @@ class UpstreamConnection(asyncio.Protocol):
             self.transport.write(head)  # a body follows it, written as it comes
         return self._head_future
 
-    def stream_to(self, sink: ResponseStream, head: bytes) -> asyncio.Future[None] | None:
-        """Write ``head`` and then the answer's body to ``sink``'s client.
+    def stream_to(self, sink: ResponseStream) -> asyncio.Future[None] | None:
+        """Write the answer's head (``sink.head``) and then its body to ``sink``'s client.
 
         Returns None if the body is complete already (then head and body went in one write),
         else a future that resolves when it is.
@@ -447,9 +447,9 @@ class UpstreamConnection(asyncio.Protocol):
         if self.complete and not sink.chunked:
             data = self.take_body()
             sink.bytes_out += len(data)
-            sink.write_head(head + data)
+            sink.write_head(data)
             return None
-        sink.write_head(head)
+        sink.write_head()
         assert not self._whole  # only a complete answer framed by its length has one: above
         buffer, self._buffer = self._buffer, []
         for data in buffer:  # as they came (chunks that came with the head stay as they were)

@@ -62,7 +62,7 @@ async def run(conn: UpstreamConnection) -> bytes:
     assert head.status == 200
     client = _Client()
     sink = stream(client)
-    done = conn.stream_to(sink, b"")
+    done = conn.stream_to(sink)
     if done is not None:
         await done
     sink.conn.flush()  # what the batch writes at the end of the loop's turn
@@ -174,7 +174,7 @@ async def test_a_body_is_not_read_before_the_proxy_takes_it(raw_upstream):
     assert conn.transport is not None
     assert not conn.transport.is_reading()
     client = _Client()
-    done = conn.stream_to(stream(client), b"")
+    done = conn.stream_to(stream(client))
     assert conn.transport.is_reading()
     assert done is not None
     await done
@@ -232,7 +232,7 @@ async def test_a_large_body_is_not_overwritten_while_the_client_holds_it(raw_ups
     )
     assert head.content_length == len(body)
     client = _HoldingClient()
-    done = conn.stream_to(stream(client), b"")
+    done = conn.stream_to(stream(client))
     assert done is not None
     await done
     assert client.flush() == body

@@ -149,7 +149,7 @@ def streaming(conn: UpstreamConnection) -> tuple[Client, asyncio.Future[None]]:
     conn.data_received(CHUNKED + event(0))
     assert waiter.statuses == [200]
     client = Client()
-    done = conn.stream_to(ResponseStream(client, chunked=True), b"head")  # type: ignore[arg-type]
+    done = conn.stream_to(ResponseStream(client, chunked=True, head=b"head"))  # type: ignore[arg-type]
     assert done is not None
     return client, done
 

@@ -1,0 +1,119 @@
+"""The codec seam: a client's side of a request as the request path sees it, whatever the
+HTTP version on the wire (``Downstream``).
+
+A codec reads requests off a client connection (an ``IncomingRequest`` each: its head, then
+its body as it comes) and hands each to the proxy (``Begin``, else ``Handler``) with the
+``Downstream`` it is answered through. ``Proxy``, ``Exchange``, routing, retries, limits and
+metrics call only the methods here: the bytes on the wire, the framing of a body, and
+whether the connection is kept for another request are the codec's. HTTP/1.1 on llhttp is
+``http1_downstream.ClientConnection`` (one ``Downstream`` per connection, its active
+request's); an HTTP/2 codec implements the same trait, one per stream.
+
+A mypyc trait, not a ``typing.Protocol``: compiled, a call through a trait goes through its
+vtable as a call on the class itself does, where a protocol's is a call by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from mypy_extensions import trait
+
+from ..errors import GatewayError
+from .messages import ResponseHead
+from .request import IncomingRequest
+from .streams import Producer, ResponseStream
+from .websocket import Relay, Side
+
+
+class Tunneled(Side, Producer, Protocol):
+    """The upstream connection of a relay: written to, and paused with the client."""
+
+
+class Cancellable(Protocol):
+    """The exchange of a request served without a task (``Begin``): cut off when the client
+    goes away."""
+
+    def cancel(self) -> None: ...
+
+
+@trait
+class Downstream:
+    """The client's side of the request being answered: where its answer goes."""
+
+    peer: str | None
+    """The client's address (the X-Forwarded-For the upstream gets), if known."""
+    secure: bool
+    """Over TLS."""
+    send_timed_out: bool
+    """The client left its answer unread for ``send_timeout`` and was cut off."""
+    exchange: Cancellable | None
+    """The active request's exchange while it runs without a task (``Begin``)."""
+
+    def answer(
+        self,
+        request: IncomingRequest,
+        head: ResponseHead,
+        request_id: bytes,
+        extra: bytes,
+        producer: Producer,
+        body: bytes,
+    ) -> None:
+        """Send a whole answer: ``head`` (the upstream's), one more field line ``extra`` (HSTS's)
+        if given, and all of its ``body``, framed by its length. ``producer``: the upstream
+        connection, paused while the client cannot take more."""
+        raise NotImplementedError
+
+    def open_answer(
+        self,
+        request: IncomingRequest,
+        head: ResponseHead,
+        request_id: bytes,
+        extra: bytes,
+        producer: Producer,
+    ) -> ResponseStream:
+        """The stream an answer's body goes to as it comes, its head pending in it (written
+        with the body's first piece, or alone by ``ResponseStream.write_head``)."""
+        raise NotImplementedError
+
+    def send_error(self, request: IncomingRequest, exc: GatewayError, request_id: str) -> None:
+        """Answer with the gateway's own error (no answer went to the client yet)."""
+        raise NotImplementedError
+
+    def upgrade(self, head: ResponseHead, request_id: str, upstream: Tunneled) -> Relay:
+        """The upstream accepted the WebSocket upgrade (its 101 is ``head``): pass the 101 on,
+        and relay the client's bytes to ``upstream`` from now on (``start_relay``)."""
+        raise NotImplementedError
+
+    def start_relay(self, relay: Relay) -> None:
+        """The upstream's side of ``relay`` is in place: what the client sent after its head,
+        then what it sends."""
+        raise NotImplementedError
+
+    def finished(self, request: IncomingRequest, now: float) -> None:
+        """The active request, served without a task, was answered; ``now``: the loop's
+        time, read as it was."""
+        raise NotImplementedError
+
+    def run(self, request: IncomingRequest, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Go on with the active request in a task of its own, running ``work``."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Cut the answer under way off, so that it never looks complete."""
+        raise NotImplementedError
+
+    def pause_reading(self) -> None:
+        """The upstream cannot take more of the request body."""
+        raise NotImplementedError
+
+    def resume_reading(self) -> None:
+        raise NotImplementedError
+
+
+Handler = Callable[[Downstream, IncomingRequest], Coroutine[Any, Any, None]]
+"""Serves a request as a task of its own (``Proxy.handle``)."""
+Begin = Callable[[Downstream, IncomingRequest], bool]
+"""Serves a request without a task of its own if it can (``Proxy.begin``); False if not."""
