@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from ..config import ProxyConfig
 from ..errors import (
@@ -54,46 +54,49 @@ log = logging.getLogger(__name__)
 
 
 class Forwarding:
-    """What the exchanges of one proxy share: the pool, the upstream connections, the
-    observers, the loop; and two counters of which way requests went (``Proxy``).
-
-    - ``task_free``: requests ``Proxy.begin`` sent upstream itself, from the parser's callback;
-    - ``handed_on``: requests handed to a task after all: no idle connection to the upstream
-      picked, or a total timeout, or the attempt sent failed (then counted in both).
-    """
+    """What the exchanges of one proxy share (``Exchange.proxy``): the pool, the upstream
+    connections, the observers, the loop, and where an exchange goes on as its request's
+    task (``hand_on``). ``Proxy`` makes one and holds it (``Proxy.forwarding``)."""
 
     loop: asyncio.AbstractEventLoop
-    """The running loop (from ``Proxy.start``)."""
-    pool: Pool
-    config: ProxyConfig
-    observers: tuple[RequestObserver, ...]
-    _connector: Connector | None
-    task_free: int
-    handed_on: int
-    trust_forwarded: bool
-    """``config.trust_forwarded``, read on every request (a plain attribute: see
-    ``ServicePool.configure``)."""
+    """The running loop (from ``open``)."""
 
     def __init__(
-        self, pool: Pool, config: ProxyConfig, observers: Sequence[RequestObserver] = ()
+        self,
+        pool: Pool,
+        config: ProxyConfig,
+        observers: Sequence[RequestObserver],
+        hand_on: Callable[[Exchange, Failed | None], None],
     ) -> None:
         self.pool = pool
-        self.config = config
         self.trust_forwarded = config.trust_forwarded
+        """``config.trust_forwarded``, read on every request (a plain attribute: see
+        ``ServicePool.configure``)."""
         self.observers = tuple(observers)
+        self.hand_on = hand_on
+        """Go on with an exchange as its request's task (after a failed attempt, if given):
+        ``Proxy.hand_on``."""
         self._connector: Connector | None = None
-        self.task_free = 0
-        self.handed_on = 0
+
+    def open(self, loop: asyncio.AbstractEventLoop, connector: Connector) -> None:
+        """Forward on ``loop`` with ``connector``'s upstream connections (``Proxy.start``)."""
+        self.loop = loop
+        self._connector = connector
+
+    def close(self) -> Connector | None:
+        """Forward no more: the connector, to be closed, if one was open."""
+        connector, self._connector = self._connector, None
+        return connector
+
+    @property
+    def opened(self) -> bool:
+        return self._connector is not None
 
     @property
     def connector(self) -> Connector:
         if self._connector is None:
             raise RuntimeError("Proxy.start() was not called")
         return self._connector
-
-    def hand_on(self, exchange: Exchange, failed: Failed | None) -> None:
-        """Go on with ``exchange`` as its request's task (after ``failed``, if given)."""
-        raise NotImplementedError
 
 
 class Exchange:

@@ -58,18 +58,27 @@ from .routing import Routes, Unroutable, no_route, route
 from .websocket import Relay
 
 
-class Proxy(Forwarding):
+class Proxy:
     """Forwards requests to the routable upstreams of ``pool``.
 
-    Its counters (``Forwarding``) say which way requests went, for tests and debugging (the
-    compiled modules call methods directly: a spy on one sees nothing). A request ``begin``
-    declined (a body, an upgrade) is in neither.
+    Two counters say which way requests went, for tests and debugging (the compiled modules
+    call methods directly: a spy on one sees nothing); a request ``begin`` declined (a body,
+    an upgrade) is in neither:
+
+    - ``task_free``: requests ``begin`` sent upstream itself, from the parser's callback;
+    - ``handed_on``: requests handed to a task after all: no idle connection to the upstream
+      picked, or a total timeout, or the attempt sent failed (then counted in both).
     """
 
     def __init__(
         self, pool: Pool, config: ProxyConfig, observers: Sequence[RequestObserver] = ()
     ) -> None:
-        super().__init__(pool, config, observers)
+        self.pool = pool
+        self.config = config
+        self.forwarding = Forwarding(pool, config, observers, self.hand_on)
+        """What its exchanges share (``Exchange.proxy``)."""
+        self.task_free = 0
+        self.handed_on = 0
         self._relays: set[Relay] = set()
         self._routes = Routes()
         managed = config.tls.managed_dir
@@ -81,18 +90,24 @@ class Proxy(Forwarding):
 
     async def start(self) -> None:
         """Open the upstream connection pool (idempotent)."""
-        self.loop = asyncio.get_running_loop()
-        if self._connector is None:
-            self._connector = Connector(
+        forwarding = self.forwarding
+        if not forwarding.opened:
+            connector = Connector(
                 max_idle=self.config.upstream_keepalive,
                 max_header_size=self.config.limits.max_header_size,
             )
+            forwarding.open(asyncio.get_running_loop(), connector)
 
     async def close(self) -> None:
         """Close the upstream connections (idempotent)."""
-        connector, self._connector = self._connector, None
+        connector = self.forwarding.close()
         if connector is not None:
             connector.close()
+
+    @property
+    def connector(self) -> Connector:
+        """The upstream connections (once ``start``ed)."""
+        return self.forwarding.connector
 
     def going_away(self) -> None:
         """Close every relayed WebSocket with 1001 (the gateway is shutting down)."""
@@ -113,12 +128,13 @@ class Proxy(Forwarding):
         """
         if request.body is not None or request.upgrade:
             return False
-        ex = Exchange(self, client, request)
+        forwarding = self.forwarding
+        ex = Exchange(forwarding, client, request)
         try:
             sp = self._prepare(ex)
         except GatewayError as exc:
             ex.error_response(exc)
-            now = self.loop.time()
+            now = forwarding.loop.time()
             ex.record(now)
             client.finished(request, now)
             return True
@@ -128,9 +144,7 @@ class Proxy(Forwarding):
             upstream = sp.pick(key=ex.affinity)
         conn = None
         if upstream is not None and not total:
-            connector = self._connector
-            assert connector is not None
-            conn = connector.idle(upstream.address)
+            conn = forwarding.connector.idle(upstream.address)
         if conn is None:
             # The task connects (to the upstream picked: a pick is not undone) or waits.
             ex.upstream = upstream
@@ -161,7 +175,7 @@ class Proxy(Forwarding):
         failed (retry, or answer the error).
         """
         if ex is None:
-            ex = Exchange(self, client, request)
+            ex = Exchange(self.forwarding, client, request)
         try:
             if ex.sp is None:
                 await self._attempts(ex, self._prepare(ex), None)
@@ -173,7 +187,7 @@ class Proxy(Forwarding):
             ex.cancelled()
             raise
         finally:
-            ex.record(self.loop.time())
+            ex.record(self.forwarding.loop.time())
 
     def _prepare(self, ex: Exchange) -> ServicePool:
         """Route the request and check its limits: its service (``ex.target`` is set)."""
@@ -209,7 +223,8 @@ class Proxy(Forwarding):
         if not secure and sp.https_redirect:
             raise https_redirect(request.host, request.target, self.https_port)
         if sp.guarded:
-            guard.admit(ex, sp, self.trust_forwarded, self.loop.time())
+            forwarding = self.forwarding
+            guard.admit(ex, sp, forwarding.trust_forwarded, forwarding.loop.time())
         limit = sp.max_body_size
         length = request.content_length
         if limit and length is not None and length > limit:
@@ -396,7 +411,7 @@ class Proxy(Forwarding):
             chunked=request.chunked,
             head_only=request.method == "HEAD",
             read_timeout=sp.read_timeout,
-            now=self.loop.time(),
+            now=self.forwarding.loop.time(),
         )
         if body is not None:
             ex.bytes_in = body.received
@@ -413,7 +428,7 @@ class Proxy(Forwarding):
             if body is not None:
                 body.detach()
             raise ex.failure(exc, conn.reused) from None
-        ex.ttfb = self.loop.time() - ex.started
+        ex.ttfb = self.forwarding.loop.time() - ex.started
         failed = ex.check_answer(conn, head, tried)
         if failed is not None:
             raise failed
@@ -455,7 +470,7 @@ class Proxy(Forwarding):
                 chunked=False,
                 head_only=False,
                 read_timeout=timeouts.connect + timeouts.read,
-                now=self.loop.time(),
+                now=self.forwarding.loop.time(),
             )
             assert future is not None
             try:

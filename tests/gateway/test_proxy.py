@@ -785,7 +785,7 @@ async def test_one_record_per_request_and_a_broken_observer_is_harmless(
     pool.set_service(routing("web", prefix="/"))
     await upstream("web", "u1")
     gw = await gateway()
-    gw.proxy.observers = (Broken(), *gw.proxy.observers)
+    gw.proxy.forwarding.observers = (Broken(), *gw.proxy.forwarding.observers)
 
     async with client.post(url(gw, "/a/./b"), data=b"12345") as resp:
         assert resp.status == 200
