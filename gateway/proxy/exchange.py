@@ -42,7 +42,7 @@ from ..events import RequestObserver, RequestRecord
 from ..pool import Pool
 from ..service_pool import ServicePool
 from ..upstream import Upstream
-from ..wire import headers, http1
+from ..wire import headers
 from . import answers, messages, retry
 from .codec import Downstream
 from .connector import Connector, ResponseHead, UpstreamConnection
@@ -175,11 +175,10 @@ class Exchange:
                 empty_body=request.content_length is not None,
             )
         else:
-            head = self.upstream_head(self.target, upstream)
-            if request.content_length is not None:
-                head.append(b"Content-Length: 0")
-            head.append(http1.CRLF)
-            data = http1.CRLF.join(head)
+            data = messages.upstream_request(
+                self.upstream_head(self.target, upstream),
+                0 if request.content_length is not None else None,
+            )
         conn.send(
             data,
             body=False,

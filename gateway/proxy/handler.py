@@ -46,8 +46,7 @@ from ..events import RequestObserver
 from ..pool import Pool
 from ..service_pool import Lease, ServicePool
 from ..snapshot import Split
-from ..wire import http1
-from . import guard, preview, sticky
+from . import guard, messages, preview, sticky
 from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect
 from .codec import Downstream
 from .connector import Connector, ResponseHead, UpstreamConnection
@@ -391,22 +390,21 @@ class Proxy:
         if body is not None and body.error is not None:
             error = body.error
             raise Failed(error, "client") if isinstance(error, GatewayError) else error
-        lines = ex.upstream_head(ex.target, upstream)
         payload = b""
+        length: int | None = None  # with no body: none, unless the client sent one of 0
         if body is None:
             if request.content_length is not None:
-                lines.append(b"Content-Length: 0")
+                length = 0
         elif body.complete and not body.taken:
             payload = body.take()  # whole already: framed by length, one write
-            lines.append(b"Content-Length: %d" % len(payload))
-        elif request.chunked:
-            lines.append(b"Transfer-Encoding: chunked")
-        else:
-            lines.append(b"Content-Length: %d" % (request.content_length or 0))
-        lines.append(http1.CRLF)
+            length = len(payload)
+        elif not request.chunked:
+            length = request.content_length or 0
         streamed = body is not None and not payload
         head_future = conn.send(
-            http1.CRLF.join(lines) + payload,
+            messages.upstream_request(
+                ex.upstream_head(ex.target, upstream), length, request.chunked, payload
+            ),
             body=streamed,
             chunked=request.chunked,
             head_only=request.method == "HEAD",
@@ -462,10 +460,8 @@ class Proxy:
         except GatewayError as exc:
             raise ex.failure(exc) from None
         try:
-            lines = ex.upstream_head(ex.target, upstream)
-            lines.append(http1.CRLF)
             future = conn.send(
-                http1.CRLF.join(lines),
+                messages.upstream_request(ex.upstream_head(ex.target, upstream), None),
                 body=False,
                 chunked=False,
                 head_only=False,

@@ -82,6 +82,22 @@ def upstream_head(
     return lines
 
 
+def upstream_request(
+    lines: list[bytes], length: int | None, chunked: bool = False, payload: bytes = b""
+) -> bytes:
+    """A request's head as sent upstream, framed: ``lines`` (``upstream_head``'s), then
+    ``Content-Length: length`` if ``length`` is not None, else ``Transfer-Encoding: chunked``
+    if ``chunked`` (a body of no known length, streamed), else no framing (no body); then
+    ``payload``, a whole body sent with its head."""
+    if length is not None:
+        lines.append(b"Content-Length: %d" % length)
+    elif chunked:
+        lines.append(b"Transfer-Encoding: chunked")
+    lines.append(http1.CRLF)
+    data = http1.CRLF.join(lines)
+    return data + payload if payload else data
+
+
 _METHODS: Final = {
     m: m.encode() + b" " for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH")
 }
