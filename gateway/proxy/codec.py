@@ -9,6 +9,38 @@ whether the connection is kept for another request are the codec's. HTTP/1.1 on 
 ``http1_downstream.ClientConnection`` (one ``Downstream`` per connection, its active
 request's); an HTTP/2 codec implements the same trait, one per stream.
 
+What a codec implements (an HTTP/2 one, say, beside HTTP/1.1's):
+
+- the request, as events: an ``IncomingRequest`` with ``method``, ``target``, ``host``,
+  ``headers``, ``content_length`` (None: not given), ``chunked`` (a body of no known
+  length: it goes upstream chunked), ``upgrade``/``websocket_key``/``version`` (what
+  ``is_websocket`` reads) and ``request_id`` set, handed on once its head is whole; a
+  ``RequestBody`` on it if a body follows, fed (``feed``), ended (``finish``) or broken
+  (``fail``) as it comes. The body's source (``request.BodySource``) is paused while too
+  much of it is buffered, and ``send_continue`` is HTTP/1.1's 100 Continue (nothing to send
+  where the version has no such step).
+- the answer, through ``Downstream``: ``answer`` (a whole one) or ``open_answer`` (one that
+  streams: a ``streams.ResponseStream`` over the codec's ``streams.ClientSide``, which the
+  upstream connection writes the body to and pauses with). ``ResponseStream.chunked`` says
+  the client takes the upstream's chunks as they are (HTTP/1.1 chunked framing only); a
+  codec whose frames are not the bytes of its socket gives a ``ClientSide`` of its own
+  stream, whose ``transport`` frames what is written to it (the memoryviews of a spliced
+  answer too, held no longer than its ``get_write_buffer_size`` says: ``wire.splice``) and
+  whose ``socket_fd`` is -1 (nothing is written past it). The answer has ended when
+  ``finished`` is called (served without a task) or the work given to ``run`` returns;
+  ``abort`` cuts it off so that it never looks complete (for a stream of a shared
+  connection: that stream's reset).
+- ``send_error``, the gateway's own answers (the JSON body and fields
+  ``messages.gateway_error_response`` puts in HTTP/1.1's bytes, in the codec's framing);
+- ``upgrade``/``start_relay``, a WebSocket relay (``websocket.Relay`` over a ``Side``).
+
+What stays HTTP/1.1's special cases, set only by its codec: ``IncomingRequest.plain_lines``,
+``raw_fields``, ``forwarded`` and ``authorization`` (a plain head sent upstream as its
+lines, ``messages.plain_upstream_head`` and ``guard``), ``keep_alive`` and ``last`` (the
+connection's reuse), the splice of a large request body from the client's socket
+(``wire.splice``), and the chunked relay. The upstream leg is HTTP/1.1 whatever the
+client's version (``connector``, ``messages.upstream_request``).
+
 A mypyc trait, not a ``typing.Protocol``: compiled, a call through a trait goes through its
 vtable as a call on the class itself does, where a protocol's is a call by name.
 """
