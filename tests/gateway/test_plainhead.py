@@ -140,8 +140,9 @@ def check_request(data: bytes) -> bool:
 
 
 def check_whole_head(plain: plainhead.PlainRequest, peer: str | None, trust: bool) -> None:
-    """``messages.plain_upstream_head`` makes the bytes ``upstream_head``'s lines make, with
-    the framing and the blank line, for the request of a plain head."""
+    """``messages.plain_upstream_head`` makes the bytes ``upstream_request`` makes of
+    ``upstream_head``'s lines (the framing and the blank line), for the request of a plain
+    head."""
     method, target, block, kept, host, request_id, keep_alive, forwarded, _, _ = plain
     request = IncomingRequest(None)
     request.method, request.target, request.raw_fields = method, target, block
@@ -158,8 +159,7 @@ def check_whole_head(plain: plainhead.PlainRequest, peer: str | None, trust: boo
                 address="10.1.1.1:80",
                 secure=secure,
             )
-            if empty_body:
-                lines.append(b"Content-Length: 0")
+            framed = messages.upstream_request(lines, 0 if empty_body else None)
             whole = messages.plain_upstream_head(
                 request,
                 b"/t?q",
@@ -169,7 +169,9 @@ def check_whole_head(plain: plainhead.PlainRequest, peer: str | None, trust: boo
                 address="10.1.1.1:80",
                 empty_body=empty_body,
             )
-            assert whole == b"\r\n".join([*lines, b"", b""]), plain
+            assert whole == framed, plain
+            end = b"\r\nContent-Length: 0\r\n\r\n" if empty_body else b"\r\n\r\n"
+            assert framed.endswith(end), plain
 
 
 def check_answer(data: bytes) -> bool:
