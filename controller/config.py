@@ -22,7 +22,14 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from gateway import Duration, ListenAddress, ListenerLimits, ProxyConfig, TlsConfig
+from gateway import (
+    Duration,
+    ListenAddress,
+    ListenerLimits,
+    ProxyConfig,
+    TlsConfig,
+    TracingConfig,
+)
 
 from . import documents
 from .cluster.config import NodeConfig, StateConfig
@@ -313,6 +320,8 @@ class GatewayConfig(Model):
     backends: BackendsConfig = BackendsConfig()
     proxy: ProxyOptions = ProxyOptions()
     access_log: AccessLogConfig = AccessLogConfig()
+    tracing: TracingConfig = TracingConfig()
+    """W3C Trace Context propagation (``traceparent``, ``tracestate``); on by default."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     replicas_on_exit: Literal["keep", "stop"] = "keep"
     """On shutdown, leave process replicas running for the next start to adopt (``keep``),
@@ -342,7 +351,11 @@ class GatewayConfig(Model):
     def proxy_config(self) -> ProxyConfig:
         tls = TlsConfig(**{f.name: getattr(self.tls, f.name) for f in fields(TlsConfig)})
         return ProxyConfig(
-            listen=self.listen, listen_tls=self.listen_tls, tls=tls, **dict(self.proxy)
+            listen=self.listen,
+            listen_tls=self.listen_tls,
+            tls=tls,
+            tracing=self.tracing,
+            **dict(self.proxy),
         )
 
     def admin_token(self) -> str | None:

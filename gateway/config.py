@@ -633,6 +633,21 @@ class TlsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingConfig:
+    """W3C Trace Context propagation (``tracing``): spans are not recorded or exported."""
+
+    __pydantic_config__ = _FORBID
+
+    propagate: bool = True
+    """Send each request upstream with a ``traceparent`` for the gateway's hop (the client's
+    trace continued, else a new one) and the client's ``tracestate``; the request id carries
+    the trace id. False: both headers pass through untouched, none is added."""
+    sample_ratio: Annotated[float, Ge(0), Le(1)] = 0.01
+    """The share of new traces (a request without a valid ``traceparent``) sent with the
+    sampled flag set; a continued trace keeps its caller's flag."""
+
+
+@dataclass(frozen=True, slots=True)
 class ProxyConfig:
     """Settings of the traffic listener and its forwarding."""
 
@@ -651,3 +666,4 @@ class ProxyConfig:
     upstream look like a failing one)."""
     trust_forwarded: bool = False
     """Keep a client's X-Forwarded-* headers (behind a trusted proxy) instead of replacing them."""
+    tracing: TracingConfig = TracingConfig()

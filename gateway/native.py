@@ -75,6 +75,7 @@ MODULES = (
     "router",
     "status_codes",
     "tally",
+    "tracing",
     "upstream",
     "proxy.answers",
     "proxy.chunked_answer",

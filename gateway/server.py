@@ -120,7 +120,9 @@ class TrafficServer:
         self.bind()
         await self.proxy.start()
         limits = self.config.limits
-        gate = ConnectionGate(limits.max_connections, self.proxy.connector.batch)
+        gate = ConnectionGate(
+            limits.max_connections, self.proxy.connector.batch, self.config.tracing.propagate
+        )
         connections = self._connections
         handle = self.proxy.handle
         begin = self.proxy.begin

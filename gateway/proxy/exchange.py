@@ -27,6 +27,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
 
+from .. import tracing
 from ..config import ProxyConfig
 from ..errors import (
     BadRequest,
@@ -72,6 +73,9 @@ class Forwarding:
         self.trust_forwarded = config.trust_forwarded
         """``config.trust_forwarded``, read on every request (a plain attribute: see
         ``ServicePool.configure``)."""
+        self.propagate = config.tracing.propagate
+        """``config.tracing.propagate``: each request gets a trace context (``tracing``)."""
+        self.sample_ratio = config.tracing.sample_ratio
         self.observers = tuple(observers)
         self.hand_on = hand_on
         """Go on with an exchange as its request's task (after a failed attempt, if given):
@@ -141,13 +145,29 @@ class Exchange:
     """The revision a preview route asked for: no attempt goes to another (``preview``)."""
     replayed: bool = False
     """Sent again once already after a stale kept connection (``retry.stale``)."""
+    trace: bytes = b""
+    """The traceparent and tracestate lines sent upstream (``tracing.context``); empty when
+    not traced (the client's pass on as they are)."""
 
     def __init__(self, proxy: Forwarding, client: Downstream, request: IncomingRequest) -> None:
         self.proxy = proxy
         self.client = client
         self.request = request
         candidate = request.request_id
-        self.request_id = headers.request_id(candidate.decode("latin-1") if candidate else None)
+        if proxy.propagate:
+            made, self.trace = tracing.context(
+                request.traceparent, request.tracestate, proxy.sample_ratio
+            )
+            if candidate is None:
+                self.request_id = made
+            else:
+                self.request_id = headers.request_id(candidate.decode("latin-1"), made)
+            if not request.traced and request.plain_lines is not None:
+                request.plain_lines = None  # they hold the client's: its fields are sorted out
+        else:
+            self.request_id = headers.request_id(candidate.decode("latin-1") if candidate else None)
+            if request.traced:
+                request.plain_lines = None  # they are without the client's: sent from its fields
         self.started = proxy.loop.time()
 
     # -- without a task ----------------------------------------------------------------------
@@ -173,6 +193,7 @@ class Exchange:
                 secure=client.secure,
                 address="" if request.host else upstream.address,
                 empty_body=request.content_length is not None,
+                trace=self.trace,
             )
         else:
             data = messages.upstream_request(
@@ -304,6 +325,7 @@ class Exchange:
             address="" if self.request.host else upstream.address,  # made only if used
             secure=self.client.secure,
             drop=self.strip,
+            trace=self.trace,
         )
 
     def stale(self, kind: FailureKind, reused: bool) -> bool:

@@ -111,10 +111,13 @@ class ConnectionGate:
     connector's; a batch of its own, which knows of no request in flight, never holds a
     write)."""
 
-    __slots__ = ("batch", "buffers", "limit", "loop", "open", "parked", "parking")
+    __slots__ = ("batch", "buffers", "limit", "loop", "open", "parked", "parking", "trace")
 
-    def __init__(self, limit: int, batch: WriteBatch | None = None) -> None:
+    def __init__(self, limit: int, batch: WriteBatch | None = None, trace: bool = True) -> None:
         self.limit = limit
+        self.trace = trace
+        """Requests are traced (``tracing.propagate``): a plain head's traceparent and
+        tracestate are read, not passed on as they are (``plainhead.request``)."""
         self.open = 0
         """Connections in the loop (``ClientConnection``s)."""
         self.parked = 0
@@ -690,7 +693,7 @@ class ClientConnection(asyncio.Protocol, Downstream):
             self._raw_body(data)
             return
         if parsing is None and self._boundary and plainhead.COMPILED:
-            plain = plainhead.request(data, self._limits.max_header_size)
+            plain = plainhead.request(data, self._limits.max_header_size, self._gate.trace)
             if plain is not None and self._plain_request(plain):
                 return
         parser = self._parser
@@ -739,7 +742,20 @@ class ClientConnection(asyncio.Protocol, Downstream):
         """A whole plain request head, read without llhttp (``plainhead``): what the parser's
         callbacks would have made of it. False (nothing done) if its Host is not well formed:
         then llhttp's way refuses it."""
-        method, target, block, kept, host, request_id, keep_alive, forwarded, auth, auth_at = plain
+        (
+            method,
+            target,
+            block,
+            kept,
+            host,
+            request_id,
+            keep_alive,
+            forwarded,
+            auth,
+            auth_at,
+            traceparent,
+            tracestate,
+        ) = plain
         if host and host != _checked_host.value:
             if not HOST.fullmatch(host):
                 return False
@@ -755,6 +771,12 @@ class ClientConnection(asyncio.Protocol, Downstream):
         request.target = target
         request.host = host
         request.request_id = request_id
+        if traceparent is not None:
+            request.traceparent = traceparent
+        if tracestate is not None:
+            request.tracestate = tracestate
+        if self._gate.trace:
+            request.traced = True
         request.keep_alive = keep_alive
         request.last = not keep_alive
         self._boundary = keep_alive

@@ -56,14 +56,17 @@ def upstream_head(
     address: str,
     secure: bool = False,
     drop: bytes | None = None,
+    trace: bytes = b"",
 ) -> list[bytes]:
     """The request line and header lines sent upstream (framing not included); ``address``:
     the upstream's, the Host of a request that had none; ``drop``: a field not sent (a
-    service's token, lower-cased: a plain head's lines are without it already, ``guard``)."""
+    service's token, lower-cased: a plain head's lines are without it already, ``guard``);
+    ``trace``: the gateway's traceparent and tracestate lines (``tracing.context``; a plain
+    head's lines are without the client's then, ``IncomingRequest.traced``)."""
     plain = request.plain_lines
     if plain is not None and not (request.forwarded and trust_forwarded):
         lines = headers.plain_upstream_request(
-            plain, host=request.host, peer=peer, request_id=request_id, secure=secure
+            plain, host=request.host, peer=peer, request_id=request_id, secure=secure, trace=trace
         )
     else:
         lines = headers.upstream_request(
@@ -75,6 +78,7 @@ def upstream_head(
             websocket=bool(request.upgrade) and request.is_websocket,
             secure=secure,
             drop=drop,
+            trace=trace,
         )
     lines.insert(0, request.method.encode() + b" " + target + b" HTTP/1.1")
     if not request.host:
@@ -113,12 +117,14 @@ def plain_upstream_head(
     secure: bool,
     address: str,
     empty_body: bool,
+    trace: bytes = b"",
 ) -> bytes:
     """The whole head sent upstream for a request with a plain head and no body: what
     ``upstream_head`` makes of it, then ``Content-Length: 0`` if ``empty_body`` and the blank
     line, in one join (a join of the lines, then a join of those, cost a copy and the
     objects of each step). Only when ``upstream_head`` would take the plain lines as they
-    are (``IncomingRequest.plain_lines`` set, no X-Forwarded-* field trusted)."""
+    are (``IncomingRequest.plain_lines`` set, no X-Forwarded-* field trusted). ``trace``:
+    as ``upstream_head``'s."""
     method = _METHODS.get(request.method)
     if method is None:
         method = request.method.encode() + b" "
@@ -144,15 +150,18 @@ def plain_upstream_head(
             b"\r\nX-Request-Id: ",
             request_id,
         )
+        if trace:
+            pieces += (b"\r\n", trace)
     else:
         pieces += (
             b"\r\nX-Forwarded-Proto: https\r\nX-Request-Id: "
             if secure
             else b"\r\nX-Forwarded-Proto: http\r\nX-Request-Id: ",
             request_id,
-            b"\r\nHost: ",
-            address.encode(),
         )
+        if trace:
+            pieces += (b"\r\n", trace)
+        pieces += (b"\r\nHost: ", address.encode())
     pieces.append(b"\r\nContent-Length: 0\r\n\r\n" if empty_body else b"\r\n\r\n")
     return b"".join(pieces)
 

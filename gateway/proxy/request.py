@@ -33,6 +33,8 @@ _TRANSFER_ENCODING_FIELD: Final = 3
 _UPGRADE_FIELD: Final = 4
 _WEBSOCKET_KEY_FIELD: Final = 5
 _REQUEST_ID_FIELD: Final = 6
+_TRACEPARENT_FIELD: Final = 7
+_TRACESTATE_FIELD: Final = 8
 _SPECIAL_FIELDS: Final = {
     b"host": _HOST_FIELD,
     b"content-length": _CONTENT_LENGTH_FIELD,
@@ -40,6 +42,8 @@ _SPECIAL_FIELDS: Final = {
     b"upgrade": _UPGRADE_FIELD,
     b"sec-websocket-key": _WEBSOCKET_KEY_FIELD,
     b"x-request-id": _REQUEST_ID_FIELD,
+    b"traceparent": _TRACEPARENT_FIELD,
+    b"tracestate": _TRACESTATE_FIELD,
 }
 
 
@@ -193,6 +197,10 @@ class IncomingRequest:
     upgrade = b""
     websocket_key = False
     request_id: bytes | None = None
+    traceparent: bytes | None = None
+    """The traceparent field (``plainhead.TWICE`` if more than one: not valid)."""
+    tracestate: bytes | None = None
+    """The tracestate fields, joined with ``,`` if more than one."""
     keep_alive = True
     last = False
     """The client said it sends nothing after this request (``Connection: close``, or
@@ -212,6 +220,9 @@ class IncomingRequest:
     has more than one), so that ``guard`` need not search its fields again."""
     authorization_at = -1
     """Where that field's line begins in ``plain_lines`` (-1: not there)."""
+    traced = False
+    """Whether ``plain_lines`` are without the traceparent and tracestate fields (read with
+    ``plainhead.request``'s ``trace``): the gateway writes its own (``tracing``)."""
 
     def __init__(self, headers: Fields | None) -> None:
         self._headers = headers
@@ -275,8 +286,13 @@ class IncomingRequest:
             self.upgrade = value
         elif special == _WEBSOCKET_KEY_FIELD:
             self.websocket_key = True
-        else:
+        elif special == _REQUEST_ID_FIELD:
             self.request_id = value
+        elif special == _TRACEPARENT_FIELD:
+            self.traceparent = value if self.traceparent is None else plainhead.TWICE
+        else:
+            state = self.tracestate
+            self.tracestate = value if state is None else state + b"," + value
         return host_checked
 
     def __repr__(self) -> str:

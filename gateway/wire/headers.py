@@ -11,6 +11,8 @@ X-Forwarded-For carries the peer address: appended to the client's value when th
 a trusted proxy (``trust_forwarded``), replacing it otherwise, so a client cannot forge it.
 X-Request-Id is the client's when it is well formed, else a new one; it goes upstream and
 comes back on every response. (The one impurity: a new id comes from a random generator.)
+A traced request's new id is its trace's (``tracing``), and its traceparent and tracestate
+are the gateway's (``trace``), in place of the client's.
 
 Fields are bytes as they came off the wire: a value crosses exactly as it arrived.
 """
@@ -40,10 +42,13 @@ HOP_BY_HOP: Final = frozenset(
 """Lower-cased names that never cross the proxy (RFC 9110 7.6.1, and the old Proxy-*)."""
 
 _FRAMING: Final = frozenset({b"content-length", b"transfer-encoding"})
+_TRACE: Final = frozenset({b"traceparent", b"tracestate"})
+"""W3C Trace Context: replaced by the gateway's own when it traces (``tracing``)."""
 _REQUEST_REWRITTEN: Final = (
     HOP_BY_HOP
     | _FRAMING
     | {b"expect", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"x-request-id"}
+    | _TRACE
 )
 RESPONSE_DROPPED: Final = HOP_BY_HOP | _FRAMING | {b"x-request-id"}
 """Lower-cased names of an upstream's answer that the client never gets as they are."""
@@ -96,11 +101,12 @@ class _Ids:
 _ids: Final = _Ids(random.SystemRandom().getrandbits(64), random.SystemRandom().getrandbits(32))
 
 
-def request_id(candidate: str | None) -> str:
-    """The client's X-Request-Id if it is well formed, else a new unique one."""
+def request_id(candidate: str | None, made: str | None = None) -> str:
+    """The client's X-Request-Id if it is well formed, else ``made`` (the trace's:
+    ``tracing``) or a new unique one."""
     if candidate is not None and _REQUEST_ID.fullmatch(candidate):
         return candidate
-    return _ids.next()
+    return _ids.next() if made is None else made
 
 
 def connection_tokens(fields: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
@@ -122,13 +128,16 @@ def upstream_request(
     websocket: bool = False,
     secure: bool = False,
     drop: bytes | None = None,
+    trace: bytes = b"",
 ) -> list[bytes]:
     """The header lines sent upstream for a client request with ``fields``.
 
     ``host`` is the client's Host (empty if it sent none: the caller adds one). ``peer`` is
     the client's IP address (None on a Unix socket). ``secure``: it came over TLS
     (X-Forwarded-Proto: https). ``drop``: a field (lower-cased name) that stays here, every
-    instance of it: a service's token that is not passed upstream.
+    instance of it: a service's token that is not passed upstream. ``trace``: the gateway's
+    traceparent and tracestate lines (``tracing.context``), which replace the client's; empty:
+    the client's are passed on as they are.
     """
     lines: list[bytes] = []
     tokens: frozenset[bytes] = frozenset()
@@ -141,6 +150,9 @@ def upstream_request(
                 tokens = connection_tokens(fields) - (_UPGRADE if websocket else frozenset())
             elif websocket and lower == b"upgrade":
                 lines.append(name + b": " + value)
+            elif lower in _TRACE:
+                if not trace:
+                    lines.append(name + b": " + value)
             elif trust_forwarded:
                 if lower == b"x-forwarded-for":
                     prior.append(value)
@@ -170,13 +182,21 @@ def upstream_request(
     if not forwarded_host and host:
         lines.append(b"X-Forwarded-Host: " + host)
     lines.append(b"X-Request-Id: " + request_id.encode())
+    if trace:
+        lines.append(trace)
     if websocket:
         lines.append(b"Connection: Upgrade")
     return lines
 
 
 def plain_upstream_request(
-    kept: bytes, *, host: bytes, peer: str | None, request_id: str, secure: bool = False
+    kept: bytes,
+    *,
+    host: bytes,
+    peer: str | None,
+    request_id: str,
+    secure: bool = False,
+    trace: bytes = b"",
 ) -> list[bytes]:
     """``upstream_request`` for a plain head (``plainhead.request``), from its lines that go
     upstream as they are (``kept``): the same lines, when it holds no X-Forwarded-* field to
@@ -191,6 +211,8 @@ def plain_upstream_request(
     if host:
         pieces += (b"X-Forwarded-Host: ", host, b"\r\n")
     pieces += (b"X-Request-Id: ", request_id.encode())
+    if trace:
+        pieces += (b"\r\n", trace)
     return [b"".join(pieces)]
 
 

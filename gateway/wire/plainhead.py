@@ -93,6 +93,10 @@ _AUTHORIZATION: Final = 9
 """Noted in a request (a service's bearer token: ``proxy.guard``), passed on as it is."""
 _TRANSFER_ENCODING: Final = 10
 """Refused in a request; in an answer, read if it is ``chunked`` alone (``answer``)."""
+_TRACEPARENT: Final = 11
+_TRACESTATE: Final = 12
+"""W3C Trace Context: read and left out of a request's lines when it is traced (``request``'s
+``trace``, ``tracing``), else passed on as they are; passed on in an answer."""
 
 TWICE: Final = b"\r"
 """What ``request`` gives as the Authorization value of a head that holds the field more
@@ -111,7 +115,11 @@ def _kind(data: bytes, start: i64, end: i64) -> int:
     if n == 10:
         if _is(data, start, b"connection"):
             return _CONNECTION
+        if _is(data, start, b"tracestate"):
+            return _TRACESTATE
         return _DROPPED if _is(data, start, b"keep-alive") else _PLAIN
+    if n == 11:
+        return _TRACEPARENT if _is(data, start, b"traceparent") else _PLAIN
     if n == 14:
         return _CONTENT_LENGTH if _is(data, start, b"content-length") else _PLAIN
     if n == 12:
@@ -146,7 +154,18 @@ def _kind(data: bytes, start: i64, end: i64) -> int:
 
 
 PlainRequest = tuple[
-    str, bytes, bytes, "bytes | None", bytes, "bytes | None", bool, bool, "bytes | None", int
+    str,
+    bytes,
+    bytes,
+    "bytes | None",
+    bytes,
+    "bytes | None",
+    bool,
+    bool,
+    "bytes | None",
+    int,
+    "bytes | None",
+    "bytes | None",
 ]
 """A request head read here: method, target, its field lines (``fields`` makes the list of
 them), those of its lines that go upstream as they are (``headers.plain_upstream_request``;
@@ -154,8 +173,9 @@ None unless every field is spelled ``name: value``, with one space, as they go u
 Host (empty if none), X-Request-Id (the last one, or None), whether the connection is kept
 alive after it, whether it holds an X-Forwarded-* field, the value of its Authorization
 field (None if none, ``TWICE`` if more than one; trailing spaces and tabs kept, as llhttp
-reports them), and where that field's line begins in the lines that go upstream (-1 if
-there are none)."""
+reports them), where that field's line begins in the lines that go upstream (-1 if
+there are none), and, when read with ``trace``, its traceparent (``TWICE`` if more than one)
+and its tracestate (several joined with ``,``), None if none."""
 
 PlainAnswer = tuple[int, bytes, bytes, int, Fields, bool, int]
 """An answer read here: status, phrase, the block of its end-to-end fields (as
@@ -261,8 +281,11 @@ def _skip_space(data: bytes, i: i64, n: i64) -> i64:
     return i
 
 
-def request(data: bytes, max_field: int) -> PlainRequest | None:
-    """The request head that is the whole of ``data``, if it is plain; else None."""
+def request(data: bytes, max_field: int, trace: bool = False) -> PlainRequest | None:
+    """The request head that is the whole of ``data``, if it is plain; else None.
+
+    ``trace``: its traceparent and tracestate fields are read, and left out of the lines that
+    go upstream as they are (the gateway writes its own: ``tracing``)."""
     n: i64 = len(data)
     if n < 18 or not _at(data, n - 4, b"\r\n\r\n"):
         return None
@@ -295,6 +318,8 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
     spelled = True  # every field spelled "name: value", as ``upstream_request`` writes it
     authorization: bytes | None = None
     authorization_at: i64 = -1
+    traceparent: bytes | None = None
+    tracestate: bytes | None = None
     kept_length: i64 = 0  # of the runs cut off so far, each with the CRLF that joins them
     while i < n and data[i] != _CR:
         # A field line: its name up to the colon, its value, its CR (``_field_end``).
@@ -328,6 +353,15 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
             continue
         if kind == _REQUEST_ID:
             request_id = data[value_at:end]
+        elif kind == _TRACEPARENT or kind == _TRACESTATE:
+            if not trace:
+                continue  # passed on as it is
+            if kind == _TRACEPARENT:
+                traceparent = data[value_at:end] if traceparent is None else TWICE
+            elif tracestate is None:
+                tracestate = data[value_at:end]
+            else:
+                tracestate = tracestate + b"," + data[value_at:end]
         elif kind == _CONNECTION:
             alive = _connection(data[value_at:end])
             if connection or alive < 0:
@@ -364,6 +398,8 @@ def request(data: bytes, max_field: int) -> PlainRequest | None:
         forwarded,
         authorization,
         authorization_at if spelled else -1,
+        traceparent,
+        tracestate,
     )
 
 
@@ -427,6 +463,8 @@ def answer(data: bytes, max_field: int) -> PlainAnswer | None:
             or kind == _EXPECT
             or kind == _FORWARDED
             or kind == _AUTHORIZATION
+            or kind == _TRACEPARENT
+            or kind == _TRACESTATE
         ):
             continue  # kept: part of the run
         if kind == _REFUSED:

@@ -80,12 +80,44 @@ class _Answer:
         self.complete += 1
 
 
+TRACE = b"traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+"""The gateway's trace lines, as ``tracing.context`` makes them (any lines do here)."""
+
+
 def check_request(data: bytes) -> bool:
     """Whether ``plainhead`` reads ``data``; if it does, llhttp must read the same."""
-    plain = plainhead.request(data, MAX_FIELD)
-    if plain is None:
+    untraced = plainhead.request(data, MAX_FIELD)
+    traced = plainhead.request(data, MAX_FIELD, trace=True)
+    if untraced is None:
+        assert traced is None, data
         return False
-    method, target, block, kept, host, request_id, keep_alive, forwarded, auth, auth_at = plain
+    assert traced is not None, data
+    same = (0, 1, 2, 4, 5, 6, 7, 8)  # but the kept lines and where Authorization is in them
+    assert [untraced[i] for i in same] == [traced[i] for i in same], data
+    assert untraced[10:] == (None, None), data
+    check_traced(traced)
+    check_plain(data, untraced, False)
+    check_plain(data, traced, True)
+    return True
+
+
+def check_traced(plain: plainhead.PlainRequest) -> None:
+    """The traceparent and tracestate noted as read with ``trace``."""
+    fields = plainhead.fields(plain[2])
+    parents = [value for name, value in fields if name.lower() == b"traceparent"]
+    states = [value for name, value in fields if name.lower() == b"tracestate"]
+    traceparent, tracestate = plain[10:]
+    assert traceparent == (
+        None if not parents else parents[0] if len(parents) == 1 else plainhead.TWICE
+    )
+    assert tracestate == (b",".join(states) if states else None)
+
+
+def check_plain(data: bytes, plain: plainhead.PlainRequest, traced: bool) -> None:
+    """What goes upstream of a plain head read with ``trace`` or not: the same lines from
+    the kept ones as from all the fields."""
+    method, target, block, kept, host, request_id, keep_alive, forwarded, auth, auth_at = plain[:10]
+    trace = TRACE if traced else b""
     fields = plainhead.fields(block)
     messages = llhttp_request(data)
     assert messages is not None, data
@@ -119,13 +151,20 @@ def check_request(data: bytes) -> bool:
             if trust and forwarded:
                 continue  # the fields' way (their values are read)
             assert b"\r\n".join(
-                headers.plain_upstream_request(kept, host=host, peer=peer, request_id="r1")
+                headers.plain_upstream_request(
+                    kept, host=host, peer=peer, request_id="r1", trace=trace
+                )
             ) == b"\r\n".join(
                 headers.upstream_request(
-                    fields, host=host, peer=peer, request_id="r1", trust_forwarded=trust
+                    fields,
+                    host=host,
+                    peer=peer,
+                    request_id="r1",
+                    trust_forwarded=trust,
+                    trace=trace,
                 )
             ), data
-            check_whole_head(plain, peer, trust)
+            check_whole_head(plain, peer, trust, trace)
     assert forwarded == any(name.startswith(b"x-forwarded-") for name in names)
     # Authorization, noted as read: its value, and where its line is in the kept lines.
     tokens = [value for name, value in fields if name.lower() == b"authorization"]
@@ -136,14 +175,15 @@ def check_request(data: bytes) -> bool:
         line = kept[auth_at:].partition(b"\r\n")[0]
         assert auth_at == 0 or kept[auth_at - 2 : auth_at] == b"\r\n", data
         assert line.lower() == b"authorization: " + auth.lower(), data
-    return True
 
 
-def check_whole_head(plain: plainhead.PlainRequest, peer: str | None, trust: bool) -> None:
+def check_whole_head(
+    plain: plainhead.PlainRequest, peer: str | None, trust: bool, trace: bytes = b""
+) -> None:
     """``messages.plain_upstream_head`` makes the bytes ``upstream_request`` makes of
     ``upstream_head``'s lines (the framing and the blank line), for the request of a plain
     head."""
-    method, target, block, kept, host, request_id, keep_alive, forwarded, _, _ = plain
+    method, target, block, kept, host, request_id, keep_alive, forwarded, _, _ = plain[:10]
     request = IncomingRequest(None)
     request.method, request.target, request.raw_fields = method, target, block
     request.plain_lines, request.host, request.forwarded = kept, host, forwarded
@@ -158,6 +198,7 @@ def check_whole_head(plain: plainhead.PlainRequest, peer: str | None, trust: boo
                 trust_forwarded=trust,
                 address="10.1.1.1:80",
                 secure=secure,
+                trace=trace,
             )
             framed = messages.upstream_request(lines, 0 if empty_body else None)
             whole = messages.plain_upstream_head(
@@ -168,6 +209,7 @@ def check_whole_head(plain: plainhead.PlainRequest, peer: str | None, trust: boo
                 secure=secure,
                 address="10.1.1.1:80",
                 empty_body=empty_body,
+                trace=trace,
             )
             assert whole == framed, plain
             end = b"\r\nContent-Length: 0\r\n\r\n" if empty_body else b"\r\n\r\n"
@@ -229,6 +271,11 @@ def test_forwarded_for_lines_come_from_a_bounded_cache_the_same() -> None:
 
 REQUESTS = [
     b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: h\r\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-"
+    b"b7ad6b7169203331-01\r\ntracestate: a=1\r\nAuthorization: Bearer t\r\n\r\n",
+    b"GET / HTTP/1.1\r\nTraceParent: x\r\nX-A: 1\r\ntraceparent: y\r\nTRACESTATE: a=1\r\n"
+    b"tracestate:b=2\r\n\r\n",
+    b"GET / HTTP/1.1\r\ntracestate: a=1\r\n\r\n",
     b"GET / HTTP/1.1\r\n\r\n",
     b"HEAD /a/b?c=d&e=%20#f HTTP/1.1\r\nhost: example.com\r\nAccept: */*\r\n\r\n",
     b"DELETE /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\nX-Request-Id: abc-1\r\n\r\n",

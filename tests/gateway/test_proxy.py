@@ -590,8 +590,12 @@ async def test_request_id_is_generated_when_missing_or_malformed(
 
     request_id = response_headers["X-Request-Id"]
     assert request_id != given
-    assert len(request_id) == 32
-    assert CIMultiDict(body["headers"])["X-Request-Id"] == request_id
+    # Traced (the default): the trace id and the gateway's span id, as in its traceparent.
+    trace_id, span_id = request_id.split("-")
+    assert (len(trace_id), len(span_id)) == (32, 16)
+    received = CIMultiDict(body["headers"])
+    assert received["X-Request-Id"] == request_id
+    assert received["traceparent"] in (f"00-{request_id}-00", f"00-{request_id}-01")
 
 
 # -- WebSocket -----------------------------------------------------------------------------
