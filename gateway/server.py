@@ -120,8 +120,12 @@ class TrafficServer:
         self.bind()
         await self.proxy.start()
         limits = self.config.limits
+        connector = self.proxy.connector
         gate = ConnectionGate(
-            limits.max_connections, self.proxy.connector.batch, self.config.tracing.propagate
+            limits.max_connections,
+            connector.batch,
+            self.config.tracing.propagate,
+            connector.buffers,
         )
         connections = self._connections
         handle = self.proxy.handle

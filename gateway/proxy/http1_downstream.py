@@ -113,7 +113,13 @@ class ConnectionGate:
 
     __slots__ = ("batch", "buffers", "limit", "loop", "open", "parked", "parking", "trace")
 
-    def __init__(self, limit: int, batch: WriteBatch | None = None, trace: bool = True) -> None:
+    def __init__(
+        self,
+        limit: int,
+        batch: WriteBatch | None = None,
+        trace: bool = True,
+        buffers: Buffers | None = None,
+    ) -> None:
         self.limit = limit
         self.trace = trace
         """Requests are traced (``tracing.propagate``): a plain head's traceparent and
@@ -127,7 +133,8 @@ class ConnectionGate:
         self.loop: asyncio.AbstractEventLoop | None = None
         """The running loop, kept at the first connection (Python 3.11's
         ``get_running_loop`` makes a system call, ``getpid``)."""
-        self.buffers = Buffers()
+        self.buffers = buffers if buffers is not None else Buffers()
+        """The read buffers (``splice``): the connector's, so that both legs share one."""
         self.batch = batch if batch is not None else WriteBatch()
 
 

@@ -38,14 +38,22 @@ SPARE_BUFFERS: Final = 4
 
 
 class Buffers:
-    """The read buffers of one event loop's connections: the scratch one, spare ones."""
+    """The read buffers of one event loop's connections: the scratch one, spare ones. One
+    for both legs: the client connections share the connector's (``ConnectionGate``)."""
 
-    __slots__ = ("_spare", "scratch")
+    __slots__ = ("_scratch", "_spare")
 
     def __init__(self) -> None:
-        self.scratch = memoryview(bytearray(READ_SIZE))
-        """Where reads that are copied out at once go."""
+        self._scratch: memoryview | None = None
         self._spare: list[memoryview] = []
+
+    def scratch(self) -> memoryview:
+        """Where reads that are copied out at once go: made at the first such read (a
+        connection reads into it only while a large body may be spliced)."""
+        view = self._scratch
+        if view is None:
+            view = self._scratch = memoryview(bytearray(READ_SIZE))
+        return view
 
     def take(self) -> memoryview:
         if self._spare:
@@ -74,7 +82,7 @@ class Reader:
         """Where the next read goes: the splice to ``transport``, or (None) the scratch."""
         if transport is None:
             self._splicing = False
-            return self._buffers.scratch
+            return self._buffers.scratch()
         if self.splice is None:
             self.splice = Splice(self._buffers)
         self._splicing = True
@@ -87,7 +95,7 @@ class Reader:
         if self._splicing and self.splice is not None:
             self._splicing = False
             return self.splice
-        data_received(self._buffers.scratch[:nbytes].tobytes())
+        data_received(self._buffers.scratch()[:nbytes].tobytes())
         return None
 
     def end(self, transport: asyncio.WriteTransport | None) -> None:

@@ -45,6 +45,21 @@ async def test_every_method_and_path_reaches_the_proxy(pool, upstream, gateway, 
         assert (resp.status, body["method"], body["path"]) == (200, method, "/a/b/c?d=e")
 
 
+async def test_both_legs_share_one_set_of_read_buffers_made_on_use(pool, upstream, gateway, client):
+    """The client connections read into the connector's buffers (``splice.Buffers``), and
+    small requests and answers make none: uvloop reads those into its own buffer."""
+    pool.set_service(routing("web", prefix="/"))
+    await upstream("web", "u1")
+    gw = await gateway()
+    for _ in range(3):
+        async with client.get(url(gw, "/small")) as resp:
+            assert resp.status == 200
+    assert gw._gate is not None
+    buffers = gw.proxy.connector.buffers
+    assert gw._gate.buffers is buffers
+    assert buffers._scratch is None
+
+
 async def test_stop_lets_in_flight_requests_finish(pool, upstream, gateway, client):
     started, release = asyncio.Event(), asyncio.Event()
     upstream_closed = asyncio.get_running_loop().create_future()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.wire.splice import SPLICE_SIZE, Buffers, Splice
+from gateway.wire.splice import READ_SIZE, SPLICE_SIZE, Buffers, Reader, Splice
 
 
 class _Transport:
@@ -70,3 +70,19 @@ def test_a_buffer_still_held_at_the_end_is_left_to_the_transport() -> None:
     held = transport.held[-1].obj
     splice.close(transport)  # type: ignore[arg-type]
     assert pool.take().obj is not held
+
+
+def test_the_scratch_buffer_is_made_at_the_first_read_copied_out_of_it() -> None:
+    """A loop whose connections splice no large body holds no read buffer of its own (uvloop
+    reads into its own): the scratch one is made by the first read that goes into it, then
+    kept for every later one."""
+    pool = Buffers()
+    assert pool._scratch is None
+    reader, copied = Reader(pool), []
+    first = reader.buffer(None)
+    assert len(first) == READ_SIZE
+    assert pool._scratch is first
+    first[:3] = b"abc"
+    assert reader.spliced(3, copied.append) is None
+    assert copied == [b"abc"]
+    assert Reader(pool).buffer(None) is first
