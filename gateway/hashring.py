@@ -16,7 +16,6 @@ then goes on round the ring to the next owner not skipped, the same one every ti
 
 from __future__ import annotations
 
-import hashlib
 from bisect import bisect_left
 from collections.abc import Container, Sequence
 from typing import Final
@@ -28,6 +27,8 @@ VNODES: Final = 160
 def key_hash(data: bytes) -> int:
     """A key's place on the ring: 64 bits of BLAKE2b (stable across processes and runs,
     unlike ``hash()``, so every worker sends a key to the same upstream)."""
+    import hashlib  # here: a worker that hashes no key imports no digests
+
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 

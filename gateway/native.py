@@ -40,7 +40,6 @@ why.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -146,6 +145,8 @@ library beside the modules, where the package's ``__path__`` finds it."""
 def digest(package: Path | None = None) -> str:
     """The digest of the package's sources: every ``.py`` file, subpackages' too, by path
     and content."""
+    import hashlib  # here: a worker whose supervisor gives it the digest loads no digests
+
     root = package or PACKAGE
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
@@ -155,8 +156,19 @@ def digest(package: Path | None = None) -> str:
     return h.hexdigest()
 
 
-def check() -> str | None:
-    """Why the compiled modules cannot be used now (None: they can)."""
+def sources() -> str | None:
+    """What a process hands another it starts (a worker's supervisor, its workers) for its
+    ``use``: ``digest()`` made now, with the package's directory; None if ``check`` would
+    not compare the digest with a build's."""
+    if os.environ.get(ENV) == "0" or not MANIFEST.exists():
+        return None
+    return f"{digest()} {PACKAGE}"
+
+
+def check(sources: str | None = None) -> str | None:
+    """Why the compiled modules cannot be used now (None: they can). ``sources``: what
+    ``sources()`` gave the process that started this one just now; its digest stands for
+    ``digest()`` if it was made of this package's directory."""
     if os.environ.get(ENV) == "0":
         return f"{ENV}=0"
     try:
@@ -165,7 +177,8 @@ def check() -> str | None:
         return "not built (gateway native build)"
     except (OSError, ValueError) as exc:
         return f"unreadable manifest: {exc}"
-    if manifest.get("digest") != digest():
+    made, _, where = (sources or "").partition(" ")
+    if manifest.get("digest") != (made if made and where == str(PACKAGE) else digest()):
         return "the sources changed since the build (gateway native build)"
     return None
 
@@ -178,17 +191,18 @@ running = "pure Python: use() was not called"
 """Which modules this process runs, as ``use`` found them (``status`` words)."""
 
 
-def use(path: MutableSequence[str] | None = None) -> bool:
+def use(path: MutableSequence[str] | None = None, sources: str | None = None) -> bool:
     """Put the compiled modules first on the package's ``__path__`` (or ``path``) if they
     match the sources; for an entry point, before it imports the data plane. Calling it
-    again changes nothing. Returns whether the compiled modules run."""
+    again changes nothing. Returns whether the compiled modules run. ``sources``: as for
+    ``check`` (a worker's supervisor passes it: ``gateway.workers.__main__``)."""
     global running
     package = sys.modules[__name__.rpartition(".")[0]]
     if path is None:
         path = package.__path__
     if str(NATIVE) in path:
         return True
-    why = check()
+    why = check(sources)
     if why is None and path is package.__path__:
         early = [m for m in MODULES if f"{package.__name__}.{m}" in sys.modules]
         if early:

@@ -9,8 +9,6 @@ the value gets a random draw.
 
 from __future__ import annotations
 
-import hashlib
-
 from ..config import StickyConfig
 from ..wire.headers import Fields
 
@@ -37,5 +35,7 @@ def value(config: StickyConfig, headers: Fields) -> bytes | None:
 
 def draw(key: bytes) -> float:
     """A number in [0, 1) that ``key`` always draws, spread evenly over the keys."""
+    import hashlib  # here: a worker that draws for no key imports no digests
+
     digest = hashlib.blake2b(key, digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64

@@ -35,6 +35,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
+from .. import native
 from ..config import ProxyConfig, parse_address
 from ..events import PoolEvent
 from ..metrics import GatewayMetrics
@@ -242,6 +243,9 @@ class Supervisor:
             worker.send(ipc.ReloadTls())
 
     async def _spawn(self, index: int) -> _Worker:
+        # The sources' digest made here (the main process holds hashlib anyway): a worker
+        # that checks the compiled modules against it need not import hashlib.
+        sources = native.sources()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             process = await asyncio.create_subprocess_exec(
@@ -249,6 +253,7 @@ class Supervisor:
                 "-m",
                 "gateway.workers",
                 str(child.fileno()),
+                *([sources] if sources is not None else []),
                 pass_fds=(child.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
             )

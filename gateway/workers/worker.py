@@ -225,9 +225,9 @@ async def serve(channel: socket.socket) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
+    if not 1 <= len(args) <= 2 or not args[0].isdigit():
         print(
-            "usage: python -m gateway.workers FD (started by the gateway itself)",
+            "usage: python -m gateway.workers FD [SOURCES] (started by the gateway itself)",
             file=sys.stderr,
         )
         return 2

@@ -80,6 +80,33 @@ def test_gateway_native_1_makes_a_stale_build_an_error(package, monkeypatch):
         native.use([str(package)])
 
 
+def test_a_worker_takes_the_digest_it_is_handed_if_made_of_its_own_package(package, monkeypatch):
+    """A worker's supervisor hands it ``sources()`` (``python -m gateway.workers FD SOURCES``):
+    the worker compares that with the build instead of reading and hashing the sources itself,
+    and so imports no hashlib; a digest made of another directory is not taken."""
+    built(package, native.digest(package))
+    handed = native.sources()
+    assert handed == f"{native.digest(package)} {package}"
+    digest = native.digest
+    made: list[Path | None] = []
+    monkeypatch.setattr(native, "digest", lambda root=None: made.append(root) or digest(root))
+    assert native.check(handed) is None
+    stale = f"{'0' * 64} {package}"
+    assert native.check(stale) == "the sources changed since the build (gateway native build)"
+    path = [str(package)]
+    assert not native.use(path, sources=stale)
+    assert made == []
+    assert native.check(f"{'0' * 64} {package.parent / 'elsewhere'}") is None
+    assert made == [None]
+
+
+def test_nothing_is_handed_to_a_worker_that_would_not_compare_it(package, monkeypatch):
+    assert native.sources() is None  # not built
+    built(package, native.digest(package))
+    monkeypatch.setenv(native.ENV, "0")
+    assert native.sources() is None
+
+
 def test_the_digest_covers_names_and_contents(package):
     before = native.digest(package)
     (package / "wire" / "headers.py").rename(package / "wire" / "headers2.py")
