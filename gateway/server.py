@@ -19,13 +19,16 @@ import asyncio
 import functools
 import logging
 import socket
+from typing import TYPE_CHECKING
 
 from .config import ProxyConfig, parse_address
 from .listening import listen, listening_socket
 from .proxy.handler import Proxy
 from .proxy.http1_downstream import ClientConnection, ConnectionGate
 from .proxy.parking import Parking
-from .tls import Termination, tls_connections
+
+if TYPE_CHECKING:
+    from .tls import Termination
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +156,8 @@ class TrafficServer:
         self._gate = gate
         tls = self.tls
         if tls is not None and self.tls_addresses:
+            from .tls import tls_connections  # here: a listener without TLS loads none of it
+
             tls.start()
             secure = tls_connections(
                 protocol, tls.store, self.config.tls.handshake_timeout, gate, tls.tally

@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..accesslog import AccessLog
 from ..events import RequestObserver
@@ -36,9 +37,11 @@ from ..pool import Pool
 from ..proxy.handler import Proxy
 from ..server import TrafficServer
 from ..tally import RequestTally
-from ..tls import Termination
 from ..upstream import AdminState
 from . import ipc
+
+if TYPE_CHECKING:
+    from ..tls import Termination
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +146,11 @@ async def serve(channel: socket.socket) -> None:
         observers.append(access_log)
         access_log.start()
     proxy = Proxy(pool, setup.proxy, observers=observers)
-    tls = Termination(setup.proxy.tls) if setup.tls_addresses else None
+    tls: Termination | None = None
+    if setup.tls_addresses:
+        from ..tls import Termination  # here: a worker without HTTPS listeners loads none of it
+
+        tls = Termination(setup.proxy.tls)
     traffic = TrafficServer(
         proxy,
         setup.proxy,
