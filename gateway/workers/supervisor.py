@@ -3,7 +3,8 @@
 ``Supervisor`` takes the place of ``TrafficServer`` in the controller's process when
 ``workers`` > 1 (same ``bind``/``start``/``stop``/``port``). It reserves the listening port
 (``bind``: a socket bound with SO_REUSEPORT that never listens, so port 0 resolves once and the
-port stays ours while workers come and go), starts the workers (``gateway.workers``)
+port stays ours while workers come and go), starts the workers (``python -OO -m
+gateway.workers``: nothing a worker runs reads a docstring, and its asserts only narrow types)
 and then:
 
 - sends each worker every pool change as a whole snapshot of the service (``ipc.Install``),
@@ -250,6 +251,7 @@ class Supervisor:
         try:
             process = await asyncio.create_subprocess_exec(
                 self.settings.python,
+                "-OO",
                 "-m",
                 "gateway.workers",
                 str(child.fileno()),
