@@ -143,15 +143,24 @@ def wrk_sampled(procs: Procs, target: Target, duration: int, cpu: int) -> tuple[
     return rps, sampler.max
 
 
-def import_rss(module: str, pure: bool) -> float:
+def import_rss(module: str, pure: bool, worker: bool = False) -> float:
     """VmRSS (MiB) of a fresh interpreter once ``module`` is imported, after
-    ``gateway.native.use()`` as the gateway's entry points call it."""
-    code = (f"import gateway.native; gateway.native.use(); import {module}, re; "
-            "s = open('/proc/self/status').read(); "
+    ``gateway.native.use()`` as the gateway's entry points call it; with ``worker``, as a
+    worker process starts (``python -OO``, handed the sources' digest: the supervisor's
+    ``native.sources()``)."""
+    code = ("import sys, gateway.native; gateway.native.use(sources=(sys.argv[1:] or [None])[0]); "
+            f"import {module}, re; s = open('/proc/self/status').read(); "
             "print(int(re.search(r'VmRSS:\\s+(\\d+)', s).group(1)))")  # fmt: skip
     env = {**os.environ, "GATEWAY_NATIVE": "0" if pure else ""}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, cwd=REPO, timeout=60, check=True)  # fmt: skip
+    argv = [sys.executable, "-c", code]
+    if worker:
+        sources = subprocess.run(
+            [sys.executable, "-c", "import gateway.native as n; print(n.sources() or '')"],
+            capture_output=True, text=True, env=env, cwd=REPO, timeout=60, check=True,
+        ).stdout.strip()  # fmt: skip
+        argv = [sys.executable, "-OO", "-c", code, *([sources] if sources else [])]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=60,
+                         check=True)  # fmt: skip
     return int(out.stdout.strip()) / 1024
 
 
@@ -160,6 +169,7 @@ def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) 
     worker = "gateway.workers.worker"
     figures.imports["`uvloop`"] = import_rss("uvloop", args.pure)
     figures.imports[f"`{worker}`"] = import_rss(worker, args.pure)
+    figures.imports[f"`{worker}` as a worker starts"] = import_rss(worker, args.pure, worker=True)
     figures.imports["`controller.serving`"] = import_rss("controller.serving", args.pure)
     for target in targets.values():  # warm-up, then the idle figures
         wrk_sampled(procs, target, args.warmup, args.load_cpu)
