@@ -213,6 +213,14 @@ def _write_tls(ca: Any, directory: Path) -> EngineTls:
 
 @pytest.fixture(scope="module")
 def second_engine() -> Iterator[Engine]:
+    with second_dockerd() as engine:
+        yield engine
+
+
+@contextlib.contextmanager
+def second_dockerd() -> Iterator[Engine]:
+    """The second engine, started and stopped (by pid) around the block: the fixture's, and
+    bench/cluster.py's."""
     if os.geteuid() != 0:
         missing("a second dockerd (its bridge, data root and mounts) needs root")
     if shutil.which("dockerd") is None or shutil.which("docker") is None:
