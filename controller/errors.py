@@ -12,6 +12,7 @@ ControllerError
 ├── BackendError              a backend could not do what it was asked
 │   ├── NoCapacity            the fleet is full; ``retry_after`` hints when to try again
 │   └── StartFailed           the replica could not be started (bad command, directory...)
+│       └── HostUnreachable   its host did not answer: the host's fault, not the revision's
 └── StartRefused              the gateway did not start, and touched nothing (exit 2)
     ├── StateDirInUse         another gateway process holds the state directory's lock
     └── ListenFailed          an address to listen on could not be bound
@@ -114,6 +115,13 @@ class NoCapacity(BackendError):
 
 class StartFailed(BackendError):
     code = "start_failed"
+
+
+class HostUnreachable(StartFailed):
+    """The host chosen for the replica did not answer (a Docker Engine gone or going away):
+    a fault of the host, not of the revision, so it does not count against a rollout."""
+
+    code = "host_unreachable"
 
 
 class StartRefused(ControllerError):

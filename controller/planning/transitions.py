@@ -103,10 +103,14 @@ class Placed:
 
 @dataclass(frozen=True, slots=True)
 class StartFailed:
-    """The backend could not start a replica (no capacity, a bad command, an error)."""
+    """The backend could not start a replica (no capacity, a bad command, an error).
+    ``counts``: False when its host did not answer, a fault of the host and not of the
+    revision: the revision's starts back off, but the rollout does not count it (an engine
+    stopped during a rollout must not roll a good revision back)."""
 
     replica_id: str
     reason: str
+    counts: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,12 +196,12 @@ def observe(desired: Desired, observed: Observed, seen: Observation, now: float)
             # Drained or given up while the backend started it: nothing was ever routed to
             # it, so it may be stopped at once.
             return Step(desired, _put(observed, r.replace(address=address, drained=True)))
-        case StartFailed(reason=reason):
+        case StartFailed(reason=reason, counts=counts):
             failure = r.failure or reason
             failed = r.replace(state=ReplicaState.FAILED, since=now, failure=failure)
             out = _put(observed, failed)
             if not r.failure and r.state is ReplicaState.REQUESTED:
-                out = _count_failure(desired, out, r, reason, now)
+                out = _count_failure(desired, out, r, reason, now, against_rollout=counts)
             return Step(desired, out, (replica_event("replica_failed", r, f"failed: {reason}"),))
         case HealthChanged(healthy=healthy, reason=reason):
             return _health(desired, observed, r, healthy, reason, now)
@@ -591,15 +595,23 @@ def _put(observed: Observed, replica: Replica) -> Observed:
 
 
 def _count_failure(
-    desired: Desired, observed: Observed, r: Replica, reason: str, now: float
+    desired: Desired,
+    observed: Observed,
+    r: Replica,
+    reason: str,
+    now: float,
+    *,
+    against_rollout: bool = True,
 ) -> Observed:
-    """A replica failed: back off its revision's starts; count it against the rollout."""
+    """A replica failed: back off its revision's starts; count it against the rollout
+    (unless ``against_rollout`` is False: its host failed, not the revision)."""
     if r.revision != desired.revision:
         return observed
     observed = observed.replace(backoff=observed.backoff.failed(now, reason))
     rollout = observed.rollout
     if (
-        rollout is not None
+        against_rollout
+        and rollout is not None
         and rollout.status is RolloutStatus.PROGRESSING
         and rollout.to_revision == r.revision
     ):

@@ -381,6 +381,18 @@ def test_a_target_replica_that_fails_backs_off_and_counts_against_its_progressin
     assert kinds(step) == ["replica_failed"]
 
 
+def test_a_start_its_host_did_not_answer_backs_off_but_does_not_count_against_the_rollout():
+    """An engine stopped during a rollout: the starts placed on it fail, and the revision's
+    starts back off, but the rollout goes on (it is not the revision's fault)."""
+    d, o = pair(replica("x", 2, S.REQUESTED), active=rollout(failures=1), backoff=FAILED_BEFORE)
+    seen = StartFailed("x", "host b unreachable: engine unix:///b.sock: refused", counts=False)
+    step = observe(d, o, seen, NOW)
+    assert only(step, "x").state is S.FAILED
+    assert step.observed.backoff.failures == 2
+    assert step.observed.rollout == rollout(failures=1)
+    assert kinds(step) == ["replica_failed"]
+
+
 @pytest.mark.parametrize(
     ("rev", "active", "backs_off", "counts"),
     [

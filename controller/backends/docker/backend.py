@@ -45,7 +45,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendError, NoCapacity, StartFailed
+from ...errors import BackendError, HostUnreachable, NoCapacity, StartFailed
 from ...spec import gpu_count
 from ...tasks import guarded_task
 from ..base import Exit, ExitHandler, Launch, Running
@@ -226,7 +226,7 @@ class DockerBackend:
                 # The watcher alone says whether a host answers (a start that failed on an
                 # engine's way out must not mark its successor unreachable): it pings now.
                 host.recheck.set()
-                raise StartFailed(f"host {host.name} unreachable: {exc.message}") from exc
+                raise HostUnreachable(f"host {host.name} unreachable: {exc.message}") from exc
             if isinstance(exc, EngineError):
                 raise StartFailed(f"host {host.name}: {exc.message}") from exc
             raise
