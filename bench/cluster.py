@@ -15,6 +15,18 @@ of tests/e2e/test_cluster.py, lease TTL 2 s), applies a service of three replica
   time until one was carried out (the new leader's first action).
 
 Medians of the repetitions go to the ``cluster`` section of bench/RESULTS.md.
+
+    .venv/bin/python bench/cluster.py --chaos --repeat 10 [--faults leader_kill,etcd_all]
+
+``--chaos``: issue 54's chaos suite (``tests/e2e/chaos.py``, the topology and the faults of
+``tests/e2e/test_cluster_chaos.py``): three etcd members, three nodes of two workers, a Docker
+service of 4 replicas over two engines (the test engine, ``$GATEWAY_TEST_DOCKER_HOST`` with
+``$GATEWAY_TEST_IMAGE``, and a second ``dockerd`` this bench starts: root) and a process
+service of 3, load on both through every survivor. One cluster for every round; ``--repeat``
+rounds of each fault, interleaved, each fault in the middle of a rollout of both services.
+Per fault: requests, failed ones (on the survivors; in flight on a process that died, apart),
+the time to a new leader and to the rollout complete, p50 and p99 (nearest rank: of fewer than
+100 rounds, p99 is the slowest). Written to the ``cluster-chaos`` section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import math
 import os
 import statistics
 import sys
@@ -36,7 +49,9 @@ sys.path.insert(0, str(REPO))
 
 import results  # noqa: E402
 
+from tests.e2e.chaos import ETCD_DOWN, FAULTS, Chaos, Round  # noqa: E402
 from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Nodes  # noqa: E402
+from tests.e2e.test_docker_engines import second_dockerd  # noqa: E402
 from tests.support.etcd_cluster import EtcdCluster  # noqa: E402
 
 PROBE = {"type": "http", "path": "/", "interval": 0.1, "timeout": 0.5,
@@ -145,7 +160,11 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
+    parser.add_argument("--chaos", action="store_true", help="issue 54's faults mid-rollout")
+    parser.add_argument("--faults", default=",".join(FAULTS), help="with --chaos: which")
     args = parser.parse_args()
+    if args.chaos:
+        return await chaos(args)
     runs = []
     for i in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
@@ -187,6 +206,81 @@ async def main() -> int:
     if not args.no_write:
         results.write_section("cluster", body)
     return 0
+
+
+def rank(values: list[float], q: float) -> float:
+    """The nearest-rank percentile ``q`` (0-100) of ``values``."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def seconds(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{rank(values, 50):.2f} / {rank(values, 99):.2f}"
+
+
+async def chaos(args: argparse.Namespace) -> int:
+    faults = [f for f in args.faults.split(",") if f]
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        print(f"unknown faults {unknown}: choose among {', '.join(FAULTS)}", file=sys.stderr)
+        return 2
+    rounds: dict[str, list[Round]] = {f: [] for f in faults}
+    started = time.monotonic()
+    with second_dockerd() as second, tempfile.TemporaryDirectory(prefix="bench-chaos-") as tmp:
+        async with Chaos.started(Path(tmp), second) as cluster:
+            for i in range(args.repeat):
+                for fault in faults:
+                    result = await cluster.round(fault)
+                    rounds[fault].append(result)
+                    print(f"round {i + 1}, {result.line()}", flush=True)
+    took = (time.monotonic() - started) / 60
+    plane = (
+        "pure Python data plane (GATEWAY_NATIVE=0)"
+        if os.environ.get("GATEWAY_NATIVE") == "0"
+        else "data plane compiled where built"
+    )
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "## Chaos: faults mid-rollout on a cluster of three nodes (bench/cluster.py --chaos)",
+        "",
+        f"{when}, `bench/cluster.py --chaos --repeat {args.repeat}` ({took:.0f} min), {plane}:"
+        f" three etcd members, three nodes on 127.0.0.2-4 with `workers: 2` and lease TTL"
+        f" {LEASE_TTL} s, a Docker service of 4 replicas over two engines and a process"
+        f" service of 3 replicas on the nodes, each loaded through every surviving node (2"
+        f" clients per service per node). Each round: a rollout of both services, the fault"
+        f" once a new replica of each is placed, the rollout complete, 20 more requests per"
+        f" load, then the cluster made whole again. Failed: requests that failed on the"
+        f" survivors; in flight on what died: those in flight on a process that died as it"
+        f" died (a worker, a container of the stopped engine). New leader: from the fault (for"
+        f" etcd stopped {ETCD_DOWN:.0f} s: from its return) until the survivors agree on a"
+        f" leader. Rollout: from the first `PUT` until both services serve the new revision"
+        f" whole. p50 / p99 of {args.repeat} rounds (nearest rank: p99 is the slowest).",
+        "",
+        "| fault | rounds | requests | failed | in flight on what died"
+        " | new leader p50 / p99 | rollout complete p50 / p99 | notes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for fault, ran in rounds.items():
+        leaders = [r.new_leader for r in ran if r.new_leader is not None]
+        notes = sorted({n for r in ran for n in r.notes if "containers on b" not in n})
+        on_b = [n.split()[0] for r in ran for n in r.notes if "containers on b" in n]
+        if on_b:
+            notes.append(f"containers on b at the fault: {', '.join(on_b)}")
+        lines.append(
+            f"| {FAULTS[fault]} | {len(ran)} | {sum(r.requests for r in ran):,}"
+            f" | {sum(len(r.failed) for r in ran)}"
+            f" | {sum(len(r.in_flight) for r in ran)}"
+            f" | {seconds(leaders)} | {seconds([r.rollout for r in ran])}"
+            f" | {'; '.join(notes) or '-'} |"
+        )
+    body = "\n".join(lines)
+    print(body)
+    if not args.no_write:
+        results.write_section("cluster-chaos", body)
+    failed = sum(len(r.failed) for rs in rounds.values() for r in rs)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
