@@ -235,7 +235,20 @@ async def chaos(args: argparse.Namespace) -> int:
                     result = await cluster.round(fault)
                     rounds[fault].append(result)
                     print(f"round {i + 1}, {result.line()}", flush=True)
-    took = (time.monotonic() - started) / 60
+                # Each repetition's table is written: a run cut short keeps what it measured.
+                body = chaos_table(args, rounds, i + 1, (time.monotonic() - started) / 60)
+                if not args.no_write:
+                    results.write_section("cluster-chaos", body)
+    print(body)
+    failed = sum(len(r.failed) for rs in rounds.values() for r in rs)
+    return 1 if failed else 0
+
+
+def chaos_table(
+    args: argparse.Namespace, rounds: dict[str, list[Round]], done: int, took: float
+) -> str:
+    """The ``cluster-chaos`` section: ``done`` of ``args.repeat`` repetitions."""
+    runs = f"{done} of {args.repeat} repetitions, " if done < args.repeat else ""
     plane = (
         "pure Python data plane (GATEWAY_NATIVE=0)"
         if os.environ.get("GATEWAY_NATIVE") == "0"
@@ -245,18 +258,20 @@ async def chaos(args: argparse.Namespace) -> int:
     lines = [
         "## Chaos: faults mid-rollout on a cluster of three nodes (bench/cluster.py --chaos)",
         "",
-        f"{when}, `bench/cluster.py --chaos --repeat {args.repeat}` ({took:.0f} min), {plane}:"
+        f"{when}, `bench/cluster.py --chaos --repeat {args.repeat}` ({runs}{took:.0f} min),"
+        f" {plane}:"
         f" three etcd members, three nodes on 127.0.0.2-4 with `workers: 2` and lease TTL"
         f" {LEASE_TTL} s, a Docker service of 4 replicas over two engines and a process"
         f" service of 3 replicas on the nodes, each loaded through every surviving node (2"
         f" clients per service per node). Each round: a rollout of both services, the fault"
-        f" once a new replica of each is placed, the rollout complete, 20 more requests per"
-        f" load, then the cluster made whole again. Failed: requests that failed on the"
+        f" once the Docker service's first new replica is placed and the process service's"
+        f" first new one ready, the rollout complete, 20 more requests per load, then the"
+        f" cluster made whole again. Failed: requests that failed on the"
         f" survivors; in flight on what died: those in flight on a process that died as it"
         f" died (a worker, a container of the stopped engine). New leader: from the fault (for"
         f" etcd stopped {ETCD_DOWN:.0f} s: from its return) until the survivors agree on a"
         f" leader. Rollout: from the first `PUT` until both services serve the new revision"
-        f" whole. p50 / p99 of {args.repeat} rounds (nearest rank: p99 is the slowest).",
+        f" whole. p50 / p99 of {done} rounds (nearest rank: p99 is the slowest).",
         "",
         "| fault | rounds | requests | failed | in flight on what died"
         " | new leader p50 / p99 | rollout complete p50 / p99 | notes |",
@@ -275,12 +290,7 @@ async def chaos(args: argparse.Namespace) -> int:
             f" | {seconds(leaders)} | {seconds([r.rollout for r in ran])}"
             f" | {'; '.join(notes) or '-'} |"
         )
-    body = "\n".join(lines)
-    print(body)
-    if not args.no_write:
-        results.write_section("cluster-chaos", body)
-    failed = sum(len(r.failed) for rs in rounds.values() for r in rs)
-    return 1 if failed else 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
