@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.errors import Conflict, NoCapacity, SpecError
+from controller.errors import Conflict, HostUnreachable, NoCapacity, SpecError
 from controller.planning.model import ReplicaState, RolloutStatus
 from gateway import Health, ProbeResult
 
@@ -140,6 +140,23 @@ async def test_new_revision_that_exits_fails_the_rollout_only(h: Harness) -> Non
     assert failed.status == "failed"
     assert failed.reason == "replica exited with code 3 (after 3 failures)"
     assert not h.replicas("web", *LIVE, revision=2)
+
+
+async def test_starts_on_a_host_that_does_not_answer_do_not_fail_the_rollout(h: Harness) -> None:
+    """Three starts refused by an unreachable host (an engine stopped mid-rollout) back off
+    but fail nothing: the rollout completes on the next starts."""
+    await serving(h, replicas=2)
+    for _ in range(3):
+        h.backend.fail_next_start(HostUnreachable("host b unreachable: engine gone"))
+    await h.controller.apply(spec("web", 2, version="v2"))
+    for _ in range(10):
+        await h.advance(10)
+        await h.pass_probes("web")
+    assert len(h.backend.attempts) >= 2 + 3 + 2
+    rollout = next(r for r in h.store.rollouts("web") if r.to_revision == 2)
+    assert (rollout.status, rollout.kind) == ("complete", "rollout")
+    assert h.ready("web", revision=2) == 2
+    assert h.state("web").observed.serving_revision == 2
 
 
 async def revision_2_starting(h: Harness) -> Any:
