@@ -12,7 +12,7 @@ ControllerError
 ├── BackendError              a backend could not do what it was asked
 │   ├── NoCapacity            the fleet is full; ``retry_after`` hints when to try again
 │   └── StartFailed           the replica could not be started (bad command, directory...)
-│       └── HostUnreachable   its host did not answer: the host's fault, not the revision's
+│       └── HostFault         its host did not answer, or failed it: not the revision's fault
 └── StartRefused              the gateway did not start, and touched nothing (exit 2)
     ├── StateDirInUse         another gateway process holds the state directory's lock
     └── ListenFailed          an address to listen on could not be bound
@@ -117,11 +117,12 @@ class StartFailed(BackendError):
     code = "start_failed"
 
 
-class HostUnreachable(StartFailed):
-    """The host chosen for the replica did not answer (a Docker Engine gone or going away):
-    a fault of the host, not of the revision, so it does not count against a rollout."""
+class HostFault(StartFailed):
+    """The host chosen for the replica did not answer, or answered a server error of its own
+    (a Docker Engine gone, or on its way out): a fault of the host, not of the revision, so it
+    does not count against a rollout (its ``progress_deadline`` still bounds it)."""
 
-    code = "host_unreachable"
+    code = "host_fault"
 
 
 class StartRefused(ControllerError):

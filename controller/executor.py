@@ -22,7 +22,7 @@ from gateway import Health, Pool, Upstream
 
 from . import tokens
 from .backends.base import Backend, Launch, Running
-from .errors import BackendError, HostUnreachable, StoreUnavailable
+from .errors import BackendError, HostFault, StoreUnavailable
 from .planning.actions import (
     AbandonRollout,
     Action,
@@ -220,7 +220,7 @@ class Executor:
         try:
             running = await backend.start(launch)
         except BackendError as e:
-            host_fault = isinstance(e, HostUnreachable)
+            host_fault = isinstance(e, HostFault)
             self.report(state, StartFailed(launch.replica_id, e.message, counts=not host_fault))
             return
         except Exception as e:

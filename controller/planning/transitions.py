@@ -104,9 +104,10 @@ class Placed:
 @dataclass(frozen=True, slots=True)
 class StartFailed:
     """The backend could not start a replica (no capacity, a bad command, an error).
-    ``counts``: False when its host did not answer, a fault of the host and not of the
-    revision: the revision's starts back off, but the rollout does not count it (an engine
-    stopped during a rollout must not roll a good revision back)."""
+    ``counts``: False when its host did not answer or failed it with an error of its own, a
+    fault of the host and not of the revision: the revision's starts back off, but the
+    rollout does not count it (an engine stopped during a rollout must not roll a good
+    revision back)."""
 
     replica_id: str
     reason: str

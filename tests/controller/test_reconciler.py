@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from controller.errors import Conflict, HostUnreachable, NoCapacity, SpecError
+from controller.errors import Conflict, HostFault, NoCapacity, SpecError
 from controller.planning.model import ReplicaState, RolloutStatus
 from gateway import Health, ProbeResult
 
@@ -142,12 +142,13 @@ async def test_new_revision_that_exits_fails_the_rollout_only(h: Harness) -> Non
     assert not h.replicas("web", *LIVE, revision=2)
 
 
-async def test_starts_on_a_host_that_does_not_answer_do_not_fail_the_rollout(h: Harness) -> None:
-    """Three starts refused by an unreachable host (an engine stopped mid-rollout) back off
-    but fail nothing: the rollout completes on the next starts."""
+async def test_starts_their_host_failed_do_not_fail_the_rollout(h: Harness) -> None:
+    """Three starts failed by their host (an engine stopped mid-rollout: unreachable, or a
+    server error on its way out) back off but fail nothing: the rollout completes."""
     await serving(h, replicas=2)
-    for _ in range(3):
-        h.backend.fail_next_start(HostUnreachable("host b unreachable: engine gone"))
+    h.backend.fail_next_start(HostFault("host b unreachable: engine gone"))
+    for _ in range(2):
+        h.backend.fail_next_start(HostFault("host b: failed to update store for object type"))
     await h.controller.apply(spec("web", 2, version="v2"))
     for _ in range(10):
         await h.advance(10)

@@ -45,7 +45,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackendError, HostUnreachable, NoCapacity, StartFailed
+from ...errors import BackendError, HostFault, NoCapacity, StartFailed
 from ...spec import gpu_count
 from ...tasks import guarded_task
 from ..base import Exit, ExitHandler, Launch, Running
@@ -226,7 +226,11 @@ class DockerBackend:
                 # The watcher alone says whether a host answers (a start that failed on an
                 # engine's way out must not mark its successor unreachable): it pings now.
                 host.recheck.set()
-                raise HostUnreachable(f"host {host.name} unreachable: {exc.message}") from exc
+                raise HostFault(f"host {host.name} unreachable: {exc.message}") from exc
+            if isinstance(exc, EngineError) and (exc.status or 0) >= 500:
+                # The engine's own failure (one shutting down answers some calls with 500s),
+                # not the revision's: a bad image or template is a 4xx.
+                raise HostFault(f"host {host.name}: {exc.message}") from exc
             if isinstance(exc, EngineError):
                 raise StartFailed(f"host {host.name}: {exc.message}") from exc
             raise
