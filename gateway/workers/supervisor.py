@@ -205,6 +205,11 @@ class Supervisor:
             self._port,
             ", ".join(str(w.pid) for w in workers),
         )
+        if len(workers) > 1 and migrate_req_off():
+            log.info(
+                "net.ipv4.tcp_migrate_req is 0: connections queued on a worker that dies are"
+                " lost with it; 1 moves them to the other workers (docs/workers.md)"
+            )
 
     async def stop(self) -> None:
         """Stop every worker (in-flight requests finish), then release the port."""
@@ -461,3 +466,15 @@ def _reserve(host: str, port: int) -> socket.socket:
             exc.errno, f"error while attempting to bind on address {(host, port)!r}: {reason}"
         ) from None
     return reservation
+
+
+MIGRATE_REQ = "/proc/sys/net/ipv4/tcp_migrate_req"
+
+
+def migrate_req_off(path: str = MIGRATE_REQ) -> bool:
+    """Whether the kernel has the setting and it is off (an older kernel has no such file)."""
+    try:
+        with open(path) as f:
+            return f.read().strip() == "0"
+    except OSError:
+        return False

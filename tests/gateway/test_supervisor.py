@@ -24,7 +24,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool
 from gateway.scrape import MetricsCollector, WorkersCollector
 from gateway.upstream import AdminState
-from gateway.workers.supervisor import Supervisor, WorkerSettings
+from gateway.workers import supervisor as supervisor_module
+from gateway.workers.supervisor import Supervisor, WorkerSettings, migrate_req_off
 from tests.support.eventually import eventually
 
 from .conftest import routing
@@ -265,3 +266,25 @@ async def test_the_port_is_taken_before_any_worker_and_freed_after(pool, workers
     await supervisor.stop()
     with pytest.raises(aiohttp.ClientConnectionError):
         await get(port)
+
+
+def test_the_kernel_setting_that_keeps_a_dead_workers_queue_is_read(tmp_path):
+    setting = tmp_path / "tcp_migrate_req"
+    setting.write_text("0\n")
+    assert migrate_req_off(str(setting))
+    setting.write_text("1\n")
+    assert not migrate_req_off(str(setting))
+    assert not migrate_req_off(str(tmp_path / "absent"))  # a kernel before 5.14
+
+
+async def test_the_supervisor_says_once_when_a_dead_workers_queue_would_be_lost(
+    pool, workers, caplog, monkeypatch
+):
+    monkeypatch.setattr(supervisor_module, "migrate_req_off", lambda: True)
+    caplog.set_level("INFO", logger=supervisor_module.__name__)
+    await workers(2)
+    said = [r.message for r in caplog.records if "tcp_migrate_req" in r.message]
+    assert said == [
+        "net.ipv4.tcp_migrate_req is 0: connections queued on a worker that dies are lost"
+        " with it; 1 moves them to the other workers (docs/workers.md)"
+    ]
