@@ -39,8 +39,8 @@ from typing import Any
 
 from tests.controller.test_backend_docker import engine_or_skip, remove_labelled
 from tests.e2e.cluster_nodes import LEASE_TTL, SERVER, Node, Nodes
-from tests.e2e.conftest import PROBE, ROLLOUT, Load, Outcome, alive, children
-from tests.e2e.test_cluster_docker import cluster_id, engines
+from tests.e2e.conftest import PROBE, ROLLOUT, Outcome, alive, children
+from tests.e2e.test_cluster_docker import cluster_id, engines, loaded, unloaded
 from tests.e2e.test_cluster_workers import replica_ports
 from tests.e2e.test_docker_engines import Engine, docker_spec, remove_labelled_on
 from tests.support.etcd_cluster import EtcdCluster
@@ -318,7 +318,7 @@ class Chaos:
         }.get(fault)
         survivors = [n for n in nodes.nodes if n is not victim]
         notes: list[str] = []
-        loads = await loaded(survivors)
+        loads = await loaded(survivors, web_clients=2, limit=300)
         dead_from = dead_until = None
         new_leader = None
         restore: Callable[[], Any] | None = None
@@ -440,19 +440,3 @@ def acted(log: str, name: str) -> list[str]:
     if f"{name} leads (term" in log:
         return [f"the paused leader led again and acted ({len(actions)} actions)"]
     return [f"the paused leader acted after SIGCONT: {actions[0][-120:]}"]
-
-
-async def loaded(among: list[Node]) -> list[tuple[str, Load]]:
-    """Load on both services through every node of ``among``."""
-    loads = []
-    for node in among:
-        loads.append((f"{node.name} web", Load(node.url, clients=2, limit=300)))
-        loads.append((f"{node.name} pages", Load(node.url, clients=2, limit=300, path="/pages/")))
-    for _, load in loads:
-        await load.__aenter__()
-    return loads
-
-
-async def unloaded(loads: list[tuple[str, Load]]) -> None:
-    for _, load in loads:
-        await load.__aexit__(None, None, None)

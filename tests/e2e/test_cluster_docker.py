@@ -160,12 +160,14 @@ async def serving(
     return seen if done else None
 
 
-async def loaded(among: list[Node]) -> list[tuple[str, Load]]:
+async def loaded(
+    among: list[Node], *, web_clients: int = 3, limit: int = 150
+) -> list[tuple[str, Load]]:
     """Load on every node of ``among``: the Docker service (at /) and the process one."""
     loads = []
     for node in among:
-        loads.append((f"{node.name} web", Load(node.url, clients=3, limit=150)))
-        loads.append((f"{node.name} pages", Load(node.url, clients=2, limit=150, path="/pages/")))
+        loads.append((f"{node.name} web", Load(node.url, clients=web_clients, limit=limit)))
+        loads.append((f"{node.name} pages", Load(node.url, clients=2, limit=limit, path="/pages/")))
     for _, load in loads:
         await load.__aenter__()
     return loads
