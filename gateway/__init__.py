@@ -71,7 +71,6 @@ if TYPE_CHECKING:
     from .scrape import AccessLogCollector as AccessLogCollector
     from .scrape import ConnectionsCollector as ConnectionsCollector
     from .scrape import MetricsCollector as MetricsCollector
-    from .scrape import WorkersCollector as WorkersCollector
     from .scrape import metrics_exposition as metrics_exposition
     from .server import TrafficServer as TrafficServer
     from .service_pool import Lease as Lease
@@ -84,6 +83,7 @@ if TYPE_CHECKING:
     from .upstream import Health as Health
     from .upstream import Upstream as Upstream
     from .wire.http1 import http_date as http_date
+    from .workers.metrics import WorkersCollector as WorkersCollector
     from .workers.supervisor import Supervisor as Supervisor
     from .workers.supervisor import WorkerSettings as WorkerSettings
 

@@ -10,8 +10,9 @@ prometheus_client).
   ``GatewayMetrics`` and the pool it follows.
 - ``ConnectionsCollector``: ``gateway_client_connections``, the client connections open,
   in the event loop or parked (``proxy.parking``), from the traffic listener's counts.
-- ``WorkersCollector``: the worker processes serving, and restarted (``--workers``).
 - ``AccessLogCollector``: access log lines dropped.
+- The HTTPS listeners' and the worker processes' collectors are theirs (``tls.metrics``,
+  ``workers.metrics``).
 - ``metrics_exposition``: a registry rendered for a scrape's ``Accept`` (the admin
   listener's ``/metrics``), in the format prometheus_client chooses for it.
 """
@@ -36,7 +37,6 @@ from .metrics import UPSTREAM_STATES, GatewayMetrics
 if TYPE_CHECKING:
     from .accesslog import AccessLog
     from .pool import Pool
-    from .workers.supervisor import Supervisor
 
 
 class MetricsCollector(Collector):
@@ -284,34 +284,6 @@ class ConnectionsCollector(Collector):
             "Client connections open: in the event loop, or parked (idle, their socket alone "
             "held until the client sends again).",
             labels=("state",),
-        )
-
-
-class WorkersCollector(Collector):
-    """``gateway_workers`` (serving now) and ``gateway_worker_restarts_total`` of a
-    ``Supervisor``'s worker processes."""
-
-    def __init__(self, supervisor: Supervisor) -> None:
-        self._supervisor = supervisor
-
-    def describe(self) -> Iterable[Metric]:
-        return list(self._families())
-
-    def collect(self) -> Iterator[Metric]:
-        restarts, serving = self._families()
-        restarts.add_metric((), self._supervisor.restarted)
-        serving.add_metric((), self._supervisor.serving)
-        yield from (restarts, serving)
-
-    @staticmethod
-    def _families() -> tuple[CounterMetricFamily, GaugeMetricFamily]:
-        return (
-            CounterMetricFamily(
-                "gateway_worker_restarts",
-                "Worker processes started again after one exited.",
-                labels=(),
-            ),
-            GaugeMetricFamily("gateway_workers", "Worker processes serving traffic.", labels=()),
         )
 
 

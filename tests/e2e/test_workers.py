@@ -149,6 +149,7 @@ async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
             "gateway.prober",
             "gateway.scrape",
             "gateway.tls.metrics",
+            "gateway.workers.metrics",
             "gateway.workers.supervisor",
         }
         assert not packages & {"shutil", "tempfile"}, packages  # gateway.native's build only

@@ -22,9 +22,10 @@ from prometheus_client import CollectorRegistry
 from gateway.config import ProxyConfig
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool
-from gateway.scrape import MetricsCollector, WorkersCollector
+from gateway.scrape import MetricsCollector
 from gateway.upstream import AdminState
 from gateway.workers import supervisor as supervisor_module
+from gateway.workers.metrics import WorkersCollector
 from gateway.workers.supervisor import Supervisor, WorkerSettings, migrate_req_off
 from tests.support.eventually import eventually
 
