@@ -42,11 +42,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import sysconfig
 from collections.abc import MutableSequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import subprocess
 
 PACKAGE = Path(__file__).resolve().parent
 TAG = f"{sys.implementation.name}-{sys.version.split()[0]}-{sysconfig.get_platform()}"
@@ -365,6 +368,8 @@ def _build(profile: bool) -> str:
 
 
 def _compile(stage: Path, compile_args: tuple[str, ...], link_args: tuple[str, ...] = ()) -> None:
+    import subprocess  # the build's alone, as in _build
+
     done = subprocess.run(
         [sys.executable, "-c", _BUILD, " ".join(compile_args), " ".join(link_args), *MODULES],
         cwd=stage,
@@ -404,6 +409,8 @@ def _compiler_why_not() -> str | None:
     """Why the compiler cannot build with a profile (None: it is GCC, it can), from the
     macros it predefines. Clang's profiles take a tool of their own (llvm-profdata) to
     merge: not done here."""
+    import subprocess
+
     cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
     try:
         done = subprocess.run(
@@ -420,6 +427,8 @@ def _compiler_why_not() -> str | None:
 def _train(stage: Path) -> str | None:
     """Run the training load on the instrumented modules in ``stage`` (None: it ran, and
     left its counts beside their objects), else why it did not."""
+    import subprocess
+
     env = {k: v for k, v in os.environ.items() if k != ENV}  # the stage's modules, in place
     try:
         done = subprocess.run(
