@@ -32,10 +32,10 @@ from gateway import native
 
 native.use()  # the compiled modules if built, as the gateway runs them
 from gateway.config import ListenerLimits, ProxyConfig, RouteConfig, ServiceRouting  # noqa: E402
-from gateway.pool import Pool  # noqa: E402
+from gateway.pool.pool import Pool  # noqa: E402
+from gateway.pool.upstream import Health, Upstream  # noqa: E402
 from gateway.proxy.handler import Proxy  # noqa: E402
 from gateway.server import TrafficServer  # noqa: E402
-from gateway.upstream import Health, Upstream  # noqa: E402
 
 FRAMES = 3
 """Frames of each allocation site shown, innermost first."""

@@ -24,10 +24,10 @@ from gateway import native
 native.use()  # the compiled modules if built, as the gateway runs them
 from gateway.accesslog import AccessLog, format_json, format_plain  # noqa: E402
 from gateway.config import RouteConfig, ServiceRouting  # noqa: E402
-from gateway.events import RequestRecord  # noqa: E402
 from gateway.metrics import GatewayMetrics  # noqa: E402
-from gateway.pool import Pool  # noqa: E402
-from gateway.upstream import Health, Upstream  # noqa: E402
+from gateway.pool.events import RequestRecord  # noqa: E402
+from gateway.pool.pool import Pool  # noqa: E402
+from gateway.pool.upstream import Health, Upstream  # noqa: E402
 
 PLAIN = RequestRecord(
     request_id="0f1e2d3c4b5a69788796a5b4c3d2e1f0",

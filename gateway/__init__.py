@@ -56,16 +56,22 @@ if TYPE_CHECKING:
     from .errors import NoRoutableUpstream as NoRoutableUpstream
     from .errors import UpstreamConnectError as UpstreamConnectError
     from .errors import UpstreamTimeout as UpstreamTimeout
-    from .events import PoolEvent as PoolEvent
-    from .events import PoolSubscriber as PoolSubscriber
-    from .events import ProbeObserver as ProbeObserver
-    from .events import ProbeResult as ProbeResult
-    from .events import RequestObserver as RequestObserver
-    from .events import RequestRecord as RequestRecord
     from .listening import listen as listen
     from .listening import listening_socket as listening_socket
     from .metrics import GatewayMetrics as GatewayMetrics
-    from .pool import Pool as Pool
+    from .pool.events import PoolEvent as PoolEvent
+    from .pool.events import PoolSubscriber as PoolSubscriber
+    from .pool.events import ProbeObserver as ProbeObserver
+    from .pool.events import ProbeResult as ProbeResult
+    from .pool.events import RequestObserver as RequestObserver
+    from .pool.events import RequestRecord as RequestRecord
+    from .pool.pool import Pool as Pool
+    from .pool.service_pool import Lease as Lease
+    from .pool.service_pool import ServicePool as ServicePool
+    from .pool.snapshot import PoolSnapshot as PoolSnapshot
+    from .pool.upstream import AdminState as AdminState
+    from .pool.upstream import Health as Health
+    from .pool.upstream import Upstream as Upstream
     from .prober import Prober as Prober
     from .proxy import Proxy as Proxy
     from .scrape import AccessLogCollector as AccessLogCollector
@@ -73,15 +79,9 @@ if TYPE_CHECKING:
     from .scrape import MetricsCollector as MetricsCollector
     from .scrape import metrics_exposition as metrics_exposition
     from .server import TrafficServer as TrafficServer
-    from .service_pool import Lease as Lease
-    from .service_pool import ServicePool as ServicePool
-    from .snapshot import PoolSnapshot as PoolSnapshot
     from .tls import ReloadReport as ReloadReport
     from .tls import Termination as Termination
     from .tls.metrics import TlsCollector as TlsCollector
-    from .upstream import AdminState as AdminState
-    from .upstream import Health as Health
-    from .upstream import Upstream as Upstream
     from .wire.http1 import http_date as http_date
     from .workers.metrics import WorkersCollector as WorkersCollector
     from .workers.supervisor import Supervisor as Supervisor

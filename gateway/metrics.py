@@ -26,11 +26,11 @@ from __future__ import annotations
 import bisect
 from typing import Final
 
-from .events import PoolEvent, ProbeResult, RequestRecord
-from .pool import Pool, RequestCounts
+from .pool.events import PoolEvent, ProbeResult, RequestRecord
+from .pool.pool import Pool, RequestCounts
+from .pool.upstream import Upstream
 from .status_codes import StatusCounts
 from .tally import LATENCY_BUCKETS, Buckets, Tally, latency_bucket
-from .upstream import Upstream
 
 UPSTREAM_STATES: Final[tuple[str, ...]] = ("unknown", "healthy", "unhealthy", "draining", "ejected")
 """The values of ``Upstream.state``: the one-hot ``gateway_upstream_state``."""

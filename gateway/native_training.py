@@ -20,13 +20,13 @@ from pathlib import Path
 
 from .accesslog import AccessLog
 from .config import ProxyConfig, ServiceRouting, parse_settings
-from .events import RequestObserver
-from .pool import Pool
+from .pool.events import RequestObserver
+from .pool.pool import Pool
+from .pool.upstream import Health, Upstream
 from .proxy import handler
 from .proxy.handler import Proxy
 from .server import TrafficServer
 from .tally import RequestTally
-from .upstream import Health, Upstream
 
 KEEP_ALIVE_CLIENTS = 64
 REQUESTS_EACH = 250

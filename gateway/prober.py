@@ -37,10 +37,10 @@ from dataclasses import dataclass
 
 from . import probe_client
 from .config import ProbeConfig
-from .events import PoolEvent, ProbeObserver, ProbeOutcome, ProbeResult
 from .health import HealthState
-from .pool import Pool
-from .upstream import Upstream
+from .pool.events import PoolEvent, ProbeObserver, ProbeOutcome, ProbeResult
+from .pool.pool import Pool
+from .pool.upstream import Upstream
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from .metrics import UPSTREAM_STATES, GatewayMetrics
 
 if TYPE_CHECKING:
     from .accesslog import AccessLog
-    from .pool import Pool
+    from .pool.pool import Pool
 
 
 class MetricsCollector(Collector):

@@ -13,7 +13,7 @@ import asyncio
 from typing import Final
 
 from ..errors import UpstreamConnectError, UpstreamTimeout
-from ..upstream import address_of
+from ..pool.upstream import address_of
 from ..wire.batch import WriteBatch
 from ..wire.splice import Buffers
 from .messages import ResponseHead

@@ -39,10 +39,10 @@ from ..errors import (
     UpstreamError,
     UpstreamProtocolError,
 )
-from ..events import RequestObserver, RequestRecord
-from ..pool import Pool
-from ..service_pool import ServicePool
-from ..upstream import Upstream
+from ..pool.events import RequestObserver, RequestRecord
+from ..pool.pool import Pool
+from ..pool.service_pool import ServicePool
+from ..pool.upstream import Upstream
 from ..wire import headers
 from . import answers, messages, retry
 from .codec import Downstream

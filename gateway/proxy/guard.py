@@ -25,7 +25,7 @@ from typing import Final
 
 from ..config import AuthRouting
 from ..errors import TooManyRequests, Unauthorized
-from ..service_pool import ServicePool, token_digests
+from ..pool.service_pool import ServicePool, token_digests
 from ..wire import plainhead
 from .exchange import Exchange
 from .request import IncomingRequest

@@ -33,7 +33,6 @@ import asyncio
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from .. import balancer
 from ..config import ProxyConfig, StickyConfig
 from ..errors import (
     GatewayError,
@@ -42,10 +41,11 @@ from ..errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from ..events import RequestObserver
-from ..pool import Pool
-from ..service_pool import Lease, ServicePool
-from ..snapshot import Split
+from ..pool import balancer
+from ..pool.events import RequestObserver
+from ..pool.pool import Pool
+from ..pool.service_pool import Lease, ServicePool
+from ..pool.snapshot import Split
 from . import guard, messages, preview, sticky
 from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect
 from .codec import Downstream

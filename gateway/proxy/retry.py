@@ -19,7 +19,7 @@ from typing import Final
 
 from ..config import RetriesConfig
 from ..errors import FailureKind, GatewayError
-from ..upstream import Upstream
+from ..pool.upstream import Upstream
 
 IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 RETRY_STATUSES: Final = frozenset({502, 503, 504})

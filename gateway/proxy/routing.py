@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from .. import router
 from ..errors import BadRequest, GatewayError, NoRoute
+from ..pool import router
 
 ROUTED_CACHED: Final = 4096
 """(Host, target) pairs whose route ``Routes`` keeps (then it starts over)."""

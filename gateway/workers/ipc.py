@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass, field
 
 from ..config import ProxyConfig, ServiceRouting
-from ..snapshot import PoolSnapshot
+from ..pool.snapshot import PoolSnapshot
 from ..tally import Tally
 
 _LENGTH = struct.Struct("!I")

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 
 from .. import native
 from ..config import ProxyConfig, parse_address
-from ..events import PoolEvent
 from ..metrics import GatewayMetrics
-from ..pool import Pool
+from ..pool.events import PoolEvent
+from ..pool.pool import Pool
 from ..tls import Termination
 from . import ipc
 

@@ -32,12 +32,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..accesslog import AccessLog
-from ..events import RequestObserver
-from ..pool import Pool
+from ..pool.events import RequestObserver
+from ..pool.pool import Pool
+from ..pool.upstream import AdminState
 from ..proxy.handler import Proxy
 from ..server import TrafficServer
 from ..tally import RequestTally
-from ..upstream import AdminState
 from . import ipc
 
 if TYPE_CHECKING:

@@ -16,11 +16,11 @@ from gateway.config import (
     ServiceRouting,
     parse_settings,
 )
-from gateway.events import RequestRecord
-from gateway.pool import Pool
+from gateway.pool.events import RequestRecord
+from gateway.pool.pool import Pool
+from gateway.pool.upstream import Health, Upstream
 from gateway.proxy.handler import Proxy
 from gateway.server import TrafficServer
-from gateway.upstream import Health, Upstream
 
 from .fakeloop import FakeLoop, running
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import balancer
-from gateway.balancer import least_outstanding, p2c, pick, round_robin
-from gateway.upstream import Health, Upstream
+from gateway.pool import balancer
+from gateway.pool.balancer import least_outstanding, p2c, pick, round_robin
+from gateway.pool.upstream import Health, Upstream
 
 
 def ups(*weights: int) -> tuple[Upstream, ...]:

@@ -12,10 +12,10 @@ import pytest
 
 from gateway.config import ListenerLimits
 from gateway.errors import UpstreamConnectError
+from gateway.pool.upstream import Upstream
 from gateway.proxy.connector import Connector, UpstreamConnection
 from gateway.proxy.http1_downstream import ClientConnection, ConnectionGate
 from gateway.proxy.streams import ResponseStream
-from gateway.upstream import Upstream
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 GET = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"

@@ -24,8 +24,8 @@ import pytest
 from aiohttp import web
 
 from gateway.config import RetriesConfig, TimeoutsConfig
+from gateway.pool.upstream import Health
 from gateway.server import TrafficServer
-from gateway.upstream import Health
 
 from .conftest import add, echo_app, raw_request, routing, url
 

@@ -11,10 +11,10 @@ import pytest
 
 from gateway.config import AuthRouting, RouteConfig, ServiceRouting, parse_settings
 from gateway.errors import TooManyRequests, Unauthorized
-from gateway.pool import Pool
+from gateway.pool.pool import Pool
+from gateway.pool.service_pool import token_digests
 from gateway.proxy import guard
 from gateway.proxy.request import IncomingRequest
-from gateway.service_pool import token_digests
 from gateway.wire import plainhead
 
 TOKEN = b"k3y-" + b"x" * 40

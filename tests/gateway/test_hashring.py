@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from gateway.hashring import Ring, key_hash
+from gateway.pool.hashring import Ring, key_hash
 
 KEYS = [key_hash(f"user-{i}".encode()) for i in range(20_000)]
 SIZES = [2, 3, 5, 10, 20, 50]

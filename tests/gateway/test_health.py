@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.health import HealthState, Transition
-from gateway.upstream import Health
+from gateway.pool.upstream import Health
 
 U, H, X = Health.UNKNOWN, Health.HEALTHY, Health.UNHEALTHY
 

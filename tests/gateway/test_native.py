@@ -314,15 +314,15 @@ def test_use_after_a_subpackage_was_imported_puts_its_build_first_too(tmp_path):
 
 
 def test_use_after_a_compiled_module_was_imported_runs_the_pure_modules(tmp_path):
-    """Not half of them compiled: the pure ``gateway.balancer`` is imported already."""
-    seen = use_in_a_copy(tmp_path, "gateway.balancer")
+    """Not half of them compiled: the pure ``gateway.pool.balancer`` is imported already."""
+    seen = use_in_a_copy(tmp_path, "gateway.pool.balancer")
     assert seen["used"] == [False, False]
     assert seen["path"] == ["."]
-    assert seen["running"] == "pure Python: gateway.balancer was imported before native.use()"
-    seen = use_in_a_copy(tmp_path / "again", "gateway.balancer", native_env="1")
+    assert seen["running"] == "pure Python: gateway.pool.balancer was imported before native.use()"
+    seen = use_in_a_copy(tmp_path / "again", "gateway.pool.balancer", native_env="1")
     assert seen["used"] == [
         "GATEWAY_NATIVE=1 but the compiled modules cannot be used: "
-        "gateway.balancer was imported before native.use()"
+        "gateway.pool.balancer was imported before native.use()"
     ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import OutlierConfig
-from gateway.outlier import Ejection, OutlierState, may_eject
+from gateway.pool.outlier import Ejection, OutlierState, may_eject
 
 CONFIG = OutlierConfig(
     consecutive_connect_failures=3,

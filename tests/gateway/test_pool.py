@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import OutlierConfig, RouteConfig, ServiceRouting, parse_settings
-from gateway.events import PoolEvent
-from gateway.pool import Pool
-from gateway.service_pool import Lease
-from gateway.snapshot import PoolSnapshot
-from gateway.upstream import AdminState, Health, Upstream
+from gateway.pool.events import PoolEvent
+from gateway.pool.pool import Pool
+from gateway.pool.service_pool import Lease
+from gateway.pool.snapshot import PoolSnapshot
+from gateway.pool.upstream import AdminState, Health, Upstream
 from tests.support.clock import FakeClock
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 
-from gateway import router
-from gateway.pool import Pool
-from gateway.upstream import AdminState, Health, Upstream
+from gateway.pool import router
+from gateway.pool.pool import Pool
+from gateway.pool.upstream import AdminState, Health, Upstream
 from tests.support.clock import FakeClock
 
 from .test_pool import Recorder, make_pool, routing

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from gateway.errors import NoRoutableUpstream
-from gateway.pool import Pool
-from gateway.upstream import Health, Upstream
+from gateway.pool.pool import Pool
+from gateway.pool.upstream import Health, Upstream
 
 from .test_pool import make_pool, routing
 

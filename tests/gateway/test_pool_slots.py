@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from gateway.errors import NoRoutableUpstream
-from gateway.service_pool import Lease
-from gateway.upstream import Health
+from gateway.pool.service_pool import Lease
+from gateway.pool.upstream import Health
 
 from .test_pool import make_pool
 

@@ -11,7 +11,7 @@ import pytest
 
 from gateway import Health, Pool, ServiceRouting, Upstream
 from gateway.config import RouteConfig
-from gateway.snapshot import PoolSnapshot, Split
+from gateway.pool.snapshot import PoolSnapshot, Split
 
 
 def pool_of(stable: int, canary: int, policy: str = "round_robin") -> Pool:

@@ -13,7 +13,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from gateway.config import LimitsConfig, RetriesConfig, TimeoutsConfig
-from gateway.upstream import Health
+from gateway.pool.upstream import Health
 from tests.support.eventually import eventually
 
 from .conftest import add, raw_request, routing, url

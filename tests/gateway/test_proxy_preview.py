@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp.test_utils import unused_port
 
 from gateway.config import PreviewConfig
-from gateway.upstream import Health, Upstream
+from gateway.pool.upstream import Health, Upstream
 
 from .conftest import routing, url
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from gateway.config import RateLimit
-from gateway.ratelimit import Buckets, Rule, rules
+from gateway.pool.ratelimit import Buckets, Rule, rules
 
 # (rps, burst, [(now, allowed, remaining, retry_after)]): one key's requests in time order.
 TIMELINES = [

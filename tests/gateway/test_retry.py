@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import RetriesConfig
+from gateway.pool.upstream import Upstream
 from gateway.proxy.retry import may_retry, stale
-from gateway.upstream import Upstream
 
 A, B = (Upstream(id=i, service="web", host="127.0.0.1", port=1) for i in ("a", "b"))
 

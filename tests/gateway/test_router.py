@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.config import RouteConfig
-from gateway.router import Route, RouteTable, forward_path, normalize_path, resolve, strip_host
+from gateway.pool.router import Route, RouteTable, forward_path, normalize_path, resolve, strip_host
 
 
 def route(service: str, *hosts: str, prefix: str | None = None, strip: bool = False) -> Route:

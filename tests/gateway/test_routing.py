@@ -6,8 +6,8 @@ import pytest
 
 from gateway.config import RouteConfig
 from gateway.errors import BadRequest, NoRoute
+from gateway.pool.router import Route, RouteTable
 from gateway.proxy.routing import ROUTED_TARGET_MAX, Routes, Unroutable
-from gateway.router import Route, RouteTable
 
 
 def table(prefix: str, strip: bool = False) -> RouteTable:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from gateway.config import StickyConfig
 from gateway.health import Health
+from gateway.pool.snapshot import Split
+from gateway.pool.upstream import Upstream
 from gateway.proxy.sticky import draw, value
-from gateway.snapshot import Split
-from gateway.upstream import Upstream
 
 
 def test_the_value_of_a_header_or_a_cookie() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.pool import Pool
+from gateway.pool.pool import Pool
 from tests.gateway.conftest import (  # noqa: F401 - fixtures, registered by import
     add,
     client,

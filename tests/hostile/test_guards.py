@@ -19,10 +19,10 @@ from dataclasses import replace
 import pytest
 
 from gateway.config import AuthRouting, RateLimit, RouteConfig, ServiceRouting
-from gateway.pool import Pool
+from gateway.pool.pool import Pool
+from gateway.pool.ratelimit import MAX_KEYS
 from gateway.proxy import guard
 from gateway.proxy.request import IncomingRequest
-from gateway.ratelimit import MAX_KEYS
 from tests.gateway.conftest import routing
 
 from .conftest import MiB, rss, send_raw

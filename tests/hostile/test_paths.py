@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import router
 from gateway.config import RouteConfig
+from gateway.pool import router
 from tests.gateway.conftest import routing
 
 from .conftest import send_raw

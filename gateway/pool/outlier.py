@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import OutlierConfig
+from ..config import OutlierConfig
 
 
 @dataclass(frozen=True, slots=True)

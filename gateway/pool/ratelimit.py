@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Final
 
-from .config import RateLimit
+from ..config import RateLimit
 
 MAX_KEYS: Final = 65_536
 """Keys one rule keeps at most per process (about 100 bytes each)."""

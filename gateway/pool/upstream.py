@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from .config import ProbeConfig
+from ..config import ProbeConfig
 
 
 class Health(StrEnum):

@@ -31,7 +31,7 @@ import logging
 import random
 from collections.abc import Callable
 
-from .config import ServiceRouting
+from ..config import ServiceRouting
 from .events import EventKind, PoolEvent, PoolSubscriber
 from .outlier import Ejection, OutlierState, may_eject
 from .router import Route, RouteTable

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..config import Hsts, ServiceRouting
+from ..errors import NoRoutableUpstream
 from . import balancer, hashring, ratelimit
-from .config import Hsts, ServiceRouting
-from .errors import NoRoutableUpstream
 from .events import EventKind
 from .outlier import OutlierState
 from .snapshot import PoolSnapshot

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import quote, unquote, unquote_to_bytes
 
-from .config import RouteConfig
+from ..config import RouteConfig
 
 
 @dataclass(frozen=True, slots=True)
