@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from .errors import NoRoutableUpstream as NoRoutableUpstream
     from .errors import UpstreamConnectError as UpstreamConnectError
     from .errors import UpstreamTimeout as UpstreamTimeout
+    from .health.prober import Prober as Prober
     from .listening import listen as listen
     from .listening import listening_socket as listening_socket
     from .metrics import GatewayMetrics as GatewayMetrics
@@ -72,7 +73,6 @@ if TYPE_CHECKING:
     from .pool.upstream import AdminState as AdminState
     from .pool.upstream import Health as Health
     from .pool.upstream import Upstream as Upstream
-    from .prober import Prober as Prober
     from .proxy import Proxy as Proxy
     from .scrape import AccessLogCollector as AccessLogCollector
     from .scrape import ConnectionsCollector as ConnectionsCollector

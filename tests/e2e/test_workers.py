@@ -146,7 +146,7 @@ async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
         assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config
         assert not modules & {
             "gateway.metrics",
-            "gateway.prober",
+            "gateway.health.prober",
             "gateway.scrape",
             "gateway.tls.metrics",
             "gateway.workers.metrics",

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.health import HealthState, Transition
+from gateway.health.state import HealthState, Transition
 from gateway.pool.upstream import Health
 
 U, H, X = Health.UNKNOWN, Health.HEALTHY, Health.UNHEALTHY

@@ -14,11 +14,11 @@ from aiohttp.test_utils import unused_port
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.config import ProbeConfig, ProxyConfig
+from gateway.health.prober import Prober
 from gateway.metrics import UPSTREAM_STATES, GatewayMetrics
 from gateway.pool.events import PoolEvent, ProbeResult, RequestRecord
 from gateway.pool.pool import Pool
 from gateway.pool.upstream import Health, Upstream
-from gateway.prober import Prober
 from gateway.proxy.handler import Proxy
 from gateway.scrape import MetricsCollector, metrics_exposition
 from gateway.server import TrafficServer

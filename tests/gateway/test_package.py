@@ -47,6 +47,9 @@ def test_a_name_imports_only_its_own_module():
     assert out.returncode == 0, out.stderr
     loaded = eval(out.stdout)
     assert "gateway.config" in loaded
-    assert not {"gateway.prober", "gateway.scrape", "gateway.metrics", "prometheus_client"} & set(
-        loaded
-    ), loaded
+    assert not {
+        "gateway.health.prober",
+        "gateway.scrape",
+        "gateway.metrics",
+        "prometheus_client",
+    } & set(loaded), loaded

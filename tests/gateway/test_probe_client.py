@@ -1,5 +1,5 @@
-"""The HTTP probe's client (``gateway.probe_client``): the request it writes, and what it makes
-of answers from real aiohttp servers and of raw, scripted ones on loopback.
+"""The HTTP probe's client (``gateway.health.probe_client``): the request it writes, and what it
+makes of answers from real aiohttp servers and of raw, scripted ones on loopback.
 
 A scripted server reads the request head, writes its answer and then holds the connection
 until the client goes, so a test can await the client's close instead of sleeping.
@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from gateway import probe_client
-from gateway.probe_client import (
+from gateway.health import probe_client
+from gateway.health.probe_client import (
     HEAD_LIMIT,
     ProbeConnectionClosed,
     ProbeError,

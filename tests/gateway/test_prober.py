@@ -24,10 +24,10 @@ from gateway.config import (
     ServiceRouting,
     parse_settings,
 )
+from gateway.health.prober import Prober, Schedule
 from gateway.pool.events import PoolEvent, ProbeResult
 from gateway.pool.pool import Pool
 from gateway.pool.upstream import Health, Upstream
-from gateway.prober import Prober, Schedule
 
 FAST = {"interval": 0.05, "timeout": 1.0, "jitter": 0.2}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.config import StickyConfig
-from gateway.health import Health
+from gateway.health.state import Health
 from gateway.pool.snapshot import Split
 from gateway.pool.upstream import Upstream
 from gateway.proxy.sticky import draw, value

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .pool.upstream import Health
+from ..pool.upstream import Health
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,12 +35,12 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..config import ProbeConfig
+from ..pool.events import PoolEvent, ProbeObserver, ProbeOutcome, ProbeResult
+from ..pool.pool import Pool
+from ..pool.upstream import Upstream
 from . import probe_client
-from .config import ProbeConfig
-from .health import HealthState
-from .pool.events import PoolEvent, ProbeObserver, ProbeOutcome, ProbeResult
-from .pool.pool import Pool
-from .pool.upstream import Upstream
+from .state import HealthState
 
 log = logging.getLogger(__name__)
 
