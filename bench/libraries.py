@@ -73,9 +73,9 @@ MODES = ("stream", "connection", "connection-thread")
 
 def _messages(upstreams: int) -> tuple[Any, Any]:
     from gateway.config import RouteConfig, ServiceRouting
+    from gateway.observability.tally import RequestTally
     from gateway.pool.snapshot import PoolSnapshot
     from gateway.pool.upstream import Upstream
-    from gateway.tally import RequestTally
     from gateway.workers import ipc
 
     ups = [Upstream(f"web-{i}", "web", "10.0.0.1", 9000 + i) for i in range(upstreams)]

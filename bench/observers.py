@@ -22,9 +22,9 @@ from collections.abc import Callable
 from gateway import native
 
 native.use()  # the compiled modules if built, as the gateway runs them
-from gateway.accesslog import AccessLog, format_json, format_plain  # noqa: E402
 from gateway.config import RouteConfig, ServiceRouting  # noqa: E402
-from gateway.metrics import GatewayMetrics  # noqa: E402
+from gateway.observability.accesslog import AccessLog, format_json, format_plain  # noqa: E402
+from gateway.observability.metrics import GatewayMetrics  # noqa: E402
 from gateway.pool.events import RequestRecord  # noqa: E402
 from gateway.pool.pool import Pool  # noqa: E402
 from gateway.pool.upstream import Health, Upstream  # noqa: E402

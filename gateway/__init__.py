@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .accesslog import AccessLog as AccessLog
     from .config import HEADER_NAME as HEADER_NAME
     from .config import WHITE_SPACE as WHITE_SPACE
     from .config import Address as Address
@@ -59,7 +58,12 @@ if TYPE_CHECKING:
     from .health.prober import Prober as Prober
     from .listening import listen as listen
     from .listening import listening_socket as listening_socket
-    from .metrics import GatewayMetrics as GatewayMetrics
+    from .observability.accesslog import AccessLog as AccessLog
+    from .observability.metrics import GatewayMetrics as GatewayMetrics
+    from .observability.scrape import AccessLogCollector as AccessLogCollector
+    from .observability.scrape import ConnectionsCollector as ConnectionsCollector
+    from .observability.scrape import MetricsCollector as MetricsCollector
+    from .observability.scrape import metrics_exposition as metrics_exposition
     from .pool.events import PoolEvent as PoolEvent
     from .pool.events import PoolSubscriber as PoolSubscriber
     from .pool.events import ProbeObserver as ProbeObserver
@@ -74,10 +78,6 @@ if TYPE_CHECKING:
     from .pool.upstream import Health as Health
     from .pool.upstream import Upstream as Upstream
     from .proxy import Proxy as Proxy
-    from .scrape import AccessLogCollector as AccessLogCollector
-    from .scrape import ConnectionsCollector as ConnectionsCollector
-    from .scrape import MetricsCollector as MetricsCollector
-    from .scrape import metrics_exposition as metrics_exposition
     from .server import TrafficServer as TrafficServer
     from .tls import ReloadReport as ReloadReport
     from .tls import Termination as Termination

@@ -64,11 +64,11 @@ LOCK_SUFFIX = ".lock"
 ENV = "GATEWAY_NATIVE"
 
 MODULES = (
-    "accesslog",
-    "metrics",
-    "status_codes",
-    "tally",
     "tracing",
+    "observability.accesslog",
+    "observability.metrics",
+    "observability.status_codes",
+    "observability.tally",
     "pool.balancer",
     "pool.events",
     "pool.hashring",

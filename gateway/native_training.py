@@ -18,15 +18,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .accesslog import AccessLog
 from .config import ProxyConfig, ServiceRouting, parse_settings
+from .observability.accesslog import AccessLog
+from .observability.tally import RequestTally
 from .pool.events import RequestObserver
 from .pool.pool import Pool
 from .pool.upstream import Health, Upstream
 from .proxy import handler
 from .proxy.handler import Proxy
 from .server import TrafficServer
-from .tally import RequestTally
 
 KEEP_ALIVE_CLIENTS = 64
 REQUESTS_EACH = 250

@@ -1,5 +1,5 @@
 """Prometheus series of the HTTPS listeners, read from a ``Termination`` at scrape time
-(``TlsCollector``; the main process's only, as ``gateway.scrape``).
+(``TlsCollector``; the main process's only, as ``gateway.observability.scrape``).
 
     gateway_tls_handshakes_total{outcome="ok"|"resumed", version}
     gateway_tls_handshake_failures_total{reason}     (``handshake.FAILURE_REASONS``)

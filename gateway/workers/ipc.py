@@ -20,8 +20,8 @@ import struct
 from dataclasses import dataclass, field
 
 from ..config import ProxyConfig, ServiceRouting
+from ..observability.tally import Tally
 from ..pool.snapshot import PoolSnapshot
-from ..tally import Tally
 
 _LENGTH = struct.Struct("!I")
 MAX_MESSAGE = 64 * 1024 * 1024

@@ -1,5 +1,5 @@
 """Prometheus series of the worker processes, read from a ``Supervisor`` at scrape time
-(``WorkersCollector``; the main process's only, as ``gateway.scrape``).
+(``WorkersCollector``; the main process's only, as ``gateway.observability.scrape``).
 
     gateway_workers                    worker processes serving now
     gateway_worker_restarts_total      worker processes started again after one exited

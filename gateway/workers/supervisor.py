@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from .. import native
 from ..config import ProxyConfig, parse_address
-from ..metrics import GatewayMetrics
+from ..observability.metrics import GatewayMetrics
 from ..pool.events import PoolEvent
 from ..pool.pool import Pool
 from ..tls import Termination

@@ -31,13 +31,13 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..accesslog import AccessLog
+from ..observability.accesslog import AccessLog
+from ..observability.tally import RequestTally
 from ..pool.events import RequestObserver
 from ..pool.pool import Pool
 from ..pool.upstream import AdminState
 from ..proxy.handler import Proxy
 from ..server import TrafficServer
-from ..tally import RequestTally
 from . import ipc
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry
 from controller.config import load_config
 from controller.metrics import ControllerMetrics
 from controller.serving import Gateway, run_gateway
-from gateway.metrics import GatewayMetrics
-from gateway.scrape import ConnectionsCollector, MetricsCollector
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.scrape import ConnectionsCollector, MetricsCollector
 from tests.needs import missing
 from tests.support.eventually import eventually
 from tests.support.ports import free_port

@@ -110,12 +110,12 @@ async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
 ):
     """A worker is spawned, so it holds only what its imports bring: the admin API's and the
     prober's aiohttp, the controller, the supervisor and the metrics' collectors
-    (``gateway.scrape``, with prometheus_client: a worker counts in plain ints), the config's models
-    (pydantic: a worker's settings come over its channel as dataclasses) stay in the main
-    process (a worker's memory is counted once per core). Read from the modules real workers
-    of ``gateway serve --workers 2`` had loaded when they exited, having served a request;
-    they ran the data plane the suite runs (compiled under GATEWAY_NATIVE=1: ``python -m
-    gateway.workers`` calls ``native.use`` first)."""
+    (``gateway.observability.scrape``, with prometheus_client: a worker counts in plain
+    ints), the config's models (pydantic: a worker's settings come over its channel as
+    dataclasses) stay in the main process (a worker's memory is counted once per core). Read
+    from the modules real workers of ``gateway serve --workers 2`` had loaded when they
+    exited, having served a request; they ran the data plane the suite runs (compiled under
+    GATEWAY_NATIVE=1: ``python -m gateway.workers`` calls ``native.use`` first)."""
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(MODULES_AT_EXIT % str(tmp_path))
@@ -145,9 +145,9 @@ async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
         assert not packages & {"aiohttp", "controller", "yaml", "prometheus_client"}, packages
         assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config
         assert not modules & {
-            "gateway.metrics",
+            "gateway.observability.metrics",
             "gateway.health.prober",
-            "gateway.scrape",
+            "gateway.observability.scrape",
             "gateway.tls.metrics",
             "gateway.workers.metrics",
             "gateway.workers.supervisor",

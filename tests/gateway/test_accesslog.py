@@ -16,10 +16,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from gateway import accesslog
-from gateway.accesslog import AccessLog, _tenths, format_json, format_plain, whole_lines
+from gateway.observability import accesslog
+from gateway.observability.accesslog import (
+    AccessLog,
+    _tenths,
+    format_json,
+    format_plain,
+    whole_lines,
+)
+from gateway.observability.scrape import AccessLogCollector
 from gateway.pool.events import RequestRecord
-from gateway.scrape import AccessLogCollector
 
 AT = 1_700_000_000.25  # 2023-11-14T22:13:20.250Z
 
@@ -260,7 +266,7 @@ def test_whole_lines_makes_chunks_of_whole_lines_within_the_limit() -> None:
 
 WRITER = """
 import asyncio, sys, time
-from gateway.accesslog import AccessLog
+from gateway.observability.accesslog import AccessLog
 from gateway.pool.events import RequestRecord
 
 async def main(tag, start):

@@ -9,9 +9,9 @@ import struct
 import pytest
 
 from gateway.config import ProxyConfig
+from gateway.observability.tally import RequestTally
 from gateway.pool.snapshot import PoolSnapshot
 from gateway.pool.upstream import AdminState, Upstream
-from gateway.tally import RequestTally
 from gateway.workers import ipc
 
 from .conftest import routing

@@ -15,15 +15,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.config import ProbeConfig, ProxyConfig
 from gateway.health.prober import Prober
-from gateway.metrics import UPSTREAM_STATES, GatewayMetrics
+from gateway.observability.metrics import UPSTREAM_STATES, GatewayMetrics
+from gateway.observability.scrape import MetricsCollector, metrics_exposition
+from gateway.observability.status_codes import code_label
+from gateway.observability.tally import LATENCY_BUCKETS, RequestTally, latency_bucket
 from gateway.pool.events import PoolEvent, ProbeResult, RequestRecord
 from gateway.pool.pool import Pool
 from gateway.pool.upstream import Health, Upstream
 from gateway.proxy.handler import Proxy
-from gateway.scrape import MetricsCollector, metrics_exposition
 from gateway.server import TrafficServer
-from gateway.status_codes import code_label
-from gateway.tally import LATENCY_BUCKETS, RequestTally, latency_bucket
 from tests.needs import missing
 
 from .conftest import Recorder, add, routing, url

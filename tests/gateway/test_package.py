@@ -49,7 +49,7 @@ def test_a_name_imports_only_its_own_module():
     assert "gateway.config" in loaded
     assert not {
         "gateway.health.prober",
-        "gateway.scrape",
-        "gateway.metrics",
+        "gateway.observability.scrape",
+        "gateway.observability.metrics",
         "prometheus_client",
     } & set(loaded), loaded

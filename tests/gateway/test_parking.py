@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.config import ListenerLimits
-from gateway.scrape import ConnectionsCollector
+from gateway.observability.scrape import ConnectionsCollector
 from gateway.server import TrafficServer
 from tests.support.eventually import eventually
 

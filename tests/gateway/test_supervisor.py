@@ -20,10 +20,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway.config import ProxyConfig
-from gateway.metrics import GatewayMetrics
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.scrape import MetricsCollector
 from gateway.pool.pool import Pool
 from gateway.pool.upstream import AdminState
-from gateway.scrape import MetricsCollector
 from gateway.workers import supervisor as supervisor_module
 from gateway.workers.metrics import WorkersCollector
 from gateway.workers.supervisor import Supervisor, WorkerSettings, migrate_req_off

@@ -17,7 +17,7 @@ from typing import Final
 
 from mypy_extensions import i64
 
-from .errors import GatewayError
+from ..errors import GatewayError
 
 
 def _gateway_statuses() -> dict[str, int]:

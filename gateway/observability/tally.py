@@ -14,8 +14,8 @@ from typing import Final
 
 from mypy_extensions import i64
 
-from .pool.events import RequestRecord
-from .pool.upstream import by_fields
+from ..pool.events import RequestRecord
+from ..pool.upstream import by_fields
 
 LATENCY_BUCKETS: Final[tuple[float, ...]] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

@@ -35,8 +35,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from .metrics import UPSTREAM_STATES, GatewayMetrics
 
 if TYPE_CHECKING:
+    from ..pool.pool import Pool
     from .accesslog import AccessLog
-    from .pool.pool import Pool
 
 
 class MetricsCollector(Collector):

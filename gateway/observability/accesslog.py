@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Final, Literal, TypeAlias
 from urllib.parse import quote
 
-from .pool.events import RequestRecord
+from ..pool.events import RequestRecord
 
 log = logging.getLogger(__name__)
 

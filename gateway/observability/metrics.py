@@ -26,9 +26,9 @@ from __future__ import annotations
 import bisect
 from typing import Final
 
-from .pool.events import PoolEvent, ProbeResult, RequestRecord
-from .pool.pool import Pool, RequestCounts
-from .pool.upstream import Upstream
+from ..pool.events import PoolEvent, ProbeResult, RequestRecord
+from ..pool.pool import Pool, RequestCounts
+from ..pool.upstream import Upstream
 from .status_codes import StatusCounts
 from .tally import LATENCY_BUCKETS, Buckets, Tally, latency_bucket
 

@@ -1,0 +1,17 @@
+"""What the data plane tells of itself: plain counts on the request path, read at scrape time.
+
+    tally         latency buckets, and a worker's tally of its requests, as plain data
+    status_codes  the answers counted by their code
+    metrics       GatewayMetrics: requests, probes, upstream health and ejections, as plain
+                  counts
+    accesslog     AccessLog: one line per request, written off the event loop
+    scrape        the Prometheus collectors and the ``/metrics`` exposition (the main
+                  process's only: a worker imports no prometheus_client)
+
+The HTTPS listeners' and the worker processes' collectors are theirs (``tls.metrics``,
+``workers.metrics``).
+"""
+
+from .. import native
+
+native.use_in(__path__, __name__)  # first: the compiled modules, if built (native.py)
