@@ -64,11 +64,11 @@ LOCK_SUFFIX = ".lock"
 ENV = "GATEWAY_NATIVE"
 
 MODULES = (
-    "tracing",
     "observability.accesslog",
     "observability.metrics",
     "observability.status_codes",
     "observability.tally",
+    "observability.tracing",
     "pool.balancer",
     "pool.events",
     "pool.hashring",

@@ -5,6 +5,7 @@
     metrics       GatewayMetrics: requests, probes, upstream health and ejections, as plain
                   counts
     accesslog     AccessLog: one line per request, written off the event loop
+    tracing       W3C Trace Context: each request's traceparent read, and sent upstream
     scrape        the Prometheus collectors and the ``/metrics`` exposition (the main
                   process's only: a worker imports no prometheus_client)
 

@@ -27,7 +27,6 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
 
-from .. import tracing
 from ..config import ProxyConfig
 from ..errors import (
     BadRequest,
@@ -39,6 +38,7 @@ from ..errors import (
     UpstreamError,
     UpstreamProtocolError,
 )
+from ..observability import tracing
 from ..pool.events import RequestObserver, RequestRecord
 from ..pool.pool import Pool
 from ..pool.service_pool import ServicePool

@@ -1,5 +1,6 @@
-"""W3C Trace Context (``gateway.tracing``): the traceparent read, the one sent upstream made,
-and tracestate's bounds; the rules are the specification's (www.w3.org/TR/trace-context)."""
+"""W3C Trace Context (``gateway.observability.tracing``): the traceparent read, the one sent
+upstream made, and tracestate's bounds; the rules are the specification's
+(www.w3.org/TR/trace-context)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import tracing
+from gateway.observability import tracing
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
