@@ -40,10 +40,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from ..unreachable import unreachable_reason
+from .bodies import ClusterNodeView, ClusterView, LogsView, NodeLogsView
 from .handlers import TAIL, ApiError, ReplicaLogs, respond, tail_query
 from .openapi import Operation
 from .origin import BROWSER_HEADERS
-from .schemas import ClusterNodeView, ClusterView, LogsView, NodeLogsView
 
 log = logging.getLogger("gateway.admin")
 

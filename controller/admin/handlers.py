@@ -28,8 +28,7 @@ from ..journal import HISTORY, Entry
 from ..operations import Controller
 from ..planning.model import LEAVING, Rollout
 from ..spec import ServiceSpec
-from .openapi import YAML_TYPES, Operation, Query, build_document
-from .schemas import (
+from .bodies import (
     ApplyResultBody,
     DeleteResult,
     EventView,
@@ -45,6 +44,7 @@ from .schemas import (
     UndoRequest,
     UpstreamView,
 )
+from .openapi import YAML_TYPES, Operation, Query, build_document
 from .views import (
     host_views,
     revision_view,

@@ -2,7 +2,7 @@
 
 Each route is declared once, as an ``Operation`` (handlers.py): the app mounts it and this
 module describes it, with the JSON schemas pydantic makes of the request and response models
-(``schemas.py``) and of ``ServiceSpec``, whose fields and validators state what they check
+(``bodies.py``) and of ``ServiceSpec``, whose fields and validators state what they check
 there (``controller.schema``, ``gateway.config``). This module adds only what the API itself
 decides: the backends this gateway has, and what the apply route does with a spec's name and
 working directory. So the document says what the routes really accept and return; a test
@@ -22,7 +22,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from ..documents import MAX_DEPTH, MAX_NODES
 from ..spec import NAME_PATTERN, ServiceSpec
-from .schemas import REQUEST_MODELS, RESPONSE_MODELS, SPEC_MARK, ErrorBody
+from .bodies import REQUEST_MODELS, RESPONSE_MODELS, SPEC_MARK, ErrorBody
 
 REF = "#/components/schemas/{model}"
 JSON = "application/json"

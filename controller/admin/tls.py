@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from .bodies import TlsCertificateView, TlsRefusalView, TlsView
 from .openapi import Operation
-from .schemas import TlsCertificateView, TlsRefusalView, TlsView
 
 if TYPE_CHECKING:  # annotations: a gateway without TLS loads none of it
     from gateway import ReloadReport, Termination

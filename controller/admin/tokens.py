@@ -12,9 +12,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..tokens import TokenInfo
+from .bodies import TokenAdded, TokenList, TokenRequest, TokenRevoked, TokenView
 from .handlers import SERVICE, _controller, read_model, respond
 from .openapi import Operation
-from .schemas import TokenAdded, TokenList, TokenRequest, TokenRevoked, TokenView
 
 
 def _view(info: TokenInfo) -> TokenView:

@@ -23,8 +23,7 @@ from ..planning import planner, steps
 from ..planning.model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
 from ..state import ServiceState
 from ..store import RevisionRow, RolloutRow
-from .openapi import Operation
-from .schemas import (
+from .bodies import (
     AuthView,
     AutoscalingView,
     BackoffView,
@@ -43,6 +42,7 @@ from .schemas import (
     ServiceView,
     UpstreamView,
 )
+from .openapi import Operation
 
 Wall = Callable[[float], float]
 

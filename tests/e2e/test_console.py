@@ -504,7 +504,7 @@ async def test_the_overview_reads_the_fields_the_api_documents(
     """Certificates, the cluster and the hosts as the page draws them (ui/views.js, in
     chromium) from bodies made with the API's own response models, so a field the page
     reads under another name fails here."""
-    from controller.admin.schemas import (
+    from controller.admin.bodies import (
         CertificateList,
         CertificateView,
         ClusterNodeView,
