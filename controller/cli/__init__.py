@@ -19,7 +19,7 @@ the service's state after each (and at least every ``POLL`` seconds, should the 
 printing a progress line whenever it changes. ``--timeout`` stops following; what was started
 goes on.
 
-Modules: ``client`` (the calls to the admin API), ``following`` (a started
+Modules: ``admin_api`` (the calls to the admin API), ``following`` (a started
 rollout or scale, until its outcome), ``render`` (the text printed), ``commands`` (one
 coroutine per command), ``target`` (where the admin API is), ``parser`` (the argparse
 subcommands), ``dispatch`` (running one), ``exits`` (the exit codes and ``CliError``).
@@ -31,7 +31,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .admin_api import Client
     from .commands import (
         COMMANDS,
         Command,
@@ -81,7 +81,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "COMMANDS": ".commands",
     "CliError": ".exits",
-    "Client": ".client",
+    "Client": ".admin_api",
     "Command": ".commands",
     "DEFAULT_URL": ".target",
     "EXIT_CODES": ".exits",

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from urllib.parse import quote
 
 from ..config import ConfigError, read_document
-from .client import Client
+from .admin_api import Client
 from .exits import EXIT_OK, EXIT_UNUSABLE, CliError
 from .following import follow_change, replica_ids
 from .render import (

@@ -10,7 +10,7 @@ from typing import TextIO
 
 import aiohttp
 
-from .client import Client
+from .admin_api import Client
 from .commands import COMMANDS
 from .exits import EXIT_UNUSABLE, CliError, closed_stdout
 from .target import REQUEST_TIMEOUT, resolve_target

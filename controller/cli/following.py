@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from .client import Client
+from .admin_api import Client
 from .exits import EXIT_DEGRADED, EXIT_FAILED, EXIT_OK, CliError
 from .render import progress_text, pull_text, scale_text
 

@@ -585,7 +585,7 @@ async def test_apply_following_prints_the_pull_progress_the_backend_reports(
     lines. No registry here to pull from: the lines are those of a recorded pull stream, as the
     backend's throttle lets them through, handed to what the gateway wired to the backend."""
     from controller.backends.docker import PullProgress
-    from controller.cli.client import Client, Target
+    from controller.cli.admin_api import Client, Target
     from controller.cli.following import say_pulls
     from tests.controller.test_backend_docker import RECORDED_PULL
 
