@@ -90,13 +90,14 @@ class ServiceSeries:
         retries[reason] = retries.get(reason, 0) + n
 
 
-class RevisionSeries(StatusCounts):
+class RevisionSeries:
     """The request counts of one revision of a service; its series go with it."""
 
-    __slots__ = ("duration", "label", "service", "ttfb")
+    __slots__ = ("answers", "duration", "label", "service", "ttfb")
 
     def __init__(self, service: ServiceSeries, revision: int | None) -> None:
-        super().__init__()
+        self.answers = StatusCounts()
+        """Its answers by ``code`` label to be."""
         self.service = service
         self.label = "" if revision is None else str(revision)
         self.duration = Buckets(LATENCY_BUCKETS)
@@ -146,7 +147,7 @@ class GatewayMetrics:
             if revision is None:
                 continue
             total = errors = 0
-            for key, count in series.settled().items():
+            for key, count in series.answers.settled().items():
                 total += count
                 if int(key) >= 500:
                     errors += count
@@ -247,7 +248,7 @@ class GatewayMetrics:
         error, reasons = record.error, record.retry_reasons
         if error is None and not reasons:
             # Most requests: only their status to count (``_count`` does the same, slower).
-            entry.answered(record.status)
+            entry.answers.answered(record.status)
         else:
             self._count(entry, record.status, error, reasons, 1)
         duration = record.duration
@@ -265,7 +266,7 @@ class GatewayMetrics:
         n: int,
     ) -> None:
         """Count ``n`` answers of one kind: their code, retries and gateway errors."""
-        entry.add(status, error, n)
+        entry.answers.add(status, error, n)
         service = entry.service
         if retry_reasons:
             for reason in retry_reasons:

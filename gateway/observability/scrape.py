@@ -69,7 +69,7 @@ class MetricsCollector(Collector):
         for name, service in list(metrics.services.items()):
             for entry in list(service.revisions.values()):
                 labels = (name, entry.label)
-                for code, count in entry.code_counts().items():
+                for code, count in entry.answers.code_counts().items():
                     requests.add_metric((*labels, code), count)
                 duration.add_metric(labels, entry.duration.buckets(), entry.duration.sum)
             if name:  # no TTFB without an upstream

@@ -474,7 +474,7 @@ def test_latency_bucket_is_bisect_left() -> None:
 
 async def test_runs_counted_apart_are_in_every_read(pool, metrics: GatewayMetrics, registry):
     """Runs of one status or one latency bucket, counted apart from the dicts and lists
-    (``_RevisionSeries.answered``, ``Buckets.count``), are in every read of them: scrapes and
+    (``StatusCounts.answered``, ``Buckets.count``), are in every read of them: scrapes and
     the canary's ``revision_counts``, whenever they come, against a plain count."""
     import random
     from collections import Counter
