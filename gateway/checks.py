@@ -89,7 +89,7 @@ class _Bound:
     """A bound of a number field (``Ge``, ``Gt``, ``Le``) stated to pydantic as it states
     annotated_types' class of the same name: the number schema's own constraint, so its error
     and its JSON Schema are pydantic's. annotated_types (with typing_extensions and datetime,
-    0.5 MiB of a worker that only receives the settings) is never imported."""
+    memory a worker that only receives the settings never uses) is never imported."""
 
     __slots__ = ("value",)
     key: ClassVar[str]

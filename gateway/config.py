@@ -578,7 +578,7 @@ class ListenerLimits:
     after it)."""
     park_after: Duration = 1.0
     """A plain HTTP connection idle this long is parked: held out of the event loop as its
-    socket alone (tens of bytes, against about 1.8 KiB), until its client sends again; its
+    socket alone (a few numbers, not a transport), until its client sends again; its
     next request then pays about what a new connection's first does, and one that came back
     sooner than it had waited waits twice as long next time (``proxy.parking``). Up to
     0.25 s late. 0: never."""

@@ -56,7 +56,7 @@ TAG = f"{sys.implementation.name}-{sys.version.split()[0]}-{sysconfig.get_platfo
 """The interpreter the modules are compiled for: each has its own build, side by side (a
 module compiled for one patch release is not assumed to work with another). Its version as
 ``platform.python_version()`` writes it (``3.11.7``, ``3.13.0rc1``), read from ``sys.version``:
-``platform`` costs a worker 0.1 MiB."""
+importing ``platform`` would cost every worker memory (bench/RESULTS.md `code-figures`)."""
 NATIVE = PACKAGE / "_native" / TAG
 MANIFEST = NATIVE / "manifest.json"
 LOCK_SUFFIX = ".lock"
@@ -333,7 +333,7 @@ def _built(profile: bool) -> str | None:
 
 def _build(profile: bool) -> str:
     # Here, not at the top: every process imports this module to choose its modules, and
-    # these two (with random, bz2 and lzma under them) cost a worker 0.5 MiB it never uses.
+    # these two (with random, bz2 and lzma under them) cost a worker memory it never uses.
     import shutil
     import tempfile
 

@@ -11,8 +11,8 @@ it meanwhile (on the same core, a switch each way): it formats nothing (a thread
 formatted held the GIL for whole batches, half of the gateway's p99 at one connection),
 takes the queue's lines in one pass, and makes one ``write`` of a batch to a file; each
 write lets go of the GIL and takes it back. Writing each 4 KiB chunk through a text file,
-with a flush each, cost the gateway 5 to 10 us of CPU a request under load, more than the
-formatting.
+with a flush each, cost the gateway more CPU a request under load than the formatting
+(bench/RESULTS.md `code-figures`).
 
 To a pipe (standard output under a container runtime), lines are written in whole-line
 chunks of at most ``PIPE_BUF`` (4 KiB) bytes, one ``write`` each: a write that small is

@@ -2,11 +2,11 @@
 loop, a descriptor in an epoll set of their own, until their client sends again.
 
 An idle connection on uvloop holds a transport, its libuv handle and its entry in the loop's
-transport table (about 1.4 KiB), and the ``ClientConnection`` (about 0.4): 1.8 KiB each, where
-an nginx worker holds 0.3. A plain HTTP connection idle for ``park_after``
+transport table, and the ``ClientConnection``: several times what an nginx worker holds for
+one (bench/RESULTS.md `code-figures`). A plain HTTP connection idle for ``park_after``
 (``ListenerLimits``) is parked instead: its socket is duplicated into this set and its
 transport closed, which closes the loop's descriptor but not the connection. Parked, it is the
-kernel's socket and 28 bytes here (three numbers, and its place in a slot of deadlines). When
+kernel's socket and, here, three numbers and its place in a slot of deadlines. When
 its client sends again, the socket becomes a new transport with a new ``ClientConnection``
 (``loop.connect_accepted_socket``), which reads the request waiting in the socket's buffer as
 it would have; a client that closed meanwhile is closed without one. The keep-alive deadline

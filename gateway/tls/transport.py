@@ -17,7 +17,7 @@ is the end of what it sends (``eof_received``).
 
 Why not uvloop's ``start_tls``: it tells nothing of a handshake that failed, and per
 connection it costs a 256 KiB read buffer, an SSLProtocol and an app transport and a waiter
-future (about a third of what a resumed handshake cost beside nginx's). This makes the
+future (a large part of what a resumed handshake cost beside nginx's). This makes the
 public ``ssl.SSLObject`` (``SSLContext.wrap_bio``) and reads it only while records are
 waiting, so a read that would block raises nothing.
 

@@ -39,7 +39,7 @@ from .headers import Fields
 COMPILED: Final = not __file__.endswith(".py")
 """Whether this module runs compiled with mypyc (``native.py``). Only then do the callers
 read plain heads here: interpreted, a loop over each byte costs more than llhttp and its
-callbacks (CPU a request about 1.4 times, pure)."""
+callbacks (bench/RESULTS.md `code-figures`)."""
 
 MAX_FIELDS: Final = 128
 """Header fields a head may hold (``http1.MAX_HEADERS`` is this); one with more goes to

@@ -32,7 +32,7 @@ READ_SIZE: Final = 256 * 1024
 """The scratch buffer: bytes read at once outside a splice (uvloop's own is as large)."""
 SPLICE_SIZE: Final = 1024 * 1024
 """A splice buffer: bytes read at once while splicing. Fewer, larger reads and writes cost
-less CPU than 256 KiB ones (about 12% less per 10 MiB body, measured against nginx)."""
+less CPU than 256 KiB ones (bench/RESULTS.md `code-figures`)."""
 SPARE_BUFFERS: Final = 4
 """Splice buffers kept for the next large body."""
 
