@@ -15,7 +15,6 @@ another replica.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
@@ -45,6 +44,7 @@ from .planning.transitions import (
 from .spec import ServiceSpec
 from .state import ServiceState
 from .store import Store
+from .tasks import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -151,11 +151,7 @@ class Reconciler:
                 if state.forgotten:
                     break
                 timeout = None if state.wake_at is None else max(0.0, state.wake_at - self.clock())
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
-                # arrives as the wait ends (CPython gh-86296), and close() would never return.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(timeout):
-                        await state.wake.wait()
+                await wait_set(state.wake, timeout)  # a cancel here is close()'s
         finally:
             _release(self._waiters.pop(state.name, []))
         self.services.pop(state.name, None)

@@ -29,3 +29,16 @@ async def cancel_task(task: asyncio.Task[None] | None) -> None:
         return
     task.cancel()
     await asyncio.wait([task])
+
+
+async def wait_set(event: asyncio.Event, within: float | None) -> bool:
+    """Wait until ``event`` is set or ``within`` seconds pass (None: no limit); whether it
+    was set. A cancellation of the caller always goes on: ``asyncio.timeout``, not
+    ``wait_for``, which on 3.11 swallows a cancel that arrives as the wait ends (CPython
+    gh-86296), so a loop waiting here would never stop."""
+    try:
+        async with asyncio.timeout(within):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

@@ -34,6 +34,7 @@ from ..config import AcmeConfig
 from ..journal import Entry, Journal
 from ..operations import Controller
 from ..planning.model import EventKind
+from ..tasks import wait_set
 from .errors import AcmeError
 from .schedule import Demand, HostState, Policy, demand, next_step, renewal_time
 from .store import AcmeStore, StoredCertificate
@@ -187,10 +188,7 @@ class AcmeManager:
                 default=now + MAX_SLEEP,
             )
             delay = min(MAX_SLEEP, max(0.0, soonest - now))
-            try:
-                await asyncio.wait_for(self._wake.wait(), delay)
-            except TimeoutError:
-                pass
+            await wait_set(self._wake, delay)
 
     async def _read_demand(self) -> None:
         """The hosts as the routes say now: a new one starts from its stored certificate (if

@@ -11,13 +11,14 @@ Linux only, as the process backend is.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..tasks import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,7 @@ async def group_gone(pgid: int, killed: asyncio.Event, linger: float) -> bool:
                 return False
             await asyncio.sleep(delay)
         else:  # the next poll, or SIGKILL, whichever comes first
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(killed.wait(), delay)
+            await wait_set(killed, delay)
         delay = min(delay * 2, GROUP_POLL_MAX)
     return True
 

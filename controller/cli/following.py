@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from ..tasks import wait_set
 from .admin_api import Client
 from .exits import EXIT_DEGRADED, EXIT_FAILED, EXIT_OK, CliError
 from .render import progress_text, pull_text, scale_text
@@ -208,8 +209,7 @@ async def _follow(
                 if left <= 0:
                     raise CliError(f"{name}: not done after {limit:g}s (it goes on)")
                 wait = min(wait, left)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), wait)
+            await wait_set(changed, wait)
 
 
 async def say_pulls(client: Client, name: str, say: Callable[[str], None]) -> None:

@@ -43,7 +43,7 @@ from controller.cluster.membership import (
 )
 from controller.errors import Deposed
 from controller.etcd import Compare, Delete, EtcdClient, EtcdError, EtcdUnavailable, Op, Put
-from controller.tasks import cancel_task, guarded_task
+from controller.tasks import cancel_task, guarded_task, wait_set
 from gateway import AdminState, Pool, PoolEvent
 
 log = logging.getLogger(__name__)
@@ -471,12 +471,9 @@ class Follower:
             refresh = self.fresh_for / 3
             busy = self._reported is not None and self._reported[0].busy
             look = min(self.lease_check, refresh) if busy and refresh else self.lease_check
-            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that arrives
-            # as the wake is set (CPython gh-86296), and ``stop`` would wait forever: a
-            # follower started and stopped at once (a term that begins as the last one ends).
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(look):
-                    await self._wake.wait()
+            # A cancel here is ``stop``'s (a follower may be started and stopped at once: a
+            # term that begins as the last one ends).
+            if await wait_set(self._wake, look):
                 await asyncio.sleep(self.delay)  # gather the rest of this change
             self._wake.clear()
             lease = self.lease()

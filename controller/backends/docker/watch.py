@@ -16,12 +16,11 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ...tasks import guarded_task
+from ...tasks import guarded_task, wait_set
 from .engine import EngineError, EngineUnreachable, EventStream
 from .hosts import HostListener, HostRecord, ReplicaRecord
 from .orphans import sweep
@@ -121,8 +120,7 @@ class HostWatcher:
     async def _heartbeat(self) -> None:
         host = self._host
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(host.recheck.wait(), HEARTBEAT)
+            await wait_set(host.recheck, HEARTBEAT)
             host.recheck.clear()
             await host.client.ping(HEARTBEAT_TIMEOUT)
 
