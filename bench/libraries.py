@@ -8,7 +8,7 @@
     PYTHONPATH=. /tmp/v/bin/python bench/libraries.py etcd [--repeat 6 --calls 300]
     /tmp/v/bin/pip install aiodocker && PYTHONPATH=. /tmp/v/bin/python bench/libraries.py docker
 
-``ipc``: the worker channel (``gateway.workers.ipc``, length + pickle on an asyncio stream
+``ipc``: the worker channel (``gateway.workers.ipc``, length + marshal on an asyncio stream
 under uvloop) against ``multiprocessing.connection.Connection`` on the same socketpair, the
 repetitions interleaved. A peer process answers each message; each round trip sends an
 ``Install`` of ``--upstreams`` upstreams and gets a ``Report`` back (both directions of the
@@ -16,10 +16,10 @@ real channel, with a pool larger than most). Modes: ``stream`` (ours: both ends 
 ``connection`` (both ends blocking, no event loop: the cheapest ``Connection`` can be);
 ``connection-thread`` (the controller's end on uvloop with a thread blocked in ``recv`` that
 hands each message to the loop, as ``Connection`` would have to run beside an event loop).
-Then two facts: ``Connection.recv`` reads our frames (the same 4-byte big-endian length), and
-``Connection.send`` of a large ``Install`` on a non-blocking socket whose peer does not read
-leaves a partial frame (``BlockingIOError`` after some bytes): it cannot share the loop
-without a thread.
+Then two facts: ``Connection.recv_bytes`` reads our frames (the same 4-byte big-endian
+length), and ``Connection.send`` of a large ``Install`` on a non-blocking socket whose peer
+does not read leaves a partial frame (``BlockingIOError`` after some bytes): it cannot share
+the loop without a thread.
 
 ``procfs``: ``controller.backends.procfs`` against psutil for what the process backend asks
 of ``/proc`` (needs psutil importable): is a (pid, pgid, start time) still alive; does a
@@ -50,7 +50,6 @@ import asyncio
 import contextlib
 import importlib.util
 import os
-import pickle
 import socket
 import statistics
 import subprocess
@@ -214,9 +213,9 @@ def _facts(upstreams: int) -> list[str]:
     found = []
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     a.sendall(ipc.encode(install))
-    same = Connection(b.detach()).recv() == install
+    same = Connection(b.detach()).recv_bytes() == ipc.encode(install)[4:]
     a.close()
-    found.append(f"Connection.recv reads an ipc.encode frame: {same}")
+    found.append(f"Connection.recv_bytes reads an ipc.encode frame: {same}")
     big = ipc.Install(install.routing, _messages(upstreams * 100)[0].snapshot)
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     a.setblocking(False)
@@ -241,10 +240,12 @@ def _facts(upstreams: int) -> list[str]:
 
 
 def ipc_bench(args: argparse.Namespace) -> None:
+    from gateway.workers import ipc
+
     install, report = _messages(args.upstreams)
     print(
-        f"Install of {args.upstreams} upstreams: {len(pickle.dumps(install, 5))} bytes; "
-        f"Report: {len(pickle.dumps(report, 5))} bytes; {args.rounds} round trips a run"
+        f"Install of {args.upstreams} upstreams: {len(ipc.encode(install))} bytes; "
+        f"Report: {len(ipc.encode(report))} bytes; {args.rounds} round trips a run"
     )
     startup = {
         m: statistics.median(_peer_startup(m, args.upstreams) for _ in range(3)) for m in MODES

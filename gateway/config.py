@@ -7,8 +7,8 @@ an error that names the field instead of a setting silently ignored. Durations a
 pydantic validates them (``parse_settings``, or as fields of the controller's models) in the
 controller's process only: constraints and checks are ``Annotated`` metadata, cross-field rules
 ``__post_init__``, and nothing here imports pydantic at module level, so a worker process, which
-receives them pickled, never loads it. Built directly, a dataclass takes its values as given
-(only ``__post_init__`` runs): build it from typed values, or with ``parse_settings``.
+receives them over its channel, never loads it. Built directly, a dataclass takes its values as
+given (only ``__post_init__`` runs): build it from typed values, or with ``parse_settings``.
 
 Each check states what it takes in JSON Schema too (a ``Check``'s ``json_schema``; a
 cross-field rule's, in ``json_schema_extra`` beside its ``__post_init__``), so the schema

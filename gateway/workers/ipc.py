@@ -2,10 +2,14 @@
 
 One Unix stream socketpair per worker, made by the supervisor and inherited by the worker
 (no other process holds either end, so either side's exit is the other's end of file). A
-message is a frozen record, pickled, after its length as 4 bytes big-endian. Pickle is safe
-here: both ends run the same code from the same checkout and nothing else can write to the
-pair. Nothing on the request path sends a message: snapshots go out when the pool changes,
-reports come back every ``Setup.report_interval`` and when a draining upstream goes idle.
+message is a frozen record, written by ``marshal`` after its length as 4 bytes big-endian:
+``flatten`` makes it plain values (each record, enum, tuple or dict a tuple tagged with what
+it was, a record or enum by its class's name) and ``restore`` makes it back, each record
+through its class's ``__init__`` and only of a class of this package. ``marshal``, not
+``pickle``: the interpreter has it loaded already, so a worker loads no ``pickle``. Both ends
+run the same code from the same checkout and nothing else can write to the pair. Nothing on
+the request path sends a message: snapshots go out when the pool changes, reports come back
+every ``Setup.report_interval`` and when a draining upstream goes idle.
 
 controller's process -> worker: ``Setup`` (once, first), ``Install``, ``Forget``, ``Abort``,
 ``ReloadTls``, ``Stop``. worker -> controller's process: ``Ready`` (once, listening),
@@ -15,9 +19,13 @@ controller's process -> worker: ``Setup`` (once, first), ``Install``, ``Forget``
 from __future__ import annotations
 
 import asyncio
-import pickle
+import dataclasses
+import marshal
 import struct
+import sys
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
 
 from ..config import ProxyConfig, ServiceRouting
 from ..observability.tally import Tally
@@ -139,8 +147,84 @@ FromWorker = Ready | Idle | Eject | Report
 _MESSAGES = (Setup, Install, Forget, Abort, ReloadTls, Stop, Ready, Idle, Eject, Report)
 
 
+_PLAIN = frozenset({type(None), bool, int, float, str, bytes})
+"""What ``marshal`` writes as it is (exact types: an enum of ``str`` is not a ``str`` here)."""
+_TUPLE, _DICT, _LIST, _RECORD, _ENUM = range(5)
+_PACKAGE = __name__.split(".", 1)[0] + "."
+_shapes: dict[type, tuple[str, tuple[str, ...]]] = {}
+"""Per record or enum class, made at its first message: its name in a message (one string, so
+``marshal`` writes it once a message), and its fields that ``__init__`` takes."""
+_classes: dict[str, tuple[type, tuple[str, ...]]] = {}
+"""Per name in a message, made at its first message: the class, and its fields."""
+
+
+def flatten(value: object) -> Any:
+    """``value`` as plain values ``marshal`` writes: ``restore`` makes it back."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if isinstance(value, tuple) and kind is tuple:
+        return (_TUPLE, *[flatten(v) for v in value])
+    if isinstance(value, dict) and kind is dict:
+        return (_DICT, *[(flatten(k), flatten(v)) for k, v in value.items()])
+    if isinstance(value, list) and kind is list:
+        return (_LIST, *[flatten(v) for v in value])
+    if isinstance(value, Enum):
+        return (_ENUM, _shape(kind)[0], value.value)
+    if dataclasses.is_dataclass(value):
+        name, fields = _shape(kind)
+        return (_RECORD, name, *[flatten(getattr(value, f)) for f in fields])
+    raise TypeError(f"an ipc message holds a {kind.__name__}")
+
+
+def restore(value: object) -> object:
+    """The value ``flatten`` was given."""
+    if not isinstance(value, tuple):
+        return value
+    kind, *rest = value
+    if kind == _TUPLE:
+        return tuple([restore(v) for v in rest])
+    if kind == _DICT:
+        return {restore(k): restore(v) for k, v in rest}
+    if kind == _LIST:
+        return [restore(v) for v in rest]
+    cls, fields = _class(rest[0])
+    if kind == _ENUM and issubclass(cls, Enum):
+        return cls(rest[1])
+    if kind == _RECORD and not issubclass(cls, Enum):
+        return cls(**{f: restore(v) for f, v in zip(fields, rest[1:], strict=True)})
+    raise TypeError(f"not an ipc value: {value!r}")
+
+
+def _shape(cls: type) -> tuple[str, tuple[str, ...]]:
+    shape = _shapes.get(cls)
+    if shape is None:
+        name = sys.intern(f"{cls.__module__}:{cls.__qualname__}")
+        enum = issubclass(cls, Enum)
+        fields = () if enum else tuple(f.name for f in dataclasses.fields(cls) if f.init)
+        shape = _shapes[cls] = (name, fields)
+    return shape
+
+
+def _class(name: object) -> tuple[type, tuple[str, ...]]:
+    """The class ``_shape`` named, and its fields: a record or enum class of this package,
+    imported already (each end imports every module its messages hold)."""
+    found = _classes.get(str(name))
+    if found is None:
+        module, _, qualname = str(name).partition(":")
+        cls: object = sys.modules.get(module) if module.startswith(_PACKAGE) else None
+        for part in qualname.split("."):
+            cls = getattr(cls, part, None)
+        if not isinstance(cls, type) or not (
+            issubclass(cls, Enum) or dataclasses.is_dataclass(cls)
+        ):
+            raise TypeError(f"not an ipc class: {name}")
+        found = _classes[str(name)] = (cls, _shape(cls)[1])
+    return found
+
+
 def encode(message: ToWorker | FromWorker) -> bytes:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    data = marshal.dumps(flatten(message))
     return _LENGTH.pack(len(data)) + data
 
 
@@ -155,7 +239,7 @@ async def receive(reader: asyncio.StreamReader) -> ToWorker | FromWorker | None:
         data = await reader.readexactly(length)
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
-    message = pickle.loads(data)
+    message = restore(marshal.loads(data))
     if not isinstance(message, _MESSAGES):
         raise TypeError(f"not an ipc message: {type(message).__name__}")
     return message

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import pickle
+import marshal
 import struct
+from enum import Enum
 
 import pytest
 
-from gateway.config import ProxyConfig
-from gateway.observability.tally import RequestTally
+from gateway.config import (
+    AuthRouting,
+    Hsts,
+    ProxyConfig,
+    RateLimit,
+    RouteConfig,
+    ServiceRouting,
+    StickyConfig,
+)
+from gateway.observability.tally import RequestTally, Tally
 from gateway.pool.snapshot import PoolSnapshot
 from gateway.pool.upstream import AdminState, Upstream
 from gateway.workers import ipc
@@ -53,6 +62,46 @@ async def test_a_length_beyond_the_bound_is_refused_before_reading_it() -> None:
 
 
 async def test_anything_but_a_message_is_refused() -> None:
-    data = pickle.dumps({"not": "a message"})
+    data = marshal.dumps(ipc.flatten({"not": "a message"}))
     with pytest.raises(TypeError, match="not an ipc message"):
         await ipc.receive(reader_of(struct.pack("!I", len(data)) + data))
+
+
+def test_settings_of_every_kind_arrive_as_they_were_sent() -> None:
+    """Nested records, enums, keyword-only fields, dicts with tuple keys, None and infinity."""
+    routing = ServiceRouting(
+        "web",
+        RouteConfig(hosts=("a.example",), path_prefix="/api", hsts=Hsts(preload=True)),
+        sticky=StickyConfig(cookie="route"),
+        auth=AuthRouting(tokens={"k": "v"}),
+        rate_limits=(RateLimit(path_prefix="/api", rps=2.5, burst=3),),
+    )
+    upstream = Upstream("a", "web", "::1", 9000, admin=AdminState.DRAINING, ejected=True)
+    snapshot = PoolSnapshot.of("web", 3, [upstream], split=(2, 30))
+    outcomes = {("web", 2, 200, None, ("connect",)): 4}
+    durations = {("web", None): ((1, 0, 2), float("inf"))}
+    tally = Tally(outcomes, durations, {"web": ((1,), 0.5)})
+    report = ipc.Report(
+        {("web", "a"): 2}, tally, 0, counts={"web": (1, 2)}, guards={"web": ({}, 0)}
+    )
+    for message in (ipc.Install(routing, snapshot), report):
+        back = ipc.restore(marshal.loads(marshal.dumps(ipc.flatten(message))))
+        assert back == message
+        assert back.__class__ is message.__class__
+    assert ipc.restore(ipc.flatten(upstream)).admin is AdminState.DRAINING
+    assert ipc.restore(ipc.flatten(upstream)).address == "[::1]:9000"
+
+
+class Color(Enum):
+    RED = 1
+
+
+def test_only_the_gateways_own_classes_are_made() -> None:
+    """A message names each record's class: one outside the package is refused, not imported."""
+    with pytest.raises(TypeError, match="not an ipc class"):
+        ipc.restore(ipc.flatten(Color.RED))
+    kind, _, *fields = ipc.flatten(Upstream("a", "web", "127.0.0.1", 9000))
+    with pytest.raises(TypeError, match="not an ipc class"):
+        ipc.restore((kind, "os:system", *fields))
+    with pytest.raises(TypeError, match="holds a set"):
+        ipc.flatten({1})
