@@ -236,6 +236,17 @@ def test_only_gcc_builds_with_a_profile(tmp_path, monkeypatch, macros, why):
         assert why in found
 
 
+@pytest.mark.parametrize(("status", "args"), [(0, native.PACKED_RELOCATIONS), (1, ())])
+def test_relocations_are_packed_where_the_linker_takes_it(tmp_path, monkeypatch, status, args):
+    """A linker that refuses ``-z pack-relative-relocs`` (older binutils, another linker)
+    links the library as before: the flag is asked of the compiler with an empty library."""
+    cc = tmp_path / "cc"
+    cc.write_text(f"#!/bin/sh\ncat >/dev/null\nexit {status}\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", f"{cc} -pthread")
+    assert native._link_args() == args
+
+
 def test_this_machine_s_compiler_is_told_apart():
     """The real compiler answers the question (whichever it is): a ``-dM -E`` it runs."""
     found = native._compiler_why_not()
