@@ -172,7 +172,7 @@ def gateway_ciphers() -> str:
     suites are OpenSSL's defaults on both sides)."""
     from gateway.tls.context import server_context  # the bench runs from the repository
 
-    names = [c["name"] for c in server_context(tickets=True).get_ciphers()]
+    names = [c["name"] for c in server_context(tickets=True, alpn=("http/1.1",)).get_ciphers()]
     return ":".join(n for n in names if not n.startswith("TLS_"))
 
 

@@ -128,7 +128,7 @@ class Pair:
 
 
 CA = trustme.CA()
-SERVER = server_context(tickets=True)
+SERVER = server_context(tickets=True, alpn=("http/1.1",))
 CA.issue_cert("example.test").configure_cert(SERVER)
 CLIENT = ssl.create_default_context()
 CA.configure_trust(CLIENT)

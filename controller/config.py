@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from gateway import (
     Duration,
+    Http2Config,
     ListenAddress,
     ListenerLimits,
     ProxyConfig,
@@ -225,6 +226,8 @@ class BackendsConfig(Model):
 
 class ProxyOptions(Model):
     limits: ListenerLimits = ListenerLimits()
+    http2: Http2Config = Http2Config()
+    """Inbound HTTP/2 (h2c by prior knowledge, h2 by ALPN: ``tls.alpn``)."""
     shutdown_timeout: Duration = 30.0
     upstream_keepalive: int = Field(default=256, ge=0)
     trust_forwarded: bool = False

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .config import AuthRouting as AuthRouting
     from .config import Duration as Duration
     from .config import HeaderName as HeaderName
+    from .config import Http2Config as Http2Config
     from .config import LimitsConfig as LimitsConfig
     from .config import ListenAddress as ListenAddress
     from .config import ListenerLimits as ListenerLimits

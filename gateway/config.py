@@ -626,10 +626,32 @@ class TlsConfig:
     watch_interval: Duration = 5.0
     """How often certificate files are checked for changes (0: only on SIGHUP or the admin
     API's reload)."""
+    alpn: tuple[Literal["h2", "http/1.1"], ...] = ("h2", "http/1.1")
+    """The protocols offered by ALPN, in the server's order of preference: ``h2`` first, so a
+    client that speaks both (a browser) gets HTTP/2; ``["http/1.1"]``: HTTP/1.1 only."""
     managed_dir: str | None = None
     """Certificates obtained by ACME (``<dir>/<name>/fullchain.pem`` and ``privkey.pem``), and
     the HTTP-01 challenge answers (``<dir>/../challenges/<token>``); set by the loader from
     ``state_dir``, not written in a config."""
+
+
+@dataclass(frozen=True, slots=True)
+class Http2Config:
+    """Inbound HTTP/2: h2c by prior knowledge on ``listen``, h2 by ALPN on ``listen_tls``
+    (``tls.alpn``); the upstream leg stays HTTP/1.1."""
+
+    __pydantic_config__ = _FORBID
+
+    cleartext: bool = True
+    """Take HTTP/2 by prior knowledge on the plain listener (a connection that opens with
+    the HTTP/2 preface); False: that preface is refused with 400, as before."""
+    max_concurrent_streams: Annotated[int, Ge(1)] = 100
+    """Streams a client may have open at once on one connection (SETTINGS_MAX_CONCURRENT_
+    STREAMS); one more breaks the protocol and ends the connection with GOAWAY."""
+    max_header_list_size: Annotated[int, Ge(1024)] = 64 * 1024
+    """The largest request header list, decoded (SETTINGS_MAX_HEADER_LIST_SIZE); a larger
+    one ends the connection with GOAWAY. Each field is also held to
+    ``limits.max_header_size`` (431 on its stream)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -657,6 +679,7 @@ class ProxyConfig:
     listen_tls: tuple[ListenAddress, ...] = ()
     """HTTPS listeners, served with ``tls``."""
     tls: TlsConfig = TlsConfig()
+    http2: Http2Config = Http2Config()
     limits: ListenerLimits = ListenerLimits()
     shutdown_timeout: Duration = 30.0
     """On SIGTERM, in-flight requests get this long to finish."""

@@ -2,14 +2,18 @@
 
 The listener is a plain ``loop.create_server`` whose protocol is ``proxy.http1_downstream``'s
 ``ClientConnection`` (llhttp parsing, limits, deadlines); each request runs ``Proxy.handle``.
+A connection that speaks HTTP/2 (its preface, or ALPN ``h2``) is handed to an
+``H2Connection`` (``proxy.h2_downstream``), imported with the ``h2`` library at the first:
+a gateway that serves HTTP/1.1 alone loads neither.
 
 ``bind`` takes the addresses (listening sockets, held, not accepting yet) before ``start``
 serves them: the composition root binds before it touches any state, so a second gateway on
 the same port fails with nothing touched. ``start`` binds what ``bind`` did not.
 
 Shutdown (``TrafficServer.stop``) is the drain order: stop accepting, close idle keep-alive
-connections, parked ones included (busy ones close after their answer), close relayed
-WebSockets with 1001, let in-flight requests finish for up to ``shutdown_timeout``, cancel what
+connections, parked ones included (busy ones close after their answer), send GOAWAY on
+HTTP/2 connections (closed once their open streams are answered), close relayed WebSockets
+with 1001, let in-flight requests finish for up to ``shutdown_timeout``, cancel what
 remains, and only then close the proxy's upstream connections.
 """
 
@@ -28,6 +32,7 @@ from .proxy.http1_downstream import ClientConnection, ConnectionGate
 from .proxy.parking import Parking
 
 if TYPE_CHECKING:
+    from .proxy.h2_downstream import H2Connection
     from .tls import Termination
 
 log = logging.getLogger(__name__)
@@ -66,6 +71,7 @@ class TrafficServer:
         self.tls_ports: list[int] = []
         """The bound ports of the HTTPS listeners, in ``tls_addresses`` order."""
         self._connections: set[ClientConnection] = set()
+        self._h2_connections: set[H2Connection] = set()
         self._gate: ConnectionGate | None = None
 
     @property
@@ -77,9 +83,11 @@ class TrafficServer:
 
     @property
     def connections(self) -> int:
-        """Open client connections: in the loop, and parked (``proxy.parking``)."""
+        """Open client connections: in the loop (HTTP/2 ones too), and parked
+        (``proxy.parking``)."""
         gate = self._gate
-        return len(self._connections) + (gate.parked if gate is not None else 0)
+        parked = gate.parked if gate is not None else 0
+        return len(self._connections) + len(self._h2_connections) + parked
 
     @property
     def parked(self) -> int:
@@ -133,6 +141,8 @@ class TrafficServer:
         connections = self._connections
         handle = self.proxy.handle
         begin = self.proxy.begin
+        if self.config.http2.cleartext:
+            gate.http2 = self._http2
 
         # A partial, not a closure: this module is not compiled, and a closure would run an
         # interpreted frame for every connection.
@@ -160,13 +170,34 @@ class TrafficServer:
 
             tls.start()
             secure = tls_connections(
-                protocol, tls.store, self.config.tls.handshake_timeout, gate, tls.tally
+                protocol,
+                tls.store,
+                self.config.tls.handshake_timeout,
+                gate,
+                tls.tally,
+                self._http2 if "h2" in self.config.tls.alpn else None,
             )
             for i, address in enumerate(self.tls_addresses, 1):
                 tls_server = await listen(loop, secure, address, self.reuse_port, self._served(i))
                 self._tls_servers.append(tls_server)
                 self.tls_ports.append(tls_server.sockets[0].getsockname()[1])
             self.proxy.https_port = self.tls_ports[0]
+
+    def _http2(self, transport: asyncio.Transport, secure: bool, read: bytes | None) -> None:
+        """Serve ``transport`` over HTTP/2 (``ConnectionGate.http2``)."""
+        from .proxy.h2_downstream import H2Connection  # here: loads h2 at the first
+
+        gate = self._gate
+        assert gate is not None
+        conn = H2Connection(
+            self.proxy.handle,
+            self.proxy.begin,
+            self.config.limits,
+            self.config.http2,
+            gate,
+            self._h2_connections,
+        )
+        conn.take_over(transport, secure, read)
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests (up to shutdown_timeout), then close."""
@@ -181,6 +212,9 @@ class TrafficServer:
                 self._gate.parking.close()
             for conn in list(self._connections):
                 conn.close()
+            h2_connections = self._h2_connections
+            for h2_conn in list(h2_connections):
+                h2_conn.close()  # GOAWAY
             self.proxy.going_away()
             # A request with a task of its own, or one served without (``Proxy.begin``).
             waits = {
@@ -188,6 +222,7 @@ class TrafficServer:
                 for c in self._connections
                 if c.task is not None or c.exchange is not None
             }
+            waits.update(c.request_over() for c in h2_connections if c.busy)
             if waits:
                 _, pending = await asyncio.wait(waits, timeout=self.config.shutdown_timeout)
                 if pending:
@@ -199,10 +234,14 @@ class TrafficServer:
                             tasks.add(conn.task)
                         elif conn.exchange is not None:
                             conn.exchange.cancel()
+                    for h2_conn in list(h2_connections):
+                        tasks.update(h2_conn.cancel_streams())
                     if tasks:
                         await asyncio.wait(tasks, timeout=5)
             for conn in list(self._connections):
                 conn.abort()
+            for h2_conn in list(h2_connections):
+                h2_conn.abort()
             await server.wait_closed()
         for tls_server in tls_servers:
             await tls_server.wait_closed()

@@ -50,7 +50,7 @@ import httptools
 
 from ..config import ListenerLimits
 from ..errors import BadRequest, ClientGone, GatewayError, RequestTimeout
-from ..wire import http1, plainhead
+from ..wire import http1, http2, plainhead
 from ..wire.batch import WriteBatch
 from ..wire.http1 import HEAD_LIMIT_FACTOR
 from ..wire.plainhead import PlainRequest
@@ -111,7 +111,17 @@ class ConnectionGate:
     connector's; a batch of its own, which knows of no request in flight, never holds a
     write)."""
 
-    __slots__ = ("batch", "buffers", "limit", "loop", "open", "parked", "parking", "trace")
+    __slots__ = (
+        "batch",
+        "buffers",
+        "http2",
+        "limit",
+        "loop",
+        "open",
+        "parked",
+        "parking",
+        "trace",
+    )
 
     def __init__(
         self,
@@ -136,6 +146,16 @@ class ConnectionGate:
         self.buffers = buffers if buffers is not None else Buffers()
         """The read buffers (``splice``): the connector's, so that both legs share one."""
         self.batch = batch if batch is not None else WriteBatch()
+        self.http2: SwitchToHttp2 | None = None
+        """Where a connection that opens with the HTTP/2 preface goes (h2c by prior
+        knowledge); None: the preface is refused as any other bad head."""
+
+
+class SwitchToHttp2(Protocol):
+    """Serves a connection over HTTP/2 from now on (``server``: ``h2_downstream``)."""
+
+    def __call__(self, transport: asyncio.Transport, secure: bool, read: bytes | None) -> None:
+        """``read``: what was read of it (the preface and what followed); None: nothing."""
 
 
 _TOO_MANY: Final = http1.json_response(
@@ -711,6 +731,8 @@ class ClientConnection(asyncio.Protocol, Downstream):
         except httptools.HttpParserUpgrade as upgrade:
             self._upgraded(data[upgrade.args[0] :])
         except httptools.HttpParserError as exc:
+            if self._gate.http2 is not None and self._preface(data):
+                return
             refused = exc.__context__
             if isinstance(refused, Refused):  # raised by one of our callbacks
                 self._refuse(refused.status, refused.code, refused.message)
@@ -790,6 +812,34 @@ class ClientConnection(asyncio.Protocol, Downstream):
         self._head_bytes = 0
         self._clear_deadline()
         self._take(request)
+        return True
+
+    def _preface(self, data: bytes) -> bool:
+        """llhttp stopped at the HTTP/2 preface (it pauses there): if it began this
+        connection's reads, or a read after an answer, the connection goes to HTTP/2 with
+        the preface and what followed it (``data`` is the read that ended it)."""
+        parsing = self._parsing
+        if parsing is None or parsing.target != b"*" or self.active is not None:
+            return False
+        before = self._head_bytes  # of the preface, in earlier reads (a head's reads count)
+        tail = len(http2.PREFACE) - before
+        if tail <= 0 or not data.startswith(http2.PREFACE[before:]):
+            return False
+        switch = self._gate.http2
+        transport = self.transport
+        if switch is None or transport is None or self._pipeline:
+            return False
+        # Out of this listener's books: the HTTP/2 connection counts itself.
+        self._uncounted = True
+        self._gate.open -= 1
+        self._connections.discard(self)
+        self._stop_timer()
+        self._clear_deadline()
+        self._parsing = None
+        self._parser = None
+        self._closing = True
+        self.transport = None
+        switch(transport, self.secure, http2.PREFACE + data[tail:])
         return True
 
     def _raw_body(self, data: bytes) -> None:

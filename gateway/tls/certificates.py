@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -117,11 +118,13 @@ def read_certificate(cert_file: str) -> tuple[tuple[str, ...], float]:
     return names, cert.not_valid_after_utc.timestamp()
 
 
-def load(cert_file: str, key_file: str, *, tickets: bool, managed: bool) -> Certificate:
+def load(
+    cert_file: str, key_file: str, *, tickets: bool, managed: bool, alpn: Sequence[str]
+) -> Certificate:
     """Load one pair into a context of its own; raises ``CertificateError``."""
     signature = _signature(cert_file, key_file)
     names, not_after = read_certificate(cert_file)
-    context = server_context(tickets=tickets)
+    context = server_context(tickets=tickets, alpn=alpn)
     try:
         context.load_cert_chain(cert_file, key_file)
     except FileNotFoundError as e:
@@ -168,7 +171,7 @@ class CertificateStore:
         return found
 
     def _dispatcher(self) -> ssl.SSLContext:
-        context = server_context(tickets=self.config.session_tickets)
+        context = server_context(tickets=self.config.session_tickets, alpn=self.config.alpn)
         context.sni_callback = self._choose
         return context
 
@@ -213,7 +216,7 @@ class CertificateStore:
                 kept[key] = old
                 continue
             try:
-                new = load(*key, tickets=tickets, managed=managed)
+                new = load(*key, tickets=tickets, managed=managed, alpn=self.config.alpn)
             except CertificateError as e:
                 refusal = Refusal(key[0], key[1], e.file, e.reason)
                 if self.refused.get(key) != refusal or force:

@@ -3,7 +3,8 @@
 
 Each connection a TLS listener accepts gets a ``TlsConnection``. It runs the handshake with
 OpenSSL through two memory BIOs (for at most ``handshake_timeout``), counts how it ended
-(``HandshakeTally``), and then hands itself to the ``ClientConnection`` as its transport:
+(``HandshakeTally``), and then hands itself to the ``ClientConnection`` as its transport
+(or, if ALPN chose ``h2``, to the HTTP/2 connection its ``http2`` makes):
 what the client sends is decrypted and passed on (``data_received``, or into the buffers of
 a ``BufferedProtocol`` set by ``set_protocol`` while a body is spliced), what the connection
 writes is encrypted and written to the TCP transport. Flow control is the TCP transport's:
@@ -33,7 +34,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any, Final, cast
 
-from ..proxy.http1_downstream import ClientConnection, ConnectionGate
+from ..proxy.http1_downstream import ClientConnection, ConnectionGate, SwitchToHttp2
 from .certificates import CertificateStore
 from .handshake import HandshakeTally, failure_reason
 
@@ -63,6 +64,7 @@ class TlsConnection(asyncio.Protocol):
         "_conn",
         "_context",
         "_gate",
+        "_http2",
         "_incoming",
         "_loop",
         "_made",
@@ -84,8 +86,11 @@ class TlsConnection(asyncio.Protocol):
         gate: ConnectionGate,
         tally: HandshakeTally,
         loop: asyncio.AbstractEventLoop,
+        http2: SwitchToHttp2 | None = None,
     ) -> None:
         self._conn = conn
+        self._http2 = http2
+        """Where the connection goes if ALPN chose ``h2``."""
         self._app: Any = conn
         """Who gets what is read: ``conn``, or what ``set_protocol`` put in its place."""
         self._buffered = False
@@ -177,7 +182,11 @@ class TlsConnection(asyncio.Protocol):
         conn = self._conn
         conn.secure = True
         self._made = True
-        conn.connection_made(self)  # type: ignore[arg-type]
+        switch = self._http2
+        if switch is not None and ssl_object.selected_alpn_protocol() == "h2":
+            switch(self, True, None)  # type: ignore[arg-type]
+        else:
+            conn.connection_made(self)  # type: ignore[arg-type]
         if self._state != _CLOSED and self._incoming.pending:
             self._read()  # the first request came with the client's Finished
 
@@ -359,11 +368,13 @@ def tls_connections(
     timeout: float,
     gate: ConnectionGate,
     tally: HandshakeTally,
+    http2: SwitchToHttp2 | None = None,
 ) -> Callable[[], TlsConnection]:
-    """The protocol factory of a TLS listener (made in the loop that serves it)."""
+    """The protocol factory of a TLS listener (made in the loop that serves it); ``http2``:
+    where a connection goes whose handshake chose ``h2`` by ALPN."""
     loop = asyncio.get_running_loop()
 
     def protocol() -> TlsConnection:
-        return TlsConnection(make_conn(), store.context, timeout, gate, tally, loop)
+        return TlsConnection(make_conn(), store.context, timeout, gate, tally, loop, http2)
 
     return protocol

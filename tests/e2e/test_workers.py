@@ -143,6 +143,7 @@ async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
         packages = {m.split(".")[0] for m in modules}
         assert {"gateway.workers.worker", "gateway.proxy.handler", "uvloop"} <= modules, pid
         assert not packages & {"aiohttp", "controller", "yaml", "prometheus_client"}, packages
+        assert not packages & {"h2", "hpack", "hyperframe"}, packages  # HTTP/2 at its first
         assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config
         assert not modules & {
             "gateway.observability.metrics",

@@ -14,6 +14,7 @@ from gateway.config import (
     ListenerLimits,
     ProxyConfig,
     ServiceRouting,
+    TlsConfig,
     parse_settings,
 )
 from gateway.pool.events import RequestRecord
@@ -21,6 +22,7 @@ from gateway.pool.pool import Pool
 from gateway.pool.upstream import Health, Upstream
 from gateway.proxy.handler import Proxy
 from gateway.server import TrafficServer
+from gateway.tls import Termination
 
 from .fakeloop import FakeLoop, running
 
@@ -136,6 +138,27 @@ async def gateway(pool, recorder) -> AsyncIterator[Callable[..., Awaitable[Traff
             ProxyConfig, {"limits": limits or ListenerLimits(), **config, "listen": "127.0.0.1:0"}
         )
         server = TrafficServer(Proxy(pool, settings, [recorder]), settings)
+        await server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        await server.stop()
+
+
+@pytest.fixture
+async def tls_gateway(
+    pool: Pool, recorder: Recorder
+) -> AsyncIterator[Callable[..., Awaitable[TrafficServer]]]:
+    """``await tls_gateway(TlsConfig(...), **ProxyConfig fields)``: plain and TLS listeners."""
+    started: list[TrafficServer] = []
+
+    async def start(tls: TlsConfig, **config: Any) -> TrafficServer:
+        settings = ProxyConfig(listen="127.0.0.1:0", listen_tls=("127.0.0.1:0",), tls=tls, **config)
+        server = TrafficServer(
+            Proxy(pool, settings, [recorder]), settings, tls=Termination(settings.tls)
+        )
         await server.start()
         started.append(server)
         return server

@@ -14,7 +14,7 @@ import socket
 import ssl
 import time
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +23,12 @@ import pytest
 import trustme
 from aiohttp import web
 
-from gateway import Pool, ProxyConfig, TlsConfig
+from gateway import Pool, TlsConfig
 from gateway.config import CertificateFiles, ListenerLimits
-from gateway.proxy import Proxy
-from gateway.server import TrafficServer
-from gateway.tls import Termination
 from gateway.tls.names import NameIndex
 from tests.support.eventually import eventually
 
-from .conftest import Recorder, raw_request, routing
+from .conftest import raw_request, routing
 from .test_server import read_response
 
 
@@ -70,27 +67,6 @@ def handshake(
             while chunk := tls.recv(65536):
                 answer += chunk
             return names, tls.session_reused, tls.session, answer
-
-
-@pytest.fixture
-async def tls_gateway(
-    pool: Pool, recorder: Recorder
-) -> AsyncIterator[Callable[..., Awaitable[TrafficServer]]]:
-    """``await tls_gateway(TlsConfig(...), **ProxyConfig fields)``: plain and TLS listeners."""
-    started: list[TrafficServer] = []
-
-    async def start(tls: TlsConfig, **config: Any) -> TrafficServer:
-        settings = ProxyConfig(listen="127.0.0.1:0", listen_tls=("127.0.0.1:0",), tls=tls, **config)
-        server = TrafficServer(
-            Proxy(pool, settings, [recorder]), settings, tls=Termination(settings.tls)
-        )
-        await server.start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        await server.stop()
 
 
 @pytest.fixture

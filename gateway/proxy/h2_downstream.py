@@ -1,0 +1,467 @@
+"""The client's side of the proxy over HTTP/2: one ``H2Connection`` (an asyncio protocol) per
+client connection that speaks it, on the ``h2`` library (python-hyper).
+
+A connection becomes one when the plain listener reads the HTTP/2 preface (h2c by prior
+knowledge: ``ClientConnection`` hands its transport over, ``take_over``), or when a TLS
+handshake chose ``h2`` by ALPN (``tls.transport``). Each stream the client opens is an
+independent request (``h2_stream.H2Stream``, its ``Downstream``) served as an HTTP/1.1
+request is: ``begin`` without a task if it can, else as a task of ``handler``; the upstream
+leg stays HTTP/1.1. ``h2`` frames, decodes HPACK, checks the streams' states and keeps the
+windows; this module feeds it, turns its events into requests and body pieces, and sends
+what the streams queue as the client's windows allow.
+
+Limits: at most ``http2.max_concurrent_streams`` streams open at once (a client that opens
+more breaks the protocol: GOAWAY), a header list at most ``http2.max_header_list_size``
+bytes decoded, and each head under the listener's own field limits (``request``: 431,
+400), answered on its stream. An idle connection (no stream open) is closed after
+``keepalive_timeout`` with GOAWAY. ``close`` (drain, shutdown): GOAWAY at once, no new
+stream taken, the connection closed once the open ones are answered.
+
+Invariants: a protocol error of the client's ends the connection with GOAWAY and cuts off
+every stream on it; no stream's answer is ever presented as complete unless it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Final, Protocol
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import hyperframe.frame
+
+from ..config import Http2Config, ListenerLimits
+from .codec import Begin, Handler
+from .h2_stream import H2Stream
+from .request import HOST, IncomingRequest, Refused, RequestBody
+
+log = logging.getLogger(__name__)
+
+_PSEUDO: Final = frozenset({b":method", b":path", b":authority", b":scheme"})
+
+
+class Gate(Protocol):
+    """The listener's count of open connections (``http1_downstream.ConnectionGate``)."""
+
+    open: int
+    parked: int
+    limit: int
+
+
+class H2Connection(asyncio.Protocol):
+    """One client connection over HTTP/2: its streams' requests and their answers."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        begin: Begin | None,
+        limits: ListenerLimits,
+        settings: Http2Config,
+        gate: Gate,
+        connections: set[H2Connection],
+    ) -> None:
+        self._handler = handler
+        self._begin = begin
+        self._limits = limits
+        self._settings = settings
+        self._gate = gate
+        self._counted = False
+        self._connections = connections
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.peer: str | None = None
+        self.secure = False
+        self.writing_paused = False
+        self.streams: dict[int, H2Stream] = {}
+        """Streams whose exchange, or whose answer's sending, is not over."""
+        self.going_away = False
+        """GOAWAY was sent: no new stream is taken."""
+        self._on_closed: list[asyncio.Future[None]] = []
+        self._sending = 0
+        """Inside ``data_received``: what the events make is written once, at its end."""
+        self._after = b""
+        """Frames made here, written after ``h2``'s (a GOAWAY)."""
+        self._idle_timer: asyncio.TimerHandle | None = None
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
+        self._h2 = conn = h2.connection.H2Connection(config)
+        conn.local_settings = h2.settings.Settings(
+            client=False,
+            initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: settings.max_concurrent_streams,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: settings.max_header_list_size,
+            },
+        )
+        conn.decoder.max_header_list_size = settings.max_header_list_size
+
+    # -- taking the connection ------------------------------------------------------------
+
+    def take_over(self, transport: asyncio.Transport, secure: bool, read: bytes | None) -> None:
+        """Serve ``transport`` from now on: ``read`` is what the HTTP/1.1 listener read of
+        it (the preface, and what came after it); None: nothing yet (a TLS connection whose
+        handshake chose h2, which counts against ``max_connections`` from now on)."""
+        transport.set_protocol(self)
+        gate = self._gate
+        if read is None and gate.open + gate.parked >= gate.limit:
+            transport.close()
+            return
+        gate.open += 1
+        self._counted = True
+        self.transport = transport
+        self.secure = secure
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if isinstance(peer, tuple) else None
+        self._connections.add(self)
+        self._h2.initiate_connection()
+        self._flush()
+        self._idle()
+        if read:
+            self.data_received(read)
+        transport.resume_reading()
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self._sending += 1
+        try:
+            try:
+                events = self._h2.receive_data(data)
+            except h2.exceptions.ProtocolError as exc:
+                self._broken(exc)
+                return
+            for event in events:
+                self._event(event)
+        finally:
+            self._sending -= 1
+        self._flush()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._counted:
+            self._counted = False
+            self._gate.open -= 1
+        self.transport = None
+        self._connections.discard(self)
+        self._stop_idle()
+        streams = list(self.streams.values())
+        self.streams.clear()
+        for stream in streams:
+            stream.lost()
+        self._resolve_closed()
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+        for stream in list(self.streams.values()):
+            stream.flow()
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        for stream in list(self.streams.values()):
+            stream.flow()
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            self._request(event)
+        elif isinstance(event, h2.events.DataReceived):
+            self._data(event)
+        elif isinstance(event, h2.events.StreamEnded):
+            stream = self.streams.get(event.stream_id)
+            request = stream.request if stream is not None else None
+            if request is not None and request.body is not None:
+                request.body.finish()
+        elif isinstance(event, h2.events.StreamReset):
+            stream = self.streams.pop(event.stream_id, None)
+            if stream is not None:
+                stream.lost()
+                self._maybe_idle()
+        elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+            for stream in list(self.streams.values()):
+                if stream.out or (stream.ending and not stream.ended):
+                    self.send_out(stream)
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.close()
+
+    def _request(self, event: h2.events.RequestReceived) -> None:
+        stream_id = event.stream_id
+        assert stream_id is not None
+        if self.going_away:
+            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
+        self._stop_idle()
+        stream = H2Stream(self, stream_id, self.peer, self.secure, self._limits.send_timeout)
+        self.streams[stream_id] = stream
+        try:
+            request = incoming(
+                event.headers or [], self._limits.max_header_size, event.stream_ended is None
+            )
+        except Refused as refused:
+            stream.refuse(refused.status, refused.code, refused.message)
+            stream.finished(IncomingRequest(None), self.loop.time())
+            return
+        if event.stream_ended is None:
+            request.body = RequestBody(stream, False)
+        stream.request = request
+        begin = self._begin
+        if begin is None or not begin(stream, request):
+            stream.run(request, self._handler(stream, request))
+
+    def _data(self, event: h2.events.DataReceived) -> None:
+        stream_id = event.stream_id
+        assert stream_id is not None
+        size = event.flow_controlled_length or 0
+        stream = self.streams.get(stream_id)
+        request = stream.request if stream is not None else None
+        if stream is None or request is None or request.body is None:
+            self._acknowledge(stream_id, size)  # a stream answered, or refused: dropped
+            return
+        request.body.feed(event.data or b"")
+        stream.received(size)
+
+    # -- what streams ask for (``h2_stream.StreamOwner``) -----------------------------------
+
+    def send_head(self, stream: H2Stream, fields: list[tuple[bytes, bytes]], end: bool) -> None:
+        try:
+            self._h2.send_headers(stream.stream_id, fields, end_stream=end)
+        except h2.exceptions.StreamClosedError:
+            self._gone(stream)
+            return
+        if end:
+            stream.ended = True
+        self._flush()
+        self._forget(stream)
+
+    def send_out(self, stream: H2Stream) -> None:
+        conn = self._h2
+        stream_id = stream.stream_id
+        out = stream.out
+        try:
+            while out:
+                window = min(
+                    conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size
+                )
+                if window <= 0:
+                    break
+                chunk = out[0]
+                if len(chunk) > window:
+                    out[0] = chunk[window:]
+                    chunk = chunk[:window]
+                else:
+                    out.popleft()
+                stream.out_bytes -= len(chunk)
+                last = not out and stream.ending
+                conn.send_data(stream_id, chunk, end_stream=last)
+                if last:
+                    stream.ended = True
+            if not out and stream.ending and not stream.ended:
+                conn.end_stream(stream_id)
+                stream.ended = True
+        except h2.exceptions.StreamClosedError:
+            self._gone(stream)
+            return
+        self._flush()
+        stream.flow()
+        self._forget(stream)
+
+    def reset(self, stream: H2Stream) -> None:
+        try:
+            self._h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+        except h2.exceptions.StreamClosedError:
+            pass
+        self._flush()
+        self._forget(stream)
+
+    def acknowledge(self, stream: H2Stream, size: int) -> None:
+        self._acknowledge(stream.stream_id, size)
+        self._flush()
+
+    def over(self, stream: H2Stream) -> None:
+        self._forget(stream)
+
+    # -- the connection -------------------------------------------------------------------
+
+    def _acknowledge(self, stream_id: int, size: int) -> None:
+        if size:
+            try:
+                self._h2.acknowledge_received_data(size, stream_id)
+            except h2.exceptions.StreamClosedError:
+                pass  # (the connection's window was opened again all the same)
+
+    def _gone(self, stream: H2Stream) -> None:
+        """The client closed the stream meanwhile."""
+        self.streams.pop(stream.stream_id, None)
+        stream.lost()
+        self._maybe_idle()
+
+    def _forget(self, stream: H2Stream) -> None:
+        """A stream whose exchange is over and whose answer went whole (or was reset) is
+        forgotten; if the client still sends its body, it is told to stop (RST_STREAM
+        NO_ERROR, RFC 9113 8.1)."""
+        if not stream.finished_exchange or not (stream.ended or stream.closed):
+            return
+        if self.streams.pop(stream.stream_id, None) is None:
+            return
+        request = stream.request
+        if stream.ended and request is not None and request.body is not None:
+            if not request.body.complete and request.body.error is None:
+                try:
+                    self._h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                except h2.exceptions.StreamClosedError:
+                    pass
+                self._flush()
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        if self.streams:
+            return
+        self._resolve_closed()
+        if self.going_away:
+            self._close_transport()
+        else:
+            self._idle()
+
+    def _flush(self) -> None:
+        if self._sending:
+            return
+        data = self._h2.data_to_send()
+        if self._after:
+            data, self._after = data + self._after, b""
+        if data and self.transport is not None:
+            self.transport.write(data)
+
+    def _broken(self, exc: h2.exceptions.ProtocolError) -> None:
+        """The client broke the protocol: GOAWAY with its error, every stream cut off."""
+        log.debug("HTTP/2 protocol error from %s: %s", self.peer, exc)
+        code = getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        try:
+            self._h2.close_connection(code)
+        except h2.exceptions.ProtocolError:
+            pass
+        self.going_away = True
+        self._sending = 0
+        self._flush()
+        streams = list(self.streams.values())
+        self.streams.clear()
+        for stream in streams:
+            stream.lost()
+        self._close_transport()
+
+    def close(self) -> None:
+        """GOAWAY: take no new stream, close once the open ones are answered (shutdown).
+
+        The frame is made here, not by ``h2``: its ``close_connection`` ends its state
+        machine, which then refuses every frame, and the open streams still need theirs
+        (their windows, their bodies, the client's SETTINGS acknowledged).
+        """
+        if self.going_away:
+            return
+        self.going_away = True
+        if self.transport is not None:
+            goaway = hyperframe.frame.GoAwayFrame(0)
+            goaway.last_stream_id = self._h2.highest_inbound_stream_id
+            goaway.error_code = h2.errors.ErrorCodes.NO_ERROR
+            self._after += goaway.serialize()
+            self._flush()
+        if not self.streams:
+            self._close_transport()
+
+    def abort(self) -> None:
+        """Drop the connection at once."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    def request_over(self) -> asyncio.Future[None]:
+        """A future resolved once no stream is open (shutdown waits for it)."""
+        future = self.loop.create_future()
+        if not self.streams or self.transport is None:
+            future.set_result(None)
+        else:
+            self._on_closed.append(future)
+        return future
+
+    def cancel_streams(self) -> list[asyncio.Task[None]]:
+        """Cut off every open stream's exchange (shutdown after its timeout): the tasks
+        cancelled, to be awaited."""
+        tasks = []
+        for stream in list(self.streams.values()):
+            if stream.task is not None and not stream.task.done():
+                tasks.append(stream.task)
+            stream.abort()
+        return tasks
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.streams)
+
+    def _resolve_closed(self) -> None:
+        waiting, self._on_closed = self._on_closed, []
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)
+
+    def _close_transport(self) -> None:
+        self._stop_idle()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _idle(self) -> None:
+        timeout = self._limits.keepalive_timeout
+        if timeout and self._idle_timer is None:
+            self._idle_timer = self.loop.call_later(timeout, self._idle_timed_out)
+
+    def _stop_idle(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _idle_timed_out(self) -> None:
+        self._idle_timer = None
+        if not self.streams:
+            self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<H2Connection peer={self.peer} streams={len(self.streams)} "
+            f"going_away={self.going_away}>"
+        )
+
+
+def incoming(fields: list[tuple[bytes, bytes]], limit: int, body: bool) -> IncomingRequest:
+    """A request head as HTTP/2 fields (``h2`` checked their form: pseudo-fields first and
+    once each, lower-case names, no connection-specific field) as an ``IncomingRequest``;
+    ``Refused`` where an HTTP/1.1 head would be (``IncomingRequest.add_field``, ``limit``:
+    ``max_header_size``), or if it asks for CONNECT. ``body``: a body follows (a body of no
+    known length goes upstream chunked)."""
+    request = IncomingRequest([])
+    request.version = "2"
+    authority = b""
+    checked = b""
+    for name, value in fields:
+        if name in _PSEUDO:
+            if name == b":method":
+                request.method = value.decode("ascii", "replace")
+            elif name == b":path":
+                request.target = value
+            elif name == b":authority":
+                authority = value
+            continue
+        try:
+            checked = request.add_field(name, value, limit, checked)
+        except ValueError:  # a Content-Length that is no number
+            raise Refused(400, "bad_request", "the Content-Length is not a number") from None
+    if request.method == "CONNECT":
+        raise Refused(405, "method_not_allowed", "CONNECT is not served by this gateway")
+    if authority and not request.host_seen:
+        if not HOST.fullmatch(authority):
+            raise Refused(
+                400, "bad_request", "the request is refused: :authority is not host[:port]"
+            )
+        request.host = authority
+        request.headers.append((b"host", authority))  # the upstream leg's Host
+    if body and request.content_length is None:
+        request.chunked = True
+    return request

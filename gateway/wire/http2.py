@@ -1,0 +1,50 @@
+"""HTTP/2 fields on the wire, as the inbound HTTP/2 codec (``proxy.h2_downstream``) writes
+them: the connection preface, and an answer's fields made of the lines HTTP/1.1's rules give.
+
+Framing, HPACK and flow control are the ``h2`` library's; this module only turns the header
+lines ``headers`` and ``http1`` make (the one place their rules live) into HTTP/2 fields:
+names lower-cased, the connection-specific ones (RFC 9113 8.2.2) left out, ``:status``
+first. It imports no HTTP/2 library: the HTTP/1.1 listener reads ``PREFACE`` from it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+"""What an HTTP/2 client sends first (RFC 9113 3.4): on the plain listener, an HTTP/2
+connection by prior knowledge (h2c)."""
+
+CONNECTION_SPECIFIC: Final = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
+)
+"""Fields an HTTP/2 message must not carry (RFC 9113 8.2.2)."""
+
+Fields = list[tuple[bytes, bytes]]
+
+
+def answer_fields(status: int, lines: list[bytes]) -> Fields:
+    """An answer's HTTP/2 fields: ``:status``, then ``lines`` (``Name: value`` lines of an
+    HTTP/1.1 head; an item may hold several, joined with CRLF) with lower-cased names and
+    without the connection-specific ones."""
+    fields: Fields = [(b":status", b"%d" % status)]
+    for item in lines:
+        for line in item.split(b"\r\n"):
+            name, colon, value = line.partition(b":")
+            if not colon:
+                continue
+            name = name.strip().lower()
+            if name in CONNECTION_SPECIFIC:
+                continue
+            fields.append((name, value.strip()))
+    return fields
+
+
+def split_answer(data: bytes) -> tuple[int, Fields, bytes]:
+    """A whole HTTP/1.1 answer the gateway made itself (``http1.json_response``,
+    ``messages.gateway_error_response``) as HTTP/2 status, fields and body: its answers are
+    made once, in HTTP/1.1's bytes, and told in HTTP/2 from them."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, _, rest = head.partition(b"\r\n")
+    status = int(status_line.split(b" ", 2)[1])
+    return status, answer_fields(status, [rest] if rest else []), body
