@@ -20,7 +20,8 @@ atomic, so the lines of several worker processes sharing the same output never c
 each other. (To a regular file opened for appending, every write is.)
 
 A line holds: time (the end of the request, UTC), request id, service, revision, upstream,
-method, path, status, duration, bytes in and out, retries (and the error, if any). The path
+method, path, status, duration, bytes in and out, retries (and the error, if any); an
+HTTP/2 request's says so (``"GET /p HTTP/2"``, ``"protocol": "h2"``). The path
 is percent-encoded in plain lines and JSON-escaped in JSON lines, so a request can never
 forge a line of its own.
 """
@@ -95,8 +96,9 @@ def _number(n: int) -> str:
 
 
 def fields(at: float, r: RequestRecord) -> dict[str, object]:
-    """A record as the JSON line's object (the names the plain line uses too)."""
-    return {
+    """A record as the JSON line's object (the names the plain line uses too); an HTTP/2
+    request's has ``"protocol": "h2"`` last (HTTP/1.1's are as they were)."""
+    line: dict[str, object] = {
         "time": _stamp(at),
         "request_id": r.request_id,
         "service": r.service,
@@ -111,6 +113,9 @@ def fields(at: float, r: RequestRecord) -> dict[str, object]:
         "retries": r.retries,
         "error": r.error,
     }
+    if r.http_version == "2":
+        line["protocol"] = "h2"
+    return line
 
 
 _encode_json: Final = json.JSONEncoder(separators=(",", ":")).encode
@@ -174,6 +179,8 @@ def _plain(at: float, r: RequestRecord, end: str) -> str:
     path = _PATHS.get(r.path)
     if path is None:
         path = _log_path(r.path)
+    if r.http_version == "2":
+        path += _PLAIN_HTTP2
     return (
         f"{_second(at)}{_MILLIS[int((at - int(at)) * 1000)]} {r.request_id} "
         f"{r.service or '-'} {'-' if revision is None else _number(revision)} "
@@ -181,6 +188,11 @@ def _plain(at: float, r: RequestRecord, end: str) -> str:
         f"in={_number(r.bytes_in)} out={_number(r.bytes_out)} retries={_number(r.retries)}"
         f" error={r.error or '-'}{end}"
     )
+
+
+_PLAIN_HTTP2: Final = " HTTP/2"
+"""After the path of an HTTP/2 request (as nginx's ``$request`` has it; HTTP/1.1's are
+written without)."""
 
 
 FORMATTERS: Final[dict[str, Callable[[float, RequestRecord], str]]] = {

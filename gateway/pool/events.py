@@ -75,6 +75,7 @@ _RECORD_FIELDS: Final[tuple[str, ...]] = (
     "retries",
     "retry_reasons",
     "error",
+    "http_version",
 )
 """``RequestRecord``'s fields in the order ``__init__`` takes them."""
 
@@ -104,6 +105,7 @@ class RequestRecord:
         retries: int,
         retry_reasons: tuple[str, ...] = (),
         error: str | None = None,
+        http_version: str = "1.1",
     ) -> None:
         self.request_id = request_id
         self.service = service
@@ -119,6 +121,8 @@ class RequestRecord:
         self.retries = retries
         self.retry_reasons = retry_reasons
         self.error = error
+        self.http_version = http_version
+        """The client's HTTP version: ``1.1``, ``1.0``, or ``2`` (HTTP/2, h2 or h2c)."""
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _RECORD_FIELDS)

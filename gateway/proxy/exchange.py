@@ -462,7 +462,7 @@ class Exchange:
         if not observers:
             return
         upstream = self.upstream
-        # Positional, in the order of RequestRecord's fields: fourteen keywords cost more than
+        # Positional, in the order of RequestRecord's fields: fifteen keywords cost more than
         # the metrics of the request do.
         record = RequestRecord(
             self.request_id,
@@ -479,6 +479,7 @@ class Exchange:
             self.retries,
             self.retry_reasons,
             self.error,
+            self.request.version,
         )
         for observer in observers:
             try:

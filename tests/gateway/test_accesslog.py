@@ -58,6 +58,14 @@ def test_plain_line_has_every_field_and_cannot_be_forged() -> None:
     assert "\n" not in line
 
 
+def test_an_http2_requests_line_says_so_and_http1_lines_are_as_they_were() -> None:
+    line = format_plain(AT, record(path="/x", http_version="2"))
+    assert '"GET /x HTTP/2" 200 ' in line
+    assert '"GET /x" 200 ' in format_plain(AT, record(path="/x", http_version="1.0"))
+    assert json.loads(format_json(AT, record(http_version="2")))["protocol"] == "h2"
+    assert "protocol" not in json.loads(format_json(AT, record()))
+
+
 def test_paths_are_written_the_same_from_the_cache_which_stays_bounded() -> None:
     paths = ['/a b/"x"\n', "/plain/path?q=1", "/caf\u00e9", "/" + "p" * 300]
     first = [format_plain(AT, record(path=p)) for p in paths]

@@ -84,6 +84,7 @@ async def test_curl_by_prior_knowledge_is_routed_answered_and_recorded(
     assert sent["X-Forwarded-Proto"] == "http"
     (record,) = await recorder.wait(1)
     assert (record.service, record.status, record.path) == ("web", 200, "/hello")
+    assert record.http_version == "2"  # the access log's "GET /hello HTTP/2", "protocol": "h2"
 
 
 async def test_streams_on_one_connection_are_routed_and_answered_each(
