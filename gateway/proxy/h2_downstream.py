@@ -12,8 +12,13 @@ what the streams queue as the client's windows allow.
 
 Limits: at most ``http2.max_concurrent_streams`` streams open at once (a client that opens
 more breaks the protocol: GOAWAY), a header list at most ``http2.max_header_list_size``
-bytes decoded, and each head under the listener's own field limits (``request``: 431,
-400), answered on its stream. An idle connection (no stream open) is closed after
+bytes decoded (and, by ``h2``, at most 64 CONTINUATION frames), and each head under the
+listener's own field limits (``request``: 431, 400), answered on its stream. Floods end the
+connection with GOAWAY ENHANCE_YOUR_CALM (docs/hostile.md): streams the client resets
+before their answer, beyond ``max_concurrent_streams`` more than it let be answered
+(rapid reset, CVE-2023-44487: each began a request); PINGs and SETTINGS, whose
+acknowledgements the gateway must write, beyond ``CONTROL_FLOOD`` while the client reads
+nothing of what is written to it. An idle connection (no stream open) is closed after
 ``keepalive_timeout`` with GOAWAY. ``close`` (drain, shutdown): GOAWAY at once, no new
 stream taken, the connection closed once the open ones are answered.
 
@@ -43,6 +48,12 @@ from .request import HOST, IncomingRequest, Refused, RequestBody
 log = logging.getLogger(__name__)
 
 _PSEUDO: Final = frozenset({b":method", b":path", b":authority", b":scheme"})
+CONTROL_FLOOD: Final = 1000
+"""PINGs and SETTINGS taken while the connection's socket buffer is full (the client reads
+nothing), before the connection is ended."""
+LINGER_TIMEOUT: Final = 2.0
+"""An ended connection reads and discards what the client still sends, for up to this long,
+after its GOAWAY (``http1_downstream.LINGER_TIMEOUT``)."""
 
 
 class Gate(Protocol):
@@ -81,12 +92,19 @@ class H2Connection(asyncio.Protocol):
         """Streams whose exchange, or whose answer's sending, is not over."""
         self.going_away = False
         """GOAWAY was sent: no new stream is taken."""
+        self.ended = False
+        """Ended for a protocol error or a flood: what still comes is discarded."""
         self._on_closed: list[asyncio.Future[None]] = []
         self._sending = 0
         """Inside ``data_received``: what the events make is written once, at its end."""
         self._after = b""
         """Frames made here, written after ``h2``'s (a GOAWAY)."""
         self._idle_timer: asyncio.TimerHandle | None = None
+        self.resets = 0
+        """Streams the client reset before their answer, less those answered whole (never
+        below 0): over ``max_concurrent_streams``, a rapid reset."""
+        self.control = 0
+        """PINGs and SETTINGS taken while the socket buffer was full."""
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
         self._h2 = conn = h2.connection.H2Connection(config)
         conn.local_settings = h2.settings.Settings(
@@ -128,6 +146,8 @@ class H2Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._sending += 1
         try:
+            if self.ended:
+                return
             try:
                 events = self._h2.receive_data(data)
             except h2.exceptions.ProtocolError as exc:
@@ -135,6 +155,8 @@ class H2Connection(asyncio.Protocol):
                 return
             for event in events:
                 self._event(event)
+                if self.ended:
+                    return
         finally:
             self._sending -= 1
         self._flush()
@@ -177,14 +199,31 @@ class H2Connection(asyncio.Protocol):
         elif isinstance(event, h2.events.StreamReset):
             stream = self.streams.pop(event.stream_id, None)
             if stream is not None:
+                if event.remote_reset and not stream.ended:
+                    self.resets += 1
                 stream.lost()
+                if self.resets > self._settings.max_concurrent_streams:
+                    self._calm("rapid reset")
+                    return
                 self._maybe_idle()
-        elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
-            for stream in list(self.streams.values()):
-                if stream.out or (stream.ending and not stream.ended):
-                    self.send_out(stream)
+        elif isinstance(event, h2.events.PingReceived | h2.events.RemoteSettingsChanged):
+            if self.writing_paused:
+                self.control += 1
+                if self.control > CONTROL_FLOOD:
+                    self._calm("PING/SETTINGS flood")
+                    return
+            if isinstance(event, h2.events.RemoteSettingsChanged):
+                self._send_all()
+        elif isinstance(event, h2.events.WindowUpdated):
+            self._send_all()
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.close()
+
+    def _send_all(self) -> None:
+        """The windows grew: send what the streams hold."""
+        for stream in list(self.streams.values()):
+            if stream.out or (stream.ending and not stream.ended):
+                self.send_out(stream)
 
     def _request(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
@@ -227,7 +266,7 @@ class H2Connection(asyncio.Protocol):
     def send_head(self, stream: H2Stream, fields: list[tuple[bytes, bytes]], end: bool) -> None:
         try:
             self._h2.send_headers(stream.stream_id, fields, end_stream=end)
-        except h2.exceptions.StreamClosedError:
+        except h2.exceptions.ProtocolError:
             self._gone(stream)
             return
         if end:
@@ -260,7 +299,7 @@ class H2Connection(asyncio.Protocol):
             if not out and stream.ending and not stream.ended:
                 conn.end_stream(stream_id)
                 stream.ended = True
-        except h2.exceptions.StreamClosedError:
+        except h2.exceptions.ProtocolError:
             self._gone(stream)
             return
         self._flush()
@@ -270,7 +309,7 @@ class H2Connection(asyncio.Protocol):
     def reset(self, stream: H2Stream) -> None:
         try:
             self._h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
-        except h2.exceptions.StreamClosedError:
+        except h2.exceptions.ProtocolError:
             pass
         self._flush()
         self._forget(stream)
@@ -288,11 +327,12 @@ class H2Connection(asyncio.Protocol):
         if size:
             try:
                 self._h2.acknowledge_received_data(size, stream_id)
-            except h2.exceptions.StreamClosedError:
-                pass  # (the connection's window was opened again all the same)
+            except h2.exceptions.ProtocolError:
+                pass  # (a closed stream: the connection's window was opened all the same)
 
     def _gone(self, stream: H2Stream) -> None:
-        """The client closed the stream meanwhile."""
+        """The client closed the stream meanwhile (or the connection ended: ``h2`` takes
+        nothing more on it)."""
         self.streams.pop(stream.stream_id, None)
         stream.lost()
         self._maybe_idle()
@@ -305,12 +345,14 @@ class H2Connection(asyncio.Protocol):
             return
         if self.streams.pop(stream.stream_id, None) is None:
             return
+        if stream.ended and self.resets:
+            self.resets -= 1
         request = stream.request
         if stream.ended and request is not None and request.body is not None:
             if not request.body.complete and request.body.error is None:
                 try:
                     self._h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.NO_ERROR)
-                except h2.exceptions.StreamClosedError:
+                except h2.exceptions.ProtocolError:
                     pass
                 self._flush()
         self._maybe_idle()
@@ -333,22 +375,41 @@ class H2Connection(asyncio.Protocol):
         if data and self.transport is not None:
             self.transport.write(data)
 
+    def _calm(self, flood: str) -> None:
+        """A flood: GOAWAY ENHANCE_YOUR_CALM, every stream cut off."""
+        log.info("HTTP/2 %s from %s: connection closed", flood, self.peer)
+        self._end(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
     def _broken(self, exc: h2.exceptions.ProtocolError) -> None:
         """The client broke the protocol: GOAWAY with its error, every stream cut off."""
         log.debug("HTTP/2 protocol error from %s: %s", self.peer, exc)
-        code = getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        self._end(getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR))
+
+    def _end(self, code: int) -> None:
+        """GOAWAY with ``code``, every stream cut off, the connection closed (dropped if
+        the client reads nothing)."""
+        self.ended = self.going_away = True
         try:
             self._h2.close_connection(code)
         except h2.exceptions.ProtocolError:
             pass
-        self.going_away = True
-        self._sending = 0
-        self._flush()
+        transport = self.transport
+        if transport is not None:
+            transport.write(self._h2.data_to_send())
         streams = list(self.streams.values())
         self.streams.clear()
         for stream in streams:
             stream.lost()
-        self._close_transport()
+        self._stop_idle()
+        if transport is None:
+            return
+        if self.writing_paused or not transport.can_write_eof():
+            transport.abort()
+            return
+        # As HTTP/1.1's connection lingers: a close with the client's frames unread would
+        # reset the connection, and the client might never read the GOAWAY.
+        transport.write_eof()
+        self._idle_timer = self.loop.call_later(LINGER_TIMEOUT, transport.abort)
 
     def close(self) -> None:
         """GOAWAY: take no new stream, close once the open ones are answered (shutdown).

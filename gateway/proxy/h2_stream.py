@@ -227,21 +227,22 @@ class H2Stream(Downstream):
         self._over()
 
     def run(self, request: IncomingRequest, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        # The work is the task (its end seen by ``_ran``), not awaited by a wrapper: a
+        # stream reset before the task's first step leaves no coroutine never awaited.
         self.exchange = None
-        self.task = task = self.owner.loop.create_task(self._run(request, work))
+        self.task = task = self.owner.loop.create_task(work)
+        task.add_done_callback(self._ran)
         return task
 
-    async def _run(self, request: IncomingRequest, work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except asyncio.CancelledError:
+    def _ran(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
             self.abort()
-            raise
-        except Exception:
-            log.exception("request handler failed for %r", request)
-            self.abort()
-        finally:
-            self._over()
+        else:
+            error = task.exception()
+            if error is not None:
+                log.error("request handler failed for %r", self.request, exc_info=error)
+                self.abort()
+        self._over()
 
     def _over(self) -> None:
         """The exchange is over: the stream ends after what was queued."""
@@ -288,7 +289,7 @@ class H2Stream(Downstream):
         task = self.task
         if task is not None:
             if not task.done():
-                task.cancel()  # its end (``_run``) is the exchange's
+                task.cancel()  # its end (``_ran``) is the exchange's
             return
         exchange = self.exchange
         if exchange is not None:

@@ -29,11 +29,11 @@ from gateway.config import ListenerLimits
 from gateway.proxy import Proxy
 from gateway.server import TrafficServer
 from gateway.tls import FAILURE_REASONS, Termination
+from tests.gateway.conftest import tls_gateway  # noqa: F401 - a fixture, registered by import
 from tests.gateway.test_tls import (  # noqa: F401 - fixtures, registered by import
     client_context,
     echo,
     handshake,
-    tls_gateway,
     write_pair,
 )
 from tests.support.eventually import eventually
