@@ -5,6 +5,9 @@
     http1_downstream     ClientConnection: a client's connection over HTTP/1.1: reads its
                          requests (parse, limit, time out, splice large bodies), runs
                          them in turn, writes the answers, closes
+    h2_downstream        H2Connection: a client's connection over HTTP/2 (on h2), taken
+                         over at the h2c preface or by ALPN h2: its streams' requests
+    h2_stream            H2Stream: one HTTP/2 stream's Downstream, flow control both ways
     limits, wheel        a listener's limits as it reads them; the deadlines of the
                          connections that wait for a request, in one timer's slots
     parking              idle connections held out of the loop, their sockets alone, until
@@ -19,8 +22,8 @@
     streams              what both connection sides share: bodies between them, back-pressure
     websocket            the relay of an upgraded connection
 
-The client side (codec, http1_downstream, request) and the upstream side (connector,
-upstream_connection) never import each other (``streams``).
+The client side (codec, http1_downstream, h2_downstream, h2_stream, request) and the
+upstream side (connector, upstream_connection) never import each other (``streams``).
 """
 
 from .. import native
