@@ -1,0 +1,175 @@
+"""The gateway's CPU per request, HTTP/2 (h2c) against HTTP/1.1, in the same run: a bounded
+loop on loopback, until ``bench/run.py --h2`` (h2load and nginx) exists.
+
+    .venv/bin/python bench/h2_inbound.py [--seconds 5] [--streams 64]
+
+nginx is the upstream (as ``run.py`` starts it); the gateway runs in this process with the
+config users get (``targets.gateway_config``), compiled unless ``GATEWAY_NATIVE=0``. Once it
+serves: ``wrk -t1 -c8`` for ``--seconds`` (HTTP/1.1), then an HTTP/2 client in a process of
+its own (python-hyper's ``h2``: one connection, ``--streams`` requests in flight) for as
+long. For each, the CPU time this process used (the gateway, its access log's thread
+included) over the requests answered. The HTTP/2 client is interpreted Python and may be
+the bottleneck: its rate is no measure of the gateway's, its CPU per request is. Everything
+it starts is stopped by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import uvloop
+from system import (
+    Failure,
+    Procs,
+    free_ports,
+    get,
+    missing_tool,
+    stop_on_signals,
+    wait_serving,
+    work_dir,
+)
+from targets import Limits, gateway_config, start_upstream
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from controller.config import load_config  # noqa: E402
+from controller.serving import run_gateway  # noqa: E402
+
+
+def client(port: int, seconds: float, streams: int) -> int:
+    """An HTTP/2 client keeping ``streams`` GETs of ``/`` in flight on one connection for
+    ``seconds``: the answers it read, whole."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    sock = socket.create_connection(("127.0.0.1", port))
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    head = [(":method", "GET"), (":path", "/"), (":scheme", "http"), (":authority", "bench")]
+    in_flight = done = 0
+    end = time.monotonic() + seconds
+    while True:
+        now = time.monotonic()
+        while now < end and in_flight < streams:
+            conn.send_headers(conn.get_next_available_stream_id(), head, end_stream=True)
+            in_flight += 1
+        sock.sendall(conn.data_to_send())
+        if now >= end and not in_flight:
+            break
+        data = sock.recv(65536)
+        if not data:
+            raise SystemExit("the gateway closed the connection")
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                in_flight -= 1
+                done += 1
+    sock.close()
+    return done
+
+
+async def measure(config: Path, port: int, seconds: float, streams: int) -> None:
+    stop = asyncio.Event()
+    results: dict[str, tuple[int, float]] = {}
+
+    async def started(gateway: object) -> None:
+        try:
+            url = f"http://127.0.0.1:{port}/"
+            for _ in range(100):  # until the probe passed and the upstream is routable
+                try:
+                    status, _ = await asyncio.to_thread(get, url)
+                except OSError:
+                    status = 0
+                if status == 200:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise Failure("the gateway did not serve within 10 s")
+            cpu = time.process_time()
+            wrk = await asyncio.create_subprocess_exec(
+                "wrk", "-t1", "-c8", f"-d{seconds:g}", url, stdout=subprocess.PIPE
+            )
+            out, _ = await wrk.communicate()
+            count = re.search(rb"(\d+) requests in", out)
+            if count is None:
+                raise Failure(f"wrk said: {out.decode()}")
+            results["HTTP/1.1 (wrk -t1 -c8)"] = (int(count[1]), time.process_time() - cpu)
+            cpu = time.process_time()
+            load = await asyncio.create_subprocess_exec(
+                sys.executable,
+                __file__,
+                "--client",
+                str(port),
+                f"--seconds={seconds}",
+                f"--streams={streams}",
+                stdout=subprocess.PIPE,
+            )
+            out, _ = await load.communicate()
+            if load.returncode:
+                raise Failure("the HTTP/2 client failed")
+            results[f"HTTP/2 h2c (1 connection, {streams} streams)"] = (
+                int(out),
+                time.process_time() - cpu,
+            )
+        finally:
+            stop.set()
+
+    await run_gateway(load_config(config), stop, started=started)
+    native = os.environ.get("GATEWAY_NATIVE", "auto")
+    print(f"GATEWAY_NATIVE={native}, {seconds:g} s each")
+    print("| load | requests | gateway CPU per request |")
+    print("| --- | ---: | ---: |")
+    for name, (count, cpu) in results.items():
+        print(f"| {name} | {count:,} | {cpu / count * 1e6:.1f} us |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--streams", type=int, default=64)
+    p.add_argument("--client", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.client:
+        print(client(args.client, args.seconds, args.streams))
+        return 0
+    tool = missing_tool()
+    if tool is not None:
+        print(f"h2_inbound: {tool} is not installed", file=sys.stderr)
+        return 2
+    stop_on_signals()
+    tmp = work_dir("h2_inbound")
+    procs = Procs(tmp)
+    port, admin, upstream_port = free_ports(3)
+    limits = Limits(max_connections=1024, nofile=4096, access_log=True)
+    try:
+        upstream = start_upstream(procs, upstream_port, 1, limits)
+        wait_serving(upstream.proc, upstream.url())
+        (tmp / "admin-token").write_text(os.urandom(16).hex())
+        (tmp / "admin-token").chmod(0o600)
+        config = tmp / "gateway.yaml"  # JSON is YAML
+        config.write_text(
+            json.dumps(gateway_config(tmp, "gateway", port, admin, upstream_port, limits))
+        )
+        uvloop.run(measure(config, port, args.seconds, args.streams))
+    except Failure as e:
+        print(f"h2_inbound: {e}", file=sys.stderr)
+        return 1
+    finally:
+        procs.stop_all_uninterrupted()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
