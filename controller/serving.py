@@ -33,6 +33,7 @@ from prometheus_client.registry import CollectorRegistry
 from gateway import (
     ConnectionsCollector,
     GatewayMetrics,
+    Http2ConnectionsCollector,
     MetricsCollector,
     Pool,
     Prober,
@@ -392,6 +393,7 @@ async def _run_locked(
     prober = Prober(pool, observers=[metrics, controller.reconciler])
     served = traffic
     registry.register(ConnectionsCollector(lambda: (served.connections, served.parked)))
+    registry.register(Http2ConnectionsCollector(lambda: served.http2))
     ready = False
     node: ClusterNode | None = None
     middlewares = []

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from .observability.metrics import GatewayMetrics as GatewayMetrics
     from .observability.scrape import AccessLogCollector as AccessLogCollector
     from .observability.scrape import ConnectionsCollector as ConnectionsCollector
+    from .observability.scrape import Http2ConnectionsCollector as Http2ConnectionsCollector
     from .observability.scrape import MetricsCollector as MetricsCollector
     from .observability.scrape import metrics_exposition as metrics_exposition
     from .pool.events import PoolEvent as PoolEvent

@@ -90,6 +90,11 @@ class TrafficServer:
         return len(self._connections) + len(self._h2_connections) + parked
 
     @property
+    def http2(self) -> int:
+        """Of ``connections``, those that speak HTTP/2."""
+        return len(self._h2_connections)
+
+    @property
     def parked(self) -> int:
         """Of ``connections``, those parked."""
         return self._gate.parked if self._gate is not None else 0

@@ -9,7 +9,8 @@ prometheus_client).
   ejections, in-flight requests, auth outcomes, rate limits and the slot queue, from a
   ``GatewayMetrics`` and the pool it follows.
 - ``ConnectionsCollector``: ``gateway_client_connections``, the client connections open,
-  in the event loop or parked (``proxy.parking``), from the traffic listener's counts.
+  in the event loop or parked (``proxy.parking``), from the traffic listener's counts;
+  ``Http2ConnectionsCollector``: ``gateway_http2_connections``, of those, the HTTP/2 ones.
 - ``AccessLogCollector``: access log lines dropped.
 - The HTTPS listeners' and the worker processes' collectors are theirs (``tls.metrics``,
   ``workers.metrics``).
@@ -284,6 +285,33 @@ class ConnectionsCollector(Collector):
             "Client connections open: in the event loop, or parked (idle, their socket alone "
             "held until the client sends again).",
             labels=("state",),
+        )
+
+
+class Http2ConnectionsCollector(Collector):
+    """``gateway_http2_connections``: of the client connections open, those that speak HTTP/2
+    (h2c or h2; a family of its own: ``gateway_client_connections``' series stay as they
+    were). ``count``: the traffic listener's (the workers' as last reported), None before it
+    started."""
+
+    def __init__(self, count: Callable[[], int | None]) -> None:
+        self._count = count
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        count = self._count()
+        if count is not None:
+            family.add_metric((), count)
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "gateway_http2_connections",
+            "Client connections open that speak HTTP/2 (h2 by ALPN, or h2c by prior knowledge).",
         )
 
 

@@ -140,6 +140,8 @@ class Report:
     waiting for a slot now."""
     parked: int = 0
     """Of ``connections``, those parked (``proxy.parking``)."""
+    http2: int = 0
+    """Of ``connections``, those that speak HTTP/2."""
 
 
 ToWorker = Setup | Install | Forget | Abort | ReloadTls | Stop

@@ -63,6 +63,7 @@ class _Worker:
     task: asyncio.Task[None] | None = None
     connections: int = 0
     parked: int = 0
+    http2: int = 0
     served: int = 0
     """Requests answered, as of its last report."""
     reports: int = 0
@@ -148,6 +149,11 @@ class Supervisor:
     def parked(self) -> int:
         """Of ``connections``, those parked (``proxy.parking``)."""
         return sum(w.parked for w in self.workers.values())
+
+    @property
+    def http2(self) -> int:
+        """Of ``connections``, those that speak HTTP/2."""
+        return sum(w.http2 for w in self.workers.values())
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -351,6 +357,7 @@ class Supervisor:
             worker.reports += 1
             worker.connections = message.connections
             worker.parked = message.parked
+            worker.http2 = message.http2
             worker.served += sum(message.tally.outcomes.values())
             self.pool.peer_report(worker.pid, message.inflight, message.held, message.counts)
             for service, (counters, queued) in message.guards.items():

@@ -171,6 +171,7 @@ async def serve(channel: socket.socket) -> None:
                 tls.tally.take() if tls is not None else None,
                 mirror.guards(),
                 traffic.parked,
+                traffic.http2,
             )
         )
 

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from tests.support.eventually import eventually
 from tests.support.h2_client import H2Client
 
 from .conftest import Gateways, serving, spec
@@ -49,6 +50,14 @@ async def test_streams_on_one_connection_reach_real_replicas(gateways: Gateways,
 async def test_worker_processes_serve_http2(gateways: Gateways, site) -> None:
     gw = await gateways.start(workers=2)
     await serving(gw, spec(site("v1"), 1))
-    port = gw.gateway.traffic.port
+    supervisor = gw.gateway.traffic
+    port = supervisor.port
     for _ in range(3):  # connections land on either worker
         assert await streams_answered(port, 8) == {b"v1"}
+    held = await H2Client.connect(port)  # counted in gateway_http2_connections
+    try:
+        await held.get(held.request("/"))
+        await eventually(lambda: supervisor.http2 == 1, what="the workers report it")
+    finally:
+        await held.close()
+    await eventually(lambda: supervisor.http2 == 0, what="the workers report it gone")

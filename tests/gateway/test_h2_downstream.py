@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 import trustme
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from gateway import Pool, TlsConfig
+from gateway.observability.scrape import ConnectionsCollector, Http2ConnectionsCollector
 from gateway.proxy.h2_downstream import H2Connection, incoming
 from gateway.proxy.h2_stream import OUT_HIGH_WATER
 from gateway.proxy.request import Refused
@@ -268,6 +270,30 @@ async def test_a_split_preface_is_still_http2(gateway: Start, echo: None) -> Non
     finally:
         await client.close()
     assert answer.status == 200
+
+
+async def test_http2_connections_are_counted_in_a_gauge_of_their_own(
+    gateway: Start, echo: None
+) -> None:
+    server = await gateway()
+    registry = CollectorRegistry()
+    registry.register(ConnectionsCollector(lambda: (server.connections, server.parked)))
+    registry.register(Http2ConnectionsCollector(lambda: server.http2))
+    plain = await asyncio.open_connection("127.0.0.1", server.port)
+    client = await H2Client.connect(server.port)
+    try:
+        await client.get(client.request("/"))
+        await eventually(lambda: server.connections == 2, what="both connections open")
+        assert registry.get_sample_value("gateway_http2_connections") == 1
+        assert registry.get_sample_value("gateway_client_connections", {"state": "in_loop"}) == 2
+    finally:
+        await client.close()
+        plain[1].close()
+    await eventually(lambda: server.connections == 0, what="no connection left")
+    assert registry.get_sample_value("gateway_http2_connections") == 0
+    nothing = CollectorRegistry()
+    nothing.register(Http2ConnectionsCollector(lambda: None))  # before the listener started
+    assert nothing.get_sample_value("gateway_http2_connections") is None
 
 
 async def test_the_stream_limit_is_advertised(gateway: Start, echo: None) -> None:
