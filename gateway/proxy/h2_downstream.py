@@ -99,6 +99,8 @@ class H2Connection(asyncio.Protocol):
         """Inside ``data_received``: what the events make is written once, at its end."""
         self._after = b""
         """Frames made here, written after ``h2``'s (a GOAWAY)."""
+        self._flushing = False
+        """A write of what ``h2`` made is due at the end of the loop's turn (``_flush``)."""
         self._idle_timer: asyncio.TimerHandle | None = None
         self.resets = 0
         """Streams the client reset before their answer, less those answered whole (never
@@ -367,8 +369,15 @@ class H2Connection(asyncio.Protocol):
             self._idle()
 
     def _flush(self) -> None:
-        if self._sending:
+        """Write what ``h2`` made, with the rest of the loop turn's frames (every stream's
+        answers in one write: ``wire.batch``'s reason for HTTP/1.1)."""
+        if self._sending or self._flushing:
             return
+        self._flushing = True
+        self.loop.call_soon(self._write_out)
+
+    def _write_out(self) -> None:
+        self._flushing = False
         data = self._h2.data_to_send()
         if self._after:
             data, self._after = data + self._after, b""
@@ -426,7 +435,7 @@ class H2Connection(asyncio.Protocol):
             goaway.last_stream_id = self._h2.highest_inbound_stream_id
             goaway.error_code = h2.errors.ErrorCodes.NO_ERROR
             self._after += goaway.serialize()
-            self._flush()
+            self._write_out()  # now: the transport may be closed next
         if not self.streams:
             self._close_transport()
 
@@ -467,6 +476,7 @@ class H2Connection(asyncio.Protocol):
     def _close_transport(self) -> None:
         self._stop_idle()
         if self.transport is not None:
+            self._write_out()  # the last streams' frames, before the close
             self.transport.close()
 
     def _idle(self) -> None:
