@@ -13,7 +13,8 @@ what the streams queue as the client's windows allow.
 Limits: at most ``http2.max_concurrent_streams`` streams open at once (a client that opens
 more breaks the protocol: GOAWAY), a header list at most ``http2.max_header_list_size``
 bytes decoded (and, by ``h2``, at most 64 CONTINUATION frames), and each head under the
-listener's own field limits (``request``: 431, 400), answered on its stream. Floods end the
+listener's own field limits (``request``: 431, 400), answered on its stream; a request
+body that pauses past ``limits.body_timeout`` fails with 408, as HTTP/1.1's does. Floods end the
 connection with GOAWAY ENHANCE_YOUR_CALM (docs/hostile.md): streams the client resets
 before their answer, beyond ``max_concurrent_streams`` more than it let be answered
 (rapid reset, CVE-2023-44487: each began a request); PINGs and SETTINGS, whose
@@ -41,6 +42,7 @@ import h2.settings
 import hyperframe.frame
 
 from ..config import Http2Config, ListenerLimits
+from ..errors import RequestTimeout
 from .codec import Begin, Handler
 from .h2_stream import H2Stream
 from .request import HOST, IncomingRequest, Refused, RequestBody
@@ -107,6 +109,9 @@ class H2Connection(asyncio.Protocol):
         below 0): over ``max_concurrent_streams``, a rapid reset."""
         self.control = 0
         """PINGs and SETTINGS taken while the socket buffer was full."""
+        self._body_due: dict[int, float] = {}
+        """When each body under way must have been read from again (``_await_body``)."""
+        self._body_timers: dict[int, asyncio.TimerHandle] = {}
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
         self._h2 = conn = h2.connection.H2Connection(config)
         conn.local_settings = h2.settings.Settings(
@@ -170,6 +175,10 @@ class H2Connection(asyncio.Protocol):
         self.transport = None
         self._connections.discard(self)
         self._stop_idle()
+        for timer in self._body_timers.values():
+            timer.cancel()
+        self._body_timers.clear()
+        self._body_due.clear()
         streams = list(self.streams.values())
         self.streams.clear()
         for stream in streams:
@@ -197,10 +206,12 @@ class H2Connection(asyncio.Protocol):
             stream = self.streams.get(event.stream_id)
             request = stream.request if stream is not None else None
             if request is not None and request.body is not None:
+                self._body_done(event.stream_id)
                 request.body.finish()
         elif isinstance(event, h2.events.StreamReset):
             stream = self.streams.pop(event.stream_id, None)
             if stream is not None:
+                self._body_done(event.stream_id)
                 if event.remote_reset and not stream.ended:
                     self.resets += 1
                 stream.lost()
@@ -246,6 +257,7 @@ class H2Connection(asyncio.Protocol):
             return
         if event.stream_ended is None:
             request.body = RequestBody(stream, False)
+            self._await_body(stream_id)
         stream.request = request
         begin = self._begin
         if begin is None or not begin(stream, request):
@@ -262,6 +274,47 @@ class H2Connection(asyncio.Protocol):
             return
         request.body.feed(event.data or b"")
         stream.received(size)
+        if stream_id in self._body_due:
+            self._body_due[stream_id] = self.loop.time() + self._limits.body_timeout
+
+    # -- request bodies' deadlines ------------------------------------------------------------
+
+    def _await_body(self, stream_id: int) -> None:
+        """A body is due on ``stream_id``: each of its reads within ``body_timeout`` of the
+        last (as HTTP/1.1's, ``limits.body_timeout``), unless the gateway holds it back."""
+        timeout = self._limits.body_timeout
+        if timeout:
+            self._body_due[stream_id] = self.loop.time() + timeout
+            self._body_timers[stream_id] = self.loop.call_later(
+                timeout, self._body_check, stream_id
+            )
+
+    def _body_check(self, stream_id: int) -> None:
+        """A body's timer came (moved lazily: a read only moves ``_body_due``)."""
+        self._body_timers.pop(stream_id, None)
+        due = self._body_due.get(stream_id)
+        stream = self.streams.get(stream_id)
+        body = stream.request.body if stream is not None and stream.request else None
+        if due is None or stream is None or body is None or body.complete or body.error:
+            self._body_due.pop(stream_id, None)
+            return
+        timeout = self._limits.body_timeout
+        now = self.loop.time()
+        if stream.holding:  # not acknowledged by the gateway: the client waits on it
+            due = self._body_due[stream_id] = now + timeout
+        if now < due:
+            self._body_timers[stream_id] = self.loop.call_at(due, self._body_check, stream_id)
+            return
+        self._body_due.pop(stream_id, None)
+        body.fail(
+            RequestTimeout(f"the request body paused for over {timeout:g} s", body_timeout=timeout)
+        )
+
+    def _body_done(self, stream_id: int) -> None:
+        self._body_due.pop(stream_id, None)
+        timer = self._body_timers.pop(stream_id, None)
+        if timer is not None:
+            timer.cancel()
 
     # -- what streams ask for (``h2_stream.StreamOwner``) -----------------------------------
 
@@ -347,11 +400,12 @@ class H2Connection(asyncio.Protocol):
             return
         if self.streams.pop(stream.stream_id, None) is None:
             return
+        self._body_done(stream.stream_id)
         if stream.ended and self.resets:
             self.resets -= 1
         request = stream.request
         if stream.ended and request is not None and request.body is not None:
-            if not request.body.complete and request.body.error is None:
+            if not request.body.complete:
                 try:
                     self._h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.NO_ERROR)
                 except h2.exceptions.ProtocolError:

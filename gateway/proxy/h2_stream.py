@@ -148,6 +148,11 @@ class H2Stream(Downstream):
     def send_continue(self) -> None:
         """Nothing: HTTP/2 has no 100 Continue step the gateway needs."""
 
+    @property
+    def holding(self) -> bool:
+        """The request body is not acknowledged: the client waits on the gateway."""
+        return self._hold != 0
+
     def pause_reading(self) -> None:
         """The upstream cannot take more of the body."""
         self._hold |= _HOLD_UPSTREAM

@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway import Pool, TlsConfig
+from gateway.config import ListenerLimits
 from gateway.observability.scrape import ConnectionsCollector, Http2ConnectionsCollector
 from gateway.proxy.h2_downstream import H2Connection, incoming
 from gateway.proxy.h2_stream import OUT_HIGH_WATER
@@ -239,6 +240,26 @@ async def test_shutdown_sends_goaway_and_finishes_the_open_stream(
     finally:
         release.set()
         await client.close()
+
+
+async def test_a_request_body_that_pauses_too_long_is_408_on_its_stream(
+    gateway: Start, echo: None, recorder: Recorder
+) -> None:
+    server = await gateway(limits=ListenerLimits(body_timeout=0.3))
+    client = await H2Client.connect(server.port)
+    try:
+        stalled = client.request(
+            "/up", method="POST", body=b"x" * 100, headers=[("content-length", "1000")], end=False
+        )
+        (answer,) = await client.get(stalled)  # within 0.3 s of its last read, and a slot
+        assert answer.status == 408
+        assert json.loads(answer.body)["error"] == "request_timeout"
+        (other,) = await client.get(client.request("/other"))  # the connection serves on
+        assert other.status == 200
+    finally:
+        await client.close()
+    records = await recorder.wait(2)
+    assert sorted(r.status for r in records) == [200, 408]
 
 
 async def test_cleartext_off_refuses_the_preface_as_before(gateway: Start, echo: None) -> None:
