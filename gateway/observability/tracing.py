@@ -17,7 +17,8 @@ with ``,``), if it is within the specification's bounds (``MAX_TRACESTATE`` char
 
 The request id is ``<trace-id>-<span-id>`` (``request_id``): unique for each request (a
 trace holds many) and found by the trace id in the access log and the gateway's error
-bodies.
+bodies. With spans recorded (``spans``), that span id is the server span's, and each
+attempt upstream is sent with its own client span's id as the parent (``with_parent``).
 """
 
 from __future__ import annotations
@@ -117,3 +118,26 @@ def context(traceparent: bytes | None, tracestate: bytes | None, sample_ratio: f
     if kept is not None:
         line += b"\r\ntracestate: " + kept
     return request_id, line
+
+
+_PARENT: Final = 49
+"""Where the parent id begins in a context's header lines (``b"traceparent: 00-<trace>-"``)."""
+
+
+def sampled(lines: bytes) -> bool:
+    """Whether a context's header lines (``Context``) carry the sampled flag."""
+    return lines[_PARENT + 18 : _PARENT + 19] == b"1"
+
+
+def with_parent(lines: bytes, span_id: str) -> bytes:
+    """A context's header lines with ``span_id`` as the parent id sent upstream (an
+    attempt's client span, when spans are recorded)."""
+    return lines[:_PARENT] + span_id.encode() + lines[_PARENT + 16 :]
+
+
+def parent_id(traceparent: bytes | None) -> str:
+    """The caller's span id of a valid ``traceparent``; "" if there is none (a new trace)."""
+    if parse(traceparent) is None:
+        return ""
+    assert traceparent is not None
+    return traceparent.strip(b" \t")[36:52].decode()
