@@ -70,7 +70,7 @@ if TYPE_CHECKING:  # imported where used: most gateways run no Docker backend
 
 if TYPE_CHECKING:  # the data plane and TLS, imported where used: with workers, the main
     # process serves no traffic; without listen_tls, it loads no TLS (``main.serve_main``)
-    from gateway import AccessLog, ReloadReport, Termination, TrafficServer
+    from gateway import AccessLog, ReloadReport, SpanExporter, Termination, TrafficServer
 
 if TYPE_CHECKING:
     from .cluster.engines import Engines
@@ -279,11 +279,22 @@ async def _run_locked(
         access_log = AccessLog(config.access_log.format, config.access_log.path)
         registry.register(AccessLogCollector(access_log))
         request_observers.append(access_log)
+    exporter: SpanExporter | None = None
+    if config.tracing.otlp_endpoint is not None:  # spans of the sampled requests
+        from gateway import SpanExporter, TracingCollector
+
+        exporter = SpanExporter(config.tracing)
+        registry.register(TracingCollector(exporter))
     traffic: TrafficServer | Supervisor
     if workers == 1:
         from gateway import Proxy, TrafficServer
 
-        proxy = Proxy(pool, proxy_config, observers=request_observers)
+        proxy = Proxy(
+            pool,
+            proxy_config,
+            observers=request_observers,
+            spans=exporter.buffer if exporter is not None else None,
+        )
         traffic = TrafficServer(proxy, proxy_config, tls=tls)
     else:
         settings = WorkerSettings(
@@ -293,7 +304,14 @@ async def _run_locked(
             else None,
             log_level=config.log_level,
         )
-        traffic = Supervisor(pool, proxy_config, settings, metrics=metrics, tls=tls)
+        traffic = Supervisor(
+            pool,
+            proxy_config,
+            settings,
+            metrics=metrics,
+            tls=tls,
+            spans=exporter.buffer if exporter is not None else None,
+        )
         registry.register(WorkersCollector(traffic))
     # -- listeners: bound (connections queue, and are accepted once serving starts) before
     # the store is opened or any replica adopted, swept or started: a second gateway on
@@ -457,6 +475,8 @@ async def _run_locked(
                 await local.sweep()
         if access_log is not None:
             access_log.start()
+        if exporter is not None:
+            exporter.start()
         await traffic.start()
         if acme is not None:  # after the plain listener, which answers its challenges
             await acme.start()
@@ -485,6 +505,8 @@ async def _run_locked(
         await traffic.stop()
         if access_log is not None:
             await access_log.stop()
+        if exporter is not None:  # after the traffic: the spans of the last requests go too
+            await exporter.stop()
         await admin.stop()
         await prober.stop()
         if node is not None:

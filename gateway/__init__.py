@@ -60,11 +60,13 @@ if TYPE_CHECKING:
     from .listening import listen as listen
     from .listening import listening_socket as listening_socket
     from .observability.accesslog import AccessLog as AccessLog
+    from .observability.exporter import SpanExporter as SpanExporter
     from .observability.metrics import GatewayMetrics as GatewayMetrics
     from .observability.scrape import AccessLogCollector as AccessLogCollector
     from .observability.scrape import ConnectionsCollector as ConnectionsCollector
     from .observability.scrape import Http2ConnectionsCollector as Http2ConnectionsCollector
     from .observability.scrape import MetricsCollector as MetricsCollector
+    from .observability.scrape import TracingCollector as TracingCollector
     from .observability.scrape import metrics_exposition as metrics_exposition
     from .pool.events import PoolEvent as PoolEvent
     from .pool.events import PoolSubscriber as PoolSubscriber

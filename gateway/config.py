@@ -351,13 +351,30 @@ def _probe_path(path: str) -> str:
     return path
 
 
-def _probe_headers(headers: dict[str, str]) -> dict[str, str]:
+def _header_fields(headers: dict[str, str]) -> dict[str, str]:
     for name, value in headers.items():
         if not _TOKEN.fullmatch(name):
             raise ValueError(f"not a header name: {name!r}")
         if any((c < " " and c != "\t") or c == "\x7f" for c in value):
             raise ValueError(f"the value of {name} holds a control character")
     return headers
+
+
+HeaderFields = Annotated[
+    dict[str, str],
+    Check(
+        _header_fields,
+        json_schema={
+            "propertyNames": {"pattern": f"^{HEADER_NAME}$"},
+            "additionalProperties": {
+                "type": "string",
+                "pattern": "^[^\\u0000-\\u0008\\u000a-\\u001f\\u007f]*$",
+            },
+        },
+    ),
+]
+"""Header fields sent with a request the gateway makes itself (a probe, a span export): names
+as tokens, values without control characters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,19 +387,7 @@ class ProbeConfig:
     path: Annotated[str, Check(_probe_path, json_schema={"pattern": r"^/[^\r\n ]*$"})] = "/"
     """HTTP only: the path requested."""
     method: Literal["GET", "HEAD", "OPTIONS"] = "GET"
-    headers: Annotated[
-        dict[str, str],
-        Check(
-            _probe_headers,
-            json_schema={
-                "propertyNames": {"pattern": f"^{HEADER_NAME}$"},
-                "additionalProperties": {
-                    "type": "string",
-                    "pattern": "^[^\\u0000-\\u0008\\u000a-\\u001f\\u007f]*$",
-                },
-            },
-        ),
-    ] = field(default_factory=dict)
+    headers: HeaderFields = field(default_factory=dict)
     expected_statuses: tuple[int, ...] = ()
     """HTTP statuses that pass; empty means any 2xx. Redirects are not followed."""
     interval: PositiveDuration = 5.0
@@ -635,6 +640,32 @@ class TlsConfig:
     ``state_dir``, not written in a config."""
 
 
+_OTLP_ENDPOINT = r"^https?://[^/?#\s]+(/[^?#\s]*)?$"
+
+
+def _otlp_endpoint(url: str | None) -> str | None:
+    """An OTLP/HTTP endpoint: a URL without a path gets the traces path (``/v1/traces``)."""
+    if url is None:
+        return None
+    match = re.fullmatch(_OTLP_ENDPOINT, url)
+    if match is None:
+        raise ValueError("must be an http:// or https:// URL, without query or fragment")
+    if match.group(1) in (None, "/"):
+        return url.rstrip("/") + "/v1/traces"
+    return url
+
+
+_SPANS_NEED_PROPAGATE: dict[str, Any] = {
+    **_FORBID,
+    "json_schema_extra": {  # TracingConfig.__post_init__
+        "not": {
+            "required": ["otlp_endpoint", "propagate"],
+            "properties": {"otlp_endpoint": {"type": "string"}, "propagate": {"const": False}},
+        }
+    },
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Http2Config:
     """Inbound HTTP/2: h2c by prior knowledge on ``listen``, h2 by ALPN on ``listen_tls``
@@ -656,17 +687,35 @@ class Http2Config:
 
 @dataclass(frozen=True, slots=True)
 class TracingConfig:
-    """W3C Trace Context propagation (``tracing``): spans are not recorded or exported."""
+    """W3C Trace Context propagation (``tracing``), and spans of the sampled requests exported
+    over OTLP/HTTP (protobuf) when ``otlp_endpoint`` is set."""
 
-    __pydantic_config__ = _FORBID
+    __pydantic_config__ = _SPANS_NEED_PROPAGATE
 
     propagate: bool = True
     """Send each request upstream with a ``traceparent`` for the gateway's hop (the client's
     trace continued, else a new one) and the client's ``tracestate``; the request id carries
-    the trace id. False: both headers pass through untouched, none is added."""
+    the trace id. False: both headers pass through untouched, none is added (and no span is
+    recorded: ``otlp_endpoint`` needs it)."""
     sample_ratio: Annotated[float, Ge(0), Le(1)] = 0.01
     """The share of new traces (a request without a valid ``traceparent``) sent with the
-    sampled flag set; a continued trace keeps its caller's flag."""
+    sampled flag set; a continued trace keeps its caller's flag. Spans are recorded for the
+    sampled requests only."""
+    otlp_endpoint: Annotated[
+        str | None, Check(_otlp_endpoint, json_schema={"pattern": _OTLP_ENDPOINT})
+    ] = None
+    """Where spans are exported, OTLP over HTTP with protobuf (``http://collector:4318``; a
+    URL without a path gets ``/v1/traces``). None: no span is recorded."""
+    service_name: Annotated[str, Pattern(r"^\S(.*\S)?$")] = "gateway"
+    """The ``service.name`` of the spans' resource."""
+    headers: HeaderFields = field(default_factory=dict)
+    """Header fields sent with each export (a collector's API key)."""
+    timeout: PositiveDuration = 10.0
+    """An export that takes longer is given up, and its spans counted as dropped."""
+
+    def __post_init__(self) -> None:
+        if self.otlp_endpoint is not None and not self.propagate:
+            raise ValueError("tracing.otlp_endpoint needs tracing.propagate: spans are of traces")
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,11 @@
                   counts
     accesslog     AccessLog: one line per request, written off the event loop
     tracing       W3C Trace Context: each request's traceparent read, and sent upstream
+    spans         a sampled request's server span and client spans, as plain tuples
+    span_buffer   SpanBuffer: finished spans waiting to leave, bounded, in batches
+    otlp          spans as OTLP protobuf (opentelemetry-proto; the main process's only)
+    exporter      SpanExporter: the main process's task that POSTs the batches to a
+                  collector, off the request path
     scrape        the Prometheus collectors and the ``/metrics`` exposition (the main
                   process's only: a worker imports no prometheus_client)
 

@@ -12,6 +12,7 @@ prometheus_client).
   in the event loop or parked (``proxy.parking``), from the traffic listener's counts;
   ``Http2ConnectionsCollector``: ``gateway_http2_connections``, of those, the HTTP/2 ones.
 - ``AccessLogCollector``: access log lines dropped.
+- ``TracingCollector``: spans exported and dropped (``exporter``).
 - The HTTPS listeners' and the worker processes' collectors are theirs (``tls.metrics``,
   ``workers.metrics``).
 - ``metrics_exposition``: a registry rendered for a scrape's ``Accept`` (the admin
@@ -38,6 +39,7 @@ from .metrics import UPSTREAM_STATES, GatewayMetrics
 if TYPE_CHECKING:
     from ..pool.pool import Pool
     from .accesslog import AccessLog
+    from .exporter import SpanExporter
 
 
 class MetricsCollector(Collector):
@@ -336,6 +338,40 @@ class AccessLogCollector(Collector):
             "gateway_access_log_dropped",
             "Access log lines dropped because the writer fell behind or could not write.",
             labels=(),
+        )
+
+
+class TracingCollector(Collector):
+    """``gateway_tracing_spans_exported_total`` and ``gateway_tracing_spans_dropped_total``:
+    a ``SpanExporter``'s spans the collector accepted, and those dropped (a buffer was full,
+    in this process or a worker's, or their export failed)."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self._exporter = exporter
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        exported, dropped = self._families()
+        exported.add_metric((), self._exporter.exported)
+        dropped.add_metric((), self._exporter.buffer.dropped)
+        yield from (exported, dropped)
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
+        return (
+            CounterMetricFamily(
+                "gateway_tracing_spans_exported",
+                "Spans the OTLP collector accepted.",
+                labels=(),
+            ),
+            CounterMetricFamily(
+                "gateway_tracing_spans_dropped",
+                "Spans dropped because the collector was slow or down (a queue was full, or "
+                "their export failed or timed out).",
+                labels=(),
+            ),
         )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Collection, Sequence
 
 from ..config import ProxyConfig
@@ -39,6 +40,8 @@ from ..errors import (
     UpstreamProtocolError,
 )
 from ..observability import tracing
+from ..observability.span_buffer import SpanBuffer
+from ..observability.spans import Recording
 from ..pool.events import RequestObserver, RequestRecord
 from ..pool.pool import Pool
 from ..pool.service_pool import ServicePool
@@ -68,6 +71,7 @@ class Forwarding:
         config: ProxyConfig,
         observers: Sequence[RequestObserver],
         hand_on: Callable[[Exchange, Failed | None], None],
+        spans: SpanBuffer | None = None,
     ) -> None:
         self.pool = pool
         self.trust_forwarded = config.trust_forwarded
@@ -76,6 +80,10 @@ class Forwarding:
         self.propagate = config.tracing.propagate
         """``config.tracing.propagate``: each request gets a trace context (``tracing``)."""
         self.sample_ratio = config.tracing.sample_ratio
+        self.spans = spans
+        """Where the spans of sampled requests go (``spans``); None: none is recorded."""
+        self.wall = 0.0
+        """The wall clock minus the loop's (``open``): spans are stamped with the wall's."""
         self.observers = tuple(observers)
         self.hand_on = hand_on
         """Go on with an exchange as its request's task (after a failed attempt, if given):
@@ -86,6 +94,7 @@ class Forwarding:
         """Forward on ``loop`` with ``connector``'s upstream connections (``Proxy.start``)."""
         self.loop = loop
         self._connector = connector
+        self.wall = time.time() - loop.time()
 
     def close(self) -> Connector | None:
         """Forward no more: the connector, to be closed, if one was open."""
@@ -148,6 +157,8 @@ class Exchange:
     trace: bytes = b""
     """The traceparent and tracestate lines sent upstream (``tracing.context``); empty when
     not traced (the client's pass on as they are)."""
+    recording: Recording | None = None
+    """The spans of a sampled request while spans are exported (``spans``)."""
 
     def __init__(self, proxy: Forwarding, client: Downstream, request: IncomingRequest) -> None:
         self.proxy = proxy
@@ -158,6 +169,10 @@ class Exchange:
             made, self.trace = tracing.context(
                 request.traceparent, request.tracestate, proxy.sample_ratio
             )
+            if proxy.spans is not None and tracing.sampled(self.trace):
+                self.recording = Recording(
+                    made[:32], made[33:], tracing.parent_id(request.traceparent)
+                )
             if candidate is None:
                 self.request_id = made
             else:
@@ -178,6 +193,8 @@ class Exchange:
         request = self.request
         self.upstream = upstream
         self.conn = conn
+        if self.recording is not None:
+            self.attempting(upstream)
         sp.hold(upstream.id, self)
         self.held = upstream.id
         client = self.client
@@ -307,6 +324,27 @@ class Exchange:
 
     # -- both ways ---------------------------------------------------------------------------
 
+    def attempting(self, upstream: Upstream) -> None:
+        """An attempt on ``upstream`` begins: with spans recorded, its client span's id goes
+        upstream as the ``traceparent``'s parent id."""
+        recording = self.recording
+        if recording is not None:
+            span = recording.attempt(upstream, self.proxy.loop.time())
+            self.trace = tracing.with_parent(self.trace, span)
+
+    def attempt_failed(self, kind: str, status: int = 0) -> None:
+        """The attempt failed with ``kind`` (its client span ends, with the error)."""
+        recording = self.recording
+        if recording is not None:
+            recording.failed(kind, self.proxy.loop.time(), status)
+
+    def waited(self, since: float, held: bool) -> None:
+        """The request waited for an upstream from ``since`` (``held``: none was routable)."""
+        recording = self.recording
+        if recording is not None:
+            recording.queued += self.proxy.loop.time() - since
+            recording.cold_start = recording.cold_start or held
+
     def request_id_bytes(self) -> bytes:
         """``request_id`` encoded, once: both heads carry it."""
         rid = self.rid
@@ -366,7 +404,9 @@ class Exchange:
         request before)."""
         kind = error.kind
         if kind == "client" or isinstance(error, RequestTooLarge | RequestTimeout | BadRequest):
+            self.attempt_failed("client")
             return Failed(error, "client")
+        self.attempt_failed(kind)
         upstream, sp = self.upstream, self.sp
         assert upstream is not None
         assert sp is not None
@@ -390,6 +430,7 @@ class Exchange:
             proxy = self.proxy
             proxy.pool.report(sp.routing.name, upstream.id, "5xx")
             if status in RETRY_STATUSES and self.may_retry("status", tried):
+                self.attempt_failed("status", status)
                 proxy.connector.discard(conn)
                 error = UpstreamError(
                     f"upstream answered {status}", service=sp.routing.name, upstream=upstream.id
@@ -457,9 +498,10 @@ class Exchange:
             self.error = self.error or "cancelled"
 
     def record(self, now: float) -> None:
-        """Tell the observers what the exchange did (exactly once, at its end)."""
+        """Tell the observers what the exchange did (exactly once, at its end), and hand its
+        spans on if it was sampled."""
         observers = self.proxy.observers
-        if not observers:
+        if not observers and self.recording is None:
             return
         upstream = self.upstream
         # Positional, in the order of RequestRecord's fields: fifteen keywords cost more than
@@ -486,6 +528,24 @@ class Exchange:
                 observer.on_request(record)
             except Exception:
                 log.exception("request observer %r failed", observer)
+        if self.recording is not None:
+            self._spans(record, now)
+
+    def _spans(self, record: RequestRecord, now: float) -> None:
+        """A sampled request's spans, to ``Forwarding.spans``."""
+        recording, spans = self.recording, self.proxy.spans
+        if recording is None or spans is None:
+            return
+        sp, upstream = self.sp, self.upstream
+        if self.pinned is not None:
+            recording.choice = "preview"
+        elif sp is not None and upstream is not None and sp.snapshot.split is not None:
+            recording.choice = (
+                "canary" if upstream.revision == sp.snapshot.split.revision else "stable"
+            )
+        host = self.request.host.decode("latin-1")
+        spans.add(recording.finish(record, host, now, self.proxy.wall))
+        self.recording = None  # recorded once
 
     def __repr__(self) -> str:
         request = self.request

@@ -41,6 +41,7 @@ from ..errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
 )
+from ..observability.span_buffer import SpanBuffer
 from ..pool import balancer
 from ..pool.events import RequestObserver
 from ..pool.pool import Pool
@@ -70,11 +71,15 @@ class Proxy:
     """
 
     def __init__(
-        self, pool: Pool, config: ProxyConfig, observers: Sequence[RequestObserver] = ()
+        self,
+        pool: Pool,
+        config: ProxyConfig,
+        observers: Sequence[RequestObserver] = (),
+        spans: SpanBuffer | None = None,
     ) -> None:
         self.pool = pool
         self.config = config
-        self.forwarding = Forwarding(pool, config, observers, self.hand_on)
+        self.forwarding = Forwarding(pool, config, observers, self.hand_on, spans)
         """What its exchanges share (``Exchange.proxy``)."""
         self.task_free = 0
         self.handed_on = 0
@@ -302,16 +307,24 @@ class Proxy:
             else:
                 lease = sp.lease(frozenset(tried), ex.affinity)
             if lease is None:
+                since = self.forwarding.loop.time()
                 if not sp.snapshot.routable:
-                    await sp.queue(sp.routing.queue_timeout)  # held, or the 503 raised
+                    try:
+                        await sp.queue(sp.routing.queue_timeout)  # held, or the 503 raised
+                    finally:
+                        ex.waited(since, held=True)
                     lease = sp.lease(frozenset(tried), ex.affinity)
                 if lease is None:
                     if not sp.cap:
                         raise sp.unavailable()
                     # Every replica it may use is at its cap: wait for a slot (FIFO), or 503.
-                    lease = await sp.wait_slot(
-                        sp.routing.queue_timeout, ex.affinity, frozenset(tried)
-                    )
+                    since = self.forwarding.loop.time()
+                    try:
+                        lease = await sp.wait_slot(
+                            sp.routing.queue_timeout, ex.affinity, frozenset(tried)
+                        )
+                    finally:
+                        ex.waited(since, held=False)
         request = ex.request
         websocket = bool(request.upgrade) and request.is_websocket
         fresh = False
@@ -355,6 +368,7 @@ class Proxy:
         upstream = lease.upstream
         timeouts = sp.routing.timeouts
         connector = self.connector
+        ex.attempting(upstream)
         conn = None if fresh else connector.idle(upstream.address)
         if conn is None:
             try:
@@ -452,6 +466,7 @@ class Proxy:
         upstream = lease.upstream
         timeouts = sp.routing.timeouts
         connector = self.connector
+        ex.attempting(upstream)
         try:
             if fresh:
                 conn = await connector.connect(upstream.host, upstream.port, timeouts.connect)
@@ -474,6 +489,7 @@ class Proxy:
             except GatewayError as exc:
                 raise ex.failure(exc, conn.reused) from None
             if head.status != 101:
+                ex.attempt_failed("protocol", head.status)
                 outcome = "5xx" if head.status >= 500 else "ok"
                 self.pool.report(sp.routing.name, upstream.id, outcome)
                 error = UpstreamProtocolError(

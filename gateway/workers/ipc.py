@@ -9,11 +9,12 @@ through its class's ``__init__`` and only of a class of this package. ``marshal`
 ``pickle``: the interpreter has it loaded already, so a worker loads no ``pickle``. Both ends
 run the same code from the same checkout and nothing else can write to the pair. Nothing on
 the request path sends a message: snapshots go out when the pool changes, reports come back
-every ``Setup.report_interval`` and when a draining upstream goes idle.
+every ``Setup.report_interval`` and when a draining upstream goes idle, finished spans with
+them or when a batch is full (in the next loop turn).
 
 controller's process -> worker: ``Setup`` (once, first), ``Install``, ``Forget``, ``Abort``,
 ``ReloadTls``, ``Stop``. worker -> controller's process: ``Ready`` (once, listening),
-``Idle``, ``Eject``, ``Report``.
+``Idle``, ``Eject``, ``Report``, ``Spans``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from enum import Enum
 from typing import Any
 
 from ..config import ProxyConfig, ServiceRouting
+from ..observability.spans import Span
 from ..observability.tally import Tally
 from ..pool.snapshot import PoolSnapshot
 
@@ -144,9 +146,18 @@ class Report:
     """Of ``connections``, those that speak HTTP/2."""
 
 
+@dataclass(frozen=True, slots=True)
+class Spans:
+    """Spans the worker finished (plain tuples: the main process encodes and exports them),
+    and how many it dropped since the previous message (its buffer was full)."""
+
+    spans: list[Span]
+    dropped: int
+
+
 ToWorker = Setup | Install | Forget | Abort | ReloadTls | Stop
-FromWorker = Ready | Idle | Eject | Report
-_MESSAGES = (Setup, Install, Forget, Abort, ReloadTls, Stop, Ready, Idle, Eject, Report)
+FromWorker = Ready | Idle | Eject | Report | Spans
+_MESSAGES = (Setup, Install, Forget, Abort, ReloadTls, Stop, Ready, Idle, Eject, Report, Spans)
 
 
 _PLAIN = frozenset({type(None), bool, int, float, str, bytes})

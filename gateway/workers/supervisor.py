@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from .. import native
 from ..config import ProxyConfig, parse_address
 from ..observability.metrics import GatewayMetrics
+from ..observability.span_buffer import SpanBuffer
 from ..pool.events import PoolEvent
 from ..pool.pool import Pool
 from ..tls import Termination
@@ -102,8 +103,11 @@ class Supervisor:
         settings: WorkerSettings,
         metrics: GatewayMetrics | None = None,
         tls: Termination | None = None,
+        spans: SpanBuffer | None = None,
     ) -> None:
         self.pool = pool
+        self.spans = spans
+        """Where the workers' spans go, to be exported (``tracing.otlp_endpoint``)."""
         self.tls = tls
         """The main process's certificates (status, metrics) and the workers' handshake
         counts, merged from their reports; each worker serves from certificates of its own."""
@@ -368,6 +372,11 @@ class Supervisor:
                 self.metrics.merge(message.tally)
             if self.tls is not None and message.handshakes is not None:
                 self.tls.tally.merge(message.handshakes)
+        elif isinstance(message, ipc.Spans):
+            if self.spans is not None:
+                self.spans.lost(message.dropped)
+                self.spans.add(message.spans)
+            return  # not a change anyone waits for
         elif isinstance(message, ipc.Idle):
             self.pool.peer_idle(worker.pid, message.service, message.upstream_id, message.version)
         elif isinstance(message, ipc.Eject):

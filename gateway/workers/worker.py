@@ -11,7 +11,9 @@ never decides health, drains or ejections itself.
 What goes back: ``Idle`` when an upstream the snapshot says is draining has no lease left
 here (the controller's drain waits for that from every worker), ``Eject`` when passive
 detection sees a failure streak, and every ``report_interval`` a ``Report`` of in-flight
-counts and request counts (``RequestTally``) for ``/metrics``.
+counts and request counts (``RequestTally``) for ``/metrics``. With spans exported
+(``tracing.otlp_endpoint``), the sampled requests' spans go back as ``Spans`` with each report
+and whenever a batch is full, as plain tuples: the main process encodes and exports them.
 
 A worker stops as the gateway does (stop accepting, finish in flight, close) on ``Stop``, on
 SIGTERM, or when the channel ends because the controller's process is gone. SIGINT is
@@ -32,6 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..observability.accesslog import AccessLog
+from ..observability.span_buffer import SpanBuffer
 from ..observability.tally import RequestTally
 from ..pool.events import RequestObserver
 from ..pool.pool import Pool
@@ -145,7 +148,24 @@ async def serve(channel: socket.socket) -> None:
         access_log = AccessLog(*setup.access_log)
         observers.append(access_log)
         access_log.start()
-    proxy = Proxy(pool, setup.proxy, observers=observers)
+    spans: SpanBuffer | None = None
+    if setup.proxy.tracing.otlp_endpoint is not None:
+
+        def batch_full() -> None:
+            loop.call_soon(send_spans)  # off the request path that filled it
+
+        spans = SpanBuffer(wake=batch_full)
+
+    def send_spans() -> None:
+        """Every span held (a batch a message), and the count of those dropped."""
+        if spans is None:
+            return
+        dropped, spans.dropped = spans.dropped, 0
+        while len(spans) or dropped:
+            send(ipc.Spans(spans.take(loop.time()), dropped))
+            dropped = 0
+
+    proxy = Proxy(pool, setup.proxy, observers=observers, spans=spans)
     tls: Termination | None = None
     if setup.tls_addresses:
         from ..tls import Termination  # here: a worker without HTTPS listeners loads none of it
@@ -161,6 +181,7 @@ async def serve(channel: socket.socket) -> None:
     )
 
     def report() -> None:
+        send_spans()
         send(
             ipc.Report(
                 mirror.inflight(),

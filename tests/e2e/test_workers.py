@@ -111,18 +111,22 @@ async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
     """A worker is spawned, so it holds only what its imports bring: the admin API's and the
     prober's aiohttp, the controller, the supervisor and the metrics' collectors
     (``gateway.observability.scrape``, with prometheus_client: a worker counts in plain
-    ints), the config's models (pydantic: a worker's settings come over its channel as
-    dataclasses) stay in the main process (a worker's memory is counted once per core). Read
-    from the modules real workers of ``gateway serve --workers 2`` had loaded when they
-    exited, having served a request; they ran the data plane the suite runs (compiled under
-    GATEWAY_NATIVE=1: ``python -m gateway.workers`` calls ``native.use`` first)."""
+    ints), the span exporter and its OTLP encoding (opentelemetry-proto, protobuf: a worker
+    hands its spans over as plain tuples), the config's models (pydantic: a worker's settings
+    come over its channel as dataclasses) stay in the main process (a worker's memory is
+    counted once per core). Read from the modules real workers of ``gateway serve --workers
+    2`` had loaded when they exited, having served a request (with spans recorded); they ran
+    the data plane the suite runs (compiled under GATEWAY_NATIVE=1: ``python -m
+    gateway.workers`` calls ``native.use`` first)."""
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(MODULES_AT_EXIT % str(tmp_path))
     path = [str(hooks), os.environ.get("PYTHONPATH") or str(ROOT)]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
     port = free_port()
-    config = gateways.config(workers=2, listen=f"127.0.0.1:{port}")
+    # Spans on (to a collector that is not there): a worker records them as plain tuples.
+    tracing = {"otlp_endpoint": f"http://127.0.0.1:{free_port()}", "sample_ratio": 1}
+    config = gateways.config(workers=2, listen=f"127.0.0.1:{port}", tracing=tracing)
     process = await serve_process(gateways.write_config(config))
     try:
         workers = children(process.pid)
@@ -145,10 +149,14 @@ async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
         assert not packages & {"aiohttp", "controller", "yaml", "prometheus_client"}, packages
         assert not packages & {"h2", "hpack", "hyperframe"}, packages  # HTTP/2 at its first
         assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config
+        # Spans are encoded and exported by the main process (``gateway.observability.otlp``)
+        assert not packages & {"opentelemetry", "google"}, packages
         assert not modules & {
             "gateway.observability.metrics",
             "gateway.health.prober",
             "gateway.observability.scrape",
+            "gateway.observability.exporter",
+            "gateway.observability.otlp",
             "gateway.tls.metrics",
             "gateway.workers.metrics",
             "gateway.workers.supervisor",

@@ -14,6 +14,7 @@ from gateway.config import (
     RouteConfig,
     ServiceRouting,
     TimeoutsConfig,
+    TracingConfig,
     dump_settings,
     parse_address,
     parse_duration,
@@ -361,3 +362,42 @@ def test_copies_are_validated_new_objects():
     assert changed.interval == 1.0
     assert probe.interval == 5.0
     assert ProbeConfig() == ProbeConfig()
+
+
+# -- tracing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "endpoint"),
+    [
+        ("http://127.0.0.1:4318", "http://127.0.0.1:4318/v1/traces"),
+        ("http://collector:4318/", "http://collector:4318/v1/traces"),
+        ("https://otlp.example.com/api/v1/traces", "https://otlp.example.com/api/v1/traces"),
+    ],
+)
+def test_an_otlp_endpoint_without_a_path_gets_the_traces_path(given, endpoint):
+    assert parse_settings(TracingConfig, {"otlp_endpoint": given}).otlp_endpoint == endpoint
+
+
+def test_tracing_defaults_record_no_span():
+    tracing = parse_settings(TracingConfig, {})
+    assert tracing.otlp_endpoint is None
+    assert (tracing.service_name, tracing.headers, tracing.timeout) == ("gateway", {}, 10.0)
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({"otlp_endpoint": "grpc://collector:4317"}, ("otlp_endpoint",)),
+        ({"otlp_endpoint": "http://c:4318/v1/traces?x=1"}, ("otlp_endpoint",)),
+        ({"headers": {"bad name": "x"}}, ("headers",)),
+        ({"headers": {"X-Key": "a\r\nb"}}, ("headers",)),
+        ({"timeout": 0}, ("timeout",)),
+        ({"service_name": ""}, ("service_name",)),
+        ({"otlp_endpoint": "http://c:4318", "propagate": False}, ()),
+    ],
+)
+def test_bad_tracing_settings_are_refused(data, where):
+    with pytest.raises(ValidationError) as exc:
+        parse_settings(TracingConfig, data)
+    assert [loc for loc, _ in errors(exc)] == [where]

@@ -1,0 +1,197 @@
+"""End to end: spans of the real gateway (in one process, and with two worker processes)
+exported over OTLP/HTTP to a real receiver in the test, which decodes them with
+opentelemetry-proto. A sampled request's server span continues the caller's trace, its
+client span's id is the parent the upstream got; a retried request has two client spans; a
+collector down or slow fails no request and its spans are counted as dropped."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.support.eventually import eventually
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.support.ports import free_port
+
+from .conftest import Gateways, Handle
+from .test_auth import metric
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = "00f067aa0ba902b7"
+SAMPLED = f"00-{TRACE}-{PARENT}-01"
+TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-01")
+SERVER, CLIENT = 2, 3
+EXPORTED = "gateway_tracing_spans_exported_total"
+DROPPED = "gateway_tracing_spans_dropped_total"
+
+
+async def upstream(failing: bool) -> tuple[web.AppRunner, int]:
+    """An upstream on loopback answering with the headers it got; ``failing``: 503 on
+    ``/flaky`` (the other one's answer is 200)."""
+
+    async def answer(request: web.Request) -> web.Response:
+        if failing and request.path == "/flaky":
+            return web.json_response({"failed": True}, status=503)
+        return web.json_response({"headers": {k.lower(): v for k, v in request.headers.items()}})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[list[int]]:
+    """Two upstreams: the first answers, the second fails ``/flaky`` with 503."""
+    started = [await upstream(False), await upstream(True)]
+    yield [port for _, port in started]
+    for runner, _ in started:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[OtlpReceiver]:
+    receiver = OtlpReceiver()
+    await receiver.start()
+    yield receiver
+    await receiver.stop()
+
+
+def service(ports: list[int]) -> dict[str, Any]:
+    return {
+        "name": "web",
+        "route": {"path_prefix": "/"},
+        "backend": "static",
+        "replica": {"addresses": [f"127.0.0.1:{port}" for port in ports]},
+        "load_balancing": "round_robin",
+        "retries": {"attempts": 1, "on_status": True},
+        "probes": [{"type": "tcp", "interval": 0.2, "healthy_threshold": 1}],
+    }
+
+
+async def start(
+    gateways: Gateways, ports: list[int], workers: int, **tracing: Any
+) -> tuple[Handle, str]:
+    extra = {"workers": workers} if workers > 1 else {}
+    gw = await gateways.start(services=[service(ports)], tracing=tracing, **extra)
+    await eventually(lambda: len(gw.gateway.pool.services["web"].snapshot.routable) == 2)
+    return gw, gw.url
+
+
+def one(spans: list[ReceivedSpan], kind: int) -> ReceivedSpan:
+    (found,) = [s for s in spans if s.kind == kind]
+    return found
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_spans_of_sampled_requests_reach_the_collector(
+    gateways: Gateways, upstreams: list[int], receiver: OtlpReceiver, workers: int
+) -> None:
+    gw, url = await start(
+        gateways,
+        upstreams,
+        workers,
+        otlp_endpoint=f"http://127.0.0.1:{receiver.port}",
+        service_name="edge",
+        sample_ratio=0,
+    )
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url + "/ok", headers={"traceparent": SAMPLED}) as response:
+            assert response.status == 200
+            request_id = response.headers["X-Request-Id"]
+            sent = (await response.json())["headers"]["traceparent"]
+        # Retried: each of these starts on another upstream (round robin), so one of the two
+        # meets the failing one first.
+        retried = [f"{i + 1:032x}" for i in range(2)]
+        for trace in retried:
+            headers = {"traceparent": f"00-{trace}-{PARENT}-01"}
+            async with s.get(url + "/flaky", headers=headers) as response:
+                assert response.status == 200
+        async with s.get(url + "/ok") as response:  # sample_ratio 0: not recorded
+            assert response.status == 200
+            unsampled = response.headers["X-Request-Id"].partition("-")[0]
+
+        await eventually(lambda: len(receiver.spans) >= 7, changed=receiver.changed, what="7 spans")
+        assert await metric(s, gw, EXPORTED) == len(receiver.spans)
+        assert await metric(s, gw, DROPPED) == 0
+
+    # The caller's trace, the gateway's hop as its server span, a client span whose id went
+    # upstream as the traceparent's parent.
+    spans = receiver.by_trace(TRACE)
+    assert len(spans) == 2
+    server, client = one(spans, SERVER), one(spans, CLIENT)
+    assert server.parent_id == PARENT
+    assert request_id == f"{TRACE}-{server.span_id}"
+    assert server.name == "GET web"
+    assert server.service_name == "edge"
+    assert server.error is False
+    assert server.attributes["http.request.method"] == "GET"
+    assert server.attributes["http.response.status_code"] == 200
+    assert server.attributes["url.path"] == "/ok"
+    assert server.attributes["gateway.service"] == "web"
+    assert server.attributes["gateway.retries"] == 0
+    assert server.start <= client.start <= client.end <= server.end
+    match = TRACEPARENT.fullmatch(sent)
+    assert match is not None
+    assert match[1] == TRACE
+    assert match[2] == client.span_id != server.span_id
+    assert client.parent_id == server.span_id
+    assert client.attributes["server.address"] == "127.0.0.1"
+    assert client.attributes["server.port"] in upstreams
+    assert not receiver.by_trace(unsampled)
+
+    # A retry: two client spans, the first failed with the gateway's failure kind.
+    counts = sorted(len(receiver.by_trace(trace)) for trace in retried)
+    assert counts == [2, 3]
+    (trace,) = [t for t in retried if len(receiver.by_trace(t)) == 3]
+    spans = receiver.by_trace(trace)
+    server = one(spans, SERVER)
+    assert server.attributes["gateway.retries"] == 1
+    first, second = sorted((s for s in spans if s.kind == CLIENT), key=lambda s: s.start)
+    assert first.parent_id == second.parent_id == server.span_id
+    assert first.error is True
+    assert first.attributes["error.type"] == "status"
+    assert first.attributes["http.response.status_code"] == 503
+    assert first.attributes["server.port"] == upstreams[1]
+    assert second.attributes["server.port"] == upstreams[0]
+    assert second.attributes["http.response.status_code"] == 200
+    assert second.error is False
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("collector", ["down", "slow"])
+async def test_a_collector_down_or_slow_fails_no_request(
+    gateways: Gateways,
+    upstreams: list[int],
+    receiver: OtlpReceiver,
+    workers: int,
+    collector: str,
+) -> None:
+    if collector == "down":
+        endpoint = f"http://127.0.0.1:{free_port()}"
+    else:
+        receiver.hold = True  # takes each export and never answers
+        endpoint = receiver.endpoint
+    gw, url = await start(
+        gateways, upstreams, workers, otlp_endpoint=endpoint, sample_ratio=1, timeout="300ms"
+    )
+    statuses = []
+    async with aiohttp.ClientSession() as s:
+        for _ in range(40):
+            async with s.get(url + "/ok") as response:
+                statuses.append(response.status)
+        assert statuses == [200] * 40
+
+        async def dropped() -> float | None:
+            return await metric(s, gw, DROPPED)
+
+        await eventually(dropped, what="spans counted as dropped", timeout=10)
+        assert await metric(s, gw, EXPORTED) == 0
