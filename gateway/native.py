@@ -68,6 +68,8 @@ MODULES = (
     "observability.metrics",
     "observability.status_codes",
     "observability.tally",
+    "observability.span_buffer",
+    "observability.spans",
     "observability.tracing",
     "pool.balancer",
     "pool.events",
