@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
-from opentelemetry.proto.trace.v1.trace_pb2 import Span as SpanMessage
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from .spans import Span, Value
 
@@ -23,49 +21,47 @@ SCOPE = "gateway"
 """The instrumentation scope's name: the gateway's own spans."""
 
 
-def _value(value: Value) -> AnyValue:
-    if isinstance(value, bool):  # before int: a bool is an int
-        return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
-    if isinstance(value, float):
-        return AnyValue(double_value=value)
-    return AnyValue(string_value=value)
-
-
-def _attributes(pairs: Iterable[tuple[str, Value]]) -> list[KeyValue]:
-    return [KeyValue(key=key, value=_value(value)) for key, value in pairs]
-
-
-def _span(span: Span) -> SpanMessage:
-    trace_id, span_id, parent_id, name, kind, start, end, error, attributes = span
-    return SpanMessage(
-        trace_id=bytes.fromhex(trace_id),
-        span_id=bytes.fromhex(span_id),
-        parent_span_id=bytes.fromhex(parent_id),
-        name=name,
-        kind=kind,  # type: ignore[arg-type]  # SERVER, CLIENT: OTLP's numbers
-        start_time_unix_nano=round(start * 1e9),
-        end_time_unix_nano=round(end * 1e9),
-        attributes=_attributes(attributes),
-        status=Status(code=Status.STATUS_CODE_ERROR if error else Status.STATUS_CODE_UNSET),
-    )
+def _set(target: AnyValue, value: Value) -> None:
+    if isinstance(value, str):
+        target.string_value = value
+    elif isinstance(value, bool):  # before int: a bool is an int
+        target.bool_value = value
+    elif isinstance(value, int):
+        target.int_value = value
+    else:
+        target.double_value = value
 
 
 def encode(spans: Iterable[Span], service_name: str) -> bytes:
-    """``spans`` as the body of one export request, their resource ``service_name``'s."""
-    request = ExportTraceServiceRequest(
-        resource_spans=[
-            ResourceSpans(
-                resource=Resource(attributes=_attributes([("service.name", service_name)])),
-                scope_spans=[
-                    ScopeSpans(
-                        scope=InstrumentationScope(name=SCOPE),
-                        spans=[_span(span) for span in spans],
-                    )
-                ],
-            )
-        ]
-    )
+    """``spans`` as the body of one export request, their resource ``service_name``'s.
+
+    Each message is filled in place (``add()``, then its fields): upb copies a message given
+    to a constructor, which made the encoding four times as slow."""
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource = resource_spans.resource.attributes.add()
+    resource.key = "service.name"
+    resource.value.string_value = service_name
+    scope_spans = resource_spans.scope_spans.add()
+    scope_spans.scope.name = SCOPE
+    add = scope_spans.spans.add
+    fromhex = bytes.fromhex
+    for trace_id, span_id, parent_id, name, kind, start, end, error, attributes in spans:
+        message = add()
+        message.trace_id = fromhex(trace_id)
+        message.span_id = fromhex(span_id)
+        if parent_id:
+            message.parent_span_id = fromhex(parent_id)
+        message.name = name
+        message.kind = kind  # SERVER, CLIENT: OTLP's numbers
+        message.start_time_unix_nano = round(start * 1e9)
+        message.end_time_unix_nano = round(end * 1e9)
+        if error:
+            message.status.code = Status.STATUS_CODE_ERROR
+        attribute = message.attributes.add
+        for key, value in attributes:
+            pair = attribute()
+            pair.key = key
+            _set(pair.value, value)
     body: bytes = request.SerializeToString()
     return body
