@@ -126,7 +126,7 @@ _PARENT: Final = 49
 
 def sampled(lines: bytes) -> bool:
     """Whether a context's header lines (``Context``) carry the sampled flag."""
-    return lines[_PARENT + 18 : _PARENT + 19] == b"1"
+    return len(lines) > _PARENT + 18 and lines[_PARENT + 18] == 49  # "1"
 
 
 def with_parent(lines: bytes, span_id: str) -> bytes:
