@@ -11,6 +11,11 @@ each run by this venv's ``gateway`` script with its tree first on ``PYTHONPATH``
 every second, retries). Then ``wrk -t1 -c64`` against each in turn, the order rotated every
 repetition; CPU per request is the gateway's own user+sys time over the requests done.
 
+``--tracing N=JSON`` sets the ``tracing`` settings of the N-th tree (from 0; a tree may be
+given twice, to run it with two settings); with ``--otlp-sink`` a local OTLP/HTTP receiver
+that keeps nothing (``otlp_sink.py``, on the load core) is started, and each ``--tracing``
+without an ``otlp_endpoint`` exports to it.
+
 ``run.py`` compares the gateway with nginx repetition by repetition; when the cores are
 shared with other work, nginx's own figure moves as much as the gateway's, and two trees
 measured in separate runs minutes apart differ by what the machine did meanwhile. Here the
@@ -41,7 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=12, help="repetitions (12)")
     parser.add_argument("--proxy-cpu", type=int, default=0)
     parser.add_argument("--load-cpu", type=int, default=1)
+    parser.add_argument(
+        "--tracing", action="append", default=[], help="N=JSON: tree N's tracing settings"
+    )
+    parser.add_argument("--otlp-sink", action="store_true", help="export spans to a local sink")
     args = parser.parse_args(argv)
+    tracing: dict[int, dict] = {}
+    for given in args.tracing:
+        index, _, settings = given.partition("=")
+        tracing[int(index)] = json.loads(settings)
     if len(args.trees) < 2 or args.repeat < 1:
         parser.error("two trees or more, and --repeat 1 or more")
     tool = missing_tool()
@@ -57,13 +70,21 @@ def main(argv: list[str] | None = None) -> int:
     limits = Limits(max_connections=1024, nofile=4096, access_log=True)
     figures: dict[str, list[float]] = {name: [] for name in names}
     try:
-        upstream, *ports = free_ports(1 + 2 * len(trees))
+        upstream, sink, *ports = free_ports(2 + 2 * len(trees))
         (tmp / "admin-token").write_text(os.urandom(16).hex())
         start_upstream(procs, upstream, args.load_cpu, limits)
+        if args.otlp_sink:
+            here = Path(__file__).parent
+            sink_argv = [sys.executable, str(here / "otlp_sink.py"), str(sink)]
+            procs.start("otlp-sink", sink_argv, args.load_cpu)
+            for settings in tracing.values():
+                settings.setdefault("otlp_endpoint", f"http://127.0.0.1:{sink}")
         targets = []
         for i, (name, tree) in enumerate(zip(names, trees, strict=True)):
             label = f"tree{i}"
             config = gateway_config(tmp, label, ports[2 * i], ports[2 * i + 1], upstream, limits)
+            if i in tracing:
+                config["tracing"] = tracing[i]
             conf = tmp / f"{label}.json"
             conf.write_text(json.dumps(config))
             env = {"PYTHONPATH": str(tree), "GATEWAY_NATIVE": "1"}
