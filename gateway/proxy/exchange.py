@@ -82,8 +82,6 @@ class Forwarding:
         self.sample_ratio = config.tracing.sample_ratio
         self.spans = spans
         """Where the spans of sampled requests go (``spans``); None: none is recorded."""
-        self.wall = 0.0
-        """The wall clock minus the loop's (``open``): spans are stamped with the wall's."""
         self.observers = tuple(observers)
         self.hand_on = hand_on
         """Go on with an exchange as its request's task (after a failed attempt, if given):
@@ -94,7 +92,6 @@ class Forwarding:
         """Forward on ``loop`` with ``connector``'s upstream connections (``Proxy.start``)."""
         self.loop = loop
         self._connector = connector
-        self.wall = time.time() - loop.time()
 
     def close(self) -> Connector | None:
         """Forward no more: the connector, to be closed, if one was open."""
@@ -544,7 +541,9 @@ class Exchange:
                 "canary" if upstream.revision == sp.snapshot.split.revision else "stable"
             )
         host = self.request.host.decode("latin-1")
-        spans.add(recording.finish(record, host, now, self.proxy.wall))
+        # Spans are stamped with the wall clock: its offset from the loop's, read now (the
+        # two drift apart over a long uptime).
+        spans.add(recording.finish(record, host, now, time.time() - now))
         self.recording = None  # recorded once
 
     def __repr__(self) -> str:
