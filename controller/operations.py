@@ -124,6 +124,11 @@ class Controller:
             raise NotFound(f"no service {name!r}", service=name)
         return state
 
+    def active_rollout(self, name: str) -> Rollout | None:
+        """``name``'s rollout under way, if any (None too for a service it does not know)."""
+        state = self.reconciler.services.get(name)
+        return state.observed.rollout if state is not None else None
+
     # -- apply and scale -----------------------------------------------------------------------
 
     async def apply(self, data: Any) -> ApplyResult:

@@ -62,6 +62,7 @@ from .journal import Journal
 from .metrics import DockerHostMetrics, HostJournal, register_acme, register_docker
 from .metrics import register as register_controller_metrics
 from .operations import Controller
+from .rollout_traces import RolloutTraces
 from .statelock import StateLock
 from .store import ConfigAppliedRow, Store
 
@@ -380,6 +381,8 @@ async def _run_locked(
             engines = Engines(client, etcd.prefix, make_docker)
             backends["docker"] = process_backend  # places nothing until the node leads
     controller = Controller(pool, backends, store, journal, loop.time, time.time)
+    if exporter is not None:  # each rollout a trace: its steps, its replicas' starts
+        journal.listen(RolloutTraces(exporter.buffer.add, controller.active_rollout))
     register_controller_metrics(registry, controller)
     if docker is not None:
         register_docker(registry, controller, docker)

@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from .observability.scrape import MetricsCollector as MetricsCollector
     from .observability.scrape import TracingCollector as TracingCollector
     from .observability.scrape import metrics_exposition as metrics_exposition
+    from .observability.spans import Span as Span
     from .pool.events import PoolEvent as PoolEvent
     from .pool.events import PoolSubscriber as PoolSubscriber
     from .pool.events import ProbeObserver as ProbeObserver

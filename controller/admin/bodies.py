@@ -273,6 +273,9 @@ class RolloutRecord(Schema):
     retries_used: int
     started_at: float
     finished_at: float | None
+    trace_id: str
+    """The trace of this rollout: its span, its steps' and its replicas', exported with the
+    requests' spans when ``tracing.otlp_endpoint`` is set."""
 
 
 class RolloutList(Schema):

@@ -21,6 +21,7 @@ from ..backends import Backend
 from ..operations import Controller
 from ..planning import planner, steps
 from ..planning.model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
+from ..rollout_traces import trace_id
 from ..state import ServiceState
 from ..store import RevisionRow, RolloutRow
 from .bodies import (
@@ -281,6 +282,7 @@ def rollout_record(row: RolloutRow) -> RolloutRecord:
         retries_used=row.retries_used,
         started_at=row.started_at,
         finished_at=row.finished_at,
+        trace_id=trace_id(row.service, row.id),
     )
 
 

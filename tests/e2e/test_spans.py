@@ -9,18 +9,20 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from controller.rollout_traces import trace_id
 from tests.support.eventually import eventually
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.support.ports import free_port
 
-from .conftest import Gateways, Handle
-from .test_auth import metric
+from .conftest import Gateways, Handle, serving
+from .test_auth import admin, echo_spec, metric
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
@@ -197,3 +199,37 @@ async def test_a_collector_down_or_slow_fails_no_request(
 
         await eventually(dropped, what="spans counted as dropped", timeout=10)
         assert await metric(s, gw, EXPORTED) == 0
+
+
+async def test_a_rollout_is_a_trace_of_its_replicas_starts(
+    gateways: Gateways, receiver: OtlpReceiver, tmp_path: Path
+) -> None:
+    gw = await gateways.start(tracing={"otlp_endpoint": receiver.endpoint})
+    await serving(gw, echo_spec(tmp_path, replicas=2))
+    (rollout,) = gw.rollouts()
+    trace = trace_id("web", rollout.id)
+
+    def spans() -> list[ReceivedSpan]:
+        return receiver.by_trace(trace)
+
+    await eventually(lambda: len(spans()) == 3, changed=receiver.changed, what="3 spans")
+    (root,) = [s for s in spans() if s.name == "rollout web"]
+    assert root.parent_id == ""
+    assert root.error is False
+    assert root.attributes["gateway.outcome"] == "complete"
+    assert root.attributes["gateway.revision"] == 1
+    replicas = [s for s in spans() if s.name.startswith("replica ")]
+    assert sorted(s.attributes["gateway.replica"] for s in replicas) == sorted(
+        r.id for r in gw.replicas()
+    )
+    for replica in replicas:
+        assert replica.parent_id == root.span_id
+        assert root.start <= replica.start <= replica.end <= root.end
+        assert replica.attributes["gateway.outcome"] == "ready"
+
+    # The rollout's record leads to its trace.
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(admin(gw) + "/api/services/web/rollouts") as response,
+    ):
+        assert (await response.json())["rollouts"][0]["trace_id"] == trace
