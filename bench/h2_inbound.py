@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import socket
@@ -26,18 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-import uvloop
 from system import (
     Failure,
-    Procs,
-    free_ports,
     get,
-    missing_tool,
-    stop_on_signals,
-    wait_serving,
-    work_dir,
 )
-from targets import Limits, gateway_config, start_upstream
+from targets import run_in_process
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -144,31 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.client:
         print(client(args.client, args.seconds, args.streams))
         return 0
-    tool = missing_tool()
-    if tool is not None:
-        print(f"h2_inbound: {tool} is not installed", file=sys.stderr)
-        return 2
-    stop_on_signals()
-    tmp = work_dir("h2_inbound")
-    procs = Procs(tmp)
-    port, admin, upstream_port = free_ports(3)
-    limits = Limits(max_connections=1024, nofile=4096, access_log=True)
-    try:
-        upstream = start_upstream(procs, upstream_port, 1, limits)
-        wait_serving(upstream.proc, upstream.url())
-        (tmp / "admin-token").write_text(os.urandom(16).hex())
-        (tmp / "admin-token").chmod(0o600)
-        config = tmp / "gateway.yaml"  # JSON is YAML
-        config.write_text(
-            json.dumps(gateway_config(tmp, "gateway", port, admin, upstream_port, limits))
-        )
-        uvloop.run(measure(config, port, args.seconds, args.streams))
-    except Failure as e:
-        print(f"h2_inbound: {e}", file=sys.stderr)
-        return 1
-    finally:
-        procs.stop_all_uninterrupted()
-    return 0
+    return run_in_process(
+        "h2_inbound", lambda config, port: measure(config, port, args.seconds, args.streams)
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import os
 import subprocess
 import sys
@@ -32,18 +31,11 @@ from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
-import uvloop
 from system import (
     Failure,
-    Procs,
-    free_ports,
     get,
-    missing_tool,
-    stop_on_signals,
-    wait_serving,
-    work_dir,
 )
-from targets import Limits, gateway_config, start_upstream
+from targets import run_in_process
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -125,31 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=2.0, help="seconds of traced load (2)")
     p.add_argument("--top", type=int, default=25, help="functions listed, costliest first")
     args = p.parse_args(argv)
-    tool = missing_tool()
-    if tool is not None:
-        print(f"instructions: {tool} is not installed", file=sys.stderr)
-        return 2
-    stop_on_signals()
-    tmp = work_dir("instructions")
-    procs = Procs(tmp)
-    port, admin, upstream_port = free_ports(3)
-    limits = Limits(max_connections=1024, nofile=4096, access_log=True)
-    try:
-        upstream = start_upstream(procs, upstream_port, 1, limits)
-        wait_serving(upstream.proc, upstream.url())
-        (tmp / "admin-token").write_text(os.urandom(16).hex())
-        (tmp / "admin-token").chmod(0o600)
-        config = tmp / "gateway.yaml"  # JSON is YAML
-        config.write_text(
-            json.dumps(gateway_config(tmp, "gateway", port, admin, upstream_port, limits))
-        )
-        uvloop.run(measure(config, port, args.seconds, args.top))
-    except Failure as e:
-        print(f"instructions: {e}", file=sys.stderr)
-        return 1
-    finally:
-        procs.stop_all_uninterrupted()
-    return 0
+    return run_in_process(
+        "instructions", lambda config, port: measure(config, port, args.seconds, args.top)
+    )
 
 
 if __name__ == "__main__":

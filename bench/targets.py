@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +39,13 @@ from system import (
     Procs,
     RssSampler,
     cpu_seconds,
+    free_ports,
+    missing_tool,
     process_tree,
+    stop_on_signals,
+    wait_serving,
     wakeup_interrupts,
+    work_dir,
 )
 
 BIG_SIZE = 10 * 1024 * 1024
@@ -511,3 +517,36 @@ def native_status(pure: bool) -> str:
         [str(gateway), "native", "status"], capture_output=True, text=True, env=env
     )
     return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "unknown"
+
+
+def run_in_process(name: str, measure: Callable[[Path, int], Awaitable[None]]) -> int:
+    """``measure(config, port)`` on uvloop in this process, ``config`` a gateway's (access
+    log, metrics, probes: ``gateway_config``) in front of an nginx upstream on ``port``'s
+    neighbour; everything started is stopped by pid. The exit status of a bench's ``main``."""
+    import uvloop
+
+    tool = missing_tool()
+    if tool is not None:
+        print(f"{name}: {tool} is not installed", file=sys.stderr)
+        return 2
+    stop_on_signals()
+    tmp = work_dir(name)
+    procs = Procs(tmp)
+    port, admin, upstream_port = free_ports(3)
+    limits = Limits(max_connections=1024, nofile=4096, access_log=True)
+    try:
+        upstream = start_upstream(procs, upstream_port, 1, limits)
+        wait_serving(upstream.proc, upstream.url())
+        (tmp / "admin-token").write_text(os.urandom(16).hex())
+        (tmp / "admin-token").chmod(0o600)
+        config = tmp / "gateway.yaml"  # JSON is YAML
+        config.write_text(
+            json.dumps(gateway_config(tmp, "gateway", port, admin, upstream_port, limits))
+        )
+        uvloop.run(measure(config, port))
+    except Failure as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        procs.stop_all_uninterrupted()
+    return 0
