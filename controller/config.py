@@ -27,6 +27,7 @@ from gateway import (
     Http2Config,
     ListenAddress,
     ListenerLimits,
+    ModelsConfig,
     ProxyConfig,
     TlsConfig,
     TracingConfig,
@@ -36,7 +37,7 @@ from . import documents
 from .cluster.config import NodeConfig, StateConfig
 from .errors import DocumentError, DocumentTooLarge
 from .schema import Model
-from .spec import GPU_ID_PATTERN, NAME_PATTERN, ServiceSpec
+from .spec import GPU_ID_PATTERN, NAME_PATTERN, ServiceSpec, model_clash
 
 
 class ConfigError(Exception):
@@ -325,6 +326,9 @@ class GatewayConfig(Model):
     access_log: AccessLogConfig = AccessLogConfig()
     tracing: TracingConfig = TracingConfig()
     """W3C Trace Context propagation (``traceparent``, ``tracestate``); on by default."""
+    models: ModelsConfig | None = None
+    """The traffic listener as an OpenAI-compatible endpoint: requests under
+    ``models.path_prefix`` go to the service whose ``model`` their body names; off unless set."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     replicas_on_exit: Literal["keep", "stop"] = "keep"
     """On shutdown, leave process replicas running for the next start to adopt (``keep``),
@@ -358,6 +362,7 @@ class GatewayConfig(Model):
             listen_tls=self.listen_tls,
             tls=tls,
             tracing=self.tracing,
+            models=self.models,
             **dict(self.proxy),
         )
 
@@ -486,6 +491,10 @@ def load_config(path: str | Path, *, workers: int | str | None = None) -> Loaded
     for name in names:
         if names.count(name) > 1:
             raise ConfigError(f"{file}: services: {name!r} is declared more than once")
+    for i, applied in enumerate(services):
+        clash = model_clash(applied.spec, (s.spec for s in services[:i]))
+        if clash is not None:
+            raise ConfigError(f"{applied.source}: {clash}")
     state_dir = Path(config.state_dir)
     if not state_dir.is_absolute():
         state_dir = base / state_dir

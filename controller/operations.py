@@ -31,7 +31,7 @@ from .journal import Journal
 from .planning.model import Desired, Observed, Replica, ReplicaState, Rollout, RolloutStatus
 from .planning.transitions import AskPromote, Configure, Delete, Retarget, SetPaused
 from .reconciler import Reconciler
-from .spec import ServiceSpec
+from .spec import ServiceSpec, model_clash
 from .state import ServiceState
 from .store import Store
 from .tokens import TokenInfo
@@ -148,6 +148,12 @@ class Controller:
                 f"backend: {spec.backend!r} is not configured",
                 [{"field": "backend", "reason": f"{spec.backend!r} is not configured"}],
             )
+        clash = model_clash(
+            spec,
+            (s.spec for s in self.reconciler.services.values() if not s.forgotten),
+        )
+        if clash is not None:
+            raise SpecError(clash, [{"field": "model", "reason": clash}])
         state = self.reconciler.services.get(spec.name)
         if state is not None and state.desired.deleting:
             raise Conflict(f"service {spec.name!r} is being deleted; apply again once it is gone")

@@ -13,7 +13,7 @@ import hashlib
 import itertools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, GetJsonSchemaHandler, field_validator, model_validator
@@ -30,6 +30,7 @@ from gateway import (
     HeaderName,
     LimitsConfig,
     LoadBalancing,
+    ModelConfig,
     OutlierConfig,
     PositiveDuration,
     PreviewConfig,
@@ -557,6 +558,24 @@ _BACKEND_RULES: list[dict[str, Any]] = [
 keeps those of the backends its gateway has)."""
 
 
+def model_clash(spec: ServiceSpec, others: Iterable[ServiceSpec]) -> str | None:
+    """Why ``spec`` cannot serve its model beside ``others`` (another service declares one of
+    its names or aliases), or None."""
+    if spec.model is None:
+        return None
+    names = set(spec.model.names)
+    for other in others:
+        if other.name == spec.name or other.model is None:
+            continue
+        shared = sorted(names.intersection(other.model.names))
+        if shared:
+            return (
+                f"model: {shared[0]!r} is declared by both service {other.name!r} and "
+                f"service {spec.name!r}; a model name or alias belongs to one service"
+            )
+    return None
+
+
 class ServiceSpec(Model):
     """A named, routed set of replicas."""
 
@@ -593,6 +612,10 @@ class ServiceSpec(Model):
     """Requests need a bearer token (none: open)."""
     rate_limits: tuple[RateLimit, ...] = Field(default=(), max_length=MAX_RATE_LIMITS)
     """Token buckets per key (``ip``, ``header:NAME`` or ``token``) for path prefixes."""
+    model: ModelConfig | None = None
+    """The model it serves over an OpenAI-compatible API, by name and aliases: with
+    ``models`` in the gateway config, requests that name it in their body come here. One
+    service per name (``model_clash``)."""
 
     @model_validator(mode="after")
     def _guards(self) -> ServiceSpec:
@@ -785,6 +808,7 @@ class ServiceSpec(Model):
             queue_timeout=self.effective_queue_timeout,
             preview=self.preview,
             sticky=self.sticky,
+            model=self.model,
         )
 
     def to_json(self) -> str:

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from .config import ListenAddress as ListenAddress
     from .config import ListenerLimits as ListenerLimits
     from .config import LoadBalancing as LoadBalancing
+    from .config import ModelConfig as ModelConfig
+    from .config import ModelsConfig as ModelsConfig
     from .config import OutlierConfig as OutlierConfig
     from .config import PositiveDuration as PositiveDuration
     from .config import PreviewConfig as PreviewConfig

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 from .checks import Check, Ge, Gt, Le, Pattern
 
@@ -542,6 +542,55 @@ class AuthRouting:
     """SHA-256 of each token (hex) -> the token's id."""
 
 
+MODEL_NAME = r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}"
+"""A model's name or alias as a request's ``model`` gives it (``meta-llama/Llama-3-8B``)."""
+_MODEL_NAME = re.compile(MODEL_NAME)
+
+
+def _model_name(name: str) -> str:
+    if not _MODEL_NAME.fullmatch(name):
+        raise ValueError(f"not a model name: {name!r} (letters, digits and '._:/@+-', at most 128)")
+    return name
+
+
+ModelName = Annotated[str, Check(_model_name, json_schema={"pattern": f"^{MODEL_NAME}$"})]
+
+
+MAX_ALIASES: Final = 16
+
+
+def _distinct_aliases(aliases: tuple[str, ...]) -> tuple[str, ...]:
+    if len(aliases) > MAX_ALIASES:
+        raise ValueError(f"at most {MAX_ALIASES} aliases")
+    if len(set(aliases)) != len(aliases):
+        raise ValueError("an alias is listed twice")
+    return aliases
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The model a service serves over an OpenAI-compatible API (``models`` in the gateway
+    config routes requests to it by the ``model`` of their body)."""
+
+    __pydantic_config__ = _FORBID
+
+    name: ModelName
+    aliases: Annotated[
+        tuple[ModelName, ...],
+        Check(_distinct_aliases, json_schema={"uniqueItems": True, "maxItems": MAX_ALIASES}),
+    ] = ()
+    """Other names a request may give for it."""
+
+    def __post_init__(self) -> None:
+        if self.name in self.aliases:
+            raise ValueError(f"aliases: {self.name!r} is the model's name already")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The name, then the aliases."""
+        return (self.name, *self.aliases)
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceRouting:
     """All the data plane needs to know of one service."""
@@ -567,6 +616,8 @@ class ServiceRouting:
     rate_limits: tuple[RateLimit, ...] = ()
     affinity: RequestKey | None = None
     """``load_balancing: hash``: the request key hashed onto the routable upstreams."""
+    model: ModelConfig | None = None
+    """The model it serves, by name and aliases (``ModelsConfig``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -718,6 +769,27 @@ class TracingConfig:
             raise ValueError("tracing.otlp_endpoint needs tracing.propagate: spans are of traces")
 
 
+MODELS_BODY_READ_MAX: Final = 256 * 1024
+"""The most of a body read for its ``model``: what a request body buffers before its client
+is paused (``proxy.request.BODY_HIGH_WATER``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsConfig:
+    """The traffic listener as an OpenAI-compatible endpoint: a POST under ``path_prefix``
+    goes to the service whose ``model`` its JSON body names; ``GET {path_prefix}/models``
+    lists them; errors on these paths come in OpenAI's shape."""
+
+    __pydantic_config__ = _FORBID
+
+    path_prefix: Annotated[str, Check(_route_prefix, json_schema={"pattern": _ROUTE_PREFIX})] = (
+        "/v1"
+    )
+    max_body_read: Annotated[int, Ge(1024), Le(MODELS_BODY_READ_MAX)] = 64 * 1024
+    """Bytes of a body read at most to find its ``model`` (then relayed unchanged with the
+    rest); a body whose ``model`` comes later is refused with 400."""
+
+
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
     """Settings of the traffic listener and its forwarding."""
@@ -739,3 +811,5 @@ class ProxyConfig:
     trust_forwarded: bool = False
     """Keep a client's X-Forwarded-* headers (behind a trusted proxy) instead of replacing them."""
     tracing: TracingConfig = TracingConfig()
+    models: ModelsConfig | None = None
+    """Route by model (OpenAI-compatible); None: off."""

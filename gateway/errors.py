@@ -6,6 +6,7 @@
     ├── TooManyRequests         429  over a rate limit of the service
     ├── RequestTimeout          408  the request body paused or trickled too long
     ├── NoRoute                 404  no service matches the request
+    │   └── ModelNotFound            no service serves the model a request names
     ├── NoRoutableUpstream      503  the service has no upstream that may take the request
     ├── RequestTooLarge         413  the body is larger than the service allows
     ├── OwnAnswer               any  an answer the gateway gives itself, not an error: an
@@ -84,6 +85,10 @@ class NoRoute(GatewayError):
     code = "no_route"
 
 
+class ModelNotFound(NoRoute):
+    code = "model_not_found"
+
+
 class NoRoutableUpstream(GatewayError):
     status = 503
     code = "no_routable_upstream"
@@ -112,12 +117,19 @@ class OwnAnswer(GatewayError):
     code = "own_answer"
 
     def __init__(
-        self, status: int, message: str, headers: dict[str, str], body: bytes = b""
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str],
+        body: bytes = b"",
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.headers = headers
         self.body = body
+        self.close = close
+        """The client's connection closes after it (the request's body cannot be read on)."""
 
 
 class UpstreamError(GatewayError):

@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 from ..config import ServiceRouting
 from .events import EventKind, PoolEvent, PoolSubscriber
+from .models import ModelTable
 from .outlier import Ejection, OutlierState, may_eject
 from .router import Route, RouteTable
 from .service_pool import Drain, ServicePool
@@ -67,6 +68,8 @@ class Pool:
         self.rng = rng or random.Random()
         self.services: dict[str, ServicePool] = {}
         self.routes = RouteTable()
+        self.models = ModelTable()
+        """The services by the model each serves (``models`` in the gateway config)."""
         self._subscribers: list[PoolSubscriber] = []
         self._version = 0
         self.propose_ejection = propose_ejection
@@ -156,6 +159,11 @@ class Pool:
     def _rebuild_routes(self) -> None:
         self.routes = RouteTable.build(
             Route(name, pool.routing.route) for name, pool in self.services.items()
+        )
+        self.models = ModelTable.build(
+            (name, pool.routing.model)
+            for name, pool in self.services.items()
+            if pool.routing.model is not None
         )
 
     def service(self, name: str) -> ServicePool:

@@ -47,9 +47,10 @@ from ..pool.pool import Pool
 from ..pool.service_pool import ServicePool
 from ..pool.upstream import Upstream
 from ..wire import headers
-from . import answers, messages, retry
+from . import answers, messages, openai, retry
 from .codec import Downstream
 from .connector import Connector, ResponseHead, UpstreamConnection
+from .openai import Asked
 from .request import IncomingRequest
 from .retry import RETRY_STATUSES, Failed
 from .streams import ResponseStream
@@ -143,6 +144,11 @@ class Exchange:
     """The upstream this holds the request in flight on without a task, until ``_end``."""
     affinity: bytes | None = None
     """The key ``load_balancing: hash`` hashes (``guard``), once routed."""
+    openai: bool = False
+    """The request came on a model path (``models``): the gateway's errors take OpenAI's
+    shape."""
+    asked: Asked | None = None
+    """What its body asks for (model, prompt), once read on a model path."""
     strip: bytes | None = None
     """A header (lower-cased) not sent upstream: the service's token (``guard``)."""
     rid: bytes = b""
@@ -483,7 +489,12 @@ class Exchange:
     def error_response(self, exc: GatewayError) -> None:
         """Answer with the gateway's own error (no answer went to the client yet)."""
         self.status = exc.status
-        self.error = None if isinstance(exc, OwnAnswer) else exc.code
+        if isinstance(exc, OwnAnswer):
+            self.error = None
+        else:
+            self.error = exc.code
+            if self.openai:
+                exc = openai.error_answer(exc)
         self.client.send_error(self.request, exc, self.request_id)
 
     def cancelled(self) -> None:

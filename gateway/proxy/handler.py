@@ -30,24 +30,29 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from ..config import ProxyConfig, StickyConfig
 from ..errors import (
+    BadRequest,
     GatewayError,
+    ModelNotFound,
     NoRoute,
+    OwnAnswer,
     RequestTooLarge,
     UpstreamProtocolError,
     UpstreamTimeout,
 )
 from ..observability.span_buffer import SpanBuffer
-from ..pool import balancer
+from ..pool import balancer, router
 from ..pool.events import RequestObserver
+from ..pool.models import model_entry
 from ..pool.pool import Pool
 from ..pool.service_pool import Lease, ServicePool
 from ..pool.snapshot import Split
-from . import guard, messages, preview, sticky
+from . import guard, messages, openai, preview, sticky
 from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect
 from .codec import Downstream
 from .connector import Connector, ResponseHead, UpstreamConnection
@@ -85,6 +90,10 @@ class Proxy:
         self.handed_on = 0
         self._relays: set[Relay] = set()
         self._routes = Routes()
+        models = config.models
+        self.model_prefix: str | None = None if models is None else models.path_prefix
+        """``models.path_prefix``: requests under it are routed by model; None: off."""
+        self.model_read = 0 if models is None else models.max_body_read
         managed = config.tls.managed_dir
         self.challenges: Path | None = Path(managed).parent / "challenges" if managed else None
         """Where the ACME client puts its HTTP-01 answers (``answers``); None without ACME."""
@@ -182,6 +191,8 @@ class Proxy:
             ex = Exchange(self.forwarding, client, request)
         try:
             if ex.sp is None:
+                if self.model_prefix is not None and request.method == "POST":
+                    await self._read_asked(ex)
                 await self._attempts(ex, self._prepare(ex), None)
             else:
                 await self._attempts(ex, ex.sp, failed)
@@ -202,19 +213,23 @@ class Proxy:
             ex.path = request.target.partition(b"?")[0].decode("latin-1")
             raise challenge_answer(challenges, request.target)
         label: tuple[bytes, int, bytes] | None = None
-        try:
-            service, ex.path, ex.target = self._routes.resolve(
-                self.pool.routes, request.host, request.target
-            )
-        except Unroutable as exc:
-            ex.path = exc.path
-            label = preview.labelled(request.host)
-            if label is None or not isinstance(exc.error, NoRoute):
-                raise exc.error from None
-            try:  # r3--hello.example.com: a preview route, if its service allows them
-                service, ex.path, ex.target = route(self.pool.routes, label[2], request.target)
-            except Unroutable:
-                raise exc.error from None
+        by_model = None if self.model_prefix is None else self._by_model(ex)
+        if by_model is not None:
+            service = by_model
+        else:
+            try:
+                service, ex.path, ex.target = self._routes.resolve(
+                    self.pool.routes, request.host, request.target
+                )
+            except Unroutable as exc:
+                ex.path = exc.path
+                label = preview.labelled(request.host)
+                if label is None or not isinstance(exc.error, NoRoute):
+                    raise exc.error from None
+                try:  # r3--hello.example.com: a preview route, if its service allows them
+                    service, ex.path, ex.target = route(self.pool.routes, label[2], request.target)
+                except Unroutable:
+                    raise exc.error from None
         sp = self.pool.services.get(service)
         if sp is None:
             raise no_route(request.host, ex.path)
@@ -242,6 +257,70 @@ class Proxy:
                 raise body.error  # a broken body is refused before any upstream sees it
         ex.sp = sp
         return sp
+
+    # -- route by model ----------------------------------------------------------------------
+
+    def _model_path(self, target: bytes) -> str | None:
+        """The normalised path of ``target`` if it is under ``models.path_prefix``."""
+        prefix = self.model_prefix
+        assert prefix is not None
+        path = router.split_target(target.decode("latin-1"))[0]
+        if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
+            return path
+        return None
+
+    async def _read_asked(self, ex: Exchange) -> None:
+        """A POST on a model path: read its body's beginning (``models.max_body_read`` at
+        most, kept for the attempt to send) for the model and the prompt it asks for."""
+        body = ex.request.body
+        if body is None or self._model_path(ex.request.target) is None:
+            return
+        data = await body.read_ahead(self.model_read)
+        ex.asked = openai.scan(data[: self.model_read])
+
+    def _by_model(self, ex: Exchange) -> str | None:
+        """The service a request on a model path goes to: by the model its body names (a
+        POST), or None for the route table to say (any other method). ``GET
+        {prefix}/models`` and ``GET {prefix}/models/{model}`` are answered here."""
+        request = ex.request
+        path = self._model_path(request.target)
+        if path is None:
+            return None
+        ex.openai = True
+        ex.path = path
+        method = request.method
+        if method == "GET":
+            rest = path if self.model_prefix == "/" else path[len(self.model_prefix or "") :]
+            if rest == "/models":
+                raise OwnAnswer(
+                    200, "models", {"Content-Type": "application/json"}, self.pool.models.listing
+                )
+            if rest.startswith("/models/"):
+                name = rest[len("/models/") :]
+                service = self.pool.models.service(name)
+                if service is None:
+                    raise ModelNotFound(f"The model {name!r} does not exist", model=name)
+                entry = json.dumps(model_entry(name, service), separators=(",", ":"))
+                raise OwnAnswer(200, "model", {"Content-Type": "application/json"}, entry.encode())
+        if method != "POST":
+            return None
+        text = request.target.decode("latin-1")
+        path, query, plain = router.split_target(text)
+        problem = None if plain else router.path_problem(text)
+        if problem is not None:
+            raise BadRequest(f"the request is refused: {problem}")
+        asked = ex.asked
+        if asked is None or asked.model is None:
+            body = request.body
+            whole = body is None or (body.complete and body.received <= self.model_read)
+            raise openai.model_missing(self.model_read, whole)
+        model = asked.model
+        service = self.pool.models.service(model)
+        if service is None:
+            raise ModelNotFound(f"The model {model!r} does not exist", model=model)
+        forward = path if plain else router.quote_path(path)
+        ex.target = (f"{forward}?{query}" if query else forward).encode("latin-1")
+        return service
 
     def _preview(
         self, ex: Exchange, sp: ServicePool, label: tuple[bytes, int, bytes] | None

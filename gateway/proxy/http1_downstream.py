@@ -49,7 +49,7 @@ from typing import Any, Final, Protocol, cast
 import httptools
 
 from ..config import ListenerLimits
-from ..errors import BadRequest, ClientGone, GatewayError, RequestTimeout
+from ..errors import BadRequest, ClientGone, GatewayError, OwnAnswer, RequestTimeout
 from ..wire import http1, http2, plainhead
 from ..wire.batch import WriteBatch
 from ..wire.http1 import HEAD_LIMIT_FACTOR
@@ -543,7 +543,11 @@ class ClientConnection(asyncio.Protocol, Downstream):
         """The gateway's own answer; the connection closes after it if it could not be kept,
         or if the request's body broke (too slow, badly framed: the rest of it cannot be read
         as the next request)."""
-        close = not self._kept(request) or isinstance(exc, RequestTimeout | BadRequest)
+        close = (
+            not self._kept(request)
+            or isinstance(exc, RequestTimeout | BadRequest)
+            or (isinstance(exc, OwnAnswer) and exc.close)
+        )
         if close:
             request.keep_alive = False
         self.write(messages.gateway_error_response(exc, request_id, close))

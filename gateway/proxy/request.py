@@ -69,7 +69,9 @@ class RequestBody:
         "_buffer",
         "_buffered",
         "_conn",
+        "_enough",
         "_sink",
+        "_want",
         "complete",
         "error",
         "expect_continue",
@@ -83,6 +85,8 @@ class RequestBody:
         self._buffer: list[bytes] = []
         self._buffered = 0
         self._sink: BodySink | None = None
+        self._enough: asyncio.Future[None] | None = None
+        self._want = 0
         self.limit = 0
         """The service's ``max_body_size``, known once routed (``set_limit``); 0: none."""
         self.expect_continue = expect_continue
@@ -107,9 +111,36 @@ class RequestBody:
         self._buffered += len(data)
         if self._buffered > BODY_HIGH_WATER:
             self._conn.pause_body()
+        if self._enough is not None and self._buffered >= self._want:
+            self._wake()
+
+    def _wake(self) -> None:
+        enough, self._enough = self._enough, None
+        if enough is not None and not enough.done():
+            enough.set_result(None)
+
+    async def read_ahead(self, size: int) -> bytes:
+        """Wait until ``size`` bytes of the body are buffered, or all of it (or it failed:
+        ``error``); the bytes buffered then, which stay buffered for the attempt to send
+        (``size`` at most ``BODY_HIGH_WATER``, or the client is paused short of it)."""
+        if self._sink is not None:
+            raise RuntimeError("the body went to an upstream already")
+        if not self.complete and self.error is None and self._buffered < size:
+            if self.expect_continue:
+                self.expect_continue = False
+                self._conn.send_continue()
+            self._want = size
+            enough = self._enough = asyncio.get_running_loop().create_future()
+            try:
+                await enough
+            finally:
+                self._enough = None
+        return b"".join(self._buffer)
 
     def finish(self) -> None:
         self.complete = True
+        if self._enough is not None:
+            self._wake()
         if self._sink is not None and self.error is None:
             self._sink.body_end()
 
@@ -119,6 +150,8 @@ class RequestBody:
             return
         self.error = exc
         self._buffer.clear()
+        if self._enough is not None:
+            self._wake()
         if self._sink is not None:
             self._sink.body_error(exc)
 

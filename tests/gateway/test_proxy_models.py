@@ -1,0 +1,150 @@
+"""Routing by model on the traffic listener (``models`` in the proxy config), against real
+aiohttp upstreams on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from aiohttp import web
+
+from gateway.pool.upstream import Health
+
+from .conftest import routing, url
+
+MODELS = {"models": {"path_prefix": "/v1", "max_body_read": 1024}}
+
+
+def digest_app(name: str) -> web.Application:
+    """An upstream that says who it is and what it got: path, body length and digest."""
+
+    async def answer(request: web.Request) -> web.Response:
+        body = await request.read()
+        return web.json_response(
+            {
+                "upstream": name,
+                "path": request.raw_path,
+                "bytes": len(body),
+                "sha": hashlib.sha256(body).hexdigest(),
+            }
+        )
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    return app
+
+
+async def two_models(pool: Any, upstream: Any, **extra: Any) -> None:
+    pool.set_service(routing("llama", prefix="/llama", model={"name": "llama", "aliases": ["l3"]}))
+    pool.set_service(routing("mistral", prefix="/mistral", model={"name": "mistral"}, **extra))
+    await upstream("llama", "llama-1", digest_app("llama-1"))
+    await upstream("mistral", "mistral-1", digest_app("mistral-1"))
+
+
+async def post(client: Any, gw: Any, path: str, data: bytes, **kwargs: Any) -> tuple[int, Any]:
+    async with client.post(url(gw, path), data=data, **kwargs) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def test_a_post_goes_to_the_service_of_its_model_body_unchanged(
+    pool, upstream, gateway, client
+):
+    await two_models(pool, upstream)
+    gw = await gateway(**MODELS)
+    for model, expected in (("llama", "llama-1"), ("l3", "llama-1"), ("mistral", "mistral-1")):
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/x?y=1"):
+            data = json.dumps({"model": model, "prompt": "hello"}).encode()
+            status, body = await post(client, gw, path, data)
+            assert status == 200, (model, path, body)
+            assert body["upstream"] == expected
+            assert body["path"] == path  # forwarded as it came
+            assert body["sha"] == hashlib.sha256(data).hexdigest()
+
+
+async def test_a_body_longer_than_the_read_is_relayed_whole(pool, upstream, gateway, client):
+    await two_models(pool, upstream)
+    gw = await gateway(**MODELS)
+    data = json.dumps({"model": "mistral", "prompt": "x" * 200_000}).encode()
+
+    async def chunks():  # chunked, in pieces
+        for i in range(0, len(data), 7000):
+            yield data[i : i + 7000]
+
+    for body_form in (data, chunks()):
+        status, body = await post(client, gw, "/v1/completions", body_form)
+        assert (status, body["upstream"], body["bytes"]) == (200, "mistral-1", len(data))
+        assert body["sha"] == hashlib.sha256(data).hexdigest()
+    # Expect: 100-continue: the gateway asks for the body it reads.
+    status, body = await post(client, gw, "/v1/completions", data, expect100=True)
+    assert (status, body["bytes"]) == (200, len(data))
+
+
+async def test_unknown_and_missing_models_are_openai_errors(pool, upstream, gateway, client):
+    await two_models(pool, upstream)
+    gw = await gateway(**MODELS)
+    status, body = await post(client, gw, "/v1/chat/completions", b'{"model": "gpt-9"}')
+    assert status == 404
+    assert body == {
+        "error": {
+            "message": "The model 'gpt-9' does not exist",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    }
+    status, body = await post(client, gw, "/v1/chat/completions", b'{"messages": []}')
+    assert (status, body["error"]["code"]) == (400, "bad_request")
+    late = json.dumps({"prompt": "x" * 2000, "model": "llama"}).encode()
+    status, body = await post(client, gw, "/v1/completions", late)
+    assert (status, body["error"]["code"]) == (400, "bad_request")
+    assert "first 1024 bytes" in body["error"]["message"]
+
+
+async def test_models_are_listed_in_openais_format(pool, upstream, gateway, client):
+    await two_models(pool, upstream)
+    gw = await gateway(**MODELS)
+    async with client.get(url(gw, "/v1/models")) as resp:
+        assert resp.status == 200
+        listing = await resp.json()
+    assert listing["object"] == "list"
+    assert [m["id"] for m in listing["data"]] == ["l3", "llama", "mistral"]
+    async with client.get(url(gw, "/v1/models/l3")) as resp:
+        assert (resp.status, (await resp.json())["owned_by"]) == (200, "llama")
+    async with client.get(url(gw, "/v1/models/nope")) as resp:
+        assert (resp.status, (await resp.json())["error"]["code"]) == (404, "model_not_found")
+
+
+async def test_gateway_errors_on_model_paths_take_openais_shape(pool, upstream, gateway, client):
+    token = "secret-token"
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    await two_models(pool, upstream, auth={"tokens": {digest: "t1"}})
+    pool.set_health("llama", "llama-1", Health.UNHEALTHY)
+    gw = await gateway(**MODELS)
+    status, body = await post(client, gw, "/v1/completions", b'{"model": "llama"}')
+    assert (status, body["error"]["code"], body["error"]["type"]) == (
+        503,
+        "no_routable_upstream",
+        "server_error",
+    )
+    # The model's service's auth applies.
+    status, body = await post(client, gw, "/v1/completions", b'{"model": "mistral"}')
+    assert (status, body["error"]["type"]) == (401, "authentication_error")
+    headers = {"Authorization": f"Bearer {token}"}
+    status, body = await post(
+        client, gw, "/v1/completions", b'{"model": "mistral"}', headers=headers
+    )
+    assert (status, body["upstream"]) == (200, "mistral-1")
+
+
+async def test_other_paths_route_as_before(pool, upstream, gateway, client):
+    await two_models(pool, upstream)
+    gw = await gateway(**MODELS)
+    status, body = await post(client, gw, "/llama/v1/completions", b'{"model": "mistral"}')
+    assert (status, body["upstream"]) == (200, "llama-1")
+    async with client.get(url(gw, "/nowhere")) as resp:
+        assert (resp.status, (await resp.json())["error"]) == (404, "no_route")
+    # Without ``models``, /v1 is a path as any other.
+    off = await gateway()
+    status, body = await post(client, off, "/v1/completions", b'{"model": "llama"}')
+    assert (status, body["error"]) == (404, "no_route")
