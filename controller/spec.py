@@ -28,11 +28,14 @@ from gateway import (
     AuthRouting,
     Duration,
     HeaderName,
+    InferenceBalancing,
     LimitsConfig,
     LoadBalancing,
+    LoadFactor,
     ModelConfig,
     OutlierConfig,
     PositiveDuration,
+    PrefixChars,
     PreviewConfig,
     ProbeConfig,
     RateLimit,
@@ -451,14 +454,24 @@ class AuthConfig(Model):
 
 UNKEYED_POLICIES = [p for p in get_args(LoadBalancing) if p != "hash"]
 """The policies named alone (``hash`` needs a key: ``Balancing``)."""
+_PLAIN_POLICIES = [p for p in UNKEYED_POLICIES if p != "inference"]
+"""The policies that take no setting."""
+_NO_INFERENCE = {"prefix_chars": {"type": "null"}, "max_load_factor": {"type": "null"}}
 
 
 class Balancing(Model):
-    """``load_balancing: {policy, key}``: ``hash`` sends each key to one replica."""
+    """``load_balancing: {policy, ...}``: ``hash`` sends each key to one replica;
+    ``inference`` picks by each replica's load and the prompt's prefix."""
 
     policy: LoadBalancing
     key: AffinityKey | None = None
     """``hash`` only: ``ip``, ``header:NAME`` or ``cookie:NAME``."""
+    prefix_chars: PrefixChars | None = None
+    """``inference`` only: characters of the prompt hashed for prefix affinity (0: none;
+    by default 512)."""
+    max_load_factor: LoadFactor | None = None
+    """``inference`` only: a prefix's replica is passed over while its load is above this
+    many times the mean (by default 1.25)."""
 
     @model_validator(mode="after")
     def _key(self) -> Balancing:
@@ -466,22 +479,47 @@ class Balancing(Model):
             raise ValueError("policy hash needs a key: ip, header:NAME or cookie:NAME")
         if self.policy != "hash" and self.key is not None:
             raise ValueError(f"a key is for policy hash, not {self.policy}")
+        if self.policy != "inference":
+            for name in ("prefix_chars", "max_load_factor"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} is for policy inference, not {self.policy}")
         return self
 
     @classmethod
     def __get_pydantic_json_schema__(
         cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
-        """``_key``: a key with hash, and only with hash."""
+        """``_key``: a key with hash, and only with hash; the prefix settings with
+        inference only."""
         schema = handler.resolve_ref_schema(handler(core_schema))
         schema["anyOf"] = [
             {
                 "required": ["policy", "key"],
-                "properties": {"policy": {"const": "hash"}, "key": {"type": "string"}},
+                "properties": {
+                    "policy": {"const": "hash"},
+                    "key": {"type": "string"},
+                    **_NO_INFERENCE,
+                },
             },
-            {"properties": {"policy": {"enum": UNKEYED_POLICIES}, "key": {"type": "null"}}},
+            {"properties": {"policy": {"const": "inference"}, "key": {"type": "null"}}},
+            {
+                "properties": {
+                    "policy": {"enum": _PLAIN_POLICIES},
+                    "key": {"type": "null"},
+                    **_NO_INFERENCE,
+                }
+            },
         ]
         return schema
+
+    def inference(self) -> InferenceBalancing:
+        """The settings of policy ``inference`` (the defaults where not given)."""
+        given = {
+            name: getattr(self, name)
+            for name in ("prefix_chars", "max_load_factor")
+            if getattr(self, name) is not None
+        }
+        return InferenceBalancing(**given)
 
 
 _NO_DOCKER_FIELDS = {name: {"type": "null"} for name in DOCKER_FIELDS}
@@ -594,7 +632,10 @@ class ServiceSpec(Model):
     probes: tuple[ProbeConfig, ...] = Field(default=(), max_length=MAX_PROBES)
     load_balancing: LoadBalancing | Balancing = Field(
         default="least_outstanding",
-        description="A policy's name, or {policy: hash, key} for affinity.",
+        description=(
+            "A policy's name, or {policy: hash, key} for affinity, or {policy: inference, "
+            "prefix_chars, max_load_factor}."
+        ),
         json_schema_extra=on_branch("string", enum=UNKEYED_POLICIES),  # _guards
     )
     """A policy's name, or ``{policy: hash, key: ...}`` for affinity."""
@@ -783,10 +824,10 @@ class ServiceSpec(Model):
         """What the data plane needs of this service; ``tokens``: the digests of its bearer
         tokens (SHA-256 hex -> id), from wherever they are kept (``controller.tokens``)."""
         balancing = self.load_balancing
-        policy, affinity = (
-            (balancing.policy, balancing.key)
+        policy, affinity, inference = (
+            (balancing.policy, balancing.key, balancing.inference())
             if isinstance(balancing, Balancing)
-            else (balancing, None)
+            else (balancing, None, InferenceBalancing())
         )
         auth = self.auth
         return ServiceRouting(
@@ -809,6 +850,7 @@ class ServiceSpec(Model):
             preview=self.preview,
             sticky=self.sticky,
             model=self.model,
+            inference=inference,
         )
 
     def to_json(self) -> str:

@@ -30,14 +30,17 @@ if TYPE_CHECKING:
     from .config import Duration as Duration
     from .config import HeaderName as HeaderName
     from .config import Http2Config as Http2Config
+    from .config import InferenceBalancing as InferenceBalancing
     from .config import LimitsConfig as LimitsConfig
     from .config import ListenAddress as ListenAddress
     from .config import ListenerLimits as ListenerLimits
     from .config import LoadBalancing as LoadBalancing
+    from .config import LoadFactor as LoadFactor
     from .config import ModelConfig as ModelConfig
     from .config import ModelsConfig as ModelsConfig
     from .config import OutlierConfig as OutlierConfig
     from .config import PositiveDuration as PositiveDuration
+    from .config import PrefixChars as PrefixChars
     from .config import PreviewConfig as PreviewConfig
     from .config import ProbeConfig as ProbeConfig
     from .config import ProxyConfig as ProxyConfig

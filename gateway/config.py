@@ -155,8 +155,9 @@ ListenAddress = Annotated[str, Check(before=True, fn=lambda v: _check_listen(str
 """An address to bind: ``host:port``, where port 0 picks any free port."""
 
 
-LoadBalancing = Literal["round_robin", "least_outstanding", "p2c", "hash"]
-"""``hash``: consistent hashing of a request key (``ServiceRouting.affinity``)."""
+LoadBalancing = Literal["round_robin", "least_outstanding", "p2c", "hash", "inference"]
+"""``hash``: consistent hashing of a request key (``ServiceRouting.affinity``);
+``inference``: by each replica's load and the prompt's prefix (``InferenceBalancing``)."""
 
 HEADER_NAME = r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}"
 """An HTTP header name (RFC 9110 5.1)."""
@@ -591,6 +592,25 @@ class ModelConfig:
         return (self.name, *self.aliases)
 
 
+PrefixChars = Annotated[int, Ge(0), Le(65_536)]
+LoadFactor = Annotated[float, Ge(1), Le(100)]
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceBalancing:
+    """``load_balancing: {policy: inference, ...}``: the settings of the pick
+    (``pool.inference``)."""
+
+    __pydantic_config__ = _FORBID
+
+    prefix_chars: PrefixChars = 512
+    """Characters of the prompt's beginning (the raw JSON text of its messages or its
+    prompt) hashed for prefix affinity; 0: no affinity, by load alone."""
+    max_load_factor: LoadFactor = 1.25
+    """A prefix's replica is passed over while its load is above this many times the mean
+    load of the candidates (bounded-load consistent hashing)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceRouting:
     """All the data plane needs to know of one service."""
@@ -618,6 +638,8 @@ class ServiceRouting:
     """``load_balancing: hash``: the request key hashed onto the routable upstreams."""
     model: ModelConfig | None = None
     """The model it serves, by name and aliases (``ModelsConfig``)."""
+    inference: InferenceBalancing = InferenceBalancing()
+    """``load_balancing: inference``: its settings."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,7 @@ MODULES = (
     "pool.balancer",
     "pool.events",
     "pool.hashring",
+    "pool.inference",
     "pool.models",
     "pool.outlier",
     "pool.pool",

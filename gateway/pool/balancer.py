@@ -70,6 +70,9 @@ POLICIES: Final[Mapping[str, Policy]] = {
     "p2c": p2c,
     # ``hash`` hashes a request's key in the pool (``hashring``); a request without one:
     "hash": least_outstanding,
+    # ``inference`` scores replicas in the pool (``inference``); a pick among a few (a
+    # preview's revision, a sticky side):
+    "inference": least_outstanding,
 }
 
 

@@ -60,5 +60,25 @@ class Ring:
                 return uid
         return None
 
+    def owners_from(self, key: int) -> list[str]:
+        """Every upstream in the order ``key`` meets them going round from its place: its
+        owner first (``lookup(key)``), then the owner ``lookup`` gives with that one skipped,
+        and so on."""
+        points = self.points
+        n = len(points)
+        at = bisect_left(points, key) if n else 0
+        owners = self.owners
+        seen: set[str] = set()
+        out: list[str] = []
+        total = len(self.ids)
+        for i in range(n):
+            uid = owners[(at + i) % n]
+            if uid not in seen:
+                seen.add(uid)
+                out.append(uid)
+                if len(out) == total:
+                    break
+        return out
+
     def __repr__(self) -> str:
         return f"<Ring upstreams={len(self.ids)} points={len(self.points)}>"

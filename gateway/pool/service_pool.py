@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from ..config import Hsts, ServiceRouting
 from ..errors import NoRoutableUpstream
-from . import balancer, hashring, ratelimit
+from . import balancer, hashring, inference, ratelimit
 from .events import EventKind
 from .outlier import OutlierState
 from .snapshot import PoolSnapshot
@@ -32,6 +32,8 @@ class Owner(Protocol):
     """What a service's pool reads of the ``Pool`` that holds it (``pool.Pool``)."""
 
     rng: random.Random
+    clock: Callable[[], float]
+    """The monotonic clock (the loop's), injected for tests."""
     share: int
     """The worker processes the pool's limits are shared by (1: one process)."""
     max_held: int
@@ -178,6 +180,8 @@ class ServicePool:
         self._slot_waiters: deque[_SlotWaiter] = deque()
         self._rules: tuple[ratelimit.Rule, ...] = ()
         self._rules_of: object = None
+        self.reports: dict[str, inference.ReplicaLoad] = {}
+        """What each upstream last reported of its load (``load_metrics``, the prober's)."""
         self._ring: hashring.Ring | None = None
         self._ring_of: tuple[Upstream, ...] = ()
         self.cap = 0
@@ -190,6 +194,9 @@ class ServicePool:
         self.guarded = False
         self.rate_limited = False
         self.affinity: str | None = None
+        self.inference = False
+        self.prefix_chars = 0
+        self.max_load_factor = 1.0
         self.auth_on = False
         self.auth_header = b""
         self.auth_digests: dict[bytes, str] = {}
@@ -215,6 +222,10 @@ class ServicePool:
         self.hsts = routing.route.hsts
         self.rate_limited = bool(routing.rate_limits)
         self.affinity = routing.affinity
+        self.inference = routing.load_balancing == "inference"
+        """Picks by load and prompt prefix (``inference``); the key is the prompt's text."""
+        self.prefix_chars = routing.inference.prefix_chars
+        self.max_load_factor = routing.inference.max_load_factor
         self.guarded = routing.auth is not None or self.rate_limited or self.affinity is not None
         """A request is checked by ``proxy.guard`` (auth, rate limits, an affinity key)."""
         auth = routing.auth
@@ -252,6 +263,17 @@ class ServicePool:
             candidates = tuple(u for u in candidates if u.id not in exclude)
         if len(candidates) == 1:
             return candidates[0]  # every policy's choice
+        if self.inference:
+            return inference.pick(
+                candidates,
+                self.inflight,
+                self.reports,
+                self._owner.clock(),
+                self.cursor,
+                self._ring_now() if key is not None else None,
+                hashring.key_hash(key) if key is not None else None,
+                self.max_load_factor,
+            )
         if key is not None and candidates:
             return self._hashed(candidates, key)
         return balancer.pick(
@@ -262,12 +284,7 @@ class ServicePool:
         """The owner of ``key`` on the ring of the routable upstreams, or the next one round
         among ``candidates``: an upstream that leaves moves only its own keys."""
         routable = self.snapshot.routable
-        ring = self._ring
-        if ring is None or self._ring_of is not routable:
-            ids = tuple(u.id for u in routable)
-            if ring is None or ring.ids != ids:
-                ring = self._ring = hashring.Ring(ids)
-            self._ring_of = routable
+        ring = self._ring_now()
         skip: frozenset[str] | tuple[()] = ()
         if len(candidates) != len(routable):
             skip = frozenset(u.id for u in routable) - {u.id for u in candidates}
@@ -276,6 +293,17 @@ class ServicePool:
             if upstream.id == uid:
                 return upstream
         return candidates[0]
+
+    def _ring_now(self) -> hashring.Ring:
+        """The hash ring of the routable upstreams (made again when they change)."""
+        routable = self.snapshot.routable
+        ring = self._ring
+        if ring is None or self._ring_of is not routable:
+            ids = tuple(u.id for u in routable)
+            if ring is None or ring.ids != ids:
+                ring = self._ring = hashring.Ring(ids)
+            self._ring_of = routable
+        return ring
 
     def has_room(self, upstream: Upstream) -> bool:
         """Whether ``upstream`` may take one more request under the cap."""

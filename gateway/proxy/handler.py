@@ -255,6 +255,10 @@ class Proxy:
             body.set_limit(limit)
             if isinstance(body.error, GatewayError):
                 raise body.error  # a broken body is refused before any upstream sees it
+        if sp.inference and ex.asked is not None and sp.prefix_chars:
+            prompt = ex.asked.prompt
+            if prompt:
+                ex.affinity = prompt[: sp.prefix_chars].encode()
         ex.sp = sp
         return sp
 

@@ -76,3 +76,19 @@ def test_the_config_turns_models_on_and_refuses_a_shared_model(tmp_path: Path) -
     text = "services:" + SERVICE.format(name="a", model="m") + SERVICE.format(name="b", model="m")
     with pytest.raises(ConfigError, match="'m' is declared by both service 'a' and service 'b'"):
         load_config(write(tmp_path, text + "\n"))
+
+
+def test_the_inference_policy_takes_its_settings_and_only_it() -> None:
+    s = ServiceSpec.model_validate(spec(load_balancing="inference"))
+    assert s.routing().load_balancing == "inference"
+    assert s.routing().inference.prefix_chars == 512
+    s = ServiceSpec.model_validate(
+        spec(load_balancing={"policy": "inference", "prefix_chars": 64, "max_load_factor": 2})
+    )
+    assert (s.routing().inference.prefix_chars, s.routing().inference.max_load_factor) == (64, 2)
+    with pytest.raises(ValidationError, match="prefix_chars is for policy inference"):
+        ServiceSpec.model_validate(spec(load_balancing={"policy": "p2c", "prefix_chars": 1}))
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        ServiceSpec.model_validate(
+            spec(load_balancing={"policy": "inference", "max_load_factor": 0.5})
+        )

@@ -66,3 +66,14 @@ def test_everyone_skipped_or_nobody_there() -> None:
     assert Ring([]).lookup(KEYS[0]) is None
     assert Ring(["a", "b"]).lookup(KEYS[0], {"a", "b"}) is None
     assert repr(Ring(["a"], vnodes=4)) == "<Ring upstreams=1 points=4>"
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 20])
+def test_owners_from_a_key_go_round_as_lookup_with_skips(n: int) -> None:
+    ring = Ring([f"u{i}" for i in range(n)])
+    for key in KEYS[:200]:
+        order = ring.owners_from(key)
+        assert sorted(order) == sorted(ring.ids)
+        for i, uid in enumerate(order):
+            assert ring.lookup(key, frozenset(order[:i])) == uid
+    assert Ring([]).owners_from(KEYS[0]) == []

@@ -148,3 +148,33 @@ async def test_other_paths_route_as_before(pool, upstream, gateway, client):
     off = await gateway()
     status, body = await post(client, off, "/v1/completions", b'{"model": "llama"}')
     assert (status, body["error"]) == (404, "no_route")
+
+
+async def test_the_inference_policy_sends_a_prompt_prefix_to_one_replica(
+    pool, upstream, gateway, client
+):
+    pool.set_service(
+        routing(
+            "llama",
+            prefix="/llama",
+            model={"name": "llama"},
+            load_balancing="inference",
+            inference={"prefix_chars": 60},
+        )
+    )
+    for i in range(4):
+        await upstream("llama", f"llama-{i}", digest_app(f"llama-{i}"))
+    gw = await gateway(**MODELS)
+
+    async def served(system: str, question: str) -> str:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        data = json.dumps({"model": "llama", "messages": messages}).encode()
+        status, body = await post(client, gw, "/v1/chat/completions", data)
+        assert status == 200
+        return str(body["upstream"])
+
+    for system in ("You are a pirate.", "You are a lawyer.", "You answer in French."):
+        # The first 60 characters of the JSON are the same: one replica, whatever follows.
+        assert len({await served(system, f"question {i}") for i in range(6)}) == 1
+    homes = {await served(f"You are agent number {i}.", "hi") for i in range(24)}
+    assert len(homes) > 1  # distinct prefixes spread

@@ -1,0 +1,87 @@
+"""The pick of ``load_balancing: inference``: by each replica's load and the prompt's prefix.
+PURE.
+
+A replica's *load* is what it is busy with: the larger of the gateway's own in-flight count
+and what the replica last reported running and waiting (``ReplicaLoad``, scraped by the
+prober), plus its waiting requests once more (they have not begun) and its KV-cache use
+(``KV_WEIGHT`` requests at a full cache). A report older than its ``expires`` counts as none:
+the in-flight count alone.
+
+With a prompt prefix, its key goes on the hash ring of the routable upstreams and takes the
+first replica round from it that is a candidate and whose load, with this request, stays
+within ``max_load_factor`` times the mean (bounded-load consistent hashing: Mirrokni, Thorup
+and Zadimoghaddam, 2018): a prefix returns to the replica that holds it in its cache while
+that replica is not a hot spot, and only a replica that joins or leaves moves prefixes.
+Without one, or with every replica over the bound, the least loaded (ties rotate).
+
+Invariants: the pick is one of the candidates (routable, already filtered); with the in-flight
+counts alone, a pick by prefix keeps ``load + 1 <= ceil(c * (total + 1) / n)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from .hashring import Ring
+from .upstream import Upstream
+
+KV_WEIGHT: Final = 4.0
+"""A full KV cache weighs as much as this many requests: the replica will queue or preempt."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """What a replica said of its load, at ``at`` (monotonic seconds)."""
+
+    waiting: float
+    """Requests queued, not begun."""
+    running: float
+    """Requests being served (prefill or decode)."""
+    kv_cache: float
+    """The share of its KV cache in use, 0 to 1."""
+    at: float
+    expires: float
+    """When the report stops counting (``at`` plus a few scrape intervals)."""
+
+
+def load_of(inflight: int, report: ReplicaLoad | None, now: float) -> float:
+    """A replica's load (the module docstring)."""
+    if report is None or now >= report.expires:
+        return float(inflight)
+    busy = max(float(inflight), report.running + report.waiting)
+    return busy + report.waiting + KV_WEIGHT * min(max(report.kv_cache, 0.0), 1.0)
+
+
+def pick(
+    candidates: Sequence[Upstream],
+    inflight: Mapping[str, int],
+    reports: Mapping[str, ReplicaLoad],
+    now: float,
+    cursor: int,
+    ring: Ring | None = None,
+    key: int | None = None,
+    max_load_factor: float = 1.25,
+) -> Upstream | None:
+    """The replica for a request among ``candidates`` (None if there are none): by prefix
+    ``key`` on ``ring`` (a ring holding at least the candidates) within the load bound, else
+    the least loaded."""
+    n = len(candidates)
+    if n == 0:
+        return None
+    loads = [load_of(inflight.get(u.id, 0), reports.get(u.id), now) for u in candidates]
+    if ring is not None and key is not None:
+        capacity = math.ceil(max_load_factor * (sum(loads) + 1) / n)
+        index = {u.id: i for i, u in enumerate(candidates)}
+        for uid in ring.owners_from(key):
+            i = index.get(uid, -1)
+            if i >= 0 and loads[i] + 1 <= capacity:
+                return candidates[i]
+    best = cursor % n
+    for step in range(1, n):
+        i = (cursor + step) % n
+        if loads[i] < loads[best]:
+            best = i
+    return candidates[best]

@@ -1,0 +1,136 @@
+"""``pool.inference``: the pick by load and prompt prefix, pure, on generated pools."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.pool.hashring import Ring, key_hash
+from gateway.pool.inference import KV_WEIGHT, ReplicaLoad, load_of, pick
+from gateway.pool.upstream import AdminState, Health, Upstream
+
+KEYS = [key_hash(f"system prompt {i}".encode()) for i in range(400)]
+
+
+def upstream(i: int, health: Health = Health.HEALTHY, **changes: object) -> Upstream:
+    return Upstream(f"u{i}", "llm", "127.0.0.1", 9000 + i, health=health).replace(**changes)
+
+
+def report(waiting: float, running: float, kv: float, at: float = 0.0) -> ReplicaLoad:
+    return ReplicaLoad(waiting, running, kv, at, at + 3.0)
+
+
+def test_the_load_counts_a_fresh_report_and_falls_back_to_in_flight() -> None:
+    fresh = report(waiting=2, running=5, kv=0.5)
+    assert load_of(1, fresh, now=1.0) == 5 + 2 + 2 + KV_WEIGHT * 0.5
+    assert load_of(9, fresh, now=1.0) == 9 + 2 + KV_WEIGHT * 0.5  # in-flight the larger
+    assert load_of(1, fresh, now=3.0) == 1.0  # expired: in-flight alone
+    assert load_of(1, None, now=0.0) == 1.0
+
+
+def test_the_least_loaded_wins_without_a_prefix() -> None:
+    ups = [upstream(i) for i in range(3)]
+    reports = {"u0": report(4, 4, 0.9), "u1": report(0, 1, 0.1), "u2": report(0, 3, 0.2)}
+    assert pick(ups, {}, reports, now=1.0, cursor=0) == ups[1]
+    # Stale reports: the in-flight counts decide.
+    assert pick(ups, {"u1": 3, "u2": 1, "u0": 2}, reports, now=10.0, cursor=0) == ups[2]
+    assert pick([], {}, {}, now=0.0, cursor=0) is None
+
+
+def test_a_prefix_returns_to_its_replica_until_it_is_a_hot_spot() -> None:
+    ups = [upstream(i) for i in range(4)]
+    ring = Ring([u.id for u in ups])
+    key = KEYS[0]
+    home = pick(ups, {}, {}, now=0.0, cursor=0, ring=ring, key=key)
+    assert home is not None
+    for cursor in range(10):
+        assert pick(ups, {}, {}, now=0.0, cursor=cursor, ring=ring, key=key) == home
+    # Its replica reports a long queue: the prefix goes on round the ring, the same way
+    # every time.
+    busy = {home.id: report(waiting=20, running=8, kv=1.0)}
+    elsewhere = pick(ups, {}, busy, now=0.0, cursor=0, ring=ring, key=key)
+    assert elsewhere not in (None, home)
+    assert pick(ups, {}, busy, now=0.0, cursor=5, ring=ring, key=key) == elsewhere
+    assert elsewhere is not None
+    assert elsewhere.id == next(u for u in ring.owners_from(key) if u != home.id)
+
+
+pools = st.integers(min_value=1, max_value=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=pools,
+    states=st.lists(st.sampled_from(["healthy", "unhealthy", "draining", "ejected"]), max_size=12),
+    inflight=st.lists(st.integers(min_value=0, max_value=50), max_size=12),
+    kvs=st.lists(st.floats(min_value=0, max_value=1), max_size=12),
+    key=st.sampled_from([None, *KEYS[:20]]),
+    now=st.floats(min_value=0, max_value=10),
+    cursor=st.integers(min_value=0, max_value=1000),
+)
+def test_never_an_unroutable_replica(
+    n: int,
+    states: list[str],
+    inflight: list[int],
+    kvs: list[float],
+    key: int | None,
+    now: float,
+    cursor: int,
+) -> None:
+    ups = []
+    for i in range(n):
+        state = states[i] if i < len(states) else "healthy"
+        u = upstream(i)
+        if state == "unhealthy":
+            u = u.replace(health=Health.UNHEALTHY)
+        elif state == "draining":
+            u = u.replace(admin=AdminState.DRAINING)
+        elif state == "ejected":
+            u = u.replace(ejected=True)
+        ups.append(u)
+    routable = [u for u in ups if u.routable]  # what the pool passes: routable candidates
+    counts = {f"u{i}": c for i, c in enumerate(inflight)}
+    reports = {f"u{i}": report(1, 2, kv, at=0.0) for i, kv in enumerate(kvs)}
+    ring = Ring([u.id for u in ups])  # a ring of every upstream, unroutable ones too
+    chosen = pick(routable, counts, reports, now, cursor, ring, key)
+    if routable:
+        assert chosen in routable
+    else:
+        assert chosen is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(min_value=1, max_value=12),
+    inflight=st.lists(st.integers(min_value=0, max_value=40), max_size=12),
+    factor=st.floats(min_value=1.0, max_value=3.0),
+    key=st.sampled_from(KEYS),
+)
+def test_the_load_bound_is_held(n: int, inflight: list[int], factor: float, key: int) -> None:
+    ups = [upstream(i) for i in range(n)]
+    counts = {f"u{i}": c for i, c in enumerate(inflight[:n])}
+    ring = Ring([u.id for u in ups])
+    chosen = pick(ups, counts, {}, 0.0, 0, ring, key, factor)
+    assert chosen is not None
+    total = sum(counts.values())
+    assert counts.get(chosen.id, 0) + 1 <= math.ceil(factor * (total + 1) / n)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(min_value=2, max_value=12), which=st.integers(min_value=0, max_value=11))
+def test_a_replica_added_or_removed_moves_only_its_share_of_prefixes(n: int, which: int) -> None:
+    ups = [upstream(i) for i in range(n)]
+    gone = ups[which % n]
+    rest = [u for u in ups if u != gone]
+
+    def picks(pool: list[Upstream]) -> list[Upstream | None]:
+        ring = Ring([u.id for u in pool])
+        return [pick(pool, {}, {}, 0.0, 0, ring, key) for key in KEYS]
+
+    before, after = picks(ups), picks(rest)
+    moved = [(b, a) for b, a in zip(before, after, strict=True) if b != a]
+    # Removed: only the prefixes it held move; added back: only those come to it.
+    assert all(b == gone for b, _ in moved)
+    assert len(moved) == before.count(gone)
