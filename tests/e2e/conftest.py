@@ -381,15 +381,25 @@ class Outcome:
 
 
 class Load:
-    """``clients`` concurrent clients sending GETs through the gateway until stopped.
+    """``clients`` concurrent clients sending GETs (or POSTs of ``data``) through the gateway
+    until stopped.
 
     Even-numbered clients keep one keep-alive connection; odd ones open a fresh connection
     per request. Every outcome is recorded; a failure is a non-2xx status, a connection
     error, or a body shorter than its Content-Length. Stops by itself after ``limit`` s.
     """
 
-    def __init__(self, url: str, clients: int = 8, limit: float = 30.0, path: str = "/") -> None:
+    def __init__(
+        self,
+        url: str,
+        clients: int = 8,
+        limit: float = 30.0,
+        path: str = "/",
+        data: bytes | None = None,
+    ) -> None:
         self.url = url + path
+        self.data = data
+        """A body to POST (None: GET)."""
         self.clients = clients
         self.limit = limit
         self.outcomes: list[Outcome] = []
@@ -420,7 +430,9 @@ class Load:
     async def _one(self, session: aiohttp.ClientSession, i: int) -> Outcome:
         now = time.monotonic()
         try:
-            async with session.get(self.url) as response:
+            async with session.request(
+                "GET" if self.data is None else "POST", self.url, data=self.data
+            ) as response:
                 body = await response.read()
                 length = response.content_length
                 text = body.decode(errors="replace")

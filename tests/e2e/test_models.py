@@ -1,0 +1,110 @@
+"""End to end: routing by model through the real gateway to real replicas (issue 57, item 1):
+two services, each serving a model; ``/v1/models``; OpenAI's 404; and a rollout of one
+model's service (balanced by ``inference``) under a loop of requests naming it, with no
+request failed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.support.eventually import eventually
+
+from .conftest import PROBE, ROLLOUT, Gateways, Handle, Load
+
+MODEL_REPLICA = f"{sys.executable} {Path(__file__).parent / 'model_replica.py'}"
+
+
+def model_spec(
+    tmp_path: Path, name: str, model: dict[str, Any], version: str = "v1", **extra: Any
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "route": {"path_prefix": f"/{name}"},
+        "replicas": 2,
+        "replica": {
+            "commands": [MODEL_REPLICA],
+            "working_dir": str(tmp_path),
+            "env": {"MODEL": model["name"], "VERSION": version},
+        },
+        "model": model,
+        "probes": [PROBE],
+        "retries": {"attempts": 2},
+        "rollout": ROLLOUT,
+        **extra,
+    }
+
+
+async def serving(handle: Handle, data: dict[str, Any], revision: int = 1) -> None:
+    await handle.controller.apply(data)
+    name = data["name"]
+    await eventually(
+        lambda: (
+            handle.ready(revision, name=name) == data["replicas"]
+            and handle.state(name).observed.serving_revision == revision
+            and handle.state(name).observed.rollout is None
+        ),
+        what=f"{name} serving revision {revision}",
+    )
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
+    async with session.post(url, data=json.dumps(body)) as response:
+        return response.status, await response.json(content_type=None)
+
+
+async def test_requests_go_to_the_service_of_their_model(gateways: Gateways, tmp_path: Path):
+    gw = await gateways.start(models={"path_prefix": "/v1"})
+    await serving(gw, model_spec(tmp_path, "llama", {"name": "llama-3-8b", "aliases": ["llama"]}))
+    await serving(gw, model_spec(tmp_path, "mistral", {"name": "mistral-7b"}))
+    async with aiohttp.ClientSession() as s:
+        for model, replica in (
+            ("llama", "llama"),
+            ("llama-3-8b", "llama"),
+            ("mistral-7b", "mistral"),
+        ):
+            for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+                body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+                status, answer = await post(s, gw.url + path, body)
+                assert status == 200, answer
+                assert answer["replica"].startswith(replica + "-"), answer
+                assert (answer["model"], answer["path"]) == (model, path)
+
+        status, answer = await post(s, gw.url + "/v1/chat/completions", {"model": "gpt-5"})
+        assert status == 404
+        assert answer["error"]["code"] == "model_not_found"
+        assert answer["error"]["type"] == "invalid_request_error"
+        assert "gpt-5" in answer["error"]["message"]
+
+        async with s.get(gw.url + "/v1/models") as response:
+            assert response.status == 200
+            listing = await response.json()
+        assert listing["object"] == "list"
+        assert {(m["id"], m["owned_by"]) for m in listing["data"]} == {
+            ("llama", "llama"),
+            ("llama-3-8b", "llama"),
+            ("mistral-7b", "mistral"),
+        }
+
+
+async def test_a_rollout_of_a_models_service_fails_no_request(gateways: Gateways, tmp_path: Path):
+    gw = await gateways.start(models={"path_prefix": "/v1"})
+    inference = {"load_balancing": "inference"}
+    await serving(gw, model_spec(tmp_path, "llama", {"name": "llama"}, **inference))
+    await serving(gw, model_spec(tmp_path, "mistral", {"name": "mistral"}))
+    data = json.dumps({"model": "llama", "prompt": "Once upon a time"}).encode()
+    async with Load(gw.url, clients=6, path="/v1/completions", data=data) as load:
+        await load.more(50)
+        v2 = model_spec(tmp_path, "llama", {"name": "llama"}, "v2", **inference)
+        await serving(gw, v2, revision=2)
+        mark = load.mark()
+        await load.more(50)
+    assert not load.failures, load.summary()
+    after = [json.loads(body) for body in load.bodies(mark)]
+    assert {a["version"] for a in after} == {"v2"}
+    assert {a["model"] for a in after} == {"llama"}
+    assert len(load.outcomes) > 100
