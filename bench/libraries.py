@@ -7,6 +7,7 @@
     python -m venv /tmp/v && /tmp/v/bin/pip install aetcd aiohttp uvloop
     PYTHONPATH=. /tmp/v/bin/python bench/libraries.py etcd [--repeat 6 --calls 300]
     /tmp/v/bin/pip install aiodocker && PYTHONPATH=. /tmp/v/bin/python bench/libraries.py docker
+    PYTHONPATH=. .venv/bin/python bench/libraries.py scrape [--repeat 5 --histograms 40]
 
 ``ipc``: the worker channel (``gateway.workers.ipc``, length + marshal on an asyncio stream
 under uvloop) against ``multiprocessing.connection.Connection`` on the same socketpair, the
@@ -31,6 +32,11 @@ and a Python with aetcd and uvloop: run it with that venv's python and ``PYTHONP
 run a fresh process on uvloop doing ``--calls`` rounds of put, get and a txn; the clients
 interleaved. Wall and CPU microseconds a call, the process's threads (while its client is
 open), its peak RSS.
+
+``scrape``: ``gateway.health.load_report.figures`` (the three gauges a load scrape reads, by
+their lines) against prometheus_client's text parser (every family, then the three picked
+out) on a vLLM-like exposition: ``--histograms`` histograms of 30 buckets and the three
+gauges. CPU milliseconds a parse, medians; the scrape runs on the traffic's event loop.
 
 ``docker``: ``controller.backends.docker.engine`` against aiodocker (both on aiohttp) on a stub
 engine (canned answers on a unix socket, in a process of its own: only the clients' side is
@@ -654,6 +660,55 @@ def imports_bench(args: argparse.Namespace) -> None:
             print(f"{module:<{width}} not importable here")
 
 
+# -- scrape -----------------------------------------------------------------------------------
+
+
+def _exposition(histograms: int) -> str:
+    labels = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
+    lines = []
+    for h in range(histograms):
+        lines += [f"# HELP vllm:histogram_{h} A histogram.", f"# TYPE vllm:histogram_{h} histogram"]
+        lines += [f'vllm:histogram_{h}_bucket{{{labels},le="{b}.0"}} {b * 10}.0' for b in range(30)]
+        lines += [
+            f"vllm:histogram_{h}_sum{{{labels}}} 1.0",
+            f"vllm:histogram_{h}_count{{{labels}}} 1.0",
+        ]
+    for name, value in (("running", 7), ("waiting", 3)):
+        lines += [
+            f"# TYPE vllm:num_requests_{name} gauge",
+            f"vllm:num_requests_{name}{{{labels}}} {value}",
+        ]
+    lines += ["# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc{{{labels}}} 0.4"]
+    return "\n".join(lines) + "\n"
+
+
+def scrape_bench(args: argparse.Namespace) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gateway.health.load_report import figures
+
+    text = _exposition(args.histograms)
+    wanted = {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"}
+
+    def library() -> dict[str, float]:
+        return {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name in wanted
+            for sample in family.samples
+        }
+
+    assert library() == dict(zip(sorted(wanted), (0.4, 7.0, 3.0), strict=True))
+    assert figures(text, "vllm") == (3.0, 7.0, 0.4)
+    ours, theirs = [], []
+    for _ in range(args.repeat):
+        ours.append(_micros(lambda: figures(text, "vllm"), 20) / 1000)
+        theirs.append(_micros(library, 5) / 1000)
+    print(f"exposition: {len(text):,} bytes, {text.count(chr(10)):,} lines")
+    print(f"load_report.figures      {statistics.median(ours):8.2f} ms CPU a parse")
+    print(f"prometheus_client parser {statistics.median(theirs):8.2f} ms CPU a parse")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "ipc-peer":
         _peer(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
@@ -681,6 +736,9 @@ def main() -> None:
     p = sub.add_parser("docker")
     p.add_argument("--repeat", type=int, default=6)
     p.add_argument("--calls", type=int, default=300)
+    p = sub.add_parser("scrape")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--histograms", type=int, default=40)
     p = sub.add_parser("imports")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("modules", nargs="*")
@@ -691,6 +749,7 @@ def main() -> None:
         "docker": docker_bench,
         "etcd": etcd_bench,
         "imports": imports_bench,
+        "scrape": scrape_bench,
     }
     run[args.what](args)
 

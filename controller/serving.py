@@ -34,6 +34,7 @@ from gateway import (
     ConnectionsCollector,
     GatewayMetrics,
     Http2ConnectionsCollector,
+    LoadScraper,
     MetricsCollector,
     Pool,
     Prober,
@@ -412,6 +413,7 @@ async def _run_locked(
         )
         register_acme(registry, acme)
     prober = Prober(pool, observers=[metrics, controller.reconciler])
+    scraper = LoadScraper(pool)
     served = traffic
     registry.register(ConnectionsCollector(lambda: (served.connections, served.parked)))
     registry.register(Http2ConnectionsCollector(lambda: served.http2))
@@ -463,6 +465,7 @@ async def _run_locked(
     admin = AdminServer(admin_app, config.admin.listen, sock=admin_socket)
 
     await prober.start()
+    await scraper.start()
     try:
         if docker is not None:
             await docker.connect()  # each engine's containers are known before adoption
@@ -511,6 +514,7 @@ async def _run_locked(
         if exporter is not None:  # after the traffic: the spans of the last requests go too
             await exporter.stop()
         await admin.stop()
+        await scraper.stop()
         await prober.stop()
         if node is not None:
             # Replicas stay on their nodes: a node back within its lease TTL keeps its own.

@@ -32,6 +32,7 @@ from gateway import (
     LimitsConfig,
     LoadBalancing,
     LoadFactor,
+    LoadMetricsConfig,
     ModelConfig,
     OutlierConfig,
     PositiveDuration,
@@ -657,6 +658,9 @@ class ServiceSpec(Model):
     """The model it serves over an OpenAI-compatible API, by name and aliases: with
     ``models`` in the gateway config, requests that name it in their body come here. One
     service per name (``model_clash``)."""
+    load_metrics: LoadMetricsConfig | None = None
+    """Scrape each replica's requests waiting and running and its KV-cache use from its
+    Prometheus endpoint (vLLM's or SGLang's names), for ``load_balancing: inference``."""
 
     @model_validator(mode="after")
     def _guards(self) -> ServiceSpec:
@@ -851,6 +855,7 @@ class ServiceSpec(Model):
             sticky=self.sticky,
             model=self.model,
             inference=inference,
+            load_metrics=self.load_metrics,
         )
 
     def to_json(self) -> str:

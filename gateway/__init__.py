@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .config import ListenerLimits as ListenerLimits
     from .config import LoadBalancing as LoadBalancing
     from .config import LoadFactor as LoadFactor
+    from .config import LoadMetricsConfig as LoadMetricsConfig
     from .config import ModelConfig as ModelConfig
     from .config import ModelsConfig as ModelsConfig
     from .config import OutlierConfig as OutlierConfig
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from .errors import NoRoutableUpstream as NoRoutableUpstream
     from .errors import UpstreamConnectError as UpstreamConnectError
     from .errors import UpstreamTimeout as UpstreamTimeout
+    from .health.load_scraper import LoadScraper as LoadScraper
     from .health.prober import Prober as Prober
     from .listening import listen as listen
     from .listening import listening_socket as listening_socket

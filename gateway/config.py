@@ -352,6 +352,10 @@ def _probe_path(path: str) -> str:
     return path
 
 
+RequestPath = Annotated[str, Check(_probe_path, json_schema={"pattern": r"^/[^\r\n ]*$"})]
+"""The path of a request the gateway sends a replica itself (a probe's, a scrape's)."""
+
+
 def _header_fields(headers: dict[str, str]) -> dict[str, str]:
     for name, value in headers.items():
         if not _TOKEN.fullmatch(name):
@@ -385,7 +389,7 @@ class ProbeConfig:
     __pydantic_config__ = _FORBID
 
     type: Literal["http", "tcp"] = "http"
-    path: Annotated[str, Check(_probe_path, json_schema={"pattern": r"^/[^\r\n ]*$"})] = "/"
+    path: RequestPath = "/"
     """HTTP only: the path requested."""
     method: Literal["GET", "HEAD", "OPTIONS"] = "GET"
     headers: HeaderFields = field(default_factory=dict)
@@ -592,6 +596,25 @@ class ModelConfig:
         return (self.name, *self.aliases)
 
 
+LoadFormat = Literal["vllm", "sglang"]
+"""Whose metric names a replica's ``/metrics`` uses (``health.load_report``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadMetricsConfig:
+    """``load_metrics``: each replica's own view of its load (requests waiting and running,
+    KV-cache use), scraped from its Prometheus endpoint for ``load_balancing: inference``."""
+
+    __pydantic_config__ = _FORBID
+
+    format: LoadFormat = "vllm"
+    path: RequestPath = "/metrics"
+    interval: PositiveDuration = 1.0
+    """How often each replica is scraped (a scrape is bounded by the interval too)."""
+    max_age: PositiveDuration = 3.0
+    """A replica's figures older than this expire: its in-flight count alone counts."""
+
+
 PrefixChars = Annotated[int, Ge(0), Le(65_536)]
 LoadFactor = Annotated[float, Ge(1), Le(100)]
 
@@ -640,6 +663,8 @@ class ServiceRouting:
     """The model it serves, by name and aliases (``ModelsConfig``)."""
     inference: InferenceBalancing = InferenceBalancing()
     """``load_balancing: inference``: its settings."""
+    load_metrics: LoadMetricsConfig | None = None
+    """Scrape each replica's own figures of its load (None: not scraped)."""
 
 
 @dataclass(frozen=True, slots=True)

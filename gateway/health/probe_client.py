@@ -1,9 +1,11 @@
-"""The HTTP probe's client: one HTTP/1.1 request on a new connection, and the answer's status.
+"""The HTTP probe's client: one HTTP/1.1 request on a new connection, and the answer's status
+(or, for a load scrape, its status and body).
 
 The prober needs no more of HTTP than a status, so it does without a client library (which
 its process would load for nothing else): ``status`` opens a connection with an asyncio
 protocol, writes one request and reads the answer with llhttp (``httptools``) up to the end of
-its head. No body is read, no redirect followed, no cookie kept.
+its head. No redirect is followed, no cookie kept; ``fetch`` reads the body too, framed
+(Content-Length or chunked) and bounded.
 
 Invariants:
 
@@ -48,6 +50,8 @@ _OWN: Final = frozenset({"connection", "content-length", "transfer-encoding"})
 probe's own are dropped."""
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD"})
 """Methods sent without ``Content-Length: 0`` (their requests never have a body)."""
+BODY_LIMIT: Final = 4 * 1024 * 1024
+"""The most of a body ``fetch`` reads (a model server's metrics run to a few hundred KB)."""
 
 
 class ProbeError(Exception):
@@ -121,9 +125,30 @@ async def status(
     ``authority`` is the ``Host`` sent (``host:port``, an IPv6 host in brackets) unless
     ``headers`` has one. Raises ``ProbeError`` or ``OSError``; no timeout of its own.
     """
+    code, _ = await _exchange(host, port, method, path, headers, authority, 0)
+    return code
+
+
+async def fetch(
+    host: str, port: int, path: str, *, authority: str, limit: int = BODY_LIMIT
+) -> tuple[int, bytes]:
+    """``GET path`` on a new connection: the answer's status and its body (at most
+    ``limit`` bytes, else ``ProbeInvalidResponse``). Raises as ``status``."""
+    return await _exchange(host, port, "GET", path, {}, authority, limit)
+
+
+async def _exchange(
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    headers: Mapping[str, str],
+    authority: str,
+    keep: int,
+) -> tuple[int, bytes]:
     request = request_head(method, path, authority, headers)
     loop = asyncio.get_running_loop()
-    exchange = _Exchange(loop, request)
+    exchange = _Exchange(loop, request, keep)
     try:
         transport, _ = await loop.create_connection(lambda: exchange, host, port)
     except BaseException:
@@ -138,16 +163,24 @@ async def status(
         # request is written, which a peer that does not read never lets happen.
         transport.abort()
         raise
+    if keep:
+        transport.close()
+        return code, b"".join(exchange.body)
     exchange.linger(transport)
-    return code
+    return code, b""
 
 
 class _Exchange(asyncio.Protocol):
     """One request and the head of its answer; ``status`` resolves once, with the final
-    answer's status or the reason there is none."""
+    answer's status or the reason there is none. With ``keep`` (a body's most bytes), only
+    once the body is read whole (into ``body``)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, request: bytes) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, request: bytes, keep: int = 0) -> None:
         self._request = request
+        self._keep = keep
+        self._code = 0
+        self.body: list[bytes] = []
+        self._kept = 0
         self._parser = httptools.HttpResponseParser(self)
         self.status: asyncio.Future[int] = loop.create_future()
         self._received = 0
@@ -184,7 +217,7 @@ class _Exchange(asyncio.Protocol):
                     ProbeInvalidResponse(f"invalid HTTP response: {type(error).__name__}: {error}")
                 )
             return
-        if not self.status.done() and self._received > HEAD_LIMIT:
+        if not self.status.done() and not self._code and self._received > HEAD_LIMIT:
             self.status.set_exception(
                 ProbeInvalidResponse(f"the response head is longer than {HEAD_LIMIT} bytes")
             )
@@ -199,6 +232,10 @@ class _Exchange(asyncio.Protocol):
             return
         if isinstance(exc, OSError):
             self.status.set_exception(exc)  # a reset: its own name says it best
+        elif self._code:
+            self.status.set_exception(
+                ProbeConnectionClosed("connection closed before the end of the response body")
+            )
         elif self._received:
             self.status.set_exception(
                 ProbeConnectionClosed("connection closed in the middle of the response head")
@@ -214,5 +251,22 @@ class _Exchange(asyncio.Protocol):
         code = self._parser.get_status_code()
         if 100 <= code < 200 and code != 101:
             return  # interim (100 Continue, 103 Early Hints): llhttp reads on to the next
-        if not self.status.done():
+        if self._keep:
+            self._code = code  # resolved with its body (on_message_complete)
+        elif not self.status.done():
             self.status.set_result(code)
+
+    def on_body(self, data: bytes) -> None:
+        if not self._keep or self.status.done():
+            return
+        self._kept += len(data)
+        if self._kept > self._keep:
+            self.status.set_exception(
+                ProbeInvalidResponse(f"the response body is longer than {self._keep} bytes")
+            )
+            return
+        self.body.append(data)
+
+    def on_message_complete(self) -> None:
+        if self._keep and self._code and not self.status.done():
+            self.status.set_result(self._code)

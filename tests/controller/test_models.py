@@ -92,3 +92,23 @@ def test_the_inference_policy_takes_its_settings_and_only_it() -> None:
         ServiceSpec.model_validate(
             spec(load_balancing={"policy": "inference", "max_load_factor": 0.5})
         )
+
+
+def test_load_metrics_reach_the_routing_and_bad_ones_are_refused() -> None:
+    s = ServiceSpec.model_validate(spec(load_metrics={"format": "sglang", "interval": "500ms"}))
+    config = s.routing().load_metrics
+    assert config is not None
+    assert (config.format, config.path, config.interval, config.max_age) == (
+        "sglang",
+        "/metrics",
+        0.5,
+        3.0,
+    )
+    assert ServiceSpec.model_validate(spec()).routing().load_metrics is None
+    for bad, reason in (
+        ({"format": "tgi"}, "'vllm' or 'sglang'"),
+        ({"path": "metrics"}, "must start with '/'"),
+        ({"interval": 0}, "greater than 0"),
+    ):
+        with pytest.raises(ValidationError, match=reason):
+            ServiceSpec.model_validate(spec(load_metrics=bad))

@@ -1,7 +1,7 @@
-"""End to end: routing by model through the real gateway to real replicas (issue 57, item 1):
-two services, each serving a model; ``/v1/models``; OpenAI's 404; and a rollout of one
-model's service (balanced by ``inference``) under a loop of requests naming it, with no
-request failed."""
+"""End to end: routing by model through the real gateway to real replicas (issue 57): two
+services, each serving a model; ``/v1/models``; OpenAI's 404; and a rollout of one model's
+service (balanced by ``inference``, its replicas' load scraped) under a loop of requests
+naming it, with no request failed."""
 
 from __future__ import annotations
 
@@ -93,10 +93,15 @@ async def test_requests_go_to_the_service_of_their_model(gateways: Gateways, tmp
 
 async def test_a_rollout_of_a_models_service_fails_no_request(gateways: Gateways, tmp_path: Path):
     gw = await gateways.start(models={"path_prefix": "/v1"})
-    inference = {"load_balancing": "inference"}
+    inference = {
+        "load_balancing": "inference",
+        "load_metrics": {"format": "vllm", "interval": 0.1, "max_age": 0.5},
+    }
     await serving(gw, model_spec(tmp_path, "llama", {"name": "llama"}, **inference))
     await serving(gw, model_spec(tmp_path, "mistral", {"name": "mistral"}))
     data = json.dumps({"model": "llama", "prompt": "Once upon a time"}).encode()
+    reports = gw.gateway.pool.services["llama"].reports
+    await eventually(lambda: len(reports) == 2, what="both replicas' load figures")
     async with Load(gw.url, clients=6, path="/v1/completions", data=data) as load:
         await load.more(50)
         v2 = model_spec(tmp_path, "llama", {"name": "llama"}, "v2", **inference)
@@ -108,3 +113,9 @@ async def test_a_rollout_of_a_models_service_fails_no_request(gateways: Gateways
     assert {a["version"] for a in after} == {"v2"}
     assert {a["model"] for a in after} == {"llama"}
     assert len(load.outcomes) > 100
+    # The figures follow the replicas: those of v1's, drained and stopped, went.
+    serving_ids = {u.id for u in gw.gateway.pool.services["llama"].snapshot.routable}
+    await eventually(
+        lambda: set(gw.gateway.pool.services["llama"].reports) == serving_ids,
+        what="the figures of v2's replicas only",
+    )

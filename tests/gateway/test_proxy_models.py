@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.health.load_scraper import LoadScraper
 from gateway.pool.upstream import Health
 
 from .conftest import routing, url
@@ -178,3 +179,42 @@ async def test_the_inference_policy_sends_a_prompt_prefix_to_one_replica(
         assert len({await served(system, f"question {i}") for i in range(6)}) == 1
     homes = {await served(f"You are agent number {i}.", "hi") for i in range(24)}
     assert len(homes) > 1  # distinct prefixes spread
+
+
+async def test_the_inference_policy_avoids_a_replica_that_reports_a_queue(
+    pool, upstream, gateway, client
+):
+    pool.set_service(
+        routing(
+            "llama",
+            prefix="/llama",
+            model={"name": "llama"},
+            load_balancing="inference",
+            inference={"prefix_chars": 0},
+            load_metrics={"format": "sglang", "interval": 60, "max_age": 60},
+        )
+    )
+    figures = {"busy": (30, 8, 0.95), "idle": (0, 1, 0.2)}
+
+    def replica(name: str) -> web.Application:
+        app = digest_app(name)
+        waiting, running, usage = figures[name]
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(
+                text=f"sglang:num_queue_reqs {waiting}\nsglang:num_running_reqs {running}\n"
+                f"sglang:token_usage {usage}\n"
+            )
+
+        app.router.add_get("/metrics", metrics)
+        return app
+
+    for name in figures:
+        await upstream("llama", name, replica(name))
+    gw = await gateway(**MODELS)
+    sp = pool.services["llama"]
+    await LoadScraper(pool).scrape(sp, sp.routing.load_metrics)
+    assert set(sp.reports) == {"busy", "idle"}
+    data = json.dumps({"model": "llama", "prompt": "hi"}).encode()
+    seen = [(await post(client, gw, "/v1/completions", data))[1]["upstream"] for _ in range(12)]
+    assert set(seen) == {"idle"}
