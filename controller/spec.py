@@ -472,7 +472,7 @@ class Balancing(Model):
     by default 512)."""
     max_load_factor: LoadFactor | None = None
     """``inference`` only: a prefix's replica is passed over while its load is above this
-    many times the mean (by default 1.25)."""
+    many times the mean (by default 2)."""
 
     @model_validator(mode="after")
     def _key(self) -> Balancing:

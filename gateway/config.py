@@ -629,9 +629,10 @@ class InferenceBalancing:
     prefix_chars: PrefixChars = 512
     """Characters of the prompt's beginning (the raw JSON text of its messages or its
     prompt) hashed for prefix affinity; 0: no affinity, by load alone."""
-    max_load_factor: LoadFactor = 1.25
+    max_load_factor: LoadFactor = 2.0
     """A prefix's replica is passed over while its load is above this many times the mean
-    load of the candidates (bounded-load consistent hashing)."""
+    load of the candidates (bounded-load consistent hashing): a cache miss costs its whole
+    prefill, so the bound is looser than for balancing alone."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,17 +2,19 @@
 PURE.
 
 A replica's *load* is what it is busy with: the larger of the gateway's own in-flight count
-and what the replica last reported running and waiting (``ReplicaLoad``, scraped by the
-prober), plus its waiting requests once more (they have not begun) and its KV-cache use
-(``KV_WEIGHT`` requests at a full cache). A report older than its ``expires`` counts as none:
-the in-flight count alone.
+and what the replica last reported running and waiting (``ReplicaLoad``, scraped beside the
+prober: other clients' requests too), plus its KV-cache use (``KV_WEIGHT`` requests at a full
+cache). A report older than its ``expires`` counts as none: the in-flight count alone.
 
 With a prompt prefix, its key goes on the hash ring of the routable upstreams and takes the
 first replica round from it that is a candidate and whose load, with this request, stays
 within ``max_load_factor`` times the mean (bounded-load consistent hashing: Mirrokni, Thorup
 and Zadimoghaddam, 2018): a prefix returns to the replica that holds it in its cache while
-that replica is not a hot spot, and only a replica that joins or leaves moves prefixes.
-Without one, or with every replica over the bound, the least loaded (ties rotate).
+that replica is not a hot spot, and only a replica that joins or leaves moves prefixes. A
+prefix the pool has not seen lately (``fresh``) is in no replica's cache: it goes to its
+ring owner only if that is among the least loaded, else to the least loaded, so prompts that
+share nothing are balanced as by load alone. Without a prefix, or with every replica over
+the bound, the least loaded (ties rotate).
 
 Invariants: the pick is one of the candidates (routable, already filtered); with the in-flight
 counts alone, a pick by prefix keeps ``load + 1 <= ceil(c * (total + 1) / n)``.
@@ -52,7 +54,7 @@ def load_of(inflight: int, report: ReplicaLoad | None, now: float) -> float:
     if report is None or now >= report.expires:
         return float(inflight)
     busy = max(float(inflight), report.running + report.waiting)
-    return busy + report.waiting + KV_WEIGHT * min(max(report.kv_cache, 0.0), 1.0)
+    return busy + KV_WEIGHT * min(max(report.kv_cache, 0.0), 1.0)
 
 
 def pick(
@@ -63,22 +65,29 @@ def pick(
     cursor: int,
     ring: Ring | None = None,
     key: int | None = None,
-    max_load_factor: float = 1.25,
+    max_load_factor: float = 2.0,
+    fresh: bool = False,
 ) -> Upstream | None:
     """The replica for a request among ``candidates`` (None if there are none): by prefix
     ``key`` on ``ring`` (a ring holding at least the candidates) within the load bound, else
-    the least loaded."""
+    the least loaded; a ``fresh`` key only to an owner among the least loaded."""
     n = len(candidates)
     if n == 0:
         return None
     loads = [load_of(inflight.get(u.id, 0), reports.get(u.id), now) for u in candidates]
     if ring is not None and key is not None:
-        capacity = math.ceil(max_load_factor * (sum(loads) + 1) / n)
+        if fresh:
+            capacity = min(loads) + 1
+        else:
+            capacity = math.ceil(max_load_factor * (sum(loads) + 1) / n)
         index = {u.id: i for i, u in enumerate(candidates)}
         for uid in ring.owners_from(key):
             i = index.get(uid, -1)
-            if i >= 0 and loads[i] + 1 <= capacity:
-                return candidates[i]
+            if i >= 0:
+                if loads[i] + 1 <= capacity:
+                    return candidates[i]
+                if fresh:
+                    break  # its owner is busier than the least loaded: that one
     best = cursor % n
     for step in range(1, n):
         i = (cursor + step) % n

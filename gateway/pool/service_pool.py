@@ -15,7 +15,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from ..config import Hsts, ServiceRouting
 from ..errors import NoRoutableUpstream
@@ -26,6 +26,9 @@ from .snapshot import PoolSnapshot
 from .upstream import Upstream
 
 log = logging.getLogger(__name__)
+
+PREFIXES_SEEN: Final = 65_536
+"""Prompt prefixes a service's pool remembers having sent (``inference``'s ``fresh``)."""
 
 
 class Owner(Protocol):
@@ -181,6 +184,8 @@ class ServicePool:
         self._rules: tuple[ratelimit.Rule, ...] = ()
         self._rules_of: object = None
         self.reports: dict[str, inference.ReplicaLoad] = {}
+        self._seen: dict[int, None] = {}
+        """Prefix keys picked for lately, oldest first (``_fresh``)."""
         """What each upstream last reported of its load (``load_metrics``, the prober's)."""
         self._ring: hashring.Ring | None = None
         self._ring_of: tuple[Upstream, ...] = ()
@@ -264,15 +269,21 @@ class ServicePool:
         if len(candidates) == 1:
             return candidates[0]  # every policy's choice
         if self.inference:
+            if key is None:
+                return inference.pick(
+                    candidates, self.inflight, self.reports, self._owner.clock(), self.cursor
+                )
+            hashed = hashring.key_hash(key)
             return inference.pick(
                 candidates,
                 self.inflight,
                 self.reports,
                 self._owner.clock(),
                 self.cursor,
-                self._ring_now() if key is not None else None,
-                hashring.key_hash(key) if key is not None else None,
+                self._ring_now(),
+                hashed,
                 self.max_load_factor,
+                self._fresh(hashed),
             )
         if key is not None and candidates:
             return self._hashed(candidates, key)
@@ -293,6 +304,19 @@ class ServicePool:
             if upstream.id == uid:
                 return upstream
         return candidates[0]
+
+    def _fresh(self, key: int) -> bool:
+        """Whether prefix ``key`` (a ``key_hash``) was not picked for lately; it counts as
+        picked for from now (the most recent ``PREFIXES_SEEN`` are kept)."""
+        seen = self._seen
+        if key in seen:
+            del seen[key]
+            seen[key] = None
+            return False
+        seen[key] = None
+        if len(seen) > PREFIXES_SEEN:
+            del seen[next(iter(seen))]
+        return True
 
     def _ring_now(self) -> hashring.Ring:
         """The hash ring of the routable upstreams (made again when they change)."""

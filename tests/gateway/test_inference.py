@@ -24,8 +24,8 @@ def report(waiting: float, running: float, kv: float, at: float = 0.0) -> Replic
 
 def test_the_load_counts_a_fresh_report_and_falls_back_to_in_flight() -> None:
     fresh = report(waiting=2, running=5, kv=0.5)
-    assert load_of(1, fresh, now=1.0) == 5 + 2 + 2 + KV_WEIGHT * 0.5
-    assert load_of(9, fresh, now=1.0) == 9 + 2 + KV_WEIGHT * 0.5  # in-flight the larger
+    assert load_of(1, fresh, now=1.0) == 5 + 2 + KV_WEIGHT * 0.5
+    assert load_of(9, fresh, now=1.0) == 9 + KV_WEIGHT * 0.5  # in-flight the larger
     assert load_of(1, fresh, now=3.0) == 1.0  # expired: in-flight alone
     assert load_of(1, None, now=0.0) == 1.0
 
@@ -57,6 +57,21 @@ def test_a_prefix_returns_to_its_replica_until_it_is_a_hot_spot() -> None:
     assert elsewhere.id == next(u for u in ring.owners_from(key) if u != home.id)
 
 
+def test_a_fresh_prefix_goes_to_its_owner_only_if_it_is_among_the_least_loaded() -> None:
+    ups = [upstream(i) for i in range(4)]
+    ring = Ring([u.id for u in ups])
+    key = KEYS[1]
+    home = pick(ups, {}, {}, now=0.0, cursor=0, ring=ring, key=key, fresh=True)
+    assert home is not None  # every load 0: the owner
+    assert home.id == ring.owners_from(key)[0]
+    counts = {u.id: 1 for u in ups} | {home.id: 2}
+    # One request more than the others: a fresh prefix goes elsewhere, a known one stays.
+    fresh = pick(ups, counts, {}, 0.0, 0, ring, key, fresh=True)
+    assert fresh is not None
+    assert fresh != home
+    assert pick(ups, counts, {}, 0.0, 0, ring, key) == home
+
+
 pools = st.integers(min_value=1, max_value=12)
 
 
@@ -69,6 +84,7 @@ pools = st.integers(min_value=1, max_value=12)
     key=st.sampled_from([None, *KEYS[:20]]),
     now=st.floats(min_value=0, max_value=10),
     cursor=st.integers(min_value=0, max_value=1000),
+    fresh=st.booleans(),
 )
 def test_never_an_unroutable_replica(
     n: int,
@@ -78,6 +94,7 @@ def test_never_an_unroutable_replica(
     key: int | None,
     now: float,
     cursor: int,
+    fresh: bool,
 ) -> None:
     ups = []
     for i in range(n):
@@ -94,7 +111,7 @@ def test_never_an_unroutable_replica(
     counts = {f"u{i}": c for i, c in enumerate(inflight)}
     reports = {f"u{i}": report(1, 2, kv, at=0.0) for i, kv in enumerate(kvs)}
     ring = Ring([u.id for u in ups])  # a ring of every upstream, unroutable ones too
-    chosen = pick(routable, counts, reports, now, cursor, ring, key)
+    chosen = pick(routable, counts, reports, now, cursor, ring, key, fresh=fresh)
     if routable:
         assert chosen in routable
     else:
@@ -107,15 +124,20 @@ def test_never_an_unroutable_replica(
     inflight=st.lists(st.integers(min_value=0, max_value=40), max_size=12),
     factor=st.floats(min_value=1.0, max_value=3.0),
     key=st.sampled_from(KEYS),
+    fresh=st.booleans(),
 )
-def test_the_load_bound_is_held(n: int, inflight: list[int], factor: float, key: int) -> None:
+def test_the_load_bound_is_held(
+    n: int, inflight: list[int], factor: float, key: int, fresh: bool
+) -> None:
     ups = [upstream(i) for i in range(n)]
     counts = {f"u{i}": c for i, c in enumerate(inflight[:n])}
     ring = Ring([u.id for u in ups])
-    chosen = pick(ups, counts, {}, 0.0, 0, ring, key, factor)
+    chosen = pick(ups, counts, {}, 0.0, 0, ring, key, factor, fresh)
     assert chosen is not None
     total = sum(counts.values())
     assert counts.get(chosen.id, 0) + 1 <= math.ceil(factor * (total + 1) / n)
+    if fresh:  # a prefix no cache holds: by load alone
+        assert counts.get(chosen.id, 0) == min(counts.get(u.id, 0) for u in ups)
 
 
 @settings(max_examples=60, deadline=None)
@@ -125,11 +147,12 @@ def test_a_replica_added_or_removed_moves_only_its_share_of_prefixes(n: int, whi
     gone = ups[which % n]
     rest = [u for u in ups if u != gone]
 
-    def picks(pool: list[Upstream]) -> list[Upstream | None]:
+    def picks(pool: list[Upstream], fresh: bool) -> list[Upstream | None]:
         ring = Ring([u.id for u in pool])
-        return [pick(pool, {}, {}, 0.0, 0, ring, key) for key in KEYS]
+        return [pick(pool, {}, {}, 0.0, 0, ring, key, fresh=fresh) for key in KEYS]
 
-    before, after = picks(ups), picks(rest)
+    before, after = picks(ups, False), picks(rest, False)
+    assert picks(ups, True) == before  # fresh or not, alike while loads are even
     moved = [(b, a) for b, a in zip(before, after, strict=True) if b != a]
     # Removed: only the prefixes it held move; added back: only those come to it.
     assert all(b == gone for b, _ in moved)
