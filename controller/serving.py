@@ -413,7 +413,9 @@ async def _run_locked(
         )
         register_acme(registry, acme)
     prober = Prober(pool, observers=[metrics, controller.reconciler])
-    scraper = LoadScraper(pool)
+    scraper = LoadScraper(
+        pool, on_scraped=traffic.send_loads if isinstance(traffic, Supervisor) else None
+    )
     served = traffic
     registry.register(ConnectionsCollector(lambda: (served.connections, served.parked)))
     registry.register(Http2ConnectionsCollector(lambda: served.http2))

@@ -3,7 +3,8 @@
 One guarded task per service with ``load_metrics``: every ``interval`` it fetches the metrics
 path of each of the service's routable upstreams at once (``probe_client.fetch``, bounded by
 the interval), reads the figures (``load_report``) and puts them in the service's pool
-(``ServicePool.reports``), where the pick reads them. A replica that does not answer keeps
+(``ServicePool.reports``), where the pick reads them, and to ``on_scraped`` (the worker
+processes' supervisor, which sends them on to every worker). A replica that does not answer keeps
 its last figures until they expire (``max_age``), then counts by its in-flight requests
 alone; an upstream that left is forgotten.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from ..config import LoadMetricsConfig
 from ..pool.events import PoolEvent
@@ -33,8 +35,14 @@ class LoadScraper:
     A ``PoolSubscriber``: a service set with ``load_metrics`` gets a task, which ends once the
     service is removed or no longer asks."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        on_scraped: Callable[[str, dict[str, ReplicaLoad]], object] | None = None,
+    ) -> None:
         self._pool = pool
+        self._on_scraped = on_scraped
+        """Told of a service's figures after each round (the worker processes' supervisor)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scrapes = 0
@@ -113,6 +121,8 @@ class LoadScraper:
             if report is not None:
                 reports[upstream.id] = report
         sp.reports = reports
+        if self._on_scraped is not None:
+            self._on_scraped(sp.routing.name, reports)
 
     async def _one(self, upstream: Upstream, config: LoadMetricsConfig) -> ReplicaLoad | None:
         self.scrapes += 1

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .hashring import Ring
-from .upstream import Upstream
+from .upstream import Upstream, by_fields
 
 KV_WEIGHT: Final = 4.0
 """A full KV cache weighs as much as this many requests: the replica will queue or preempt."""
@@ -47,6 +47,9 @@ class ReplicaLoad:
     at: float
     expires: float
     """When the report stops counting (``at`` plus a few scrape intervals)."""
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return by_fields(self)  # sent to worker processes (``workers.ipc.Loads``)
 
 
 def load_of(inflight: int, report: ReplicaLoad | None, now: float) -> float:

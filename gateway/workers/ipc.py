@@ -13,8 +13,8 @@ every ``Setup.report_interval`` and when a draining upstream goes idle, finished
 them or when a batch is full (in the next loop turn).
 
 controller's process -> worker: ``Setup`` (once, first), ``Install``, ``Forget``, ``Abort``,
-``ReloadTls``, ``Stop``. worker -> controller's process: ``Ready`` (once, listening),
-``Idle``, ``Eject``, ``Report``, ``Spans``.
+``ReloadTls``, ``Loads`` (after each load scrape of a service), ``Stop``. worker ->
+controller's process: ``Ready`` (once, listening), ``Idle``, ``Eject``, ``Report``, ``Spans``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 from ..config import ProxyConfig, ServiceRouting
 from ..observability.spans import Span
 from ..observability.tally import Tally
+from ..pool.inference import ReplicaLoad
 from ..pool.snapshot import PoolSnapshot
 
 _LENGTH = struct.Struct("!I")
@@ -88,6 +89,14 @@ class Abort:
 @dataclass(frozen=True, slots=True)
 class ReloadTls:
     """Load the TLS certificates that changed on disk (SIGHUP, the admin API, ACME)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Loads:
+    """A service's replicas' own load figures, as last scraped (``health.load_scraper``)."""
+
+    service: str
+    reports: dict[str, ReplicaLoad]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +164,11 @@ class Spans:
     dropped: int
 
 
-ToWorker = Setup | Install | Forget | Abort | ReloadTls | Stop
+ToWorker = Setup | Install | Forget | Abort | ReloadTls | Loads | Stop
 FromWorker = Ready | Idle | Eject | Report | Spans
-_MESSAGES = (Setup, Install, Forget, Abort, ReloadTls, Stop, Ready, Idle, Eject, Report, Spans)
+_MESSAGES = (
+    Setup, Install, Forget, Abort, ReloadTls, Loads, Stop, Ready, Idle, Eject, Report, Spans,
+)  # fmt: skip
 
 
 _PLAIN = frozenset({type(None), bool, int, float, str, bytes})

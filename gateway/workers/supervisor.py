@@ -41,6 +41,7 @@ from ..config import ProxyConfig, parse_address
 from ..observability.metrics import GatewayMetrics
 from ..observability.span_buffer import SpanBuffer
 from ..pool.events import PoolEvent
+from ..pool.inference import ReplicaLoad
 from ..pool.pool import Pool
 from ..tls import Termination
 from . import ipc
@@ -447,6 +448,13 @@ class Supervisor:
         self._dirty[event.service] = event.kind != "service_removed"
         if self._flush is None:
             self._flush = asyncio.get_running_loop().call_soon(self._send_changes)
+
+    def send_loads(self, service: str, reports: dict[str, ReplicaLoad]) -> None:
+        """A service's replicas' load figures, scraped (``LoadScraper``), to every worker:
+        the workers pick by them as the main process would."""
+        message = ipc.Loads(service, reports)
+        for worker in self.workers.values():
+            worker.send(message)
 
     def _send_changes(self) -> None:
         self._flush = None

@@ -216,6 +216,10 @@ async def serve(channel: socket.socket) -> None:
                 pool.remove_service(message.service)
             elif isinstance(message, ipc.Abort):
                 mirror.abort(message)
+            elif isinstance(message, ipc.Loads):
+                loaded = pool.services.get(message.service)
+                if loaded is not None:
+                    loaded.reports = message.reports
             elif isinstance(message, ipc.ReloadTls) and tls is not None:
                 tls.reload()
 

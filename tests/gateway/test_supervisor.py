@@ -9,6 +9,7 @@ by ``Supervisor.changed``.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from gateway.config import ProxyConfig
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.scrape import MetricsCollector
+from gateway.pool.inference import ReplicaLoad
 from gateway.pool.pool import Pool
 from gateway.pool.upstream import AdminState
 from gateway.workers import supervisor as supervisor_module
@@ -289,3 +291,26 @@ async def test_the_supervisor_says_once_when_a_dead_workers_queue_would_be_lost(
         "net.ipv4.tcp_migrate_req is 0: connections queued on a worker that dies are lost"
         " with it; 1 moves them to the other workers (docs/workers.md)"
     ]
+
+
+async def test_the_replicas_load_figures_reach_the_workers_picks(pool, upstream, workers):
+    pool.set_service(routing("llm", prefix="/", load_balancing="inference"))
+    await upstream("llm", "busy")
+    await upstream("llm", "idle")
+    supervisor = await workers()
+    seen = {(await get(supervisor.port))[1] for _ in range(20)}
+    assert {json.loads(body)["upstream"] for body in seen} == {"busy", "idle"}
+    now = asyncio.get_running_loop().time()  # the workers' clock too: monotonic
+    queue = ReplicaLoad(waiting=30, running=8, kv_cache=1.0, at=now, expires=now + 600)
+    supervisor.send_loads("llm", {"busy": queue})
+
+    async def only_idle() -> bool:
+        answers = [(await get(supervisor.port))[1] for _ in range(10)]
+        return {json.loads(body)["upstream"] for body in answers} == {"idle"}
+
+    for _ in range(50):  # the message reaches both workers in a moment
+        if await only_idle():
+            break
+    else:
+        raise AssertionError("the workers still send requests to the busy replica")
+    assert await only_idle()
