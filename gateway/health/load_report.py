@@ -88,11 +88,13 @@ def figures(text: str, format: LoadFormat) -> tuple[float, float, float] | None:
     return waiting, running, cache
 
 
-def report(text: str, format: LoadFormat, now: float, max_age: float) -> ReplicaLoad | None:
-    """The replica's load as of ``now``, counting until ``now + max_age``; None if the
-    exposition lacks a figure."""
+def report(
+    text: str, format: LoadFormat, now: float, max_age: float, own: float = 0.0
+) -> ReplicaLoad | None:
+    """The replica's load as of ``now``, counting until ``now + max_age`` (``own``: the
+    gateway's requests in flight on it then); None if the exposition lacks a figure."""
     read = figures(text, format)
     if read is None:
         return None
     waiting, running, cache = read
-    return ReplicaLoad(waiting, running, cache, now, now + max_age)
+    return ReplicaLoad(waiting, running, cache, now, now + max_age, own)

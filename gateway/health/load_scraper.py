@@ -110,7 +110,7 @@ class LoadScraper:
     async def scrape(self, sp: ServicePool, config: LoadMetricsConfig) -> None:
         """One round: every routable upstream of ``sp`` scraped at once."""
         upstreams = sp.snapshot.routable
-        found = await asyncio.gather(*(self._one(u, config) for u in upstreams))
+        found = await asyncio.gather(*(self._one(sp, u, config) for u in upstreams))
         kept = sp.reports
         reports: dict[str, ReplicaLoad] = {}
         for upstream in sp.snapshot.upstreams:
@@ -124,7 +124,9 @@ class LoadScraper:
         if self._on_scraped is not None:
             self._on_scraped(sp.routing.name, reports)
 
-    async def _one(self, upstream: Upstream, config: LoadMetricsConfig) -> ReplicaLoad | None:
+    async def _one(
+        self, sp: ServicePool, upstream: Upstream, config: LoadMetricsConfig
+    ) -> ReplicaLoad | None:
         self.scrapes += 1
         loop = asyncio.get_running_loop()
         try:
@@ -139,7 +141,8 @@ class LoadScraper:
         report = None
         if status == 200:
             text = body.decode("utf-8", "replace")
-            report = load_report.report(text, config.format, loop.time(), config.max_age)
+            own = sp.inflight_all().get(upstream.id, 0)
+            report = load_report.report(text, config.format, loop.time(), config.max_age, own)
         if report is None:
             self.failures += 1
         return report

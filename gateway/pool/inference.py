@@ -1,10 +1,12 @@
 """The pick of ``load_balancing: inference``: by each replica's load and the prompt's prefix.
 PURE.
 
-A replica's *load* is what it is busy with: the larger of the gateway's own in-flight count
-and what the replica last reported running and waiting (``ReplicaLoad``, scraped beside the
-prober: other clients' requests too), plus its KV-cache use (``KV_WEIGHT`` requests at a full
-cache). A report older than its ``expires`` counts as none: the in-flight count alone.
+A replica's *load* is what it is busy with: the gateway's own in-flight count, plus what the
+replica last reported running and waiting beyond what the gateway itself had in flight on it
+then (``ReplicaLoad``, scraped beside the prober: other clients' requests), plus its KV-cache
+use (``KV_WEIGHT`` requests at a full cache). The gateway's own count is exact and current, a
+report is some tens of milliseconds old: a report only adds what the gateway cannot see. A
+report older than its ``expires`` counts as none: the in-flight count alone.
 
 With a prompt prefix, its key goes on the hash ring of the routable upstreams and takes the
 first replica round from it that is a candidate and whose load, with this request, stays
@@ -47,6 +49,8 @@ class ReplicaLoad:
     at: float
     expires: float
     """When the report stops counting (``at`` plus a few scrape intervals)."""
+    own: float = 0.0
+    """The gateway's own requests in flight on the replica when it answered (every worker's)."""
 
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return by_fields(self)  # sent to worker processes (``workers.ipc.Loads``)
@@ -56,8 +60,8 @@ def load_of(inflight: int, report: ReplicaLoad | None, now: float) -> float:
     """A replica's load (the module docstring)."""
     if report is None or now >= report.expires:
         return float(inflight)
-    busy = max(float(inflight), report.running + report.waiting)
-    return busy + KV_WEIGHT * min(max(report.kv_cache, 0.0), 1.0)
+    others = max(0.0, report.running + report.waiting - report.own)
+    return inflight + others + KV_WEIGHT * min(max(report.kv_cache, 0.0), 1.0)
 
 
 def pick(

@@ -24,8 +24,11 @@ def report(waiting: float, running: float, kv: float, at: float = 0.0) -> Replic
 
 def test_the_load_counts_a_fresh_report_and_falls_back_to_in_flight() -> None:
     fresh = report(waiting=2, running=5, kv=0.5)
-    assert load_of(1, fresh, now=1.0) == 5 + 2 + KV_WEIGHT * 0.5
-    assert load_of(9, fresh, now=1.0) == 9 + KV_WEIGHT * 0.5  # in-flight the larger
+    assert load_of(1, fresh, now=1.0) == 1 + 7 + KV_WEIGHT * 0.5
+    # Of the reported requests, those the gateway had in flight itself count once.
+    ours = ReplicaLoad(2, 5, 0.5, 0.0, 3.0, own=4)
+    assert load_of(1, ours, now=1.0) == 1 + 3 + KV_WEIGHT * 0.5
+    assert load_of(9, ReplicaLoad(2, 5, 0.5, 0.0, 3.0, own=9), now=1.0) == 9 + KV_WEIGHT * 0.5
     assert load_of(1, fresh, now=3.0) == 1.0  # expired: in-flight alone
     assert load_of(1, None, now=0.0) == 1.0
 
