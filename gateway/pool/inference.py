@@ -83,10 +83,11 @@ def pick(
         return None
     loads = [load_of(inflight.get(u.id, 0), reports.get(u.id), now) for u in candidates]
     if ring is not None and key is not None:
+        capacity: float
         if fresh:
             capacity = min(loads) + 1
         else:
-            capacity = math.ceil(max_load_factor * (sum(loads) + 1) / n)
+            capacity = float(math.ceil(max_load_factor * (sum(loads) + 1) / n))
         index = {u.id: i for i, u in enumerate(candidates)}
         for uid in ring.owners_from(key):
             i = index.get(uid, -1)
