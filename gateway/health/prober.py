@@ -238,8 +238,9 @@ class Prober:
             probe.wake.clear()
             if delay <= 0:
                 return
-            try:
-                await asyncio.wait_for(probe.wake.wait(), delay)
+            try:  # not wait_for: on 3.11 it can swallow the prober's cancel (gh-86296)
+                async with asyncio.timeout(delay):
+                    await probe.wake.wait()
             except TimeoutError:
                 return
 
