@@ -45,6 +45,7 @@ from gateway import (
     ServiceRouting,
     StickyConfig,
     TimeoutsConfig,
+    UpstreamProtocol,
     dump_settings,
 )
 
@@ -640,6 +641,10 @@ class ServiceSpec(Model):
         json_schema_extra=on_branch("string", enum=UNKEYED_POLICIES),  # _guards
     )
     """A policy's name, or ``{policy: hash, key: ...}`` for affinity."""
+    upstream_protocol: UpstreamProtocol = Field(
+        default="http1",
+        description="http1, or http2: h2c by prior knowledge to the replicas (gRPC).",
+    )
     timeouts: TimeoutsConfig = TimeoutsConfig()
     retries: RetriesConfig = RetriesConfig()
     outlier: OutlierConfig = OutlierConfig()
@@ -838,6 +843,7 @@ class ServiceSpec(Model):
             name=self.name,
             route=self.route,
             load_balancing=policy,
+            upstream_protocol=self.upstream_protocol,
             affinity=affinity,
             auth=None
             if auth is None

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from .config import TimeoutsConfig as TimeoutsConfig
     from .config import TlsConfig as TlsConfig
     from .config import TracingConfig as TracingConfig
+    from .config import UpstreamProtocol as UpstreamProtocol
     from .config import dump_settings as dump_settings
     from .config import parse_address as parse_address
     from .config import parse_duration as parse_duration

@@ -159,6 +159,10 @@ LoadBalancing = Literal["round_robin", "least_outstanding", "p2c", "hash", "infe
 """``hash``: consistent hashing of a request key (``ServiceRouting.affinity``);
 ``inference``: by each replica's load and the prompt's prefix (``InferenceBalancing``)."""
 
+UpstreamProtocol = Literal["http1", "http2"]
+"""How the gateway speaks to a service's replicas: HTTP/1.1, or HTTP/2 in cleartext by
+prior knowledge (h2c: gRPC's)."""
+
 HEADER_NAME = r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}"
 """An HTTP header name (RFC 9110 5.1)."""
 _TOKEN = re.compile(HEADER_NAME)
@@ -644,6 +648,8 @@ class ServiceRouting:
     name: str
     route: RouteConfig
     load_balancing: LoadBalancing = "least_outstanding"
+    upstream_protocol: UpstreamProtocol = "http1"
+    """``http2``: requests go to the replicas over h2c, multiplexed (``proxy.h2_upstream``)."""
     probes: tuple[ProbeConfig, ...] = ()
     timeouts: TimeoutsConfig = TimeoutsConfig()
     retries: RetriesConfig = RetriesConfig()
@@ -768,7 +774,7 @@ _SPANS_NEED_PROPAGATE: dict[str, Any] = {
 @dataclass(frozen=True, slots=True)
 class Http2Config:
     """Inbound HTTP/2: h2c by prior knowledge on ``listen``, h2 by ALPN on ``listen_tls``
-    (``tls.alpn``); the upstream leg stays HTTP/1.1."""
+    (``tls.alpn``); and the upstream leg of services with ``upstream_protocol: http2``."""
 
     __pydantic_config__ = _FORBID
 
@@ -782,6 +788,10 @@ class Http2Config:
     """The largest request header list, decoded (SETTINGS_MAX_HEADER_LIST_SIZE); a larger
     one ends the connection with GOAWAY. Each field is also held to
     ``limits.max_header_size`` (431 on its stream)."""
+    upstream_max_concurrent_streams: Annotated[int, Ge(1)] = 100
+    """Streams the gateway opens at once on one HTTP/2 connection to a replica (fewer if
+    the replica's SETTINGS_MAX_CONCURRENT_STREAMS says so); one more opens a new
+    connection."""
 
 
 @dataclass(frozen=True, slots=True)
