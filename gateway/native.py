@@ -110,6 +110,7 @@ MODULES = (
     "wire.headers",
     "wire.http1",
     "wire.http2",
+    "wire.grpc",
     "wire.chunked",
     "wire.plainhead",
     "wire.splice",

@@ -31,7 +31,9 @@ What a codec implements (an HTTP/2 one, say, beside HTTP/1.1's):
   ``abort`` cuts it off so that it never looks complete (for a stream of a shared
   connection: that stream's reset).
 - ``send_error``, the gateway's own answers (the JSON body and fields
-  ``messages.gateway_error_response`` puts in HTTP/1.1's bytes, in the codec's framing);
+  ``messages.gateway_error_response`` puts in HTTP/1.1's bytes, in the codec's framing; to
+  a gRPC request over HTTP/2, a trailers-only answer, ``wire.grpc``);
+- ``trailers``, an upstream's trailers after the body (HTTP/2's last HEADERS);
 - ``upgrade``/``start_relay``, a WebSocket relay (``websocket.Relay`` over a ``Side``).
 
 What stays HTTP/1.1's special cases, set only by its codec: ``IncomingRequest.plain_lines``,
@@ -39,7 +41,8 @@ What stays HTTP/1.1's special cases, set only by its codec: ``IncomingRequest.pl
 lines, ``messages.plain_upstream_head`` and ``guard``), ``keep_alive`` and ``last`` (the
 connection's reuse), the splice of a large request body from the client's socket
 (``wire.splice``), and the chunked relay. The upstream leg is HTTP/1.1 whatever the
-client's version (``connector``, ``messages.upstream_request``).
+client's version (``connector``, ``messages.upstream_request``), or HTTP/2 for a service
+with ``upstream_protocol: http2`` (``h2_upstream``).
 
 A mypyc trait, not a ``typing.Protocol``: compiled, a call through a trait goes through its
 vtable as a call on the class itself does, where a protocol's is a call by name.
@@ -112,6 +115,12 @@ class Downstream:
 
     def send_error(self, request: IncomingRequest, exc: GatewayError, request_id: str) -> None:
         """Answer with the gateway's own error (no answer went to the client yet)."""
+        raise NotImplementedError
+
+    def trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
+        """Fields (lower-cased names) that end the streamed answer under way, after its body:
+        an upstream's trailers (gRPC's status). Where the version cannot carry them to this
+        client they are dropped (HTTP/1.1: the gateway does not send chunked trailers)."""
         raise NotImplementedError
 
     def upgrade(self, head: ResponseHead, request_id: str, upstream: Tunneled) -> Relay:

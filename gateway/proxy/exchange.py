@@ -53,7 +53,7 @@ from .connector import Connector, ResponseHead, UpstreamConnection
 from .openai import Asked
 from .request import IncomingRequest
 from .retry import RETRY_STATUSES, Failed
-from .streams import ResponseStream
+from .streams import Producer, ResponseStream
 
 log = logging.getLogger(__name__)
 
@@ -453,14 +453,15 @@ class Exchange:
                 return answers.hsts_field(hsts)
         return b""
 
-    def open_answer(self, conn: UpstreamConnection, head: ResponseHead) -> ResponseStream:
+    def open_answer(self, conn: Producer, head: ResponseHead) -> ResponseStream:
         """The answer goes to the client as it comes from ``conn``: where its body goes (its
         head with it)."""
         extra = self.answering(head)
         return self.client.open_answer(self.request, head, self.request_id_bytes(), extra, conn)
 
-    def delivered(self, conn: UpstreamConnection, bytes_out: int) -> None:
-        """The answer went to the client whole: the upstream connection is free again."""
+    def delivered(self, conn: UpstreamConnection | None, bytes_out: int) -> None:
+        """The answer went to the client whole: the upstream connection is free again (None:
+        an HTTP/2 stream's, ``h2_upstream``)."""
         sp, upstream = self.sp, self.upstream
         assert sp is not None
         self.bytes_out = bytes_out
@@ -471,9 +472,12 @@ class Exchange:
         proxy = self.proxy
         if self.status < 500 and upstream is not None:
             proxy.pool.succeeded(sp, upstream.id)
-        proxy.connector.release(conn)
+        if conn is not None:
+            proxy.connector.release(conn)
 
-    def broke_off(self, conn: UpstreamConnection, sink: ResponseStream, exc: GatewayError) -> None:
+    def broke_off(
+        self, conn: UpstreamConnection | None, sink: ResponseStream, exc: GatewayError
+    ) -> None:
         """The answer's body broke off: cut the client off without its end, so it must never
         look complete."""
         sp, upstream = self.sp, self.upstream
@@ -482,7 +486,8 @@ class Exchange:
         self.error = exc.code
         self.client.abort()
         proxy = self.proxy
-        proxy.connector.discard(conn)
+        if conn is not None:
+            proxy.connector.discard(conn)
         if exc.kind != "client":
             proxy.pool.report(sp.routing.name, upstream.id if upstream else "", "5xx")
 

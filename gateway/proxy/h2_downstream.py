@@ -347,12 +347,15 @@ class H2Connection(asyncio.Protocol):
                 else:
                     out.popleft()
                 stream.out_bytes -= len(chunk)
-                last = not out and stream.ending
+                last = not out and stream.ending and stream.trailing is None
                 conn.send_data(stream_id, chunk, end_stream=last)
                 if last:
                     stream.ended = True
             if not out and stream.ending and not stream.ended:
-                conn.end_stream(stream_id)
+                if stream.trailing is not None:
+                    conn.send_headers(stream_id, stream.trailing, end_stream=True)
+                else:
+                    conn.end_stream(stream_id)
                 stream.ended = True
         except h2.exceptions.ProtocolError:
             self._gone(stream)

@@ -33,7 +33,7 @@ from collections.abc import Coroutine
 from typing import Any, Final, Protocol, cast
 
 from ..errors import ClientGone, GatewayError
-from ..wire import headers, http1, http2
+from ..wire import grpc, headers, http1, http2
 from ..wire.http2 import Fields
 from . import messages
 from .codec import Cancellable, Downstream, Tunneled
@@ -107,6 +107,8 @@ class H2Stream(Downstream):
         """END_STREAM follows what ``out`` holds."""
         self.ended = False
         """END_STREAM was sent (set by the owner)."""
+        self.trailing: Fields | None = None
+        """Trailers the owner sends, with END_STREAM, after what ``out`` holds."""
         self.answered = False
         """The answer's HEADERS went: no other answer is possible."""
         self.closed = False
@@ -203,7 +205,18 @@ class H2Stream(Downstream):
         return http2.answer_fields(status, lines)
 
     def send_error(self, request: IncomingRequest, exc: GatewayError, request_id: str) -> None:
+        if grpc.is_grpc(request.headers):  # never a JSON body to a gRPC client
+            if self.answered:
+                self.abort()
+                return
+            status = grpc.status_of(exc.status)
+            self._head(grpc.trailers_only(status, exc.message, request_id.encode()), True)
+            return
         self.send_whole(messages.gateway_error_response(exc, request_id, False))
+
+    def trailers(self, fields: Fields) -> None:
+        if not self.closed and not self.ending:
+            self.trailing = fields
 
     def refuse(self, status: int, code: str, message: str) -> None:
         """Answer a request head that cannot be served (``request.Refused``)."""

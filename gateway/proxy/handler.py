@@ -33,6 +33,7 @@ import asyncio
 import json
 from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import ProxyConfig, StickyConfig
 from ..errors import (
@@ -61,6 +62,9 @@ from .request import IncomingRequest
 from .retry import Failed
 from .routing import Routes, Unroutable, no_route, route
 from .websocket import Relay
+
+if TYPE_CHECKING:
+    from .h2_upstream import H2Connector
 
 
 class Proxy:
@@ -94,6 +98,8 @@ class Proxy:
         self.model_prefix: str | None = None if models is None else models.path_prefix
         """``models.path_prefix``: requests under it are routed by model; None: off."""
         self.model_read = 0 if models is None else models.max_body_read
+        self._h2_connector: H2Connector | None = None
+        """The HTTP/2 upstream connections, made on a service's first HTTP/2 request."""
         managed = config.tls.managed_dir
         self.challenges: Path | None = Path(managed).parent / "challenges" if managed else None
         """Where the ACME client puts its HTTP-01 answers (``answers``); None without ACME."""
@@ -116,6 +122,9 @@ class Proxy:
         connector = self.forwarding.close()
         if connector is not None:
             connector.close()
+        h2_connector, self._h2_connector = self._h2_connector, None
+        if h2_connector is not None:
+            h2_connector.close()
 
     @property
     def connector(self) -> Connector:
@@ -436,6 +445,8 @@ class Proxy:
                 with lease:
                     if websocket:
                         return await self._websocket(ex, sp, lease, fresh)
+                    if sp.routing.upstream_protocol == "http2":
+                        return await self._h2(ex, sp, lease)
                     return await self._http(ex, sp, lease, tried, fresh)
             except Failed as exc:
                 failed = exc
@@ -475,6 +486,17 @@ class Proxy:
         except BaseException:
             connector.discard(conn)
             raise
+
+    async def _h2(self, ex: Exchange, sp: ServicePool, lease: Lease) -> None:
+        """One attempt on ``lease``'s upstream over HTTP/2 (``upstream_protocol: http2``)."""
+        from . import h2_upstream  # loads h2: only once a service asks for it
+
+        connector = self._h2_connector
+        if connector is None:
+            connector = self._h2_connector = h2_upstream.H2Connector(
+                self.config.http2.upstream_max_concurrent_streams
+            )
+        await h2_upstream.forward(ex, sp, lease.upstream, connector)
 
     async def _send(
         self, ex: Exchange, sp: ServicePool, conn: UpstreamConnection, tried: Collection[str]

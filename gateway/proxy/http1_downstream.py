@@ -552,6 +552,9 @@ class ClientConnection(asyncio.Protocol, Downstream):
             request.keep_alive = False
         self.write(messages.gateway_error_response(exc, request_id, close))
 
+    def trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
+        """Dropped: the answer's body ends as its framing says (``codec.Downstream``)."""
+
     def upgrade(self, head: ResponseHead, request_id: str, upstream: Tunneled) -> Relay:
         self.write(messages.upgrade_head(head, request_id))
         relay = Relay(self, upstream)

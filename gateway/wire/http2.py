@@ -48,3 +48,33 @@ def split_answer(data: bytes) -> tuple[int, Fields, bytes]:
     status_line, _, rest = head.partition(b"\r\n")
     status = int(status_line.split(b" ", 2)[1])
     return status, answer_fields(status, [rest] if rest else []), body
+
+
+def request_fields(lines: list[bytes], scheme: bytes = b"http") -> Fields:
+    """A request head made for HTTP/1.1 (``messages.upstream_head``: its request line, then
+    ``Name: value`` lines, an item possibly holding several) as HTTP/2 fields for the upstream
+    leg: the pseudo-fields first (``:authority`` from Host), names lower-cased, the
+    connection-specific ones left out, and ``te: trailers`` (which gRPC servers require; the
+    client's TE is hop-by-hop and was dropped)."""
+    method, target, _ = lines[0].split(b" ", 2)
+    authority = b""
+    rest: Fields = []
+    for item in lines[1:]:
+        for line in item.split(b"\r\n"):
+            name, colon, value = line.partition(b":")
+            if not colon:
+                continue
+            name = name.strip().lower()
+            if name == b"host":
+                authority = value.strip()
+            elif name not in CONNECTION_SPECIFIC and name != b"te":
+                rest.append((name, value.strip()))
+    fields: Fields = [
+        (b":method", method),
+        (b":scheme", scheme),
+        (b":authority", authority),
+        (b":path", target),
+    ]
+    fields += rest
+    fields.append((b"te", b"trailers"))
+    return fields

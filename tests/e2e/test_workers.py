@@ -147,11 +147,12 @@ async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
         packages = {m.split(".")[0] for m in modules}
         assert {"gateway.workers.worker", "gateway.proxy.handler", "uvloop"} <= modules, pid
         assert not packages & {"aiohttp", "controller", "yaml", "prometheus_client"}, packages
-        assert not packages & {"h2", "hpack", "hyperframe"}, packages  # HTTP/2 at its first
+        assert not packages & {"h2", "hpack", "hyperframe", "grpc"}, packages  # HTTP/2 at its first
         assert not packages & {"pydantic", "pydantic_core"}, packages  # gateway.config
         # Spans are encoded and exported by the main process (``gateway.observability.otlp``)
         assert not packages & {"opentelemetry", "google"}, packages
         assert not modules & {
+            "gateway.proxy.h2_upstream",
             "gateway.observability.metrics",
             "gateway.health.prober",
             "gateway.observability.scrape",

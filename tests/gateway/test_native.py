@@ -160,8 +160,9 @@ def test_every_module_of_the_request_path_and_the_wire_is_compiled():
     """A module split off one of them is easily left out of ``MODULES`` (and then runs pure
     under GATEWAY_NATIVE=1 without a word). The WebSocket relay runs only per frame; the
     HTTP/2 connection's work is the ``h2`` library's, interpreted whatever we compile (its
-    streams, ``proxy.h2_stream``, are compiled: a ``Downstream`` must be)."""
-    interpreted = {"proxy.websocket", "proxy.h2_downstream"}
+    streams, ``proxy.h2_stream``, are compiled: a ``Downstream`` must be); so is the upstream
+    HTTP/2 leg's, ``proxy.h2_upstream``."""
+    interpreted = {"proxy.websocket", "proxy.h2_downstream", "proxy.h2_upstream"}
     for sub in ("proxy", "wire"):
         for path in (native.PACKAGE / sub).glob("*.py"):
             name = f"{sub}.{path.stem}"

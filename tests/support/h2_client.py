@@ -27,6 +27,7 @@ class Answer:
 
     headers: dict[bytes, bytes] = field(default_factory=dict)
     body: bytearray = field(default_factory=bytearray)
+    trailers: dict[bytes, bytes] = field(default_factory=dict)
     ended: bool = False
     reset: int | None = None
     """The error code of the gateway's RST_STREAM, if it reset the stream."""
@@ -173,6 +174,8 @@ class H2Client:
             else:
                 stream_id = event.stream_id or 0
                 self.unacknowledged[stream_id] = self.unacknowledged.get(stream_id, 0) + size
+        elif isinstance(event, h2.events.TrailersReceived):
+            self.answers[event.stream_id].trailers = dict(event.headers or [])
         elif isinstance(event, h2.events.StreamEnded):
             self.answers[event.stream_id].ended = True
         elif isinstance(event, h2.events.StreamReset):

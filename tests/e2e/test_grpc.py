@@ -1,0 +1,169 @@
+"""gRPC through the real gateway (issue 55): grpcio clients over h2c to a service with
+``upstream_protocol: http2`` whose replicas are grpcio servers (``grpc_replica.py``, started
+by the process backend): the four kinds of call, a replica's status and message, the
+gateway's own errors as trailers-only answers, and ``grpc-timeout``."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.support.h2_client import H2Client
+
+from .conftest import Gateways, Handle, serving
+
+grpc = pytest.importorskip("grpc")
+
+REPLICA = f"{sys.executable} {Path(__file__).with_name('grpc_replica.py')} $PORT"
+TCP_PROBE = {"type": "tcp", "interval": 0.1, "timeout": 0.5, "healthy_threshold": 1}
+T = TypeVar("T")
+
+
+def grpc_spec(replicas: int = 1, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": "web",
+        "route": {"path_prefix": "/"},
+        "replicas": replicas,
+        "replica": {"commands": [REPLICA]},
+        "probes": [TCP_PROBE],
+        "upstream_protocol": "http2",
+        "rollout": {"start_timeout": 10, "drain_timeout": 5, "stop_grace": 1},
+        **extra,
+    }
+
+
+async def call(port: int, use: Callable[[Any], T]) -> T:
+    """``use(channel)`` on a grpcio channel to the gateway, off the loop (grpcio's sync API
+    blocks; the gateway runs on this loop)."""
+
+    def run() -> T:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            return use(channel)
+
+    return await asyncio.to_thread(run)
+
+
+@pytest.fixture
+async def gw(gateways: Gateways) -> Handle:
+    handle = await gateways.start()
+    await serving(handle, grpc_spec())
+    return handle
+
+
+async def test_the_four_kinds_of_call(gw: Handle) -> None:
+    port = gw.gateway.traffic.port
+
+    def unary(channel: Any) -> bytes:
+        return channel.unary_unary("/test.Echo/Unary")(b"hi", timeout=5)
+
+    def server_streaming(channel: Any) -> list[bytes]:
+        return list(channel.unary_stream("/test.Echo/Split")(b"abc", timeout=5))
+
+    def client_streaming(channel: Any) -> bytes:
+        return channel.stream_unary("/test.Echo/Join")(iter([b"a", b"b", b"c"]), timeout=5)
+
+    def bidi(channel: Any) -> list[bytes]:
+        return list(channel.stream_stream("/test.Echo/Chat")(iter([b"x", b"y"]), timeout=5))
+
+    assert await call(port, unary) == b"v1:hi"
+    assert await call(port, server_streaming) == [b"a", b"b", b"c"]
+    assert await call(port, client_streaming) == b"abc"
+    assert await call(port, bidi) == [b"X", b"Y"]
+
+
+async def test_a_large_stream_both_ways(gw: Handle) -> None:
+    """More than the windows hold, each way: flow control, not buffering, carries it."""
+    big = bytes(range(256)) * 1024  # 256 KiB a message
+
+    def chat(channel: Any) -> list[int]:
+        answers = channel.stream_stream("/test.Echo/Chat")(iter([big] * 4), timeout=10)
+        return [len(a) for a in answers]
+
+    assert await call(gw.gateway.traffic.port, chat) == [len(big)] * 4
+
+
+async def test_a_replicas_status_and_message_reach_the_client(gw: Handle) -> None:
+    def not_found(channel: Any) -> tuple[Any, str]:
+        try:
+            channel.unary_unary("/test.Echo/Unary")(b"not-found", timeout=5)
+        except grpc.RpcError as e:
+            return e.code(), e.details()
+        raise AssertionError("the call succeeded")
+
+    code, details = await call(gw.gateway.traffic.port, not_found)
+    assert (code, details) == (grpc.StatusCode.NOT_FOUND, "no such thing: not-found")
+
+
+async def test_nothing_routable_is_unavailable_with_the_gateways_reason(
+    gateways: Gateways,
+) -> None:
+    handle = await gateways.start()
+    # A static address nothing listens on: never healthy, never routable.
+    await handle.controller.apply(
+        grpc_spec(backend="static", replica={"addresses": ["127.0.0.1:9"]})
+    )
+    port = handle.gateway.traffic.port
+
+    def unary(channel: Any) -> tuple[Any, str]:
+        try:
+            channel.unary_unary("/test.Echo/Unary")(b"hi", timeout=5)
+        except grpc.RpcError as e:
+            return e.code(), e.details()
+        raise AssertionError("the call succeeded")
+
+    code, details = await call(port, unary)
+    assert code == grpc.StatusCode.UNAVAILABLE
+    assert "no routable upstream" in details, details
+
+
+def message(data: bytes) -> bytes:
+    """One gRPC message as framed on the wire (uncompressed)."""
+    return b"\0" + len(data).to_bytes(4, "big") + data
+
+
+async def test_grpc_timeout_bounds_the_call(gw: Handle) -> None:
+    """The gateway's own deadline (a raw client: grpcio would give up on its own first)."""
+    client = await H2Client.connect(gw.gateway.traffic.port)
+    try:
+        stream = client.request(
+            "/test.Echo/Unary",
+            method="POST",
+            headers=[
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                ("grpc-timeout", "200m"),
+            ],
+            body=message(b"sleep:3"),
+        )
+        (answer,) = await client.get(stream, within=5)
+    finally:
+        await client.close()
+    assert answer.status == 200
+    assert answer.headers.get(b"grpc-status") == b"4", answer
+    assert answer.headers.get(b"content-type") == b"application/grpc"
+    assert not answer.body
+
+
+async def test_a_grpc_error_is_never_a_json_body(gw: Handle) -> None:
+    """An HTTP/2 request to no route: JSON for a plain client, trailers-only for gRPC."""
+    await gw.controller.apply(grpc_spec(route={"path_prefix": "/test.Echo/"}))
+    client = await H2Client.connect(gw.gateway.traffic.port)
+    try:
+        plain = client.request("/nowhere")
+        rpc = client.request(
+            "/nowhere.Service/Call",
+            method="POST",
+            headers=[("content-type", "application/grpc+proto"), ("te", "trailers")],
+            body=message(b""),
+        )
+        answers = await client.get(plain, rpc, within=5)
+    finally:
+        await client.close()
+    assert (answers[0].status, answers[0].body[:1]) == (404, b"{")
+    assert (answers[1].status, bytes(answers[1].body)) == (200, b"")
+    assert answers[1].headers[b"grpc-status"] == b"12"  # UNIMPLEMENTED

@@ -1,0 +1,63 @@
+"""``wire.grpc``: which requests are gRPC, ``grpc-timeout``, the gateway's errors as gRPC
+statuses and trailers-only answers; ``wire.http2.request_fields``, the upstream HTTP/2 head."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.wire import grpc, http2
+
+
+def test_grpc_is_told_by_its_content_type() -> None:
+    assert grpc.is_grpc([(b"content-type", b"application/grpc")])
+    assert grpc.is_grpc([(b"te", b"trailers"), (b"content-type", b"application/grpc+proto")])
+    assert not grpc.is_grpc([(b"content-type", b"application/json")])
+    assert not grpc.is_grpc([])
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(b"200m", 0.2), (b"1S", 1.0), (b"2M", 120.0), (b"1H", 3600.0), (b"5000u", 0.005),
+     (b"7n", 7e-9), (b"123456789S", None), (b"S", None), (b"1x", None), (b"-1S", None)],
+)  # fmt: skip
+def test_grpc_timeout(value: bytes, seconds: float | None) -> None:
+    assert grpc.timeout([(b"grpc-timeout", value)]) == pytest.approx(seconds)
+
+
+def test_the_gateways_errors_as_statuses() -> None:
+    assert grpc.status_of(503) == grpc.UNAVAILABLE == 14
+    assert grpc.status_of(429) == grpc.RESOURCE_EXHAUSTED == 8
+    assert grpc.status_of(401) == grpc.UNAUTHENTICATED == 16
+    assert grpc.status_of(504) == grpc.DEADLINE_EXCEEDED == 4
+    assert grpc.status_of(404) == grpc.UNIMPLEMENTED
+    assert grpc.status_of(599) == grpc.UNKNOWN
+
+
+def test_a_trailers_only_answer() -> None:
+    fields = grpc.trailers_only(14, "no routable upstream: 100% é", b"rid")
+    assert fields == [
+        (b":status", b"200"),
+        (b"content-type", b"application/grpc"),
+        (b"x-request-id", b"rid"),
+        (b"grpc-status", b"14"),
+        (b"grpc-message", b"no routable upstream: 100%25 %C3%A9"),
+    ]
+
+
+def test_an_upstream_head_in_http2_fields() -> None:
+    lines = [
+        b"POST /test.Echo/Unary HTTP/1.1",
+        b"Host: api.example\r\nContent-Type: application/grpc",
+        b"Connection: keep-alive",
+        b"TE: gzip",
+        b"X-Request-Id: r1",
+    ]
+    assert http2.request_fields(lines) == [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":authority", b"api.example"),
+        (b":path", b"/test.Echo/Unary"),
+        (b"content-type", b"application/grpc"),
+        (b"x-request-id", b"r1"),
+        (b"te", b"trailers"),
+    ]
