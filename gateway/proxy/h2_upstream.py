@@ -26,7 +26,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import Final, cast
 
 import h2.config
 import h2.connection
@@ -203,8 +203,7 @@ class H2UpstreamConnection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's is no subclass)
         self._h2.initiate_connection()
         self._flush()
 
@@ -425,7 +424,7 @@ class H2Connector:
                 await conn.ready
         except (OSError, TimeoutError) as exc:
             raise UpstreamConnectError(
-                f"cannot connect to upstream {address} over HTTP/2: {exc or 'timed out'}",
+                f"cannot connect to upstream {address} over HTTP/2: {str(exc) or 'timed out'}",
                 kind="connect",
             ) from None
         finally:
