@@ -616,6 +616,15 @@ def model_clash(spec: ServiceSpec, others: Iterable[ServiceSpec]) -> str | None:
     return None
 
 
+def _probe_key(probe: ProbeConfig) -> dict[str, Any]:
+    """A probe as its revision's identity holds it: ``service`` unset (as before gRPC
+    probes) leaves the revisions made before it alone."""
+    data = dump_settings(probe)
+    if not data["service"]:
+        del data["service"]
+    return data
+
+
 class ServiceSpec(Model):
     """A named, routed set of replicas."""
 
@@ -825,7 +834,7 @@ class ServiceSpec(Model):
         doc = {
             "backend": self.backend,
             "replica": replica,
-            "probes": [dump_settings(p) for p in self.effective_probes],
+            "probes": [_probe_key(p) for p in self.effective_probes],
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -392,7 +392,10 @@ class ProbeConfig:
 
     __pydantic_config__ = _FORBID
 
-    type: Literal["http", "tcp"] = "http"
+    type: Literal["http", "tcp", "grpc"] = "http"
+    """``grpc``: ``grpc.health.v1.Health/Check`` over h2c, passed when it answers SERVING."""
+    service: str = ""
+    """gRPC only: the service asked about (empty: the server as a whole)."""
     path: RequestPath = "/"
     """HTTP only: the path requested."""
     method: Literal["GET", "HEAD", "OPTIONS"] = "GET"

@@ -312,6 +312,8 @@ class Prober:
             async with asyncio.timeout(probe.timeout):
                 if probe.type == "tcp":
                     return await self._tcp(upstream)
+                if probe.type == "grpc":
+                    return await self._grpc(upstream, probe)
                 return await self._http(upstream, probe)
         except TimeoutError:
             return "timeout", f"{probe.type} probe timed out after {probe.timeout:g}s"
@@ -323,6 +325,17 @@ class Prober:
         transport, _ = await loop.create_connection(asyncio.Protocol, upstream.host, upstream.port)
         transport.close()
         return "success", ""
+
+    async def _grpc(self, upstream: Upstream, probe: ProbeConfig) -> tuple[ProbeOutcome, str]:
+        from . import grpc_probe  # loads h2: only where a service asks for a gRPC probe
+
+        status = await grpc_probe.check(
+            upstream.host, upstream.port, probe.service, authority=upstream.address
+        )
+        if status == grpc_probe.SERVING:
+            return "success", ""
+        name = grpc_probe.STATUS_NAMES.get(status, str(status))
+        return "failure", f"grpc probe {probe.service or '(server)'}: {name}"
 
     async def _http(self, upstream: Upstream, probe: ProbeConfig) -> tuple[ProbeOutcome, str]:
         # A connection of its own, closed at once (redirects are not followed, no cookies

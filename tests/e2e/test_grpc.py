@@ -1,7 +1,7 @@
 """gRPC through the real gateway (issue 55): grpcio clients over h2c to a service with
 ``upstream_protocol: http2`` whose replicas are grpcio servers (``grpc_replica.py``, started
 by the process backend): the four kinds of call, a replica's status and message, the
-gateway's own errors as trailers-only answers, and ``grpc-timeout``."""
+gateway's own errors as trailers-only answers, ``grpc-timeout``, and the gRPC probe."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from gateway.health import grpc_probe
+from gateway.health.probe_client import ProbeError
 from tests.support.h2_client import H2Client
 
 from .conftest import Gateways, Handle, serving
@@ -167,3 +169,22 @@ async def test_a_grpc_error_is_never_a_json_body(gw: Handle) -> None:
     assert (answers[0].status, answers[0].body[:1]) == (404, b"{")
     assert (answers[1].status, bytes(answers[1].body)) == (200, b"")
     assert answers[1].headers[b"grpc-status"] == b"12"  # UNIMPLEMENTED
+
+
+async def test_a_grpc_probe_asks_the_health_service(gateways: Gateways) -> None:
+    """``{type: grpc, service}``: ``grpc.health.v1.Health/Check`` gates the replica; a
+    service the replica does not know fails the probe with its status."""
+    handle = await gateways.start()
+    probe = {"type": "grpc", "service": "test.Echo", "interval": 0.1, "healthy_threshold": 1}
+    await serving(handle, grpc_spec(probes=[probe]))
+
+    def unary(channel: Any) -> bytes:
+        return channel.unary_unary("/test.Echo/Unary")(b"hi", timeout=5)
+
+    assert await call(handle.gateway.traffic.port, unary) == b"v1:hi"
+    (replica,) = handle.replicas()
+    host, _, port = replica.address.rpartition(":")
+    assert await grpc_probe.check(host, int(port), "test.Echo", authority=replica.address) == 1
+    assert await grpc_probe.check(host, int(port), "", authority=replica.address) == 1
+    with pytest.raises(ProbeError, match="grpc-status 5"):  # NOT_FOUND
+        await grpc_probe.check(host, int(port), "nope", authority=replica.address)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.health import grpc_probe
+from gateway.health.probe_client import ProbeInvalidResponse
 from gateway.wire import grpc, http2
 
 
@@ -61,3 +63,21 @@ def test_an_upstream_head_in_http2_fields() -> None:
         (b"x-request-id", b"r1"),
         (b"te", b"trailers"),
     ]
+
+
+def test_the_health_checks_messages() -> None:
+    """``health.grpc_probe``'s by-hand protobuf, against what grpcio-health-checking's own
+    messages encode to."""
+    health_pb2 = pytest.importorskip("grpc_health.v1.health_pb2")
+    expected = health_pb2.HealthCheckRequest(service="test.Echo").SerializeToString()
+    assert (
+        grpc_probe.request_message("test.Echo")
+        == b"\0" + len(expected).to_bytes(4, "big") + expected
+    )
+    assert grpc_probe.request_message("") == b"\0\0\0\0\0"
+    for status in (0, 1, 2, 3):
+        body = health_pb2.HealthCheckResponse(status=status).SerializeToString()
+        framed = b"\0" + len(body).to_bytes(4, "big") + body
+        assert grpc_probe.serving_status(framed) == status
+    with pytest.raises(ProbeInvalidResponse):
+        grpc_probe.serving_status(b"\0\0\0\0\x05\x08")

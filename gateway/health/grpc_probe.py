@@ -1,0 +1,134 @@
+"""The gRPC probe's client: ``grpc.health.v1.Health/Check`` (gRPC's standard health service)
+on a new h2c connection, and the serving status it answers.
+
+One call, by hand on the ``h2`` library (imported with this module, at the first gRPC probe:
+a gateway that probes none loads neither), its two messages encoded and read here: a
+``HealthCheckRequest`` is one string field (``service``), a ``HealthCheckResponse`` one enum
+field (``status``), too little protobuf for a protobuf library. As ``probe_client``: a
+connection of its own, closed on every path; every failure a ``ProbeError`` or an
+``OSError``; no timeout of its own (the prober bounds the whole check).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+
+from .probe_client import ProbeConnectionClosed, ProbeError, ProbeInvalidResponse
+
+PATH: Final = b"/grpc.health.v1.Health/Check"
+SERVING: Final = 1
+STATUS_NAMES: Final = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+RESPONSE_LIMIT: Final = 64 * 1024
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def request_message(service: str) -> bytes:
+    """A ``HealthCheckRequest`` for ``service`` in gRPC's framing (uncompressed)."""
+    name = service.encode()
+    body = b"\x0a" + _varint(len(name)) + name if name else b""
+    return b"\x00" + len(body).to_bytes(4, "big") + body
+
+
+def serving_status(data: bytes) -> int:
+    """The ``status`` of a framed ``HealthCheckResponse`` (0, UNKNOWN, if it has none)."""
+    if len(data) < 5 or data[0] != 0 or int.from_bytes(data[1:5], "big") != len(data) - 5:
+        raise ProbeInvalidResponse("grpc probe: not one uncompressed message")
+    body, i, status = data[5:], 0, 0
+    while i < len(body):
+        key, i = _read_varint(body, i)
+        wire = key & 7
+        if wire == 0:
+            value, i = _read_varint(body, i)
+            if key >> 3 == 1:
+                status = value
+        elif wire == 2:
+            size, i = _read_varint(body, i)
+            i += size
+        else:
+            raise ProbeInvalidResponse("grpc probe: a HealthCheckResponse field of another kind")
+    return status
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while i < len(data) and shift < 64:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i
+        shift += 7
+    raise ProbeInvalidResponse("grpc probe: a broken varint")
+
+
+async def check(host: str, port: int, service: str, *, authority: str) -> int:
+    """Call ``Health/Check`` for ``service`` at ``host:port`` over h2c: the status answered
+    (``SERVING`` is 1). ``ProbeError`` if the call fails (its ``grpc-status``)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        conn = h2.connection.H2Connection(config)
+        conn.initiate_connection()
+        stream_id = conn.get_next_available_stream_id()
+        conn.send_headers(
+            stream_id,
+            [
+                (b":method", b"POST"),
+                (b":scheme", b"http"),
+                (b":authority", authority.encode()),
+                (b":path", PATH),
+                (b"content-type", b"application/grpc"),
+                (b"te", b"trailers"),
+                (b"user-agent", b"gateway-prober"),
+            ],
+        )
+        conn.send_data(stream_id, request_message(service), end_stream=True)
+        writer.write(conn.data_to_send())
+        fields: dict[bytes, bytes] = {}
+        body = bytearray()
+        ended = False
+        while not ended:
+            data = await reader.read(65536)
+            if not data:
+                raise ProbeConnectionClosed("grpc probe: the connection closed before the end")
+            try:
+                events = conn.receive_data(data)
+            except h2.exceptions.ProtocolError as exc:
+                raise ProbeInvalidResponse(f"grpc probe: HTTP/2 broken: {exc}") from None
+            for event in events:
+                if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                    fields.update(event.headers or [])
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data or b""
+                    if len(body) > RESPONSE_LIMIT:
+                        raise ProbeInvalidResponse("grpc probe: the answer is too large")
+                    conn.acknowledge_received_data(event.flow_controlled_length or 0, stream_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended = True
+                elif isinstance(event, h2.events.StreamReset | h2.events.ConnectionTerminated):
+                    raise ProbeError("grpc probe: the replica reset the call")
+            writer.write(conn.data_to_send())
+        status = fields.get(b"grpc-status", b"")
+        if status != b"0":
+            message = fields.get(b"grpc-message", b"").decode("latin-1")
+            raise ProbeError(f"grpc-status {status.decode('latin-1') or '-'} {message}".strip())
+        return serving_status(bytes(body))
+    finally:
+        writer.close()
