@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ import pytest
 
 from gateway.health import grpc_probe
 from gateway.health.probe_client import ProbeError
+from tests.support.eventually import eventually
 from tests.support.h2_client import H2Client
 
 from .conftest import Gateways, Handle, serving
@@ -188,3 +190,33 @@ async def test_a_grpc_probe_asks_the_health_service(gateways: Gateways) -> None:
     assert await grpc_probe.check(host, int(port), "", authority=replica.address) == 1
     with pytest.raises(ProbeError, match="grpc-status 5"):  # NOT_FOUND
         await grpc_probe.check(host, int(port), "nope", authority=replica.address)
+
+
+async def test_a_rolling_update_under_unary_calls_fails_none(gateways: Gateways) -> None:
+    handle = await gateways.start()
+    await serving(handle, grpc_spec(2))
+    port = handle.gateway.traffic.port
+    stop = threading.Event()
+    seen: list[bytes] = []
+    failures: list[str] = []
+
+    def loop(channel: Any) -> None:
+        unary = channel.unary_unary("/test.Echo/Unary")
+        while not stop.is_set():
+            try:
+                seen.append(unary(b"x", timeout=5))
+            except grpc.RpcError as e:
+                failures.append(f"{e.code()}: {e.details()}")
+
+    calls = asyncio.ensure_future(call(port, loop))
+    try:
+        await eventually(lambda: len(seen) >= 20, what="calls answered by v1")
+        v2 = grpc_spec(2)
+        v2["replica"]["env"] = {"NAME": "v2"}
+        await serving(handle, v2, revision=2)
+        await eventually(lambda: seen[-1:] == [b"v2:x"], what="calls answered by v2")
+    finally:
+        stop.set()
+        await calls
+    assert not failures, failures[:5]
+    assert b"v1:x" in seen
