@@ -220,3 +220,33 @@ async def test_a_rolling_update_under_unary_calls_fails_none(gateways: Gateways)
         await calls
     assert not failures, failures[:5]
     assert b"v1:x" in seen
+
+
+@pytest.mark.parametrize(
+    ("extra", "code"),
+    [
+        ({"auth": {"type": "bearer"}}, "UNAUTHENTICATED"),
+        (
+            {"rate_limits": [{"path_prefix": "/", "key": "ip", "rps": 0.01, "burst": 1}]},
+            "RESOURCE_EXHAUSTED",
+        ),
+    ],
+)
+async def test_auth_and_rate_limits_answer_in_grpc(
+    gateways: Gateways, extra: dict[str, Any], code: str
+) -> None:
+    handle = await gateways.start()
+    await serving(handle, grpc_spec(**extra))
+
+    def twice(channel: Any) -> list[Any]:
+        codes = []
+        for _ in range(2):
+            try:
+                channel.unary_unary("/test.Echo/Unary")(b"hi", timeout=5)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as e:
+                codes.append(e.code())
+        return codes
+
+    codes = await call(handle.gateway.traffic.port, twice)
+    assert codes[-1] == getattr(grpc.StatusCode, code), codes
