@@ -98,8 +98,11 @@ class UpstreamStream:
         self.send_pending()
 
     def body_error(self, exc: BaseException) -> None:
+        """The request body broke off (the client's doing: ``upstream_connection``'s rule)."""
+        error = exc if isinstance(exc, GatewayError) else UpstreamError(str(exc))
+        error.kind = "client"
         self.conn.reset(self, h2.errors.ErrorCodes.CANCEL)
-        self.fail(exc)
+        self.fail(error)
 
     def send_pending(self) -> None:
         """Send what the body holds, as the windows allow (then END_STREAM if it ended)."""
