@@ -43,6 +43,7 @@ import hyperframe.frame
 
 from ..config import Http2Config, ListenerLimits
 from ..errors import RequestTimeout
+from ..wire import grpc
 from .codec import Begin, Handler
 from .h2_stream import H2Stream
 from .request import HOST, IncomingRequest, Refused, RequestBody
@@ -252,7 +253,10 @@ class H2Connection(asyncio.Protocol):
                 event.headers or [], self._limits.max_header_size, event.stream_ended is None
             )
         except Refused as refused:
-            stream.refuse(refused.status, refused.code, refused.message)
+            if grpc.is_grpc(event.headers or []):
+                stream.grpc_error(refused.status, refused.message, b"")
+            else:
+                stream.refuse(refused.status, refused.code, refused.message)
             stream.finished(IncomingRequest(None), self.loop.time())
             return
         if event.stream_ended is None:

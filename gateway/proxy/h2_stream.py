@@ -206,13 +206,16 @@ class H2Stream(Downstream):
 
     def send_error(self, request: IncomingRequest, exc: GatewayError, request_id: str) -> None:
         if grpc.is_grpc(request.headers):  # never a JSON body to a gRPC client
-            if self.answered:
-                self.abort()
-                return
-            status = grpc.status_of(exc.status)
-            self._head(grpc.trailers_only(status, exc.message, request_id.encode()), True)
+            self.grpc_error(exc.status, exc.message, request_id.encode())
             return
         self.send_whole(messages.gateway_error_response(exc, request_id, False))
+
+    def grpc_error(self, status: int, message: str, request_id: bytes) -> None:
+        """The gateway's own answer to a gRPC request (HTTP ``status``): trailers-only."""
+        if self.answered:
+            self.abort()
+            return
+        self._head(grpc.trailers_only(grpc.status_of(status), message, request_id), True)
 
     def trailers(self, fields: Fields) -> None:
         if not self.closed and not self.ending:

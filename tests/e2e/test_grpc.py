@@ -250,3 +250,24 @@ async def test_auth_and_rate_limits_answer_in_grpc(
 
     codes = await call(handle.gateway.traffic.port, twice)
     assert codes[-1] == getattr(grpc.StatusCode, code), codes
+
+
+async def test_a_refused_grpc_head_is_answered_in_grpc(gw: Handle) -> None:
+    """A head the codec refuses (a field over ``max_header_size``: 431 to a plain client)."""
+    client = await H2Client.connect(gw.gateway.traffic.port)
+    try:
+        stream = client.request(
+            "/test.Echo/Unary",
+            method="POST",
+            headers=[
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                ("x-big", "x" * 20_000),
+            ],
+            body=message(b"hi"),
+        )
+        (answer,) = await client.get(stream, within=5)
+    finally:
+        await client.close()
+    assert (answer.status, bytes(answer.body)) == (200, b"")
+    assert answer.headers[b"grpc-status"] == b"13", answer  # INTERNAL, as gRPC maps 431
