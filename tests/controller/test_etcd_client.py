@@ -167,21 +167,29 @@ async def test_watch_sees_puts_and_deletes_in_order(client: EtcdClient, prefix: 
     assert [e.kv.mod_revision for e in seen] == sorted(e.kv.mod_revision for e in seen)
 
 
-async def test_watch_from_now_sees_later_changes(
-    client: EtcdClient, prefix: bytes, cluster: EtcdCluster
-) -> None:
-    before = await asyncio.to_thread(cluster.watchers)
+async def test_watch_from_now_sees_later_changes(client: EtcdClient, prefix: bytes) -> None:
+    """A watch without a start revision sees the puts after it was created, never one before.
+    Puts go on until the watch sees one: whichever came after its creation (counting etcd's
+    watchers instead raced with an earlier test's watch still closing)."""
+    old = await client.put(prefix + b"k", b"old")
     watch = client.watch(prefix + b"k")
     first = asyncio.ensure_future(anext(watch))
+    made: dict[int, bytes] = {}
+    counter = itertools.count()
 
-    async def created() -> bool:  # on etcd: the put comes after the watch
-        return await asyncio.to_thread(cluster.watchers) > before
+    async def seen() -> bool:
+        if not first.done():
+            value = b"new-%d" % next(counter)
+            made[await client.put(prefix + b"k", value)] = value
+        return first.done()
 
-    await eventually(created, what="the watch created on etcd")
-    assert not first.done()
-    revision = await client.put(prefix + b"k", b"v")
-    batch = await asyncio.wait_for(first, 5)
-    assert [(e.type, e.kv.value, e.kv.mod_revision) for e in batch] == [("PUT", b"v", revision)]
+    await eventually(seen, every=0.05, what="the watch seeing a put made after it")
+    batch = first.result()
+    assert batch, "an empty batch"
+    for event in batch:
+        assert event.type == "PUT"
+        assert event.kv.mod_revision > old, "a put from before the watch"
+        assert made.get(event.kv.mod_revision) == event.kv.value
     await watch.aclose()  # type: ignore[attr-defined]
 
 

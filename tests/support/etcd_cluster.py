@@ -163,19 +163,6 @@ class EtcdCluster:
         except (OSError, ValueError):
             return False
 
-    def watchers(self) -> int:
-        """The watches open on the running members (etcd's own gauge, from ``/metrics``): a
-        watch a client asked for exists once this counts it."""
-        total = 0
-        for member in self.members:
-            if not member.alive:
-                continue
-            with urllib.request.urlopen(member.endpoint + "/metrics", timeout=1) as answer:
-                for line in answer.read().decode().splitlines():
-                    if line.startswith("etcd_debugging_mvcc_watcher_total "):
-                        total += int(float(line.split()[1]))
-        return total
-
     def wait_healthy(self, timeout: float = 20.0, indexes: list[int] | None = None) -> None:
         """Until each member (of ``indexes``) answers ``/health``; one that exited fails the
         wait at once (``GiveUp``, with the end of its log)."""
