@@ -43,7 +43,7 @@ import hyperframe.frame
 
 from ..config import Http2Config, ListenerLimits
 from ..errors import RequestTimeout
-from ..wire import grpc
+from ..wire import grpc, http2
 from .codec import Begin, Handler
 from .h2_stream import H2Stream
 from .request import HOST, IncomingRequest, Refused, RequestBody
@@ -344,12 +344,7 @@ class H2Connection(asyncio.Protocol):
                 )
                 if window <= 0:
                     break
-                chunk = out[0]
-                if len(chunk) > window:
-                    out[0] = chunk[window:]
-                    chunk = chunk[:window]
-                else:
-                    out.popleft()
+                chunk = http2.take(out, window)
                 stream.out_bytes -= len(chunk)
                 last = not out and stream.ending and stream.trailing is None
                 conn.send_data(stream_id, chunk, end_stream=last)

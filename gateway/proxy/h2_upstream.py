@@ -315,12 +315,7 @@ class H2UpstreamConnection(asyncio.Protocol):
                 )
                 if window <= 0:
                     break
-                chunk = out[0]
-                if len(chunk) > window:
-                    out[0] = chunk[window:]
-                    chunk = chunk[:window]
-                else:
-                    out.popleft()
+                chunk = http2.take(out, window)
                 last = ending and not out
                 conn.send_data(stream_id, chunk, end_stream=last)
                 stream.sent_end = last

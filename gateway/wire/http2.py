@@ -9,6 +9,7 @@ first. It imports no HTTP/2 library: the HTTP/1.1 listener reads ``PREFACE`` fro
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Final
 
 PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -78,3 +79,14 @@ def request_fields(lines: list[bytes], scheme: bytes = b"http") -> Fields:
     fields += rest
     fields.append((b"te", b"trailers"))
     return fields
+
+
+def take(out: deque[bytes], size: int) -> bytes:
+    """At most ``size`` bytes from the front of the chunks queued in ``out``, taken off it:
+    what one DATA frame carries within the windows."""
+    chunk = out[0]
+    if len(chunk) > size:
+        out[0] = chunk[size:]
+        return chunk[:size]
+    out.popleft()
+    return chunk
