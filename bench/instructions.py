@@ -33,9 +33,8 @@ from typing import Any
 
 from system import (
     Failure,
-    get,
 )
-from targets import run_in_process
+from targets import run_in_process, until_routable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -76,16 +75,7 @@ async def measure(config: Path, port: int, seconds: float, top: int) -> None:
     async def started(gateway: object) -> None:
         try:
             url = f"http://127.0.0.1:{port}/"
-            for _ in range(100):  # until the probe passed and the upstream is routable
-                try:
-                    status, _ = await asyncio.to_thread(get, url)
-                except OSError:
-                    status = 0
-                if status == 200:
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise Failure("the gateway did not serve within 10 s")
+            await until_routable(url)
             wrk = await asyncio.create_subprocess_exec(
                 "wrk", "-t1", "-c4", f"-d{seconds:g}", url, stdout=subprocess.DEVNULL
             )

@@ -40,6 +40,7 @@ from system import (
     RssSampler,
     cpu_seconds,
     free_ports,
+    get,
     missing_tool,
     process_tree,
     stop_on_signals,
@@ -550,3 +551,19 @@ def run_in_process(name: str, measure: Callable[[Path, int], Awaitable[None]]) -
     finally:
         procs.stop_all_uninterrupted()
     return 0
+
+
+async def until_routable(url: str) -> None:
+    """Until ``url`` answers 200 through the gateway (its probe passed, the upstream is
+    routable), polled every 0.1 s for 10 s at most."""
+    import asyncio
+
+    for _ in range(100):
+        try:
+            status, _ = await asyncio.to_thread(get, url)
+        except OSError:
+            status = 0
+        if status == 200:
+            return
+        await asyncio.sleep(0.1)
+    raise Failure("the gateway did not serve within 10 s")
