@@ -82,6 +82,9 @@ class Executor:
         self._tasks: set[asyncio.Task[None]] = set()
         self.admin_digest: str | None = None
         """SHA-256 (hex) of the admin token: it opens preview routes allowed by token."""
+        self.on_launch: Callable[[str, str], None] | None = None
+        """Told (service, replica id) as a backend is asked to start a replica (its span's
+        start: ``RolloutTraces.launching``)."""
 
     # -- decisions that need an identity first -------------------------------------------------
 
@@ -217,6 +220,8 @@ class Executor:
 
     async def _do_start(self, state: ServiceState, launch: Launch, spec: ServiceSpec) -> None:
         backend = self.backends[spec.backend]
+        if self.on_launch is not None:
+            self.on_launch(state.name, launch.replica_id)
         try:
             running = await backend.start(launch)
         except BackendError as e:

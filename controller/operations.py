@@ -14,7 +14,8 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,12 +26,13 @@ from gateway import Pool
 from . import tokens as bearer
 from .backends.base import Backend, Launch, Running
 from .config import format_validation_error
-from .errors import Conflict, NotFound, SpecError
+from .errors import Conflict, ControllerError, NotFound, SpecError
 from .executor import Executor
 from .journal import Journal
 from .planning.model import Desired, Observed, Replica, ReplicaState, Rollout, RolloutStatus
 from .planning.transitions import AskPromote, Configure, Delete, Retarget, SetPaused
 from .reconciler import Reconciler
+from .rollout_traces import ApplySpan, RolloutTraces
 from .spec import ServiceSpec, model_clash
 from .state import ServiceState
 from .store import Store
@@ -102,6 +104,8 @@ class Controller:
     clock: Callable[[], float]
     wall_clock: Callable[[], float]
     reconciler: Reconciler = field(init=False)
+    traces: RolloutTraces | None = field(default=None, init=False)
+    """Where applies' spans go (``tracing.otlp_endpoint`` set), with the rollouts'."""
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -131,10 +135,49 @@ class Controller:
 
     # -- apply and scale -----------------------------------------------------------------------
 
-    async def apply(self, data: Any) -> ApplyResult:
-        spec = validate_spec(data)
+    @contextmanager
+    def applying(self, source: str, by: str = "") -> Iterator[ApplySpan]:
+        """An apply's span (``rollout_traces.ApplySpan``), sent as the block ends: refused,
+        an error, if the block raises."""
+        span = ApplySpan(self.wall_clock, source, by)
+        try:
+            yield span
+        except ControllerError as e:
+            span.refused(e.message)
+            raise
+        except Exception as e:
+            span.refused(repr(e))
+            raise
+        finally:
+            if self.traces is not None:
+                self.traces.applied(span)
+
+    async def apply(self, data: Any, span: ApplySpan | None = None) -> ApplyResult:
+        """Apply a spec. ``span``: the apply's, begun by the caller (``applying``); without
+        one, the apply has a span of its own (source ``call``)."""
+        if span is None:
+            with self.applying("call") as own:
+                return await self.apply(data, own)
+        if isinstance(data, ServiceSpec):  # validated by the caller (its own phase)
+            spec = data
+        else:
+            with span.phase("validate"):
+                spec = validate_spec(data)
+        span.named(spec.name)
         async with self._lock(spec.name):
-            return await self._apply(spec, self.plan_apply(spec))
+            with span.phase("diff"):
+                plan = self.plan_apply(spec)
+            traced = self.traces.applying(span) if self.traces is not None else nullcontext()
+            with traced:
+                result = await self._apply(spec, plan, span)
+        attributes = span.attributes
+        attributes["gateway.apply.action"] = result.action
+        attributes["gateway.revision"] = result.revision
+        if result.previous_revision is not None:
+            attributes["gateway.revision.from"] = result.previous_revision
+        if result.changes:
+            attributes["gateway.apply.changes"] = ", ".join(result.changes)
+        return result
 
     def plan_apply(self, data: Any) -> ApplyResult:
         """What ``apply(data)`` would do now, changing nothing (a dry run).
@@ -179,24 +222,28 @@ class Controller:
             action = "scaled"
         return ApplyResult(action, spec.name, previous, previous, None, changes)
 
-    async def _apply(self, spec: ServiceSpec, plan: ApplyResult) -> ApplyResult:
+    async def _apply(self, spec: ServiceSpec, plan: ApplyResult, span: ApplySpan) -> ApplyResult:
         state = self.reconciler.services.get(spec.name)
         configure = _configure(spec)
         if plan.action == "created" or state is None:
-            return await self._create(spec)
+            return await self._create(spec, span)
         if plan.action == "unchanged":
             return plan
         if plan.action == "rollout":
             number = plan.revision
-            if number not in state.revisions:
-                number = self.store.add_revision(
-                    spec.name, spec.template_key(), spec.to_json()
-                ).number
-            self.store.update_service(
-                spec.name, spec_json=spec.to_json(), desired_replicas=_count(spec, state)
-            )
+            with span.phase("store write"):
+                if number not in state.revisions:
+                    number = self.store.add_revision(
+                        spec.name, spec.template_key(), spec.to_json()
+                    ).number
+                self.store.update_service(
+                    spec.name, spec_json=spec.to_json(), desired_replicas=_count(spec, state)
+                )
             retarget = Retarget(number, "apply")
-            await self.reconciler.submit(state, [retarget, configure], spec=spec, revision=number)
+            with span.phase("plan"):
+                await self.reconciler.submit(
+                    state, [retarget, configure], spec=spec, revision=number
+                )
             rollout = state.observed.rollout
             rollout_id = (
                 rollout.id if rollout is not None and rollout.to_revision == number else None
@@ -205,19 +252,22 @@ class Controller:
                 "rollout", spec.name, number, plan.previous_revision, rollout_id, plan.changes
             )
         previous = state.desired.revision
-        self.store.update_service(
-            spec.name, spec_json=spec.to_json(), desired_replicas=_count(spec, state)
-        )
+        with span.phase("store write"):
+            self.store.update_service(
+                spec.name, spec_json=spec.to_json(), desired_replicas=_count(spec, state)
+            )
         self.journal.record(
             spec.name, "service_updated", f"{plan.action}: {', '.join(plan.changes)}", previous
         )
         # Same template: the revision's record keeps its template, the rest applies now.
-        await self.reconciler.submit(state, [configure], spec=spec, revision=previous)
+        with span.phase("plan"):
+            await self.reconciler.submit(state, [configure], spec=spec, revision=previous)
         return ApplyResult(plan.action, spec.name, previous, previous, None, plan.changes)
 
-    async def _create(self, spec: ServiceSpec) -> ApplyResult:
-        self.store.put_service(spec.name, spec.to_json(), spec.desired_replicas)
-        revision = self.store.add_revision(spec.name, spec.template_key(), spec.to_json())
+    async def _create(self, spec: ServiceSpec, span: ApplySpan) -> ApplyResult:
+        with span.phase("store write"):
+            self.store.put_service(spec.name, spec.to_json(), spec.desired_replicas)
+            revision = self.store.add_revision(spec.name, spec.template_key(), spec.to_json())
         self.executor.set_routing(spec)
         state = ServiceState(
             name=spec.name,
@@ -238,7 +288,8 @@ class Controller:
             revision.number,
         )
         self.reconciler.add(state)
-        await self.reconciler.submit(state, [])  # the loop begins its first rollout
+        with span.phase("plan"):
+            await self.reconciler.submit(state, [])  # the loop begins its first rollout
         rollout = state.observed.rollout
         rollout_id = rollout.id if rollout is not None else None
         return ApplyResult("created", spec.name, revision.number, None, rollout_id)

@@ -37,6 +37,7 @@ from gateway import (
     LoadScraper,
     MetricsCollector,
     Pool,
+    ProbeObserver,
     Prober,
     RequestObserver,
     Supervisor,
@@ -216,7 +217,8 @@ async def apply_config_services(
                     )
                 log.info("%s", reason)
                 continue
-            result = await controller.apply(entry.spec)
+            with controller.applying("config", entry.source) as span:
+                result = await controller.apply(entry.spec, span)
             store.record_config_applied(name, entry.source, entry.digest)
             log.info("%s (%s, revision %s)", choice.reason, result.action, result.revision)
         except ControllerError as e:
@@ -382,8 +384,12 @@ async def _run_locked(
             engines = Engines(client, etcd.prefix, make_docker)
             backends["docker"] = process_backend  # places nothing until the node leads
     controller = Controller(pool, backends, store, journal, loop.time, time.time)
-    if exporter is not None:  # each rollout a trace: its steps, its replicas' starts
-        journal.listen(RolloutTraces(exporter.buffer.add, controller.active_rollout))
+    traces: RolloutTraces | None = None
+    if exporter is not None:  # each rollout a trace: its apply, steps, replicas' starts
+        traces = RolloutTraces(exporter.buffer.add, controller.active_rollout, time.time)
+        journal.listen(traces)
+        controller.traces = traces
+        controller.executor.on_launch = traces.launching
     register_controller_metrics(registry, controller)
     if docker is not None:
         register_docker(registry, controller, docker)
@@ -412,7 +418,10 @@ async def _run_locked(
             on_certificates=certificates_changed,
         )
         register_acme(registry, acme)
-    prober = Prober(pool, observers=[metrics, controller.reconciler])
+    probe_observers: list[ProbeObserver] = [metrics, controller.reconciler]
+    if traces is not None:
+        probe_observers.append(traces)
+    prober = Prober(pool, observers=probe_observers)
     scraper = LoadScraper(
         pool, on_scraped=traffic.send_loads if isinstance(traffic, Supervisor) else None
     )

@@ -295,14 +295,31 @@ async def put_service(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     dry_run = _flag(request, "dry_run")
     raw = await request.read()
+    if dry_run:
+        result = controller.plan_apply(await _request_spec(request, raw, name))
+    else:
+        with controller.applying("api", _applier(request)) as span:
+            span.named(name)
+            with span.phase("validate"):
+                spec = await _request_spec(request, raw, name)
+            result = await controller.apply(spec, span)
+    return respond(ApplyResultBody.model_validate(result.to_json() | {"dry_run": dry_run}))
+
+
+async def _request_spec(request: web.Request, raw: bytes, name: str) -> ServiceSpec:
     spec = await asyncio.to_thread(_read_spec, raw, request.content_type, name)
     if spec.name != name:
         # RFC 9110 9.3.4: a PUT representation inconsistent with its target is a 409.
         reason = f"{spec.name!r} differs from {name!r} in the path"
         raise Conflict(f"name: {reason}", errors=[{"field": "name", "reason": reason}])
     _refuse_relative_paths(spec)
-    result = controller.plan_apply(spec) if dry_run else await controller.apply(spec)
-    return respond(ApplyResultBody.model_validate(result.to_json() | {"dry_run": dry_run}))
+    return spec
+
+
+def _applier(request: web.Request) -> str:
+    """Who applies, as far as the request says: its client (``User-Agent``) and address."""
+    agent = request.headers.get("User-Agent", "")[:100]
+    return f"{agent} at {request.remote}" if agent else f"{request.remote}"
 
 
 def _read_spec(raw: bytes, content_type: str, name: str) -> ServiceSpec:

@@ -18,12 +18,17 @@ from ..unreachable import unreachable_reason
 from .exits import EXIT_FAILED, EXIT_UNUSABLE, CliError
 from .target import REQUEST_TIMEOUT, TOKEN_ENV, Target
 
+USER_AGENT = "gateway-cli"
+"""How the CLI names itself to the admin API (an apply's span says who applied)."""
+
 
 class Client:
     def __init__(self, session: aiohttp.ClientSession, target: Target) -> None:
         self.session = session
         self.target = target
-        self.headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
+        self.headers = {"User-Agent": USER_AGENT}
+        if target.token:
+            self.headers["Authorization"] = f"Bearer {target.token}"
 
     def _unreachable(self, error: BaseException) -> CliError:
         reason = unreachable_reason(error)

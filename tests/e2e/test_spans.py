@@ -21,7 +21,7 @@ from tests.support.eventually import eventually
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.support.ports import free_port
 
-from .conftest import Gateways, Handle, serving
+from .conftest import Gateways, Handle
 from .test_auth import admin, echo_spec, metric
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -122,7 +122,10 @@ async def test_spans_of_sampled_requests_reach_the_collector(
             assert response.status == 200
             unsampled = response.headers["X-Request-Id"].partition("-")[0]
 
-        await eventually(lambda: len(receiver.spans) >= 7, changed=receiver.changed, what="7 spans")
+        def requests() -> int:  # the config's apply and rollout have spans of their own
+            return sum(1 for span in receiver.spans if span.kind in (SERVER, CLIENT))
+
+        await eventually(lambda: requests() >= 7, changed=receiver.changed, what="7 spans")
         assert await metric(s, gw, EXPORTED) == len(receiver.spans)
         assert await metric(s, gw, DROPPED) == 0
 
@@ -201,35 +204,74 @@ async def test_a_collector_down_or_slow_fails_no_request(
         assert await metric(s, gw, EXPORTED) == 0
 
 
-async def test_a_rollout_is_a_trace_of_its_replicas_starts(
+async def test_an_apply_is_the_root_of_its_rollouts_trace(
     gateways: Gateways, receiver: OtlpReceiver, tmp_path: Path
 ) -> None:
     gw = await gateways.start(tracing={"otlp_endpoint": receiver.endpoint})
-    await serving(gw, echo_spec(tmp_path, replicas=2))
-    (rollout,) = gw.rollouts()
-    trace = trace_id("web", rollout.id)
+    url = admin(gw) + "/api/services/web"
+    agent = {"User-Agent": "gateway-cli"}
+    async with aiohttp.ClientSession() as s:
+        async with s.put(url, json=echo_spec(tmp_path, replicas=2), headers=agent) as answer:
+            assert answer.status == 200, await answer.text()
+        await eventually(lambda: gw.ready(1) == 2 and gw.state().observed.rollout is None)
+        (rollout,) = gw.rollouts()
+        trace = trace_id("web", rollout.id)
 
-    def spans() -> list[ReceivedSpan]:
-        return receiver.by_trace(trace)
+        def spans() -> list[ReceivedSpan]:
+            return receiver.by_trace(trace)
 
-    await eventually(lambda: len(spans()) == 3, changed=receiver.changed, what="3 spans")
-    (root,) = [s for s in spans() if s.name == "rollout web"]
-    assert root.parent_id == ""
-    assert root.error is False
-    assert root.attributes["gateway.outcome"] == "complete"
-    assert root.attributes["gateway.revision"] == 1
-    replicas = [s for s in spans() if s.name.startswith("replica ")]
-    assert sorted(s.attributes["gateway.replica"] for s in replicas) == sorted(
-        r.id for r in gw.replicas()
-    )
-    for replica in replicas:
-        assert replica.parent_id == root.span_id
-        assert root.start <= replica.start <= replica.end <= root.end
-        assert replica.attributes["gateway.outcome"] == "ready"
+        # The apply, its 4 phases, the rollout, and each replica with its start and probes.
+        await eventually(lambda: len(spans()) == 12, changed=receiver.changed, what="12 spans")
+        (apply,) = [s for s in spans() if s.name == "apply web"]
+        assert apply.parent_id == ""
+        assert apply.error is False
+        assert apply.attributes["gateway.apply.source"] == "api"
+        assert apply.attributes["gateway.apply.by"] == "gateway-cli at 127.0.0.1"
+        assert apply.attributes["gateway.apply.action"] == "created"
+        assert apply.attributes["gateway.rollout"] == rollout.id
+        phases = [s for s in spans() if s.parent_id == apply.span_id]
+        assert sorted(s.name for s in phases) == sorted(
+            ["validate", "diff", "store write", "plan", "rollout web"]
+        )
+        (root,) = [s for s in spans() if s.name == "rollout web"]
+        assert root.error is False
+        assert root.attributes["gateway.outcome"] == "complete"
+        assert root.attributes["gateway.revision"] == 1
+        replicas = [s for s in spans() if s.name.startswith("replica ")]
+        assert sorted(s.attributes["gateway.replica"] for s in replicas) == sorted(
+            r.id for r in gw.replicas()
+        )
+        for replica in replicas:
+            assert replica.parent_id == root.span_id
+            assert root.start <= replica.start <= replica.end <= root.end
+            assert replica.attributes["gateway.outcome"] == "ready"
+            start, probe = sorted(
+                (s for s in spans() if s.parent_id == replica.span_id), key=lambda s: s.start
+            )
+            assert (start.name, probe.name) == ("start", "probe to ready")
+            assert replica.start == start.start <= start.end <= probe.start <= probe.end
+            assert probe.end == replica.end
+            assert probe.attributes["gateway.probes"] >= 1
 
-    # The rollout's record leads to its trace.
-    async with (
-        aiohttp.ClientSession() as s,
-        s.get(admin(gw) + "/api/services/web/rollouts") as response,
-    ):
-        assert (await response.json())["rollouts"][0]["trace_id"] == trace
+        # The rollout's record leads to its trace.
+        async with s.get(url + "/rollouts") as response:
+            assert (await response.json())["rollouts"][0]["trace_id"] == trace
+
+        # An apply that changes nothing, and one refused: each a trace of its own.
+        async with s.put(url, json=echo_spec(tmp_path, replicas=2)) as answer:
+            assert answer.status == 200
+        async with s.put(url, json=echo_spec(tmp_path, replicas=-1)) as answer:
+            assert answer.status == 422
+
+    def applies() -> list[ReceivedSpan]:
+        return [s for s in receiver.spans if s.name == "apply web" and s.trace_id != trace]
+
+    await eventually(lambda: len(applies()) == 2, changed=receiver.changed, what="2 applies")
+    unchanged, refused = sorted(applies(), key=lambda s: s.start)
+    assert unchanged.trace_id != refused.trace_id
+    assert unchanged.error is False
+    assert unchanged.attributes["gateway.apply.action"] == "unchanged"
+    assert "gateway.rollout" not in unchanged.attributes
+    assert refused.error is True
+    assert "replicas" in refused.attributes["gateway.apply.refused"]
+    assert "gateway.apply.action" not in refused.attributes
