@@ -8,6 +8,11 @@
     PYTHONPATH=. /tmp/v/bin/python bench/libraries.py etcd [--repeat 6 --calls 300]
     /tmp/v/bin/pip install aiodocker && PYTHONPATH=. /tmp/v/bin/python bench/libraries.py docker
     PYTHONPATH=. .venv/bin/python bench/libraries.py scrape [--repeat 5 --histograms 40]
+    python -m venv /tmp/otel && echo $PWD/.venv/lib/python3.11/site-packages \
+        > /tmp/otel/lib/python3.11/site-packages/venv.pth   # sees .venv's packages too
+    /tmp/otel/bin/pip install opentelemetry-exporter-otlp-proto-http==1.45.2 \
+        opentelemetry-sdk==1.45.2   # the opentelemetry-proto release .venv has
+    /tmp/otel/bin/python bench/libraries.py otlp [--repeat 3 --spans 20480 --batch 512]
 
 ``ipc``: the worker channel (``gateway.workers.ipc``, length + marshal on an asyncio stream
 under uvloop) against ``multiprocessing.connection.Connection`` on the same socketpair, the
@@ -43,6 +48,18 @@ engine (canned answers on a unix socket, in a process of its own: only the clien
 compared), each run a fresh process on uvloop doing ``--calls`` rounds of a container's
 inspect and a list of 20 containers by label; interleaved. Needs aiodocker (a venv of its own,
 as for ``etcd``).
+
+``otlp``: our span export (``gateway.observability.otlp`` encoding the data plane's span
+tuples into opentelemetry-proto's messages, ``exporter.SpanExporter`` POSTing them with
+aiohttp on uvloop) against ``opentelemetry-exporter-otlp-proto-http``'s ``OTLPSpanExporter``
+(with ``opentelemetry-sdk``: it takes the SDK's ``ReadableSpan``, so each tuple is made into
+one first; and as if the SDK had made them, given), to a sink on loopback in a process of its
+own that keeps nothing (``--spans`` spans, ``--batch`` a batch): CPU microseconds a span,
+medians and per-repetition ratios to ours. Then one export of a batch to a slow collector
+(answering in 1 s) and to a failing one (503), ``--timeout`` for both exporters: the event
+loop's longest lateness (a 1 ms ticker) and how long the export took, for ours, the
+library's called on the loop (its ``requests`` call blocks) and the library's in a thread
+(``asyncio.to_thread``, as the main process would have to run it).
 
 ``imports``: a fresh interpreter's ``import MODULE`` (``a,b``: both), and the ``-X importtime``
 total of what it imports beyond a bare interpreter:
@@ -709,6 +726,236 @@ def scrape_bench(args: argparse.Namespace) -> None:
     print(f"prometheus_client parser {statistics.median(theirs):8.2f} ms CPU a parse")
 
 
+# -- otlp -------------------------------------------------------------------------------------
+
+
+def _otlp_sink(delay: float, status: int) -> None:
+    """An OTLP/HTTP collector that keeps nothing: each export read, answered after ``delay``
+    seconds with ``status``. Prints its port."""
+    from aiohttp import web
+
+    async def export(request: web.Request) -> web.Response:
+        await request.read()
+        if delay:
+            await asyncio.sleep(delay)
+        return web.Response(status=status, content_type="application/x-protobuf")
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/traces", export)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(site._server.sockets[0].getsockname()[1], flush=True)  # type: ignore[union-attr]
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+@contextlib.contextmanager
+def _sink(delay: float = 0.0, status: int = 200) -> Any:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "otlp-sink", str(delay), str(status)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        yield f"http://127.0.0.1:{int(proc.stdout.readline())}/v1/traces"
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def _spans(n: int) -> list[Any]:
+    """``n`` spans as the data plane records them (``gateway.observability.spans``): a
+    sampled request's server span and its client span, by turns."""
+    out: list[Any] = []
+    for i in range(n // 2):
+        trace, server, client = f"{i + 1:032x}", f"{2 * i + 1:016x}", f"{2 * i + 2:016x}"
+        start = 1_700_000_000.0 + i / 1000
+        out.append(
+            (trace, server, "00f067aa0ba902b7", "GET web", 2, start, start + 0.002, False,
+             (("http.request.method", "GET"), ("url.path", f"/items/{i}"),
+              ("server.address", "example.com"), ("http.response.status_code", 200),
+              ("http.request.body.size", 0), ("http.response.body.size", 512),
+              ("gateway.retries", 0), ("gateway.service", "web"), ("gateway.revision", 3),
+              ("gateway.upstream", "web-3-a1b2c3"), ("network.peer.address", "10.0.0.7:9000")))
+        )  # fmt: skip
+        out.append(
+            (trace, client, server, "GET", 3, start + 0.0002, start + 0.0018, False,
+             (("http.request.method", "GET"), ("server.address", "10.0.0.7"),
+              ("server.port", 9000), ("gateway.upstream", "web-3-a1b2c3"),
+              ("gateway.revision", 3), ("http.response.status_code", 200)))
+        )  # fmt: skip
+    return out
+
+
+def _sdk_spans(spans: list[Any]) -> list[Any]:
+    """Our spans as the SDK's ``ReadableSpan``, which the exporter library takes."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+    resource = Resource({"service.name": "bench"})
+    scope = InstrumentationScope("gateway")
+    sampled = TraceFlags(TraceFlags.SAMPLED)
+    ok, failed = Status(StatusCode.UNSET), Status(StatusCode.ERROR)
+    out = []
+    for trace_id, span_id, parent_id, name, kind, start, end, error, attributes in spans:
+        trace = int(trace_id, 16)
+        parent = SpanContext(trace, int(parent_id, 16), True, sampled) if parent_id else None
+        out.append(
+            ReadableSpan(
+                name,
+                SpanContext(trace, int(span_id, 16), False, sampled),
+                parent,
+                resource,
+                dict(attributes),
+                kind=SpanKind(kind - 1),  # the SDK counts from INTERNAL = 0, OTLP from 1
+                status=failed if error else ok,
+                start_time=round(start * 1e9),
+                end_time=round(end * 1e9),
+                instrumentation_scope=scope,
+            )
+        )
+    return out
+
+
+def _batches(spans: list[Any], size: int) -> list[list[Any]]:
+    return [spans[i : i + size] for i in range(0, len(spans), size)]
+
+
+async def _ours(url: str, batches: list[list[Any]], timeout: float = 10.0) -> tuple[float, int]:
+    """CPU seconds of our exporter's ``export`` of every batch, and the spans accepted."""
+    from gateway.config import TracingConfig
+    from gateway.observability.exporter import SpanExporter
+
+    exporter = SpanExporter(TracingConfig(otlp_endpoint=url, timeout=timeout))
+    exporter.start()
+    await exporter.export(batches[0])  # the connection opened, as in a gateway that runs
+    exporter.exported = 0
+    start = time.process_time()
+    for batch in batches:
+        await exporter.export(batch)
+    took = time.process_time() - start
+    await exporter.stop()
+    return took, exporter.exported
+
+
+def _library(url: str, batches: list[list[Any]], convert: bool) -> tuple[float, int]:
+    """CPU seconds of the library exporter's ``export`` of every batch (``convert``: each
+    batch made into SDK spans first, as the gateway's tuples would be), and the spans
+    accepted."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    exporter = OTLPSpanExporter(endpoint=url, timeout=10)
+    exporter.export(_sdk_spans(batches[0]))
+    given = batches if convert else [_sdk_spans(b) for b in batches]
+    accepted = 0
+    start = time.process_time()
+    for batch in given:
+        spans = _sdk_spans(batch) if convert else batch
+        if exporter.export(spans) is SpanExportResult.SUCCESS:
+            accepted += len(batch)
+    took = time.process_time() - start
+    exporter.shutdown()
+    return took, accepted
+
+
+async def _lag(work: Any) -> tuple[float, float]:
+    """The event loop's longest lateness (a 1 ms ticker's) while ``work()`` is awaited, and
+    the wall seconds it took."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    late = [0.0]
+
+    async def tick() -> None:
+        while not done.is_set():
+            at = loop.time()
+            await asyncio.sleep(0.001)
+            late[0] = max(late[0], loop.time() - at - 0.001)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.01)
+    start = time.perf_counter()
+    await work()
+    took = time.perf_counter() - start
+    done.set()
+    await ticker
+    return late[0], took
+
+
+async def _stalls(url: str, batch: list[Any], timeout: float) -> dict[str, tuple[float, float]]:
+    """Loop lag and wall time of one export of ``batch`` to ``url``: ours, the library's
+    called on the loop, and the library's in a thread (``asyncio.to_thread``)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    from gateway.config import TracingConfig
+    from gateway.observability.exporter import SpanExporter
+
+    ours = SpanExporter(TracingConfig(otlp_endpoint=url, timeout=timeout))
+    ours.start()
+    theirs = OTLPSpanExporter(endpoint=url, timeout=timeout)
+    sdk = _sdk_spans(batch)
+
+    async def on_loop() -> None:
+        theirs.export(sdk)
+
+    async def in_thread() -> None:
+        await asyncio.to_thread(theirs.export, sdk)
+
+    out = {
+        "ours": await _lag(lambda: ours.export(batch)),
+        "library on the loop": await _lag(on_loop),
+        "library in a thread": await _lag(in_thread),
+    }
+    await ours.stop()
+    theirs.shutdown()
+    return out
+
+
+def otlp_bench(args: argparse.Namespace) -> None:
+    import logging
+
+    import uvloop
+
+    logging.disable(logging.CRITICAL)  # both exporters log each failed export
+
+    spans = _spans(args.spans)
+    batches = _batches(spans, args.batch)
+    rows: dict[str, list[float]] = {"ours": [], "library": [], "library, SDK spans given": []}
+    with _sink() as url:
+        for _ in range(args.repeat):
+            took, n = uvloop.run(_ours(url, batches))
+            assert n == len(spans), n
+            rows["ours"].append(took / n * 1e6)
+            took, n = _library(url, batches, convert=True)
+            assert n == len(spans), n
+            rows["library"].append(took / n * 1e6)
+            took, n = _library(url, batches, convert=False)
+            rows["library, SDK spans given"].append(took / n * 1e6)
+    print(f"{len(spans)} spans in batches of {args.batch}, to a sink on loopback; CPU us a span")
+    for name, values in rows.items():
+        ratios = [v / o for v, o in zip(values, rows["ours"], strict=True)]
+        print(
+            f"  {name:<26} {statistics.median(values):7.2f}  x{statistics.median(ratios):.2f}"
+            f"  ({' '.join(f'{v:.2f}' for v in values)})"
+        )
+    batch = batches[0]
+    for what, delay, status in (("slow (answers in 1 s)", 1.0, 200), ("failing (503)", 0.0, 503)):
+        with _sink(delay, status) as url:
+            runs = [uvloop.run(_stalls(url, batch, args.timeout)) for _ in range(args.repeat)]
+        print(f"one export of {len(batch)} spans to a {what} collector, timeout {args.timeout} s:")
+        for name in runs[0]:
+            late = statistics.median(r[name][0] for r in runs)
+            took = statistics.median(r[name][1] for r in runs)
+            print(f"  {name:<22} loop lag max {late * 1000:8.1f} ms, export took {took:6.2f} s")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "ipc-peer":
         _peer(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
@@ -718,6 +965,9 @@ def main() -> None:
         return
     if len(sys.argv) > 1 and sys.argv[1] == "docker-client":
         _docker_client(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "otlp-sink":
+        _otlp_sink(float(sys.argv[2]), int(sys.argv[3]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "etcd-client":
         _etcd_client(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
@@ -739,6 +989,11 @@ def main() -> None:
     p = sub.add_parser("scrape")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--histograms", type=int, default=40)
+    p = sub.add_parser("otlp")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--spans", type=int, default=20480)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--timeout", type=float, default=5.0)
     p = sub.add_parser("imports")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("modules", nargs="*")
@@ -750,6 +1005,7 @@ def main() -> None:
         "etcd": etcd_bench,
         "imports": imports_bench,
         "scrape": scrape_bench,
+        "otlp": otlp_bench,
     }
     run[args.what](args)
 
