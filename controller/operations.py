@@ -145,7 +145,7 @@ class Controller:
         except ControllerError as e:
             span.refused(e.message)
             raise
-        except Exception as e:
+        except BaseException as e:  # a bug, or cancelled (its client went away)
             span.refused(repr(e))
             raise
         finally:
@@ -170,13 +170,7 @@ class Controller:
             traced = self.traces.applying(span) if self.traces is not None else nullcontext()
             with traced:
                 result = await self._apply(spec, plan, span)
-        attributes = span.attributes
-        attributes["gateway.apply.action"] = result.action
-        attributes["gateway.revision"] = result.revision
-        if result.previous_revision is not None:
-            attributes["gateway.revision.from"] = result.previous_revision
-        if result.changes:
-            attributes["gateway.apply.changes"] = ", ".join(result.changes)
+        span.did(result.action, result.revision, result.previous_revision, result.changes)
         return result
 
     def plan_apply(self, data: Any) -> ApplyResult:

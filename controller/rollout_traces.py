@@ -127,6 +127,18 @@ class ApplySpan:
         self.service = service
         self.attributes["gateway.service"] = service
 
+    def did(
+        self, action: str, revision: int, previous: int | None, changes: tuple[str, ...]
+    ) -> None:
+        """What the apply did (``operations.ApplyResult``'s fields)."""
+        attributes = self.attributes
+        attributes["gateway.apply.action"] = action
+        attributes["gateway.revision"] = revision
+        if previous is not None:
+            attributes["gateway.revision.from"] = previous
+        if changes:
+            attributes["gateway.apply.changes"] = ", ".join(changes)
+
     def refused(self, reason: str) -> None:
         self.error = True
         self.attributes["gateway.apply.refused"] = reason

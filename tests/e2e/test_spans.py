@@ -172,6 +172,11 @@ async def test_spans_of_sampled_requests_reach_the_collector(
     assert second.attributes["http.response.status_code"] == 200
     assert second.error is False
 
+    # The config file's service was applied: a span of its own kind.
+    (applied,) = [s for s in receiver.spans if s.name == "apply web"]
+    assert applied.attributes["gateway.apply.source"] == "config"
+    assert "services[0]" in applied.attributes["gateway.apply.by"]
+
 
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("collector", ["down", "slow"])
