@@ -32,7 +32,7 @@ from controller.backends.procfs import leaders_writing_to
 from tests.e2e.conftest import gateway_process
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.eventually import GiveUp, eventually
-from tests.support.ports import free_port
+from tests.support.ports import free_port, port_block
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 SERVER = f"{sys.executable} -m http.server $PORT --bind $HOST"
@@ -79,8 +79,8 @@ class Nodes:
     capacity: int = 4
     workers: int = 1
     """Each node's worker processes (``workers``)."""
-    ports: int = 23000
-    """The first port of the replicas' ranges, 200 a node on from it."""
+    ports: int = field(default_factory=lambda: port_block(600))
+    """The first port of the replicas' ranges, 200 a node on from it (three nodes' worth)."""
     docker: dict[str, Any] | None = None
     """Every node's ``backends.docker`` (None: none)."""
     nodes: list[Node] = field(default_factory=list)

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import signal
 import sys
 import time
@@ -35,6 +34,7 @@ from controller.planning.model import ReplicaState
 from controller.serving import Gateway, run_gateway
 from controller.state import ServiceState
 from tests.support.eventually import eventually
+from tests.support.ports import port_block
 
 SERVER = f"{sys.executable} -m http.server $PORT --bind 127.0.0.1"
 """The replica command: a stdlib static file server on the port the backend allocated."""
@@ -206,7 +206,7 @@ class Gateways:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
         self.state_dir = tmp_path / "state"
-        base = 21000 + random.randrange(40) * 25
+        base = port_block(25)
         self.port_range = f"{base}-{base + 24}"
         self.handles: list[Handle] = []
         self.configs = 0

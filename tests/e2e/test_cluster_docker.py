@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -40,13 +39,14 @@ from tests.e2e.test_docker_engines import (  # the module's second engine, a fix
     second_engine,  # noqa: F401
 )
 from tests.support.eventually import eventually
+from tests.support.ports import port_block
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def engines(second: Engine, capacity: int = 4) -> dict[str, Any]:
-    """Hosts a and b, on ports apart from the cluster tests' replicas (25000 to 32199)."""
-    base = 32200 + random.randrange(10) * 40
+    """Hosts a and b, each with a port range of its own."""
+    base = port_block(40)
     hosts = [
         {"name": "a", "engine": ENGINE, "capacity": {"replicas": capacity}},
         {"name": "b", "engine": second.unix, "capacity": {"replicas": capacity}},

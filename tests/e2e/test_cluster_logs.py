@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from tests.e2e.cluster_nodes import SERVER, Node, Nodes, started
 from tests.e2e.conftest import PROBE, ROLLOUT, ROOT
 from tests.support.eventually import eventually
+from tests.support.ports import port_block
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
     # Replica ports apart from the other cluster tests' (see test_cluster_workers.py).
-    async with started(tmp_path, 1, ports=25000 + random.randrange(12) * 600) as cluster:
+    async with started(tmp_path, 1, ports=port_block(600)) as cluster:
         yield cluster
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import sys
 import time
 import urllib.request
@@ -26,6 +25,7 @@ from tests.e2e.cluster_nodes import Node, Nodes, started
 from tests.e2e.conftest import PROBE, ROLLOUT
 from tests.e2e.test_cluster import leader_and_others, loaded, no_failures, unloaded
 from tests.support.eventually import eventually
+from tests.support.ports import port_block
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def replica_ports() -> int:
     """Replica ports apart from the other cluster tests' (23000 on) and below the ephemeral
     range: a replica that takes its time to listen must not meet another test's server on
     its port, answering its probes."""
-    return 25000 + random.randrange(12) * 600
+    return port_block(600)
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ import pytest
 from controller.store import Store
 from gateway import native
 from tests.support.eventually import eventually
-from tests.support.ports import free_port
+from tests.support.ports import free_port, port_block
 
 from .conftest import SERVER, Gateways, alive, spec
 
@@ -82,7 +82,7 @@ def serve_config(tmp_path: Path, working_dir: str, log_level: str = "warning") -
     """A gateway config on free loopback ports with one replica of ``web``; and its traffic
     port."""
     traffic = free_port()
-    base = 23000 + os.getpid() % 40 * 25
+    base = port_block(25)
     config: dict[str, Any] = {
         "listen": f"127.0.0.1:{traffic}",
         "admin": {"listen": f"127.0.0.1:{free_port()}", "token_env": None},

@@ -11,7 +11,6 @@ import asyncio
 import io
 import json
 import os
-import random
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +34,7 @@ from tests.controller.test_backend_docker import (
 )
 from tests.support.eventually import eventually
 from tests.support.ports import free_port as _free_port
+from tests.support.ports import port_block
 
 from .conftest import PROBE, ROLLOUT, Gateways, Load, serving
 
@@ -58,7 +58,7 @@ async def docker_gateways(tmp_path: Path) -> AsyncIterator[Gateways]:
 
 
 def docker_config(g: Gateways) -> dict[str, Any]:
-    base = 24000 + random.randrange(100) * 20
+    base = port_block(20)
     hosts = [
         {
             "name": name,

@@ -38,6 +38,7 @@ from tests.controller.test_backend_docker import ENGINE, IMAGE, engine_or_skip, 
 from tests.needs import missing
 from tests.support.eventually import GiveUp, eventually, eventually_blocking
 from tests.support.ports import free_port as _free_port
+from tests.support.ports import port_block
 
 from .conftest import Gateways, Load
 from .test_docker import docker_spec as plain_docker_spec
@@ -306,7 +307,7 @@ async def two_engines(tmp_path: Path, second_engine: Engine) -> AsyncIterator[Ga
 def two_engine_config(
     g: Gateways, second: Engine, capacity: int = 3, engine_b: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    base = 25000 + (os.getpid() % 100) * 20
+    base = port_block(20)
     hosts = [
         {
             "name": "a",

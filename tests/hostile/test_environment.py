@@ -33,6 +33,7 @@ from controller.store import Store
 from gateway import Pool
 from tests.support.eventually import eventually
 from tests.support.ports import free_port as _free_port
+from tests.support.ports import port_block
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = {"type": "tcp", "interval": 0.1, "timeout": 0.5, "healthy_threshold": 1}
@@ -248,7 +249,7 @@ async def test_sigkill_at_random_moments_of_rollouts_loses_no_record(tmp_path):
     rng = random.Random(int(os.environ.get("HOSTILE_SEED", time.time_ns())))
     mark = f"hostile-{rng.randrange(1 << 48):x}"
     traffic, admin = _free_port(), _free_port()
-    low = 22000 + rng.randrange(100) * 20
+    low = port_block(20)
     config = _config(
         tmp_path,
         listen=f"127.0.0.1:{traffic}",
