@@ -54,6 +54,9 @@ DEMO_SERVICE = "http://127.0.0.1:8081/api/services/hello"
 DEMO_WAIT = 300.0
 """Seconds the demo's waiter waits for ``hello`` to serve before it gives up, silently."""
 
+PARALLEL = ("-n", "auto", "--maxprocesses", "4", "--dist", "loadscope")
+"""pytest-xdist's options for ``test``: a process a CPU (at most four), a module to each."""
+
 INSTALLING = {
     None: "the project (what serving needs; dev.py test installs the test tools)",
     "native": "the project and what compiling its data plane needs (mypy, setuptools)",
@@ -362,7 +365,12 @@ def main() -> int:
         tier = rest[0] if rest[:1] in (["--all"], ["--slow"]) else None
         rest = rest[1:] if tier else rest
         marker = {None: ["-m", "not slow"], "--all": [], "--slow": ["-m", "slow"]}[tier]
-        picked = rest or ["--durations=20", *marker]
+        # Most of an end-to-end test is waiting (probes, drains, processes starting), so the
+        # suite runs in as many processes as there are CPUs, up to four (pytest-xdist), a
+        # module to a process (its fixtures, an etcd member for one, start once). The slow
+        # tier, clusters of processes each, runs alone: its measurements want the machine.
+        spread = [] if tier == "--slow" else [*PARALLEL]
+        picked = rest or ["--durations=20", *spread, *marker]
         if not ensure_native():
             return run([*pytest, *picked], env=native_env("0"))
         if code := run([*pytest, *picked], env=native_env("1")):
@@ -370,7 +378,7 @@ def main() -> int:
         if rest or tier == "--slow":
             return 0
         print("dev.py: the data plane's tests again, on its pure Python modules", file=sys.stderr)
-        return run([*pytest, "tests/gateway"], env=native_env("0"))
+        return run([*pytest, *PARALLEL, "tests/gateway"], env=native_env("0"))
     print(__doc__)
     return 0 if task == "help" else 2
 
