@@ -123,9 +123,9 @@ async def _close_client(port: int) -> int:
     return failed
 
 
-async def train(log_dir: Path) -> int:
-    """Serve the load once; the number of answers that were not 200 (0 when all went
-    through)."""
+async def train(log_dir: Path, access_log: AccessLog | None = None) -> int:
+    """Serve the load once, logging to ``access_log`` (by default one into ``log_dir``); the
+    number of answers that were not 200 (0 when all went through)."""
     loop = asyncio.get_running_loop()
     upstream = await asyncio.start_server(_upstream, "127.0.0.1", 0)
     upstream_port = upstream.sockets[0].getsockname()[1]
@@ -138,7 +138,8 @@ async def train(log_dir: Path) -> int:
     )
     pool.set_health("training", "training-1", Health.HEALTHY)
     settings = parse_settings(ProxyConfig, {"listen": "127.0.0.1:0"})
-    access_log = AccessLog(path=str(log_dir / "access.log"))
+    if access_log is None:
+        access_log = AccessLog(path=str(log_dir / "access.log"))
     observers: list[RequestObserver] = [RequestTally(), access_log]
     access_log.start()
     server = TrafficServer(Proxy(pool, settings, observers), settings)
