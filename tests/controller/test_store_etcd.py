@@ -107,7 +107,7 @@ def loop() -> Iterator[Loop]:
 class Stores:
     """EtcdStores on one prefix, each with its own client, on the test's loop."""
 
-    def __init__(self, etcd: EtcdCluster, loop: Loop, timeout: float = 1.0) -> None:
+    def __init__(self, etcd: EtcdCluster, loop: Loop, timeout: float = 5.0) -> None:
         self.timeout = timeout
         self.etcd = etcd
         self.loop = loop
@@ -252,7 +252,7 @@ def test_etcd_unreachable_keeps_the_writes_pending_until_it_returns(
     tmp_path: Path, loop: Loop
 ) -> None:
     with EtcdCluster(tmp_path / "etcd", 1) as cluster:
-        made = Stores(cluster, loop)
+        made = Stores(cluster, loop, timeout=1.0)  # its flushes fail while etcd is down
         follower = made.make(lead=False)
         heard = Heard()
         task = asyncio.run_coroutine_threadsafe(follower.watch(heard, retry=0.1), loop.loop)
