@@ -309,14 +309,27 @@ class Reconciler:
         inflight = sp.inflight_all()
         completed, waited = sp.totals()
         ready = sum(1 for r in state.observed.replicas if r.state is ReplicaState.READY)
+        now = self.clock()
+        waiting, reported, unreported = 0.0, 0, 0
+        if sp.routing.load_metrics is not None:  # the replicas' own figures (``metric: queue``)
+            for upstream in sp.snapshot.routable:
+                report = sp.reports.get(upstream.id)
+                if report is None or now >= report.expires:
+                    unreported += 1
+                else:
+                    waiting += report.waiting
+                    reported += 1
         sample = Sample(
-            self.clock(),
+            now,
             sum(inflight.values()),
             sp.held_all(),
             completed,
             waited,
             ready,
             tuple(sorted(inflight.items())),
+            waiting,
+            reported,
+            unreported,
         )
         if self.elsewhere is not None:
             sample = sample.plus(self.elsewhere(state.name))

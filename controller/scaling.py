@@ -18,9 +18,13 @@ from .schema import Model
 
 MAX_REPLICAS = 100
 
-ScalingMetric = Literal["concurrency", "rps"]
+ScalingMetric = Literal["concurrency", "rps", "queue"]
 """``concurrency``: requests in flight (and held) per replica; ``rps``: requests completed
-per second per replica."""
+per second per replica; ``queue``: requests the replicas themselves report waiting, per
+replica (``load_metrics``)."""
+
+GATEWAY_METRICS: tuple[ScalingMetric, ...] = ("concurrency", "rps")
+"""The metrics read from the gateway's own tallies; the others need ``load_metrics``."""
 
 COLD_START_QUEUE_TIMEOUT = 30.0
 """A ``min: 0`` service holds a request this long by default: long enough for a replica to
@@ -44,7 +48,8 @@ class ScalingConfig(Model):
     """How the autoscaler reads a service's traffic (``controller.planning.autoscaler``)."""
 
     metric: ScalingMetric = "concurrency"
-    """``concurrency`` reads long streams as the load they are; ``rps`` counts completions."""
+    """``concurrency`` reads long streams as the load they are; ``rps`` counts completions;
+    ``queue`` reads the replicas' own waiting requests (the service needs ``load_metrics``)."""
     target: float = Field(default=10.0, gt=0, le=1_000_000)
     """The metric's value per replica the autoscaler aims at."""
     window: Duration = 60.0

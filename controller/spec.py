@@ -51,6 +51,7 @@ from gateway import (
 
 from .scaling import (
     COLD_START_QUEUE_TIMEOUT,
+    GATEWAY_METRICS,
     MAX_REPLICAS,
     Autoscaling,
     ReplicaRange,
@@ -716,6 +717,12 @@ class ServiceSpec(Model):
             )
         if isinstance(self.replicas, ReplicaRange) and self.backend == "static":
             raise ValueError("replicas: a static service's addresses are not autoscaled")
+        metric = self.scaling.metric if self.scaling is not None else None
+        if metric is not None and metric not in GATEWAY_METRICS and self.load_metrics is None:
+            raise ValueError(
+                f"scaling.metric: {metric} reads the replicas' own figures: the service "
+                "needs load_metrics ({format: vllm | sglang, path: /metrics})"
+            )
         return self
 
     @model_validator(mode="after")
@@ -753,10 +760,12 @@ class ServiceSpec(Model):
     def __get_pydantic_json_schema__(
         cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
-        """The rules of ``_backend``, ``_guards`` and ``_scaling``, in JSON Schema. That a
-        range's min is at most its max is the one rule it cannot state (it compares no two
-        fields' values): the API refuses such a range with 422."""
+        """The rules of ``_backend``, ``_guards`` and ``_scaling`` (``queue`` with
+        ``load_metrics``), in JSON Schema. That a range's min is at most its max is the one
+        rule it cannot state (it compares no two fields' values): the API refuses such a range
+        with 422."""
         schema = handler.resolve_ref_schema(handler(core_schema))
+        metrics = list(GATEWAY_METRICS)
         schema["allOf"] = [
             {"anyOf": _BACKEND_RULES},
             {  # a rate limit keyed by token needs auth (a pattern: the fuzz draws from no "not")
@@ -780,6 +789,15 @@ class ServiceSpec(Model):
                     {"not": {"required": ["scaling"]}},
                     {"properties": {"scaling": {"type": "null"}}},
                     {"required": ["replicas"], "properties": {"replicas": {"type": "object"}}},
+                ]
+            },
+            {  # a metric of the replicas' own figures needs load_metrics
+                "anyOf": [
+                    {"properties": {"scaling": {"properties": {"metric": {"enum": metrics}}}}},
+                    {
+                        "required": ["load_metrics"],
+                        "properties": {"load_metrics": {"type": "object"}},
+                    },
                 ]
             },
         ]

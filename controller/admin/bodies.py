@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from ..acme.manager import CertificateState
 from ..errors import Limit
-from ..scaling import MAX_REPLICAS
+from ..scaling import MAX_REPLICAS, ScalingMetric
 from ..tokens import TOKEN_PATTERN
 
 SPEC_MARK = "x-service-spec"
@@ -161,7 +161,7 @@ class AutoscalingView(Schema):
 
     min: int
     max: int
-    metric: Literal["concurrency", "rps"]
+    metric: ScalingMetric
     target: float
     held: int
     """Requests held now, waiting for a routable replica."""

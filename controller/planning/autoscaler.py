@@ -1,7 +1,8 @@
 """The autoscaler: ``desired(now, samples, current, spec, memory) -> Decision``. PURE.
 
 It reads a service's traffic as the gateway saw it (``Sample``: in flight, held, completed,
-taken every second or so by the reconciler; in a cluster, over every live node) and says how
+taken every second or so by the reconciler; in a cluster, over every live node), or for
+``metric: queue`` the requests its replicas themselves report waiting, and says how
 many replicas the service wants. No I/O, no clock: ``now`` and the samples are given, and
 what it must remember between two decisions (``Memory``: the last change, the last load above
 target) is plain data kept in the service's observed state, updated by ``remember`` as
@@ -20,6 +21,13 @@ Rules:
    service goes to zero).
 4. The count the autoscaler chose is the desired count whether or not it could be placed:
    replicas that do not start never read as less load, so they never cause a scale-down.
+5. ``queue``: the figure is the fresh ``waiting`` reported, summed, over the replicas that
+   reported; times the routable replicas it is the load of rule 2. No figures (a replica
+   not reporting, or reporting too long ago) within ``scale_down_delay``: no scale-down and
+   no idle, and the decision's reason says so. A queue says what waits, not what capacity
+   is spare (an empty queue may be a busy service), so a scale-down goes one replica at a
+   time and below one replica only when idle. A service with no replica has no figures:
+   held requests scale it from zero (rule 2).
 
 Under constant load both means are the same number, so the count moves once and stays.
 """
@@ -32,7 +40,17 @@ from dataclasses import dataclass, replace
 
 from ..scaling import Autoscaling
 
-__all__ = ["Decision", "Memory", "Sample", "changed", "desired", "horizon", "load", "remember"]
+__all__ = [
+    "Decision",
+    "Memory",
+    "Sample",
+    "changed",
+    "desired",
+    "horizon",
+    "load",
+    "queue",
+    "remember",
+]
 
 EPSILON = 1e-9
 
@@ -53,10 +71,18 @@ class Sample:
     ready: int = 0
     per_replica: tuple[tuple[str, int], ...] = ()
     """In flight per upstream (replica id, count): what a scale-down disturbs least."""
+    waiting: float = 0.0
+    """Requests the routable replicas themselves reported waiting (``load_metrics``), summed
+    over those whose figures are fresh."""
+    reported: int = 0
+    """Routable replicas whose fresh figures ``waiting`` sums."""
+    unreported: int = 0
+    """Routable replicas with no fresh figures (none yet, too old, unreadable)."""
 
     def plus(self, other: Sample) -> Sample:
         """This sample with ``other``'s traffic added (the other nodes' of a cluster): its
-        time and ready count kept."""
+        time, ready count and the replicas' own figures kept (the same replicas' figures, as
+        this node read them)."""
         per_replica = dict(self.per_replica)
         for rid, count in other.per_replica:
             per_replica[rid] = per_replica.get(rid, 0) + count
@@ -107,10 +133,28 @@ def horizon(spec: Autoscaling) -> float:
     return max(spec.window, spec.scale_up_delay, spec.scale_down_delay) + 2.0
 
 
+def queue(samples: Sequence[Sample], span: float, now: float) -> tuple[float, float] | None:
+    """``metric: queue`` over the last ``span`` seconds (the latest sample at 0): the mean of
+    the requests waiting per replica, and of that times the routable replicas (the load);
+    None when no sample of the span has fresh figures (rule 5)."""
+    if not samples:
+        return None
+    recent = [s for s in samples if s.at > now - span] or [samples[-1]]
+    figured = [s for s in recent if s.reported]
+    if not figured:
+        return None
+    per = [s.waiting / s.reported for s in figured]
+    total = [p * (s.reported + s.unreported) for p, s in zip(per, figured, strict=True)]
+    return sum(per) / len(per), sum(total) / len(total)
+
+
 def load(samples: Sequence[Sample], span: float, now: float, metric: str) -> float:
     """The service's mean load over the last ``span`` seconds (the latest sample at 0)."""
     if not samples:
         return 0.0
+    if metric == "queue":
+        figures = queue(samples, span, now)
+        return figures[1] if figures else 0.0
     recent = [s for s in samples if s.at > now - span] or [samples[-1]]
     if metric == "concurrency":
         return sum(s.inflight + s.held for s in recent) / len(recent)
@@ -161,8 +205,13 @@ def remember(memory: Memory, samples: Sequence[Sample], current: int, spec: Auto
     """``memory`` once the latest of ``samples`` is taken in, at ``current`` replicas."""
     if not samples:
         return memory
-    point = _point(samples, spec.metric)
-    above = point > spec.target * current + EPSILON if current else _demand(samples, -1)
+    if not current:
+        above = _demand(samples, -1)
+    elif spec.metric == "queue":
+        last = samples[-1]
+        above = last.reported > 0 and last.waiting / last.reported > spec.target + EPSILON
+    else:
+        above = _point(samples, spec.metric) > spec.target * current + EPSILON
     if above:
         return replace(memory, last_above=samples[-1].at)
     return memory
@@ -184,12 +233,20 @@ def changed(memory: Memory, now: float, current: int, decision: Decision) -> Mem
     )
 
 
-def _unit(metric: str) -> str:
-    return "concurrency" if metric == "concurrency" else "rps"
-
-
 def _span(seconds: float) -> str:
     return f"over {seconds:g} s" if seconds > 0 else "now"
+
+
+def _missing(samples: Sequence[Sample], now: float, delay: float) -> str:
+    """Why the figures of ``metric: queue`` within ``delay`` do not allow a scale-down (rule 5),
+    or "" if they do: every sample with every routable replica's fresh figures."""
+    for s in reversed([s for s in samples if s.at > now - delay] or samples[-1:]):
+        if not s.reported:
+            return "queue: no fresh figures from the replicas (load_metrics)"
+        if s.unreported:
+            replicas = s.reported + s.unreported
+            return f"queue: no fresh figures from {s.unreported} of {replicas} replicas"
+    return ""
 
 
 def desired(
@@ -202,10 +259,11 @@ def desired(
         return Decision(bounded, why)
     if not samples:
         return Decision(current)
-    unit, target = _unit(spec.metric), spec.target
+    unit, target = spec.metric, spec.target
 
     up = load(samples, spec.scale_up_delay, now, spec.metric)  # rule 2
     wants = _wants(up, target)
+    figures = queue(samples, spec.scale_up_delay, now) if unit == "queue" else None
     last = samples[-1]
     waiting = last.held > 0 or (len(samples) > 1 and last.waited > samples[-2].waited)
     if current == 0 and waiting and wants < 1:
@@ -217,7 +275,7 @@ def desired(
                 held = "1 request" if last.held == 1 else f"{last.held} requests"
                 why = f"cold start: {held} held, no replica: 0 -> {count}"
             else:
-                per = up / current
+                per = figures[0] if figures else up / current
                 why = (
                     f"{unit} {per:.3g} per replica {_span(spec.scale_up_delay)} > target "
                     f"{target:g}: {current} -> {count}"
@@ -226,6 +284,10 @@ def desired(
 
     # Rule 3: down only with evidence that reaches back ``scale_down_delay``.
     delay = spec.scale_down_delay
+    if unit == "queue" and current:  # rule 5
+        missing = _missing(samples, now, delay)
+        if missing:
+            return Decision(current, f"{missing}: no scale-down, holding at {current}")
     if current <= spec.min or len(samples) < 2 or samples[0].at > now - delay:
         return Decision(current)
     if memory.last_change is not None and now - memory.last_change < delay:
@@ -234,9 +296,19 @@ def desired(
         return Decision(current)
     start = next((i for i, s in enumerate(samples) if s.at > now - delay), len(samples) - 1)
     idle = start > 0 and not any(_demand(samples, i) for i in range(start, len(samples)))
+    if unit == "queue":
+        idle = idle and not any(s.waiting for s in samples[start:])
     if idle:
         count = spec.min
         why = f"idle for {delay:g} s: {current} -> {count}"
+    elif unit == "queue":  # rule 5: one at a time, one replica at least
+        figures = queue(samples, spec.window, now)
+        per, mean = figures if figures else (0.0, 0.0)
+        count = max(_wants(mean, target), wants, spec.min, current - 1, 1)
+        why = (
+            f"queue {per:.3g} per replica {_span(spec.window)} < target {target:g}: "
+            f"{current} -> {count}"
+        )
     else:
         mean = load(samples, spec.window, now, spec.metric)
         count = max(_wants(mean, target), wants, spec.min)

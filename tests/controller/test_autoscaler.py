@@ -20,9 +20,11 @@ from controller.planning.autoscaler import (
     changed,
     desired,
     load,
+    queue,
     remember,
 )
 from controller.scaling import COLD_START_QUEUE_TIMEOUT, Autoscaling
+from tests.support.clock import FakeClock
 
 
 def scaling(**overrides: object) -> Autoscaling:
@@ -45,7 +47,7 @@ class Run:
 
     spec: Autoscaling
     current: int
-    now: float = 0.0
+    clock: FakeClock = field(default_factory=lambda: FakeClock(0.0))
     samples: list[Sample] = field(default_factory=list)
     memory: Memory = field(default_factory=Memory)
     completed: int = 0
@@ -57,22 +59,49 @@ class Run:
     def second(self, level: int) -> Decision:
         """One second of ``level``: requests in flight (held, with no replica), or for rps
         completed that second."""
-        self.now += 1.0
+        self.clock.advance(1.0)
+        now = self.clock()
         if self.spec.metric == "concurrency":
             held = level if self.current == 0 else 0
-            sample = Sample(self.now, inflight=level - held, held=held)
+            sample = Sample(now, inflight=level - held, held=held)
         else:
             self.completed += level if self.current else 0
             held = level if self.current == 0 else 0
-            sample = Sample(self.now, 0, held=held, completed=self.completed)
-        self.loads.append((self.now, float(level), self.current))
+            sample = Sample(now, 0, held=held, completed=self.completed)
+        self.loads.append((now, float(level), self.current))
+        return self.take(sample)
+
+    def queued(self, waiting: float, *, fresh: bool = True, requests: int = 1) -> Decision:
+        """One second of ``metric: queue``: each replica reports ``waiting`` (``fresh``
+        false: no replica's figures are fresh), and ``requests`` pass through the gateway
+        (held, with no replica)."""
+        self.clock.advance(1.0)
+        self.completed += requests if self.current else 0
+        held = requests if self.current == 0 else 0
+        reported = self.current if fresh else 0
+        sample = Sample(
+            self.clock(),
+            0,
+            held=held,
+            completed=self.completed,
+            waiting=waiting * reported,
+            reported=reported,
+            unreported=self.current - reported,
+        )
+        self.loads.append((self.clock(), waiting, self.current))
+        return self.take(sample)
+
+    def take(self, sample: Sample) -> Decision:
+        """``sample`` remembered, then a decision taken and, if it changes the count,
+        recorded."""
+        now = self.clock()
         self.samples.append(sample)
-        self.samples = [s for s in self.samples if s.at > self.now - 200]
+        self.samples = [s for s in self.samples if s.at > now - 200]
         self.memory = remember(self.memory, self.samples, self.current, self.spec)
-        decision = desired(self.now, self.samples, self.current, self.spec, self.memory)
+        decision = desired(now, self.samples, self.current, self.spec, self.memory)
         if decision.count != self.current:
-            self.memory = changed(self.memory, self.now, self.current, decision)
-            self.changes.append((self.now, self.current, decision.count, decision.reason))
+            self.memory = changed(self.memory, now, self.current, decision)
+            self.changes.append((now, self.current, decision.count, decision.reason))
             self.current = decision.count
         return decision
 
@@ -318,3 +347,135 @@ def test_no_oscillation_under_constant_load(spec, start, level, seconds):
     assert all(m > 0 for m in moves) or all(m < 0 for m in moves), run.changes
     organic = [c for c in run.changes if not c[3].startswith(("replicas ", "cold start"))]
     assert len(organic) <= 1, organic
+
+
+# -- metric: queue (the replicas' own waiting requests) -------------------------------------
+
+LOAD_METRICS = {"load_metrics": {"format": "vllm"}}
+
+
+def test_queue_needs_load_metrics_and_the_error_names_both_keys():
+    data = BASE | {"replicas": "1..4", "scaling": {"metric": "queue", "target": 4}}
+    with pytest.raises(SpecError, match=r"scaling\.metric: queue .* needs load_metrics"):
+        validate_spec(data)
+    spec = validate_spec(data | LOAD_METRICS)
+    assert spec.autoscaling is not None
+    assert (spec.autoscaling.metric, spec.autoscaling.target) == ("queue", 4.0)
+
+
+def test_queue_above_target_scales_up_with_the_reason():
+    run = Run(scaling(metric="queue", min=1, scale_up_delay=0.0), current=1)
+    run.queued(3)
+    assert run.changes == []  # 3 waiting on one replica, target 4
+    run.queued(6)
+    assert run.changes == [(2.0, 1, 2, "queue 6 per replica now > target 4: 1 -> 2")]
+
+
+def test_the_queue_figure_counts_only_the_replicas_that_reported():
+    """Two routable replicas, one reporting 10 waiting, one with no fresh figures: 10 per
+    replica, which over the two is 20 waiting: 5 replicas at target 4."""
+    samples = [Sample(1.0, 0, waiting=10.0, reported=1, unreported=1)]
+    assert queue(samples, 0.0, 1.0) == (10.0, 20.0)
+    assert load(samples, 0.0, 1.0, "queue") == 20.0
+    spec = scaling(metric="queue", scale_up_delay=0.0)
+    assert desired(1.0, samples, 2, spec, Memory()) == Decision(
+        5, "queue 10 per replica now > target 4: 2 -> 5"
+    )
+    assert queue([Sample(1.0, 3, waiting=0.0, reported=0, unreported=2)], 0.0, 1.0) is None
+
+
+def test_queue_over_scale_up_delay_is_the_mean_of_the_samples_with_figures():
+    samples = [
+        Sample(1.0, 0, waiting=2.0, reported=2),  # 1 per replica
+        Sample(2.0, 0, reported=0, unreported=2),  # no figures: not counted
+        Sample(3.0, 0, waiting=10.0, reported=2),  # 5 per replica
+    ]
+    assert queue(samples, 5.0, 3.0) == (3.0, 6.0)
+
+
+def test_missing_figures_hold_the_count_and_the_reason_says_so():
+    """Idle through the gateway, but the replicas' figures stopped (a replica hung, the
+    scraper cut off): the count holds, never to zero; fresh figures of 0 then let it go."""
+    run = Run(scaling(metric="queue", min=0, scale_down_delay=10.0), current=2)
+    for _ in range(30):
+        decision = run.queued(0, fresh=False, requests=0)
+    assert run.changes == []
+    assert decision == Decision(
+        2, "queue: no fresh figures from the replicas (load_metrics): no scale-down, holding at 2"
+    )
+    for _ in range(9):
+        run.queued(0, requests=0)
+    assert run.changes == []  # a span with missing figures still lies within 10 s
+    run.queued(0, requests=0)
+    assert run.changes == [(40.0, 2, 0, "idle for 10 s: 2 -> 0")]
+
+
+def test_one_replica_without_figures_holds_a_scale_down():
+    spec = scaling(metric="queue", min=1, window=10.0, scale_down_delay=5.0)
+    fresh = [Sample(float(t), 0, completed=t, reported=3) for t in range(1, 30)]
+    assert desired(30.0, fresh, 3, spec, Memory()).count == 2
+    partial = [*fresh, Sample(30.0, 0, completed=30, reported=2, unreported=1)]
+    assert desired(30.0, partial, 3, spec, Memory()) == Decision(
+        3, "queue: no fresh figures from 1 of 3 replicas: no scale-down, holding at 3"
+    )
+
+
+def test_an_empty_queue_scales_down_one_replica_at_a_time_and_not_to_zero_while_busy():
+    """An empty queue may be a service at capacity: requests keep coming, so each step
+    drops one replica after ``scale_down_delay``, and never the last."""
+    run = Run(scaling(metric="queue", min=0, window=5.0, scale_down_delay=5.0), current=3)
+    for _ in range(40):
+        run.queued(0, requests=2)
+    assert [(t, a, b) for t, a, b, _ in run.changes] == [(6.0, 3, 2), (11.0, 2, 1)]
+    assert run.changes[0][3] == "queue 0 per replica over 5 s < target 4: 3 -> 2"
+    assert run.current == 1
+
+
+def test_a_queue_scaled_service_scales_from_zero_on_held_requests():
+    """No replica, no figures: a request held is the demand, as for the other metrics."""
+    run = Run(scaling(metric="queue", min=0, scale_up_delay=6.0), current=0)
+    run.queued(0, fresh=False, requests=1)
+    assert run.changes == [(1.0, 0, 1, "cold start: 1 request held, no replica: 0 -> 1")]
+
+
+def test_remember_marks_a_queue_above_target_per_replica():
+    spec = scaling(metric="queue", target=4.0)
+    above = [Sample(5.0, 0, waiting=9.0, reported=2)]  # 4.5 per replica
+    assert remember(Memory(), above, 2, spec).last_above == 5.0
+    below = [Sample(5.0, 0, waiting=8.0, reported=2)]
+    assert remember(Memory(), below, 2, spec).last_above is None
+    unknown = [Sample(5.0, 0, reported=0, unreported=2)]
+    assert remember(Memory(), unknown, 2, spec).last_above is None
+
+
+queue_specs = specs.map(lambda spec: spec.model_copy(update={"metric": "queue"}))
+queue_seconds = st.lists(
+    st.tuples(
+        st.integers(1, 15),
+        st.sampled_from([0.0, 1.0, 3.0, 6.0, 12.0]),
+        st.booleans(),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=12,
+)
+"""(seconds, waiting per replica, figures fresh, requests through the gateway) steps."""
+
+
+@PROPERTIES
+@given(spec=queue_specs, start=st.integers(0, 8), history=queue_seconds)
+def test_queue_never_scales_down_on_missing_figures_nor_to_zero_while_busy(spec, start, history):
+    run = Run(spec, current=start)
+    seen: list[tuple[float, bool, bool]] = []
+    for seconds, waiting, fresh, requests in history:
+        for _ in range(seconds):
+            run.queued(waiting, fresh=fresh, requests=int(requests))
+            seen.append((run.clock(), fresh, requests))
+    assert spec.min <= run.current <= spec.max
+    for at, before, to, reason in run.changes:
+        if to >= before or reason.startswith("replicas "):
+            continue
+        span = [(fresh, busy) for t, fresh, busy in seen if at - spec.scale_down_delay < t <= at]
+        assert all(fresh for fresh, _ in span), (at, reason, span)
+        if to == 0:
+            assert not any(busy for _, busy in span), (at, reason, span)

@@ -454,6 +454,21 @@ def test_the_document_states_the_name_rule_where_a_name_is_given() -> None:
                     assert param["schema"]["pattern"] == NAME_PATTERN, path
 
 
+def test_the_document_offers_metric_queue_only_with_load_metrics() -> None:
+    doc = _document()
+    metric = doc["components"]["schemas"]["ScalingConfig"]["properties"]["metric"]
+    assert metric["enum"] == ["concurrency", "rps", "queue"]
+    v = Validator(doc)
+    service = {"$ref": "#/components/schemas/ServiceSpec"}
+    scaling = {"metric": "queue", "target": 4}
+    queue = {**spec("web", 1), "replicas": {"min": 1, "max": 2}, "scaling": scaling}
+    with pytest.raises(SchemaError):
+        v.validate(service, queue)
+    v.validate(service, {**queue, "load_metrics": {"format": "vllm"}})
+    v.validate(service, {**queue, "scaling": {"metric": "rps"}})
+    v.validate(service, {**queue, "scaling": {"target": 4}})
+
+
 def test_the_document_names_only_the_backends_the_gateway_has() -> None:
     from controller.admin.handlers import OPERATIONS_TABLE
     from controller.admin.openapi import build_document

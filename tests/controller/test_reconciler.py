@@ -13,6 +13,7 @@ import pytest
 from controller.errors import Conflict, HostFault, NoCapacity, SpecError
 from controller.planning.model import ReplicaState, RolloutStatus
 from gateway import Health, ProbeResult
+from gateway.pool.inference import ReplicaLoad
 
 from .conftest import Harness, spec
 
@@ -665,3 +666,38 @@ async def test_with_a_gate_a_healthy_replica_is_ready_only_once_every_node_route
     await h.settle()
     assert h.ready("web") == 2
     assert h.state("web").observed.serving_revision == 1
+
+
+async def test_a_sample_takes_the_fresh_waiting_figures_of_the_routable_replicas(
+    h: Harness,
+) -> None:
+    """``metric: queue``: a sample holds the waiting requests of the routable replicas whose
+    figures have not expired, and counts the others; 6 waiting on one replica, target 4,
+    scales 1 -> 2."""
+    queue = {"metric": "queue", "target": 4, "scale_up_delay": 0}
+    load_metrics = {"format": "vllm"}
+    data = spec("web", 1, scaling=queue, load_metrics=load_metrics)
+    await h.controller.apply(data | {"replicas": {"min": 1, "max": 3}})
+    await h.settle()
+    await h.pass_probes("web")
+    sp = h.pool.service("web")
+    (replica,) = sp.snapshot.routable
+    now = h.clock()
+    sp.reports = {replica.id: ReplicaLoad(3.0, 1.0, 0.2, now - 1.0, now + 2.0)}
+    state = h.state("web")
+    h.controller.reconciler.sample(state)
+    last = state.observed.samples[-1]
+    assert (last.waiting, last.reported, last.unreported) == (3.0, 1, 0)
+    assert state.desired.replicas == 1  # 3 waiting, target 4
+
+    h.clock.advance(2.0)  # the report expires
+    h.controller.reconciler.sample(state)
+    last = state.observed.samples[-1]
+    assert (last.waiting, last.reported, last.unreported) == (0.0, 0, 1)
+
+    now = h.clock()
+    sp.reports = {replica.id: ReplicaLoad(6.0, 1.0, 0.2, now, now + 3.0)}
+    h.controller.reconciler.sample(state)
+    await h.settle()
+    assert state.desired.replicas == 2
+    assert state.observed.scaler.decision == "queue 6 per replica now > target 4: 1 -> 2"
