@@ -6,7 +6,8 @@
 as the body named it; ``version``: ``$VERSION``). ``GET /``: 200 (the probes). ``GET
 /metrics``: vLLM's gauges (``vllm:num_requests_running`` the requests it holds now,
 ``vllm:num_requests_waiting`` and ``vllm:gpu_cache_usage_perc`` from ``$WAITING`` and
-``$KV_CACHE``). Standard library only: it starts in a few tens of milliseconds.
+``$KV_CACHE``, or the waiting figure read from the file ``$WAITING_FILE`` at each scrape, for a
+test to change). Standard library only: it starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
 RUNNING = [0]
+
+
+def waiting() -> str:
+    path = os.environ.get("WAITING_FILE")
+    if path:
+        with open(path) as f:
+            return f.read().strip()
+    return os.environ.get("WAITING", "0")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -39,7 +48,7 @@ class Handler(BaseHTTPRequestHandler):
                 "# TYPE vllm:num_requests_running gauge",
                 f"vllm:num_requests_running{labels} {RUNNING[0]}",
                 "# TYPE vllm:num_requests_waiting gauge",
-                f"vllm:num_requests_waiting{labels} {os.environ.get('WAITING', '0')}",
+                f"vllm:num_requests_waiting{labels} {waiting()}",
                 "# TYPE vllm:gpu_cache_usage_perc gauge",
                 f"vllm:gpu_cache_usage_perc{labels} {os.environ.get('KV_CACHE', '0')}",
             ]

@@ -8,7 +8,9 @@ traffic on loopback. Short windows and delays, so each test takes seconds.
 - a cold start that cannot be placed answers the held request 503 with the reason, within
   ``queue_timeout``;
 - a scale-down drains the replica with the fewest requests in flight, and a long request on
-  a drained replica finishes.
+  a drained replica finishes;
+- ``metric: queue``: a model replica reporting more ``vllm:num_requests_waiting`` than the
+  target scales the service 1 -> 2, its figures scraped by the gateway (``load_metrics``).
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ def autoscaled(tmp_path: Path, replicas: str, delay: float = 0.2, **extra: Any) 
     data["scaling"] = SCALING
     data["replica"]["env"] = {"DELAY": str(delay)}
     return data | extra
+
+
+MODEL_REPLICA = f"{sys.executable} {Path(__file__).parent / 'model_replica.py'}"
 
 
 def live(gw: Handle) -> int:
@@ -243,3 +248,33 @@ async def test_a_scale_down_drains_and_the_long_requests_on_it_finish(
     drained = events(gw, "replica_draining")
     assert any("scaled down" in m for m in drained), drained
     assert not events(gw, "replica_drain_timeout")
+
+
+async def test_replicas_reporting_a_queue_above_target_scale_up_from_1_to_2(
+    gateways: Gateways, tmp_path: Path
+) -> None:
+    """The replica reports 0 waiting: its figures reach the samples and the count stays;
+    it reports 6 (target 4): the autoscaler goes 1 -> 2 and says why."""
+    waiting = tmp_path / "waiting"
+    waiting.write_text("0")
+    gw = await gateways.start()
+    data = spec(str(tmp_path), 1, commands=[MODEL_REPLICA])
+    data["replicas"] = "1..2"
+    data["replica"]["env"] = {"WAITING_FILE": str(waiting)}
+    data["scaling"] = {"metric": "queue", "target": 4, "scale_up_delay": "0.5s"}
+    data["load_metrics"] = {"format": "vllm", "interval": 0.1, "max_age": 0.5}
+    await gw.controller.apply(data)
+
+    def reported(count: int, figure: float) -> bool:
+        samples = gw.state().observed.samples
+        last = samples[-1] if samples else None
+        return last is not None and (last.reported, last.waiting) == (count, figure)
+
+    await eventually(lambda: reported(1, 0.0), what="the replica's figures: 0 waiting")
+    assert gw.state().desired.replicas == 1
+    waiting.write_text("6")
+    await eventually(lambda: gw.ready() == 2, what="2 replicas ready")
+    assert gw.state().desired.replicas == 2
+    (decision,) = events(gw, "autoscaled")
+    assert decision.startswith("queue 6 per replica over 0.5 s > target 4: 1 -> 2"), decision
+    await eventually(lambda: reported(2, 12.0), what="both replicas' figures")
