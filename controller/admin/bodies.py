@@ -169,6 +169,9 @@ class AutoscalingView(Schema):
     """The last change of the count and why."""
     decided_at: float | None = None
     """When (Unix time)."""
+    holding: str | None = None
+    """Why the autoscaler holds the count now, when it says (``metric: queue`` without
+    fresh figures from every replica)."""
 
 
 class AuthView(Schema):

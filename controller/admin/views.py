@@ -19,7 +19,7 @@ from ..acme import AcmeManager
 from ..acme.manager import CertificateStatus
 from ..backends import Backend
 from ..operations import Controller
-from ..planning import planner, steps
+from ..planning import autoscaler, planner, steps
 from ..planning.model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
 from ..rollout_traces import trace_id
 from ..state import ServiceState
@@ -234,6 +234,13 @@ def autoscaling_view(state: ServiceState, wall: Wall) -> AutoscalingView | None:
         return None
     memory = state.observed.scaler
     samples = state.observed.samples
+    holding = None
+    if samples:  # as of the latest sample
+        count = state.desired.replicas
+        now = samples[-1].at
+        decision = autoscaler.desired(now, samples, count, scaling, memory)
+        if decision.count == count and decision.reason:
+            holding = decision.reason
     return AutoscalingView(
         min=scaling.min,
         max=scaling.max,
@@ -242,6 +249,7 @@ def autoscaling_view(state: ServiceState, wall: Wall) -> AutoscalingView | None:
         held=samples[-1].held if samples else 0,
         decision=memory.decision or None,
         decided_at=None if memory.decided_at is None else wall(memory.decided_at),
+        holding=holding,
     )
 
 

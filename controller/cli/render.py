@@ -218,6 +218,8 @@ def service_detail(view: dict[str, Any], show_all: bool, out: TextIO) -> None:
         )
         if scaling["decision"]:
             print(f"last decision ({ago(scaling['decided_at'])}): {scaling['decision']}", file=out)
+        if scaling.get("holding"):
+            print(f"holding: {scaling['holding']}", file=out)
     if view.get("guards"):
         guards_text(view["guards"], out)
     if view["rollout"] is not None:

@@ -6,10 +6,13 @@ and checks what the controller did, including what it must never do (the backgro
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
 
+from controller.admin.views import service_view
+from controller.cli.render import service_detail
 from controller.errors import Conflict, HostFault, NoCapacity, SpecError
 from controller.planning.model import ReplicaState, RolloutStatus
 from gateway import Health, ProbeResult
@@ -694,6 +697,14 @@ async def test_a_sample_takes_the_fresh_waiting_figures_of_the_routable_replicas
     h.controller.reconciler.sample(state)
     last = state.observed.samples[-1]
     assert (last.waiting, last.reported, last.unreported) == (0.0, 0, 1)
+    holding = (
+        "queue: no fresh figures from the replicas (load_metrics): no scale-down, holding at 1"
+    )
+    view = service_view(h.controller, state).model_dump(mode="json")
+    assert view["autoscaling"]["holding"] == holding
+    shown = io.StringIO()
+    service_detail(view, False, shown)
+    assert f"holding: {holding}" in shown.getvalue()
 
     now = h.clock()
     sp.reports = {replica.id: ReplicaLoad(6.0, 1.0, 0.2, now, now + 3.0)}
