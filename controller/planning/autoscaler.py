@@ -21,13 +21,13 @@ Rules:
    service goes to zero).
 4. The count the autoscaler chose is the desired count whether or not it could be placed:
    replicas that do not start never read as less load, so they never cause a scale-down.
-5. ``queue``: the figure is the fresh ``waiting`` reported, summed, over the replicas that
-   reported; times the routable replicas it is the load of rule 2. No figures (a replica
-   not reporting, or reporting too long ago) within ``scale_down_delay``: no scale-down and
-   no idle, and the decision's reason says so. A queue says what waits, not what capacity
-   is spare (an empty queue may be a busy service), so a scale-down goes one replica at a
-   time and below one replica only when idle. A service with no replica has no figures:
-   held requests scale it from zero (rule 2).
+5. ``queue``: the figure is the fresh ``waiting`` reported, summed and divided by the
+   replicas that reported; times the routable replicas it is the load of rule 2. Figures
+   missing (a replica not reporting, or reporting too long ago) within ``scale_down_delay``:
+   no scale-down and no idle, and the decision's reason says so. A queue says what waits,
+   not what capacity is spare (an empty queue may be a busy service), so a scale-down goes
+   one replica at a time and below one replica only when idle. A service with no replica
+   has no figures: held requests scale it from zero (rule 2).
 
 Under constant load both means are the same number, so the count moves once and stays.
 """
