@@ -1,6 +1,7 @@
 """Autoscaling under a stepped load: replicas and latency over time, as a table.
 
     .venv/bin/python bench/autoscale.py [--step S] [--target T] [--results yes|no]
+    .venv/bin/python bench/autoscale.py --metric queue [--batch B] [--target T]
 
 Starts the real gateway as a process of its own (``python -m controller.main serve``: the
 process backend, loopback listeners, a temporary state directory, an admin token), applies
@@ -10,6 +11,11 @@ target ``--target``, short windows so a run takes a minute and a half; each repl
 /slow?s=0.2`` (a 200 ms answer, as a model call would be) one after the other, stepped:
 0 (the service at zero), 1, 4, 12, 24, 8, then 0 clients, ``--step`` seconds each, then
 waits for it to be back at zero.
+
+``--metric queue``: the replicas run at most ``--batch`` requests at once (``BATCH``), the
+rest wait, and say both counts in vLLM's names at ``/metrics``, which the gateway scrapes
+(``load_metrics``, every 0.2 s); the service scales on the requests waiting per replica,
+target ``--target``; the table goes to the ``autoscale-queue`` section.
 
 Every second it reads the service from the admin API (desired and ready replicas, requests
 held, the autoscaler's last decision) and tallies the requests that ended in that second
@@ -72,9 +78,11 @@ class Second:
 
 
 class Bench:
-    def __init__(self, step: float, target: float) -> None:
+    def __init__(self, step: float, target: float, metric: str = "concurrency", batch: int = 2):
         self.step = step
         self.target = target
+        self.metric = metric
+        self.batch = batch
         self.dir = Path(tempfile.mkdtemp(prefix="bench-autoscale-"))
         self.port = free_port()
         self.admin_port = free_port()
@@ -137,12 +145,12 @@ class Bench:
 
     async def apply(self) -> None:
         assert self.session is not None
-        spec = {
+        spec: dict[str, Any] = {
             "name": "web",
             "route": {"path_prefix": "/"},
             "replicas": "0..8",
             "scaling": {
-                "metric": "concurrency",
+                "metric": self.metric,
                 "target": self.target,
                 "window": "10s",
                 "scale_up_delay": "2s",
@@ -155,6 +163,9 @@ class Bench:
             "probes": [{"type": "http", "path": "/healthz", "interval": 0.1, "timeout": 1}],
             "rollout": {"drain_timeout": 10, "stop_grace": 2},
         }
+        if self.metric == "queue":
+            spec["load_metrics"] = {"format": "vllm", "interval": 0.2, "max_age": 1}
+            spec["replica"]["env"]["BATCH"] = str(self.batch)
         url = f"http://127.0.0.1:{self.admin_port}/api/services/web"
         async with self.session.put(url, json=spec) as response:
             assert response.status == 200, await response.text()
@@ -282,13 +293,19 @@ class Bench:
             )
         decisions = "\n".join(f"- {at:5.1f} s: {why}" for at, why in self.decisions)
         machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+        command, replicas, metric = "", "", "concurrency"
+        if self.metric == "queue":
+            command = f" --metric queue --batch {self.batch} --target {self.target:g}"
+            replicas = f", {self.batch} requests running at most, the rest waiting"
+            metric = "queue (waiting requests per replica, scraped every 0.2 s)"
         return "\n".join(
             [
-                "## Autoscaling: a stepped load (`.venv/bin/python bench/autoscale.py`)",
+                f"## Autoscaling: a stepped load (`.venv/bin/python bench/autoscale.py{command}`)",
                 "",
                 f"{time.strftime('%Y-%m-%d', time.gmtime())}, {machine}. One service of "
-                "`bench/replica_app.py` replicas (0.5 s to bind), `replicas: 0..8`, concurrency "
-                f"target {self.target:g}, window 10 s, scale_up_delay 2 s, scale_down_delay "
+                f"`bench/replica_app.py` replicas (0.5 s to bind{replicas}), `replicas: 0..8`, "
+                f"{metric} target {self.target:g}, window 10 s, scale_up_delay 2 s, "
+                "scale_down_delay "
                 f"10 s; closed-loop clients sending `GET {REQUEST}`, {self.step:g} s per step "
                 f"({', '.join(map(str, STEPS))} clients). Requests are counted in the 2 s in "
                 "which they ended; desired and ready as read at the end of the 2 s, held at "
@@ -307,11 +324,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--step", type=float, default=10.0, help="seconds per load step")
     parser.add_argument("--target", type=float, default=2.0, help="concurrency per replica")
+    parser.add_argument("--metric", choices=("concurrency", "queue"), default="concurrency")
+    parser.add_argument("--batch", type=int, default=2, help="queue: requests a replica runs")
     parser.add_argument("--results", choices=("yes", "no"), default="yes")
     args = parser.parse_args()
-    text = asyncio.run(Bench(args.step, args.target).run())
+    text = asyncio.run(Bench(args.step, args.target, args.metric, args.batch).run())
     if args.results == "yes":
-        publish("autoscale", text, RESULTS)
+        section = "autoscale" if args.metric == "concurrency" else "autoscale-queue"
+        publish(section, text, RESULTS)
     else:
         print(text)
     return 0

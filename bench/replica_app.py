@@ -13,7 +13,9 @@ template differ from the next), and every body names the revision too:
 - ``POST /upload``: consumes the body as it arrives; ``{"length", "sha256", "revision", ...}``;
 - ``GET /ws``: a WebSocket that first sends ``{"revision", "replica"}`` (JSON), then echoes each
   message as it is;
-- ``GET /healthz``: ``ok`` (the probe path; 500 with ``FAIL_PROBE``).
+- ``GET /healthz``: ``ok`` (the probe path; 500 with ``FAIL_PROBE``);
+- ``GET /metrics``: ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` of
+  ``/slow`` (as a model server's, for ``load_metrics``).
 
 Behaviour from the environment (all optional):
 
@@ -22,6 +24,8 @@ Behaviour from the environment (all optional):
   (``os._exit(1)``, in-flight connections die with the process) N seconds after binding, its
   last line saying when (``at`` a Unix time, which the exit's reason in the journal repeats);
 - ``FAIL_PROBE``: non-empty: the probe path answers 500 (it runs, but never becomes ready);
+- ``BATCH``: at most this many ``/slow`` requests run at once, the rest wait their turn (a
+  model server's batch and queue);
 - ``PIDDIR``: a directory where ``<REPLICA_ID>.pid`` is written at start, so the harness can
   find (and, at the end, clean up) every replica it caused to be started.
 
@@ -67,10 +71,46 @@ async def index(request: web.Request) -> web.Response:
     return web.Response(text=_line(), headers=_headers())
 
 
+class Batch:
+    """``/slow`` requests running and waiting, at most ``size`` running (0: no bound)."""
+
+    def __init__(self, size: int) -> None:
+        self.running = 0
+        self.waiting = 0
+        self._slots = asyncio.Semaphore(size) if size > 0 else None
+
+    async def __aenter__(self) -> None:
+        if self._slots is not None:
+            self.waiting += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self.waiting -= 1
+        self.running += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.running -= 1
+        if self._slots is not None:
+            self._slots.release()
+
+
+BATCH = Batch(int(os.environ.get("BATCH", "0")))
+
+
 async def slow(request: web.Request) -> web.Response:
     seconds = _number(request, "s", 1.0, 600.0)
-    await asyncio.sleep(seconds)
+    async with BATCH:
+        await asyncio.sleep(seconds)
     return web.Response(text=f"slept {seconds:g} {_line()}", headers=_headers())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    lines = [
+        f"vllm:num_requests_running {BATCH.running}",
+        f"vllm:num_requests_waiting {BATCH.waiting}",
+        "vllm:kv_cache_usage_perc 0",
+    ]
+    return web.Response(text="\n".join(lines) + "\n")
 
 
 async def sse(request: web.Request) -> web.StreamResponse:
@@ -130,6 +170,7 @@ def build_app() -> web.Application:
     app.router.add_post("/upload", upload)
     app.router.add_get("/ws", websocket)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
     return app
 
 
