@@ -21,7 +21,8 @@ each other. (To a regular file opened for appending, every write is.)
 
 A line holds: time (the end of the request, UTC), request id, service, revision, upstream,
 method, path, status, duration, bytes in and out, retries (and the error, if any); an
-HTTP/2 request's says so (``"GET /p HTTP/2"``, ``"protocol": "h2"``). The path
+HTTP/2 request's says so (``"GET /p HTTP/2"``, ``"protocol": "h2"``), and a gRPC
+request's gives the status its answer carried (``grpc_status=0``, ``"grpc_status": 0``). The path
 is percent-encoded in plain lines and JSON-escaped in JSON lines, so a request can never
 forge a line of its own.
 """
@@ -97,7 +98,8 @@ def _number(n: int) -> str:
 
 def fields(at: float, r: RequestRecord) -> dict[str, object]:
     """A record as the JSON line's object (the names the plain line uses too); an HTTP/2
-    request's has ``"protocol": "h2"`` last (HTTP/1.1's are as they were)."""
+    request's has ``"protocol": "h2"`` last, then a gRPC request's ``grpc_status`` (a
+    number) if its answer carried one (HTTP/1.1's are as they were)."""
     line: dict[str, object] = {
         "time": _stamp(at),
         "request_id": r.request_id,
@@ -115,6 +117,8 @@ def fields(at: float, r: RequestRecord) -> dict[str, object]:
     }
     if r.http_version == "2":
         line["protocol"] = "h2"
+        if r.grpc_status is not None:
+            line["grpc_status"] = int(r.grpc_status)
     return line
 
 
@@ -181,6 +185,8 @@ def _plain(at: float, r: RequestRecord, end: str) -> str:
         path = _log_path(r.path)
     if r.http_version == "2":
         path += _PLAIN_HTTP2
+        if r.grpc_status is not None:
+            end = _PLAIN_GRPC + r.grpc_status + end
     return (
         f"{_second(at)}{_MILLIS[int((at - int(at)) * 1000)]} {r.request_id} "
         f"{r.service or '-'} {'-' if revision is None else _number(revision)} "
@@ -193,6 +199,8 @@ def _plain(at: float, r: RequestRecord, end: str) -> str:
 _PLAIN_HTTP2: Final = " HTTP/2"
 """After the path of an HTTP/2 request (as nginx's ``$request`` has it; HTTP/1.1's are
 written without)."""
+_PLAIN_GRPC: Final = " grpc_status="
+"""After ``error=`` of a gRPC request whose answer carried a status (its code)."""
 
 
 FORMATTERS: Final[dict[str, Callable[[float, RequestRecord], str]]] = {

@@ -2,18 +2,22 @@
 
 ``GatewayMetrics`` is a ``PoolSubscriber`` (upstream health and state, ejections), a
 ``ProbeObserver`` (probe outcomes and durations) and a ``RequestObserver`` (requests,
-latencies, retries). It keeps every series' counts as plain ints and ``tally.Buckets``, and
-drops them by the rules below. No Prometheus here: ``scrape.MetricsCollector`` turns the
-counts into metric families at scrape time, in the main process only (a worker counts in a
-``tally.RequestTally``, merged here).
+latencies, retries, requests by client protocol, gRPC statuses). It keeps every series'
+counts as plain ints and ``tally.Buckets``, and drops them by the rules below. No Prometheus
+here: ``scrape.MetricsCollector`` turns the counts into metric families at scrape time, in
+the main process only (a worker counts in a ``tally.RequestTally``, merged here).
 
 Invariants:
 - Label sets are bounded: service, revision, upstream id, a state, a probe result, a retry
-  reason or a status class / gateway error code. Never a path, a host or a client address.
+  reason, a status class / gateway error code, a protocol or a gRPC code (0 to 16). Never a
+  path, a host or a client address.
 - No stale series: an upstream's series go when it leaves the pool, a service's when the
   service is removed, a revision's request series when its last upstream leaves. Results for
   an upstream or a service the metrics do not know (already removed) are not recorded, so
   they cannot bring a series back.
+- Requests by client protocol are counted for HTTP/2 only (``h2_requests``); HTTP/1.x's are
+  the rest of every request counted (``downstream_requests``), so that an HTTP/1.1 request
+  pays one comparison for them, not a count of its own.
 - The hot path (``on_request``) resolves no label and takes no lock: it bumps the counts of
   the revision's and the service's entries, found by one dict look-up. Even the ``code``
   label of a status (its class) is worked out at scrape time.
@@ -125,6 +129,12 @@ class GatewayMetrics:
         """Services with a revision series but no upstream of that revision left."""
         self.unrecorded = 0
         """Records of services no longer in the pool, not recorded (they would be stale)."""
+        self.retired = 0
+        """Requests counted in revision series since dropped (``downstream_requests``)."""
+        self.h2_requests = 0
+        """Requests that came over HTTP/2, every one (recorded or not)."""
+        self.grpc: dict[tuple[str, str], int] = {}
+        """gRPC answers by (service, gRPC status), for the services in the pool."""
 
     def attach(self, pool: Pool) -> None:
         """Follow ``pool``: take in what is in it now, subscribe, report its in-flight counts."""
@@ -174,8 +184,11 @@ class GatewayMetrics:
         elif kind == "service_removed":
             service = self.services.pop(event.service, None)
             if service is not None:
-                for revision in list(service.revisions):
+                for revision, entry in list(service.revisions.items()):
                     self._requests.pop((event.service, revision), None)
+                    self.retired += sum(entry.answers.settled().values())
+            for key in [k for k in self.grpc if k[0] == event.service]:
+                del self.grpc[key]
             self._sweep.discard(event.service)
             for key in [k for k in self.upstreams if k[0] == event.service]:
                 self._remove(*key)
@@ -212,6 +225,7 @@ class GatewayMetrics:
         entry = self._requests.pop((service, revision), None)
         if entry is not None:
             entry.service.revisions.pop(revision, None)
+            self.retired += sum(entry.answers.settled().values())
 
     def _sweep_revisions(self, service: str) -> None:
         """Drop revision series recreated by requests that ended after their upstream left."""
@@ -239,6 +253,8 @@ class GatewayMetrics:
     # -- requests (hot path) ------------------------------------------------------------------
 
     def on_request(self, record: RequestRecord) -> None:
+        if record.http_version == "2":
+            self._h2(record.service, record.grpc_status)
         entry = self._requests.get((record.service, record.revision))
         if entry is None:
             entry = self._revision(record.service, record.revision)
@@ -256,6 +272,24 @@ class GatewayMetrics:
         ttfb = record.ttfb
         if ttfb is not None:
             entry.ttfb.count(latency_bucket(ttfb), ttfb)
+
+    def _h2(self, service: str, grpc_status: str | None) -> None:
+        """One more request over HTTP/2, with the gRPC status of its answer if any."""
+        self.h2_requests += 1
+        if grpc_status is not None and service in self.services:
+            grpc = self.grpc
+            series = (service, grpc_status)
+            grpc[series] = grpc.get(series, 0) + 1
+
+    def downstream_requests(self) -> dict[str, int]:
+        """Requests by the client's protocol: ``h2``, and ``http/1.1`` (HTTP/1.0's too), the
+        rest of every request counted: the revision series' answers, those of series since
+        dropped, and those not recorded."""
+        total = self.retired + self.unrecorded
+        for service in list(self.services.values()):
+            for entry in list(service.revisions.values()):
+                total += sum(entry.answers.settled().values())
+        return {"http/1.1": total - self.h2_requests, "h2": self.h2_requests}
 
     def _count(
         self,
@@ -295,6 +329,11 @@ class GatewayMetrics:
             service = self.services.get(name)
             if service is not None and name:
                 service.ttfb.merge(counts)
+        self.h2_requests += tally.h2
+        grpc = self.grpc
+        for series, n in tally.grpc.items():
+            if series[0] in self.services:
+                grpc[series] = grpc.get(series, 0) + n
 
     def _entry(self, name: str, revision: int | None) -> RevisionSeries | None:
         """A revision's request series (made on first use), or None for an unknown service."""

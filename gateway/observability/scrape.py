@@ -6,8 +6,8 @@ here runs per request, and only the main process imports this module (a worker i
 prometheus_client).
 
 - ``MetricsCollector``: upstream health and state, probes, requests, latencies, retries,
-  ejections, in-flight requests, auth outcomes, rate limits and the slot queue, from a
-  ``GatewayMetrics`` and the pool it follows.
+  ejections, in-flight requests, auth outcomes, rate limits and the slot queue, requests by
+  client protocol and gRPC statuses, from a ``GatewayMetrics`` and the pool it follows.
 - ``ConnectionsCollector``: ``gateway_client_connections``, the client connections open,
   in the event loop or parked (``proxy.parking``), from the traffic listener's counts;
   ``Http2ConnectionsCollector``: ``gateway_http2_connections``, of those, the HTTP/2 ones.
@@ -55,6 +55,7 @@ class MetricsCollector(Collector):
             *_service_families(),
             _inflight_family(),
             *_guard_families(),
+            *_protocol_families(),
         ]
 
     def collect(self) -> Iterator[Metric]:
@@ -65,6 +66,7 @@ class MetricsCollector(Collector):
         pool = metrics.pool
         yield self._inflight(pool)
         yield from self._guards(pool)
+        yield from self._protocols(metrics)
 
     @staticmethod
     def _requests(metrics: GatewayMetrics) -> Iterator[Metric]:
@@ -106,6 +108,17 @@ class MetricsCollector(Collector):
             if name or service.connect_failures:
                 connect_failures.add_metric((name,), service.connect_failures)
         yield from (probe_duration, retries, no_routable, connect_failures)
+
+    @staticmethod
+    def _protocols(metrics: GatewayMetrics) -> Iterator[Metric]:
+        """Requests by the client's protocol (Envoy's ``downstream_rq_http1_total`` and
+        ``_http2_total``, as one family), and gRPC answers by status."""
+        downstream, grpc = _protocol_families()
+        for protocol, count in metrics.downstream_requests().items():
+            downstream.add_metric((protocol,), count)
+        for (service, status), count in list(metrics.grpc.items()):
+            grpc.add_metric((service, status), count)
+        yield from (downstream, grpc)
 
     @staticmethod
     def _inflight(pool: Pool | None) -> Metric:
@@ -157,6 +170,21 @@ def _request_families() -> tuple[CounterMetricFamily, HistogramMetricFamily, His
             "gateway_upstream_ttfb_seconds",
             "Time from the request's arrival to the upstream's response headers.",
             labels=("service",),
+        ),
+    )
+
+
+def _protocol_families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
+    return (
+        CounterMetricFamily(
+            "gateway_downstream_requests",
+            "Requests by the client's protocol: http/1.1 (HTTP/1.0's too) or h2 (h2 or h2c).",
+            labels=("protocol",),
+        ),
+        CounterMetricFamily(
+            "gateway_grpc_responses",
+            "Answers to gRPC requests by the gRPC status they carried (upstream's or gateway's).",
+            labels=("service", "grpc_status"),
         ),
     )
 

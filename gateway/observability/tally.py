@@ -9,7 +9,7 @@ event loop counts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from mypy_extensions import i64
@@ -118,6 +118,10 @@ class Tally:
     outcomes: dict[Outcome, int]
     durations: dict[tuple[str, int | None], tuple[tuple[int, ...], float]]
     ttfb: dict[str, tuple[tuple[int, ...], float]]
+    h2: int = 0
+    """Of the requests in ``outcomes``, those that came over HTTP/2."""
+    grpc: dict[tuple[str, str], int] = field(default_factory=dict)
+    """gRPC answers by (service, gRPC status)."""
 
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return by_fields(self)
@@ -134,14 +138,23 @@ class RequestTally:
     rules (no stale series, no series brought back) are applied there, once.
     """
 
-    __slots__ = ("durations", "outcomes", "ttfb")
+    __slots__ = ("durations", "grpc", "h2", "outcomes", "ttfb")
 
     def __init__(self) -> None:
         self.outcomes: dict[Outcome, int] = {}
         self.durations: dict[tuple[str, int | None], Buckets] = {}
         self.ttfb: dict[str, Buckets] = {}
+        self.h2 = 0
+        self.grpc: dict[tuple[str, str], int] = {}
 
     def on_request(self, record: RequestRecord) -> None:
+        if record.http_version == "2":
+            self.h2 += 1
+            status = record.grpc_status
+            if status is not None:
+                grpc = self.grpc
+                answers = (record.service, status)
+                grpc[answers] = grpc.get(answers, 0) + 1
         key = outcome(record)
         outcomes = self.outcomes
         outcomes[key] = outcomes.get(key, 0) + 1
@@ -164,8 +177,11 @@ class RequestTally:
             self.outcomes,
             {key: h.counted() for key, h in self.durations.items()},
             {key: h.counted() for key, h in self.ttfb.items()},
+            self.h2,
+            self.grpc,
         )
         self.outcomes, self.durations, self.ttfb = {}, {}, {}
+        self.h2, self.grpc = 0, {}
         return tally
 
     def __repr__(self) -> str:

@@ -76,6 +76,7 @@ _RECORD_FIELDS: Final[tuple[str, ...]] = (
     "retry_reasons",
     "error",
     "http_version",
+    "grpc_status",
 )
 """``RequestRecord``'s fields in the order ``__init__`` takes them."""
 
@@ -106,6 +107,7 @@ class RequestRecord:
         retry_reasons: tuple[str, ...] = (),
         error: str | None = None,
         http_version: str = "1.1",
+        grpc_status: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.service = service
@@ -123,6 +125,10 @@ class RequestRecord:
         self.error = error
         self.http_version = http_version
         """The client's HTTP version: ``1.1``, ``1.0``, or ``2`` (HTTP/2, h2 or h2c)."""
+        self.grpc_status = grpc_status
+        """The gRPC status a gRPC request's answer carried to the client, its code as text
+        (``wire.grpc.status``); None for any other request, or an answer cut off without
+        one."""
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _RECORD_FIELDS)

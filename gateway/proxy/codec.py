@@ -86,6 +86,10 @@ class Downstream:
     """The client left its answer unread for ``send_timeout`` and was cut off."""
     exchange: Cancellable | None
     """The active request's exchange while it runs without a task (``Begin``)."""
+    grpc_status: str | None
+    """The gRPC status the answer to a gRPC request carried (``wire.grpc.status``: its
+    trailers, a trailers-only head, or the gateway's own), once sent; None otherwise (and
+    always over HTTP/1.1, which carries no gRPC)."""
 
     def answer(
         self,

@@ -535,6 +535,7 @@ class Exchange:
             self.retry_reasons,
             self.error,
             self.request.version,
+            self.client.grpc_status,
         )
         for observer in observers:
             try:

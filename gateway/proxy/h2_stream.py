@@ -115,6 +115,9 @@ class H2Stream(Downstream):
         """Reset, by either side, or its connection gone: nothing more is sent."""
         self.finished_exchange = False
         """The exchange is over (``owner.over`` was told)."""
+        self.grpc = False
+        """The request is gRPC (known once its answer begins)."""
+        self.grpc_status: str | None = None
         self._send_timeout = send_timeout
         self._send_timer: asyncio.TimerHandle | None = None
         self._paused = False
@@ -175,6 +178,9 @@ class H2Stream(Downstream):
     ) -> None:
         self.producer = producer
         fields = self._answer_fields(head, request_id, extra)
+        if grpc.is_grpc(request.headers):
+            self.grpc = True
+            self.grpc_status = grpc.status(fields)  # a trailers-only answer's
         if body and request.method != "HEAD":
             self._head(fields, False)
             self._queue(body, True)
@@ -190,6 +196,7 @@ class H2Stream(Downstream):
         producer: Producer,
     ) -> ResponseStream:
         self.producer = producer
+        self.grpc = grpc.is_grpc(request.headers)
         self._head(self._answer_fields(head, request_id, extra), False)
         return ResponseStream(self, False)
 
@@ -215,11 +222,17 @@ class H2Stream(Downstream):
         if self.answered:
             self.abort()
             return
-        self._head(grpc.trailers_only(grpc.status_of(status), message, request_id), True)
+        code = grpc.status_of(status)
+        self.grpc = True
+        if not self.closed:
+            self.grpc_status = str(code)
+        self._head(grpc.trailers_only(code, message, request_id), True)
 
     def trailers(self, fields: Fields) -> None:
         if not self.closed and not self.ending:
             self.trailing = fields
+            if self.grpc:
+                self.grpc_status = grpc.status(fields)
 
     def refuse(self, status: int, code: str, message: str) -> None:
         """Answer a request head that cannot be served (``request.Refused``)."""

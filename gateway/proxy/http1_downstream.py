@@ -204,6 +204,7 @@ class ClientConnection(asyncio.Protocol, Downstream):
         "_writing_paused",
         "active",
         "exchange",
+        "grpc_status",
         "on_lost",
         "park_after",
         "peer",
@@ -291,6 +292,8 @@ class ClientConnection(asyncio.Protocol, Downstream):
         """The client left its answer unread for ``send_timeout`` and was cut off."""
         self.secure = False
         """Over TLS (set by ``tls.handshake`` before ``connection_made``)."""
+        self.grpc_status: str | None = None
+        """Always None: no gRPC over HTTP/1.1 (``Downstream``)."""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 

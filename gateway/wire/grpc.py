@@ -1,7 +1,8 @@
 """gRPC on the wire, as far as a proxy needs it (gRPC over HTTP/2, grpc/grpc's PROTOCOL-HTTP2):
-which requests are gRPC, their deadline (``grpc-timeout``), the status codes of the gateway's
-own answers, and trailers-only answers (a HEADERS frame with ``:status`` 200,
-``content-type``, ``grpc-status`` and ``grpc-message``, then END_STREAM).
+which requests are gRPC, their deadline (``grpc-timeout``), the status an answer carries
+(``status``), the status codes of the gateway's own answers, and trailers-only answers (a
+HEADERS frame with ``:status`` 200, ``content-type``, ``grpc-status`` and ``grpc-message``,
+then END_STREAM).
 
 Pure: no I/O, no gRPC or HTTP/2 library; the codecs and the upstream leg call it.
 """
@@ -38,6 +39,9 @@ _BY_HTTP_STATUS: Final = {
 limits and body limits (RESOURCE_EXHAUSTED), auth (UNAUTHENTICATED) and timeouts
 (DEADLINE_EXCEEDED), which say more to a gRPC client than UNAVAILABLE would."""
 
+_CODES: Final = {b"%d" % code: str(code) for code in range(17)}
+"""The codes gRPC defines (OK 0 to UNAUTHENTICATED 16), as a ``grpc-status`` value -> as text."""
+
 _UNITS: Final = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 
@@ -59,6 +63,16 @@ def timeout(fields: Fields) -> float | None:
             if not 1 <= len(digits) <= 8 or not digits.isdigit() or unit not in _UNITS:
                 return None
             return int(digits) * _UNITS[unit]
+    return None
+
+
+def status(fields: Fields) -> str | None:
+    """The ``grpc-status`` of an answer's trailers or trailers-only head (lower-cased names),
+    as a gRPC client reads it: its code as text, ``"2"`` (UNKNOWN) for a value that is no
+    code gRPC defines; None if it has none."""
+    for name, value in fields:
+        if name == b"grpc-status":
+            return _CODES.get(value.strip(), "2")
     return None
 
 

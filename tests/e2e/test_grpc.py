@@ -6,12 +6,14 @@ gateway's own errors as trailers-only answers, ``grpc-timeout``, and the gRPC pr
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import pytest
 
 from gateway.health import grpc_probe
@@ -271,3 +273,80 @@ async def test_a_refused_grpc_head_is_answered_in_grpc(gw: Handle) -> None:
         await client.close()
     assert (answer.status, bytes(answer.body)) == (200, b"")
     assert answer.headers[b"grpc-status"] == b"13", answer  # INTERNAL, as gRPC maps 431
+
+
+async def scraped(handle: Handle, family: str) -> dict[str, float]:
+    """The samples of ``family`` on the admin listener's ``/metrics``, by their labels."""
+    url = f"http://127.0.0.1:{handle.gateway.admin.port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        text = await response.text()
+    return {
+        line.rsplit(" ", 1)[0][len(family) :]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(family + "{")
+    }
+
+
+async def test_grpc_statuses_and_protocols_in_metrics_and_the_access_log(
+    gateways: Gateways, tmp_path: Path
+) -> None:
+    """A replica's OK and NOT_FOUND, the gateway's DEADLINE_EXCEEDED and UNIMPLEMENTED
+    (no route): counted by status and written in the JSON access log; the HTTP/1.1 request
+    and the HTTP/2 ones counted by protocol."""
+    log = tmp_path / "access.log"
+    handle = await gateways.start(access_log={"enabled": True, "format": "json", "path": str(log)})
+    await serving(handle, grpc_spec(route={"path_prefix": "/test.Echo/"}))
+    port = handle.gateway.traffic.port
+
+    def calls(channel: Any) -> list[Any]:
+        codes = []
+        for request in (b"hi", b"not-found"):
+            try:
+                channel.unary_unary("/test.Echo/Unary")(request, timeout=5)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as e:
+                codes.append(e.code())
+        return codes
+
+    assert await call(port, calls) == [grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND]
+    client = await H2Client.connect(port)
+    try:
+        rpc = [("content-type", "application/grpc"), ("te", "trailers")]
+        late = client.request(
+            "/test.Echo/Unary",
+            method="POST",
+            headers=[*rpc, ("grpc-timeout", "200m")],
+            body=message(b"sleep:3"),
+        )
+        nowhere = client.request(
+            "/nowhere.Service/Call", method="POST", headers=rpc, body=message(b"")
+        )
+        await client.get(late, nowhere, within=5)
+    finally:
+        await client.close()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/test.Echo/Unary") as response,
+    ):
+        await response.read()
+
+    expected = {'service="web",grpc_status="0"': 1, 'service="web",grpc_status="5"': 1,
+                'service="web",grpc_status="4"': 1, 'service="",grpc_status="12"': 1}  # fmt: skip
+
+    async def counted() -> bool:
+        grpc_answers = await scraped(handle, "gateway_grpc_responses_total")
+        return {
+            ",".join(sorted(key.strip("{}").split(","))): n for key, n in grpc_answers.items()
+        } == {",".join(sorted(want.split(","))): n for want, n in expected.items()}
+
+    await eventually(counted, what="the gRPC answers counted by status")
+    protocols = await scraped(handle, "gateway_downstream_requests_total")
+    assert protocols['{protocol="h2"}'] == 4, protocols
+    assert protocols['{protocol="http/1.1"}'] == 1, protocols
+
+    def logged() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    await eventually(lambda: len(logged()) == 5, what="five lines in the access log")
+    statuses = sorted((line.get("grpc_status", -1), line.get("protocol")) for line in logged())
+    assert statuses == [(-1, None), (0, "h2"), (4, "h2"), (5, "h2"), (12, "h2")]

@@ -66,6 +66,17 @@ def test_an_http2_requests_line_says_so_and_http1_lines_are_as_they_were() -> No
     assert "protocol" not in json.loads(format_json(AT, record()))
 
 
+def test_a_grpc_requests_line_gives_its_status() -> None:
+    grpc = record(path="/test.Echo/Unary", method="POST", http_version="2", grpc_status="5")
+    assert format_plain(AT, grpc).endswith(" error=- grpc_status=5")
+    line = json.loads(format_json(AT, grpc))
+    assert (line["protocol"], line["grpc_status"]) == ("h2", 5)
+    # Without a status (not gRPC, or cut off before one), the line is an HTTP/2 one as before.
+    h2 = record(http_version="2")
+    assert format_plain(AT, h2).endswith(" error=-")
+    assert "grpc_status" not in json.loads(format_json(AT, h2))
+
+
 def test_paths_are_written_the_same_from_the_cache_which_stays_bounded() -> None:
     paths = ['/a b/"x"\n', "/plain/path?q=1", "/caf\u00e9", "/" + "p" * 300]
     first = [format_plain(AT, record(path=p)) for p in paths]

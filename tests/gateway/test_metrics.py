@@ -463,6 +463,70 @@ async def test_a_workers_tally_merged_shows_what_direct_counting_shows(pool) -> 
     )
 
 
+async def test_requests_by_protocol_and_grpc_statuses(pool, metrics, registry) -> None:
+    """``gateway_downstream_requests_total`` counts every request by the client's protocol,
+    never going down when series go; ``gateway_grpc_responses_total`` a service's gRPC
+    answers by status, gone with the service."""
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "a", 1)
+    for r in (
+        record(),
+        record(http_version="1.0"),
+        record(service="", revision=None, status=404, error="no_route"),
+        record(http_version="2"),
+        record(http_version="2", grpc_status="0"),
+        record(http_version="2", grpc_status="0"),
+        record(http_version="2", grpc_status="14", status=503, error="no_routable_upstream"),
+        record(service="gone", revision=3, http_version="2", grpc_status="0"),  # unrecorded
+    ):
+        metrics.on_request(r)
+
+    def protocols() -> tuple[float | None, float | None]:
+        return tuple(  # type: ignore[return-value]
+            value(registry, "gateway_downstream_requests_total", protocol=p)
+            for p in ("http/1.1", "h2")
+        )
+
+    assert protocols() == (3, 5)
+    grpc = {
+        s: value(registry, "gateway_grpc_responses_total", service="web", grpc_status=s)
+        for s in ("0", "14", "2")
+    }
+    assert grpc == {"0": 2, "14": 1, "2": None}
+    assert series_of(registry, "gone") == []
+
+    pool.remove_service("web")  # its series go; what it served stays counted
+    assert protocols() == (3, 5)
+    assert series_of(registry, "web") == []
+    metrics.on_request(record(service="", revision=None, status=404, error="no_route"))
+    assert protocols() == (4, 5)
+
+
+async def test_a_workers_protocols_and_grpc_statuses_merge_as_counted_here(pool) -> None:
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "a", 1)
+    records = [
+        record(),
+        record(http_version="2", grpc_status="0"),
+        record(http_version="2", grpc_status="4", status=504, error="upstream_timeout"),
+        record(http_version="2"),
+        record(service="gone", revision=7, http_version="2", grpc_status="0"),
+    ]
+    direct_registry, merged_registry = CollectorRegistry(), CollectorRegistry()
+    direct, merged = collected(direct_registry), collected(merged_registry)
+    direct.attach(pool)
+    merged.attach(pool)
+    tally = RequestTally()
+    for r in records:
+        direct.on_request(r)
+        tally.on_request(r)
+    merged.merge(tally.take())
+    assert exposition(merged_registry) == exposition(direct_registry)
+    assert merged.h2_requests == 4
+    assert merged.grpc == {("web", "0"): 1, ("web", "4"): 1}
+    assert tally.take().h2 == 0
+
+
 def test_latency_bucket_is_bisect_left() -> None:
     values = [0.0, -1.0, 1e-9, math.inf, -math.inf, math.nan, 1e300, 0.0123, 3.3]
     for bound in LATENCY_BUCKETS:

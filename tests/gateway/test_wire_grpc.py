@@ -26,6 +26,16 @@ def test_grpc_timeout(value: bytes, seconds: float | None) -> None:
     assert grpc.timeout([(b"grpc-timeout", value)]) == pytest.approx(seconds)
 
 
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [([(b"grpc-status", b"0")], "0"), ([(b"grpc-message", b"x"), (b"grpc-status", b"16")], "16"),
+     ([(b"grpc-status", b"17")], "2"), ([(b"grpc-status", b"abc")], "2"),
+     ([(b"grpc-status", b"")], "2"), ([(b"grpc-message", b"x")], None), ([], None)],
+)  # fmt: skip
+def test_an_answers_status_as_a_client_reads_it(fields: grpc.Fields, status: str | None) -> None:
+    assert grpc.status(fields) == status
+
+
 def test_the_gateways_errors_as_statuses() -> None:
     assert grpc.status_of(503) == grpc.UNAVAILABLE == 14
     assert grpc.status_of(429) == grpc.RESOURCE_EXHAUSTED == 8
