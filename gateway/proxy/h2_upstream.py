@@ -122,8 +122,10 @@ class UpstreamStream:
     # -- the answer (``streams.Producer``) ------------------------------------------------
 
     def attach(self, sink: ResponseStream) -> None:
-        """The answer's body goes to ``sink`` from now on (what came already first)."""
+        """The answer's body goes to ``sink`` from now on: the head pending in it (an
+        HTTP/1.1 client's codec leaves it there), then what came already."""
         self.sink = sink
+        sink.write_head()
         early, self.early = self.early, []
         for data, size in early:
             self.data(data, size)

@@ -1,21 +1,27 @@
 """``proxy.h2_upstream`` on uvloop (as the gateway runs) against an HTTP/2 server on ``h2``:
 streams multiplexed on a connection up to the smaller of the server's
 SETTINGS_MAX_CONCURRENT_STREAMS and the gateway's cap, a new connection when it is full, an
-answer's body and trailers."""
+answer's body and trailers; and through the proxy, to an HTTP/1.1 client."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.settings
 import pytest
 import uvloop
 
+from gateway.config import ServiceRouting
 from gateway.proxy.h2_upstream import H2Connector
 from tests.support.eventually import eventually
+
+from .conftest import add, routing, url
 
 FIELDS = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"t"), (b":path", b"/")]
 
@@ -23,6 +29,10 @@ FIELDS = [(b":method", b"GET"), (b":scheme", b"http"), (b":authority", b"t"), (b
 class Sink:
     def __init__(self) -> None:
         self.body = bytearray()
+
+    def write_head(self) -> None:
+        """The head was sent as the stream's own HEADERS: nothing pending (an HTTP/2
+        client's codec)."""
 
     def response_data(self, data: bytes) -> None:
         self.body += data
@@ -120,3 +130,96 @@ def test_streams_share_a_connection_with_room() -> None:
             await server.wait_closed()
 
     uvloop.run(main())
+
+
+# -- through the proxy -------------------------------------------------------------------
+
+
+class Replica:
+    """An HTTP/2 replica on ``h2`` that answers each request, once its body is whole, as
+    ``mode`` says: ``ok`` (200, its name and the body's length), ``503``, ``refuse``
+    (RST_STREAM REFUSED_STREAM as the head arrives), ``goaway`` (GOAWAY with the last stream
+    below the request's, then the close)."""
+
+    def __init__(self, name: str, mode: str) -> None:
+        self.name = name
+        self.mode = mode
+        self.heads = 0
+        """Request heads that arrived."""
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port: int = self.server.sockets[0].getsockname()[1]
+        return port
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
+        conn = h2.connection.H2Connection(config)
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        bodies: dict[int, bytearray] = {}
+        gone = False
+        while not gone and (data := await reader.read(65536)):
+            for event in conn.receive_data(data):
+                stream_id = getattr(event, "stream_id", None) or 0
+                if isinstance(event, h2.events.RequestReceived):
+                    self.heads += 1
+                    if self.mode == "refuse":
+                        conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                    elif self.mode == "goaway":
+                        conn.close_connection(last_stream_id=stream_id - 2 if stream_id > 2 else 0)
+                        gone = True
+                    else:
+                        bodies[stream_id] = bytearray()
+                elif isinstance(event, h2.events.DataReceived):
+                    conn.acknowledge_received_data(event.flow_controlled_length or 0, stream_id)
+                    if stream_id in bodies:
+                        bodies[stream_id] += event.data or b""
+                if isinstance(event, h2.events.StreamEnded) and stream_id in bodies:
+                    body = bodies.pop(stream_id)
+                    status = b"503" if self.mode == "503" else b"200"
+                    text = b"%s:%d" % (self.name.encode(), len(body))
+                    conn.send_headers(stream_id, [(b":status", status)])
+                    conn.send_data(stream_id, text, end_stream=True)
+            writer.write(conn.data_to_send())
+        writer.close()
+
+
+@pytest.fixture
+async def replicas(pool) -> AsyncIterator[Callable[[str, str], Awaitable[Replica]]]:
+    """``await replicas(name, mode)``: a ``Replica`` of service ``web`` in the pool."""
+    started: list[Replica] = []
+
+    async def start(name: str, mode: str) -> Replica:
+        replica = Replica(name, mode)
+        started.append(replica)
+        add(pool, "web", name, await replica.start())
+        return replica
+
+    yield start
+    for replica in started:
+        replica.close()
+
+
+def h2_service(**settings: Any) -> ServiceRouting:
+    return routing(
+        "web", prefix="/", upstream_protocol="http2", load_balancing="round_robin", **settings
+    )
+
+
+async def test_an_http1_client_gets_the_whole_answer_of_an_http2_replica(
+    pool, replicas, gateway, client
+) -> None:
+    """Its head too: an HTTP/1.1 client's codec leaves it pending in the answer's stream."""
+    pool.set_service(h2_service())
+    await replicas("ok", "ok")
+    gw = await gateway()
+
+    async with client.post(url(gw), data=b"payload") as resp:
+        assert (resp.status, resp.headers["Transfer-Encoding"]) == (200, "chunked")
+        assert await resp.text() == "ok:7"
