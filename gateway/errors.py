@@ -27,14 +27,23 @@ from __future__ import annotations
 from typing import Literal
 
 FailureKind = Literal[
-    "connect", "disconnect", "stale", "timeout", "protocol", "client", "status", "other"
+    "connect",
+    "disconnect",
+    "refused",
+    "stale",
+    "timeout",
+    "protocol",
+    "client",
+    "status",
+    "other",
 ]
 """What kind of failure an attempt met: ``connect`` (nothing reached the upstream),
-``disconnect`` (closed before any answer), ``stale`` (a ``disconnect`` of a kept connection
-reused for a request that can be sent again: the upstream closed it as it went idle,
-``retry.stale``), ``timeout``, ``protocol`` (not HTTP, or a body that broke off), ``client``
-(the client's doing: too large, too slow, gone), ``status`` (an answer whose status
-``retries.on_status`` retries) or ``other``."""
+``disconnect`` (closed before any answer), ``refused`` (an HTTP/2 upstream refused the
+stream, by REFUSED_STREAM or a GOAWAY below it: its application never saw the request),
+``stale`` (a ``disconnect`` of a kept connection reused for a request that can be sent
+again: the upstream closed it as it went idle, ``retry.stale``), ``timeout``, ``protocol``
+(not HTTP, or a body that broke off), ``client`` (the client's doing: too large, too slow,
+gone), ``status`` (an answer whose status ``retries.on_status`` retries) or ``other``."""
 
 
 class GatewayError(Exception):

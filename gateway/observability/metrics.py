@@ -40,7 +40,7 @@ UPSTREAM_STATES: Final[tuple[str, ...]] = ("unknown", "healthy", "unhealthy", "d
 """The values of ``Upstream.state``: the one-hot ``gateway_upstream_state``."""
 
 PROBE_RESULTS: Final[tuple[str, ...]] = ("success", "failure", "timeout")
-RETRY_REASONS: Final = frozenset({"connect", "disconnect", "stale", "status"})
+RETRY_REASONS: Final = frozenset({"connect", "disconnect", "refused", "stale", "status"})
 """What the proxy puts in ``RequestRecord.retry_reasons``; anything else counts as ``other``."""
 
 PROBE_BUCKETS: Final[tuple[float, ...]] = (

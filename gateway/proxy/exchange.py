@@ -162,6 +162,9 @@ class Exchange:
     not traced (the client's pass on as they are)."""
     recording: Recording | None = None
     """The spans of a sampled request while spans are exported (``spans``)."""
+    whole_body: bytes | None = None
+    """The request's whole body, taken at once by an attempt over HTTP/2 (``h2_upstream``):
+    sent again by the retry of a refused stream, which no replica processed."""
 
     def __init__(self, proxy: Forwarding, client: Downstream, request: IncomingRequest) -> None:
         self.proxy = proxy
@@ -388,11 +391,12 @@ class Exchange:
         assert sp is not None
         request = self.request
         body = request.body
+        kept = kind == "refused" and self.whole_body is not None
         return retry.may_retry(
             kind,
             method=request.method,
             has_body=body is not None,
-            body_taken=body is not None and body.taken,
+            body_taken=body is not None and body.taken and not kept,
             response_started=self.response_started,
             retries=self.retries,
             elapsed=self.proxy.loop.time() - self.started,
@@ -416,15 +420,16 @@ class Exchange:
         error.details.update(service=sp.routing.name, upstream=upstream.id)
         if not self.replayed and self.stale(kind, reused):
             return Failed(error, "stale")
-        outcome = "connect_failure" if kind == "connect" else "5xx"
+        outcome = "connect_failure" if kind == "connect" or kind == "refused" else "5xx"
         self.proxy.pool.report(sp.routing.name, upstream.id, outcome)
         return Failed(error, kind)
 
     def check_answer(
-        self, conn: UpstreamConnection, head: ResponseHead, tried: Collection[str]
+        self, conn: UpstreamConnection | None, head: ResponseHead, tried: Collection[str]
     ) -> Failed | None:
         """The answer's head arrived (``ttfb`` is set): passive detection, and the failure
-        if it is retried."""
+        if it is retried (``conn`` is discarded then; None: an HTTP/2 stream, which its
+        caller resets)."""
         upstream, sp = self.upstream, self.sp
         assert upstream is not None
         assert sp is not None
@@ -434,7 +439,8 @@ class Exchange:
             proxy.pool.report(sp.routing.name, upstream.id, "5xx")
             if status in RETRY_STATUSES and self.may_retry("status", tried):
                 self.attempt_failed("status", status)
-                proxy.connector.discard(conn)
+                if conn is not None:
+                    proxy.connector.discard(conn)
                 error = UpstreamError(
                     f"upstream answered {status}", service=sp.routing.name, upstream=upstream.id
                 )

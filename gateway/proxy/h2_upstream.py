@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Final, cast
 
 import h2.config
@@ -269,7 +269,7 @@ class H2UpstreamConnection(asyncio.Protocol):
                 stream.fail(
                     UpstreamError(
                         f"upstream reset the stream ({code!r})",
-                        kind="disconnect" if refused else "other",
+                        kind="refused" if refused else "other",
                     )
                 )
             self._maybe_close()
@@ -284,7 +284,7 @@ class H2UpstreamConnection(asyncio.Protocol):
             last = event.last_stream_id or 0
             for stream_id in [i for i in self.streams if i > last]:
                 self.streams.pop(stream_id).fail(
-                    UpstreamError("upstream refused the stream (GOAWAY)", kind="disconnect")
+                    UpstreamError("upstream refused the stream (GOAWAY)", kind="refused")
                 )
             self._maybe_close()
 
@@ -477,14 +477,22 @@ def response_head(fields: Fields) -> ResponseHead:
 
 
 async def forward(
-    ex: Exchange, sp: ServicePool, upstream: Upstream, connector: H2Connector
+    ex: Exchange,
+    sp: ServicePool,
+    upstream: Upstream,
+    connector: H2Connector,
+    tried: Collection[str] = (),
 ) -> None:
     """One attempt of ``ex`` on ``upstream`` over HTTP/2 (``Proxy``'s, in the request's task):
     the request head, its body as it comes, the answer's head, its body as it comes, and its
     trailers. A ``grpc-timeout`` bounds the attempt: past it, DEADLINE_EXCEEDED (504 before
     the answer began, ``grpc-status: 4`` in the trailers after). Raises ``Failed`` for an
     attempt that may be retried (nothing went to the client yet), ``GatewayError`` for one
-    that may not; an answer broken off is cut off at the client."""
+    that may not (the rules of HTTP/1.1's attempts: ``retry``; ``tried``: the upstreams tried
+    so far, this one included); an answer broken off is cut off at the client.
+
+    A body already whole when the attempt begins is taken at once and kept
+    (``Exchange.whole_body``), so that a stream the replica refuses can be retried with it."""
     request = ex.request
     timeouts = sp.routing.timeouts
     ex.attempting(upstream)
@@ -502,16 +510,23 @@ async def forward(
     except GatewayError as exc:
         raise ex.failure(exc) from None
     sink: ResponseStream | None = None
+    whole = ex.whole_body
     try:
         async with asyncio.timeout(deadline):
             if body is not None:
                 ex.bytes_in = body.received
-                stream.body_producer = ex.client
-                try:
-                    body.attach(stream)
-                except GatewayError as exc:
-                    stream.cancel()
-                    raise ex.failure(exc) from None
+                if whole is None and body.complete and not body.taken:
+                    whole = ex.whole_body = body.take()
+                if whole is not None:
+                    stream.body_data(whole)
+                    stream.body_end()
+                else:
+                    stream.body_producer = ex.client
+                    try:
+                        body.attach(stream)
+                    except GatewayError as exc:
+                        stream.cancel()
+                        raise ex.failure(exc) from None
             try:
                 # A gRPC answer's head may wait on the client's messages: its deadline, not
                 # the read timeout, bounds it.
@@ -519,7 +534,7 @@ async def forward(
                 async with asyncio.timeout(read):
                     head = await stream.head
             except (GatewayError, TimeoutError) as exc:
-                if body is not None:
+                if body is not None and whole is None:
                     body.detach()
                 if isinstance(exc, TimeoutError) and not isinstance(exc, GatewayError):
                     if read is None:
@@ -529,7 +544,11 @@ async def forward(
                 raise ex.failure(exc) from None
             ex.ttfb = ex.proxy.loop.time() - ex.started
             if head.status >= 500:
-                ex.proxy.pool.report(sp.routing.name, upstream.id, "5xx")
+                failed = ex.check_answer(None, head, tried)
+                if failed is not None:
+                    if body is not None and whole is None:
+                        body.detach()
+                    raise failed  # (the stream is reset on the way out)
             if is_grpc and stream.done.done() and not stream.bytes_out and not stream.early:
                 # Trailers-only (a gRPC status with no message): one HEADERS, as it came.
                 stream.done.result()

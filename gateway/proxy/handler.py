@@ -446,7 +446,7 @@ class Proxy:
                     if websocket:
                         return await self._websocket(ex, sp, lease, fresh)
                     if sp.routing.upstream_protocol == "http2":
-                        return await self._h2(ex, sp, lease)
+                        return await self._h2(ex, sp, lease, tried)
                     return await self._http(ex, sp, lease, tried, fresh)
             except Failed as exc:
                 failed = exc
@@ -487,7 +487,9 @@ class Proxy:
             connector.discard(conn)
             raise
 
-    async def _h2(self, ex: Exchange, sp: ServicePool, lease: Lease) -> None:
+    async def _h2(
+        self, ex: Exchange, sp: ServicePool, lease: Lease, tried: Collection[str]
+    ) -> None:
         """One attempt on ``lease``'s upstream over HTTP/2 (``upstream_protocol: http2``)."""
         from . import h2_upstream  # loads h2: only once a service asks for it
 
@@ -496,7 +498,7 @@ class Proxy:
             connector = self._h2_connector = h2_upstream.H2Connector(
                 self.config.http2.upstream_max_concurrent_streams
             )
-        await h2_upstream.forward(ex, sp, lease.upstream, connector)
+        await h2_upstream.forward(ex, sp, lease.upstream, connector, tried)
 
     async def _send(
         self, ex: Exchange, sp: ServicePool, conn: UpstreamConnection, tried: Collection[str]

@@ -2,9 +2,12 @@
 
 A retry goes to a different routable upstream, within ``retries.attempts`` and
 ``retries.timeout``, and only while nothing is lost by it: no response byte sent to the
-client and no request body byte taken from it. A connect failure is always retried; a
-connection the upstream closed or reset before answering only for an idempotent request
-without a body; with ``retries.on_status`` a 502, 503 or 504 answer to such a request too.
+client and no request body byte taken from it (or the whole body kept to send again). A
+connect failure is always retried, and so is a stream an HTTP/2 upstream refused
+(``refused``: REFUSED_STREAM, or a GOAWAY whose last stream is below it: RFC 9113 8.7 says
+it was not processed); a connection the upstream closed or reset before answering only for
+an idempotent request without a body; with ``retries.on_status`` a 502, 503 or 504 answer to
+such a request too.
 
 Before any of that, a kept connection the upstream closed as it was reused (``stale``: its
 keep-alive timeout met the request on the way) is no failure of the upstream: the request is
@@ -71,7 +74,7 @@ def may_retry(
 ) -> bool:
     """Whether an attempt that failed with ``kind`` is tried again (``retries`` made so far,
     ``elapsed`` seconds since the request came; ``body_taken``: a byte of its body left for
-    an upstream, or the body failed)."""
+    an upstream and cannot be sent again, or the body failed)."""
     if retries >= config.attempts or response_started or body_taken:
         return False
     if elapsed >= config.timeout:
@@ -81,6 +84,6 @@ def may_retry(
         return False
     if kind == "status" and not (config.on_status and replayable):
         return False
-    if kind not in ("connect", "disconnect", "status"):
+    if kind not in ("connect", "refused", "disconnect", "status"):
         return False
     return any(u.id not in tried for u in routable)

@@ -1,7 +1,8 @@
 """``proxy.h2_upstream`` on uvloop (as the gateway runs) against an HTTP/2 server on ``h2``:
 streams multiplexed on a connection up to the smaller of the server's
 SETTINGS_MAX_CONCURRENT_STREAMS and the gateway's cap, a new connection when it is full, an
-answer's body and trailers; and through the proxy, to an HTTP/1.1 client."""
+answer's body and trailers; and through the proxy, to an HTTP/1.1 client, and the attempts
+retried as over HTTP/1.1 (``retry``), a stream the replica refused whatever the request."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import h2.events
 import h2.settings
 import pytest
 import uvloop
+from aiohttp.test_utils import unused_port
 
-from gateway.config import ServiceRouting
+from gateway.config import RetriesConfig, ServiceRouting
 from gateway.proxy.h2_upstream import H2Connector
 from tests.support.eventually import eventually
 
@@ -223,3 +225,60 @@ async def test_an_http1_client_gets_the_whole_answer_of_an_http2_replica(
     async with client.post(url(gw), data=b"payload") as resp:
         assert (resp.status, resp.headers["Transfer-Encoding"]) == (200, "chunked")
         assert await resp.text() == "ok:7"
+
+
+@pytest.mark.parametrize("mode", ["refuse", "goaway"])
+async def test_a_refused_stream_is_retried_whatever_the_request(
+    pool, replicas, gateway, client, recorder, mode
+) -> None:
+    """No replica processed it (RFC 9113 8.7): a POST with its body goes to the other."""
+    pool.set_service(h2_service())
+    refusing = await replicas("refusing", mode)
+    await replicas("ok", "ok")
+    gw = await gateway()
+
+    for _ in range(4):
+        async with client.post(url(gw), data=b"payload") as resp:
+            assert (resp.status, await resp.text()) == (200, "ok:7"), await resp.text()
+    assert refusing.heads >= 1
+    retried = [r for r in recorder.records if r.retries]
+    assert retried
+    assert all(r.retry_reasons == ("refused",) and r.upstream_id == "ok" for r in retried)
+
+
+async def test_a_connect_failure_is_retried_over_http2(
+    pool, replicas, gateway, client, recorder
+) -> None:
+    pool.set_service(h2_service())
+    add(pool, "web", "dead", unused_port())
+    await replicas("ok", "ok")
+    gw = await gateway()
+
+    for _ in range(4):
+        async with client.post(url(gw), data=b"payload") as resp:
+            assert (resp.status, await resp.text()) == (200, "ok:7")
+    retried = [r for r in recorder.records if r.retries]
+    assert retried
+    assert all(r.retry_reasons == ("connect",) for r in retried)
+
+
+@pytest.mark.parametrize("on_status", [True, False])
+async def test_a_503_is_retried_for_idempotent_requests_with_on_status(
+    pool, replicas, gateway, client, on_status
+) -> None:
+    pool.set_service(h2_service(retries=RetriesConfig(on_status=on_status)))
+    await replicas("busy", "503")
+    await replicas("ok", "ok")
+    gw = await gateway()
+
+    gets = set()
+    for _ in range(4):
+        async with client.get(url(gw)) as resp:
+            gets.add((resp.status, await resp.text()))
+    assert gets == ({(200, "ok:0")} if on_status else {(200, "ok:0"), (503, "busy:0")})
+    # A POST with a body is not replayed: the replica's own 503 comes through.
+    posts = set()
+    for _ in range(4):
+        async with client.post(url(gw), data=b"x") as resp:
+            posts.add(resp.status)
+    assert posts == {200, 503}

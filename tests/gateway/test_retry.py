@@ -31,6 +31,9 @@ BASE = {
         ("disconnect", {}, True),  # a stale keep-alive connection
         ("disconnect", {"method": "POST"}, False),  # not idempotent
         ("disconnect", {"has_body": True}, False),  # a body cannot be replayed
+        ("refused", {"method": "POST", "has_body": True}, True),  # no replica processed it
+        ("refused", {"body_taken": True}, False),  # ... but a byte of its body is gone
+        ("refused", {"response_started": True}, False),
         ("status", {}, False),  # only with on_status
         ("status", {"config": RetriesConfig(on_status=True)}, True),
         ("status", {"config": RetriesConfig(on_status=True), "method": "POST"}, False),
