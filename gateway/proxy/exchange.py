@@ -162,6 +162,9 @@ class Exchange:
     not traced (the client's pass on as they are)."""
     recording: Recording | None = None
     """The spans of a sampled request while spans are exported (``spans``)."""
+    deadline: float | None = None
+    """The loop time a gRPC request's ``grpc-timeout`` ends its call, waits for a replica
+    included (``Proxy._attempts``); None: it has none."""
     whole_body: bytes | None = None
     """The request's whole body, taken at once by an attempt over HTTP/2 (``h2_upstream``):
     sent again by the retry of a refused stream, which no replica processed."""

@@ -485,8 +485,9 @@ async def forward(
 ) -> None:
     """One attempt of ``ex`` on ``upstream`` over HTTP/2 (``Proxy``'s, in the request's task):
     the request head, its body as it comes, the answer's head, its body as it comes, and its
-    trailers. A ``grpc-timeout`` bounds the attempt: past it, DEADLINE_EXCEEDED (504 before
-    the answer began, ``grpc-status: 4`` in the trailers after). Raises ``Failed`` for an
+    trailers. A ``grpc-timeout`` bounds the call (``Exchange.deadline``, from its arrival:
+    its waits for a replica and every attempt): past it, DEADLINE_EXCEEDED (504 before the
+    answer began, ``grpc-status: 4`` in the trailers after). Raises ``Failed`` for an
     attempt that may be retried (nothing went to the client yet), ``GatewayError`` for one
     that may not (the rules of HTTP/1.1's attempts: ``retry``; ``tried``: the upstreams tried
     so far, this one included); an answer broken off is cut off at the client.
@@ -501,7 +502,6 @@ async def forward(
         error = body.error
         raise Failed(error, "client") if isinstance(error, GatewayError) else error
     is_grpc = grpc.is_grpc(request.headers)
-    deadline = grpc.timeout(request.headers) if is_grpc else None
     fields = http2.request_fields(ex.upstream_head(ex.target, upstream))
     try:
         stream = await connector.open(
@@ -512,7 +512,7 @@ async def forward(
     sink: ResponseStream | None = None
     whole = ex.whole_body
     try:
-        async with asyncio.timeout(deadline):
+        async with asyncio.timeout_at(ex.deadline):  # the call's, from its arrival
             if body is not None:
                 ex.bytes_in = body.received
                 if whole is None and body.complete and not body.taken:
@@ -565,7 +565,7 @@ async def forward(
         stream.cancel()
         if not ex.response_started:
             raise UpstreamTimeout(
-                f"the deadline of {deadline:g} s (grpc-timeout) passed", kind="timeout"
+                "the call's deadline (grpc-timeout) passed", kind="timeout"
             ) from None
         ex.error = "upstream_timeout"
         assert sink is not None

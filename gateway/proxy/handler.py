@@ -53,6 +53,7 @@ from ..pool.models import model_entry
 from ..pool.pool import Pool
 from ..pool.service_pool import Lease, ServicePool
 from ..pool.snapshot import Split
+from ..wire import grpc
 from . import guard, messages, openai, preview, sticky
 from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect
 from .codec import Downstream
@@ -384,6 +385,11 @@ class Proxy:
 
         ``ex.upstream``: the upstream ``begin`` picked; ``failed``: its attempt failed already.
         """
+        request = ex.request
+        if request.version == "2" and grpc.is_grpc(request.headers):
+            timeout = grpc.timeout(request.headers)
+            if timeout is not None:
+                ex.deadline = ex.started + timeout
         tried: set[str] = set()
         if ex.pinned is not None:  # a preview route: nor a retry goes to another revision
             tried.update(u.id for u in sp.snapshot.upstreams if u.revision != ex.pinned)
@@ -402,7 +408,10 @@ class Proxy:
                 since = self.forwarding.loop.time()
                 if not sp.snapshot.routable:
                     try:
-                        await sp.queue(sp.routing.queue_timeout)  # held, or the 503 raised
+                        async with asyncio.timeout_at(ex.deadline):  # None: no deadline
+                            await sp.queue(sp.routing.queue_timeout)  # held, or the 503 raised
+                    except TimeoutError:
+                        raise _past_deadline() from None
                     finally:
                         ex.waited(since, held=True)
                     lease = sp.lease(frozenset(tried), ex.affinity)
@@ -412,12 +421,14 @@ class Proxy:
                     # Every replica it may use is at its cap: wait for a slot (FIFO), or 503.
                     since = self.forwarding.loop.time()
                     try:
-                        lease = await sp.wait_slot(
-                            sp.routing.queue_timeout, ex.affinity, frozenset(tried)
-                        )
+                        async with asyncio.timeout_at(ex.deadline):
+                            lease = await sp.wait_slot(
+                                sp.routing.queue_timeout, ex.affinity, frozenset(tried)
+                            )
+                    except TimeoutError:
+                        raise _past_deadline() from None
                     finally:
                         ex.waited(since, held=False)
-        request = ex.request
         websocket = bool(request.upgrade) and request.is_websocket
         fresh = False
         while True:
@@ -642,3 +653,11 @@ class Proxy:
             if not relay.done.done():
                 client.abort()
                 conn.abort()
+
+
+def _past_deadline() -> UpstreamTimeout:
+    """A gRPC call's deadline (``Exchange.deadline``) passed while it waited for a replica:
+    its DEADLINE_EXCEEDED (504), in place of the wait's own 503."""
+    return UpstreamTimeout(
+        "the call's deadline (grpc-timeout) passed while it waited for a replica", kind="timeout"
+    )

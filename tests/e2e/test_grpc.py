@@ -155,6 +155,37 @@ async def test_grpc_timeout_bounds_the_call(gw: Handle) -> None:
     assert not answer.body
 
 
+async def test_grpc_timeout_bounds_the_wait_for_a_replica(gateways: Gateways) -> None:
+    """Nothing routable and a long ``queue_timeout``: the call is held for a replica until
+    its own deadline, then answered DEADLINE_EXCEEDED (not UNAVAILABLE at the queue's end)."""
+    handle = await gateways.start()
+    # A static address nothing listens on: never healthy, never routable.
+    await handle.controller.apply(
+        grpc_spec(backend="static", replica={"addresses": ["127.0.0.1:9"]}, queue_timeout=30)
+    )
+    client = await H2Client.connect(handle.gateway.traffic.port)
+    loop = asyncio.get_running_loop()
+    try:
+        began = loop.time()
+        stream = client.request(
+            "/test.Echo/Unary",
+            method="POST",
+            headers=[
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                ("grpc-timeout", "300m"),
+            ],
+            body=message(b"hi"),
+        )
+        (answer,) = await client.get(stream, within=10)
+        waited = loop.time() - began
+    finally:
+        await client.close()
+    assert (answer.status, answer.headers.get(b"grpc-status")) == (200, b"4"), answer
+    assert b"while it waited for a replica" in answer.headers[b"grpc-message"]
+    assert 0.3 <= waited < 5, waited
+
+
 async def test_a_grpc_error_is_never_a_json_body(gw: Handle) -> None:
     """An HTTP/2 request to no route: JSON for a plain client, trailers-only for gRPC."""
     await gw.controller.apply(grpc_spec(route={"path_prefix": "/test.Echo/"}))
