@@ -4,7 +4,9 @@ them: the connection preface, and an answer's fields made of the lines HTTP/1.1'
 Framing, HPACK and flow control are the ``h2`` library's; this module only turns the header
 lines ``headers`` and ``http1`` make (the one place their rules live) into HTTP/2 fields:
 names lower-cased, the connection-specific ones (RFC 9113 8.2.2) left out, ``:status``
-first. It imports no HTTP/2 library: the HTTP/1.1 listener reads ``PREFACE`` from it.
+first; and reads the frames' lengths as they come (``FrameLengths``), to refuse an
+oversized one at its header. It imports no HTTP/2 library: the HTTP/1.1 listener reads
+``PREFACE`` from it.
 """
 
 from __future__ import annotations
@@ -90,3 +92,39 @@ def take(out: deque[bytes], size: int) -> bytes:
         return chunk[:size]
     out.popleft()
     return chunk
+
+
+class FrameLengths:
+    """The length of each frame a peer sends, read from its 9-byte header as the bytes
+    come (after the ``PREFACE``, which is skipped): a frame over ``limit`` is seen at its
+    header, before its body is read. (``h2`` checks a frame's length once the whole frame
+    is buffered: up to 16 MiB a connection.)"""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._skip = len(PREFACE)
+        """Bytes still to pass over: the preface, then the body of the frame under way."""
+        self._head = b""
+        """The part of a frame header read so far."""
+
+    def oversized(self, data: bytes) -> int:
+        """The length of the first frame in ``data`` announced over ``limit``, or -1."""
+        size = len(data)
+        at = 0
+        while True:
+            if self._skip:
+                step = min(self._skip, size - at)
+                self._skip -= step
+                at += step
+            if at >= size:
+                return -1
+            need = 9 - len(self._head)
+            self._head += data[at : at + need]
+            at += need
+            if len(self._head) < 9:
+                return -1
+            length = int.from_bytes(self._head[:3], "big")
+            self._head = b""
+            if length > self.limit:
+                return length
+            self._skip = length
