@@ -12,16 +12,24 @@ what the streams queue as the client's windows allow.
 
 Limits: at most ``http2.max_concurrent_streams`` streams open at once (a client that opens
 more breaks the protocol: GOAWAY), a header list at most ``http2.max_header_list_size``
-bytes decoded (and, by ``h2``, at most 64 CONTINUATION frames), and each head under the
-listener's own field limits (``request``: 431, 400), answered on its stream; a request
-body that pauses past ``limits.body_timeout`` fails with 408, as HTTP/1.1's does. Floods end the
-connection with GOAWAY ENHANCE_YOUR_CALM (docs/hostile.md): streams the client resets
-before their answer, beyond ``max_concurrent_streams`` more than it let be answered
+bytes decoded, checked as it is decoded (an HPACK bomb: GOAWAY ENHANCE_YOUR_CALM; and, by
+``h2``, at most 64 CONTINUATION frames), and each head under the listener's own field
+limits (``request``: 431, 400), answered on its stream; a field block that does not decode
+is a COMPRESSION_ERROR; a frame over SETTINGS_MAX_FRAME_SIZE is refused at its header
+(``wire.http2.FrameLengths``: FRAME_SIZE_ERROR); a request body that pauses past
+``limits.body_timeout`` fails with 408, as HTTP/1.1's does. Answers waiting for the
+client's windows are bounded per stream (``h2_stream``) and per connection
+(``HELD_HIGH_WATER``), and reset after ``limits.send_timeout`` without progress. Floods
+end the connection with GOAWAY ENHANCE_YOUR_CALM (docs/hostile.md): streams the client
+resets before their answer, beyond ``max_concurrent_streams`` more than it let be answered
 (rapid reset, CVE-2023-44487: each began a request); PINGs and SETTINGS, whose
 acknowledgements the gateway must write, beyond ``CONTROL_FLOOD`` while the client reads
-nothing of what is written to it. An idle connection (no stream open) is closed after
-``keepalive_timeout`` with GOAWAY. ``close`` (drain, shutdown): GOAWAY at once, no new
-stream taken, the connection closed once the open ones are answered.
+nothing of what is written to it; DATA frames with nothing in them (``EMPTY_FLOOD`` in a
+row); PRIORITY and WINDOW_UPDATE frames beyond what the streams opened and the DATA sent
+justify (``PRIORITY_FLOOD``, ``WINDOW_UPDATE_FLOOD``). An idle connection (no stream
+open) is closed after ``keepalive_timeout`` with GOAWAY. ``close`` (drain, shutdown):
+GOAWAY at once, no new stream taken, the connection closed once the open ones are
+answered.
 
 Invariants: a protocol error of the client's ends the connection with GOAWAY and cuts off
 every stream on it; no stream's answer is ever presented as complete unless it is.
@@ -39,6 +47,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import hpack.exceptions
 import hyperframe.frame
 
 from ..config import Http2Config, ListenerLimits
@@ -54,6 +63,27 @@ _PSEUDO: Final = frozenset({b":method", b":path", b":authority", b":scheme"})
 CONTROL_FLOOD: Final = 1000
 """PINGs and SETTINGS taken while the connection's socket buffer is full (the client reads
 nothing), before the connection is ended."""
+EMPTY_FLOOD: Final = 100
+"""DATA frames in a row that carry nothing and do not end their stream (Envoy's
+``max_consecutive_inbound_frames_with_empty_payload``), before the connection is ended."""
+PRIORITY_FLOOD: Final = 100
+"""PRIORITY frames taken per stream the client opened, and one more stream's worth (Envoy's
+``max_inbound_priority_frames_per_stream``), before the connection is ended."""
+WINDOW_UPDATE_FLOOD: Final = 10
+"""WINDOW_UPDATE frames taken per DATA frame sent and per stream opened, and one more
+(Envoy's ``max_inbound_window_update_frames_per_data_frame_sent``), before the connection
+is ended: each has every stream's queue looked at."""
+HELD_HIGH_WATER: Final = 2 * 1024 * 1024
+"""Answer bytes queued on all of a connection's streams, waiting for the client's windows,
+before every stream's upstream connection is paused: more than one stream can hold
+(``h2_stream.OUT_HIGH_WATER`` and one read), so one slow stream never holds back the
+others, and a client that opens many streams and opens no window makes the gateway hold
+this and a read, not ``max_concurrent_streams`` times what one stream may."""
+TURN_SLICE: Final = 16 * 1024
+TURN_EVENTS: Final = 256
+"""What ``h2`` is fed of a read before the loop turns: slices of ``TURN_SLICE`` bytes until
+they made this many events (a read of 256 KiB of PINGs is 15,000 frames: the other
+connections wait while ``h2`` takes them)."""
 LINGER_TIMEOUT: Final = 2.0
 """An ended connection reads and discards what the client still sends, for up to this long,
 after its GOAWAY (``http1_downstream.LINGER_TIMEOUT``)."""
@@ -90,7 +120,10 @@ class H2Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer: str | None = None
         self.secure = False
-        self.writing_paused = False
+        self.socket_full = False
+        """The transport's write buffer is over its high-water mark (``pause_writing``)."""
+        self.held = 0
+        """Answer bytes queued on the streams for the client's windows (``hold``)."""
         self.streams: dict[int, H2Stream] = {}
         """Streams whose exchange, or whose answer's sending, is not over."""
         self.going_away = False
@@ -110,6 +143,15 @@ class H2Connection(asyncio.Protocol):
         below 0): over ``max_concurrent_streams``, a rapid reset."""
         self.control = 0
         """PINGs and SETTINGS taken while the socket buffer was full."""
+        self.empty = 0
+        """DATA frames in a row with nothing in them and no END_STREAM."""
+        self.opened = 0
+        self.priorities = 0
+        """PRIORITY frames taken (``PRIORITY_FLOOD`` for each stream ``opened``)."""
+        self.data_sent = 0
+        self.window_updates = 0
+        """WINDOW_UPDATE frames taken (``WINDOW_UPDATE_FLOOD`` for each DATA frame sent and
+        each stream opened)."""
         self._body_due: dict[int, float] = {}
         """When each body under way must have been read from again (``_await_body``)."""
         self._body_timers: dict[int, asyncio.TimerHandle] = {}
@@ -123,6 +165,9 @@ class H2Connection(asyncio.Protocol):
             },
         )
         conn.decoder.max_header_list_size = settings.max_header_list_size
+        self._lengths = http2.FrameLengths(conn.local_settings.max_frame_size)
+        self._backlog = b""
+        """What was read and not yet fed to ``h2`` (``_take``)."""
 
     # -- taking the connection ------------------------------------------------------------
 
@@ -152,28 +197,68 @@ class H2Connection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        self._sending += 1
-        try:
+        if self.ended:
+            return
+        if self._lengths.oversized(data) >= 0:  # refused at its header, not its end
+            log.debug("HTTP/2 frame over the size limit from %s", self.peer)
+            self._end(h2.errors.ErrorCodes.FRAME_SIZE_ERROR)
+            return
+        if self._backlog:  # (what a transport had read before it paused)
+            self._backlog += data
+            return
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        """Feed ``data`` to ``h2`` a slice at a time; once the slices made ``TURN_EVENTS``
+        events, the rest waits for the loop's next turn (reading paused meanwhile)."""
+        if len(data) <= TURN_SLICE:
+            self._receive(data)
+            return
+        events = 0
+        for at in range(0, len(data), TURN_SLICE):
+            if events >= TURN_EVENTS:
+                self._backlog = data[at:]
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                self.loop.call_soon(self._take_backlog)
+                return
+            events += self._receive(data[at : at + TURN_SLICE])
             if self.ended:
                 return
+
+    def _take_backlog(self) -> None:
+        data, self._backlog = self._backlog, b""
+        if self.transport is None:
+            return
+        if not self.ended:  # (ended: what still comes is read and discarded)
+            self._take(data)
+        if not self._backlog and self.transport is not None:
+            self.transport.resume_reading()
+
+    def _receive(self, data: bytes) -> int:
+        """Feed ``data`` to ``h2`` and act on its events: how many there were."""
+        self._sending += 1
+        try:
             try:
                 events = self._h2.receive_data(data)
             except h2.exceptions.ProtocolError as exc:
                 self._broken(exc)
-                return
+                return 0
             for event in events:
                 self._event(event)
                 if self.ended:
-                    return
+                    return len(events)
         finally:
             self._sending -= 1
         self._flush()
+        return len(events)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._counted:
             self._counted = False
             self._gate.open -= 1
         self.transport = None
+        self._backlog = b""
         self._connections.discard(self)
         self._stop_idle()
         for timer in self._body_timers.values():
@@ -187,19 +272,29 @@ class H2Connection(asyncio.Protocol):
         self._resolve_closed()
 
     def pause_writing(self) -> None:
-        self.writing_paused = True
+        self.socket_full = True
+        self._flow_all()
+
+    def resume_writing(self) -> None:
+        self.socket_full = False
+        self._flow_all()
+
+    def _flow_all(self) -> None:
         for stream in list(self.streams.values()):
             stream.flow()
 
-    def resume_writing(self) -> None:
-        self.writing_paused = False
-        for stream in list(self.streams.values()):
-            stream.flow()
+    @property
+    def writing_paused(self) -> bool:
+        """The streams' upstream connections are to pause: the socket buffer is full, or
+        the streams hold ``HELD_HIGH_WATER`` between them."""
+        return self.socket_full or self.held > HELD_HIGH_WATER
 
     # -- events ---------------------------------------------------------------------------
 
     def _event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RequestReceived):
+            self.empty = 0
+            self.opened += 1
             self._request(event)
         elif isinstance(event, h2.events.DataReceived):
             self._data(event)
@@ -221,7 +316,7 @@ class H2Connection(asyncio.Protocol):
                     return
                 self._maybe_idle()
         elif isinstance(event, h2.events.PingReceived | h2.events.RemoteSettingsChanged):
-            if self.writing_paused:
+            if self.socket_full:
                 self.control += 1
                 if self.control > CONTROL_FLOOD:
                     self._calm("PING/SETTINGS flood")
@@ -229,7 +324,15 @@ class H2Connection(asyncio.Protocol):
             if isinstance(event, h2.events.RemoteSettingsChanged):
                 self._send_all()
         elif isinstance(event, h2.events.WindowUpdated):
+            self.window_updates += 1
+            if self.window_updates > WINDOW_UPDATE_FLOOD * (1 + self.data_sent + self.opened):
+                self._calm("WINDOW_UPDATE flood")
+                return
             self._send_all()
+        elif isinstance(event, h2.events.PriorityUpdated):
+            self.priorities += 1
+            if self.priorities > PRIORITY_FLOOD * (1 + self.opened):
+                self._calm("PRIORITY flood")
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.close()
 
@@ -271,6 +374,13 @@ class H2Connection(asyncio.Protocol):
         stream_id = event.stream_id
         assert stream_id is not None
         size = event.flow_controlled_length or 0
+        if event.data or event.stream_ended is not None:
+            self.empty = 0
+        else:  # (padding alone is nothing)
+            self.empty += 1
+            if self.empty > EMPTY_FLOOD:
+                self._calm("empty DATA flood")
+                return
         stream = self.streams.get(stream_id)
         request = stream.request if stream is not None else None
         if stream is None or request is None or request.body is None:
@@ -346,8 +456,10 @@ class H2Connection(asyncio.Protocol):
                     break
                 chunk = http2.take(out, window)
                 stream.out_bytes -= len(chunk)
+                self.hold(-len(chunk))
                 last = not out and stream.ending and stream.trailing is None
                 conn.send_data(stream_id, chunk, end_stream=last)
+                self.data_sent += 1
                 if last:
                     stream.ended = True
             if not out and stream.ending and not stream.ended:
@@ -377,6 +489,12 @@ class H2Connection(asyncio.Protocol):
 
     def over(self, stream: H2Stream) -> None:
         self._forget(stream)
+
+    def hold(self, size: int) -> None:
+        held = self.held
+        self.held = held + size
+        if (held > HELD_HIGH_WATER) != (self.held > HELD_HIGH_WATER) and not self.socket_full:
+            self._flow_all()  # every stream's upstream paused, or resumed, at once
 
     # -- the connection -------------------------------------------------------------------
 
@@ -448,7 +566,16 @@ class H2Connection(asyncio.Protocol):
     def _broken(self, exc: h2.exceptions.ProtocolError) -> None:
         """The client broke the protocol: GOAWAY with its error, every stream cut off."""
         log.debug("HTTP/2 protocol error from %s: %s", self.peer, exc)
-        self._end(getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR))
+        code = getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        if code == h2.errors.ErrorCodes.PROTOCOL_ERROR and isinstance(
+            exc.__cause__, hpack.exceptions.HPACKError
+        ):
+            # A field block that does not decode is a COMPRESSION_ERROR (RFC 9113 4.3):
+            # ``h2``'s GOAWAY, made already, says PROTOCOL_ERROR, and is replaced.
+            code = h2.errors.ErrorCodes.COMPRESSION_ERROR
+            self._h2.clear_outbound_data_buffer()
+            self._after += goaway(self._h2.highest_inbound_stream_id, code)
+        self._end(code)
 
     def _end(self, code: int) -> None:
         """GOAWAY with ``code``, every stream cut off, the connection closed (dropped if
@@ -460,7 +587,8 @@ class H2Connection(asyncio.Protocol):
             pass
         transport = self.transport
         if transport is not None:
-            transport.write(self._h2.data_to_send())
+            transport.write(self._h2.data_to_send() + self._after)
+            self._after = b""
         streams = list(self.streams.values())
         self.streams.clear()
         for stream in streams:
@@ -468,7 +596,7 @@ class H2Connection(asyncio.Protocol):
         self._stop_idle()
         if transport is None:
             return
-        if self.writing_paused or not transport.can_write_eof():
+        if self.socket_full or not transport.can_write_eof():
             transport.abort()
             return
         # As HTTP/1.1's connection lingers: a close with the client's frames unread would
@@ -487,10 +615,7 @@ class H2Connection(asyncio.Protocol):
             return
         self.going_away = True
         if self.transport is not None:
-            goaway = hyperframe.frame.GoAwayFrame(0)
-            goaway.last_stream_id = self._h2.highest_inbound_stream_id
-            goaway.error_code = h2.errors.ErrorCodes.NO_ERROR
-            self._after += goaway.serialize()
+            self._after += goaway(self._h2.highest_inbound_stream_id, h2.errors.ErrorCodes.NO_ERROR)
             self._write_out()  # now: the transport may be closed next
         if not self.streams:
             self._close_transport()
@@ -555,6 +680,14 @@ class H2Connection(asyncio.Protocol):
             f"<H2Connection peer={self.peer} streams={len(self.streams)} "
             f"going_away={self.going_away}>"
         )
+
+
+def goaway(last_stream_id: int, code: int) -> bytes:
+    """A GOAWAY frame made here, not by ``h2`` (``H2Connection.close``, ``_broken``)."""
+    frame = hyperframe.frame.GoAwayFrame(0)
+    frame.last_stream_id = last_stream_id
+    frame.error_code = code
+    return frame.serialize()
 
 
 def incoming(fields: list[tuple[bytes, bytes]], limit: int, body: bool) -> IncomingRequest:

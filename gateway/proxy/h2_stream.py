@@ -9,8 +9,9 @@ copied into ``out`` (so a spliced view is never held: ``get_write_buffer_size`` 
 nothing is written past it (``socket_fd`` is -1).
 
 Flow control both ways, by the stream's own bound:
-- answers: over ``OUT_HIGH_WATER`` queued bytes, or while the connection's socket is full,
-  the upstream connection (``producer``) is paused; a client that leaves the answer unread
+- answers: over ``OUT_HIGH_WATER`` queued bytes, or while the connection's socket is full
+  or its streams queue too much between them (``owner.writing_paused``), the upstream
+  connection (``producer``) is paused; a client that leaves the answer unread
   for ``send_timeout`` has its stream reset (``send_timed_out``);
 - request bodies: what the client sends is acknowledged (its window opened again) as it is
   passed on, and held back while the body is buffered or the upstream cannot take more
@@ -78,6 +79,10 @@ class StreamOwner(Protocol):
     def over(self, stream: H2Stream) -> None:
         """The stream's exchange is over (its answer may still be being sent)."""
 
+    def hold(self, size: int) -> None:
+        """``size`` answer bytes more (fewer, if negative) are queued on a stream: the
+        connection bounds what all its streams queue (``writing_paused`` while over)."""
+
 
 class H2Stream(Downstream):
     """One request on an HTTP/2 connection, and its answer."""
@@ -103,6 +108,10 @@ class H2Stream(Downstream):
         self.out: deque[bytes] = deque()
         """Answer bytes waiting for the client's windows (``owner.send_out`` takes them)."""
         self.out_bytes = 0
+        self._queued = 0
+        """Answer bytes ever queued: less ``out_bytes``, those sent."""
+        self._sent_mark = 0
+        """Those sent when the send timer was armed."""
         self.ending = False
         """END_STREAM follows what ``out`` holds."""
         self.ended = False
@@ -311,7 +320,9 @@ class H2Stream(Downstream):
     def _close(self) -> None:
         self.closed = True
         self.out.clear()
-        self.out_bytes = 0
+        if self.out_bytes:
+            self.owner.hold(-self.out_bytes)
+            self.out_bytes = 0
         if self._send_timer is not None:
             self._send_timer.cancel()
             self._send_timer = None
@@ -347,6 +358,8 @@ class H2Stream(Downstream):
         self.out.append(data)
         self.ending = end
         self.out_bytes += len(data)
+        self._queued += len(data)
+        self.owner.hold(len(data))
         self.owner.send_out(self)
         self.flow()
 
@@ -368,19 +381,34 @@ class H2Stream(Downstream):
             if producer is not None:
                 producer.pause_reading()
             if self._send_timeout and self._send_timer is None:
-                self._send_timer = self.owner.loop.call_later(
-                    self._send_timeout, self._send_timed_out
-                )
+                self._arm_send_timer()
         else:
-            if self._send_timer is not None:
-                self._send_timer.cancel()
+            # The timer stays while the stream holds an answer it sent none of since: it
+            # resumed only because the connection's other streams hold less.
+            timer = self._send_timer
+            if timer is not None and (
+                not self.out_bytes or self._queued - self.out_bytes > self._sent_mark
+            ):
+                timer.cancel()
                 self._send_timer = None
             if producer is not None:
                 producer.resume_reading()
 
+    def _arm_send_timer(self) -> None:
+        self._sent_mark = self._queued - self.out_bytes
+        self._send_timer = self.owner.loop.call_later(self._send_timeout, self._send_timed_out)
+
     def _send_timed_out(self) -> None:
+        """``send_timeout`` after the stream paused: reset unless it sent some of its
+        answer since, or is neither paused nor holding any."""
         self._send_timer = None
-        if self._paused and not self.closed:
+        if self.closed:
+            return
+        if self._queued - self.out_bytes > self._sent_mark:
+            if self._paused:
+                self._arm_send_timer()
+            return
+        if self._paused or self.out_bytes:
             log.debug("client left stream %d unread for %ss", self.stream_id, self._send_timeout)
             self.send_timed_out = True
             self.abort()

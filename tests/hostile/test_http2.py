@@ -1,25 +1,48 @@
 """Hostile HTTP/2 clients (h2c by prior knowledge): floods that cost the gateway work or
-memory for nothing, each ended with GOAWAY, the next client served.
+memory for nothing, each ended with GOAWAY while a well-behaved client is served alongside
+(``alongside``), and the next client served.
 
-Rapid reset (CVE-2023-44487) goes through ``H2Client``; the CONTINUATION and PING floods are
-raw frames (hyperframe), which no well-behaved client would send.
+Rapid reset (CVE-2023-44487) and zero-window stalls go through ``H2Client``; the others are
+raw frames (hyperframe, and HPACK written by hand), which no well-behaved client would send.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from aiohttp import web
-from hyperframe.frame import ContinuationFrame, GoAwayFrame, HeadersFrame, PingFrame, SettingsFrame
+from hpack.hpack import encode_integer
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    GoAwayFrame,
+    HeadersFrame,
+    PingFrame,
+    PriorityFrame,
+    SettingsFrame,
+    WindowUpdateFrame,
+)
 
+from gateway.config import ListenerLimits
 from gateway.pool.pool import Pool
+from gateway.proxy.h2_downstream import (
+    EMPTY_FLOOD,
+    HELD_HIGH_WATER,
+    PRIORITY_FLOOD,
+    WINDOW_UPDATE_FLOOD,
+    H2Connection,
+)
 from gateway.server import TrafficServer
 from gateway.wire.http2 import PREFACE
+from gateway.wire.splice import SPLICE_SIZE
 from tests.gateway.conftest import routing
+from tests.hostile.conftest import MiB, rss
 from tests.support.eventually import eventually
 from tests.support.h2_client import H2Client
 
@@ -27,12 +50,16 @@ Start = Callable[..., Awaitable[Any]]
 
 ENHANCE_YOUR_CALM = 0xB
 PROTOCOL_ERROR = 0x1
+COMPRESSION_ERROR = 0x9
+FRAME_SIZE_ERROR = 0x6
+BIG = 1024 * 1024
+"""The length of ``/big``'s answer."""
 
 
 @pytest.fixture
 async def hanging(upstream: Start, pool: Pool) -> asyncio.Event:
     """A service whose upstream answers ``/hang`` only once the event is set, and ``/`` at
-    once."""
+    once; ``/big``: 1 KiB of a 1 MiB answer, then the rest once the event is set."""
     release = asyncio.Event()
 
     async def hang(request: web.Request) -> web.Response:
@@ -42,9 +69,25 @@ async def hanging(upstream: Start, pool: Pool) -> asyncio.Event:
     async def ok(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def upload(request: web.Request) -> web.Response:
+        return web.Response(text=f"{len(await request.read())}")
+
+    async def big(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.content_length = BIG
+        await response.prepare(request)
+        await response.write(b"z" * 1024)
+        await release.wait()
+        await response.write(b"z" * (65536 - 1024))
+        for _ in range(BIG // 65536 - 1):
+            await response.write(b"z" * 65536)
+        return response
+
     app = web.Application()
     app.router.add_get("/hang", hang)
     app.router.add_get("/", ok)
+    app.router.add_post("/upload", upload)
+    app.router.add_get("/big", big)
     pool.set_service(routing("web", prefix="/"))
     await upstream("web", "u1", app)
     yield release
@@ -59,6 +102,74 @@ async def served(server: TrafficServer) -> None:
     finally:
         await client.close()
     assert (answer.status, bytes(answer.body)) == (200, b"ok")
+
+
+@contextlib.asynccontextmanager
+async def alongside(server: TrafficServer) -> AsyncIterator[None]:
+    """A well-behaved client on a connection of its own, asking for ``/`` again and again
+    while the attack runs: every answer it gets is 200 "ok", and it gets at least one."""
+    client = await H2Client.connect(server.port)
+    answers: list[tuple[int, bytes]] = []
+    stop = asyncio.Event()
+
+    async def ask() -> None:
+        while not stop.is_set() or not answers:
+            (answer,) = await client.get(client.request("/"))
+            answers.append((answer.status, bytes(answer.body)))
+
+    asking = asyncio.create_task(ask())
+    try:
+        yield
+    finally:
+        stop.set()
+        try:
+            await asking
+        finally:
+            await client.close()
+    assert client.terminated is None
+    assert set(answers) == {(200, b"ok")}, answers
+
+
+async def attack(server: TrafficServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw connection that sent the preface and empty SETTINGS."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(PREFACE + SettingsFrame(0).serialize())
+    return reader, writer
+
+
+async def sent(writer: asyncio.StreamWriter, data: bytes) -> None:
+    writer.write(data)
+    try:
+        await writer.drain()
+    except ConnectionError:
+        pass  # refused before the last of it
+
+
+def hpack_string(value: bytes) -> bytes:
+    """An HPACK string literal, without Huffman coding (RFC 7541 5.2)."""
+    return bytes(encode_integer(len(value), 7)) + value
+
+
+def request_head(*fields: bytes) -> bytes:
+    """A header block: GET http://example.test/ (static-table pseudo-fields and a literal
+    :authority), then ``fields`` as they are."""
+    authority = b"\x01" + hpack_string(b"example.test")  # literal, not indexed
+    return b"\x82\x86\x84" + authority + b"".join(fields)
+
+
+def header_block(stream_id: int, block: bytes, size: int = 16_384) -> bytes:
+    """``block`` in a HEADERS frame and as many CONTINUATION frames as it takes."""
+    pieces = [block[at : at + size] for at in range(0, len(block), size)]
+    frames = []
+    for index, piece in enumerate(pieces):
+        frame = HeadersFrame(stream_id) if index == 0 else ContinuationFrame(stream_id)
+        frame.data = piece
+        if index == 0:
+            frame.flags.add("END_STREAM")
+        if index == len(pieces) - 1:
+            frame.flags.add("END_HEADERS")
+        frames.append(frame.serialize())
+    return b"".join(frames)
 
 
 async def goaway(reader: asyncio.StreamReader) -> int:
@@ -83,12 +194,13 @@ async def test_rapid_reset_ends_the_connection_with_enhance_your_calm(
     server = await gateway(http2={"max_concurrent_streams": 50})
     client = await H2Client.connect(server.port)
     try:
-        for _ in range(4):  # 200 resets, in batches under the stream limit
-            for _ in range(50):
-                stream = client.request("/hang")
-                client.conn.reset_stream(stream)
-            client.flush()
-        await client.read(lambda: client.terminated is not None)
+        async with alongside(server):
+            for _ in range(4):  # 200 resets, in batches under the stream limit
+                for _ in range(50):
+                    stream = client.request("/hang")
+                    client.conn.reset_stream(stream)
+                client.flush()
+            await client.read(lambda: client.terminated is not None)
     finally:
         await client.close()
     assert client.terminated is not None
@@ -118,23 +230,18 @@ async def test_a_continuation_flood_is_refused_before_its_end(
 ) -> None:
     """CVE-2024-27316's shape: a header block that never ends, in CONTINUATION frames."""
     server = await gateway()
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    try:
-        writer.write(PREFACE + SettingsFrame(0).serialize())
-        headers = HeadersFrame(1)
-        headers.data = b"\x82"  # :method GET, and no END_HEADERS
-        writer.write(headers.serialize())
-        for _ in range(200):
+    async with alongside(server):
+        reader, writer = await attack(server)
+        try:
+            headers = HeadersFrame(1)
+            headers.data = b"\x82"  # :method GET, and no END_HEADERS
+            writer.write(headers.serialize())
             continuation = ContinuationFrame(1)
             continuation.data = b"\x00" * 16_000
-            writer.write(continuation.serialize())
-        try:
-            await writer.drain()
-        except ConnectionError:
-            pass  # refused before the last of it
-        assert await goaway(reader) == PROTOCOL_ERROR
-    finally:
-        writer.close()
+            await sent(writer, continuation.serialize() * 200)
+            assert await goaway(reader) == PROTOCOL_ERROR
+        finally:
+            writer.close()
     await served(server)
 
 
@@ -151,18 +258,229 @@ async def test_a_ping_flood_from_a_client_that_reads_nothing_is_ended(
     pings = PingFrame(0)
     pings.opaque_data = b"12345678"
     batch = pings.serialize() * 1000
-    sent = 0
+    batches = 0
     try:
-        writer.write(PREFACE + SettingsFrame(0).serialize())
-        while sent < 2000:  # at most 2 million PINGs (34 MB): a bound on a hang
-            writer.write(batch)
-            try:
-                await writer.drain()
-            except ConnectionError:
-                break  # the gateway dropped it
-            sent += 1
+        async with alongside(server):
+            writer.write(PREFACE + SettingsFrame(0).serialize())
+            while batches < 2000:  # at most 2 million PINGs (34 MB): a bound on a hang
+                writer.write(batch)
+                try:
+                    await writer.drain()
+                except ConnectionError:
+                    break  # the gateway dropped it
+                batches += 1
     finally:
         writer.close()
-    assert sent < 2000
+    assert batches < 2000
     await eventually(lambda: not server._h2_connections, what="the connection closed")
     await served(server)
+
+
+async def test_an_hpack_bomb_is_refused_while_it_is_decoded(
+    gateway: Start, hanging: asyncio.Event
+) -> None:
+    """A 4,000-byte field put in the dynamic table, then referenced a million times (a byte
+    each) in one header block of 1 MB: 4 GB decoded. Refused once the list decoded so far
+    passes ``max_header_list_size``, with GOAWAY ENHANCE_YOUR_CALM; memory stays bounded."""
+    server = await gateway()
+    insert = b"\x40" + hpack_string(b"x-bomb") + hpack_string(b"a" * 4000)  # indexed: 62
+    block = request_head(insert) + b"\xbe" * (60 * 16_384)
+    frames = header_block(1, block)
+    before = rss()
+    started = time.perf_counter()
+    async with alongside(server):
+        for _ in range(5):
+            reader, writer = await attack(server)
+            try:
+                await sent(writer, frames)
+                assert await goaway(reader) == ENHANCE_YOUR_CALM
+            finally:
+                writer.close()
+    grown = rss() - before
+    print(
+        f"\nHPACK bomb: 5 x {len(frames) / MiB:.1f} MiB blocks ({len(block) - 4000} references)"
+        f" refused in {time.perf_counter() - started:.2f} s; RSS grew {grown / MiB:.1f} MiB"
+    )
+    assert grown < 16 * MiB
+    await served(server)
+
+
+async def test_a_table_size_update_beyond_the_advertised_one_is_refused(
+    gateway: Start, hanging: asyncio.Event
+) -> None:
+    """A dynamic table size update to 1 GiB, where SETTINGS_HEADER_TABLE_SIZE is 4,096
+    (RFC 7541 4.2): a decoding error, GOAWAY COMPRESSION_ERROR (RFC 9113 4.3; ``h2`` says
+    PROTOCOL_ERROR), before any field is put in such a table."""
+    server = await gateway()
+    update = bytes([0x20 | encode_integer(1 << 30, 5)[0]]) + bytes(encode_integer(1 << 30, 5)[1:])
+    async with alongside(server):
+        reader, writer = await attack(server)
+        try:
+            await sent(writer, header_block(1, update + request_head()))
+            assert await goaway(reader) == COMPRESSION_ERROR
+        finally:
+            writer.close()
+    await served(server)
+
+
+async def test_a_zero_window_stall_holds_bounded_answers_and_is_reset_after_send_timeout(
+    gateway: Start, hanging: asyncio.Event, pool: Pool
+) -> None:
+    """A client that sets SETTINGS_INITIAL_WINDOW_SIZE 0 and opens 100 streams whose answers
+    are 1 MiB each (their heads first, then the rest at once): the gateway holds at most
+    ``HELD_HIGH_WATER`` and one read across them (not 64 KiB and a read for each), resets
+    them after ``send_timeout``, and releases their upstream connections."""
+    server = await gateway(ListenerLimits(send_timeout=1.0))
+    client = await H2Client.connect(server.port, window=0, acknowledge=False)
+    try:
+        async with alongside(server):
+            streams = [client.request("/big") for _ in range(100)]
+            conn: H2Connection = await eventually(
+                lambda: next((c for c in server._h2_connections if len(c.streams) == 100), None),
+                what="the 100 streams open",
+            )
+            await eventually(
+                lambda: all(s.answered for s in conn.streams.values()),
+                what="every answer's head sent",
+            )
+            hanging.set()
+            await eventually(
+                lambda: all(s.writing_paused for s in conn.streams.values()),
+                what="every stream's upstream paused",
+            )
+            held = conn.held
+            started = time.perf_counter()
+            answers = await client.get(*streams, within=10)
+            took = time.perf_counter() - started
+    finally:
+        await client.close()
+    print(
+        f"\nzero-window stall: 100 streams held {held / MiB:.2f} MiB between them;"
+        f" reset {took:.2f} s later"
+    )
+    assert held <= HELD_HIGH_WATER + SPLICE_SIZE
+    assert took < 3.0  # one send_timeout, not one for each stream reset before another
+    assert all(answer.reset is not None and not answer.body for answer in answers)
+    await eventually(
+        lambda: pool.service("web").inflight.get("u1", 0) == 0,
+        what="the upstream leases released",
+    )
+    await served(server)
+
+
+@pytest.mark.parametrize(
+    ("length", "body"),
+    [(16_385, 16_385), (2**24 - 1, 1024 * 1024)],
+    ids=["one_byte_over", "16_MiB_announced"],
+)
+async def test_a_frame_over_the_size_limit_is_refused_at_its_header(
+    gateway: Start, hanging: asyncio.Event, length: int, body: int
+) -> None:
+    """A frame longer than SETTINGS_MAX_FRAME_SIZE (16,384): GOAWAY FRAME_SIZE_ERROR at
+    its header, without waiting for (and buffering) the 16 MiB it announces."""
+    server = await gateway()
+    async with alongside(server):
+        reader, writer = await attack(server)
+        try:
+            header = length.to_bytes(3, "big") + b"\x00\x00" + (1).to_bytes(4, "big")  # DATA
+            writer.write(header)
+            await sent(writer, b"\x00" * body)
+            assert await goaway(reader) == FRAME_SIZE_ERROR
+        finally:
+            writer.close()
+    await served(server)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["empty", "padding_only"])
+async def test_an_empty_data_flood_is_ended(
+    gateway: Start, hanging: asyncio.Event, padded: bool
+) -> None:
+    """DATA frames with nothing in them and no END_STREAM, on a request body under way:
+    each costs the gateway a frame's work for nothing (Envoy's
+    ``max_consecutive_inbound_frames_with_empty_payload``)."""
+    server = await gateway()
+    client = await H2Client.connect(server.port)
+    try:
+        async with alongside(server):
+            stream = client.request("/upload", method="POST", end=False)
+            client.send_body(stream, b"x" * 100, end=False)  # a body that is not empty
+            empty = DataFrame(stream)
+            if padded:
+                empty.flags.add("PADDED")
+                empty.pad_length = 10
+            client.writer.write(empty.serialize() * (EMPTY_FLOOD + 1))
+            await client.read(lambda: client.terminated is not None)
+    finally:
+        await client.close()
+    assert client.terminated is not None
+    assert client.terminated.error_code == ENHANCE_YOUR_CALM
+
+
+async def test_a_few_empty_data_frames_are_no_flood(gateway: Start, hanging: asyncio.Event) -> None:
+    """Empty DATA frames between pieces of a body, never ``EMPTY_FLOOD`` in a row."""
+    server = await gateway()
+    client = await H2Client.connect(server.port)
+    try:
+        stream = client.request("/upload", method="POST", end=False)
+        for _ in range(5):
+            client.writer.write(DataFrame(stream).serialize() * EMPTY_FLOOD)
+            client.send_body(stream, b"x" * 100, end=False)
+        client.send_body(stream, b"", end=True)
+        (answer,) = await client.get(stream)
+    finally:
+        await client.close()
+    assert client.terminated is None
+    assert (answer.status, bytes(answer.body)) == (200, b"500")
+
+
+async def test_a_priority_flood_is_ended(gateway: Start, hanging: asyncio.Event) -> None:
+    """PRIORITY frames, beyond ``PRIORITY_FLOOD`` for each stream opened (Envoy's
+    ``max_inbound_priority_frames_per_stream``): each costs a frame's work for nothing."""
+    server = await gateway()
+    frames = b""
+    for index in range(PRIORITY_FLOOD + 1):
+        frame = PriorityFrame(2 * index + 1)
+        frame.depends_on = 0
+        frame.stream_weight = 15
+        frames += frame.serialize()
+    async with alongside(server):
+        reader, writer = await attack(server)
+        try:
+            await sent(writer, frames)
+            assert await goaway(reader) == ENHANCE_YOUR_CALM
+        finally:
+            writer.close()
+    await served(server)
+
+
+async def test_a_window_update_flood_is_ended(gateway: Start, hanging: asyncio.Event) -> None:
+    """WINDOW_UPDATE frames beyond ``WINDOW_UPDATE_FLOOD`` for each DATA frame sent (and
+    stream opened; Envoy's ``max_inbound_window_update_frames_per_data_frame_sent``): each
+    has the gateway look at every stream's queue."""
+    server = await gateway()
+    update = WindowUpdateFrame(0)
+    update.window_increment = 1
+    async with alongside(server):
+        reader, writer = await attack(server)
+        try:
+            await sent(writer, update.serialize() * (WINDOW_UPDATE_FLOOD + 1))
+            assert await goaway(reader) == ENHANCE_YOUR_CALM
+        finally:
+            writer.close()
+    await served(server)
+
+
+async def test_window_updates_for_what_was_sent_are_no_flood(
+    gateway: Start, hanging: asyncio.Event
+) -> None:
+    """A client that opens its windows frame by frame while it reads 1 MiB answers."""
+    server = await gateway()
+    hanging.set()
+    client = await H2Client.connect(server.port)
+    try:
+        for _ in range(3):
+            (answer,) = await client.get(client.request("/big"))
+            assert len(answer.body) == BIG
+    finally:
+        await client.close()
+    assert client.terminated is None
