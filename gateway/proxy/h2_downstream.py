@@ -192,7 +192,8 @@ class H2Connection(asyncio.Protocol):
         self._idle()
         if read:
             self.data_received(read)
-        transport.resume_reading()
+        if not self._backlog:  # (else once it is taken: ``_take_backlog``)
+            transport.resume_reading()
 
     # -- asyncio.Protocol -----------------------------------------------------------------
 
