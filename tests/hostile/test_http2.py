@@ -70,7 +70,7 @@ async def hanging(upstream: Start, pool: Pool) -> asyncio.Event:
         return web.Response(text="ok")
 
     async def upload(request: web.Request) -> web.Response:
-        return web.Response(text=f"{len(await request.read())}")
+        return web.Response(body=await request.read())
 
     async def big(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse()
@@ -430,7 +430,33 @@ async def test_a_few_empty_data_frames_are_no_flood(gateway: Start, hanging: asy
     finally:
         await client.close()
     assert client.terminated is None
-    assert (answer.status, bytes(answer.body)) == (200, b"500")
+    assert (answer.status, bytes(answer.body)) == (200, b"x" * 500)
+
+
+async def test_a_read_of_many_frames_is_taken_over_turns_in_order(
+    gateway: Start, hanging: asyncio.Event
+) -> None:
+    """A body in 5,000 DATA frames of one byte, written at once: the gateway feeds such a
+    read to ``h2`` over several turns of its loop (``TURN_EVENTS``), and the body arrives
+    whole and in order."""
+    server = await gateway()
+    client = await H2Client.connect(server.port)
+    body = bytes(65 + index % 26 for index in range(5000))
+    try:
+        stream = client.request("/upload", method="POST", end=False)
+        frames = []
+        for byte in body:
+            frame = DataFrame(stream)
+            frame.data = bytes([byte])
+            frames.append(frame.serialize())
+        last = DataFrame(stream)
+        last.flags.add("END_STREAM")
+        client.writer.write(b"".join(frames) + last.serialize())
+        (answer,) = await client.get(stream)
+    finally:
+        await client.close()
+    assert client.terminated is None
+    assert (answer.status, bytes(answer.body)) == (200, body)
 
 
 async def test_a_priority_flood_is_ended(gateway: Start, hanging: asyncio.Event) -> None:
