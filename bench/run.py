@@ -8,6 +8,7 @@ One command, one run, everything on loopback and bounded in time::
     .venv/bin/python bench/run.py --tls     # TLS termination: nginx and the gateway (tls.py)
     .venv/bin/python bench/run.py --sse     # server-sent events: latency per event (sse.py)
     .venv/bin/python bench/run.py --split   # CPU per request with a canary split (split.py)
+    .venv/bin/python bench/run.py --h2      # HTTP/2 and gRPC against nginx (h2_nginx.py)
 
 It starts, in a fresh temporary directory, the upstream (nginx, 1 worker, pinned with wrk to
 the load core) and, each pinned to the proxy core, nginx as a reverse proxy (1 worker,
@@ -28,9 +29,10 @@ After the repetitions, each target in turn holds 10,000 idle keep-alive connecti
 
 ``--tls`` runs the TLS comparison instead (``bench/tls.py``): nginx with ``listen ssl`` and the
 gateway with ``listen_tls``, the same certificate and settings, over HTTPS; it writes the
-``tls`` section of ``--output`` and leaves the rest. ``--sse`` (``bench/sse.py``) and
-``--split`` (the setup of ``bench/split.py``) are steps of their own in the same way: each
-writes its section (``sse``, ``split-step``) and nothing else.
+``tls`` section of ``--output`` and leaves the rest. ``--sse`` (``bench/sse.py``),
+``--split`` (the setup of ``bench/split.py``) and ``--h2`` (``bench/h2_nginx.py``: h2load,
+nginx's ``http2`` and ``grpc_pass``) are steps of their own in the same way: each writes its
+section (``sse``, ``split-step``, ``h2``) and nothing else.
 
 Every process it starts gets its own process group and is stopped by pid in a ``finally``
 block, Ctrl-C and SIGTERM included.
@@ -54,6 +56,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+import h2_nginx
 import interpreter
 import results
 import split
@@ -397,6 +400,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--split", action="store_true",
                    help="CPU per request with a canary split (25%%) against the plain "
                         "service instead (the setup of split.py)")  # fmt: skip
+    p.add_argument(
+        "--h2",
+        action="store_true",
+        help="HTTP/2 and gRPC instead: h2load -c8 -m8 and a grpcio client against "
+        "nginx (http2, grpc_pass) and the gateway, with wrk -c64 beside (h2_nginx.py)",
+    )
+    p.add_argument(
+        "--grpc-threads",
+        type=int,
+        default=8,
+        help="threads of the grpcio client, one call at a time each, --h2 (8)",
+    )
     p.add_argument("--no-compile", action="store_true",
                    help="run the data plane as built (else pure): never build it")  # fmt: skip
     p.add_argument("--access-log", choices=("off", "file"), default="file",
@@ -559,7 +574,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: {e}", file=sys.stderr)
         return 1
     stop_on_signals()
-    if args.sse or args.split:
+    if args.h2 and missing_tool(("h2load",)):
+        print("bench: h2load not found (apt-get install nghttp2-client)", file=sys.stderr)
+        return 2
+    if args.sse or args.split or args.h2:
         return step(args, lim, pythons[0])
     started_at = datetime.datetime.now(datetime.UTC)
     load = os.getloadavg()
@@ -679,8 +697,9 @@ def split_report(
 
 
 def step(args: argparse.Namespace, lim: Limits, python: interpreter.Interpreter) -> int:
-    """``--sse`` or ``--split``: a comparison of its own, written to its own section."""
-    name = "sse" if args.sse else "split-step"
+    """``--sse``, ``--split`` or ``--h2``: a comparison of its own, written to its own
+    section."""
+    name = "sse" if args.sse else "h2" if args.h2 else "split-step"
     started_at = datetime.datetime.now(datetime.UTC)
     load = os.getloadavg()
     tmp = work_dir(name)
@@ -692,6 +711,10 @@ def step(args: argparse.Namespace, lim: Limits, python: interpreter.Interpreter)
             targets = sse.start(procs, args, python, lim)
             gateways = [t for t in targets.values() if t.kind == "gateway"]
             sse_figures = sse.measure(procs, args, targets)
+        elif args.h2:
+            proxies = h2_nginx.start(procs, args, python, lim)
+            gateways = [proxies["gateway"].target]
+            h2_figures = h2_nginx.measure(procs, args, proxies)
         else:
             split_figures = measure_split(procs, args)
     except Failure as e:
@@ -709,7 +732,7 @@ def step(args: argparse.Namespace, lim: Limits, python: interpreter.Interpreter)
     at = f"{started_at:%Y-%m-%d %H:%M} UTC"
     placement = (f"The proxies pinned to CPU {args.proxy_cpu}, the load (and the upstreams) to "
                  f"CPU {args.load_cpu}.")  # fmt: skip
-    if not args.sse:
+    if args.split:
         placement += f" Data plane: {native_status(args.pure)}."
     head = [
         f"Run {at} with:",
@@ -727,6 +750,8 @@ def step(args: argparse.Namespace, lim: Limits, python: interpreter.Interpreter)
     ]
     if args.sse:
         text = sse.report(args, sse_figures, head)
+    elif args.h2:
+        text = h2_nginx.report(args, h2_figures, head)
     else:
         text = split_report(args, split_figures, head)
     results.publish(name, text, args.output)
