@@ -59,7 +59,8 @@ class LoadMix:
 @dataclass(slots=True)
 class Outcome:
     kind: str
-    """``short``, ``slow``, ``sse``, ``upload`` or ``ws``."""
+    """``short``, ``slow``, ``sse``, ``upload`` or ``ws``; ``grpc-unary`` or ``grpc-stream``
+    (``zero_downtime.GrpcLoad``)."""
     client: int
     keepalive: bool
     start: float
@@ -474,9 +475,10 @@ def percentile(values: list[float], q: float) -> float | None:
 def summarize(
     outcomes: list[Outcome], expected: Callable[[Outcome], bool] | None = None
 ) -> Summary:
-    """Counts and latencies; ``expected(o)``: that failed outcome is one the scenario meant."""
+    """Counts and latencies (of short requests and unary gRPC calls, the back-to-back kinds);
+    ``expected(o)``: that failed outcome is one the scenario meant."""
     s = Summary(requests=len(outcomes))
-    shorts = [o.took for o in outcomes if o.kind == "short" and not o.error]
+    shorts = [o.took for o in outcomes if o.kind in ("short", "grpc-unary") and not o.error]
     s.p50, s.p99 = percentile(shorts, 50), percentile(shorts, 99)
     revisions = set()
     for o in outcomes:

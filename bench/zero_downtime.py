@@ -27,7 +27,11 @@ Scenarios (issue 6):
 9. a canary r1 -> r2 at 20 % then 50 % (analysed), then 100 %: the share of requests r2
    answered at each step, within 4 binomial standard deviations + 2 points (issue 27);
 10. blue/green r1 -> r2: no traffic to r2 before ``rollout promote``, then all of it, then
-    ``rollout undo`` takes all traffic back to r1 with nothing started.
+    ``rollout undo`` takes all traffic back to r1 with nothing started;
+11. a gRPC service (``upstream_protocol: http2``, replicas of ``tests/e2e/grpc_replica.py``,
+    the gRPC health probe) rolled r1 -> r2 under grpcio clients (``GrpcLoad``): unary calls
+    back to back and server-streaming calls held open across the drains, which must wait
+    for them (issue 55). Process backend only.
 
 ``--workers N`` runs every scenario against a gateway with N worker processes (its results
 go to a section of their own).
@@ -95,6 +99,9 @@ from bench.loadgen import KiB, LoadGen, LoadMix, MiB, Outcome, Summary, summariz
 from controller.backends.docker import EngineClient, EngineError  # noqa: E402
 
 APP = ROOT / "bench" / "replica_app.py"
+GRPC_APP = ROOT / "tests" / "e2e" / "grpc_replica.py"
+GRPC_TICKS = 20
+"""Scenario 11: the answers of each held server stream."""
 RESULTS = ROOT / "bench" / "RESULTS.md"
 START_MARK = "<!-- zero-downtime:start -->"
 END_MARK = "<!-- zero-downtime:end -->"
@@ -211,7 +218,8 @@ def free_port() -> int:
 
 
 def replica_process(pid: int, piddir: Path) -> bool:
-    """``pid`` is alive (not a zombie) and is a replica app that writes into ``piddir``."""
+    """``pid`` is alive (not a zombie) and is a replica (the app, or the gRPC replica) that
+    writes into ``piddir``."""
     proc = Path(f"/proc/{pid}")
     try:
         stat = (proc / "stat").read_bytes()
@@ -221,7 +229,8 @@ def replica_process(pid: int, piddir: Path) -> bool:
         return False
     if stat[stat.rindex(b")") + 2 :].split()[0] in (b"Z", b"X"):
         return False
-    return APP.name.encode() in cmdline and f"PIDDIR={piddir}".encode() in environ.split(b"\0")
+    ours = f"PIDDIR={piddir}".encode() in environ.split(b"\0")
+    return ours and any(app.name.encode() in cmdline for app in (APP, GRPC_APP))
 
 
 # -- replicas as containers ------------------------------------------------------------------
@@ -1537,6 +1546,158 @@ async def scenario_10(ctx: Ctx) -> None:
         only_revision_after(row, done, 1)
 
 
+# -- scenario 11: a gRPC service ----------------------------------------------------------------
+
+
+def grpc_spec(p: Profile, gw: Gateway, version: str) -> dict[str, Any]:
+    """A revision of a gRPC service: ``tests/e2e/grpc_replica.py`` replicas over h2c, the gRPC
+    health probe; ``version`` is their ``NAME``, which every answer carries."""
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(GRPC_APP))} $PORT"
+    return {
+        "name": SERVICE,
+        "route": {"path_prefix": "/"},
+        "replicas": p.replicas,
+        "replica": {"commands": [command], "env": {"NAME": version, "PIDDIR": str(gw.piddir)}},
+        "upstream_protocol": "http2",
+        "probes": [
+            {
+                "type": "grpc",
+                "interval": p.probe_interval,
+                "timeout": 1.0,
+                "healthy_threshold": 2,
+                "unhealthy_threshold": 3,
+            }
+        ],
+        "rollout": {
+            "start_timeout": p.start_timeout,
+            "drain_timeout": p.drain_timeout,
+            "stop_grace": 2.0,
+            "retries": p.retries,
+        },
+    }
+
+
+class GrpcLoad:
+    """grpcio clients (``grpc.aio``, a channel each) on the gateway: ``unary`` sending unary
+    calls back to back, ``streams`` each holding a server-streaming call (``Tick``: ``ticks``
+    answers ``interval`` s apart) open, then the next. Every call is an ``Outcome``: failed
+    unless it ended OK with every answer, in order, from one revision and replica."""
+
+    def __init__(self, port: int, unary: int, streams: int, ticks: int, interval: float) -> None:
+        self.target = f"127.0.0.1:{port}"
+        self.unary, self.streams = unary, streams
+        self.ticks, self.interval = ticks, interval
+        self.outcomes: list[Outcome] = []
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        clients = [self._unary_client] * self.unary + [self._stream_client] * self.streams
+        self._tasks = [asyncio.create_task(run(i)) for i, run in enumerate(clients)]
+
+    async def stop(self) -> None:
+        """Let every call in flight finish (a stream to its last answer), then stop."""
+        self._stopping.set()
+        await asyncio.gather(*self._tasks)
+
+    @staticmethod
+    def _answered(o: Outcome, message: bytes) -> list[bytes]:
+        parts = message.split(b":")
+        o.revision = int(parts[0][1:]) if parts[0][1:].isdigit() else None
+        return parts
+
+    async def _unary_client(self, client: int) -> None:
+        import grpc
+
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            unary = channel.unary_unary("/test.Echo/Unary")
+            while not self._stopping.is_set():
+                o = Outcome("grpc-unary", client, True, time.monotonic())
+                try:
+                    answer = await unary(b"ping", timeout=10)
+                    parts = self._answered(o, answer)
+                    if parts[1:] != [b"ping"]:
+                        o.error = f"wrong answer {answer!r}"
+                except grpc.RpcError as e:
+                    o.error = f"{e.code().name}: {e.details()}"
+                o.end = time.monotonic()
+                self.outcomes.append(o)
+
+    async def _stream_client(self, client: int) -> None:
+        import grpc
+
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            tick = channel.unary_stream("/test.Echo/Tick")
+            while not self._stopping.is_set():
+                o = Outcome("grpc-stream", client, True, time.monotonic())
+                seen: list[bytes] = []
+                try:
+                    call = tick(b"%d %g" % (self.ticks, self.interval), timeout=30)
+                    async for answer in call:
+                        seen.append(answer)
+                except grpc.RpcError as e:
+                    o.error = f"{e.code().name}: {e.details()} after {len(seen)} answers"
+                first = self._answered(o, seen[0]) if seen else []
+                o.replica = first[1].decode() if len(first) == 3 else None
+                want = [b"%s:%s:%d" % (*first[:2], i) for i in range(self.ticks)]
+                if not o.error and seen != want:
+                    o.error = f"{len(seen)} of {self.ticks} answers, or not in order"
+                o.messages = len(seen)
+                o.end = time.monotonic()
+                self.outcomes.append(o)
+
+
+async def scenario_11(ctx: Ctx) -> None:
+    p = ctx.profile
+    if ctx.docker is not None:
+        raise RuntimeError("the gRPC replica needs grpcio: the process backend only")
+    ticks, interval = GRPC_TICKS, p.held_seconds / GRPC_TICKS
+    async with ctx.gateway() as gw:
+        await serve(ctx, gw, grpc_spec(p, gw, "v1"))
+        row = ctx.row(
+            "11",
+            f"gRPC: rolling update of {p.replicas} replicas r1→r2 under unary calls and "
+            f"server streams held {p.held_seconds:g} s",
+        )
+        load = GrpcLoad(gw.port, p.mix.concurrency // 2, p.mix.concurrency, ticks, interval)
+        before = await gw.last_rollout_id()
+        await load.start()
+        row.started = time.monotonic()
+        try:
+            await asyncio.sleep(max(p.warmup, p.held_seconds / 2))
+            since = time.monotonic()
+            await gw.apply(grpc_spec(p, gw, "v2"))
+            await gw.wait(lambda v: settled(v, 2, p.replicas), p.deadline, "r2 alone")
+            done = time.monotonic()
+            await asyncio.sleep(p.settle)
+        finally:
+            await asyncio.wait_for(load.stop(), p.deadline)
+            row.finish(load.outcomes)
+            ctx.log(f"[{row.key}] {row.summary.requests} calls, {row.summary.failed} failed")
+        row.rollout = describe_rollouts(await gw.rollouts_since(before))
+        drains = {
+            e["replica"]: e["mono"]
+            for e in gw.events_of("replica_draining", since)
+            if e["revision"] == 1
+        }
+        row.check(len(drains) == p.replicas, f"{len(drains)} r1 drains seen, not {p.replicas}")
+        across = [
+            (o, drains[o.replica])
+            for o in row.outcomes
+            if o.kind == "grpc-stream" and o.replica in drains
+            and o.start < drains[o.replica] < o.end
+        ]  # fmt: skip
+        row.check(across, "no server stream was in flight on an r1 replica when it drained")
+        whole = [o for o, _ in across if not o.failed]
+        longest = max((o.end - at for o, at in across), default=0.0)
+        row.note(
+            f"{len(across)} server streams in flight on an r1 replica when its drain began: "
+            f"{len(whole)} completed whole on it, the last {longest:.1f} s after its drain began"
+        )
+        after = {o.revision for o in row.outcomes if not o.failed and o.start > done + 0.05}
+        row.check(after == {2}, f"after the rollout, calls answered by revisions {after}")
+
+
 SCENARIOS: dict[int, Callable[[Ctx], Awaitable[None]]] = {
     1: scenario_1,
     2: scenario_2,
@@ -1548,7 +1709,10 @@ SCENARIOS: dict[int, Callable[[Ctx], Awaitable[None]]] = {
     8: scenario_8,
     9: scenario_9,
     10: scenario_10,
+    11: scenario_11,
 }
+PROCESS_ONLY = frozenset({11})
+"""Scenarios whose replicas the Docker backend's image cannot run (grpcio)."""
 
 
 async def run_scenarios(
@@ -1608,16 +1772,21 @@ def table(rows: list[Row]) -> list[str]:
 
 def mix_table(rows: list[Row]) -> list[str]:
     out = [
-        "| # | short | slow | SSE | upload | WebSocket sessions (echoes) | failed by kind |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| # | short | slow | SSE | upload | WebSocket sessions (echoes) | gRPC unary "
+        "| gRPC streams (answers) | failed by kind |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         s = row.summary
         k = s.by_kind
         failed = ", ".join(f"{a} {n}" for a, n in sorted(s.failed_by_kind.items())) or "-"
+        echoes = sum(o.messages for o in row.outcomes if o.kind == "ws")
+        answers = sum(o.messages for o in row.outcomes if o.kind == "grpc-stream")
         out.append(
             f"| {row.key} | {k.get('short', 0):,} | {k.get('slow', 0):,} | {k.get('sse', 0):,} "
-            f"| {k.get('upload', 0):,} | {k.get('ws', 0):,} ({s.ws_messages:,}) | {failed} |"
+            f"| {k.get('upload', 0):,} | {k.get('ws', 0):,} ({echoes:,}) "
+            f"| {k.get('grpc-unary', 0):,} | {k.get('grpc-stream', 0):,} ({answers:,}) "
+            f"| {failed} |"
         )
     return out
 
@@ -1687,6 +1856,12 @@ def report(
         "replica did not receive whole, a wrong or missing echo, a WebSocket closed under its "
         "client (1001 included, except the closes scenarios 7 and 8 name). p50/p99: short "
         "requests. Rollout: from the rollout records (start to finish).",
+        "",
+        "Scenario 11 (gRPC) has a load of its own, `GrpcLoad`: "
+        f"{mix.concurrency // 2} grpcio clients sending unary calls back to back and "
+        f"{mix.concurrency} each holding a server-streaming call open ({GRPC_TICKS} answers "
+        f"over {profile.held_seconds:g} s), then the next, a channel each. A call failed unless "
+        "it ended OK with every answer, in order, from one replica; p50/p99 there: unary calls.",
         "",
         *table(rows),
         "",
@@ -1821,7 +1996,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args(argv)
-    numbers = args.scenario or sorted(SCENARIOS)
+    every = [n for n in sorted(SCENARIOS) if args.backend == "process" or n not in PROCESS_ONLY]
+    numbers = args.scenario or every
     profile = replace(
         FULL,
         kill_for=args.duration,
@@ -1849,7 +2025,7 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join([".venv/bin/python bench/zero_downtime.py", *(argv or sys.argv[1:])])
     section = report(rows, command.strip(), took, profile, docker)
     print(section)
-    if args.results == "yes" or (args.results == "auto" and set(numbers) == set(SCENARIOS)):
+    if args.results == "yes" or (args.results == "auto" and set(numbers) == set(every)):
         write_results(section, workers=args.workers, backend=args.backend)
         print(f"\nwritten to {RESULTS.relative_to(ROOT)}", file=sys.stderr)
     return 0 if all(row.passed for row in rows) else 1

@@ -6,7 +6,12 @@ service. Methods of ``test.Echo``:
   a request ``not-found`` ends with NOT_FOUND and a message; ``sleep:S`` waits S seconds;
 - ``Split`` (server-streaming): one answer per byte of the request;
 - ``Join`` (client-streaming): the requests joined;
-- ``Chat`` (bidi): each request back as it comes, upper-cased.
+- ``Chat`` (bidi): each request back as it comes, upper-cased;
+- ``Tick`` (server-streaming): a request ``N S`` gets N answers ``NAME:REPLICA_ID:i``, S
+  seconds apart (a stream held open, ``bench/zero_downtime.py``).
+
+``PIDDIR``, if set: a directory where ``<REPLICA_ID>.pid`` is written at start (as
+``bench/replica_app.py`` does), so the harness can find a replica left running.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 NAME = os.environ.get("NAME", "v1").encode()
+REPLICA = os.environ.get("REPLICA_ID", f"pid{os.getpid()}").encode()
 
 
 def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -47,8 +54,19 @@ def chat(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[b
         yield request.upper()
 
 
+def tick(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+    count, interval = request.split()
+    for i in range(int(count)):
+        if i:
+            time.sleep(float(interval))
+        yield b"%s:%s:%d" % (NAME, REPLICA, i)
+
+
 def main() -> None:
     port = sys.argv[1] if len(sys.argv) > 1 else os.environ["PORT"]
+    piddir = os.environ.get("PIDDIR")
+    if piddir:
+        Path(piddir, f"{REPLICA.decode()}.pid").write_text(str(os.getpid()))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
     same = {"request_deserializer": None, "response_serializer": None}
     server.add_generic_rpc_handlers(
@@ -60,6 +78,7 @@ def main() -> None:
                     "Split": grpc.unary_stream_rpc_method_handler(split, **same),
                     "Join": grpc.stream_unary_rpc_method_handler(join, **same),
                     "Chat": grpc.stream_stream_rpc_method_handler(chat, **same),
+                    "Tick": grpc.unary_stream_rpc_method_handler(tick, **same),
                 },
             ),
         )

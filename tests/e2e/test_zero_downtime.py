@@ -1,8 +1,9 @@
 """The short CI version of the zero-downtime harness (``bench/zero_downtime.py``, issue 6).
 
-Scenarios 1, 3 and 4 with the harness's ``SHORT`` profile: 2 replicas that start in 0.2 s,
-a smaller load mix (short, slow, SSE, upload, WebSocket), tight timeouts and no retries, a few
-seconds each. The gateway runs as a process of its own, driven through its admin API, exactly
+Scenarios 1, 3, 4 and 11 with the harness's ``SHORT`` profile: 2 replicas that start in
+0.2 s, a smaller load mix (short, slow, SSE, upload, WebSocket; for 11, a gRPC service, unary
+calls and server streams held across the drains, grpcio), tight timeouts and no retries, a
+few seconds each. The gateway runs as a process of its own, driven through its admin API, exactly
 as in the full harness. Each test fails on any failed request and on any check of the
 scenario that did not hold (rollout outcome, replicas left alone, floor of ready replicas,
 replica processes left behind).
@@ -61,6 +62,11 @@ async def test_failing_revisions_are_rolled_back_and_revision_1_serves(tmp_path:
 
 async def test_exhausted_capacity_degrades_and_fails_the_rollout_only(tmp_path: Path) -> None:
     await _scenario(4, tmp_path, ["4a", "4b"])
+
+
+async def test_a_grpc_rolling_update_waits_for_the_streams_it_drains(tmp_path: Path) -> None:
+    pytest.importorskip("grpc")
+    await _scenario(11, tmp_path, ["11"])
 
 
 async def test_a_rollback_takes_back_the_old_replicas_still_draining(tmp_path: Path) -> None:
