@@ -155,7 +155,14 @@ class H2Connection(asyncio.Protocol):
         self._body_due: dict[int, float] = {}
         """When each body under way must have been read from again (``_await_body``)."""
         self._body_timers: dict[int, asyncio.TimerHandle] = {}
-        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
+        # Outbound fields are ours (``wire.http2.answer_fields``, or trailers the upstream
+        # leg's h2 validated): h2's rework and checks of them on every answer are redundant.
+        config = h2.config.H2Configuration(
+            client_side=False,
+            header_encoding=None,
+            normalize_outbound_headers=False,
+            validate_outbound_headers=False,
+        )
         self._h2 = conn = h2.connection.H2Connection(config)
         conn.local_settings = h2.settings.Settings(
             client=False,
