@@ -1,6 +1,6 @@
 """The gateway's CPU per gRPC unary call over h2c, and the calls' latency through the gateway
-against straight to the replica: a bounded loop on loopback, until ``bench/run.py --h2``
-(h2load and nginx's ``grpc_pass``) exists.
+against straight to the replica: a bounded loop on loopback (``bench/run.py --h2`` compares
+the CPU per call with nginx's ``grpc_pass``).
 
     .venv/bin/python bench/grpc_unary.py [--seconds 5] [--threads 4]
 

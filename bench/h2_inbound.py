@@ -1,5 +1,5 @@
 """The gateway's CPU per request, HTTP/2 (h2c) against HTTP/1.1, in the same run: a bounded
-loop on loopback, until ``bench/run.py --h2`` (h2load and nginx) exists.
+loop on loopback (``bench/run.py --h2`` compares HTTP/2 with nginx, by h2load).
 
     .venv/bin/python bench/h2_inbound.py [--seconds 5] [--streams 64]
 
