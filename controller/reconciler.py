@@ -284,8 +284,8 @@ class Reconciler:
             self.clock(),
             bounds,
             tuple(
-                (revision, Counts(requests, errors, latency))
-                for revision, (requests, errors, latency) in sorted(revisions.items())
+                (revision, Counts(requests, errors, latency, ttft))
+                for revision, (requests, errors, latency, ttft) in sorted(revisions.items())
             ),
         )
 

@@ -310,6 +310,9 @@ class AnalysisConfig(Model):
     max_latency_ratio: float | None = Field(default=None, gt=0)
     """The largest p99 latency of the new revision over the stable one's in the same
     window; none: latency is not judged."""
+    max_ttft_ratio: float | None = Field(default=None, gt=0)
+    """The largest p99 time to first token of the new revision's streamed answers on model
+    paths over the stable one's in the same window; none: not judged."""
     min_requests: int = Field(default=50, ge=1, le=10_000_000)
     """Fewer requests than this is not enough data: never a pass."""
     interval: PositiveDuration = 10.0

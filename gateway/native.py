@@ -102,6 +102,7 @@ MODULES = (
     "proxy.routing",
     "proxy.streams",
     "proxy.sticky",
+    "proxy.tokens",
     "proxy.upstream_connection",
     "proxy.wheel",
     "tls.handshake",

@@ -8,8 +8,9 @@ window:
 
 - fewer than ``min_requests`` of the new revision is ``wait`` (not enough data yet): never
   a pass;
-- an error rate over ``max_error_rate``, or a p99 over ``max_latency_ratio`` times the
-  stable one's, is ``fail``, with the figures in the reason;
+- an error rate over ``max_error_rate``, a p99 over ``max_latency_ratio`` times the
+  stable one's, or a p99 time to first token (streamed answers on model paths, same buckets)
+  over ``max_ttft_ratio`` times the stable one's, is ``fail``, with the figures in the reason;
 - anything else is ``pass``.
 """
 
@@ -32,13 +33,25 @@ class Counts:
     """Answers with a 5xx status: the revision's own and the gateway's (502, 504)."""
     latency: tuple[int, ...] = ()
     """Requests per latency bucket of ``Traffic.bounds``, +Inf last."""
+    ttft: tuple[int, ...] = ()
+    """Streamed answers on model paths per time-to-first-token bucket of ``Traffic.bounds``;
+    empty: none."""
 
     def since(self, before: Counts) -> Counts:
         """The requests counted after ``before``."""
-        latency = self.latency
-        if before.latency and len(before.latency) == len(latency):
-            latency = tuple(a - b for a, b in zip(latency, before.latency, strict=True))
-        return Counts(self.requests - before.requests, self.errors - before.errors, latency)
+        return Counts(
+            self.requests - before.requests,
+            self.errors - before.errors,
+            _since(self.latency, before.latency),
+            _since(self.ttft, before.ttft),
+        )
+
+
+def _since(now: tuple[int, ...], before: tuple[int, ...]) -> tuple[int, ...]:
+    """Bucket counts ``now`` less those ``before`` (of the same buckets)."""
+    if before and len(before) == len(now):
+        return tuple(a - b for a, b in zip(now, before, strict=True))
+    return now
 
 
 NOTHING = Counts()
@@ -71,6 +84,7 @@ class Verdict:
     requests: int = 0
     error_rate: float | None = None
     latency_ratio: float | None = None
+    ttft_ratio: float | None = None
 
 
 def quantile(latency: tuple[int, ...], bounds: tuple[float, ...], q: float) -> float | None:
@@ -133,7 +147,27 @@ def judge(
                     rate,
                     ratio,
                 )
+    first: float | None = None
+    if config.max_ttft_ratio is not None and stable is not None:
+        old = now.of(stable).since(since.of(stable))
+        mine = quantile(new.ttft, now.bounds, 0.99)
+        theirs = quantile(old.ttft, now.bounds, 0.99)
+        if mine is not None and theirs is not None and theirs > 0:
+            first = mine / theirs
+            if first > config.max_ttft_ratio:
+                return Verdict(
+                    "fail",
+                    f"analysis: p99 time to first token {mine * 1000:.0f} ms is {first:.2f}x "
+                    f"the stable revision's {theirs * 1000:.0f} ms > "
+                    f"{config.max_ttft_ratio:g}x {where}",
+                    n,
+                    rate,
+                    ratio,
+                    first,
+                )
     figures = f"error rate {percent(rate)} <= {limit}"
     if ratio is not None:
         figures += f", p99 {ratio:.2f}x the stable revision's"
-    return Verdict("pass", f"analysis: {figures} {where}", n, rate, ratio)
+    if first is not None:
+        figures += f", p99 time to first token {first:.2f}x the stable revision's"
+    return Verdict("pass", f"analysis: {figures} {where}", n, rate, ratio, first)

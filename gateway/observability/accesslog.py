@@ -21,8 +21,10 @@ each other. (To a regular file opened for appending, every write is.)
 
 A line holds: time (the end of the request, UTC), request id, service, revision, upstream,
 method, path, status, duration, bytes in and out, retries (and the error, if any); an
-HTTP/2 request's says so (``"GET /p HTTP/2"``, ``"protocol": "h2"``), and a gRPC
-request's gives the status its answer carried (``grpc_status=0``, ``"grpc_status": 0``). The path
+HTTP/2 request's says so (``"GET /p HTTP/2"``, ``"protocol": "h2"``), a gRPC request's
+gives the status its answer carried (``grpc_status=0``, ``"grpc_status": 0``), and a
+request's on a model path ends with its time to first token and output tokens
+(``on_model_request``). The path
 is percent-encoded in plain lines and JSON-escaped in JSON lines, so a request can never
 forge a line of its own.
 """
@@ -44,7 +46,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Final, Literal, TypeAlias
 from urllib.parse import quote
 
-from ..pool.events import RequestRecord
+from ..pool.events import RequestRecord, Tokens
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,30 @@ _encode_json: Final = json.JSONEncoder(separators=(",", ":")).encode
 
 def format_json(at: float, r: RequestRecord) -> str:
     return _encode_json(fields(at, r))
+
+
+def model_fields(at: float, r: RequestRecord, tokens: Tokens) -> dict[str, object]:
+    """A request on a model path's JSON object: ``fields``, then its time to first token
+    (``ttft_ms``) and its output tokens (``output_tokens``), null when not known."""
+    line = fields(at, r)
+    ttft = tokens.ttft
+    line["ttft_ms"] = None if ttft is None else round(ttft * 1000, 3)
+    line["output_tokens"] = tokens.output
+    return line
+
+
+def model_plain(at: float, r: RequestRecord, tokens: Tokens) -> str:
+    """A request on a model path's plain line: ``format_plain``'s, then ``ttft=`` and
+    ``output_tokens=`` (``-`` when not known)."""
+    ttft, output = tokens.ttft, tokens.output
+    if ttft is None:
+        first = "-"
+    else:
+        ms, tenth = _tenths(ttft)
+        first = f"{ms}{tenth}ms"
+    return _plain(
+        at, r, f" ttft={first} output_tokens={'-' if output is None else _number(output)}\n"
+    )
 
 
 _PATH_SAFE: Final = "/:@!$&()*+,;=-._~"
@@ -280,6 +306,18 @@ class AccessLog:
                 queue.append(_plain(self._clock(), record, "\n"))
             else:
                 queue.append(self._format(self._clock(), record) + "\n")
+        else:
+            self.dropped += 1
+
+    def on_model_request(self, record: RequestRecord, tokens: Tokens) -> None:
+        queue = self._queue
+        if len(queue) < self._limit:
+            if not queue:
+                self._wake.set()
+            if self._plain:
+                queue.append(model_plain(self._clock(), record, tokens))
+            else:
+                queue.append(_encode_json(model_fields(self._clock(), record, tokens)) + "\n")
         else:
             self.dropped += 1
 

@@ -30,11 +30,11 @@ from __future__ import annotations
 import bisect
 from typing import Final
 
-from ..pool.events import PoolEvent, ProbeResult, RequestRecord
+from ..pool.events import PoolEvent, ProbeResult, RequestRecord, Tokens
 from ..pool.pool import Pool, RequestCounts
 from ..pool.upstream import Upstream
 from .status_codes import StatusCounts
-from .tally import LATENCY_BUCKETS, Buckets, Tally, latency_bucket
+from .tally import LATENCY_BUCKETS, Buckets, Tally, TokenTally, latency_bucket
 
 UPSTREAM_STATES: Final[tuple[str, ...]] = ("unknown", "healthy", "unhealthy", "draining", "ejected")
 """The values of ``Upstream.state``: the one-hot ``gateway_upstream_state``."""
@@ -97,7 +97,7 @@ class ServiceSeries:
 class RevisionSeries:
     """The request counts of one revision of a service; its series go with it."""
 
-    __slots__ = ("answers", "duration", "label", "service", "ttfb")
+    __slots__ = ("answers", "duration", "label", "service", "tokens", "ttfb")
 
     def __init__(self, service: ServiceSeries, revision: int | None) -> None:
         self.answers = StatusCounts()
@@ -107,6 +107,14 @@ class RevisionSeries:
         self.duration = Buckets(LATENCY_BUCKETS)
         self.ttfb = service.ttfb
         """The service's (TTFB is per service), here to save ``on_request`` a look-up."""
+        self.tokens: TokenTally | None = None
+        """Its token counts, once a request on a model path came (only then shown)."""
+
+    def token_series(self) -> TokenTally:
+        tokens = self.tokens
+        if tokens is None:
+            tokens = self.tokens = TokenTally()
+        return tokens
 
 
 class GatewayMetrics:
@@ -150,7 +158,7 @@ class GatewayMetrics:
         """``service``'s requests so far per revision (the workers' as last merged): the
         counts a canary's analysis reads (``Pool.request_counts``)."""
         entry = self.services.get(service)
-        out: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+        out: dict[int, tuple[int, int, tuple[int, ...], tuple[int, ...]]] = {}
         if entry is None or not service:
             return LATENCY_BUCKETS, out
         for revision, series in list(entry.revisions.items()):
@@ -161,7 +169,9 @@ class GatewayMetrics:
                 total += count
                 if int(key) >= 500:
                     errors += count
-            out[revision] = (total, errors, tuple(series.duration.settled()))
+            tokens = series.tokens
+            first_token = () if tokens is None else tuple(tokens.first_token.settled())
+            out[revision] = (total, errors, tuple(series.duration.settled()), first_token)
         return LATENCY_BUCKETS, out
 
     # -- the pool -----------------------------------------------------------------------------
@@ -291,6 +301,12 @@ class GatewayMetrics:
                 total += sum(entry.answers.settled().values())
         return {"http/1.1": total - self.h2_requests, "h2": self.h2_requests}
 
+    def on_model_request(self, record: RequestRecord, tokens: Tokens) -> None:
+        self.on_request(record)
+        entry = self._requests.get((record.service, record.revision))
+        if entry is not None and record.service:
+            entry.token_series().count(tokens)
+
     def _count(
         self,
         entry: RevisionSeries,
@@ -334,6 +350,10 @@ class GatewayMetrics:
         for series, n in tally.grpc.items():
             if series[0] in self.services:
                 grpc[series] = grpc.get(series, 0) + n
+        for (name, revision), taken in tally.tokens.items():
+            entry = self._entry(name, revision)
+            if entry is not None and name:
+                entry.token_series().merge(taken)
 
     def _entry(self, name: str, revision: int | None) -> RevisionSeries | None:
         """A revision's request series (made on first use), or None for an unknown service."""

@@ -51,6 +51,7 @@ class MetricsCollector(Collector):
     def describe(self) -> Iterable[Metric]:
         return [
             *_request_families(),
+            *_token_families(),
             *_upstream_families(),
             *_service_families(),
             _inflight_family(),
@@ -61,6 +62,7 @@ class MetricsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         metrics = self._metrics
         yield from self._requests(metrics)
+        yield from self._tokens(metrics)
         yield from self._upstreams(metrics)
         yield from self._services(metrics)
         pool = metrics.pool
@@ -80,6 +82,20 @@ class MetricsCollector(Collector):
             if name:  # no TTFB without an upstream
                 ttfb.add_metric((name,), service.ttfb.buckets(), service.ttfb.sum)
         yield from (requests, duration, ttfb)
+
+    @staticmethod
+    def _tokens(metrics: GatewayMetrics) -> Iterator[Metric]:
+        first_token, gaps, output = _token_families()
+        for name, service in list(metrics.services.items()):
+            for entry in list(service.revisions.values()):
+                tokens = entry.tokens
+                if tokens is None:
+                    continue  # shown once a request on a model path came
+                labels = (name, entry.label)
+                first_token.add_metric(labels, tokens.first_token.buckets(), tokens.first_token.sum)
+                gaps.add_metric(labels, tokens.gaps.buckets(), tokens.gaps.sum)
+                output.add_metric(labels, tokens.output)
+        yield from (first_token, gaps, output)
 
     @staticmethod
     def _upstreams(metrics: GatewayMetrics) -> Iterator[Metric]:
@@ -185,6 +201,28 @@ def _protocol_families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
             "gateway_grpc_responses",
             "Answers to gRPC requests by the gRPC status they carried (upstream's or gateway's).",
             labels=("service", "grpc_status"),
+        ),
+    )
+
+
+def _token_families() -> tuple[HistogramMetricFamily, HistogramMetricFamily, CounterMetricFamily]:
+    return (
+        HistogramMetricFamily(
+            "gateway_model_time_to_first_token_seconds",
+            "Time from a request's arrival to the first content chunk of its streamed answer"
+            " (model paths).",
+            labels=("service", "revision"),
+        ),
+        HistogramMetricFamily(
+            "gateway_model_inter_token_latency_seconds",
+            "Time between the content chunks of a streamed answer (model paths).",
+            labels=("service", "revision"),
+        ),
+        CounterMetricFamily(
+            "gateway_model_output_tokens",
+            "Output tokens of answers on model paths: usage.completion_tokens when given,"
+            " else one per content chunk of a stream.",
+            labels=("service", "revision"),
         ),
     )
 

@@ -14,7 +14,7 @@ from typing import Final
 
 from mypy_extensions import i64
 
-from ..pool.events import RequestRecord
+from ..pool.events import RequestRecord, Tokens
 from ..pool.upstream import by_fields
 
 LATENCY_BUCKETS: Final[tuple[float, ...]] = (
@@ -102,6 +102,11 @@ class Buckets:
         return out
 
 
+TokensTaken = tuple[tuple[tuple[int, ...], float], tuple[tuple[int, ...], float], int]
+"""A revision's token counts as plain data: times to first token and inter-token latencies
+(``Buckets.counted``), output tokens."""
+
+
 Outcome = tuple[str, int | None, int, str | None, tuple[str, ...]]
 """(service, revision, status, error, retry reasons): requests alike for every series."""
 
@@ -118,6 +123,7 @@ class Tally:
     outcomes: dict[Outcome, int]
     durations: dict[tuple[str, int | None], tuple[tuple[int, ...], float]]
     ttfb: dict[str, tuple[tuple[int, ...], float]]
+    tokens: dict[tuple[str, int | None], TokensTaken]
     h2: int = 0
     """Of the requests in ``outcomes``, those that came over HTTP/2."""
     grpc: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -130,6 +136,40 @@ class Tally:
         return bool(self.outcomes)
 
 
+class TokenTally:
+    """The token counts of one revision's requests on a model path (``Tokens``): a
+    worker's, sent as ``counted``, and the main process's (``RevisionSeries.tokens``)."""
+
+    __slots__ = ("first_token", "gaps", "output")
+
+    def __init__(self) -> None:
+        self.first_token = Buckets(LATENCY_BUCKETS)
+        self.gaps = Buckets(LATENCY_BUCKETS)
+        self.output = 0
+
+    def count(self, tokens: Tokens) -> None:
+        ttft = tokens.ttft
+        if ttft is not None:
+            self.first_token.count(latency_bucket(ttft), ttft)
+        gaps = tokens.gaps
+        if gaps is not None:
+            self.gaps.merge(gaps)
+        output = tokens.output
+        if output is not None:
+            self.output += output
+
+    def counted(self) -> TokensTaken:
+        """The counts as plain data to send."""
+        return self.first_token.counted(), self.gaps.counted(), self.output
+
+    def merge(self, taken: TokensTaken) -> None:
+        """Add what ``counted`` gave."""
+        first_token, gaps, output = taken
+        self.first_token.merge(first_token)
+        self.gaps.merge(gaps)
+        self.output += output
+
+
 class RequestTally:
     """A ``RequestObserver`` for a worker process: counts what ``GatewayMetrics`` would.
 
@@ -138,7 +178,7 @@ class RequestTally:
     rules (no stale series, no series brought back) are applied there, once.
     """
 
-    __slots__ = ("durations", "grpc", "h2", "outcomes", "ttfb")
+    __slots__ = ("durations", "grpc", "h2", "outcomes", "tokens", "ttfb")
 
     def __init__(self) -> None:
         self.outcomes: dict[Outcome, int] = {}
@@ -146,6 +186,7 @@ class RequestTally:
         self.ttfb: dict[str, Buckets] = {}
         self.h2 = 0
         self.grpc: dict[tuple[str, str], int] = {}
+        self.tokens: dict[tuple[str, int | None], TokenTally] = {}
 
     def on_request(self, record: RequestRecord) -> None:
         if record.http_version == "2":
@@ -171,16 +212,25 @@ class RequestTally:
                 histogram = self.ttfb[record.service] = Buckets(LATENCY_BUCKETS)
             histogram.count(latency_bucket(ttfb), ttfb)
 
+    def on_model_request(self, record: RequestRecord, tokens: Tokens) -> None:
+        self.on_request(record)
+        series = (record.service, record.revision)
+        tally = self.tokens.get(series)
+        if tally is None:
+            tally = self.tokens[series] = TokenTally()
+        tally.count(tokens)
+
     def take(self) -> Tally:
         """The counts since the last ``take``; counting starts again from zero."""
         tally = Tally(
             self.outcomes,
             {key: h.counted() for key, h in self.durations.items()},
             {key: h.counted() for key, h in self.ttfb.items()},
+            {key: t.counted() for key, t in self.tokens.items()},
             self.h2,
             self.grpc,
         )
-        self.outcomes, self.durations, self.ttfb = {}, {}, {}
+        self.outcomes, self.durations, self.ttfb, self.tokens = {}, {}, {}, {}
         self.h2, self.grpc = 0, {}
         return tally
 

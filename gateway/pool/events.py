@@ -135,6 +135,38 @@ class RequestRecord:
         return f"RequestRecord({fields})"
 
 
+class Tokens:
+    """What the answer to a request on a model path carried (``proxy.tokens``)."""
+
+    __slots__ = ("gaps", "output", "ttft")
+
+    def __init__(
+        self,
+        ttft: float | None = None,
+        output: int | None = None,
+        gaps: tuple[tuple[int, ...], float] | None = None,
+    ) -> None:
+        self.ttft = ttft
+        """Seconds from the request's arrival to the first content chunk of an event
+        stream; None: not streamed, or no content came."""
+        self.output = output
+        """Output tokens (``usage.completion_tokens``, else content chunks); None: unknown."""
+        self.gaps = gaps
+        """The inter-token latencies per latency bucket and their sum (``Buckets.counted``);
+        None: fewer than two content chunks."""
+
+    def __repr__(self) -> str:
+        return f"Tokens(ttft={self.ttft!r}, output={self.output!r}, gaps={self.gaps!r})"
+
+
+NO_TOKENS: Final = Tokens()
+"""A request on a model path whose answer was not scanned (an error, not JSON nor SSE)."""
+
+
 class RequestObserver(Protocol):
     def on_request(self, record: RequestRecord) -> None:
         """Called once per finished request; must be cheap (hot path)."""
+
+    def on_model_request(self, record: RequestRecord, tokens: Tokens) -> None:
+        """Called instead of ``on_request`` for a request on a model path (``models``):
+        counted as ``on_request`` counts, and its tokens."""

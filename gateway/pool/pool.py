@@ -45,9 +45,12 @@ log = logging.getLogger(__name__)
 MAX_HELD = 1000
 """Requests one service holds at most per process while nothing is routable; beyond, 503."""
 
-RequestCounts = tuple[tuple[float, ...], dict[int, tuple[int, int, tuple[int, ...]]]]
+RequestCounts = tuple[
+    tuple[float, ...], dict[int, tuple[int, int, tuple[int, ...], tuple[int, ...]]]
+]
 """The latency buckets' bounds, and per revision: (requests answered, of them 5xx, requests
-per latency bucket, +Inf last). Running totals."""
+per latency bucket, +Inf last, requests on a model path per time-to-first-token bucket, empty
+if none). Running totals."""
 
 
 class Pool:

@@ -87,10 +87,18 @@ class ChunkedAnswer:
             raw = self._raw = sink is not None and sink.chunked
         carry = body.carry
         if raw:
-            status = body.read(data, at, None)
+            assert sink is not None
+            scanned = sink.tokens is not None
+            status = body.read(data, at, self._pieces if scanned else None)
             if status == chunked.BAD:
+                self._pieces.clear()
                 self.error = body.error
                 return BAD
+            if scanned:  # the chunks' data, read for tokens (the relay stays as it came)
+                pieces = self._pieces
+                for k in range(0, len(pieces), 2):
+                    sink.scan(data[pieces[k] : pieces[k + 1]])
+                pieces.clear()
             safe = body.safe
             if body.emit_carry:
                 out = carry + data[at:safe]
@@ -98,7 +106,6 @@ class ChunkedAnswer:
                 out = data  # the whole read, as it came (most)
             else:
                 out = data[at:safe]
-            assert sink is not None
             if out:
                 sink.relay(out, body.body)
             else:

@@ -42,7 +42,7 @@ from ..errors import (
 from ..observability import tracing
 from ..observability.span_buffer import SpanBuffer
 from ..observability.spans import Recording
-from ..pool.events import RequestObserver, RequestRecord
+from ..pool.events import NO_TOKENS, RequestObserver, RequestRecord, Tokens
 from ..pool.pool import Pool
 from ..pool.service_pool import ServicePool
 from ..pool.upstream import Upstream
@@ -54,6 +54,7 @@ from .openai import Asked
 from .request import IncomingRequest
 from .retry import RETRY_STATUSES, Failed
 from .streams import Producer, ResponseStream
+from .tokens import TokenCount, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,8 @@ class Exchange:
     shape."""
     asked: Asked | None = None
     """What its body asks for (model, prompt), once read on a model path."""
+    tokens: TokenCount | None = None
+    """Its answer's tokens, counted as they go by: on a model path, an event stream or JSON."""
     strip: bytes | None = None
     """A header (lower-cased) not sent upstream: the service's token (``guard``)."""
     rid: bytes = b""
@@ -466,7 +469,13 @@ class Exchange:
         """The answer goes to the client as it comes from ``conn``: where its body goes (its
         head with it)."""
         extra = self.answering(head)
-        return self.client.open_answer(self.request, head, self.request_id_bytes(), extra, conn)
+        sink = self.client.open_answer(self.request, head, self.request_id_bytes(), extra, conn)
+        if self.openai:
+            kind = kind_of(head.status, head.fields)
+            if kind:  # an event stream or JSON: counted
+                sink.tokens = self.tokens = TokenCount(kind, self.started)
+                sink.clock = self.proxy.loop.time
+        return sink
 
     def delivered(self, conn: UpstreamConnection | None, bytes_out: int) -> None:
         """The answer went to the client whole: the upstream connection is free again (None:
@@ -546,13 +555,32 @@ class Exchange:
             self.request.version,
             self.client.grpc_status,
         )
-        for observer in observers:
-            try:
-                observer.on_request(record)
-            except Exception:
-                log.exception("request observer %r failed", observer)
+        if self.openai:
+            self._model_record(record)
+        else:
+            for observer in observers:
+                try:
+                    observer.on_request(record)
+                except Exception:
+                    log.exception("request observer %r failed", observer)
         if self.recording is not None:
             self._spans(record, now)
+
+    def _model_record(self, record: RequestRecord) -> None:
+        """Tell the observers of a request on a model path, with its tokens."""
+        count = self.tokens
+        if count is None:
+            figures = NO_TOKENS
+        else:
+            gaps = count.gaps
+            figures = Tokens(
+                count.ttft, count.output_tokens, gaps.counted() if count.chunks > 1 else None
+            )
+        for observer in self.proxy.observers:
+            try:
+                observer.on_model_request(record, figures)
+            except Exception:
+                log.exception("request observer %r failed", observer)
 
     def _spans(self, record: RequestRecord, now: float) -> None:
         """A sampled request's spans, to ``Forwarding.spans``."""

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Final, Protocol
 
 from ..wire import http1
+from .tokens import TokenCount
 
 WRITE_HIGH_WATER: Final = 512 * 1024
 """Bytes queued for a socket before the other side is paused (asyncio's default is 64 KiB:
@@ -82,7 +84,7 @@ class ResponseStream:
     (its descriptor stays open until ``connection_lost``, so the socket would not).
     """
 
-    __slots__ = ("bytes_out", "chunked", "conn", "direct", "fd", "head", "held")
+    __slots__ = ("bytes_out", "chunked", "clock", "conn", "direct", "fd", "head", "held", "tokens")
 
     def __init__(self, conn: ClientSide, chunked: bool, head: bytes = b"") -> None:
         self.conn = conn
@@ -98,6 +100,10 @@ class ResponseStream:
         next relay goes to the socket (unless the transport is closing). None: ask it."""
         self.fd = -2
         """The client's socket (``socket_fd``; -2: not asked yet)."""
+        self.tokens: TokenCount | None = None
+        """On a model path, what counts the body's tokens as it goes by (``scan``)."""
+        self.clock: Callable[[], float] | None = None
+        """The loop's time, read when ``tokens`` is fed."""
 
     def write_head(self, body: bytes = b"") -> None:
         """The answer's head, or its head and whole ``body``, written with the loop turn's
@@ -106,8 +112,18 @@ class ResponseStream:
         self.head = b""
         self.conn.write(head + body if body else head)
         self.held = True
+        if body and self.tokens is not None:
+            self.scan(body)
+
+    def scan(self, data: bytes | memoryview) -> None:
+        """Body bytes on their way to the client, read for ``tokens`` (if counted)."""
+        tokens, clock = self.tokens, self.clock
+        if tokens is not None and clock is not None:
+            tokens.feed(data, clock())
 
     def response_data(self, data: bytes | memoryview) -> None:
+        if self.tokens is not None:
+            self.scan(data)  # before the write: a spliced view is free once written
         transport = self._writing(len(data))
         if transport is not None:
             http1.write_body(transport, data, chunked=self.chunked)

@@ -12,7 +12,7 @@ from controller.spec import AnalysisConfig
 BOUNDS = (0.01, 0.05, 0.1, 0.5, 1.0)
 
 
-def traffic(at: float, **revisions: tuple[int, int, tuple[int, ...]]) -> Traffic:
+def traffic(at: float, **revisions: tuple[int, int, tuple[int, ...]] | tuple) -> Traffic:
     return Traffic(
         at,
         BOUNDS,
@@ -107,3 +107,65 @@ def test_not_enough_data_is_never_a_pass(
         assert verdict.outcome == "fail"
     else:
         assert verdict.outcome == "pass"
+
+
+def _plus(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(x + y for x, y in zip(a, b, strict=True))
+
+
+TTFT = AnalysisConfig(max_error_rate=0.01, min_requests=100, max_ttft_ratio=1.5)
+
+
+@pytest.mark.parametrize(
+    ("new_ttft", "old_ttft", "outcome", "reason", "ratio"),
+    [
+        (
+            (0, 0, 200, 0, 0, 0),  # p99 in (0.05, 0.1]: 99.5 ms
+            (0, 1000, 0, 0, 0, 0),  # p99 in (0.01, 0.05]: 49.6 ms
+            "fail",
+            "analysis: p99 time to first token 100 ms is 2.01x the stable revision's 50 ms "
+            "> 1.5x over 200 requests at weight 25",
+            0.0995 / 0.0496,
+        ),
+        (
+            (0, 200, 0, 0, 0, 0),
+            (0, 1000, 0, 0, 0, 0),
+            "pass",
+            "analysis: error rate 0% <= 1%, p99 time to first token 1.00x the stable "
+            "revision's over 200 requests at weight 25",
+            1.0,
+        ),
+        (
+            (),  # the new revision streamed nothing: not judged on it
+            (0, 1000, 0, 0, 0, 0),
+            "pass",
+            "analysis: error rate 0% <= 1% over 200 requests at weight 25",
+            None,
+        ),
+    ],
+)
+def test_a_canary_is_judged_on_its_time_to_first_token(
+    new_ttft: tuple[int, ...],
+    old_ttft: tuple[int, ...],
+    outcome: str,
+    reason: str,
+    ratio: float | None,
+) -> None:
+    """The window's p99 TTFT of each revision, from running totals: the counts before it
+    (10 slow streams of the stable, 5 of the canary) are taken off."""
+    since = traffic(
+        10.0,
+        r1=(5000, 0, (5000, *EMPTY[1:]), (0, 0, 0, 0, 10, 0)),
+        r2=(7, 0, (7, *EMPTY[1:]), (0, 0, 0, 0, 5, 0) if new_ttft else ()),
+    )
+    now = traffic(
+        20.0,
+        r1=(6000, 0, (6000, *EMPTY[1:]), _plus((0, 0, 0, 0, 10, 0), old_ttft)),
+        r2=(207, 0, (207, *EMPTY[1:]), _plus((0, 0, 0, 0, 5, 0), new_ttft) if new_ttft else ()),
+    )
+    verdict = judge(TTFT, since, now, 2, 1, 25)
+    assert (verdict.outcome, verdict.reason) == (outcome, reason)
+    if ratio is None:
+        assert verdict.ttft_ratio is None
+    else:
+        assert verdict.ttft_ratio == pytest.approx(ratio)

@@ -17,7 +17,7 @@ from gateway.config import (
     TlsConfig,
     parse_settings,
 )
-from gateway.pool.events import RequestRecord
+from gateway.pool.events import RequestRecord, Tokens
 from gateway.pool.pool import Pool
 from gateway.pool.upstream import Health, Upstream
 from gateway.proxy.handler import Proxy
@@ -32,7 +32,13 @@ class Recorder:
 
     def __init__(self) -> None:
         self.records: list[RequestRecord] = []
+        self.tokens: list[Tokens] = []
+        """Of the requests on a model path, in order."""
         self._waiters: list[asyncio.Future[RequestRecord]] = []
+
+    def on_model_request(self, record: RequestRecord, tokens: Tokens) -> None:
+        self.tokens.append(tokens)
+        self.on_request(record)
 
     def on_request(self, record: RequestRecord) -> None:
         self.records.append(record)

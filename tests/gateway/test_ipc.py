@@ -80,7 +80,8 @@ def test_settings_of_every_kind_arrive_as_they_were_sent() -> None:
     snapshot = PoolSnapshot.of("web", 3, [upstream], split=(2, 30))
     outcomes = {("web", 2, 200, None, ("connect",)): 4}
     durations = {("web", None): ((1, 0, 2), float("inf"))}
-    tally = Tally(outcomes, durations, {"web": ((1,), 0.5)})
+    tokens = {("web", 2): (((0, 1), 0.25), ((3, 0), 0.02), 17)}
+    tally = Tally(outcomes, durations, {"web": ((1,), 0.5)}, tokens)
     report = ipc.Report(
         {("web", "a"): 2}, tally, 0, counts={"web": (1, 2)}, guards={"web": ({}, 0)}
     )

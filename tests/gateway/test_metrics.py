@@ -570,7 +570,7 @@ async def test_runs_counted_apart_are_in_every_read(pool, metrics: GatewayMetric
         ]  # fmt: skip
         assert cumulative == [float(sum(buckets[: i + 1])) for i in range(len(buckets))]
         _, counts = metrics.revision_counts("web")
-        total, errors, latency = counts[0]
+        total, errors, latency, _ = counts[0]
         assert (total, errors, list(latency)) == (
             sum(codes.values()),
             codes["5xx"],
