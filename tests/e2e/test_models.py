@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.support.eventually import eventually
 
 from .conftest import PROBE, ROLLOUT, Gateways, Handle, Load
+from .test_auth import metric
 
 MODEL_REPLICA = f"{sys.executable} {Path(__file__).parent / 'model_replica.py'}"
 
@@ -119,3 +121,67 @@ async def test_a_rollout_of_a_models_service_fails_no_request(gateways: Gateways
         lambda: set(gw.gateway.pool.services["llama"].reports) == serving_ids,
         what="the figures of v2's replicas only",
     )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+async def test_streamed_tokens_are_timed_and_counted(
+    gateways: Gateways, tmp_path: Path, workers: int
+):
+    """Streams relayed as they come, timed from the request to their first content chunk
+    (not their head, sent at once) and between chunks, their tokens counted from ``usage``
+    or from the chunks; a JSON answer's from its ``usage``: in /metrics (merged from the
+    workers) and on the access log's lines."""
+    log = tmp_path / "access.log"
+    gw = await gateways.start(
+        models={"path_prefix": "/v1"},
+        access_log={"enabled": True, "format": "json", "path": str(log)},
+        **({"workers": workers} if workers else {}),
+    )
+    data = model_spec(tmp_path, "llama", {"name": "llama"})
+    data["replica"]["env"].update(FIRST_TOKEN_DELAY="0.1", TOKEN_DELAY="0.02")
+    await serving(gw, data)
+    url = gw.url + "/v1/chat/completions"
+    asked = {"model": "llama", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as s:
+        for tokens, usage in ((4, True), (3, False)):
+            body = {**asked, "stream": True, "max_tokens": tokens}
+            if usage:
+                body["stream_options"] = {"include_usage": True}
+            async with s.post(url, data=json.dumps(body)) as response:
+                assert response.status == 200
+                assert response.headers["Content-Type"] == "text/event-stream"
+                events = (await response.read()).split(b"\n\n")
+            assert events[-2:] == [b"data: [DONE]", b""]
+            chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-2]]
+            assert [c["choices"][0]["delta"] for c in chunks[1 : tokens + 1]] == [
+                {"content": f"tok{i} "} for i in range(tokens)
+            ]
+            assert len(chunks) == 1 + tokens + usage
+        status, answer = await post(s, url, {**asked, "max_tokens": 7})
+        assert (status, answer["usage"]["completion_tokens"]) == (200, 7)
+
+        series = '{revision="1",service="llama"}'
+
+        async def counted() -> bool:
+            return await metric(s, gw, f"gateway_model_output_tokens_total{series}") == 4 + 3 + 7
+
+        await eventually(counted, what="the output tokens in /metrics")
+        ttft = await metric(s, gw, f"gateway_model_time_to_first_token_seconds_count{series}")
+        took = await metric(s, gw, f"gateway_model_time_to_first_token_seconds_sum{series}")
+        gaps = await metric(s, gw, f"gateway_model_inter_token_latency_seconds_count{series}")
+        between = await metric(s, gw, f"gateway_model_inter_token_latency_seconds_sum{series}")
+        assert (ttft, gaps) == (2, 3 + 2)
+        assert took is not None
+        assert took >= 2 * 0.1
+        assert between is not None
+        assert between >= 0.05  # 5 gaps of 0.02 s
+
+    def logged() -> list[dict[str, Any]]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [json.loads(line) for line in lines]
+
+    await eventually(lambda: len(logged()) == 3, what="the three requests' log lines")
+    lines = sorted(logged(), key=lambda line: line["time"])
+    assert [line["output_tokens"] for line in lines] == [4, 3, 7]
+    assert [line["ttft_ms"] is None for line in lines] == [False, False, True]
+    assert all(100 <= line["ttft_ms"] < line["duration_ms"] for line in lines[:2])
