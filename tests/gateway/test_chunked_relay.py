@@ -47,9 +47,12 @@ def decoded(answer: bytes) -> tuple[bytes, bytes]:
     return answer.partition(b"\r\n\r\n")[2], b"".join(body.pieces)
 
 
-async def _scripted(raw_upstream, *steps: bytes | float, accepted: list[int] | None = None) -> int:
-    """An upstream that answers each request with ``steps``: bytes written, pauses (seconds;
-    a pause ends early, and the answer with it, if the gateway closes the connection)."""
+async def _scripted(
+    raw_upstream, *steps: bytes | float, accepted: list[int] | None = None, body: int = 0
+) -> int:
+    """An upstream that answers each request (its head, and ``body`` bytes after it) with
+    ``steps``: bytes written, pauses (seconds; a pause ends early, and the answer with it,
+    if the gateway closes the connection)."""
 
     async def serve(reader, writer):
         if accepted is not None:
@@ -57,6 +60,7 @@ async def _scripted(raw_upstream, *steps: bytes | float, accepted: list[int] | N
         try:
             while True:
                 await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(body)
                 for step in steps:
                     if isinstance(step, bytes):
                         writer.write(step)
@@ -263,3 +267,43 @@ async def test_a_stream_read_within_its_read_timeout_goes_on_and_one_that_stops_
     assert at == sorted(at)
     assert not body.endswith(b"0\r\n\r\n")  # cut off: no last chunk
     assert 0.38 <= cut <= 0.4 * (1 + LOOK) + 0.3, cut
+
+
+async def test_a_stream_on_a_model_path_is_relayed_as_it_came_and_its_tokens_counted(
+    pool, raw_upstream, gateway, recorder
+):
+    """Events cut across chunks anywhere (a data line over two chunks, a chunk of two
+    events): the chunks go on as they came, and the events are read from their data."""
+    events = [b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n']
+    events += [b'data: {"choices":[{"delta":{"content":"t%d"}}]}\n\n' % i for i in range(5)]
+    text = b"".join(events) + b"data: [DONE]\n\n"
+    chunks = [
+        b"%X\r\n%s\r\n" % (len(text[i : i + 37]), text[i : i + 37]) for i in range(0, len(text), 37)
+    ]
+    steps: list[bytes | float] = [HEAD, 0.1]
+    for chunk in chunks:
+        steps += [chunk, 0.005]
+    body = b'{"model": "llama", "stream": true}'
+    port = await _scripted(raw_upstream, *steps, b"0\r\n\r\n", body=len(body))
+    pool.set_service(routing("llama", prefix="/llama", model={"name": "llama"}))
+    add(pool, "llama", "u1", port)
+    gw = await gateway(models={"path_prefix": "/v1"})
+    post = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nConnection: close\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+    framing, relayed = decoded(await raw_request(gw.port, post))
+
+    if RELAYED:
+        assert framing == b"".join(chunks) + b"0\r\n\r\n"
+    assert relayed == text
+    await recorder.wait(1)
+    (tokens,) = recorder.tokens
+    assert tokens.output == 5
+    assert tokens.ttft is not None
+    assert tokens.ttft >= 0.1
+    assert tokens.gaps is not None
+    counts, total = tokens.gaps
+    assert sum(counts) == 4
+    assert total > 0  # the content chunks came in different reads
