@@ -185,3 +185,39 @@ async def test_streamed_tokens_are_timed_and_counted(
     assert [line["output_tokens"] for line in lines] == [4, 3, 7]
     assert [line["ttft_ms"] is None for line in lines] == [False, False, True]
     assert all(100 <= line["ttft_ms"] < line["duration_ms"] for line in lines[:2])
+
+
+async def test_a_canary_slow_to_its_first_token_is_aborted(gateways: Gateways, tmp_path: Path):
+    """``analysis.max_ttft_ratio``: a new revision whose streams start 30 times later than
+    the stable one's fails its first step on its p99 time to first token, errors or not."""
+    gw = await gateways.start(models={"path_prefix": "/v1"})
+    rollout = ROLLOUT | {
+        "strategy": "canary",
+        "steps": [{"weight": 50, "pause": 60}],
+        "analysis": {
+            "max_error_rate": 0.5,
+            "max_ttft_ratio": 3,
+            "min_requests": 30,
+            "interval": 1,
+        },
+    }
+
+    def revision(version: str, first_token: str) -> dict[str, Any]:
+        data = model_spec(tmp_path, "llama", {"name": "llama"}, version, rollout=rollout)
+        data["replica"]["env"].update(FIRST_TOKEN_DELAY=first_token, TOKEN_DELAY="0")
+        return data
+
+    await serving(gw, revision("v1", "0.01"))
+    body = {"model": "llama", "stream": True, "max_tokens": 2, "messages": []}
+    data = json.dumps(body).encode()
+    async with Load(gw.url, clients=8, path="/v1/chat/completions", data=data) as load:
+        await load.more(20)
+        await gw.controller.apply(revision("v2", "0.3"))
+        await eventually(
+            lambda: gw.state("llama").desired.revision == 1, timeout=40, what="the abort"
+        )
+    failed = gw.rollouts("llama")[1]
+    assert failed.status == "failed"
+    assert failed.reason.startswith("analysis: p99 time to first token "), failed.reason
+    assert "x the stable revision's" in failed.reason
+    assert not load.failures, load.summary()
