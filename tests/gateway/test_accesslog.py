@@ -22,10 +22,12 @@ from gateway.observability.accesslog import (
     _tenths,
     format_json,
     format_plain,
+    model_fields,
+    model_plain,
     whole_lines,
 )
 from gateway.observability.scrape import AccessLogCollector
-from gateway.pool.events import RequestRecord
+from gateway.pool.events import NO_TOKENS, RequestRecord, Tokens
 
 AT = 1_700_000_000.25  # 2023-11-14T22:13:20.250Z
 
@@ -154,6 +156,36 @@ def test_json_line() -> None:
         "retries": 1,
         "error": None,
     }
+
+
+def test_a_model_paths_lines_end_with_its_first_token_and_output_tokens() -> None:
+    r = record(path="/v1/chat/completions")
+    tokens = Tokens(0.08765, 42, ((1,), 0.01))
+    plain = format_plain(AT, r)
+    assert model_plain(AT, r, tokens) == plain + " ttft=87.7ms output_tokens=42\n"
+    assert model_plain(AT, r, NO_TOKENS) == plain + " ttft=- output_tokens=-\n"
+    assert model_fields(AT, r, tokens) == {
+        **json.loads(format_json(AT, r)),
+        "ttft_ms": 87.65,
+        "output_tokens": 42,
+    }
+    assert model_fields(AT, r, Tokens(output=7)) == {
+        **json.loads(format_json(AT, r)),
+        "ttft_ms": None,
+        "output_tokens": 7,
+    }
+
+
+async def test_the_model_lines_are_queued_as_the_others_are() -> None:
+    out = io.StringIO()
+    log = AccessLog("json", stream=out, clock=lambda: AT)
+    log.on_model_request(record(), Tokens(0.5, 3))
+    log.on_request(record())
+    log.start()
+    await log.stop()
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert (first["ttft_ms"], first["output_tokens"]) == (500.0, 3)
+    assert "ttft_ms" not in second
 
 
 def test_unknown_format_is_refused() -> None:
@@ -286,7 +318,7 @@ def test_whole_lines_makes_chunks_of_whole_lines_within_the_limit() -> None:
 WRITER = """
 import asyncio, sys, time
 from gateway.observability.accesslog import AccessLog
-from gateway.pool.events import RequestRecord
+from gateway.pool.events import NO_TOKENS, RequestRecord, Tokens
 
 async def main(tag, start):
     log = AccessLog("json")

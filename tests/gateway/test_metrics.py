@@ -19,7 +19,7 @@ from gateway.observability.metrics import UPSTREAM_STATES, GatewayMetrics
 from gateway.observability.scrape import MetricsCollector, metrics_exposition
 from gateway.observability.status_codes import code_label
 from gateway.observability.tally import LATENCY_BUCKETS, RequestTally, latency_bucket
-from gateway.pool.events import PoolEvent, ProbeResult, RequestRecord
+from gateway.pool.events import PoolEvent, ProbeResult, RequestRecord, Tokens
 from gateway.pool.pool import Pool
 from gateway.pool.upstream import Health, Upstream
 from gateway.proxy.handler import Proxy
@@ -576,3 +576,49 @@ async def test_runs_counted_apart_are_in_every_read(pool, metrics: GatewayMetric
             codes["5xx"],
             buckets,
         )
+
+
+async def test_tokens_are_counted_per_revision_and_merged_from_workers_alike(pool) -> None:
+    """``on_model_request`` here, or in a worker's tally merged here: the same series,
+    shown only for revisions with requests on a model path, and the TTFT buckets in the
+    canary's ``revision_counts``."""
+    pool.set_service(routing("web", prefix="/"))
+    add(pool, "web", "a", 1)
+    gaps = [0] * (len(LATENCY_BUCKETS) + 1)
+    gaps[latency_bucket(0.02)] = 3
+    counted = [
+        (record(), Tokens(0.3, 4, (tuple(gaps), 0.06))),
+        (record(), Tokens(0.07, 2, None)),
+        (record(), Tokens(None, 9, None)),  # a JSON answer: no TTFT, its usage
+        (record(status=404), Tokens()),
+        (record(service="", revision=None, status=404), Tokens()),
+    ]
+    direct_registry, merged_registry = CollectorRegistry(), CollectorRegistry()
+    direct, merged = collected(direct_registry), collected(merged_registry)
+    direct.attach(pool)
+    merged.attach(pool)
+    tally = RequestTally()
+    for r, tokens in counted:
+        direct.on_model_request(r, tokens)
+        tally.on_model_request(r, tokens)
+    direct.on_request(record(revision=None))  # a revision with no model request: no series
+    tally.on_request(record(revision=None))
+    merged.merge(tally.take())
+    assert exposition(merged_registry) == exposition(direct_registry)
+
+    labels = {"service": "web", "revision": "0"}
+    for registry in (direct_registry, merged_registry):
+        assert value(registry, "gateway_model_output_tokens_total", **labels) == 15
+        ttft = "gateway_model_time_to_first_token_seconds"
+        assert value(registry, f"{ttft}_count", **labels) == 2
+        assert value(registry, f"{ttft}_sum", **labels) == pytest.approx(0.37)
+        itl = "gateway_model_inter_token_latency_seconds"
+        assert value(registry, f"{itl}_count", **labels) == 3
+        assert value(registry, f"{itl}_bucket", le="0.025", **labels) == 3
+        assert value(registry, f"{ttft}_count", service="web", revision="") is None
+        assert value(registry, f"{ttft}_count", service="", revision="") is None
+        _, counts = (direct if registry is direct_registry else merged).revision_counts("web")
+        expected = [0] * (len(LATENCY_BUCKETS) + 1)
+        expected[latency_bucket(0.3)] += 1
+        expected[latency_bucket(0.07)] += 1
+        assert list(counts[0][3]) == expected
