@@ -24,9 +24,8 @@ method, path, status, duration, bytes in and out, retries (and the error, if any
 HTTP/2 request's says so (``"GET /p HTTP/2"``, ``"protocol": "h2"``), a gRPC request's
 gives the status its answer carried (``grpc_status=0``, ``"grpc_status": 0``), and a
 request's on a model path ends with its time to first token and output tokens
-(``on_model_request``). The path
-is percent-encoded in plain lines and JSON-escaped in JSON lines, so a request can never
-forge a line of its own.
+(``on_model_request``). The path is percent-encoded in plain lines and JSON-escaped in JSON
+lines, so a request can never forge a line of its own.
 """
 
 from __future__ import annotations
