@@ -87,6 +87,18 @@ class Verdict:
     ttft_ratio: float | None = None
 
 
+def _p99s(
+    new: tuple[int, ...], old: tuple[int, ...], bounds: tuple[float, ...]
+) -> tuple[float, float] | None:
+    """The new and the stable revision's p99 of one histogram, if both have one and the
+    stable one's is above 0 (a ratio to it means something)."""
+    mine = quantile(new, bounds, 0.99)
+    theirs = quantile(old, bounds, 0.99)
+    if mine is None or theirs is None or theirs <= 0:
+        return None
+    return mine, theirs
+
+
 def quantile(latency: tuple[int, ...], bounds: tuple[float, ...], q: float) -> float | None:
     """The ``q`` quantile of requests counted per bucket, interpolated within its bucket (as
     Prometheus' ``histogram_quantile``); None with no request. Beyond the last bound: that
@@ -131,12 +143,12 @@ def judge(
     limit = percent(config.max_error_rate)
     if rate > config.max_error_rate:
         return Verdict("fail", f"analysis: error rate {percent(rate)} > {limit} {where}", n, rate)
+    old = now.of(stable).since(since.of(stable)) if stable is not None else None
     ratio: float | None = None
-    if config.max_latency_ratio is not None and stable is not None:
-        old = now.of(stable).since(since.of(stable))
-        mine = quantile(new.latency, now.bounds, 0.99)
-        theirs = quantile(old.latency, now.bounds, 0.99)
-        if mine is not None and theirs is not None and theirs > 0:
+    if config.max_latency_ratio is not None and old is not None:
+        p99s = _p99s(new.latency, old.latency, now.bounds)
+        if p99s is not None:
+            mine, theirs = p99s
             ratio = mine / theirs
             if ratio > config.max_latency_ratio:
                 return Verdict(
@@ -148,11 +160,10 @@ def judge(
                     ratio,
                 )
     first: float | None = None
-    if config.max_ttft_ratio is not None and stable is not None:
-        old = now.of(stable).since(since.of(stable))
-        mine = quantile(new.ttft, now.bounds, 0.99)
-        theirs = quantile(old.ttft, now.bounds, 0.99)
-        if mine is not None and theirs is not None and theirs > 0:
+    if config.max_ttft_ratio is not None and old is not None:
+        p99s = _p99s(new.ttft, old.ttft, now.bounds)
+        if p99s is not None:
+            mine, theirs = p99s
             first = mine / theirs
             if first > config.max_ttft_ratio:
                 return Verdict(
