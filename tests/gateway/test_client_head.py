@@ -3,6 +3,9 @@ for most answers makes what the line-by-line way makes, with HSTS's field and th
 
 from __future__ import annotations
 
+import sys
+from http import HTTPStatus
+
 import pytest
 
 from gateway.proxy import messages
@@ -45,3 +48,11 @@ def test_an_answer_framed_by_its_length(
 def test_numbers_are_written_as_percent_d_writes_them() -> None:
     for n in [*range(0, 1100), 10**12]:
         assert http1.decimal(n) == b"%d" % n
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the phrases of Python 3.11's")
+def test_reason_phrases_are_those_of_http_status() -> None:
+    """The gateway's own table (a worker imports no ``http``) says what ``HTTPStatus`` says."""
+    for status in HTTPStatus:
+        assert http1.reason(status.value) == status.phrase.encode()
+    assert http1.reason(299) == b"Unknown"
