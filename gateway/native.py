@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import sysconfig
 from collections.abc import MutableSequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,7 +51,22 @@ if TYPE_CHECKING:
     import subprocess
 
 PACKAGE = Path(__file__).resolve().parent
-TAG = f"{sys.implementation.name}-{sys.version.split()[0]}-{sysconfig.get_platform()}"
+
+
+def _platform() -> str:
+    """``sysconfig.get_platform()``: on Linux, made as it makes it (``linux-<machine>``)
+    without importing ``sysconfig``, which every worker would hold for this one string."""
+    if os.name == "posix" and "_PYTHON_HOST_PLATFORM" not in os.environ:
+        sysname, _, _, _, machine = os.uname()
+        osname = sysname.lower().replace("/", "")
+        if osname.startswith("linux"):
+            return f"{osname}-{machine.replace(' ', '_').replace('/', '-')}"
+    import sysconfig
+
+    return sysconfig.get_platform()
+
+
+TAG = f"{sys.implementation.name}-{sys.version.split()[0]}-{_platform()}"
 """The interpreter the modules are compiled for: each has its own build, side by side (a
 module compiled for one patch release is not assumed to work with another). Its version as
 ``platform.python_version()`` writes it (``3.11.7``, ``3.13.0rc1``), read from ``sys.version``:
@@ -426,6 +440,7 @@ def _link_args() -> tuple[str, ...]:
     """``PACKED_RELOCATIONS`` if the compiler links a shared library with it (an older
     linker, or one without DT_RELR, refuses it), else nothing."""
     import subprocess
+    import sysconfig
     import tempfile
 
     cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
@@ -443,6 +458,7 @@ def _compiler_why_not() -> str | None:
     macros it predefines. Clang's profiles take a tool of their own (llvm-profdata) to
     merge: not done here."""
     import subprocess
+    import sysconfig
 
     cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
     try:

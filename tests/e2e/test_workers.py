@@ -169,6 +169,7 @@ async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
         # the channel's messages are marshalled, not pickled (gateway.workers.ipc)
         assert not modules & {"pickle", "_pickle"}, pid
         assert "http" not in modules, pid  # reason phrases are wire.http1's own table
+        assert "sysconfig" not in modules, pid  # gateway.native's tag is made from os.uname()
         # gateway.config's bounds are its own, not annotated_types' (which brings the first
         # three in); gateway.native reads its version from sys.version
         assert not packages & {"annotated_types", "typing_extensions", "datetime", "platform"}

@@ -136,6 +136,15 @@ def test_a_subpackage_puts_its_compiled_modules_first_if_the_package_does(packag
     assert path == [str(package / "wire")]
 
 
+def test_the_build_s_platform_is_sysconfig_s():
+    """The tag a build is kept under names the platform as ``sysconfig`` does, though a
+    process on Linux (a worker) makes it without importing sysconfig."""
+    import sysconfig
+
+    assert native._platform() == sysconfig.get_platform()
+    assert native.TAG.endswith(f"-{sysconfig.get_platform()}")
+
+
 def test_every_compiled_module_exists_and_errors_stays_pure():
     for name in native.MODULES:
         assert (native.PACKAGE / f"{name.replace('.', '/')}.py").is_file(), name
