@@ -146,8 +146,8 @@ def wrk_sampled(procs: Procs, target: Target, duration: int, cpu: int) -> tuple[
 def import_rss(module: str, pure: bool, worker: bool = False) -> float:
     """VmRSS (MiB) of a fresh interpreter once ``module`` is imported, after
     ``gateway.native.use()`` as the gateway's entry points call it; with ``worker``, as a
-    worker process starts (``python -OO``, handed the sources' digest: the supervisor's
-    ``native.sources()``)."""
+    worker process starts (``python -OO -X no_debug_ranges``, handed the sources' digest: the
+    supervisor's ``native.sources()``)."""
     code = ("import sys, gateway.native; gateway.native.use(sources=(sys.argv[1:] or [None])[0]); "
             f"import {module}, re; s = open('/proc/self/status').read(); "
             "print(int(re.search(r'VmRSS:\\s+(\\d+)', s).group(1)))")  # fmt: skip
@@ -158,7 +158,8 @@ def import_rss(module: str, pure: bool, worker: bool = False) -> float:
             [sys.executable, "-c", "import gateway.native as n; print(n.sources() or '')"],
             capture_output=True, text=True, env=env, cwd=REPO, timeout=60, check=True,
         ).stdout.strip()  # fmt: skip
-        argv = [sys.executable, "-OO", "-c", code, *([sources] if sources else [])]
+        argv = [sys.executable, "-OO", "-X", "no_debug_ranges", "-c", code,
+                *([sources] if sources else [])]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=60,
                          check=True)  # fmt: skip
     return int(out.stdout.strip()) / 1024

@@ -3,9 +3,10 @@
 ``Supervisor`` takes the place of ``TrafficServer`` in the controller's process when
 ``workers`` > 1 (same ``bind``/``start``/``stop``/``port``). It reserves the listening port
 (``bind``: a socket bound with SO_REUSEPORT that never listens, so port 0 resolves once and the
-port stays ours while workers come and go), starts the workers (``python -OO -m
-gateway.workers``: nothing a worker runs reads a docstring, and its asserts only narrow types)
-and then:
+port stays ours while workers come and go), starts the workers (``python -OO -X
+no_debug_ranges -m gateway.workers``: nothing a worker runs reads a docstring, its asserts only
+narrow types, and its code objects keep line numbers but not the columns a traceback's ``^^^``
+markers are drawn from) and then:
 
 - sends each worker every pool change as a whole snapshot of the service (``ipc.Install``),
   coalesced per service within one loop iteration, in order on one channel per worker;
@@ -268,6 +269,8 @@ class Supervisor:
             process = await asyncio.create_subprocess_exec(
                 self.settings.python,
                 "-OO",
+                "-X",
+                "no_debug_ranges",
                 "-m",
                 "gateway.workers",
                 str(child.fileno()),

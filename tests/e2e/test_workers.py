@@ -98,11 +98,14 @@ import atexit, json, os, sys
 def _modules_at_exit():
     with open(os.path.join(%r, f"{os.getpid()}.json"), "w") as out:
         json.dump({n: getattr(m, "__file__", None) for n, m in sys.modules.items()}, out)
+    with open(os.path.join(%r, f"{os.getpid()}.flags"), "w") as out:
+        json.dump([sys.flags.optimize, "no_debug_ranges" in sys._xoptions], out)
 
 atexit.register(_modules_at_exit)
 """
 """A ``sitecustomize``: every Python process started with it on its path writes the modules
-it has loaded when it exits, and their files (``sys.modules``: imports inside functions too)."""
+it has loaded when it exits, and their files (``sys.modules``: imports inside functions too),
+and its ``-O`` level and whether it runs with ``-X no_debug_ranges``."""
 
 
 async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
@@ -120,7 +123,7 @@ async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
     gateway.workers`` calls ``native.use`` first)."""
     hooks = tmp_path / "hooks"
     hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(MODULES_AT_EXIT % str(tmp_path))
+    (hooks / "sitecustomize.py").write_text(MODULES_AT_EXIT % (str(tmp_path), str(tmp_path)))
     path = [str(hooks), os.environ.get("PYTHONPATH") or str(ROOT)]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
     port = free_port()
@@ -143,6 +146,8 @@ async def test_a_serving_worker_imports_neither_aiohttp_nor_the_control_plane(
             await process.wait()
     for pid in workers:
         files = json.loads((tmp_path / f"{pid}.json").read_text())
+        # -OO, and code objects without column positions (-X no_debug_ranges)
+        assert json.loads((tmp_path / f"{pid}.flags").read_text()) == [2, True], pid
         modules = set(files)
         packages = {m.split(".")[0] for m in modules}
         assert {"gateway.workers.worker", "gateway.proxy.handler", "uvloop"} <= modules, pid
