@@ -346,8 +346,14 @@ class World:
     def user_pause(self, paused: bool) -> None:
         self._intend(SetPaused(paused))
 
-    def user_promote(self) -> None:
+    def user_promote(self) -> bool:
+        """``rollout promote``, taken only while a rollout is active, as the admin API takes
+        it (``Operations.promote``: 409 otherwise); whether it was taken."""
+        rollout = self.observed.rollout
+        if rollout is None or not rollout.active:
+            return False
         self._intend(AskPromote())
+        return True
 
     def user_delete(self) -> None:
         self._intend(Delete())

@@ -319,7 +319,9 @@ def test_staged_histories_keep_the_rules(
         _check(w, replicas, error)
         _restores_exactly(w)
     w.user_pause(False)
-    w.user_promote()  # a blue/green, or a canary step with no pause, waits for it
+    # A blue/green, or a canary step with no pause, waits for a promote, which is taken once
+    # its rollout has begun (a promote asked before is refused, as the admin API refuses it).
+    run_until(w, lambda w: World.converged(w) or w.user_promote(), limit=2000)
     run_until(w, World.converged, limit=2000)
     _check(w, replicas, error)
     if error >= 0.2 and not any(r.promoted for r in w.ended):
