@@ -11,8 +11,9 @@ content (``tok0 ``, ``tok1 ``...), the first ``$FIRST_TOKEN_DELAY`` seconds afte
 ``stream_options.include_usage``, and ``data: [DONE]``. ``GET /``: 200 (the probes). ``GET
 /metrics``: vLLM's gauges (``vllm:num_requests_running`` the requests it holds now,
 ``vllm:num_requests_waiting`` and ``vllm:gpu_cache_usage_perc`` from ``$WAITING`` and
-``$KV_CACHE``, or the waiting figure read from the file ``$WAITING_FILE`` at each scrape, for a
-test to change). Standard library only: it starts in a few tens of milliseconds.
+``$KV_CACHE``, or the waiting figure read at each scrape from the file ``$WAITING_FILE``, or
+from ``$WAITING_DIR/$REPLICA_ID`` if there is one, for a test to change). Standard library
+only: it starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ RUNNING = [0]
 
 def waiting() -> str:
     path = os.environ.get("WAITING_FILE")
+    directory = os.environ.get("WAITING_DIR")
+    if directory:
+        path = os.path.join(directory, os.environ.get("REPLICA_ID", ""))
+        if not os.path.exists(path):
+            return "0"
     if path:
         with open(path) as f:
             return f.read().strip()
