@@ -34,6 +34,7 @@ from gateway import (
     ConnectionsCollector,
     GatewayMetrics,
     Http2ConnectionsCollector,
+    LoadCollector,
     LoadScraper,
     MetricsCollector,
     Pool,
@@ -425,6 +426,7 @@ async def _run_locked(
     scraper = LoadScraper(
         pool, on_scraped=traffic.send_loads if isinstance(traffic, Supervisor) else None
     )
+    registry.register(LoadCollector(scraper, pool, loop.time))
     served = traffic
     registry.register(ConnectionsCollector(lambda: (served.connections, served.parked)))
     registry.register(Http2ConnectionsCollector(lambda: served.http2))

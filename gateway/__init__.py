@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from .observability.scrape import AccessLogCollector as AccessLogCollector
     from .observability.scrape import ConnectionsCollector as ConnectionsCollector
     from .observability.scrape import Http2ConnectionsCollector as Http2ConnectionsCollector
+    from .observability.scrape import LoadCollector as LoadCollector
     from .observability.scrape import MetricsCollector as MetricsCollector
     from .observability.scrape import TracingCollector as TracingCollector
     from .observability.scrape import metrics_exposition as metrics_exposition

@@ -6,7 +6,8 @@ the interval), reads the figures (``load_report``) and puts them in the service'
 (``ServicePool.reports``), where the pick reads them, and to ``on_scraped`` (the worker
 processes' supervisor, which sends them on to every worker). A replica that does not answer keeps
 its last figures until they expire (``max_age``), then counts by its in-flight requests
-alone; an upstream that left is forgotten.
+alone; an upstream that left is forgotten. Each scrape is counted per service, read or not
+(``results``: the admin ``/metrics``' ``gateway_load_scrapes_total``).
 
 Invariants: a task never dies silently (an error in a round is logged and the next round
 runs); cancellation is never swallowed; ``stop`` cancels and awaits every task.
@@ -49,6 +50,8 @@ class LoadScraper:
         """Replicas scraped (each answer, read or not)."""
         self.failures = 0
         """Scrapes that gave no figures (no answer, not 200, a figure missing)."""
+        self.results: dict[str, list[int]] = {}
+        """Per service, its scrapes as [read, failed] (a service removed is forgotten)."""
 
     async def start(self) -> None:
         if self._loop is not None:
@@ -77,6 +80,7 @@ class LoadScraper:
             task = self._tasks.pop(event.service, None)
             if task is not None:
                 task.cancel()
+            self.results.pop(event.service, None)
 
     def _begin(self, service: str) -> None:
         sp = self._pool.services.get(service)
@@ -127,7 +131,17 @@ class LoadScraper:
     async def _one(
         self, sp: ServicePool, upstream: Upstream, config: LoadMetricsConfig
     ) -> ReplicaLoad | None:
+        report = await self._read(sp, upstream, config)
         self.scrapes += 1
+        if report is None:
+            self.failures += 1
+        counts = self.results.setdefault(sp.routing.name, [0, 0])
+        counts[report is None] += 1
+        return report
+
+    async def _read(
+        self, sp: ServicePool, upstream: Upstream, config: LoadMetricsConfig
+    ) -> ReplicaLoad | None:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(config.interval):
@@ -136,16 +150,12 @@ class LoadScraper:
                 )
         except (TimeoutError, probe_client.ProbeError, OSError) as error:
             log.debug("load metrics of %s/%s: %r", upstream.service, upstream.id, error)
-            self.failures += 1
             return None
-        report = None
-        if status == 200:
-            text = body.decode("utf-8", "replace")
-            own = sp.inflight_all().get(upstream.id, 0)
-            report = load_report.report(text, config.format, loop.time(), config.max_age, own)
-        if report is None:
-            self.failures += 1
-        return report
+        if status != 200:
+            return None
+        text = body.decode("utf-8", "replace")
+        own = sp.inflight_all().get(upstream.id, 0)
+        return load_report.report(text, config.format, loop.time(), config.max_age, own)
 
     def __repr__(self) -> str:
         return (

@@ -13,6 +13,7 @@ prometheus_client).
   ``Http2ConnectionsCollector``: ``gateway_http2_connections``, of those, the HTTP/2 ones.
 - ``AccessLogCollector``: access log lines dropped.
 - ``TracingCollector``: spans exported and dropped (``exporter``).
+- ``LoadCollector``: the load scraper's scrapes, and the replicas' figures it holds.
 - The HTTPS listeners' and the worker processes' collectors are theirs (``tls.metrics``,
   ``workers.metrics``).
 - ``metrics_exposition``: a registry rendered for a scrape's ``Accept`` (the admin
@@ -37,6 +38,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from .metrics import UPSTREAM_STATES, GatewayMetrics
 
 if TYPE_CHECKING:
+    from ..health.load_scraper import LoadScraper
     from ..pool.pool import Pool
     from .accesslog import AccessLog
     from .exporter import SpanExporter
@@ -437,6 +439,67 @@ class TracingCollector(Collector):
                 "Spans dropped because the collector was slow or down (a queue was full, or "
                 "their export failed or timed out).",
                 labels=(),
+            ),
+        )
+
+
+class LoadCollector(Collector):
+    """The load scraper's series (``load_balancing: inference`` with ``load_metrics``):
+    ``gateway_load_scrapes_total`` by service and result (``ok``: figures read; ``error``: no
+    answer, not 200, or a figure missing), and from each replica's report that the pool holds
+    its age, then while it still counts (``max_age``) its figures: requests waiting and
+    running, and the KV-cache use. ``now``: the loop's clock, which stamps the reports."""
+
+    def __init__(self, scraper: LoadScraper, pool: Pool, now: Callable[[], float]) -> None:
+        self._scraper = scraper
+        self._pool = pool
+        self._now = now
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        scrapes, age, requests, kv_cache = self._families()
+        for service, (ok, error) in list(self._scraper.results.items()):
+            scrapes.add_metric((service, "ok"), ok)
+            scrapes.add_metric((service, "error"), error)
+        now = self._now()
+        for service, sp in list(self._pool.services.items()):
+            for upstream, report in list(sp.reports.items()):
+                labels = (service, upstream)
+                age.add_metric(labels, max(0.0, now - report.at))
+                if now < report.expires:
+                    requests.add_metric((*labels, "waiting"), report.waiting)
+                    requests.add_metric((*labels, "running"), report.running)
+                    kv_cache.add_metric(labels, report.kv_cache)
+        yield from (scrapes, age, requests, kv_cache)
+
+    @staticmethod
+    def _families() -> tuple[
+        CounterMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily
+    ]:
+        return (
+            CounterMetricFamily(
+                "gateway_load_scrapes",
+                "Scrapes of the replicas' load metrics (load_metrics), by result: ok (figures "
+                "read) or error (no answer, not 200, a figure missing).",
+                labels=("service", "result"),
+            ),
+            GaugeMetricFamily(
+                "gateway_load_report_age_seconds",
+                "Age of the replica's last load figures read (they count until max_age).",
+                labels=("service", "upstream"),
+            ),
+            GaugeMetricFamily(
+                "gateway_upstream_reported_requests",
+                "Requests the replica reported waiting or running (all clients'), while its "
+                "figures count.",
+                labels=("service", "upstream", "state"),
+            ),
+            GaugeMetricFamily(
+                "gateway_upstream_kv_cache_usage_ratio",
+                "The replica's KV-cache use it reported (0 to 1), while its figures count.",
+                labels=("service", "upstream"),
             ),
         )
 

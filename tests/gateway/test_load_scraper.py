@@ -58,6 +58,9 @@ async def test_the_figures_reach_the_pool_and_follow_the_replica(pool, aiohttp_s
         # A service that stops asking is no longer scraped, and its figures go.
         pool.set_service(routing("llm", prefix="/"))
         await eventually(lambda: not sp.reports, what="the figures dropped")
+        assert scraper.results["llm"][0] >= 4  # its counts stay while the service does
+        pool.remove_service("llm")
+        assert "llm" not in scraper.results
     finally:
         await scraper.stop()
     assert "scrapes=" in repr(scraper)
@@ -78,10 +81,12 @@ async def test_a_replica_that_stops_answering_keeps_its_figures_until_they_expir
     await scraper.scrape(sp, config)
     assert set(sp.reports) == {"ok"}  # not 200: no figures; not routable: not scraped
     assert scraper.failures == 1
+    assert scraper.results == {"llm": [1, 1]}  # [read, failed]
     first = sp.reports["ok"]
     await ok.close()
     await scraper.scrape(sp, config)
     assert sp.reports["ok"] is first  # kept, to expire at its time
+    assert scraper.results == {"llm": [1, 3]}
     pool.remove_upstream("llm", "ok")
     await scraper.scrape(sp, config)
     assert sp.reports == {}
