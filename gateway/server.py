@@ -148,6 +148,7 @@ class TrafficServer:
         begin = self.proxy.begin
         if self.config.http2.cleartext:
             gate.http2 = self._http2
+        gate.model_prefix = self.proxy.model_prefix
 
         # A partial, not a closure: this module is not compiled, and a closure would run an
         # interpreted frame for every connection.

@@ -278,10 +278,7 @@ class Proxy:
         """The normalised path of ``target`` if it is under ``models.path_prefix``."""
         prefix = self.model_prefix
         assert prefix is not None
-        path = router.split_target(target.decode("latin-1"))[0]
-        if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
-            return path
-        return None
+        return openai.model_path(prefix, target)
 
     async def _read_asked(self, ex: Exchange) -> None:
         """A POST on a model path: read its body's beginning (``models.max_body_read`` at

@@ -55,7 +55,7 @@ from ..wire.batch import WriteBatch
 from ..wire.http1 import HEAD_LIMIT_FACTOR
 from ..wire.plainhead import PlainRequest
 from ..wire.splice import RAW_BODY_MIN, Buffers, Reader, splice_reads
-from . import messages
+from . import messages, openai
 from .codec import Begin, Cancellable, Downstream, Handler, Tunneled
 from .limits import Limits, limits_of
 from .messages import ResponseHead
@@ -117,6 +117,7 @@ class ConnectionGate:
         "http2",
         "limit",
         "loop",
+        "model_prefix",
         "open",
         "parked",
         "parking",
@@ -146,6 +147,8 @@ class ConnectionGate:
         self.buffers = buffers if buffers is not None else Buffers()
         """The read buffers (``splice``): the connector's, so that both legs share one."""
         self.batch = batch if batch is not None else WriteBatch()
+        self.model_prefix: str | None = None
+        """``models.path_prefix``: a head refused under it is answered in OpenAI's shape."""
         self.http2: SwitchToHttp2 | None = None
         """Where a connection that opens with the HTTP/2 preface goes (h2c by prior
         knowledge); None: the preface is refused as any other bad head."""
@@ -639,16 +642,27 @@ class ClientConnection(asyncio.Protocol, Downstream):
         return self._writing_paused
 
     def _refuse(self, status: int, code: str, message: str) -> None:
-        """Answer a head that cannot be served, and stop reading: nothing after it counts."""
+        """Answer a head that cannot be served, and stop reading: nothing after it counts.
+        On a model path (as far as its target was read) the answer is in OpenAI's shape."""
         self._closing = True
         self._clear_deadline()
-        self._parsing = None
+        refused, self._parsing = self._parsing, None
         if self._pipeline is not None:
             self._pipeline.clear()
         if self.transport is None:
             return
         if self.active is None:
-            self.write(http1.json_response(status, {"error": code, "message": message}, close=True))
+            prefix = self._gate.model_prefix
+            if (
+                prefix is not None
+                and refused is not None
+                and openai.model_path(prefix, refused.target) is not None
+            ):
+                answer = openai.refusal(status, code, message)
+                self.write(http1.plain_response(status, answer.body, answer.headers, close=True))
+            else:
+                body = {"error": code, "message": message}
+                self.write(http1.json_response(status, body, close=True))
             self._linger()
             return
         # else: the answer under way finishes, then ``_finished`` closes (``_closing``).

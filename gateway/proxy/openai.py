@@ -5,7 +5,8 @@ of the JSON object in what was read, decoding each member in turn, and stops whe
 ends, so a ``model`` that comes first is found in a body of any size. The prompt (``messages``
 or ``prompt``) is kept as the raw JSON text of its value, from its first character: the same
 prompt gives the same text whether the body was read whole or not, which is what prefix
-affinity hashes. Errors on these paths are answered in OpenAI's shape (``error_answer``).
+affinity hashes. Errors on these paths are answered in OpenAI's shape (``error_answer``), and
+so are heads the HTTP/1.1 codec refuses on them (``refusal``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ..errors import BadRequest, GatewayError, OwnAnswer, RequestTimeout
+from ..pool import router
 
 _DECODER: Final = json.JSONDecoder()
 _SPACE: Final = " \t\n\r"
@@ -76,6 +78,14 @@ def scan(data: bytes) -> Asked:
     return Asked(model, prompt)
 
 
+def model_path(prefix: str, target: bytes) -> str | None:
+    """The path of ``target`` if it is under ``prefix`` (``models.path_prefix``), else None."""
+    path = router.split_target(target.decode("latin-1"))[0]
+    if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
+        return path
+    return None
+
+
 def model_missing(read: int, whole: bool) -> BadRequest:
     """The 400 of a body without a ``model`` (in the ``read`` bytes looked at)."""
     if whole:
@@ -116,3 +126,11 @@ def error_answer(exc: GatewayError) -> OwnAnswer:
         json.dumps(body, separators=(",", ":")).encode(),
         close=isinstance(exc, RequestTimeout | BadRequest),
     )
+
+
+def refusal(status: int, code: str, message: str) -> OwnAnswer:
+    """A request head the HTTP codec refused (before any routing), in OpenAI's shape."""
+    refused = GatewayError(message)
+    refused.status = status
+    refused.code = code
+    return error_answer(refused)

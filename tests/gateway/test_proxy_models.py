@@ -7,12 +7,13 @@ import hashlib
 import json
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from gateway.health.load_scraper import LoadScraper
 from gateway.pool.upstream import Health
 
-from .conftest import routing, url
+from .conftest import raw_request, routing, url
 
 MODELS = {"models": {"path_prefix": "/v1", "max_body_read": 1024}}
 
@@ -136,6 +137,50 @@ async def test_gateway_errors_on_model_paths_take_openais_shape(pool, upstream, 
         client, gw, "/v1/completions", b'{"model": "mistral"}', headers=headers
     )
     assert (status, body["upstream"]) == (200, "mistral-1")
+
+
+BIG = 20_000  # over the default max_header_size (16 KiB)
+
+
+@pytest.mark.parametrize(
+    ("head", "status", "code"),
+    [
+        (b"POST {path}?q=" + b"a" * BIG + b" HTTP/1.1\r\nHost: h\r\n\r\n", 414, "uri_too_long"),
+        (b"POST {path} HTTP/1.1\r\nHost: h\r\nX-Big: " + b"b" * BIG + b"\r\n\r\n", 431, None),
+        (
+            b"POST {path} HTTP/1.1\r\nHost: h\r\n"
+            + b"".join(b"X-%d: 1\r\n" % i for i in range(200))
+            + b"\r\n",
+            431,
+            None,
+        ),
+        (b"POST {path} HTTP/1.1\r\nHost h\r\n\r\n", 400, "bad_request"),
+        (b"POST {path} HTTP/1.1\r\nHost: h\r\nContent-Length: x\r\n\r\n", 400, "bad_request"),
+    ],
+    ids=["long-uri", "long-value", "many-headers", "malformed", "bad-length"],
+)
+async def test_heads_the_codec_refuses_on_model_paths_take_openais_shape(
+    pool, upstream, gateway, head, status, code
+):
+    await two_models(pool, upstream)
+    gw = await gateway(**MODELS)
+    code = code or "header_too_large"
+    for path in (b"/v1/chat/completions", b"/v1"):
+        answer = await raw_request(gw.port, head.replace(b"{path}", path))
+        first, _, body = answer.partition(b"\r\n\r\n")
+        assert first.split(b" ", 2)[1] == b"%d" % status
+        assert b"\r\nconnection: close" in first.lower()
+        error = json.loads(body)["error"]
+        assert (error["code"], error["type"], error["param"]) == (
+            code,
+            "invalid_request_error",
+            None,
+        )
+        assert error["message"]
+    # Elsewhere, the gateway's own shape, as before.
+    for path in (b"/llama/v1/completions", b"/v1x"):
+        answer = await raw_request(gw.port, head.replace(b"{path}", path))
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == code
 
 
 async def test_other_paths_route_as_before(pool, upstream, gateway, client):
