@@ -27,8 +27,10 @@ from prometheus_client import CollectorRegistry
 from controller.config import load_config
 from controller.metrics import ControllerMetrics
 from controller.serving import Gateway, run_gateway
+from gateway.health.load_scraper import LoadScraper
 from gateway.observability.metrics import GatewayMetrics
-from gateway.observability.scrape import ConnectionsCollector, MetricsCollector
+from gateway.observability.scrape import ConnectionsCollector, LoadCollector, MetricsCollector
+from gateway.pool.pool import Pool
 from tests.needs import missing
 from tests.support.eventually import eventually
 from tests.support.ports import free_port
@@ -312,6 +314,8 @@ def exposed_names() -> set[str]:
     registry.register(MetricsCollector(GatewayMetrics()))
     registry.register(ControllerMetrics(SimpleNamespace(services={})))  # type: ignore[arg-type]
     registry.register(ConnectionsCollector(lambda: (0, 0)))  # the traffic listener's (serving)
+    pool = Pool()
+    registry.register(LoadCollector(LoadScraper(pool), pool, lambda: 0.0))  # the scraper's
     names = set()
     for family in registry.collect():
         if family.type == "counter":
