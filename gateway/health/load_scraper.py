@@ -136,7 +136,7 @@ class LoadScraper:
         if report is None:
             self.failures += 1
         counts = self.results.setdefault(sp.routing.name, [0, 0])
-        counts[report is None] += 1
+        counts[0 if report is not None else 1] += 1
         return report
 
     async def _read(
