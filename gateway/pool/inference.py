@@ -3,9 +3,10 @@ PURE.
 
 A replica's *load* is what it is busy with: the gateway's own in-flight count, plus what the
 replica last reported running and waiting beyond what the gateway itself had in flight on it
-then (``ReplicaLoad``, scraped beside the prober: other clients' requests), plus its KV-cache
-use (``KV_WEIGHT`` requests at a full cache). The gateway's own count is exact and current, a
-report is some tens of milliseconds old: a report only adds what the gateway cannot see. A
+then, past ``OTHERS_SLACK`` (``ReplicaLoad``, scraped beside the prober: other clients'
+requests), plus its KV-cache use past ``KV_KNEE`` (``KV_WEIGHT`` requests at a full cache).
+The gateway's own count is exact and current, a report is some tens of milliseconds old: a
+report only adds what the gateway cannot see, and nothing while it agrees with the count. A
 report older than its ``expires`` counts as none: the in-flight count alone.
 
 With a prompt prefix, its key goes on the hash ring of the routable upstreams and takes the
@@ -13,10 +14,11 @@ first replica round from it that is a candidate and whose load, with this reques
 within ``max_load_factor`` times the mean (bounded-load consistent hashing: Mirrokni, Thorup
 and Zadimoghaddam, 2018): a prefix returns to the replica that holds it in its cache while
 that replica is not a hot spot, and only a replica that joins or leaves moves prefixes. A
-prefix the pool has not seen lately (``fresh``) is in no replica's cache: it goes to its
-ring owner only if that is among the least loaded, else to the least loaded, so prompts that
-share nothing are balanced as by load alone. Without a prefix, or with every replica over
-the bound, the least loaded (ties rotate).
+prefix the pool has not seen lately (``fresh``) is in no replica's cache: it goes where
+``least_outstanding`` would send it, to the least loaded with ties in turn (not to its ring
+owner among them: a tie-break by hash is a random one, and random ties make each replica's
+arrivals burstier than turns do, which shows in the tail of the time to first token). Without
+a prefix, or with every replica over the bound, the least loaded (ties rotate).
 
 Invariants: the pick is one of the candidates (routable, already filtered); with the in-flight
 counts alone, a pick by prefix keeps ``load + 1 <= ceil(c * (total + 1) / n)``.
@@ -34,6 +36,15 @@ from .upstream import Upstream, by_fields
 
 KV_WEIGHT: Final = 4.0
 """A full KV cache weighs as much as this many requests: the replica will queue or preempt."""
+KV_KNEE: Final = 0.8
+"""KV-cache use up to this share weighs nothing, then rises to ``KV_WEIGHT`` at a full cache
+(the Gateway API Inference Extension's endpoint picker also takes a replica under 80 % as
+having room). Below it the figure only echoes the running count of the last report, and as a
+tie-break among equal in-flight counts it favoured the replica that reported fewer requests:
+the one that took the most since, whose requests are the newest, the furthest from ending."""
+OTHERS_SLACK: Final = 1.0
+"""Reported requests beyond the gateway's own count that still count as none: a request ended
+or begun between the replica's answer and the reading of the count is no other client's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +71,9 @@ def load_of(inflight: int, report: ReplicaLoad | None, now: float) -> float:
     """A replica's load (the module docstring)."""
     if report is None or now >= report.expires:
         return float(inflight)
-    others = max(0.0, report.running + report.waiting - report.own)
-    return inflight + others + KV_WEIGHT * min(max(report.kv_cache, 0.0), 1.0)
+    others = max(0.0, report.running + report.waiting - report.own - OTHERS_SLACK)
+    kv = min(max(report.kv_cache, 0.0), 1.0)
+    return inflight + others + KV_WEIGHT * max(0.0, kv - KV_KNEE) / (1.0 - KV_KNEE)
 
 
 def pick(
@@ -77,25 +89,18 @@ def pick(
 ) -> Upstream | None:
     """The replica for a request among ``candidates`` (None if there are none): by prefix
     ``key`` on ``ring`` (a ring holding at least the candidates) within the load bound, else
-    the least loaded; a ``fresh`` key only to an owner among the least loaded."""
+    the least loaded; a ``fresh`` key to the least loaded."""
     n = len(candidates)
     if n == 0:
         return None
     loads = [load_of(inflight.get(u.id, 0), reports.get(u.id), now) for u in candidates]
-    if ring is not None and key is not None:
-        capacity: float
-        if fresh:
-            capacity = min(loads) + 1
-        else:
-            capacity = float(math.ceil(max_load_factor * (sum(loads) + 1) / n))
+    if ring is not None and key is not None and not fresh:
+        capacity = float(math.ceil(max_load_factor * (sum(loads) + 1) / n))
         index = {u.id: i for i, u in enumerate(candidates)}
         for uid in ring.owners_from(key):
             i = index.get(uid, -1)
-            if i >= 0:
-                if loads[i] + 1 <= capacity:
-                    return candidates[i]
-                if fresh:
-                    break  # its owner is busier than the least loaded: that one
+            if i >= 0 and loads[i] + 1 <= capacity:
+                return candidates[i]
     best = cursor % n
     for step in range(1, n):
         i = (cursor + step) % n

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.pool.balancer import least_outstanding
 from gateway.pool.hashring import Ring, key_hash
 from gateway.pool.inference import KV_WEIGHT, ReplicaLoad, load_of, pick
 from gateway.pool.upstream import AdminState, Health, Upstream
@@ -23,14 +25,41 @@ def report(waiting: float, running: float, kv: float, at: float = 0.0) -> Replic
 
 
 def test_the_load_counts_a_fresh_report_and_falls_back_to_in_flight() -> None:
-    fresh = report(waiting=2, running=5, kv=0.5)
-    assert load_of(1, fresh, now=1.0) == 1 + 7 + KV_WEIGHT * 0.5
+    fresh = report(waiting=2, running=5, kv=1.0)
+    assert load_of(1, fresh, now=1.0) == 1 + 6 + KV_WEIGHT  # beyond one: other clients'
     # Of the reported requests, those the gateway had in flight itself count once.
-    ours = ReplicaLoad(2, 5, 0.5, 0.0, 3.0, own=4)
-    assert load_of(1, ours, now=1.0) == 1 + 3 + KV_WEIGHT * 0.5
-    assert load_of(9, ReplicaLoad(2, 5, 0.5, 0.0, 3.0, own=9), now=1.0) == 9 + KV_WEIGHT * 0.5
+    ours = ReplicaLoad(2, 5, 1.0, 0.0, 3.0, own=4)
+    assert load_of(1, ours, now=1.0) == 1 + 2 + KV_WEIGHT
+    assert load_of(9, ReplicaLoad(2, 5, 1.0, 0.0, 3.0, own=9), now=1.0) == 9 + KV_WEIGHT
     assert load_of(1, fresh, now=3.0) == 1.0  # expired: in-flight alone
     assert load_of(1, None, now=0.0) == 1.0
+
+
+def test_a_report_that_agrees_with_the_count_adds_nothing() -> None:
+    # One request more than the gateway's own (one ended as the count was read) and a cache
+    # with room: the in-flight count alone.
+    assert load_of(3, ReplicaLoad(0, 4, 0.5, 0.0, 3.0, own=3), now=1.0) == 3.0
+    assert load_of(3, ReplicaLoad(0, 4, 0.8, 0.0, 3.0, own=3), now=1.0) == 3.0
+    # Past 80 % the cache weighs, up to KV_WEIGHT requests when full.
+    assert load_of(3, ReplicaLoad(0, 3, 0.9, 0.0, 3.0, own=3), now=1.0) == 3 + KV_WEIGHT / 2
+
+
+def test_an_unseen_prefix_is_placed_as_least_outstanding_would_place_it() -> None:
+    # Unique prompts at equal in-flight counts, with the reports a scrape gives: each a few
+    # requests, the cache far from full, one request apart from the gateway's count. The
+    # ties go in turn, not to the ring owner nor to whoever reported fewer requests last.
+    ups = [upstream(i) for i in range(4)]
+    ring = Ring([u.id for u in ups])
+    rng = random.Random(57)
+    for cursor in range(200):
+        counts = {u.id: rng.randint(5, 7) for u in ups}
+        reports = {
+            uid: ReplicaLoad(0, c + rng.choice((-1, 0, 1)), c / 100, 0.0, 3.0, own=c)
+            for uid, c in counts.items()
+        }
+        key = KEYS[cursor]
+        chosen = pick(ups, counts, reports, 1.0, cursor, ring, key, fresh=True)
+        assert chosen == least_outstanding(ups, counts, rng, cursor)
 
 
 def test_the_least_loaded_wins_without_a_prefix() -> None:
@@ -60,12 +89,12 @@ def test_a_prefix_returns_to_its_replica_until_it_is_a_hot_spot() -> None:
     assert elsewhere.id == next(u for u in ring.owners_from(key) if u != home.id)
 
 
-def test_a_fresh_prefix_goes_to_its_owner_only_if_it_is_among_the_least_loaded() -> None:
+def test_a_fresh_prefix_goes_to_the_least_loaded_a_known_one_to_its_owner() -> None:
     ups = [upstream(i) for i in range(4)]
     ring = Ring([u.id for u in ups])
     key = KEYS[1]
-    home = pick(ups, {}, {}, now=0.0, cursor=0, ring=ring, key=key, fresh=True)
-    assert home is not None  # every load 0: the owner
+    home = pick(ups, {}, {}, now=0.0, cursor=0, ring=ring, key=key)
+    assert home is not None
     assert home.id == ring.owners_from(key)[0]
     counts = {u.id: 1 for u in ups} | {home.id: 2}
     # One request more than the others: a fresh prefix goes elsewhere, a known one stays.
@@ -150,12 +179,11 @@ def test_a_replica_added_or_removed_moves_only_its_share_of_prefixes(n: int, whi
     gone = ups[which % n]
     rest = [u for u in ups if u != gone]
 
-    def picks(pool: list[Upstream], fresh: bool) -> list[Upstream | None]:
+    def picks(pool: list[Upstream]) -> list[Upstream | None]:
         ring = Ring([u.id for u in pool])
-        return [pick(pool, {}, {}, 0.0, 0, ring, key, fresh=fresh) for key in KEYS]
+        return [pick(pool, {}, {}, 0.0, 0, ring, key) for key in KEYS]
 
-    before, after = picks(ups, False), picks(rest, False)
-    assert picks(ups, True) == before  # fresh or not, alike while loads are even
+    before, after = picks(ups), picks(rest)
     moved = [(b, a) for b, a in zip(before, after, strict=True) if b != a]
     # Removed: only the prefixes it held move; added back: only those come to it.
     assert all(b == gone for b, _ in moved)
