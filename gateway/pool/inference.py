@@ -14,11 +14,10 @@ first replica round from it that is a candidate and whose load, with this reques
 within ``max_load_factor`` times the mean (bounded-load consistent hashing: Mirrokni, Thorup
 and Zadimoghaddam, 2018): a prefix returns to the replica that holds it in its cache while
 that replica is not a hot spot, and only a replica that joins or leaves moves prefixes. A
-prefix the pool has not seen lately (``fresh``) is in no replica's cache: it goes where
-``least_outstanding`` would send it, to the least loaded with ties in turn (not to its ring
-owner among them: a tie-break by hash is a random one, and random ties make each replica's
-arrivals burstier than turns do, which shows in the tail of the time to first token). Without
-a prefix, or with every replica over the bound, the least loaded (ties rotate).
+prefix the pool has not seen lately (``fresh``) is in no replica's cache: it goes to its
+ring owner only if that is among the least loaded (where the prefix's next requests will go),
+else to the least loaded, so prompts that share nothing are balanced as by load alone.
+Without a prefix, or with every replica over the bound, the least loaded (ties rotate).
 
 Invariants: the pick is one of the candidates (routable, already filtered); with the in-flight
 counts alone, a pick by prefix keeps ``load + 1 <= ceil(c * (total + 1) / n)``.
@@ -89,18 +88,25 @@ def pick(
 ) -> Upstream | None:
     """The replica for a request among ``candidates`` (None if there are none): by prefix
     ``key`` on ``ring`` (a ring holding at least the candidates) within the load bound, else
-    the least loaded; a ``fresh`` key to the least loaded."""
+    the least loaded; a ``fresh`` key only to an owner among the least loaded."""
     n = len(candidates)
     if n == 0:
         return None
     loads = [load_of(inflight.get(u.id, 0), reports.get(u.id), now) for u in candidates]
-    if ring is not None and key is not None and not fresh:
-        capacity = float(math.ceil(max_load_factor * (sum(loads) + 1) / n))
+    if ring is not None and key is not None:
+        capacity: float
+        if fresh:
+            capacity = min(loads) + 1
+        else:
+            capacity = float(math.ceil(max_load_factor * (sum(loads) + 1) / n))
         index = {u.id: i for i, u in enumerate(candidates)}
         for uid in ring.owners_from(key):
             i = index.get(uid, -1)
-            if i >= 0 and loads[i] + 1 <= capacity:
-                return candidates[i]
+            if i >= 0:
+                if loads[i] + 1 <= capacity:
+                    return candidates[i]
+                if fresh:
+                    break  # its owner is busier than the least loaded: that one
     best = cursor % n
     for step in range(1, n):
         i = (cursor + step) % n
