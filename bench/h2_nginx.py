@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from interpreter import Interpreter
+from results import figure as _f
+from results import median as _median
 from system import Failure, Procs, cpu_seconds, free_ports, process_tree, wait_serving
 from targets import Limits, Target, gateway_config, start_upstream, wrk
 
@@ -349,15 +351,6 @@ def measure(procs: Procs, args: argparse.Namespace, proxies: dict[str, Proxy]) -
                       f"CPU {run.cpu_us or 0:6.1f} us  failed {run.failed}",
                       file=sys.stderr)  # fmt: skip
     return figures
-
-
-def _median(values: list[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return statistics.median(kept) if kept else None
-
-
-def _f(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 HEADS = {

@@ -8,6 +8,7 @@ run.py can keep them when it rewrites the head.
 from __future__ import annotations
 
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -39,3 +40,14 @@ def write_section(name: str, body: str, path: Path = RESULTS) -> None:
     else:
         text = text.rstrip("\n") + ("\n\n" if text else "") + block
     path.write_text(text)
+
+
+def median(values: list[float | None]) -> float | None:
+    """The median of the repetitions that gave a figure (None: none did)."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def figure(value: float | None, digits: int = 0) -> str:
+    """A table's cell: thousands separated, ``digits`` decimals, ``-`` for no figure."""
+    return "-" if value is None else f"{value:,.{digits}f}"

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from interpreter import Interpreter
+from results import figure as _f
+from results import median as _med
 from system import BODY, Failure, Procs, cpu_split, free_ports, process_tree, wait_serving
 from targets import Limits, Target, start_gateway
 
@@ -448,15 +450,6 @@ def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) 
                       f"CPU {run.cpu_us or 0:.1f} us/event (user {run.user_us or 0:.1f})",
                       file=sys.stderr)  # fmt: skip
     return figures
-
-
-def _med(values: list[float | None]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def _f(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def _per_rep(a: list[float | None], b: list[float | None]) -> str:

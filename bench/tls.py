@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from idle import IdleResult, idle_step
+from results import median as _median
 from system import Failure, Procs, cpu_seconds, process_tree
 from targets import SERVER_NAME, Run, Target, client_tls, wrk
 
@@ -177,11 +178,6 @@ def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) 
 
 # ---------------------------------------------------------------------------------------------
 # the report
-
-
-def _median(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
