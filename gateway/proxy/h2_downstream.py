@@ -17,7 +17,14 @@ bytes decoded, checked as it is decoded (an HPACK bomb: GOAWAY ENHANCE_YOUR_CALM
 limits (``request``: 431, 400), answered on its stream; a field block that does not decode
 is a COMPRESSION_ERROR; a frame over SETTINGS_MAX_FRAME_SIZE is refused at its header
 (``wire.http2.FrameLengths``: FRAME_SIZE_ERROR); a request body that pauses past
-``limits.body_timeout`` fails with 408, as HTTP/1.1's does. Answers waiting for the
+``limits.body_timeout``, or averages under ``limits.body_min_rate`` once ``body_timeout``
+has passed since it began, fails with 408 on its stream, as HTTP/1.1's does. Slow heads
+(slowloris), as HTTP/1.1's ``header_timeout``: a connection's first request must come whole
+within ``limits.header_timeout`` of its start (else GOAWAY NO_ERROR and closed), and a
+header block (HEADERS, then CONTINUATION until END_HEADERS) within it of its first frame:
+while a block is open the client may send nothing else on the connection (RFC 9113 6.10),
+and a block cut short leaves HPACK's state undecodable, so an unfinished one ends the
+connection (GOAWAY ENHANCE_YOUR_CALM), not its stream alone. Answers waiting for the
 client's windows are bounded per stream (``h2_stream``) and per connection
 (``HELD_HIGH_WATER``), and reset after ``limits.send_timeout`` without progress. Floods
 end the connection with GOAWAY ENHANCE_YOUR_CALM (docs/hostile.md): streams the client
@@ -155,6 +162,13 @@ class H2Connection(asyncio.Protocol):
         self._body_due: dict[int, float] = {}
         """When each body under way must have been read from again (``_await_body``)."""
         self._body_timers: dict[int, asyncio.TimerHandle] = {}
+        self._body_rate: dict[int, tuple[float, int]] = {}
+        """When each body under way began (or the gateway last held it back) and how much of
+        it had come then: the baseline of ``body_min_rate``."""
+        self._block_timer: asyncio.TimerHandle | None = None
+        """A header block is open (``h2`` holds its frames): it must end by then."""
+        self._first = True
+        """No request came yet: the idle timer is ``header_timeout``'s."""
         # Outbound fields are ours (``wire.http2.answer_fields``, or trailers the upstream
         # leg's h2 validated): h2's rework and checks of them on every answer are redundant.
         config = h2.config.H2Configuration(
@@ -196,7 +210,7 @@ class H2Connection(asyncio.Protocol):
         self._connections.add(self)
         self._h2.initiate_connection()
         self._flush()
-        self._idle()
+        self._idle(self._limits.header_timeout)  # the first request, as HTTP/1.1's head
         if read:
             self.data_received(read)
         if not self._backlog:  # (else once it is taken: ``_take_backlog``)
@@ -256,6 +270,7 @@ class H2Connection(asyncio.Protocol):
                 self._event(event)
                 if self.ended:
                     return len(events)
+            self._watch_block()
         finally:
             self._sending -= 1
         self._flush()
@@ -269,10 +284,12 @@ class H2Connection(asyncio.Protocol):
         self._backlog = b""
         self._connections.discard(self)
         self._stop_idle()
+        self._stop_block()
         for timer in self._body_timers.values():
             timer.cancel()
         self._body_timers.clear()
         self._body_due.clear()
+        self._body_rate.clear()
         streams = list(self.streams.values())
         self.streams.clear()
         for stream in streams:
@@ -357,6 +374,7 @@ class H2Connection(asyncio.Protocol):
             self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
         self._stop_idle()
+        self._first = False
         stream = H2Stream(self, stream_id, self.peer, self.secure, self._limits.send_timeout)
         self.streams[stream_id] = stream
         try:
@@ -397,7 +415,19 @@ class H2Connection(asyncio.Protocol):
         request.body.feed(event.data or b"")
         stream.received(size)
         if stream_id in self._body_due:
-            self._body_due[stream_id] = self.loop.time() + self._limits.body_timeout
+            limits = self._limits
+            due = self.loop.time() + limits.body_timeout
+            rate = limits.body_min_rate
+            if rate:
+                since, base = self._body_rate[stream_id]
+                due = min(due, since + limits.body_timeout + (request.body.received - base) / rate)
+                timer = self._body_timers.get(stream_id)
+                if timer is not None and due < timer.when():  # (a read moves it on, lazily)
+                    timer.cancel()
+                    self._body_timers[stream_id] = self.loop.call_at(
+                        due, self._body_check, stream_id
+                    )
+            self._body_due[stream_id] = due
 
     # -- request bodies' deadlines ------------------------------------------------------------
 
@@ -406,7 +436,9 @@ class H2Connection(asyncio.Protocol):
         last (as HTTP/1.1's, ``limits.body_timeout``), unless the gateway holds it back."""
         timeout = self._limits.body_timeout
         if timeout:
-            self._body_due[stream_id] = self.loop.time() + timeout
+            now = self.loop.time()
+            self._body_due[stream_id] = now + timeout
+            self._body_rate[stream_id] = (now, 0)
             self._body_timers[stream_id] = self.loop.call_later(
                 timeout, self._body_check, stream_id
             )
@@ -424,16 +456,23 @@ class H2Connection(asyncio.Protocol):
         now = self.loop.time()
         if stream.holding:  # not acknowledged by the gateway: the client waits on it
             due = self._body_due[stream_id] = now + timeout
+            self._body_rate[stream_id] = (now, body.received)  # the rate counted from now
         if now < due:
             self._body_timers[stream_id] = self.loop.call_at(due, self._body_check, stream_id)
             return
         self._body_due.pop(stream_id, None)
+        self._body_rate.pop(stream_id, None)
+        rate = self._limits.body_min_rate
+        slow = f" or averaged under {rate} B/s" if rate else ""
         body.fail(
-            RequestTimeout(f"the request body paused for over {timeout:g} s", body_timeout=timeout)
+            RequestTimeout(
+                f"the request body paused for over {timeout:g} s{slow}", body_timeout=timeout
+            )
         )
 
     def _body_done(self, stream_id: int) -> None:
         self._body_due.pop(stream_id, None)
+        self._body_rate.pop(stream_id, None)
         timer = self._body_timers.pop(stream_id, None)
         if timer is not None:
             timer.cancel()
@@ -602,6 +641,7 @@ class H2Connection(asyncio.Protocol):
         for stream in streams:
             stream.lost()
         self._stop_idle()
+        self._stop_block()
         if transport is None:
             return
         if self.socket_full or not transport.can_write_eof():
@@ -668,8 +708,11 @@ class H2Connection(asyncio.Protocol):
             self._write_out()  # the last streams' frames, before the close
             self.transport.close()
 
-    def _idle(self) -> None:
-        timeout = self._limits.keepalive_timeout
+    def _idle(self, timeout: float | None = None) -> None:
+        """No stream open: the connection is closed after ``keepalive_timeout`` (``timeout``
+        for its first request: ``header_timeout``), unless one opens."""
+        if timeout is None:
+            timeout = self._limits.header_timeout if self._first else self._limits.keepalive_timeout
         if timeout and self._idle_timer is None:
             self._idle_timer = self.loop.call_later(timeout, self._idle_timed_out)
 
@@ -681,7 +724,34 @@ class H2Connection(asyncio.Protocol):
     def _idle_timed_out(self) -> None:
         self._idle_timer = None
         if not self.streams:
+            if self._first:
+                log.debug("no HTTP/2 request from %s within the header timeout", self.peer)
             self.close()
+
+    # -- a header block's deadline (``header_timeout``) -------------------------------------
+
+    def _watch_block(self) -> None:
+        """After each read: a header block that ``h2`` holds open must end within
+        ``header_timeout`` of the read that began it."""
+        open_ = bool(self._h2.incoming_buffer._headers_buffer)
+        if not open_:
+            self._stop_block()
+        elif self._block_timer is None and self._limits.header_timeout:
+            self._block_timer = self.loop.call_later(
+                self._limits.header_timeout, self._block_timed_out
+            )
+
+    def _stop_block(self) -> None:
+        if self._block_timer is not None:
+            self._block_timer.cancel()
+            self._block_timer = None
+
+    def _block_timed_out(self) -> None:
+        self._block_timer = None
+        if self.ended or not self._h2.incoming_buffer._headers_buffer:
+            return
+        log.info("HTTP/2 header block from %s unfinished within the header timeout", self.peer)
+        self._end(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def __repr__(self) -> str:
         return (

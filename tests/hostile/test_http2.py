@@ -510,3 +510,107 @@ async def test_window_updates_for_what_was_sent_are_no_flood(
     finally:
         await client.close()
     assert client.terminated is None
+
+
+async def test_a_connection_without_a_request_within_the_header_timeout_is_closed(
+    gateway: Start, hanging: asyncio.Event
+) -> None:
+    """Slowloris over HTTP/2: the preface, then PINGs and no request. As HTTP/1.1's head,
+    the first request is due within ``header_timeout``, PINGs or not (not
+    ``keepalive_timeout``, which would hold it a minute)."""
+    server = await gateway(limits=ListenerLimits(header_timeout=0.5, keepalive_timeout=60))
+    async with alongside(server):
+        reader, writer = await attack(server)
+
+        async def ping() -> None:
+            with contextlib.suppress(ConnectionError):
+                while not writer.is_closing():
+                    await sent(writer, PingFrame(0).serialize())
+                    await asyncio.sleep(0.1)
+
+        pinging = asyncio.create_task(ping())
+        started = time.monotonic()
+        try:
+            assert await goaway(reader) == 0  # NO_ERROR, then closed
+            assert time.monotonic() - started < 2.0
+        finally:
+            pinging.cancel()
+            writer.close()
+    await eventually(lambda: not server._h2_connections, what="the connection closed")
+    await served(server)
+
+
+async def test_a_header_block_trickled_in_continuation_frames_is_ended(
+    gateway: Start, hanging: asyncio.Event
+) -> None:
+    """A request served, then a HEADERS frame without END_HEADERS and a byte of
+    CONTINUATION every 0.1 s (under ``h2``'s 64 frames for 6 s): GOAWAY once the block is
+    ``header_timeout`` old; nothing else could come on the connection meanwhile."""
+    server = await gateway(limits=ListenerLimits(header_timeout=0.5, keepalive_timeout=60))
+    async with alongside(server):
+        reader, writer = await attack(server)
+        await sent(writer, header_block(1, request_head()))  # a whole request first
+        headers = HeadersFrame(3)
+        headers.data = b"\x82"  # :method GET, and no END_HEADERS
+        headers.flags.add("END_STREAM")
+        await sent(writer, headers.serialize())
+
+        async def trickle() -> None:
+            continuation = ContinuationFrame(3)
+            continuation.data = b"\x84"
+            with contextlib.suppress(ConnectionError):
+                for _ in range(60):
+                    await asyncio.sleep(0.1)
+                    if writer.is_closing():
+                        return
+                    await sent(writer, continuation.serialize())
+
+        trickling = asyncio.create_task(trickle())
+        started = time.monotonic()
+        try:
+            assert await goaway(reader) == ENHANCE_YOUR_CALM
+            assert time.monotonic() - started < 2.0
+        finally:
+            trickling.cancel()
+            writer.close()
+    await eventually(lambda: not server._h2_connections, what="the connection closed")
+    await served(server)
+
+
+async def test_a_body_trickled_under_the_minimum_rate_is_408_on_its_stream_alone(
+    gateway: Start, hanging: asyncio.Event
+) -> None:
+    """A byte every 0.1 s (never idle for ``body_timeout``), ``body_min_rate: 100``: 408 on
+    that stream once ``body_timeout`` has passed and its average is under the rate; another
+    stream of the connection, waiting on its answer meanwhile, is answered after it."""
+    server = await gateway(limits=ListenerLimits(body_timeout=0.5, body_min_rate=100))
+    async with alongside(server):
+        client = await H2Client.connect(server.port)
+        try:
+            waiting = client.request("/hang")
+            slow = client.request(
+                "/upload", method="POST", body=b"x", headers=[("content-length", "1000")], end=False
+            )
+
+            async def trickle() -> None:
+                with contextlib.suppress(Exception):  # (until its stream is reset)
+                    for _ in range(100):
+                        await asyncio.sleep(0.1)
+                        client.send_body(slow, b"x", end=False)
+
+            trickling = asyncio.create_task(trickle())
+            started = time.monotonic()
+            try:
+                (answer,) = await client.get(slow)
+                took = time.monotonic() - started
+            finally:
+                trickling.cancel()
+            assert answer.status == 408
+            assert 0.5 <= took < 2.0, took
+            hanging.set()
+            (other,) = await client.get(waiting)
+            assert (other.status, bytes(other.body)) == (200, b"late")
+        finally:
+            await client.close()
+        assert client.terminated is None
+    await served(server)
