@@ -685,7 +685,9 @@ class ListenerLimits:
     header_timeout: Duration = 10.0
     """A client must send its full request head within this long (from the connection, or
     from a later request's first byte); enforced up to 0.25 s late, as ``keepalive_timeout``
-    (the connections' deadline wheel, ``proxy.wheel.WHEEL_SLOT``)."""
+    (the connections' deadline wheel, ``proxy.wheel.WHEEL_SLOT``). HTTP/2: the first
+    request within it of the connection, and each header block within it of its first
+    frame (GOAWAY)."""
     keepalive_timeout: Duration = 75.0
     """How long a client connection may stay idle between requests (closed up to 0.25 s
     after it)."""
@@ -702,7 +704,7 @@ class ListenerLimits:
     body_min_rate: Annotated[int, Ge(0)] = 0
     """Bytes per second a request body must average once ``body_timeout`` has passed since it
     began, so a body trickled a byte at a time cannot hold a connection (Apache's
-    mod_reqtimeout ``MinRate``); 0: no minimum."""
+    mod_reqtimeout ``MinRate``); 0: no minimum. HTTP/2: each stream's body (408 on it)."""
     send_timeout: Duration = 60.0
     """The longest a client may leave the response unread (its socket buffer full) before it
     is cut off; bounds how long a client that never reads holds an upstream; 0: none."""
