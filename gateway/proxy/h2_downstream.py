@@ -451,6 +451,7 @@ class H2Connection(asyncio.Protocol):
         body = stream.request.body if stream is not None and stream.request else None
         if due is None or stream is None or body is None or body.complete or body.error:
             self._body_due.pop(stream_id, None)
+            self._body_rate.pop(stream_id, None)
             return
         timeout = self._limits.body_timeout
         now = self.loop.time()
