@@ -734,8 +734,7 @@ class H2Connection(asyncio.Protocol):
     def _watch_block(self) -> None:
         """After each read: a header block that ``h2`` holds open must end within
         ``header_timeout`` of the read that began it."""
-        open_ = bool(self._h2.incoming_buffer._headers_buffer)
-        if not open_:
+        if not self._lengths.block_open:
             self._stop_block()
         elif self._block_timer is None and self._limits.header_timeout:
             self._block_timer = self.loop.call_later(
@@ -749,7 +748,7 @@ class H2Connection(asyncio.Protocol):
 
     def _block_timed_out(self) -> None:
         self._block_timer = None
-        if self.ended or not self._h2.incoming_buffer._headers_buffer:
+        if self.ended or not self._lengths.block_open:
             return
         log.info("HTTP/2 header block from %s unfinished within the header timeout", self.peer)
         self._end(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)

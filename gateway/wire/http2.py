@@ -18,6 +18,11 @@ PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 """What an HTTP/2 client sends first (RFC 9113 3.4): on the plain listener, an HTTP/2
 connection by prior knowledge (h2c)."""
 
+HEADERS: Final = 0x1
+CONTINUATION: Final = 0x9
+"""Frame types (RFC 9113 §6) whose flags say whether a header block ends."""
+END_HEADERS: Final = 0x4
+
 CONNECTION_SPECIFIC: Final = frozenset(
     {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
 )
@@ -98,7 +103,8 @@ class FrameLengths:
     """The length of each frame a peer sends, read from its 9-byte header as the bytes
     come (after the ``PREFACE``, which is skipped): a frame over ``limit`` is seen at its
     header, before its body is read. (``h2`` checks a frame's length once the whole frame
-    is buffered: up to 16 MiB a connection.)"""
+    is buffered: up to 16 MiB a connection.) The headers also tell whether a header block
+    is open: a HEADERS frame without END_HEADERS, until the CONTINUATION that ends it."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -106,6 +112,8 @@ class FrameLengths:
         """Bytes still to pass over: the preface, then the body of the frame under way."""
         self._head = b""
         """The part of a frame header read so far."""
+        self.block_open = False
+        """A header block begun and not ended, as of the frame headers read so far."""
 
     def oversized(self, data: bytes) -> int:
         """The length of the first frame in ``data`` announced over ``limit``, or -1."""
@@ -124,6 +132,8 @@ class FrameLengths:
             if len(self._head) < 9:
                 return -1
             length = int.from_bytes(self._head[:3], "big")
+            if self._head[3] in (HEADERS, CONTINUATION):
+                self.block_open = not self._head[4] & END_HEADERS
             self._head = b""
             if length > self.limit:
                 return length

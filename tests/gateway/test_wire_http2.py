@@ -1,5 +1,5 @@
 """``wire.http2.FrameLengths``: a frame over the limit seen at its header, however the bytes
-are cut into reads."""
+are cut into reads; whether a header block is open, from the frames' headers."""
 
 from __future__ import annotations
 
@@ -44,3 +44,31 @@ def test_an_oversized_frame_is_seen_at_its_header(
     reads: list[bytes], seen: tuple[int, int]
 ) -> None:
     assert first_oversized(reads) == seen
+
+
+def typed(kind: int, flags: int, body: bytes = b"h") -> bytes:
+    return len(body).to_bytes(3, "big") + bytes([kind, flags]) + b"\x00\x00\x00\x01" + body
+
+
+@pytest.mark.parametrize(
+    ("frames", "open_after"),
+    [
+        ([typed(0x1, 0x4)], [False]),  # HEADERS with END_HEADERS
+        ([typed(0x1, 0x1)], [True]),  # HEADERS with END_STREAM alone: CONTINUATION follows
+        ([typed(0x1, 0x0), typed(0x9, 0x0), typed(0x9, 0x4)], [True, True, False]),
+        ([typed(0x1, 0x0), typed(0x9, 0x4), typed(0x0, 0x1)], [True, False, False]),
+        ([typed(0x0, 0x0), typed(0x6, 0x0)], [False, False]),  # DATA, PING
+    ],
+)
+@pytest.mark.parametrize("cut", ["whole", "bytewise"])
+def test_a_header_block_is_open_from_a_headers_frame_without_end_headers_to_its_end(
+    frames: list[bytes], open_after: list[bool], cut: str
+) -> None:
+    lengths = FrameLengths(16)
+    assert lengths.oversized(PREFACE) == -1
+    seen = []
+    for data in frames:
+        for read in bytewise(data) if cut == "bytewise" else [data]:
+            assert lengths.oversized(read) == -1
+        seen.append(lengths.block_open)
+    assert seen == open_after
