@@ -192,9 +192,16 @@ class EtcdCluster:
             self.kill_member(i)
 
     def pause_member(self, index: int) -> None:
+        """SIGSTOP one member, returning once every thread of it is stopped: the signal is
+        delivered on its own time, and a thread running meanwhile can still answer."""
         process = self.members[index].process
         if process is not None:
             os.kill(process.pid, signal.SIGSTOP)
+            eventually_blocking(
+                lambda: _stopped(process.pid),
+                what=f"member {index}'s threads stopped",
+                every=0.005,
+            )
 
     def continue_member(self, index: int) -> None:
         process = self.members[index].process
@@ -218,3 +225,13 @@ class EtcdCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is stopped (state T in /proc)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            stat = (task / "stat").read_text()
+            states.append(stat[stat.rindex(")") + 2])
+    return bool(states) and all(state in "Tt" for state in states)
