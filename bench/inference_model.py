@@ -8,11 +8,12 @@ uncached character, 32 tokens of decode), workloads (``Shared``, ``Unique``) and
 arrivals as ``bench/inference.py`` with its defaults, in simulated time: each request is
 picked by ``balancer.least_outstanding`` or by ``gateway.pool.inference.pick`` (the gateway's
 code, with the in-flight counts it would see: a request counts from its pick to the end of
-its answer), reaches its replica 0.5 ms later, and the replicas are scraped every 50 ms, the
-report arriving ``--lag`` seconds later with the gateway's count read then (as
-``load_scraper`` does). The prefix key is the prompt's first 2,200 characters. Prints TTFT
-p50 and p99 (ms) and the cache hit rate per workload, seed and policy; ``--compare`` adds the
-pick of another copy of ``inference.py`` (say the one before a change, from ``git show``).
+its answer, and the replica each prefix first went to, as ``ServicePool.placed`` keeps it),
+reaches its replica 0.5 ms later, and the replicas are scraped every 50 ms, the report
+arriving ``--lag`` seconds later with the gateway's count read then (as ``load_scraper``
+does). The prefix key is the prompt's first 2,200 characters. Prints TTFT p50 and p99 (ms)
+and the cache hit rate per workload, seed and policy; ``--compare`` adds the pick of another
+copy of ``inference.py`` (say the one before a change, from ``git show``).
 Because the model is deterministic, a difference between two picks is the picks', not the
 machine's; what it leaves out (the gateway's and the replicas' CPU, the network stack) is
 what the real bench adds.
@@ -24,6 +25,7 @@ import argparse
 import collections
 import heapq
 import importlib.util
+import inspect
 import itertools
 import random
 import sys
@@ -60,6 +62,7 @@ def run(workload: str, seed: int, duration: float, lag: float, pick: ModuleType 
     reports: dict[str, pool_inference.ReplicaLoad] = {}
     ring = hashring.Ring([u.id for u in ups])
     seen: set[int] = set()
+    placed: dict[int, str] = {}  # the service pool's memory, unbounded here
     events: list[tuple[float, int, str, Any]] = []
     ttft: list[float] = []
     order = itertools.count()
@@ -91,9 +94,14 @@ def run(workload: str, seed: int, duration: float, lag: float, pick: ModuleType 
                 chosen = balancer.least_outstanding(ups, inflight, rng, cursor)
             else:
                 key = hashring.key_hash(text[:PREFIX_CHARS].encode())
+                home = placed.get(key)
                 fresh = key not in seen
                 seen.add(key)
-                chosen = pick.pick(ups, inflight, reports, now, cursor, ring, key, 2.0, fresh)
+                homed = {"home": home} if "home" in inspect.signature(pick.pick).parameters else {}
+                chosen = pick.pick(
+                    ups, inflight, reports, now, cursor, ring, key, 2.0, fresh, **homed
+                )
+                placed.setdefault(key, chosen.id)
             inflight[chosen.id] += 1
             push(now + REACH, "reach", (chosen.id, (text, now, chat)))
         elif kind == "reach":

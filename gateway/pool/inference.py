@@ -9,15 +9,17 @@ The gateway's own count is exact and current, a report is some tens of milliseco
 report only adds what the gateway cannot see, and nothing while it agrees with the count. A
 report older than its ``expires`` counts as none: the in-flight count alone.
 
-With a prompt prefix, its key goes on the hash ring of the routable upstreams and takes the
-first replica round from it that is a candidate and whose load, with this request, stays
-within ``max_load_factor`` times the mean (bounded-load consistent hashing: Mirrokni, Thorup
-and Zadimoghaddam, 2018): a prefix returns to the replica that holds it in its cache while
-that replica is not a hot spot, and only a replica that joins or leaves moves prefixes. A
-prefix the pool has not seen lately (``fresh``) is in no replica's cache: it goes to its
-ring owner only if that is among the least loaded (where the prefix's next requests will go),
-else to the least loaded, so prompts that share nothing are balanced as by load alone.
-Without a prefix, or with every replica over the bound, the least loaded (ties rotate).
+With a prompt prefix, a prefix the pool has not seen lately (``fresh``) is in no replica's
+cache: it goes to the least loaded, ties in turn, as ``least_outstanding`` would place it, so
+prompts that share nothing are balanced as by load alone. The pool remembers where a prefix's
+first request went (its ``home``): its later requests go there while that replica, with this
+request, stays within ``max_load_factor`` times the mean load (bounded-load consistent
+hashing: Mirrokni, Thorup and Zadimoghaddam, 2018), so a conversation stays with the cache
+that holds its first turns. Past the bound, or with no home, the prefix's key goes on the
+hash ring of the routable upstreams and takes the first replica round from it that is a
+candidate within the bound: a prefix spills to the same second replica each time, and only
+a replica that joins or leaves moves prefixes. Without a prefix, or with every replica over
+the bound, the least loaded (ties rotate).
 
 Invariants: the pick is one of the candidates (routable, already filtered); with the in-flight
 counts alone, a pick by prefix keeps ``load + 1 <= ceil(c * (total + 1) / n)``.
@@ -85,28 +87,27 @@ def pick(
     key: int | None = None,
     max_load_factor: float = 2.0,
     fresh: bool = False,
+    home: str | None = None,
 ) -> Upstream | None:
-    """The replica for a request among ``candidates`` (None if there are none): by prefix
-    ``key`` on ``ring`` (a ring holding at least the candidates) within the load bound, else
-    the least loaded; a ``fresh`` key only to an owner among the least loaded."""
+    """The replica for a request among ``candidates`` (None if there are none): a ``fresh``
+    prefix to the least loaded; a known one to its ``home`` (the replica its first request
+    went to), then by ``key`` on ``ring`` (a ring holding at least the candidates), within the
+    load bound; else the least loaded."""
     n = len(candidates)
     if n == 0:
         return None
     loads = [load_of(inflight.get(u.id, 0), reports.get(u.id), now) for u in candidates]
-    if ring is not None and key is not None:
-        capacity: float
-        if fresh:
-            capacity = min(loads) + 1
-        else:
-            capacity = float(math.ceil(max_load_factor * (sum(loads) + 1) / n))
+    if ring is not None and key is not None and not fresh:
+        capacity = math.ceil(max_load_factor * (sum(loads) + 1) / n)
         index = {u.id: i for i, u in enumerate(candidates)}
+        if home is not None:
+            i = index.get(home, -1)
+            if i >= 0 and loads[i] + 1 <= capacity:
+                return candidates[i]
         for uid in ring.owners_from(key):
             i = index.get(uid, -1)
-            if i >= 0:
-                if loads[i] + 1 <= capacity:
-                    return candidates[i]
-                if fresh:
-                    break  # its owner is busier than the least loaded: that one
+            if i >= 0 and loads[i] + 1 <= capacity:
+                return candidates[i]
     best = cursor % n
     for step in range(1, n):
         i = (cursor + step) % n

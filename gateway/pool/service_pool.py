@@ -27,8 +27,8 @@ from .upstream import Upstream
 
 log = logging.getLogger(__name__)
 
-PREFIXES_SEEN: Final = 65_536
-"""Prompt prefixes a service's pool remembers having sent (``inference``'s ``fresh``)."""
+PREFIXES_PLACED: Final = 4096
+"""Prompt prefixes a service's pool remembers the replica of (``inference``'s ``home``)."""
 
 
 class Owner(Protocol):
@@ -184,9 +184,10 @@ class ServicePool:
         self._rules: tuple[ratelimit.Rule, ...] = ()
         self._rules_of: object = None
         self.reports: dict[str, inference.ReplicaLoad] = {}
-        self._seen: dict[int, None] = {}
-        """Prefix keys picked for lately, oldest first (``_fresh``)."""
         """What each upstream last reported of its load (``load_metrics``, the prober's)."""
+        self.placed: dict[int, str] = {}
+        """The replica each prefix key picked for lately first went to, least recently
+        picked for first (``_placed_pick``); a replica that leaves is forgotten."""
         self._ring: hashring.Ring | None = None
         self._ring_of: tuple[Upstream, ...] = ()
         self.cap = 0
@@ -273,18 +274,7 @@ class ServicePool:
                 return inference.pick(
                     candidates, self.inflight, self.reports, self._owner.clock(), self.cursor
                 )
-            hashed = hashring.key_hash(key)
-            return inference.pick(
-                candidates,
-                self.inflight,
-                self.reports,
-                self._owner.clock(),
-                self.cursor,
-                self._ring_now(),
-                hashed,
-                self.max_load_factor,
-                self._fresh(hashed),
-            )
+            return self._placed_pick(candidates, hashring.key_hash(key))
         if key is not None and candidates:
             return self._hashed(candidates, key)
         return balancer.pick(
@@ -305,18 +295,32 @@ class ServicePool:
                 return upstream
         return candidates[0]
 
-    def _fresh(self, key: int) -> bool:
-        """Whether prefix ``key`` (a ``key_hash``) was not picked for lately; it counts as
-        picked for from now (the most recent ``PREFIXES_SEEN`` are kept)."""
-        seen = self._seen
-        if key in seen:
-            del seen[key]
-            seen[key] = None
-            return False
-        seen[key] = None
-        if len(seen) > PREFIXES_SEEN:
-            del seen[next(iter(seen))]
-        return True
+    def _placed_pick(self, candidates: tuple[Upstream, ...], key: int) -> Upstream | None:
+        """``inference.pick`` for prefix ``key`` (a ``key_hash``): to the replica its first
+        request went to, if it is remembered (the most recent ``PREFIXES_PLACED`` are), else
+        as a fresh prefix, and the replica it goes to is remembered."""
+        ring = self._ring_now()  # forgets the replicas that left
+        placed = self.placed
+        home = placed.pop(key, None)
+        chosen = inference.pick(
+            candidates,
+            self.inflight,
+            self.reports,
+            self._owner.clock(),
+            self.cursor,
+            ring,
+            key,
+            self.max_load_factor,
+            home is None,
+            home,
+        )
+        if home is not None:
+            placed[key] = home  # the most recent now; a spill elsewhere keeps the first
+        elif chosen is not None:
+            placed[key] = chosen.id
+            if len(placed) > PREFIXES_PLACED:
+                del placed[next(iter(placed))]
+        return chosen
 
     def _ring_now(self) -> hashring.Ring:
         """The hash ring of the routable upstreams (made again when they change)."""
@@ -326,6 +330,9 @@ class ServicePool:
             ids = tuple(u.id for u in routable)
             if ring is None or ring.ids != ids:
                 ring = self._ring = hashring.Ring(ids)
+                if self.placed:
+                    kept = set(ids)
+                    self.placed = {k: v for k, v in self.placed.items() if v in kept}
             self._ring_of = routable
         return ring
 

@@ -44,11 +44,11 @@ def test_a_report_that_agrees_with_the_count_adds_nothing() -> None:
     assert load_of(3, ReplicaLoad(0, 3, 0.9, 0.0, 3.0, own=3), now=1.0) == 3 + KV_WEIGHT / 2
 
 
-def test_an_unseen_prefix_is_placed_by_in_flight_counts_first() -> None:
+def test_an_unseen_prefix_is_placed_by_in_flight_counts_in_turn() -> None:
     # Unique prompts with the reports a scrape gives: each a few requests, the cache far from
-    # full, one request apart from the gateway's count. They decide nothing: the pick is the
-    # ring owner if its count is the least, else least_outstanding's (ties in turn), never
-    # the one that reported fewer requests last (the one with the newest requests).
+    # full, one request apart from the gateway's count. They decide nothing, nor does the
+    # ring: the pick is least_outstanding's (ties in turn), never the one that reported fewer
+    # requests last (the one with the newest requests).
     ups = [upstream(i) for i in range(4)]
     ring = Ring([u.id for u in ups])
     rng = random.Random(57)
@@ -60,12 +60,10 @@ def test_an_unseen_prefix_is_placed_by_in_flight_counts_first() -> None:
         }
         key = KEYS[cursor]
         chosen = pick(ups, counts, reports, 1.0, cursor, ring, key, fresh=True)
-        owner = ring.owners_from(key)[0]
-        if counts[owner] == min(counts.values()):
-            assert chosen is not None
-            assert chosen.id == owner
-        else:
-            assert chosen == least_outstanding(ups, counts, rng, cursor)
+        assert chosen == least_outstanding(ups, counts, rng, cursor)
+    # Even loads: one after the other, whoever owns the keys on the ring.
+    firsts = [pick(ups, {}, {}, 0.0, cursor, ring, KEYS[0], fresh=True) for cursor in range(4)]
+    assert firsts == ups
 
 
 def test_the_least_loaded_wins_without_a_prefix() -> None:
@@ -95,19 +93,29 @@ def test_a_prefix_returns_to_its_replica_until_it_is_a_hot_spot() -> None:
     assert elsewhere.id == next(u for u in ring.owners_from(key) if u != home.id)
 
 
-def test_a_fresh_prefix_goes_to_its_owner_only_if_it_is_among_the_least_loaded() -> None:
+def test_a_known_prefix_goes_to_its_home_within_the_bound_then_round_the_ring() -> None:
+    # A conversation's first request went to its replica in turn (the pool's memory: its
+    # home), not to the ring owner of its prefix: its next requests follow it there.
     ups = [upstream(i) for i in range(4)]
     ring = Ring([u.id for u in ups])
     key = KEYS[1]
-    home = pick(ups, {}, {}, now=0.0, cursor=0, ring=ring, key=key, fresh=True)
-    assert home is not None  # every load 0: the owner
-    assert home.id == ring.owners_from(key)[0]
-    counts = {u.id: 1 for u in ups} | {home.id: 2}
-    # One request more than the others: a fresh prefix goes elsewhere, a known one stays.
-    fresh = pick(ups, counts, {}, 0.0, 0, ring, key, fresh=True)
-    assert fresh is not None
-    assert fresh != home
-    assert pick(ups, counts, {}, 0.0, 0, ring, key) == home
+    home = next(u for u in ups if u.id != ring.owners_from(key)[0])
+    for cursor in range(10):
+        chosen = pick(ups, {}, {}, 0.0, cursor, ring, key, fresh=False, home=home.id)
+        assert chosen == home
+    # Busier than the others but within the bound: it stays.
+    counts = {u.id: 1 for u in ups} | {home.id: 3}
+    assert pick(ups, counts, {}, 0.0, 0, ring, key, 2.0, False, home.id) == home
+    # A hot spot (over twice the mean): round the ring from the key, skipping it.
+    counts = {u.id: 1 for u in ups} | {home.id: 6}
+    spill = pick(ups, counts, {}, 0.0, 0, ring, key, 2.0, False, home.id)
+    assert spill is not None
+    assert spill.id == next(u for u in ring.owners_from(key) if u != home.id)
+    # A home that is not a candidate (gone, or at its cap): as without one.
+    rest = [u for u in ups if u != home]
+    assert pick(rest, {}, {}, 0.0, 0, ring, key, 2.0, False, home.id) == pick(
+        rest, {}, {}, 0.0, 0, ring, key
+    )
 
 
 pools = st.integers(min_value=1, max_value=12)
@@ -123,6 +131,7 @@ pools = st.integers(min_value=1, max_value=12)
     now=st.floats(min_value=0, max_value=10),
     cursor=st.integers(min_value=0, max_value=1000),
     fresh=st.booleans(),
+    home=st.one_of(st.none(), st.integers(min_value=0, max_value=11).map(lambda i: f"u{i}")),
 )
 def test_never_an_unroutable_replica(
     n: int,
@@ -133,6 +142,7 @@ def test_never_an_unroutable_replica(
     now: float,
     cursor: int,
     fresh: bool,
+    home: str | None,
 ) -> None:
     ups = []
     for i in range(n):
@@ -149,7 +159,7 @@ def test_never_an_unroutable_replica(
     counts = {f"u{i}": c for i, c in enumerate(inflight)}
     reports = {f"u{i}": report(1, 2, kv, at=0.0) for i, kv in enumerate(kvs)}
     ring = Ring([u.id for u in ups])  # a ring of every upstream, unroutable ones too
-    chosen = pick(routable, counts, reports, now, cursor, ring, key, fresh=fresh)
+    chosen = pick(routable, counts, reports, now, cursor, ring, key, fresh=fresh, home=home)
     if routable:
         assert chosen in routable
     else:
@@ -163,35 +173,52 @@ def test_never_an_unroutable_replica(
     factor=st.floats(min_value=1.0, max_value=3.0),
     key=st.sampled_from(KEYS),
     fresh=st.booleans(),
+    home=st.one_of(st.none(), st.integers(min_value=0, max_value=11).map(lambda i: f"u{i}")),
 )
 def test_the_load_bound_is_held(
-    n: int, inflight: list[int], factor: float, key: int, fresh: bool
+    n: int, inflight: list[int], factor: float, key: int, fresh: bool, home: str | None
 ) -> None:
     ups = [upstream(i) for i in range(n)]
     counts = {f"u{i}": c for i, c in enumerate(inflight[:n])}
     ring = Ring([u.id for u in ups])
-    chosen = pick(ups, counts, {}, 0.0, 0, ring, key, factor, fresh)
+    chosen = pick(ups, counts, {}, 0.0, 0, ring, key, factor, fresh, home)
     assert chosen is not None
     total = sum(counts.values())
     assert counts.get(chosen.id, 0) + 1 <= math.ceil(factor * (total + 1) / n)
     if fresh:  # a prefix no cache holds: by load alone
         assert counts.get(chosen.id, 0) == min(counts.get(u.id, 0) for u in ups)
+    elif home is not None and home in counts and chosen.id != home and home in ring.ids:
+        # Its home was passed over only as over the bound.
+        assert counts[home] + 1 > math.ceil(factor * (total + 1) / n)
 
 
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(min_value=2, max_value=12), which=st.integers(min_value=0, max_value=11))
 def test_a_replica_added_or_removed_moves_only_its_share_of_prefixes(n: int, which: int) -> None:
+    # Prefixes not remembered (or whose home is over the bound) go by the ring: a replica
+    # that leaves moves only the prefixes it owned there.
     ups = [upstream(i) for i in range(n)]
     gone = ups[which % n]
     rest = [u for u in ups if u != gone]
 
-    def picks(pool: list[Upstream], fresh: bool) -> list[Upstream | None]:
+    def picks(pool: list[Upstream], homes: list[str | None]) -> list[Upstream | None]:
         ring = Ring([u.id for u in pool])
-        return [pick(pool, {}, {}, 0.0, 0, ring, key, fresh=fresh) for key in KEYS]
+        return [
+            pick(pool, {}, {}, 0.0, 0, ring, key, home=home)
+            for key, home in zip(KEYS, homes, strict=True)
+        ]
 
-    before, after = picks(ups, False), picks(rest, False)
-    assert picks(ups, True) == before  # fresh or not, alike while loads are even
+    nowhere: list[str | None] = [None] * len(KEYS)
+    before, after = picks(ups, nowhere), picks(rest, nowhere)
     moved = [(b, a) for b, a in zip(before, after, strict=True) if b != a]
     # Removed: only the prefixes it held move; added back: only those come to it.
     assert all(b == gone for b, _ in moved)
     assert len(moved) == before.count(gone)
+    # Remembered homes (the first requests placed in turn): the pool forgets the removed
+    # replica, whose prefixes go by the ring; every other prefix stays at its home.
+    homes: list[str | None] = [ups[i % n].id for i in range(len(KEYS))]
+    assert picks(ups, homes) == [ups[i % n] for i in range(len(KEYS))]
+    forgotten = [None if h == gone.id else h for h in homes]
+    by_ring = picks(rest, nowhere)
+    for i, (home, now_at) in enumerate(zip(homes, picks(rest, forgotten), strict=True)):
+        assert now_at == (by_ring[i] if home == gone.id else ups[i % n])
