@@ -41,10 +41,12 @@ REPLICA = REPO / "tests" / "e2e" / "grpc_replica.py"
 
 
 def client(port: int, seconds: float, threads: int) -> str:
-    """Unary calls to ``port`` for ``seconds`` from ``threads`` threads: ``calls seconds``."""
+    """Unary calls to ``port`` for ``seconds`` from ``threads`` threads on one channel:
+    ``calls seconds failed``."""
     import grpc
 
     counts = [0] * threads
+    failed = [0] * threads
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         unary = channel.unary_unary("/test.Echo/Unary")
         unary(b"warm", timeout=10, wait_for_ready=True)
@@ -53,8 +55,11 @@ def client(port: int, seconds: float, threads: int) -> str:
 
         def loop(i: int) -> None:
             while time.monotonic() < end:
-                unary(b"x" * 64, timeout=10)
-                counts[i] += 1
+                try:
+                    unary(b"x" * 64, timeout=10)
+                    counts[i] += 1
+                except grpc.RpcError:
+                    failed[i] += 1
 
         workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
         for t in workers:
@@ -62,7 +67,7 @@ def client(port: int, seconds: float, threads: int) -> str:
         for t in workers:
             t.join()
         took = time.monotonic() - start
-    return f"{sum(counts)} {took}"
+    return f"{sum(counts)} {took} {sum(failed)}"
 
 
 async def run_client(port: int, seconds: float, threads: int) -> tuple[int, float]:
@@ -73,7 +78,7 @@ async def run_client(port: int, seconds: float, threads: int) -> tuple[int, floa
     out, _ = await load.communicate()
     if load.returncode:
         raise Failure("the gRPC client failed")
-    calls, took = out.split()
+    calls, took, _failed = out.split()
     return int(calls), float(took)
 
 

@@ -31,11 +31,11 @@ import re
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpc_unary import client
 from interpreter import Interpreter
 from results import figure as _f
 from results import median as _median
@@ -280,36 +280,6 @@ def grpc_ready(port: int, deadline: float = 30.0) -> None:
                 if time.monotonic() > end:
                     raise Failure(f"no gRPC call through port {port} succeeded: {e}") from None
                 time.sleep(0.2)
-
-
-def client(port: int, seconds: float, threads: int) -> str:
-    """Unary calls to ``port`` for ``seconds`` from ``threads`` threads on one channel:
-    ``calls seconds failed``."""
-    import grpc
-
-    counts = [0] * threads
-    failed = [0] * threads
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        unary = channel.unary_unary(f"{GRPC_PREFIX}Unary")
-        unary(b"warm", timeout=10, wait_for_ready=True)
-        start = time.monotonic()
-        end = start + seconds
-
-        def loop(i: int) -> None:
-            while time.monotonic() < end:
-                try:
-                    unary(b"x" * 64, timeout=10)
-                    counts[i] += 1
-                except grpc.RpcError:
-                    failed[i] += 1
-
-        workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
-        for t in workers:
-            t.start()
-        for t in workers:
-            t.join()
-        took = time.monotonic() - start
-    return f"{sum(counts)} {took} {sum(failed)}"
 
 
 # ---------------------------------------------------------------------------------------------
