@@ -33,7 +33,7 @@ from .planning.model import Desired, Observed, Replica, ReplicaState, Rollout, R
 from .planning.transitions import AskPromote, Configure, Delete, Retarget, SetPaused
 from .reconciler import Reconciler
 from .rollout_traces import ApplySpan, RolloutTraces
-from .spec import ServiceSpec, model_clash
+from .spec import ServiceSpec, model_clash, upstream_tls_problem
 from .state import ServiceState
 from .store import Store
 from .tokens import TokenInfo
@@ -191,6 +191,10 @@ class Controller:
         )
         if clash is not None:
             raise SpecError(clash, [{"field": "model", "reason": clash}])
+        tls_problem = upstream_tls_problem(spec)
+        if tls_problem is not None:
+            field, reason = tls_problem
+            raise SpecError(reason, [{"field": field, "reason": reason}])
         state = self.reconciler.services.get(spec.name)
         if state is not None and state.desired.deleting:
             raise Conflict(f"service {spec.name!r} is being deleted; apply again once it is gone")

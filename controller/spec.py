@@ -46,7 +46,10 @@ from gateway import (
     StickyConfig,
     TimeoutsConfig,
     UpstreamProtocol,
+    UpstreamTlsConfig,
+    UpstreamTlsError,
     dump_settings,
+    upstream_tls_context,
 )
 
 from .scaling import (
@@ -620,6 +623,19 @@ def model_clash(spec: ServiceSpec, others: Iterable[ServiceSpec]) -> str | None:
     return None
 
 
+def upstream_tls_problem(spec: ServiceSpec) -> tuple[str, str] | None:
+    """Why ``spec``'s ``upstream_tls`` files cannot make a context now (its field path and
+    the reason: a file missing, unreadable, not PEM, a key that is not the certificate's),
+    or None. Read when a spec is applied; a spec already applied is never refused for it."""
+    if spec.upstream_tls is None:
+        return None
+    try:
+        upstream_tls_context(spec.upstream_tls)
+    except UpstreamTlsError as exc:
+        return f"upstream_tls.{exc.field}", str(exc)
+    return None
+
+
 def _probe_key(probe: ProbeConfig) -> dict[str, Any]:
     """A probe as its revision's identity holds it: ``service`` unset (as before gRPC
     probes) leaves the revisions made before it alone."""
@@ -656,8 +672,15 @@ class ServiceSpec(Model):
     """A policy's name, or ``{policy: hash, key: ...}`` for affinity."""
     upstream_protocol: UpstreamProtocol = Field(
         default="http1",
-        description="http1, or http2: h2c by prior knowledge to the replicas (gRPC).",
+        description=(
+            "http1, or http2: h2c by prior knowledge to the replicas (gRPC), or h2 agreed by "
+            "ALPN with upstream_tls."
+        ),
     )
+    upstream_tls: UpstreamTlsConfig | None = None
+    """TLS to the replicas: ``{ca, server_name, verify, cert, key}`` (none: plain TCP). Its
+    files are read when the spec is applied (``upstream_tls_problem``) and by each process
+    that connects."""
     timeouts: TimeoutsConfig = TimeoutsConfig()
     retries: RetriesConfig = RetriesConfig()
     outlier: OutlierConfig = OutlierConfig()
@@ -874,6 +897,7 @@ class ServiceSpec(Model):
             route=self.route,
             load_balancing=policy,
             upstream_protocol=self.upstream_protocol,
+            upstream_tls=self.upstream_tls,
             affinity=affinity,
             auth=None
             if auth is None

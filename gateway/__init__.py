@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from .config import TlsConfig as TlsConfig
     from .config import TracingConfig as TracingConfig
     from .config import UpstreamProtocol as UpstreamProtocol
+    from .config import UpstreamTlsConfig as UpstreamTlsConfig
     from .config import dump_settings as dump_settings
     from .config import parse_address as parse_address
     from .config import parse_duration as parse_duration
@@ -97,6 +98,8 @@ if TYPE_CHECKING:
     from .tls import Termination as Termination
     from .tls.metrics import TlsCollector as TlsCollector
     from .wire.http1 import http_date as http_date
+    from .wire.upstream_tls import UpstreamTlsError as UpstreamTlsError
+    from .wire.upstream_tls import upstream_tls_context as upstream_tls_context
     from .workers.metrics import WorkersCollector as WorkersCollector
     from .workers.supervisor import Supervisor as Supervisor
     from .workers.supervisor import WorkerSettings as WorkerSettings

@@ -160,8 +160,8 @@ LoadBalancing = Literal["round_robin", "least_outstanding", "p2c", "hash", "infe
 ``inference``: by each replica's load and the prompt's prefix (``InferenceBalancing``)."""
 
 UpstreamProtocol = Literal["http1", "http2"]
-"""How the gateway speaks to a service's replicas: HTTP/1.1, or HTTP/2 in cleartext by
-prior knowledge (h2c: gRPC's)."""
+"""How the gateway speaks to a service's replicas: HTTP/1.1, or HTTP/2 (gRPC's): in
+cleartext by prior knowledge (h2c), or over TLS agreed by ALPN (``UpstreamTlsConfig``)."""
 
 HEADER_NAME = r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}"
 """An HTTP header name (RFC 9110 5.1)."""
@@ -642,6 +642,59 @@ class InferenceBalancing:
     prefill, so the bound is looser than for balancing alone."""
 
 
+def _absolute_path(path: str | None) -> str | None:
+    if path is not None and (not path.startswith("/") or "\x00" in path):
+        raise ValueError(f"must be an absolute path, not {path!r}")
+    return path
+
+
+FilePath = Annotated[str | None, Check(_absolute_path, json_schema={"pattern": "^/[^\\u0000]*$"})]
+"""An absolute path to a file (read where it is used, not where it is validated)."""
+_TLS_NAME = r"^[A-Za-z0-9]([A-Za-z0-9.:-]{0,252})$"
+"""A DNS name or an IP address, as a certificate names its subject."""
+_CERT_WITH_KEY: dict[str, Any] = {
+    **_FORBID,
+    "json_schema_extra": {  # UpstreamTlsConfig.__post_init__
+        "anyOf": [
+            {"properties": {"cert": {"type": "null"}, "key": {"type": "null"}}},
+            {
+                "required": ["cert", "key"],
+                "properties": {"cert": {"type": "string"}, "key": {"type": "string"}},
+            },
+        ]
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTlsConfig:
+    """``upstream_tls``: the gateway speaks TLS to the service's replicas (nginx's
+    ``proxy_ssl_*``, Envoy's ``UpstreamTlsContext``); ALPN offers ``http/1.1`` or ``h2`` as
+    ``upstream_protocol`` says. The files are read by each process that connects
+    (``wire.upstream_tls``), and read again when they change."""
+
+    __pydantic_config__ = _CERT_WITH_KEY
+
+    ca: FilePath = None
+    """PEM file of the certificate authorities a replica's certificate must chain to (None:
+    the system's trust store)."""
+    server_name: Annotated[str | None, Pattern(_TLS_NAME)] = None
+    """Sent as SNI and checked against the replica's certificate (None: the replica's host;
+    an IP address is checked, not sent)."""
+    verify: bool = True
+    """Check the replica's certificate (chain and name). False: any certificate is taken,
+    as nginx's default ``proxy_ssl_verify off``; the service's view says so."""
+    cert: FilePath = None
+    """PEM file of a client certificate (its chain, leaf first) presented to the replicas
+    (mutual TLS); with ``key``."""
+    key: FilePath = None
+    """PEM file of the client certificate's private key; with ``cert``."""
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("upstream_tls: cert and key go together (a client certificate)")
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceRouting:
     """All the data plane needs to know of one service."""
@@ -652,7 +705,10 @@ class ServiceRouting:
     route: RouteConfig
     load_balancing: LoadBalancing = "least_outstanding"
     upstream_protocol: UpstreamProtocol = "http1"
-    """``http2``: requests go to the replicas over h2c, multiplexed (``proxy.h2_upstream``)."""
+    """``http2``: requests go to the replicas over HTTP/2, multiplexed
+    (``proxy.h2_upstream``): h2c, or h2 with ``upstream_tls``."""
+    upstream_tls: UpstreamTlsConfig | None = None
+    """TLS to the replicas (None: plain TCP)."""
     probes: tuple[ProbeConfig, ...] = ()
     timeouts: TimeoutsConfig = TimeoutsConfig()
     retries: RetriesConfig = RetriesConfig()

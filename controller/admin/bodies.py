@@ -228,6 +228,8 @@ class ServiceView(Schema):
     """With a replica range: the autoscaler's settings and last decision."""
     guards: GuardsView | None = None
     """With auth, rate limits, hash affinity or an in-flight cap: them and their counts."""
+    warnings: list[str] = []
+    """What the spec allows that weakens the service (``upstream_tls.verify: false``)."""
 
 
 class ServiceList(Schema):

@@ -22,6 +22,7 @@ from ..operations import Controller
 from ..planning import autoscaler, planner, steps
 from ..planning.model import LIVE, Replica, ReplicaState, Rollout, RolloutStatus
 from ..rollout_traces import trace_id
+from ..spec import ServiceSpec
 from ..state import ServiceState
 from ..store import RevisionRow, RolloutRow
 from .bodies import (
@@ -171,7 +172,19 @@ def service_view(controller: Controller, state: ServiceState) -> ServiceView:
         backoff=backoff_view(state, wall),
         autoscaling=autoscaling_view(state, wall),
         guards=guards_view(controller, state.name),
+        warnings=spec_warnings(state.spec),
     )
+
+
+def spec_warnings(spec: ServiceSpec) -> list[str]:
+    """What ``spec`` allows that weakens the service, in words for its view."""
+    tls = spec.upstream_tls
+    if tls is not None and not tls.verify:
+        return [
+            "upstream_tls.verify is false: the replicas' certificates are not checked, so "
+            "anyone on the path to them can pose as a replica"
+        ]
+    return []
 
 
 def backoff_view(state: ServiceState, wall: Wall) -> BackoffView | None:

@@ -1,5 +1,6 @@
 """The gRPC probe's client: ``grpc.health.v1.Health/Check`` (gRPC's standard health service)
-on a new h2c connection, and the serving status it answers.
+on a new h2c connection (or h2 over TLS, with the service's ``upstream_tls``), and the
+serving status it answers.
 
 One call, by hand on the ``h2`` library (imported with this module, at the first gRPC probe:
 a gateway that probes none loads neither), its two messages encoded and read here: a
@@ -19,7 +20,8 @@ import h2.connection
 import h2.events
 import h2.exceptions
 
-from .probe_client import ProbeConnectionClosed, ProbeError, ProbeInvalidResponse
+from ..wire.upstream_tls import UpstreamTls
+from .probe_client import ProbeConnectionClosed, ProbeError, ProbeInvalidResponse, ProbeTlsRefused
 
 PATH: Final = b"/grpc.health.v1.Health/Check"
 SERVING: Final = 1
@@ -78,11 +80,24 @@ def _read_varint(data: bytes, i: int) -> tuple[int, int]:
     raise ProbeInvalidResponse("grpc probe: a broken varint")
 
 
-async def check(host: str, port: int, service: str, *, authority: str) -> int:
-    """Call ``Health/Check`` for ``service`` at ``host:port`` over h2c: the status answered
-    (``SERVING`` is 1). ``ProbeError`` if the call fails (its ``grpc-status``)."""
-    reader, writer = await asyncio.open_connection(host, port)
+async def check(
+    host: str, port: int, service: str, *, authority: str, tls: UpstreamTls | None = None
+) -> int:
+    """Call ``Health/Check`` for ``service`` at ``host:port`` over h2c, or h2 over ``tls``
+    (agreed by ALPN): the status answered (``SERVING`` is 1). ``ProbeError`` if the call
+    fails (its ``grpc-status``)."""
+    if tls is None:
+        reader, writer = await asyncio.open_connection(host, port)
+    else:
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=tls.context(loop.time()), server_hostname=tls.server_hostname(host)
+        )
     try:
+        if tls is not None:
+            refusal = tls.refusal(writer.get_extra_info("ssl_object"))
+            if refusal is not None:
+                raise ProbeTlsRefused(refusal)
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         conn = h2.connection.H2Connection(config)
         conn.initiate_connection()
@@ -91,7 +106,7 @@ async def check(host: str, port: int, service: str, *, authority: str) -> int:
             stream_id,
             [
                 (b":method", b"POST"),
-                (b":scheme", b"http"),
+                (b":scheme", b"http" if tls is None else b"https"),
                 (b":authority", authority.encode()),
                 (b":path", PATH),
                 (b"content-type", b"application/grpc"),

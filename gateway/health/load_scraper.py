@@ -3,7 +3,8 @@
 One guarded task per service with ``load_metrics``: every ``interval`` it fetches the metrics
 path of each of the service's routable upstreams at once (``probe_client.fetch``, bounded by
 the interval), reads the figures (``load_report``) and puts them in the service's pool
-(``ServicePool.reports``), where the pick reads them, and to ``on_scraped`` (the worker
+(``ServicePool.reports``), where the pick reads them (over TLS with the service's
+``upstream_tls``, as its requests), and to ``on_scraped`` (the worker
 processes' supervisor, which sends them on to every worker). A replica that does not answer keeps
 its last figures until they expire (``max_age``), then counts by its in-flight requests
 alone; an upstream that left is forgotten. Each scrape is counted per service, read or not
@@ -25,6 +26,7 @@ from ..pool.inference import ReplicaLoad
 from ..pool.pool import Pool
 from ..pool.service_pool import ServicePool
 from ..pool.upstream import Upstream
+from ..wire.upstream_tls import HTTP1, UpstreamTlsError, tls_of
 from . import load_report, probe_client
 
 log = logging.getLogger(__name__)
@@ -146,9 +148,13 @@ class LoadScraper:
         try:
             async with asyncio.timeout(config.interval):
                 status, body = await probe_client.fetch(
-                    upstream.host, upstream.port, config.path, authority=upstream.address
+                    upstream.host,
+                    upstream.port,
+                    config.path,
+                    authority=upstream.address,
+                    tls=tls_of(sp.routing.upstream_tls, HTTP1),
                 )
-        except (TimeoutError, probe_client.ProbeError, OSError) as error:
+        except (TimeoutError, probe_client.ProbeError, OSError, UpstreamTlsError) as error:
             log.debug("load metrics of %s/%s: %r", upstream.service, upstream.id, error)
             return None
         if status != 200:

@@ -22,18 +22,24 @@ Invariants:
   meets a reset (``BrokenPipeError`` in its log every probe). Past ``LINGER_BYTES`` bytes or
   ``LINGER_SECONDS`` seconds the connection is aborted. This costs the probe nothing: its
   status is already answered.
-- Every failure is a ``ProbeError`` or an ``OSError`` (the connect's, a reset's); there is no
+- Every failure is a ``ProbeError`` or an ``OSError`` (the connect's, a reset's, a TLS
+  handshake's), or an ``UpstreamTlsError`` (a TLS file that cannot be used); there is no
   timeout here: the caller bounds the whole exchange.
+
+With ``tls`` (the service's ``upstream_tls``) the connection is made over TLS as the
+service's requests' are (``wire.upstream_tls``), its handshake part of the probe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final, cast
 
 import httptools
+
+from ..wire.upstream_tls import UpstreamTls
 
 USER_AGENT: Final = "gateway-prober"
 HEAD_LIMIT: Final = 64 * 1024
@@ -50,6 +56,12 @@ _OWN: Final = frozenset({"connection", "content-length", "transfer-encoding"})
 probe's own are dropped."""
 _NO_BODY_METHODS: Final = frozenset({"GET", "HEAD"})
 """Methods sent without ``Content-Length: 0`` (their requests never have a body)."""
+CLOSED_AFTER_HANDSHAKE: Final = (
+    " (after the TLS handshake: does the replica require a client certificate?)"
+)
+"""Added to a TLS probe's closed connection: with TLS 1.3 a replica refuses a client's
+certificate (or its absence) after the client's handshake is done, and its alert reaches
+no protocol (asyncio and uvloop report a close)."""
 BODY_LIMIT: Final = 4 * 1024 * 1024
 """The most of a body ``fetch`` reads (a model server's metrics run to a few hundred KB)."""
 
@@ -64,6 +76,10 @@ class ProbeRequestInvalid(ProbeError, ValueError):
 
 class ProbeConnectionClosed(ProbeError, ConnectionError):
     """The upstream closed the connection before the answer's head was complete."""
+
+
+class ProbeTlsRefused(ProbeError):
+    """The TLS handshake was done, but its outcome cannot be used (ALPN: ``h2`` refused)."""
 
 
 class ProbeInvalidResponse(ProbeError):
@@ -119,22 +135,53 @@ async def status(
     headers: Mapping[str, str],
     *,
     authority: str,
+    tls: UpstreamTls | None = None,
 ) -> int:
-    """Send one request to ``host``:``port`` on a new connection; the answer's status.
+    """Send one request to ``host``:``port`` on a new connection (over ``tls``, if given);
+    the answer's status.
 
     ``authority`` is the ``Host`` sent (``host:port``, an IPv6 host in brackets) unless
     ``headers`` has one. Raises ``ProbeError`` or ``OSError``; no timeout of its own.
     """
-    code, _ = await _exchange(host, port, method, path, headers, authority, 0)
+    code, _ = await _exchange(host, port, method, path, headers, authority, 0, tls)
     return code
 
 
 async def fetch(
-    host: str, port: int, path: str, *, authority: str, limit: int = BODY_LIMIT
+    host: str,
+    port: int,
+    path: str,
+    *,
+    authority: str,
+    limit: int = BODY_LIMIT,
+    tls: UpstreamTls | None = None,
 ) -> tuple[int, bytes]:
     """``GET path`` on a new connection: the answer's status and its body (at most
     ``limit`` bytes, else ``ProbeInvalidResponse``). Raises as ``status``."""
-    return await _exchange(host, port, "GET", path, {}, authority, limit)
+    return await _exchange(host, port, "GET", path, {}, authority, limit, tls)
+
+
+async def connect(
+    factory: Callable[[], asyncio.Protocol], host: str, port: int, tls: UpstreamTls | None
+) -> tuple[asyncio.Transport, asyncio.Protocol]:
+    """A new connection to ``host:port`` for ``factory``'s protocol: plain, or over ``tls``
+    (its handshake done and its outcome checked: ``ProbeTlsRefused``)."""
+    loop = asyncio.get_running_loop()
+    if tls is None:
+        transport, protocol = await loop.create_connection(factory, host, port)
+        return transport, protocol
+    transport, protocol = await loop.create_connection(
+        factory,
+        host,
+        port,
+        ssl=tls.context(loop.time()),
+        server_hostname=tls.server_hostname(host),
+    )
+    refusal = tls.refusal(transport.get_extra_info("ssl_object"))
+    if refusal is not None:
+        transport.abort()
+        raise ProbeTlsRefused(refusal)
+    return transport, protocol
 
 
 async def _exchange(
@@ -145,12 +192,13 @@ async def _exchange(
     headers: Mapping[str, str],
     authority: str,
     keep: int,
+    tls: UpstreamTls | None = None,
 ) -> tuple[int, bytes]:
     request = request_head(method, path, authority, headers)
     loop = asyncio.get_running_loop()
-    exchange = _Exchange(loop, request, keep)
+    exchange = _Exchange(loop, request, keep, tls is not None)
     try:
-        transport, _ = await loop.create_connection(lambda: exchange, host, port)
+        transport, _ = await connect(lambda: exchange, host, port, tls)
     except BaseException:
         # create_connection closed the socket itself; nobody waits for the status now (its
         # error, if the close sets one, would be logged as never retrieved).
@@ -175,8 +223,11 @@ class _Exchange(asyncio.Protocol):
     answer's status or the reason there is none. With ``keep`` (a body's most bytes), only
     once the body is read whole (into ``body``)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, request: bytes, keep: int = 0) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, request: bytes, keep: int = 0, tls: bool = False
+    ) -> None:
         self._request = request
+        self._tls = tls
         self._keep = keep
         self._code = 0
         self.body: list[bytes] = []
@@ -242,7 +293,10 @@ class _Exchange(asyncio.Protocol):
             )
         else:
             self.status.set_exception(
-                ProbeConnectionClosed("connection closed before any response")
+                ProbeConnectionClosed(
+                    "connection closed before any response"
+                    + (CLOSED_AFTER_HANDSHAKE if self._tls else "")
+                )
             )
 
     # -- parser callbacks ---------------------------------------------------------------------

@@ -22,7 +22,9 @@ counted as a failed probe; a task that still ends with an error is logged and re
 its interval. Cancellation is never swallowed. ``stop`` cancels and awaits every task.
 
 An HTTP probe is one request on a connection of its own (``probe_client``): no client
-library, no session to open or close.
+library, no session to open or close. To a service with ``upstream_tls`` every probe is made
+over TLS as its requests are (a TCP probe passes once the handshake does), so a replica
+whose certificate fails verification never becomes healthy, and the probe says why.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import contextlib
 import functools
 import logging
 import random
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +42,15 @@ from ..config import ProbeConfig
 from ..pool.events import PoolEvent, ProbeObserver, ProbeOutcome, ProbeResult
 from ..pool.pool import Pool
 from ..pool.upstream import Upstream
+from ..wire.upstream_tls import (
+    H2,
+    HTTP1,
+    UpstreamTls,
+    UpstreamTlsError,
+    alpn_of,
+    handshake_failure,
+    tls_of,
+)
 from . import probe_client
 from .state import HealthState
 
@@ -317,12 +329,24 @@ class Prober:
                 return await self._http(upstream, probe)
         except TimeoutError:
             return "timeout", f"{probe.type} probe timed out after {probe.timeout:g}s"
-        except (probe_client.ProbeError, OSError) as error:
+        except ssl.SSLError as error:
+            return "failure", f"{probe.type} probe: {handshake_failure(error)}"
+        except (probe_client.ProbeError, OSError, UpstreamTlsError) as error:
             return "failure", f"{probe.type} probe: {type(error).__name__}: {error}"
 
+    def _tls(self, upstream: Upstream, alpn: str | None = None) -> UpstreamTls | None:
+        """The TLS of ``upstream``'s service (``upstream_tls``), offering ``alpn`` (None: as
+        its requests do), or None: plain."""
+        service = self._pool.services.get(upstream.service)
+        if service is None:
+            return None
+        routing = service.routing
+        return tls_of(routing.upstream_tls, alpn or alpn_of(routing.upstream_protocol))
+
     async def _tcp(self, upstream: Upstream) -> tuple[ProbeOutcome, str]:
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_connection(asyncio.Protocol, upstream.host, upstream.port)
+        transport, _ = await probe_client.connect(
+            asyncio.Protocol, upstream.host, upstream.port, self._tls(upstream)
+        )
         transport.close()
         return "success", ""
 
@@ -330,7 +354,11 @@ class Prober:
         from . import grpc_probe  # loads h2: only where a service asks for a gRPC probe
 
         status = await grpc_probe.check(
-            upstream.host, upstream.port, probe.service, authority=upstream.address
+            upstream.host,
+            upstream.port,
+            probe.service,
+            authority=upstream.address,
+            tls=self._tls(upstream, H2),
         )
         if status == grpc_probe.SERVING:
             return "success", ""
@@ -347,6 +375,7 @@ class Prober:
             probe.path,
             probe.headers,
             authority=upstream.address,
+            tls=self._tls(upstream, HTTP1),
         )
         if probe.expected_statuses:
             passed = status in probe.expected_statuses

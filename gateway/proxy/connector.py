@@ -5,6 +5,10 @@ It keeps idle keep-alive connections per upstream address (``host:port``, as
 for longer than ``keepalive_timeout``, and opens new ones within the connect timeout. A
 connection goes back to the pool only after a request whose answer arrived whole and allows
 keep-alive (``UpstreamConnection.reusable``); any failure closes it.
+
+A service with ``upstream_tls`` has its connections made over TLS (``wire.upstream_tls``):
+a failed handshake is a failed connect, and its connections are kept under a key of their
+own (``UpstreamTls.key``), never handed to a request of another TLS config or a plain one.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from ..errors import UpstreamConnectError, UpstreamTimeout
 from ..pool.upstream import address_of
 from ..wire.batch import WriteBatch
 from ..wire.splice import Buffers
+from ..wire.upstream_tls import UpstreamTls, UpstreamTlsError, handshake_failure
 from .messages import ResponseHead
 from .upstream_connection import UpstreamConnection, Waiter
 
@@ -60,34 +65,57 @@ class Connector:
                 return conn
         return None
 
-    async def acquire(self, host: str, port: int, within: float) -> UpstreamConnection:
-        """An idle connection to ``host:port``, or a new one opened ``within`` seconds."""
-        conn = self.idle(address_of(host, port))
+    async def acquire(
+        self, host: str, port: int, within: float, tls: UpstreamTls | None = None
+    ) -> UpstreamConnection:
+        """An idle connection to ``host:port`` (over ``tls``, if given), or a new one opened
+        ``within`` seconds."""
+        address = address_of(host, port)
+        conn = self.idle(address if tls is None else tls.key(address))
         if conn is not None:
             return conn
-        return await self.connect(host, port, within)
+        return await self.connect(host, port, within, tls)
 
-    async def connect(self, host: str, port: int, within: float) -> UpstreamConnection:
-        """A new connection to ``host:port``, opened ``within`` seconds."""
+    async def connect(
+        self, host: str, port: int, within: float, tls: UpstreamTls | None = None
+    ) -> UpstreamConnection:
+        """A new connection to ``host:port``, opened ``within`` seconds (its TLS handshake
+        included, with ``tls``)."""
         loop = asyncio.get_running_loop()
-        conn = self.connection(host, port)
+        conn = self.connection(host, port, tls)
         try:
             async with asyncio.timeout(within or None):
-                await loop.create_connection(lambda: conn, host, port)
+                if tls is None:
+                    await loop.create_connection(lambda: conn, host, port)
+                else:
+                    await loop.create_connection(
+                        lambda: conn,
+                        host,
+                        port,
+                        ssl=tls.context(loop.time()),
+                        server_hostname=tls.server_hostname(host),
+                    )
         except TimeoutError:
             raise UpstreamTimeout("timed out connecting to upstream", kind="connect") from None
+        except UpstreamTlsError as exc:
+            raise UpstreamConnectError(
+                f"cannot connect to upstream {host}:{port}: {exc}", kind="connect"
+            ) from None
         except OSError as exc:
-            reason = exc.strerror or str(exc) or type(exc).__name__
+            reason = handshake_failure(exc)
             raise UpstreamConnectError(
                 f"cannot connect to upstream {host}:{port}: {reason}", kind="connect"
             ) from None
         self._busy.add(conn)
         return conn
 
-    def connection(self, host: str, port: int) -> UpstreamConnection:
+    def connection(
+        self, host: str, port: int, tls: UpstreamTls | None = None
+    ) -> UpstreamConnection:
         """A new connection to ``host:port``, not connected yet (nor counted in use)."""
+        address = address_of(host, port)
         return UpstreamConnection(
-            address_of(host, port),
+            address if tls is None else tls.key(address),
             max_header_size=self.max_header_size,
             buffers=self.buffers,
             batch=self.batch,

@@ -1,5 +1,6 @@
 """The upstream leg over HTTP/2: h2c by prior knowledge to the replicas of services with
-``upstream_protocol: http2`` (gRPC's), on the ``h2`` library (python-hyper).
+``upstream_protocol: http2`` (gRPC's), or h2 agreed by ALPN where the service has
+``upstream_tls``, on the ``h2`` library (python-hyper).
 
 ``H2Connector`` keeps, per upstream address, connections that each carry up to their cap of
 streams at once (the replica's SETTINGS_MAX_CONCURRENT_STREAMS, and the gateway's own
@@ -46,6 +47,7 @@ from ..pool.service_pool import ServicePool
 from ..pool.upstream import Upstream
 from ..wire import grpc, headers, http2
 from ..wire.http2 import Fields
+from ..wire.upstream_tls import UpstreamTls, UpstreamTlsError, handshake_failure
 from .exchange import Exchange
 from .messages import ResponseHead
 from .retry import Failed
@@ -175,9 +177,14 @@ class H2UpstreamConnection(asyncio.Protocol):
     """One HTTP/2 connection to a replica, multiplexing its requests' streams."""
 
     def __init__(
-        self, address: str, cap: int, on_gone: Callable[[H2UpstreamConnection], None]
+        self,
+        address: str,
+        cap: int,
+        on_gone: Callable[[H2UpstreamConnection], None],
+        tls: UpstreamTls | None = None,
     ) -> None:
-        self.address = address
+        self.address = address  # its key in ``H2Connector.connections``
+        self._tls = tls
         self.cap = cap
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
@@ -211,6 +218,14 @@ class H2UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # (uvloop's is no subclass)
+        if self._tls is not None:  # the handshake is done: h2 agreed, or nothing is sent
+            refusal = self._tls.refusal(transport.get_extra_info("ssl_object"))
+            if refusal is not None:
+                log.warning("upstream %s: %s", self.address, refusal)
+                self.ready.set_exception(UpstreamConnectError(refusal, kind="connect"))
+                self.ready.exception()
+                self.transport.abort()
+                return
         self._h2.initiate_connection()
         self._flush()
 
@@ -397,7 +412,8 @@ class H2UpstreamConnection(asyncio.Protocol):
 
 
 class H2Connector:
-    """The HTTP/2 connections to the upstreams, by address."""
+    """The HTTP/2 connections to the upstreams, by address (and TLS settings:
+    ``UpstreamTls.key``)."""
 
     def __init__(self, max_streams: int) -> None:
         self.max_streams = max_streams
@@ -405,43 +421,66 @@ class H2Connector:
         self._connecting: dict[str, asyncio.Task[H2UpstreamConnection]] = {}
 
     async def open(
-        self, host: str, port: int, fields: Fields, end: bool, connect_timeout: float
+        self,
+        host: str,
+        port: int,
+        fields: Fields,
+        end: bool,
+        connect_timeout: float,
+        tls: UpstreamTls | None = None,
     ) -> UpstreamStream:
         """A stream to ``host:port`` sending the request head ``fields``: on a connection
-        with room, else on a new one (``UpstreamConnectError`` if it cannot be made)."""
+        with room, else on a new one, over ``tls`` if given: h2 agreed by ALPN
+        (``UpstreamConnectError`` if it cannot be made)."""
         address = f"{host}:{port}"
+        key = address if tls is None else tls.key(address)
         while True:
-            for conn in self.connections.get(address, ()):
+            for conn in self.connections.get(key, ()):
                 if conn.room > 0:
                     return conn.open(fields, end)
-            task = self._connecting.get(address)
+            task = self._connecting.get(key)
             if task is None:
                 task = asyncio.get_running_loop().create_task(
-                    self._connect(address, host, port, connect_timeout)
+                    self._connect(key, host, port, connect_timeout, tls)
                 )
-                self._connecting[address] = task
+                self._connecting[key] = task
             await asyncio.shield(task)
 
     async def _connect(
-        self, address: str, host: str, port: int, connect_timeout: float
+        self, key: str, host: str, port: int, connect_timeout: float, tls: UpstreamTls | None
     ) -> H2UpstreamConnection:
         loop = asyncio.get_running_loop()
+        address = f"{host}:{port}"
         try:
             async with asyncio.timeout(connect_timeout or None):
-                _, conn = await loop.create_connection(
-                    lambda: H2UpstreamConnection(address, self.max_streams, self._gone),
-                    host,
-                    port,
-                )
+                if tls is None:
+                    _, conn = await loop.create_connection(
+                        lambda: H2UpstreamConnection(key, self.max_streams, self._gone),
+                        host,
+                        port,
+                    )
+                else:
+                    _, conn = await loop.create_connection(
+                        lambda: H2UpstreamConnection(key, self.max_streams, self._gone, tls),
+                        host,
+                        port,
+                        ssl=tls.context(loop.time()),
+                        server_hostname=tls.server_hostname(host),
+                    )
                 await conn.ready
-        except (OSError, TimeoutError) as exc:
+        except UpstreamConnectError as exc:
             raise UpstreamConnectError(
-                f"cannot connect to upstream {address} over HTTP/2: {str(exc) or 'timed out'}",
+                f"cannot connect to upstream {address} over HTTP/2: {exc}", kind="connect"
+            ) from None
+        except (OSError, TimeoutError, UpstreamTlsError) as exc:
+            reason = handshake_failure(exc) if isinstance(exc, OSError) else str(exc) or "timed out"
+            raise UpstreamConnectError(
+                f"cannot connect to upstream {address} over HTTP/2: {reason}",
                 kind="connect",
             ) from None
         finally:
-            self._connecting.pop(address, None)
-        self.connections.setdefault(address, []).append(conn)
+            self._connecting.pop(key, None)
+        self.connections.setdefault(key, []).append(conn)
         return conn
 
     def _gone(self, conn: H2UpstreamConnection) -> None:
@@ -482,12 +521,14 @@ async def forward(
     upstream: Upstream,
     connector: H2Connector,
     tried: Collection[str] = (),
+    tls: UpstreamTls | None = None,
 ) -> None:
-    """One attempt of ``ex`` on ``upstream`` over HTTP/2 (``Proxy``'s, in the request's task):
-    the request head, its body as it comes, the answer's head, its body as it comes, and its
-    trailers. A ``grpc-timeout`` bounds the call (``Exchange.deadline``, from its arrival:
-    its waits for a replica and every attempt): past it, DEADLINE_EXCEEDED (504 before the
-    answer began, ``grpc-status: 4`` in the trailers after). Raises ``Failed`` for an
+    """One attempt of ``ex`` on ``upstream`` over HTTP/2, h2 over ``tls`` if given
+    (``Proxy``'s, in the request's task): the request head, its body as it comes, the
+    answer's head, its body as it comes, and its trailers. A ``grpc-timeout`` bounds the
+    call (``Exchange.deadline``, from its arrival: its waits for a replica and every
+    attempt): past it, DEADLINE_EXCEEDED (504 before the answer began, ``grpc-status: 4``
+    in the trailers after). Raises ``Failed`` for an
     attempt that may be retried (nothing went to the client yet), ``GatewayError`` for one
     that may not (the rules of HTTP/1.1's attempts: ``retry``; ``tried``: the upstreams tried
     so far, this one included); an answer broken off is cut off at the client.
@@ -502,10 +543,11 @@ async def forward(
         error = body.error
         raise Failed(error, "client") if isinstance(error, GatewayError) else error
     is_grpc = grpc.is_grpc(request.headers)
-    fields = http2.request_fields(ex.upstream_head(ex.target, upstream))
+    scheme = b"http" if tls is None else b"https"
+    fields = http2.request_fields(ex.upstream_head(ex.target, upstream), scheme)
     try:
         stream = await connector.open(
-            upstream.host, upstream.port, fields, body is None, timeouts.connect
+            upstream.host, upstream.port, fields, body is None, timeouts.connect, tls
         )
     except GatewayError as exc:
         raise ex.failure(exc) from None

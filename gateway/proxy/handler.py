@@ -54,6 +54,7 @@ from ..pool.pool import Pool
 from ..pool.service_pool import Lease, ServicePool
 from ..pool.snapshot import Split
 from ..wire import grpc
+from ..wire.upstream_tls import UpstreamTls, alpn_of, tls_of
 from . import guard, messages, openai, preview, sticky
 from .answers import CHALLENGE_PREFIX, challenge_answer, https_redirect
 from .codec import Downstream
@@ -167,7 +168,12 @@ class Proxy:
             upstream = sp.pick(key=ex.affinity)
         conn = None
         if upstream is not None and not total:
-            conn = forwarding.connector.idle(upstream.address)
+            tls_config = sp.routing.upstream_tls
+            if tls_config is None:
+                conn = forwarding.connector.idle(upstream.address)
+            else:
+                tls = UpstreamTls.of(tls_config, alpn_of(sp.routing.upstream_protocol))
+                conn = forwarding.connector.idle(tls.key(upstream.address))
         if conn is None:
             # The task connects (to the upstream picked: a pick is not undone) or waits.
             ex.upstream = upstream
@@ -471,10 +477,12 @@ class Proxy:
         timeouts = sp.routing.timeouts
         connector = self.connector
         ex.attempting(upstream)
-        conn = None if fresh else connector.idle(upstream.address)
+        tls = upstream_tls(sp)
+        address = upstream.address if tls is None else tls.key(upstream.address)
+        conn = None if fresh else connector.idle(address)
         if conn is None:
             try:
-                conn = await connector.connect(upstream.host, upstream.port, timeouts.connect)
+                conn = await connector.connect(upstream.host, upstream.port, timeouts.connect, tls)
             except GatewayError as exc:
                 raise ex.failure(exc) from None
         try:
@@ -506,7 +514,7 @@ class Proxy:
             connector = self._h2_connector = h2_upstream.H2Connector(
                 self.config.http2.upstream_max_concurrent_streams
             )
-        await h2_upstream.forward(ex, sp, lease.upstream, connector, tried)
+        await h2_upstream.forward(ex, sp, lease.upstream, connector, tried, upstream_tls(sp))
 
     async def _send(
         self, ex: Exchange, sp: ServicePool, conn: UpstreamConnection, tried: Collection[str]
@@ -582,11 +590,12 @@ class Proxy:
         timeouts = sp.routing.timeouts
         connector = self.connector
         ex.attempting(upstream)
+        tls = upstream_tls(sp)
         try:
             if fresh:
-                conn = await connector.connect(upstream.host, upstream.port, timeouts.connect)
+                conn = await connector.connect(upstream.host, upstream.port, timeouts.connect, tls)
             else:
-                conn = await connector.acquire(upstream.host, upstream.port, timeouts.connect)
+                conn = await connector.acquire(upstream.host, upstream.port, timeouts.connect, tls)
         except GatewayError as exc:
             raise ex.failure(exc) from None
         try:
@@ -658,3 +667,9 @@ def _past_deadline() -> UpstreamTimeout:
     return UpstreamTimeout(
         "the call's deadline (grpc-timeout) passed while it waited for a replica", kind="timeout"
     )
+
+
+def upstream_tls(sp: ServicePool) -> UpstreamTls | None:
+    """The TLS to ``sp``'s replicas (``upstream_tls``), or None: plain."""
+    routing = sp.routing
+    return tls_of(routing.upstream_tls, alpn_of(routing.upstream_protocol))

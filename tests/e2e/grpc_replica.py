@@ -12,6 +12,10 @@ service. Methods of ``test.Echo``:
 
 ``PIDDIR``, if set: a directory where ``<REPLICA_ID>.pid`` is written at start (as
 ``bench/replica_app.py`` does), so the harness can find a replica left running.
+
+``TLS_CERT`` and ``TLS_KEY``, if set: PEM files; the replica serves over TLS
+(``grpc.ssl_server_credentials``) instead of h2c; with ``TLS_CLIENT_CA`` too, it requires a
+client certificate signed by that CA (mutual TLS).
 """
 
 from __future__ import annotations
@@ -87,7 +91,17 @@ def main() -> None:
     checker.set("", health_pb2.HealthCheckResponse.SERVING)
     checker.set("test.Echo", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    cert, key = os.environ.get("TLS_CERT"), os.environ.get("TLS_KEY")
+    if cert and key:
+        client_ca = os.environ.get("TLS_CLIENT_CA")
+        credentials = grpc.ssl_server_credentials(
+            [(Path(key).read_bytes(), Path(cert).read_bytes())],
+            root_certificates=Path(client_ca).read_bytes() if client_ca else None,
+            require_client_auth=bool(client_ca),
+        )
+        server.add_secure_port(f"127.0.0.1:{port}", credentials)
+    else:
+        server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
