@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from ..config import Hsts, ServiceRouting
+from ..config import Hsts, ServiceRouting, UpstreamTlsConfig
 from ..errors import NoRoutableUpstream
 from . import balancer, hashring, inference, ratelimit
 from .events import EventKind
@@ -193,6 +193,7 @@ class ServicePool:
         self.cap = 0
         self.total_timeout = 0.0
         self.read_timeout = 0.0
+        self.upstream_tls: UpstreamTlsConfig | None = None
         self.max_body_size = 0
         self.previews = False
         self.https_redirect = False
@@ -221,6 +222,8 @@ class ServicePool:
         self.total_timeout = routing.timeouts.total or 0.0
         """``timeouts.total``; 0: none."""
         self.read_timeout = routing.timeouts.read
+        self.upstream_tls = routing.upstream_tls
+        """``upstream_tls``; None: plain connections to the replicas."""
         self.max_body_size = routing.limits.max_body_size
         self.previews = routing.preview.allow != "off"
         """Preview routes are on: a request may ask for a revision."""

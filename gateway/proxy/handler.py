@@ -168,11 +168,10 @@ class Proxy:
             upstream = sp.pick(key=ex.affinity)
         conn = None
         if upstream is not None and not total:
-            tls_config = sp.routing.upstream_tls
-            if tls_config is None:
+            if sp.upstream_tls is None:
                 conn = forwarding.connector.idle(upstream.address)
             else:
-                tls = UpstreamTls.of(tls_config, alpn_of(sp.routing.upstream_protocol))
+                tls = UpstreamTls.of(sp.upstream_tls, alpn_of(sp.routing.upstream_protocol))
                 conn = forwarding.connector.idle(tls.key(upstream.address))
         if conn is None:
             # The task connects (to the upstream picked: a pick is not undone) or waits.
