@@ -6,6 +6,7 @@ plainhead   the compiled reader of the plainest heads (llhttp reads every other)
 headers     which fields pass, which are dropped or added, both ways
 splice      large bodies read straight into buffers the other side writes from
 batch       the writes of one loop turn, flushed together
+upstream_tls  TLS to the replicas: a client context per config, ALPN's check (interpreted)
 """
 
 from .. import native
