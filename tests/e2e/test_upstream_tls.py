@@ -303,3 +303,18 @@ async def test_grpc_over_tls_to_replicas_that_require_a_client_certificate(
 
     answers = await asyncio.to_thread(unary)
     assert answers == [b"v1:hello %d" % i for i in range(5)]
+
+
+async def test_the_default_tcp_probe_makes_the_handshake_too(
+    gateways: Gateways, ca: trustme.CA, pem: Pem, replicas: Any
+) -> None:
+    good = await replicas("good", *pem.pair(ca, "good", "127.0.0.1"))
+    bad = await replicas("bad", *pem.pair(trustme.CA(), "bad", "127.0.0.1"))
+    gw = await gateways.start()
+    data = static_spec([good.address, bad.address], {"ca": pem.ca(ca)})
+    del data["probes"]  # the default: a TCP probe, which passes once the handshake does
+    await gw.controller.apply(data)
+    await eventually(lambda: healthy(gw, good.address), what="the trusted replica healthy")
+    reason = await eventually(lambda: probe_failure(gw, bad.address), what="the bad handshake")
+    assert reason.startswith("tcp probe: TLS: the replica's certificate failed verification")
+    assert not healthy(gw, bad.address)
