@@ -100,6 +100,9 @@ class ReplicaView(Schema):
     """When it entered its current state."""
     failure: str | None = None
     exit_code: int | None = None
+    probe_failure: str | None = None
+    """While it is not healthy: why its probes last failed (a status, a refused connection,
+    a TLS certificate that failed verification)."""
 
 
 class RevisionProgress(Schema):

@@ -79,6 +79,7 @@ def replica_view(
         since=wall(replica.since),
         failure=replica.failure or None,
         exit_code=replica.exit_code,
+        probe_failure=None if replica.healthy else replica.probe_failure or None,
     )
 
 

@@ -476,7 +476,7 @@ class Proxy:
         timeouts = sp.routing.timeouts
         connector = self.connector
         ex.attempting(upstream)
-        tls = upstream_tls(sp)
+        tls = None if sp.upstream_tls is None else upstream_tls(sp)
         address = upstream.address if tls is None else tls.key(upstream.address)
         conn = None if fresh else connector.idle(address)
         if conn is None:
@@ -589,7 +589,7 @@ class Proxy:
         timeouts = sp.routing.timeouts
         connector = self.connector
         ex.attempting(upstream)
-        tls = upstream_tls(sp)
+        tls = None if sp.upstream_tls is None else upstream_tls(sp)
         try:
             if fresh:
                 conn = await connector.connect(upstream.host, upstream.port, timeouts.connect, tls)
@@ -670,5 +670,4 @@ def _past_deadline() -> UpstreamTimeout:
 
 def upstream_tls(sp: ServicePool) -> UpstreamTls | None:
     """The TLS to ``sp``'s replicas (``upstream_tls``), or None: plain."""
-    routing = sp.routing
-    return tls_of(routing.upstream_tls, alpn_of(routing.upstream_protocol))
+    return tls_of(sp.upstream_tls, alpn_of(sp.routing.upstream_protocol))

@@ -53,9 +53,10 @@ class UpstreamTlsError(ValueError):
 def upstream_tls_context(config: UpstreamTlsConfig, alpn: str = HTTP1) -> ssl.SSLContext:
     """A new client context as ``config`` says, offering ``alpn``: TLS 1.2 at least,
     OpenSSL's defaults otherwise. Raises ``UpstreamTlsError`` for a file it cannot use."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    if config.ca is not None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # the given CAs, not the system's
+    if config.ca is None:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)  # the system's CAs
+    else:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # the given CAs alone
         try:
             context.load_verify_locations(cafile=config.ca)
         except OSError as exc:  # ssl.SSLError too

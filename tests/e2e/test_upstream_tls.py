@@ -11,6 +11,8 @@ never used for HTTP/2."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import io
 import ssl
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -39,6 +41,8 @@ HTTP_PROBE: dict[str, Any] = {
 GRPC_PROBE: dict[str, Any] = {**HTTP_PROBE, "type": "grpc"}
 del GRPC_PROBE["path"]
 ROLLOUT = {"start_timeout": 10, "drain_timeout": 2, "stop_grace": 1}
+BIG = bytes(range(256)) * 4096 * 3
+"""3 MiB: above the splice's threshold both ways (``wire.splice.RAW_BODY_MIN``)."""
 
 
 class Pem:
@@ -80,8 +84,10 @@ class HttpsReplica:
         self._runner: web.AppRunner | None = None
 
     async def __aenter__(self) -> HttpsReplica:
-        app = web.Application()
+        app = web.Application(client_max_size=2 * len(BIG))
         app.router.add_get("/", self._answer)
+        app.router.add_get("/big", self._big)
+        app.router.add_post("/digest", self._digest)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.context)
@@ -98,6 +104,12 @@ class HttpsReplica:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    async def _big(self, request: web.Request) -> web.Response:
+        return web.Response(body=io.BytesIO(BIG))
+
+    async def _digest(self, request: web.Request) -> web.Response:
+        return web.Response(text=hashlib.sha256(await request.read()).hexdigest())
 
     async def _answer(self, request: web.Request) -> web.Response:
         self.served += 1
@@ -179,6 +191,13 @@ async def test_https_replicas_are_routed_and_an_untrusted_one_never_healthy(
     )
     assert "certificate failed verification" in reason, reason
     assert not healthy(gw, bad.address)
+    admin = f"http://127.0.0.1:{gw.gateway.admin.port}"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{admin}/api/services/web") as answer:
+            view = await answer.json()
+    shown = {r["address"]: r["probe_failure"] for r in view["replicas"]}
+    assert shown[good.address] is None
+    assert "certificate failed verification" in shown[bad.address], shown
 
     answers = await get(gw, count=20)
     assert set(answers) == {(200, "good client=-")}, answers
@@ -318,3 +337,19 @@ async def test_the_default_tcp_probe_makes_the_handshake_too(
     reason = await eventually(lambda: probe_failure(gw, bad.address), what="the bad handshake")
     assert reason.startswith("tcp probe: TLS: the replica's certificate failed verification")
     assert not healthy(gw, bad.address)
+
+
+async def test_large_bodies_go_both_ways_over_tls(
+    gateways: Gateways, ca: trustme.CA, pem: Pem, replicas: Any
+) -> None:
+    replica = await replicas("big", *pem.pair(ca, "big", "127.0.0.1"))
+    gw = await gateways.start()
+    await serving(gw, static_spec([replica.address], {"ca": pem.ca(ca)}))
+    async with aiohttp.ClientSession() as session:
+        for _ in range(3):  # on a kept connection after the first
+            async with session.get(gw.url + "/big") as answer:
+                assert answer.status == 200
+                assert await answer.read() == BIG
+            async with session.post(gw.url + "/digest", data=io.BytesIO(BIG)) as answer:
+                assert answer.status == 200
+                assert await answer.text() == hashlib.sha256(BIG).hexdigest()
