@@ -222,6 +222,11 @@ def admin_in_thread(tmp_path) -> Iterator[tuple[str, dict[str, Any]]]:
         thread.join(10)
 
 
+def _a_path(value: object) -> bool:
+    """A path ``upstream_tls`` takes: absolute, without NUL."""
+    return isinstance(value, str) and value.startswith("/") and "\x00" not in value
+
+
 FUZZ_CONFIG = """
 # Hypothesis's own health checks judge the generator, not the API: a spec's patterns (name,
 # image, volume, memory, GPU ids) with their length bounds make it throw away many drawn
@@ -271,9 +276,17 @@ def test_the_api_fuzzed_from_its_own_openapi_document(admin_in_thread):
         """The rules of a spec JSON Schema cannot state (it compares no two fields), kept by
         the generated bodies: a replica range's min is at most its max, a canary's step
         weights rise and 100 comes last. The API refuses bodies that break them (422: tested
-        in tests/controller/test_autoscaler.py and test_spec_rollout.py)."""
+        in tests/controller/test_autoscaler.py and test_spec_rollout.py). Nor can it state
+        that the files ``upstream_tls`` names exist and hold PEM (refused at the apply, 422:
+        tests/controller/test_spec_upstream_tls.py): the drawn paths name none, and go."""
         if not isinstance(body, dict):
             return body
+        tls = body.get("upstream_tls")
+        if isinstance(tls, dict):  # only valid paths go: an invalid body stays invalid
+            if _a_path(tls.get("ca")):
+                tls["ca"] = None
+            if _a_path(tls.get("cert")) and _a_path(tls.get("key")):
+                tls["cert"] = tls["key"] = None
         replicas = body.get("replicas")
         if isinstance(replicas, dict):
             low, high = replicas.get("min"), replicas.get("max")
