@@ -287,13 +287,14 @@ async def test_a_replica_that_does_not_agree_on_h2_is_never_healthy(
     assert not healthy(gw, replica.address)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 async def test_grpc_over_tls_to_replicas_that_require_a_client_certificate(
-    gateways: Gateways, ca: trustme.CA, pem: Pem
+    gateways: Gateways, ca: trustme.CA, pem: Pem, workers: int
 ) -> None:
     client_ca = trustme.CA()
     server_cert, server_key = pem.pair(ca, "grpc", "127.0.0.1")
     cert, key = pem.pair(client_ca, "client", "gateway.client")
-    gw = await gateways.start()
+    gw = await gateways.start(workers=workers)
     await serving(
         gw,
         {
@@ -318,10 +319,10 @@ async def test_grpc_over_tls_to_replicas_that_require_a_client_certificate(
     def unary() -> list[bytes]:
         with grpc.insecure_channel(f"127.0.0.1:{gw.gateway.traffic.port}") as channel:
             call = channel.unary_unary("/test.Echo/Unary")
-            return [call(b"hello %d" % i, timeout=5) for i in range(5)]
+            return [call(b"hello %d" % i, timeout=5) for i in range(8)]
 
     answers = await asyncio.to_thread(unary)
-    assert answers == [b"v1:hello %d" % i for i in range(5)]
+    assert answers == [b"v1:hello %d" % i for i in range(8)]
 
 
 async def test_the_default_tcp_probe_makes_the_handshake_too(
