@@ -125,6 +125,7 @@ MODULES = (
     "wire.headers",
     "wire.http1",
     "wire.http2",
+    "wire.hpack_encoder",
     "wire.grpc",
     "wire.chunked",
     "wire.plainhead",

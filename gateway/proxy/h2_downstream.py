@@ -60,6 +60,7 @@ import hyperframe.frame
 from ..config import Http2Config, ListenerLimits
 from ..errors import RequestTimeout
 from ..wire import grpc, http2
+from ..wire.hpack_encoder import Encoder as HeaderEncoder
 from .codec import Begin, Handler
 from .h2_stream import H2Stream
 from .request import HOST, IncomingRequest, Refused, RequestBody
@@ -178,6 +179,8 @@ class H2Connection(asyncio.Protocol):
             validate_outbound_headers=False,
         )
         self._h2 = conn = h2.connection.H2Connection(config)
+        # h2 only calls its encoder's encode and sets its header_table_size.
+        conn.encoder = HeaderEncoder()  # type: ignore[assignment]
         conn.local_settings = h2.settings.Settings(
             client=False,
             initial_values={

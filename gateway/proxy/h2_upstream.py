@@ -46,6 +46,7 @@ from ..errors import (
 from ..pool.service_pool import ServicePool
 from ..pool.upstream import Upstream
 from ..wire import grpc, headers, http2
+from ..wire.hpack_encoder import Encoder as HeaderEncoder
 from ..wire.http2 import Fields
 from ..wire.upstream_tls import UpstreamTls, UpstreamTlsError, handshake_failure
 from .exchange import Exchange
@@ -198,6 +199,8 @@ class H2UpstreamConnection(asyncio.Protocol):
         """A write of what ``h2`` made is due at the end of the loop's turn."""
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self._h2 = conn = h2.connection.H2Connection(config)
+        # h2 only calls its encoder's encode and sets its header_table_size.
+        conn.encoder = HeaderEncoder()  # type: ignore[assignment]
         conn.local_settings = h2.settings.Settings(
             client=True,
             initial_values={

@@ -148,6 +148,8 @@ class Replica:
         self.mode = mode
         self.heads = 0
         """Request heads that arrived."""
+        self.indexed = 0
+        """The most entries the gateway's header blocks put in the decoder's dynamic table."""
         self.server: asyncio.Server | None = None
 
     async def start(self) -> int:
@@ -171,6 +173,8 @@ class Replica:
                 stream_id = getattr(event, "stream_id", None) or 0
                 if isinstance(event, h2.events.RequestReceived):
                     self.heads += 1
+                    entries = len(conn.decoder.header_table.dynamic_entries)
+                    self.indexed = max(self.indexed, entries)
                     if self.mode == "refuse":
                         conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
                     elif self.mode == "goaway":
@@ -225,6 +229,20 @@ async def test_an_http1_client_gets_the_whole_answer_of_an_http2_replica(
     async with client.post(url(gw), data=b"payload") as resp:
         assert (resp.status, resp.headers["Transfer-Encoding"]) == (200, "chunked")
         assert await resp.text() == "ok:7"
+
+
+async def test_the_gateways_header_blocks_to_a_replica_index_nothing(
+    pool, replicas, gateway, client
+) -> None:
+    """``wire.hpack_encoder``: fields sent again are sent whole, the replica's table stays
+    empty (``hpack.Encoder`` would have indexed the custom field after the first request)."""
+    pool.set_service(h2_service())
+    replica = await replicas("ok", "ok")
+    gw = await gateway()
+    for _ in range(3):
+        async with client.get(url(gw), headers={"x-custom": "the same value"}) as resp:
+            assert resp.status == 200
+    assert (replica.heads, replica.indexed) == (3, 0)
 
 
 @pytest.mark.parametrize("mode", ["refuse", "goaway"])
