@@ -125,7 +125,7 @@ MODULES = (
     "wire.headers",
     "wire.http1",
     "wire.http2",
-    "wire.hpack_encoder",
+    "wire.hpack_codec",
     "wire.grpc",
     "wire.chunked",
     "wire.plainhead",

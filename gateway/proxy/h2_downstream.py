@@ -59,8 +59,7 @@ import hyperframe.frame
 
 from ..config import Http2Config, ListenerLimits
 from ..errors import RequestTimeout
-from ..wire import grpc, http2
-from ..wire.hpack_encoder import Encoder as HeaderEncoder
+from ..wire import grpc, hpack_codec, http2
 from .codec import Begin, Handler
 from .h2_stream import H2Stream
 from .request import HOST, IncomingRequest, Refused, RequestBody
@@ -179,8 +178,10 @@ class H2Connection(asyncio.Protocol):
             validate_outbound_headers=False,
         )
         self._h2 = conn = h2.connection.H2Connection(config)
-        # h2 only calls its encoder's encode and sets its header_table_size.
-        conn.encoder = HeaderEncoder()  # type: ignore[assignment]
+        # HPACK compiled (wire.hpack_codec): h2 calls only the encoder's and the decoder's
+        # encode and decode and sets their limits.
+        conn.encoder = hpack_codec.Encoder()  # type: ignore[assignment]
+        conn.decoder = hpack_codec.Decoder()  # type: ignore[assignment]
         conn.local_settings = h2.settings.Settings(
             client=False,
             initial_values={

@@ -45,8 +45,7 @@ from ..errors import (
 )
 from ..pool.service_pool import ServicePool
 from ..pool.upstream import Upstream
-from ..wire import grpc, headers, http2
-from ..wire.hpack_encoder import Encoder as HeaderEncoder
+from ..wire import grpc, headers, hpack_codec, http2
 from ..wire.http2 import Fields
 from ..wire.upstream_tls import UpstreamTls, UpstreamTlsError, handshake_failure
 from .exchange import Exchange
@@ -199,8 +198,10 @@ class H2UpstreamConnection(asyncio.Protocol):
         """A write of what ``h2`` made is due at the end of the loop's turn."""
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self._h2 = conn = h2.connection.H2Connection(config)
-        # h2 only calls its encoder's encode and sets its header_table_size.
-        conn.encoder = HeaderEncoder()  # type: ignore[assignment]
+        # HPACK compiled (wire.hpack_codec): h2 calls only the encoder's and the decoder's
+        # encode and decode and sets their limits.
+        conn.encoder = hpack_codec.Encoder()  # type: ignore[assignment]
+        conn.decoder = hpack_codec.Decoder()  # type: ignore[assignment]
         conn.local_settings = h2.settings.Settings(
             client=True,
             initial_values={

@@ -148,6 +148,8 @@ class Replica:
         self.mode = mode
         self.heads = 0
         """Request heads that arrived."""
+        self.fields: list[tuple[bytes, bytes]] = []
+        """The last request's fields, as the replica's ``h2`` (validating them) read them."""
         self.indexed = 0
         """The most entries the gateway's header blocks put in the decoder's dynamic table."""
         self.server: asyncio.Server | None = None
@@ -173,6 +175,7 @@ class Replica:
                 stream_id = getattr(event, "stream_id", None) or 0
                 if isinstance(event, h2.events.RequestReceived):
                     self.heads += 1
+                    self.fields = list(event.headers or [])
                     entries = len(conn.decoder.header_table.dynamic_entries)
                     self.indexed = max(self.indexed, entries)
                     if self.mode == "refuse":
@@ -243,6 +246,29 @@ async def test_the_gateways_header_blocks_to_a_replica_index_nothing(
         async with client.get(url(gw), headers={"x-custom": "the same value"}) as resp:
             assert resp.status == 200
     assert (replica.heads, replica.indexed) == (3, 0)
+
+
+async def test_an_http1_requests_fields_reach_the_replica_as_http2_has_them(
+    pool, replicas, gateway, client
+) -> None:
+    """Lower-cased, pseudo-fields first, no connection-specific ones: ``request_fields``
+    makes them so, h2 does not rework or check them again."""
+    pool.set_service(h2_service())
+    replica = await replicas("ok", "ok")
+    gw = await gateway()
+    sent = {"X-Mixed-Case": "Value", "Cookie": "a=1; b=2", "Authorization": "Bearer t"}
+    async with client.get(url(gw) + "p?q=1", headers={**sent, "Connection": "keep-alive"}) as resp:
+        assert resp.status == 200
+    names = [name for name, _ in replica.fields]
+    assert names[:4] == [b":method", b":scheme", b":authority", b":path"]
+    fields = dict(replica.fields)
+    assert fields[b":path"] == b"/p?q=1"
+    assert (fields[b"x-mixed-case"], fields[b"cookie"]) == (b"Value", b"a=1; b=2")
+    assert fields[b"authorization"] == b"Bearer t"
+    assert fields[b"te"] == b"trailers"
+    assert all(name == name.lower() for name in names)
+    assert b"connection" not in fields
+    assert b"host" not in fields
 
 
 @pytest.mark.parametrize("mode", ["refuse", "goaway"])
