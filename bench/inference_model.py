@@ -1,19 +1,21 @@
 """An event model of ``bench/inference.py``: the picks alone, without processes or CPU noise.
 
     PYTHONPATH=. .venv/bin/python bench/inference_model.py [--duration 30 --seeds 57,58,59]
-        [--lag 0.005] [--compare old_inference.py]
+        [--lag 0.005] [--prefix-chars 2200] [--compare old_inference.py]
 
 The same replicas (``inference.Replica``'s prefix cache, a batch of 8, a FIFO, prefill per
 uncached character, 32 tokens of decode), workloads (``Shared``, ``Unique``) and Poisson
 arrivals as ``bench/inference.py`` with its defaults, in simulated time: each request is
 picked by ``balancer.least_outstanding`` or by ``gateway.pool.inference.pick`` (the gateway's
 code, with the in-flight counts it would see: a request counts from its pick to the end of
-its answer, and the replica each prefix first went to, as ``ServicePool.placed`` keeps it),
-reaches its replica 0.5 ms later, and the replicas are scraped every 50 ms, the report
-arriving ``--lag`` seconds later with the gateway's count read then (as ``load_scraper``
-does). The prefix key is the prompt's first 2,200 characters. Prints TTFT p50 and p99 (ms)
-and the cache hit rate per workload, seed and policy; ``--compare`` adds the pick of another
-copy of ``inference.py`` (say the one before a change, from ``git show``).
+its answer, and the blocks of the prompts each replica was sent, as ``ServicePool.sent``
+keeps them), reaches its replica 0.5 ms later, and the replicas are scraped every 50 ms, the
+report arriving ``--lag`` seconds later with the gateway's count read then (as
+``load_scraper`` does). The prefix key is the prompt's first ``--prefix-chars`` (2,200, as
+the bench's). Prints TTFT p50 and p99 (ms) and the cache hit rate per workload, seed and
+policy; ``--compare`` adds the pick of another copy of ``inference.py`` (say the one before a
+change, from ``git show``; one that takes a ``home`` and a ring, as before the blocks, is
+given the replica each prefix key first went to).
 Because the model is deterministic, a difference between two picks is the picks', not the
 machine's; what it leaves out (the gateway's and the replicas' CPU, the network stack) is
 what the real bench adds.
@@ -36,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import inference as bench
-from gateway.pool import balancer, hashring
+from gateway.pool import balancer, hashring, prefixes
 from gateway.pool import inference as pool_inference
 from gateway.pool.upstream import Upstream
 
@@ -45,7 +47,14 @@ REACH = 0.0005
 PREFIX_CHARS = 2200
 
 
-def run(workload: str, seed: int, duration: float, lag: float, pick: ModuleType | None) -> Any:
+def run(
+    workload: str,
+    seed: int,
+    duration: float,
+    lag: float,
+    pick: ModuleType | None,
+    prefix_chars: int = PREFIX_CHARS,
+) -> Any:
     """One run: (TTFT p50 ms, TTFT p99 ms, hit rate); ``pick`` None: least_outstanding."""
     args = argparse.Namespace(
         systems=8, chats=96, turns=8, batch=8, cache_blocks=3000, prefill_us=50.0,
@@ -62,7 +71,9 @@ def run(workload: str, seed: int, duration: float, lag: float, pick: ModuleType 
     reports: dict[str, pool_inference.ReplicaLoad] = {}
     ring = hashring.Ring([u.id for u in ups])
     seen: set[int] = set()
-    placed: dict[int, str] = {}  # the service pool's memory, unbounded here
+    placed: dict[int, str] = {}  # an older pick's memory (``--compare``), unbounded here
+    sent = prefixes.Sent()  # the service pool's memory
+    by_blocks = "matched" in inspect.signature(pick.pick).parameters if pick else False
     events: list[tuple[float, int, str, Any]] = []
     ttft: list[float] = []
     order = itertools.count()
@@ -92,8 +103,13 @@ def run(workload: str, seed: int, duration: float, lag: float, pick: ModuleType 
             cursor += 1
             if pick is None:
                 chosen = balancer.least_outstanding(ups, inflight, rng, cursor)
+            elif by_blocks:
+                blocks = prefixes.blocks_of(text[:prefix_chars].encode())
+                matched = sent.matched(blocks, [u.id for u in ups])
+                chosen = pick.pick(ups, inflight, reports, now, cursor, matched, 2.0)
+                sent.sent(blocks, chosen.id)
             else:
-                key = hashring.key_hash(text[:PREFIX_CHARS].encode())
+                key = hashring.key_hash(text[:prefix_chars].encode())
                 home = placed.get(key)
                 fresh = key not in seen
                 seen.add(key)
@@ -141,6 +157,7 @@ def main() -> int:
     parser.add_argument("--lag", type=float, default=0.005, help="a report's delay (s)")
     parser.add_argument("--workloads", default="unique,shared")
     parser.add_argument("--compare", type=Path, help="another inference.py to pick with")
+    parser.add_argument("--prefix-chars", type=int, default=PREFIX_CHARS)
     args = parser.parse_args()
     picks: list[tuple[str, ModuleType | None]] = [
         ("least_outstanding", None),
@@ -157,7 +174,9 @@ def main() -> int:
     for workload in args.workloads.split(","):
         for seed in map(int, args.seeds.split(",")):
             for name, module in picks:
-                p50, p99, hits = run(workload, seed, args.duration, args.lag, module)
+                p50, p99, hits = run(
+                    workload, seed, args.duration, args.lag, module, args.prefix_chars
+                )
                 print(
                     f"{workload:7} seed {seed} {name:34} TTFT p50 {p50:6.1f} ms  "
                     f"p99 {p99:6.1f} ms  hit rate {hits:5.1%}",

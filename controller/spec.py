@@ -476,8 +476,8 @@ class Balancing(Model):
     key: AffinityKey | None = None
     """``hash`` only: ``ip``, ``header:NAME`` or ``cookie:NAME``."""
     prefix_chars: PrefixChars | None = None
-    """``inference`` only: characters of the prompt hashed for prefix affinity (0: none;
-    by default 512)."""
+    """``inference`` only: characters of the prompt hashed in blocks for prefix affinity
+    (0: none; by default 4096)."""
     max_load_factor: LoadFactor | None = None
     """``inference`` only: a prefix's replica is passed over while its load is above this
     many times the mean (by default 2)."""

@@ -633,9 +633,10 @@ class InferenceBalancing:
 
     __pydantic_config__ = _FORBID
 
-    prefix_chars: PrefixChars = 512
+    prefix_chars: PrefixChars = 4096
     """Characters of the prompt's beginning (the raw JSON text of its messages or its
-    prompt) hashed for prefix affinity; 0: no affinity, by load alone."""
+    prompt) hashed in blocks (``pool.prefixes``) for prefix affinity; 0: no affinity, by
+    load alone."""
     max_load_factor: LoadFactor = 2.0
     """A prefix's replica is passed over while its load is above this many times the mean
     load of the candidates (bounded-load consistent hashing): a cache miss costs its whole

@@ -92,6 +92,7 @@ MODULES = (
     "pool.models",
     "pool.outlier",
     "pool.pool",
+    "pool.prefixes",
     "pool.service_pool",
     "pool.snapshot",
     "pool.ratelimit",

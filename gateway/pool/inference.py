@@ -9,20 +9,20 @@ The gateway's own count is exact and current, a report is some tens of milliseco
 report only adds what the gateway cannot see, and nothing while it agrees with the count. A
 report older than its ``expires`` counts as none: the in-flight count alone.
 
-With a prompt prefix, a prefix the pool has not seen lately (``fresh``) is in no replica's
-cache: it goes to the least loaded, ties in turn, as ``least_outstanding`` would place it, so
-prompts that share nothing are balanced as by load alone. The pool remembers where a prefix's
-first request went (its ``home``): its later requests go there while that replica, with this
-request, stays within ``max_load_factor`` times the mean load (bounded-load consistent
-hashing: Mirrokni, Thorup and Zadimoghaddam, 2018), so a conversation stays with the cache
-that holds its first turns. Past the bound, or with no home, the prefix's key goes on the
-hash ring of the routable upstreams and takes the first replica round from it that is a
-candidate within the bound: a prefix spills to the same second replica each time, and only
-a replica that joins or leaves moves prefixes. Without a prefix, or with every replica over
-the bound, the least loaded (ties rotate).
+With a prompt, the service pool says for each candidate how many leading blocks of the
+prompt's prefix it was sent lately (``prefixes.Sent``: what its prefix cache likely holds, a
+conversation's history or a system prompt). The request goes to the candidate with the most,
+ties to the least loaded, then in turn among these, among those that, with this request, stay within
+``max_load_factor`` times the mean load (bounded-load consistent hashing: Mirrokni, Thorup
+and Zadimoghaddam, 2018): a conversation stays with the cache that holds its turns so far,
+and a new one goes where its system prompt is, unless that replica is a hot spot. A prompt
+that no candidate within the bound holds a block of goes to the least loaded, ties in turn,
+as ``least_outstanding`` would place it, so prompts that share nothing are balanced as by
+load alone; so does a request without a prompt, or with every holder over the bound.
 
 Invariants: the pick is one of the candidates (routable, already filtered); with the in-flight
-counts alone, a pick by prefix keeps ``load + 1 <= ceil(c * (total + 1) / n)``.
+counts alone, a pick by prefix keeps ``load + 1 <= ceil(c * (total + 1) / n)``; a candidate
+that holds more blocks than the pick's is over that bound.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from .hashring import Ring
 from .upstream import Upstream, by_fields
 
 KV_WEIGHT: Final = 4.0
@@ -83,31 +82,26 @@ def pick(
     reports: Mapping[str, ReplicaLoad],
     now: float,
     cursor: int,
-    ring: Ring | None = None,
-    key: int | None = None,
+    matched: Sequence[int] = (),
     max_load_factor: float = 2.0,
-    fresh: bool = False,
-    home: str | None = None,
 ) -> Upstream | None:
-    """The replica for a request among ``candidates`` (None if there are none): a ``fresh``
-    prefix to the least loaded; a known one to its ``home`` (the replica its first request
-    went to), then by ``key`` on ``ring`` (a ring holding at least the candidates), within the
-    load bound; else the least loaded."""
+    """The replica for a request among ``candidates`` (None if there are none): the one
+    sent most of the prompt's leading blocks (``matched``, one count per candidate) within
+    the load bound, ties to the least loaded; else the least loaded (ties in turn)."""
     n = len(candidates)
     if n == 0:
         return None
     loads = [load_of(inflight.get(u.id, 0), reports.get(u.id), now) for u in candidates]
-    if ring is not None and key is not None and not fresh:
+    if len(matched) == n and max(matched) > 0:
         capacity = math.ceil(max_load_factor * (sum(loads) + 1) / n)
-        index = {u.id: i for i, u in enumerate(candidates)}
-        if home is not None:
-            i = index.get(home, -1)
-            if i >= 0 and loads[i] + 1 <= capacity:
-                return candidates[i]
-        for uid in ring.owners_from(key):
-            i = index.get(uid, -1)
-            if i >= 0 and loads[i] + 1 <= capacity:
-                return candidates[i]
+        held, least = 0, math.inf
+        for i in range(n):
+            m, load = matched[i], loads[i]
+            if m > 0 and load + 1 <= capacity and (m > held or (m == held and load < least)):
+                held, least = m, load
+        if held > 0:
+            tied = [i for i in range(n) if matched[i] == held and loads[i] == least]
+            return candidates[tied[cursor % len(tied)]]
     best = cursor % n
     for step in range(1, n):
         i = (cursor + step) % n

@@ -15,20 +15,17 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from ..config import Hsts, ServiceRouting, UpstreamTlsConfig
 from ..errors import NoRoutableUpstream
-from . import balancer, hashring, inference, ratelimit
+from . import balancer, hashring, inference, prefixes, ratelimit
 from .events import EventKind
 from .outlier import OutlierState
 from .snapshot import PoolSnapshot
 from .upstream import Upstream
 
 log = logging.getLogger(__name__)
-
-PREFIXES_PLACED: Final = 4096
-"""Prompt prefixes a service's pool remembers the replica of (``inference``'s ``home``)."""
 
 
 class Owner(Protocol):
@@ -185,9 +182,10 @@ class ServicePool:
         self._rules_of: object = None
         self.reports: dict[str, inference.ReplicaLoad] = {}
         """What each upstream last reported of its load (``load_metrics``, the prober's)."""
-        self.placed: dict[int, str] = {}
-        """The replica each prefix key picked for lately first went to, least recently
-        picked for first (``_placed_pick``); a replica that leaves is forgotten."""
+        self.sent = prefixes.Sent()
+        """Which replicas the blocks of the prompt prefixes were sent to lately
+        (``_prefix_pick``); a replica that leaves is forgotten."""
+        self._sent_of: tuple[Upstream, ...] = ()
         self._ring: hashring.Ring | None = None
         self._ring_of: tuple[Upstream, ...] = ()
         self.cap = 0
@@ -277,7 +275,7 @@ class ServicePool:
                 return inference.pick(
                     candidates, self.inflight, self.reports, self._owner.clock(), self.cursor
                 )
-            return self._placed_pick(candidates, hashring.key_hash(key))
+            return self._prefix_pick(candidates, key)
         if key is not None and candidates:
             return self._hashed(candidates, key)
         return balancer.pick(
@@ -298,31 +296,26 @@ class ServicePool:
                 return upstream
         return candidates[0]
 
-    def _placed_pick(self, candidates: tuple[Upstream, ...], key: int) -> Upstream | None:
-        """``inference.pick`` for prefix ``key`` (a ``key_hash``): to the replica its first
-        request went to, if it is remembered (the most recent ``PREFIXES_PLACED`` are), else
-        as a fresh prefix, and the replica it goes to is remembered."""
-        ring = self._ring_now()  # forgets the replicas that left
-        placed = self.placed
-        home = placed.pop(key, None)
+    def _prefix_pick(self, candidates: tuple[Upstream, ...], key: bytes) -> Upstream | None:
+        """``inference.pick`` for a prompt prefix ``key``: by the leading blocks of it each
+        candidate was sent lately; its blocks are remembered as sent to the one picked."""
+        routable = self.snapshot.routable
+        sent = self.sent
+        if self._sent_of is not routable:
+            sent.keep({u.id for u in routable})  # forgets the replicas that left
+            self._sent_of = routable
+        blocks = prefixes.blocks_of(key)
         chosen = inference.pick(
             candidates,
             self.inflight,
             self.reports,
             self._owner.clock(),
             self.cursor,
-            ring,
-            key,
+            sent.matched(blocks, [u.id for u in candidates]),
             self.max_load_factor,
-            home is None,
-            home,
         )
-        if home is not None:
-            placed[key] = home  # the most recent now; a spill elsewhere keeps the first
-        elif chosen is not None:
-            placed[key] = chosen.id
-            if len(placed) > PREFIXES_PLACED:
-                del placed[next(iter(placed))]
+        if chosen is not None:
+            sent.sent(blocks, chosen.id)
         return chosen
 
     def _ring_now(self) -> hashring.Ring:
@@ -333,9 +326,6 @@ class ServicePool:
             ids = tuple(u.id for u in routable)
             if ring is None or ring.ids != ids:
                 ring = self._ring = hashring.Ring(ids)
-                if self.placed:
-                    kept = set(ids)
-                    self.placed = {k: v for k, v in self.placed.items() if v in kept}
             self._ring_of = routable
         return ring
 

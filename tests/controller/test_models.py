@@ -81,7 +81,7 @@ def test_the_config_turns_models_on_and_refuses_a_shared_model(tmp_path: Path) -
 def test_the_inference_policy_takes_its_settings_and_only_it() -> None:
     s = ServiceSpec.model_validate(spec(load_balancing="inference"))
     assert s.routing().load_balancing == "inference"
-    assert s.routing().inference.prefix_chars == 512
+    assert s.routing().inference.prefix_chars == 4096
     s = ServiceSpec.model_validate(
         spec(load_balancing={"policy": "inference", "prefix_chars": 64, "max_load_factor": 2})
     )
