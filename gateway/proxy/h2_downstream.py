@@ -29,14 +29,15 @@ client's windows are bounded per stream (``h2_stream``) and per connection
 (``HELD_HIGH_WATER``), and reset after ``limits.send_timeout`` without progress. Floods
 end the connection with GOAWAY ENHANCE_YOUR_CALM (docs/hostile.md): streams the client
 resets before their answer, beyond ``max_concurrent_streams`` more than it let be answered
-(rapid reset, CVE-2023-44487: each began a request); PINGs and SETTINGS, whose
-acknowledgements the gateway must write, beyond ``CONTROL_FLOOD`` while the client reads
-nothing of what is written to it; DATA frames with nothing in them (``EMPTY_FLOOD`` in a
-row); PRIORITY and WINDOW_UPDATE frames beyond what the streams opened and the DATA sent
-justify (``PRIORITY_FLOOD``, ``WINDOW_UPDATE_FLOOD``). An idle connection (no stream
-open) is closed after ``keepalive_timeout`` with GOAWAY. ``close`` (drain, shutdown):
-GOAWAY at once, no new stream taken, the connection closed once the open ones are
-answered.
+(rapid reset, CVE-2023-44487: each began a request); frames the client makes the
+gateway write while it reads nothing of them (its socket buffer full: answers' DATA then
+wait in their streams), control frames beyond ``CONTROL_FLOOD`` (PING and SETTINGS
+acknowledgements, resets), any beyond ``OUTBOUND_FLOOD`` bytes; DATA frames with nothing
+in them (``EMPTY_FLOOD`` in a row); PRIORITY and WINDOW_UPDATE frames beyond what the
+streams opened and the DATA sent justify (``PRIORITY_FLOOD``, ``WINDOW_UPDATE_FLOOD``).
+An idle connection (no stream open) is closed after ``keepalive_timeout`` with GOAWAY.
+``close`` (drain, shutdown): GOAWAY at once, no new stream taken, the connection closed
+once the open ones are answered.
 
 Invariants: a protocol error of the client's ends the connection with GOAWAY and cuts off
 every stream on it; no stream's answer is ever presented as complete unless it is.
@@ -68,8 +69,16 @@ log = logging.getLogger(__name__)
 
 _PSEUDO: Final = frozenset({b":method", b":path", b":authority", b":scheme"})
 CONTROL_FLOOD: Final = 1000
-"""PINGs and SETTINGS taken while the connection's socket buffer is full (the client reads
-nothing), before the connection is ended."""
+"""Control frames (PING and SETTINGS acknowledgements, RST_STREAM: ``wire.http2.PING``...)
+written while the connection's socket buffer is full (the client reads nothing), before the
+connection is ended (Envoy's ``max_outbound_control_frames``)."""
+OUTBOUND_FLOOD: Final = 1024 * 1024
+"""Bytes the connection's transport may hold beyond what it held when its buffer went over
+its high-water mark (the client reads nothing), before the connection is ended: Envoy's
+``max_outbound_frames`` measured in what an asyncio transport holds, bytes. Answers' DATA
+wait in their streams meanwhile (bounded there: ``HELD_HIGH_WATER``), so what fills it is
+what the client's own frames make the gateway write: answers' heads, resets,
+acknowledgements."""
 EMPTY_FLOOD: Final = 100
 """DATA frames in a row that carry nothing and do not end their stream (Envoy's
 ``max_consecutive_inbound_frames_with_empty_payload``), before the connection is ended."""
@@ -128,7 +137,11 @@ class H2Connection(asyncio.Protocol):
         self.peer: str | None = None
         self.secure = False
         self.socket_full = False
-        """The transport's write buffer is over its high-water mark (``pause_writing``)."""
+        """The transport's write buffer is over its high-water mark (``pause_writing``):
+        no DATA is sent meanwhile (``send_out``), and what is written counts against the
+        outbound floods (``_written_while_full``)."""
+        self._full_at = 0
+        """What the transport held when it went over its high-water mark."""
         self.held = 0
         """Answer bytes queued on the streams for the client's windows (``hold``)."""
         self.streams: dict[int, H2Stream] = {}
@@ -149,7 +162,7 @@ class H2Connection(asyncio.Protocol):
         """Streams the client reset before their answer, less those answered whole (never
         below 0): over ``max_concurrent_streams``, a rapid reset."""
         self.control = 0
-        """PINGs and SETTINGS taken while the socket buffer was full."""
+        """Control frames written since the socket buffer went full."""
         self.empty = 0
         """DATA frames in a row with nothing in them and no END_STREAM."""
         self.opened = 0
@@ -302,10 +315,14 @@ class H2Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.socket_full = True
+        self.control = 0
+        if self.transport is not None:
+            self._full_at = self.transport.get_write_buffer_size()
         self._flow_all()
 
     def resume_writing(self) -> None:
         self.socket_full = False
+        self._send_all()  # what waited in the streams for the socket
         self._flow_all()
 
     def _flow_all(self) -> None:
@@ -344,14 +361,8 @@ class H2Connection(asyncio.Protocol):
                     self._calm("rapid reset")
                     return
                 self._maybe_idle()
-        elif isinstance(event, h2.events.PingReceived | h2.events.RemoteSettingsChanged):
-            if self.socket_full:
-                self.control += 1
-                if self.control > CONTROL_FLOOD:
-                    self._calm("PING/SETTINGS flood")
-                    return
-            if isinstance(event, h2.events.RemoteSettingsChanged):
-                self._send_all()
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self._send_all()
         elif isinstance(event, h2.events.WindowUpdated):
             self.window_updates += 1
             if self.window_updates > WINDOW_UPDATE_FLOOD * (1 + self.data_sent + self.opened):
@@ -496,6 +507,9 @@ class H2Connection(asyncio.Protocol):
         self._forget(stream)
 
     def send_out(self, stream: H2Stream) -> None:
+        if self.socket_full:  # it waits in ``out`` (``resume_writing``), bounded there
+            stream.flow()
+            return
         conn = self._h2
         stream_id = stream.stream_id
         out = stream.out
@@ -607,8 +621,21 @@ class H2Connection(asyncio.Protocol):
         data = self._h2.data_to_send()
         if self._after:
             data, self._after = data + self._after, b""
-        if data and self.transport is not None:
-            self.transport.write(data)
+        transport = self.transport
+        if data and transport is not None:
+            full = self.socket_full
+            transport.write(data)
+            if full:
+                self._written_while_full(transport, data)
+
+    def _written_while_full(self, transport: asyncio.Transport, data: bytes) -> None:
+        """``data`` was written while the client reads nothing: frames it makes the gateway
+        queue, bounded (Envoy's ``max_outbound_control_frames``, ``max_outbound_frames``)."""
+        self.control += http2.control_frames(data)
+        if self.control > CONTROL_FLOOD:
+            self._calm("outbound control frame flood")
+        elif transport.get_write_buffer_size() > self._full_at + OUTBOUND_FLOOD:
+            self._calm("outbound frame flood")
 
     def _calm(self, flood: str) -> None:
         """A flood: GOAWAY ENHANCE_YOUR_CALM, every stream cut off."""

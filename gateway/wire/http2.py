@@ -22,6 +22,11 @@ HEADERS: Final = 0x1
 CONTINUATION: Final = 0x9
 """Frame types (RFC 9113 §6) whose flags say whether a header block ends."""
 END_HEADERS: Final = 0x4
+RST_STREAM: Final = 0x3
+SETTINGS: Final = 0x4
+PING: Final = 0x6
+"""The control frames (Envoy's ``max_outbound_control_frames``): what a peer makes the
+gateway write without asking for an answer (acknowledgements, and resets)."""
 
 CONNECTION_SPECIFIC: Final = frozenset(
     {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
@@ -97,6 +102,20 @@ def take(out: deque[bytes], size: int) -> bytes:
         return chunk[:size]
     out.popleft()
     return chunk
+
+
+def control_frames(data: bytes) -> int:
+    """How many of the whole frames ``data`` holds (frames as ``h2`` writes them, one after
+    the other) are control frames: RST_STREAM, SETTINGS or PING."""
+    count = 0
+    at = 0
+    size = len(data)
+    while at + 9 <= size:
+        kind = data[at + 3]
+        if kind == RST_STREAM or kind == SETTINGS or kind == PING:
+            count += 1
+        at += 9 + int.from_bytes(data[at : at + 3], "big")
+    return count
 
 
 class FrameLengths:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -59,7 +60,8 @@ BIG = 1024 * 1024
 @pytest.fixture
 async def hanging(upstream: Start, pool: Pool) -> asyncio.Event:
     """A service whose upstream answers ``/hang`` only once the event is set, and ``/`` at
-    once; ``/big``: 1 KiB of a 1 MiB answer, then the rest once the event is set."""
+    once; ``/big``: 1 KiB of a 1 MiB answer, then the rest once the event is set; ``/empty``:
+    an empty answer with a 4,000-byte field (over HPACK's table: sent whole each time)."""
     release = asyncio.Event()
 
     async def hang(request: web.Request) -> web.Response:
@@ -68,6 +70,9 @@ async def hanging(upstream: Start, pool: Pool) -> asyncio.Event:
 
     async def ok(request: web.Request) -> web.Response:
         return web.Response(text="ok")
+
+    async def empty(request: web.Request) -> web.Response:
+        return web.Response(body=b"", headers={"x-fat": "f" * 4000})
 
     async def upload(request: web.Request) -> web.Response:
         return web.Response(body=await request.read())
@@ -86,6 +91,7 @@ async def hanging(upstream: Start, pool: Pool) -> asyncio.Event:
     app = web.Application()
     app.router.add_get("/hang", hang)
     app.router.add_get("/", ok)
+    app.router.add_get("/empty", empty)
     app.router.add_post("/upload", upload)
     app.router.add_get("/big", big)
     pool.set_service(routing("web", prefix="/"))
@@ -135,6 +141,28 @@ async def attack(server: TrafficServer) -> tuple[asyncio.StreamReader, asyncio.S
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(PREFACE + SettingsFrame(0).serialize())
     return reader, writer
+
+
+async def unread(server: TrafficServer) -> tuple[asyncio.StreamWriter, H2Connection]:
+    """A raw connection that sent the preface and empty SETTINGS and reads nothing (its
+    receive buffer 4 KiB: its window stays small), and its connection in the gateway."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
+    _, writer = await asyncio.open_connection(sock=sock)
+    writer.write(PREFACE + SettingsFrame(0).serialize())
+    port = sock.getsockname()[1]
+
+    def taken() -> H2Connection | None:
+        for conn in server._h2_connections:
+            transport = conn.transport
+            if transport is not None and transport.get_extra_info("peername")[1] == port:
+                return conn
+        return None
+
+    conn: H2Connection = await eventually(taken, what="the connection taken")
+    return writer, conn
 
 
 async def sent(writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -613,4 +641,109 @@ async def test_a_body_trickled_under_the_minimum_rate_is_408_on_its_stream_alone
         finally:
             await client.close()
         assert client.terminated is None
+    await served(server)
+
+
+async def ask(writer: asyncio.StreamWriter, conn: H2Connection, path: bytes, n: int) -> None:
+    """``n`` GET requests for ``path`` on new streams, at once; returns once the gateway took
+    them and answered them, or holds every open stream's answer (its socket full)."""
+    first = 2 * conn.opened + 1
+    head = b"\x82\x86\x04" + hpack_string(path) + b"\x01" + hpack_string(b"example.test")
+    await sent(writer, b"".join(header_block(i, head) for i in range(first, first + 2 * n, 2)))
+    asked = conn.opened + n
+    await eventually(
+        lambda: (
+            conn.ended or (conn.opened == asked and all(s.answered for s in conn.streams.values()))
+        ),
+        what=f"the {n} answered",
+    )
+
+
+async def test_answers_to_a_client_that_reads_none_of_them_wait_in_their_streams(
+    gateway: Start, hanging: asyncio.Event
+) -> None:
+    """Small answers on many streams to a client that reads none of them: once its socket
+    buffer is full, their DATA and their ends wait in the streams (at most
+    ``max_concurrent_streams`` of them, each bounded) and the transport holds no more;
+    reset after ``send_timeout``."""
+    server = await gateway(ListenerLimits(send_timeout=1.0))
+    asked = 0
+    async with alongside(server):
+        writer, conn = await unread(server)
+        try:
+            while not conn.socket_full and asked < 10_000:  # 20 MB of answers: a bound
+                await ask(writer, conn, b"/empty", 50)  # 4 KB each: to fill the socket
+                asked += 50
+            assert conn.socket_full
+            filled = conn.transport.get_write_buffer_size() if conn.transport else 0
+            await ask(writer, conn, b"/", 50)
+            waiting = list(conn.streams.values())
+            held = conn.transport.get_write_buffer_size() if conn.transport else 0
+            await eventually(lambda: not conn.streams, what="the streams reset")
+        finally:
+            writer.close()
+    print(f"\nsocket full after {asked} answers; 50 more held in their streams")
+    assert len(waiting) == 50
+    assert all(s.ending and not s.ended for s in waiting)
+    assert held - filled < 50 * 100  # their heads alone went
+    assert all(s.closed for s in waiting)
+    await served(server)
+
+
+async def test_answers_to_a_client_that_reads_none_of_them_are_bounded(
+    gateway: Start, hanging: asyncio.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Answers that are a HEADERS frame alone (4 KB, the end of the stream with it), on many
+    streams, to a client that reads none of them: once its socket buffer is full, the
+    transport takes ``OUTBOUND_FLOOD`` bytes more, then the connection is dropped (Envoy's
+    ``max_outbound_frames``)."""
+    caplog.set_level(logging.INFO, "gateway.proxy.h2_downstream")
+    server = await gateway()
+    asked = 0
+    async with alongside(server):
+        writer, conn = await unread(server)
+        try:
+            while asked < 10_000 and not conn.ended:  # 40 MB of answers: a bound on a hang
+                try:
+                    await ask(writer, conn, b"/empty", 50)
+                except ConnectionError:
+                    break
+                asked += 50
+        finally:
+            writer.close()
+    print(f"\nanswers to a client that reads nothing: dropped after {asked}")
+    assert asked < 10_000
+    assert "outbound frame flood" in caplog.text
+    await eventually(lambda: conn not in server._h2_connections, what="the connection closed")
+    await served(server)
+
+
+async def test_resets_of_frames_on_a_closed_stream_to_a_client_that_reads_nothing_are_bounded(
+    gateway: Start, hanging: asyncio.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DATA frames on a stream already closed, each answered with RST_STREAM STREAM_CLOSED
+    (by ``h2``, without an event), from a client that reads nothing: once its socket buffer is
+    full, ``CONTROL_FLOOD`` resets more and the connection is dropped (Envoy's
+    ``max_outbound_control_frames``)."""
+    caplog.set_level(logging.INFO, "gateway.proxy.h2_downstream")
+    server = await gateway()
+    batch = DataFrame(1).serialize() * 1000
+    batches = 0
+    async with alongside(server):
+        writer, conn = await unread(server)
+        try:
+            await sent(writer, header_block(1, request_head()))
+            await eventually(lambda: conn.opened and not conn.streams, what="stream 1 answered")
+            while batches < 2000:  # 2 million resets (26 MB): a bound on a hang
+                try:
+                    await sent(writer, batch)
+                except ConnectionError:
+                    break
+                batches += 1
+                if conn.ended:
+                    break
+        finally:
+            writer.close()
+    assert batches < 2000
+    assert "outbound control frame flood" in caplog.text
     await served(server)
