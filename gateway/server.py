@@ -149,6 +149,7 @@ class TrafficServer:
         if self.config.http2.cleartext:
             gate.http2 = self._http2
         gate.model_prefix = self.proxy.model_prefix
+        gate.timed_out = self.proxy.forwarding.client_timeout
 
         # A partial, not a closure: this module is not compiled, and a closure would run an
         # interpreted frame for every connection.

@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Final, Literal, TypeAlias
 from urllib.parse import quote
 
-from ..pool.events import RequestRecord, Tokens
+from ..pool.events import ClientTimeout, RequestRecord, Tokens
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +307,9 @@ class AccessLog:
                 queue.append(self._format(self._clock(), record) + "\n")
         else:
             self.dropped += 1
+
+    def on_client_timeout(self, protocol: str, timeout: ClientTimeout) -> None:
+        """Nothing: a line is a request's (a slow client's cut-off request has its own)."""
 
     def on_model_request(self, record: RequestRecord, tokens: Tokens) -> None:
         queue = self._queue

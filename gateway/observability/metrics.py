@@ -2,7 +2,8 @@
 
 ``GatewayMetrics`` is a ``PoolSubscriber`` (upstream health and state, ejections), a
 ``ProbeObserver`` (probe outcomes and durations) and a ``RequestObserver`` (requests,
-latencies, retries, requests by client protocol, gRPC statuses). It keeps every series'
+latencies, retries, requests by client protocol, gRPC statuses, clients given up on for
+slowness). It keeps every series'
 counts as plain ints and ``tally.Buckets``, and drops them by the rules below. No Prometheus
 here: ``scrape.MetricsCollector`` turns the counts into metric families at scrape time, in
 the main process only (a worker counts in a ``tally.RequestTally``, merged here).
@@ -30,7 +31,7 @@ from __future__ import annotations
 import bisect
 from typing import Final
 
-from ..pool.events import PoolEvent, ProbeResult, RequestRecord, Tokens
+from ..pool.events import ClientTimeout, PoolEvent, ProbeResult, RequestRecord, Tokens
 from ..pool.pool import Pool, RequestCounts
 from ..pool.upstream import Upstream
 from .status_codes import StatusCounts
@@ -40,6 +41,8 @@ UPSTREAM_STATES: Final[tuple[str, ...]] = ("unknown", "healthy", "unhealthy", "d
 """The values of ``Upstream.state``: the one-hot ``gateway_upstream_state``."""
 
 PROBE_RESULTS: Final[tuple[str, ...]] = ("success", "failure", "timeout")
+PROTOCOLS: Final[tuple[str, ...]] = ("http/1.1", "h2")
+"""The client's protocols, as the ``protocol`` label says them (HTTP/1.0 counts as 1.1)."""
 RETRY_REASONS: Final = frozenset({"connect", "disconnect", "refused", "stale", "status"})
 """What the proxy puts in ``RequestRecord.retry_reasons``; anything else counts as ``other``."""
 
@@ -143,6 +146,8 @@ class GatewayMetrics:
         """Requests that came over HTTP/2, every one (recorded or not)."""
         self.grpc: dict[tuple[str, str], int] = {}
         """gRPC answers by (service, gRPC status), for the services in the pool."""
+        self.client_timeouts: dict[tuple[str, str], int] = {}
+        """Clients given up on for slowness by (protocol, ``ClientTimeout``)."""
 
     def attach(self, pool: Pool) -> None:
         """Follow ``pool``: take in what is in it now, subscribe, report its in-flight counts."""
@@ -301,6 +306,10 @@ class GatewayMetrics:
                 total += sum(entry.answers.settled().values())
         return {"http/1.1": total - self.h2_requests, "h2": self.h2_requests}
 
+    def on_client_timeout(self, protocol: str, timeout: ClientTimeout) -> None:
+        key = (protocol, timeout)
+        self.client_timeouts[key] = self.client_timeouts.get(key, 0) + 1
+
     def on_model_request(self, record: RequestRecord, tokens: Tokens) -> None:
         self.on_request(record)
         entry = self._requests.get((record.service, record.revision))
@@ -350,6 +359,9 @@ class GatewayMetrics:
         for series, n in tally.grpc.items():
             if series[0] in self.services:
                 grpc[series] = grpc.get(series, 0) + n
+        timeouts = self.client_timeouts
+        for key, n in tally.timeouts.items():
+            timeouts[key] = timeouts.get(key, 0) + n
         for (name, revision), taken in tally.tokens.items():
             entry = self._entry(name, revision)
             if entry is not None and name:

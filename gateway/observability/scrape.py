@@ -35,7 +35,8 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from .metrics import UPSTREAM_STATES, GatewayMetrics
+from ..pool.events import CLIENT_TIMEOUTS
+from .metrics import PROTOCOLS, UPSTREAM_STATES, GatewayMetrics
 
 if TYPE_CHECKING:
     from ..health.load_scraper import LoadScraper
@@ -130,13 +131,18 @@ class MetricsCollector(Collector):
     @staticmethod
     def _protocols(metrics: GatewayMetrics) -> Iterator[Metric]:
         """Requests by the client's protocol (Envoy's ``downstream_rq_http1_total`` and
-        ``_http2_total``, as one family), and gRPC answers by status."""
-        downstream, grpc = _protocol_families()
+        ``_http2_total``, as one family), gRPC answers by status, and clients given up on for
+        slowness (every series from 0)."""
+        downstream, grpc, timeouts = _protocol_families()
         for protocol, count in metrics.downstream_requests().items():
             downstream.add_metric((protocol,), count)
         for (service, status), count in list(metrics.grpc.items()):
             grpc.add_metric((service, status), count)
-        yield from (downstream, grpc)
+        counted = metrics.client_timeouts
+        for protocol in PROTOCOLS:
+            for timeout in CLIENT_TIMEOUTS:
+                timeouts.add_metric((protocol, timeout), counted.get((protocol, timeout), 0))
+        yield from (downstream, grpc, timeouts)
 
     @staticmethod
     def _inflight(pool: Pool | None) -> Metric:
@@ -192,7 +198,7 @@ def _request_families() -> tuple[CounterMetricFamily, HistogramMetricFamily, His
     )
 
 
-def _protocol_families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
+def _protocol_families() -> tuple[CounterMetricFamily, CounterMetricFamily, CounterMetricFamily]:
     return (
         CounterMetricFamily(
             "gateway_downstream_requests",
@@ -203,6 +209,12 @@ def _protocol_families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
             "gateway_grpc_responses",
             "Answers to gRPC requests by the gRPC status they carried (upstream's or gateway's).",
             labels=("service", "grpc_status"),
+        ),
+        CounterMetricFamily(
+            "gateway_client_timeouts",
+            "Clients given up on for slowness, by protocol and timeout: header (no request head"
+            " in time), body (body_timeout or body_min_rate), send (an answer left unread).",
+            labels=("protocol", "timeout"),
         ),
     )
 

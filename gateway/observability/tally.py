@@ -14,7 +14,7 @@ from typing import Final
 
 from mypy_extensions import i64
 
-from ..pool.events import RequestRecord, Tokens
+from ..pool.events import ClientTimeout, RequestRecord, Tokens
 from ..pool.upstream import by_fields
 
 LATENCY_BUCKETS: Final[tuple[float, ...]] = (
@@ -128,12 +128,14 @@ class Tally:
     """Of the requests in ``outcomes``, those that came over HTTP/2."""
     grpc: dict[tuple[str, str], int] = field(default_factory=dict)
     """gRPC answers by (service, gRPC status)."""
+    timeouts: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Clients given up on for slowness by (protocol, ``ClientTimeout``)."""
 
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return by_fields(self)
 
     def __bool__(self) -> bool:
-        return bool(self.outcomes)
+        return bool(self.outcomes or self.timeouts)
 
 
 class TokenTally:
@@ -178,7 +180,7 @@ class RequestTally:
     rules (no stale series, no series brought back) are applied there, once.
     """
 
-    __slots__ = ("durations", "grpc", "h2", "outcomes", "tokens", "ttfb")
+    __slots__ = ("durations", "grpc", "h2", "outcomes", "timeouts", "tokens", "ttfb")
 
     def __init__(self) -> None:
         self.outcomes: dict[Outcome, int] = {}
@@ -187,6 +189,7 @@ class RequestTally:
         self.h2 = 0
         self.grpc: dict[tuple[str, str], int] = {}
         self.tokens: dict[tuple[str, int | None], TokenTally] = {}
+        self.timeouts: dict[tuple[str, str], int] = {}
 
     def on_request(self, record: RequestRecord) -> None:
         if record.http_version == "2":
@@ -220,6 +223,10 @@ class RequestTally:
             tally = self.tokens[series] = TokenTally()
         tally.count(tokens)
 
+    def on_client_timeout(self, protocol: str, timeout: ClientTimeout) -> None:
+        key = (protocol, timeout)
+        self.timeouts[key] = self.timeouts.get(key, 0) + 1
+
     def take(self) -> Tally:
         """The counts since the last ``take``; counting starts again from zero."""
         tally = Tally(
@@ -229,9 +236,10 @@ class RequestTally:
             {key: t.counted() for key, t in self.tokens.items()},
             self.h2,
             self.grpc,
+            self.timeouts,
         )
         self.outcomes, self.durations, self.ttfb, self.tokens = {}, {}, {}, {}
-        self.h2, self.grpc = 0, {}
+        self.h2, self.grpc, self.timeouts = 0, {}, {}
         return tally
 
     def __repr__(self) -> str:

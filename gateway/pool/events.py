@@ -163,6 +163,15 @@ NO_TOKENS: Final = Tokens()
 """A request on a model path whose answer was not scanned (an error, not JSON nor SSE)."""
 
 
+ClientTimeout = Literal["header", "body", "send"]
+"""A client the gateway gave up on for slowness (``limits``): ``header`` (no request head
+within ``header_timeout`` of the connection, or of the head's first bytes: over HTTP/2, a
+header block left open), ``body`` (a request body past ``body_timeout`` or under
+``body_min_rate``), ``send`` (an answer left unread for ``send_timeout``)."""
+
+CLIENT_TIMEOUTS: Final[tuple[ClientTimeout, ...]] = ("header", "body", "send")
+
+
 class RequestObserver(Protocol):
     def on_request(self, record: RequestRecord) -> None:
         """Called once per finished request; must be cheap (hot path)."""
@@ -170,3 +179,7 @@ class RequestObserver(Protocol):
     def on_model_request(self, record: RequestRecord, tokens: Tokens) -> None:
         """Called instead of ``on_request`` for a request on a model path (``models``):
         counted as ``on_request`` counts, and its tokens."""
+
+    def on_client_timeout(self, protocol: str, timeout: ClientTimeout) -> None:
+        """A client connection (``protocol``: ``http/1.1`` or ``h2``) was given up on for
+        slowness: its connection closed, or its request or stream cut off."""

@@ -42,7 +42,7 @@ from ..errors import (
 from ..observability import tracing
 from ..observability.span_buffer import SpanBuffer
 from ..observability.spans import Recording
-from ..pool.events import NO_TOKENS, RequestObserver, RequestRecord, Tokens
+from ..pool.events import NO_TOKENS, ClientTimeout, RequestObserver, RequestRecord, Tokens
 from ..pool.pool import Pool
 from ..pool.service_pool import ServicePool
 from ..pool.upstream import Upstream
@@ -89,6 +89,15 @@ class Forwarding:
         """Go on with an exchange as its request's task (after a failed attempt, if given):
         ``Proxy.hand_on``."""
         self._connector: Connector | None = None
+
+    def client_timeout(self, protocol: str, timeout: ClientTimeout) -> None:
+        """A client given up on for slowness (``ConnectionGate.timed_out``): the observers
+        told."""
+        for observer in self.observers:
+            try:
+                observer.on_client_timeout(protocol, timeout)
+            except Exception:
+                log.exception("request observer %r failed", observer)
 
     def open(self, loop: asyncio.AbstractEventLoop, connector: Connector) -> None:
         """Forward on ``loop`` with ``connector``'s upstream connections (``Proxy.start``)."""

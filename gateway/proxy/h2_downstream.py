@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Final, Protocol
 
 import h2.config
@@ -60,6 +61,7 @@ import hyperframe.frame
 
 from ..config import Http2Config, ListenerLimits
 from ..errors import RequestTimeout
+from ..pool.events import ClientTimeout
 from ..wire import grpc, hpack_codec, http2
 from .codec import Begin, Handler
 from .h2_stream import H2Stream
@@ -106,11 +108,14 @@ after its GOAWAY (``http1_downstream.LINGER_TIMEOUT``)."""
 
 
 class Gate(Protocol):
-    """The listener's count of open connections (``http1_downstream.ConnectionGate``)."""
+    """The listener's count of open connections, and what its connections share
+    (``http1_downstream.ConnectionGate``)."""
 
     open: int
     parked: int
     limit: int
+    model_prefix: str | None
+    timed_out: Callable[[str, ClientTimeout], None] | None
 
 
 class H2Connection(asyncio.Protocol):
@@ -480,6 +485,7 @@ class H2Connection(asyncio.Protocol):
         self._body_rate.pop(stream_id, None)
         rate = self._limits.body_min_rate
         slow = f" or averaged under {rate} B/s" if rate else ""
+        self._timed_out("body")
         body.fail(
             RequestTimeout(
                 f"the request body paused for over {timeout:g} s{slow}", body_timeout=timeout
@@ -542,6 +548,8 @@ class H2Connection(asyncio.Protocol):
         self._forget(stream)
 
     def reset(self, stream: H2Stream) -> None:
+        if stream.send_timed_out:
+            self._timed_out("send")
         try:
             self._h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
         except h2.exceptions.ProtocolError:
@@ -758,6 +766,7 @@ class H2Connection(asyncio.Protocol):
         if not self.streams:
             if self._first:
                 log.debug("no HTTP/2 request from %s within the header timeout", self.peer)
+                self._timed_out("header")
             self.close()
 
     # -- a header block's deadline (``header_timeout``) -------------------------------------
@@ -782,7 +791,13 @@ class H2Connection(asyncio.Protocol):
         if self.ended or not self._lengths.block_open:
             return
         log.info("HTTP/2 header block from %s unfinished within the header timeout", self.peer)
+        self._timed_out("header")
         self._end(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
+    def _timed_out(self, timeout: ClientTimeout) -> None:
+        timed_out = self._gate.timed_out
+        if timed_out is not None:
+            timed_out("h2", timeout)
 
     def __repr__(self) -> str:
         return (

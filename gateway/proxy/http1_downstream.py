@@ -50,6 +50,7 @@ import httptools
 
 from ..config import ListenerLimits
 from ..errors import BadRequest, ClientGone, GatewayError, OwnAnswer, RequestTimeout
+from ..pool.events import ClientTimeout
 from ..wire import http1, http2, plainhead
 from ..wire.batch import WriteBatch
 from ..wire.http1 import HEAD_LIMIT_FACTOR
@@ -121,6 +122,7 @@ class ConnectionGate:
         "open",
         "parked",
         "parking",
+        "timed_out",
         "trace",
     )
 
@@ -152,6 +154,9 @@ class ConnectionGate:
         self.http2: SwitchToHttp2 | None = None
         """Where a connection that opens with the HTTP/2 preface goes (h2c by prior
         knowledge); None: the preface is refused as any other bad head."""
+        self.timed_out: Callable[[str, ClientTimeout], None] | None = None
+        """Told of each client given up on for slowness, with its protocol
+        (``Forwarding.client_timeout``: the observers count it)."""
 
 
 class SwitchToHttp2(Protocol):
@@ -690,6 +695,7 @@ class ClientConnection(asyncio.Protocol, Downstream):
         if self._writing_paused:
             log.debug("client left its response unread for %ss", self._limits.send_timeout)
             self.send_timed_out = True
+            self._timed_out("send")
             self.abort()
 
     # -- reads while a large body is spliced (``splice.SplicedReads``) -----------------------
@@ -1048,6 +1054,7 @@ class ClientConnection(asyncio.Protocol, Downstream):
             return
         limits = self._limits
         rate = f" or averaged under {limits.body_min_rate} B/s" if limits.body_min_rate else ""
+        self._timed_out("body")
         request.body.fail(
             RequestTimeout(
                 f"the request body paused for over {limits.body_timeout:g} s{rate}",
@@ -1157,7 +1164,13 @@ class ClientConnection(asyncio.Protocol, Downstream):
 
     def _head_timed_out(self) -> None:
         log.debug("request head not received within %ss: closing", self._limits.header_timeout)
+        self._timed_out("header")
         self.abort()
+
+    def _timed_out(self, timeout: ClientTimeout) -> None:
+        timed_out = self._gate.timed_out
+        if timed_out is not None:
+            timed_out("http/1.1", timeout)
 
     def _await_head(self) -> None:
         """A request head is due within ``header_timeout``."""

@@ -34,11 +34,16 @@ class Recorder:
         self.records: list[RequestRecord] = []
         self.tokens: list[Tokens] = []
         """Of the requests on a model path, in order."""
+        self.timeouts: list[tuple[str, str]] = []
+        """Clients given up on for slowness: (protocol, timeout), in order."""
         self._waiters: list[asyncio.Future[RequestRecord]] = []
 
     def on_model_request(self, record: RequestRecord, tokens: Tokens) -> None:
         self.tokens.append(tokens)
         self.on_request(record)
+
+    def on_client_timeout(self, protocol: str, timeout: str) -> None:
+        self.timeouts.append((protocol, timeout))
 
     def on_request(self, record: RequestRecord) -> None:
         self.records.append(record)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import pickle
 import shutil
 import subprocess
 from bisect import bisect_left
@@ -525,6 +526,28 @@ async def test_a_workers_protocols_and_grpc_statuses_merge_as_counted_here(pool)
     assert merged.h2_requests == 4
     assert merged.grpc == {("web", "0"): 1, ("web", "4"): 1}
     assert tally.take().h2 == 0
+
+
+async def test_a_workers_client_timeouts_merge_as_counted_here(pool) -> None:
+    """``gateway_client_timeouts_total``: a worker's, sent in its tally (pickled as the
+    worker sends it), shows what counting here shows; a tally of timeouts alone is sent."""
+    direct_registry, merged_registry = CollectorRegistry(), CollectorRegistry()
+    direct, merged = collected(direct_registry), collected(merged_registry)
+    direct.attach(pool)
+    merged.attach(pool)
+    tally = RequestTally()
+    for protocol, timeout in [("h2", "header"), ("h2", "header"), ("http/1.1", "send")]:
+        direct.on_client_timeout(protocol, timeout)
+        tally.on_client_timeout(protocol, timeout)
+    taken = tally.take()
+    assert taken  # (no request in it: still worth sending)
+    merged.merge(pickle.loads(pickle.dumps(taken)))
+    assert exposition(merged_registry) == exposition(direct_registry)
+    labels = {"protocol": "h2", "timeout": "header"}
+    assert value(merged_registry, "gateway_client_timeouts_total", **labels) == 2
+    labels = {"protocol": "h2", "timeout": "body"}
+    assert value(merged_registry, "gateway_client_timeouts_total", **labels) == 0
+    assert not tally.take()
 
 
 def test_latency_bucket_is_bisect_left() -> None:

@@ -29,8 +29,11 @@ from hyperframe.frame import (
     SettingsFrame,
     WindowUpdateFrame,
 )
+from prometheus_client import CollectorRegistry
 
 from gateway.config import ListenerLimits
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.scrape import MetricsCollector
 from gateway.pool.pool import Pool
 from gateway.proxy.h2_downstream import (
     EMPTY_FLOOD,
@@ -747,3 +750,64 @@ async def test_resets_of_frames_on_a_closed_stream_to_a_client_that_reads_nothin
     assert batches < 2000
     assert "outbound control frame flood" in caplog.text
     await served(server)
+
+
+async def test_slow_clients_given_up_on_are_counted_in_the_metrics(
+    gateway: Start, hanging: asyncio.Event, pool: Pool
+) -> None:
+    """Each slow-client defence of HTTP/2 counts in ``gateway_client_timeouts_total``, as
+    HTTP/1.1's do: no request within ``header_timeout`` and a header block left open
+    (``header``), a body that stops (``body``), an answer left unread (``send``)."""
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics()
+    registry.register(MetricsCollector(metrics))
+    metrics.attach(pool)
+    limits = ListenerLimits(header_timeout=0.3, body_timeout=0.3, send_timeout=0.3)
+    server = await gateway(limits)
+    server.proxy.forwarding.observers += (metrics,)
+
+    def counted(timeout: str, protocol: str = "h2") -> float | None:
+        labels = {"protocol": protocol, "timeout": timeout}
+        return registry.get_sample_value("gateway_client_timeouts_total", labels)
+
+    assert counted("header") == 0  # every series from the start
+    reader, writer = await attack(server)  # no request
+    try:
+        assert await goaway(reader) == 0
+    finally:
+        writer.close()
+    reader, writer = await attack(server)
+    try:
+        await sent(writer, header_block(1, request_head()))  # a request, answered
+        await sent(writer, HeadersFrame(3).serialize())  # then a header block never ended
+        assert await goaway(reader) == ENHANCE_YOUR_CALM
+    finally:
+        writer.close()
+    client = await H2Client.connect(server.port)
+    try:
+        stops = client.request(
+            "/upload", method="POST", body=b"x", headers=[("content-length", "10")], end=False
+        )
+        (stopped,) = await client.get(stops)
+    finally:
+        await client.close()
+    client = await H2Client.connect(server.port, window=0, acknowledge=False)
+    try:
+        hanging.set()
+        (left,) = await client.get(client.request("/big"))
+    finally:
+        await client.close()
+    assert stopped.status == 408
+    assert left.reset is not None
+    assert (counted("header"), counted("body"), counted("send")) == (2, 1, 1)
+    assert [counted(t, "http/1.1") for t in ("header", "body", "send")] == [0, 0, 0]
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        await sent(writer, b"GET / HTTP/1.1\r\nHost: a")  # an HTTP/1.1 head that stops
+        async with asyncio.timeout(5):
+            assert not await reader.read()  # closed
+    except ConnectionResetError:
+        pass  # (aborted)
+    finally:
+        writer.close()
+    assert (counted("header", "http/1.1"), counted("header")) == (1, 2)
