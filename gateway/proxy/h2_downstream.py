@@ -62,7 +62,8 @@ import hyperframe.frame
 from ..config import Http2Config, ListenerLimits
 from ..errors import RequestTimeout
 from ..pool.events import ClientTimeout
-from ..wire import grpc, hpack_codec, http2
+from ..wire import grpc, hpack_codec, http1, http2
+from . import openai
 from .codec import Begin, Handler
 from .h2_stream import H2Stream
 from .request import HOST, IncomingRequest, Refused, RequestBody
@@ -402,10 +403,7 @@ class H2Connection(asyncio.Protocol):
                 event.headers or [], self._limits.max_header_size, event.stream_ended is None
             )
         except Refused as refused:
-            if grpc.is_grpc(event.headers or []):
-                stream.grpc_error(refused.status, refused.message, b"")
-            else:
-                stream.refuse(refused.status, refused.code, refused.message)
+            self._refuse(stream, event.headers or [], refused)
             stream.finished(IncomingRequest(None), self.loop.time())
             return
         if event.stream_ended is None:
@@ -415,6 +413,21 @@ class H2Connection(asyncio.Protocol):
         begin = self._begin
         if begin is None or not begin(stream, request):
             stream.run(request, self._handler(stream, request))
+
+    def _refuse(self, stream: H2Stream, fields: http2.Fields, refused: Refused) -> None:
+        """Answer a head ``incoming`` refused, as HTTP/1.1's codec answers one: in gRPC's
+        shape to a gRPC request, in OpenAI's on a model path (``models.path_prefix``)."""
+        if grpc.is_grpc(fields):
+            stream.grpc_error(refused.status, refused.message, b"")
+            return
+        prefix = self._gate.model_prefix
+        if prefix is not None:
+            path = next((value for name, value in fields if name == b":path"), b"")
+            if openai.model_path(prefix, path) is not None:
+                answer = openai.refusal(refused.status, refused.code, refused.message)
+                stream.send_whole(http1.plain_response(refused.status, answer.body, answer.headers))
+                return
+        stream.refuse(refused.status, refused.code, refused.message)
 
     def _data(self, event: h2.events.DataReceived) -> None:
         stream_id = event.stream_id
@@ -818,8 +831,8 @@ def incoming(fields: list[tuple[bytes, bytes]], limit: int, body: bool) -> Incom
     """A request head as HTTP/2 fields (``h2`` checked their form: pseudo-fields first and
     once each, lower-case names, no connection-specific field) as an ``IncomingRequest``;
     ``Refused`` where an HTTP/1.1 head would be (``IncomingRequest.add_field``, ``limit``:
-    ``max_header_size``), or if it asks for CONNECT. ``body``: a body follows (a body of no
-    known length goes upstream chunked)."""
+    ``max_header_size``, of a field and of the target), or if it asks for CONNECT.
+    ``body``: a body follows (a body of no known length goes upstream chunked)."""
     request = IncomingRequest([])
     request.version = "2"
     authority = b""
@@ -829,6 +842,8 @@ def incoming(fields: list[tuple[bytes, bytes]], limit: int, body: bool) -> Incom
             if name == b":method":
                 request.method = value.decode("ascii", "replace")
             elif name == b":path":
+                if len(value) > limit:  # as HTTP/1.1's request line
+                    raise Refused(414, "uri_too_long", "the request target is too long")
                 request.target = value
             elif name == b":authority":
                 authority = value

@@ -385,6 +385,7 @@ def test_a_head_becomes_a_request_as_http1_would_have_it() -> None:
         ([(b":method", b"GET"), (b":path", b"/"), (b":authority", b"bad host")], 400),
         ([(b":method", b"GET"), (b":path", b"/"), (b"host", b"a"), (b"host", b"b")], 400),
         ([(b":method", b"GET"), (b":path", b"/"), (b"x", b"v" * 20000)], 431),
+        ([(b":method", b"GET"), (b":path", b"/" + b"a" * 16384)], 414),
         ([(b":method", b"POST"), (b":path", b"/"), (b"content-length", b"x")], 400),
         ([(b":method", b"GET"), (b":path", b"/"), (b"x", b"\xff")], 400),
     ],

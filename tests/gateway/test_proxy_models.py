@@ -12,6 +12,7 @@ from aiohttp import web
 
 from gateway.health.load_scraper import LoadScraper
 from gateway.pool.upstream import Health
+from tests.support.h2_client import H2Client
 
 from .conftest import raw_request, routing, url
 
@@ -181,6 +182,49 @@ async def test_heads_the_codec_refuses_on_model_paths_take_openais_shape(
     for path in (b"/llama/v1/completions", b"/v1x"):
         answer = await raw_request(gw.port, head.replace(b"{path}", path))
         assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == code
+
+
+@pytest.mark.parametrize(
+    ("suffix", "headers", "authority", "status", "code"),
+    [
+        ("?q=" + "a" * BIG, [], "h", 414, "uri_too_long"),
+        ("", [("x-big", "b" * BIG)], "h", 431, "header_too_large"),
+        ("", [], "bad host!", 400, "bad_request"),
+    ],
+    ids=["long-target", "long-value", "bad-authority"],
+)
+async def test_streams_the_http2_codec_refuses_on_model_paths_take_openais_shape(
+    pool, upstream, gateway, suffix, headers, authority, status, code
+):
+    """As HTTP/1.1's heads above: an HTTP/2 stream refused before routing (its connection
+    serves on) is answered in OpenAI's shape under the prefix, in the gateway's elsewhere."""
+    await two_models(pool, upstream)
+    gw = await gateway(**MODELS)
+    client = await H2Client.connect(gw.port)
+    try:
+        answers = {}
+        for path in ("/v1/chat/completions", "/v1", "/llama/v1/completions", "/v1x"):
+            stream = client.request(
+                path + suffix, method="POST", headers=headers, authority=authority
+            )
+            (answers[path],) = await client.get(stream)
+    finally:
+        await client.close()
+    assert client.terminated is None
+    for path in ("/v1/chat/completions", "/v1"):
+        answer = answers[path]
+        assert answer.status == status
+        assert answer.headers[b"content-type"] == b"application/json"
+        error = json.loads(answer.body)["error"]
+        assert (error["code"], error["type"], error["param"]) == (
+            code,
+            "invalid_request_error",
+            None,
+        )
+        assert error["message"]
+    for path in ("/llama/v1/completions", "/v1x"):
+        assert answers[path].status == status
+        assert json.loads(answers[path].body)["error"] == code
 
 
 async def test_other_paths_route_as_before(pool, upstream, gateway, client):
