@@ -7,8 +7,9 @@ handshake chose ``h2`` by ALPN (``tls.transport``). Each stream the client opens
 independent request (``h2_stream.H2Stream``, its ``Downstream``) served as an HTTP/1.1
 request is: ``begin`` without a task if it can, else as a task of ``handler``; the upstream
 leg stays HTTP/1.1. ``h2`` frames, decodes HPACK, checks the streams' states and keeps the
-windows; this module feeds it, turns its events into requests and body pieces, and sends
-what the streams queue as the client's windows allow.
+windows; this module feeds it, turns its events into requests and body pieces (a request's
+trailers ride on its body: ``RequestBody.trailers``, relayed by an HTTP/2 upstream leg), and
+sends what the streams queue as the client's windows allow.
 
 Limits: at most ``http2.max_concurrent_streams`` streams open at once (a client that opens
 more breaks the protocol: GOAWAY), a header list at most ``http2.max_header_list_size``
@@ -350,6 +351,11 @@ class H2Connection(asyncio.Protocol):
             self._request(event)
         elif isinstance(event, h2.events.DataReceived):
             self._data(event)
+        elif isinstance(event, h2.events.TrailersReceived):
+            stream = self.streams.get(event.stream_id)
+            request = stream.request if stream is not None else None
+            if request is not None and request.body is not None:
+                request.body.trailers = http2.trailer_fields(event.headers or [])
         elif isinstance(event, h2.events.StreamEnded):
             stream = self.streams.get(event.stream_id)
             request = stream.request if stream is not None else None

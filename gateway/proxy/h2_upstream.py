@@ -50,6 +50,7 @@ from ..wire.http2 import Fields
 from ..wire.upstream_tls import UpstreamTls, UpstreamTlsError, handshake_failure
 from .exchange import Exchange
 from .messages import ResponseHead
+from .request import RequestBody
 from .retry import Failed
 from .streams import Producer, ResponseStream
 
@@ -87,6 +88,8 @@ class UpstreamStream:
         self._unacknowledged = 0
         self.trailers: Fields = []
         self.bytes_out = 0
+        self.request_body: RequestBody | None = None
+        """The request's body, whose trailers (``RequestBody.trailers``) follow it."""
 
     # -- the request body (``streams.BodySink``) ------------------------------------------
 
@@ -329,6 +332,8 @@ class H2UpstreamConnection(asyncio.Protocol):
         stream_id = stream.stream_id
         if stream_id not in self.streams or stream.sent_end:
             return
+        body = stream.request_body
+        trailers = body.trailers if body is not None else None
         try:
             while out:
                 window = min(
@@ -337,11 +342,14 @@ class H2UpstreamConnection(asyncio.Protocol):
                 if window <= 0:
                     break
                 chunk = http2.take(out, window)
-                last = ending and not out
+                last = ending and not out and not trailers
                 conn.send_data(stream_id, chunk, end_stream=last)
                 stream.sent_end = last
             if ending and not out and not stream.sent_end:
-                conn.end_stream(stream_id)
+                if trailers:
+                    conn.send_headers(stream_id, trailers, end_stream=True)
+                else:
+                    conn.end_stream(stream_id)
                 stream.sent_end = True
         except h2.exceptions.ProtocolError:
             pass  # the stream ended meanwhile (the replica answered and reset it)
@@ -560,6 +568,7 @@ async def forward(
     try:
         async with asyncio.timeout_at(ex.deadline):  # the call's, from its arrival
             if body is not None:
+                stream.request_body = body
                 ex.bytes_in = body.received
                 if whole is None and body.complete and not body.taken:
                     whole = ex.whole_body = body.take()

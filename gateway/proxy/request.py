@@ -78,6 +78,7 @@ class RequestBody:
         "limit",
         "received",
         "started",
+        "trailers",
     )
 
     def __init__(self, conn: BodySource, expect_continue: bool) -> None:
@@ -94,6 +95,9 @@ class RequestBody:
         self.started = False
         self.complete = False
         self.error: BaseException | None = None
+        self.trailers: list[tuple[bytes, bytes]] | None = None
+        """Fields the client sent after the body (HTTP/2 trailers), known once it is
+        ``complete``: relayed to an HTTP/2 upstream, dropped by HTTP/1.1's (as nginx does)."""
 
     def feed(self, data: bytes | memoryview) -> None:
         """A piece of the body (a memoryview only while ``sink_transport`` is not None)."""

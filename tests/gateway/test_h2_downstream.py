@@ -142,6 +142,24 @@ async def test_a_post_body_is_relayed_with_and_without_a_length(
     assert (answer.status, sent["method"], sent["body"]) == (200, "POST", 1000)
 
 
+async def test_trailers_to_an_http1_replica_are_dropped(gateway: Start, echo: None) -> None:
+    """As nginx does: the body goes whole (chunked, or framed by its length once whole),
+    its trailers nowhere; the stream is answered."""
+    server = await gateway()
+    client = await H2Client.connect(server.port)
+    try:
+        stream = client.request("/t", method="POST", body=b"y" * 1000, end=False)
+        client.conn.send_headers(stream, [("x-checksum", "abc")], end_stream=True)
+        client.flush()
+        (answer,) = await client.get(stream)
+    finally:
+        await client.close()
+    sent = json.loads(answer.body)
+    assert (answer.status, sent["body"]) == (200, 1000)
+    assert "x-checksum" not in {name.lower() for name, _ in sent["headers"]}
+    assert client.terminated is None
+
+
 async def test_the_gateways_own_answers_go_on_the_stream(
     gateway: Start, pool: Pool, recorder: Recorder
 ) -> None:

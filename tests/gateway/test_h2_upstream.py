@@ -22,6 +22,7 @@ from aiohttp.test_utils import unused_port
 from gateway.config import RetriesConfig, ServiceRouting
 from gateway.proxy.h2_upstream import H2Connector
 from tests.support.eventually import eventually
+from tests.support.h2_client import H2Client
 
 from .conftest import add, routing, url
 
@@ -152,6 +153,8 @@ class Replica:
         """The last request's fields, as the replica's ``h2`` (validating them) read them."""
         self.indexed = 0
         """The most entries the gateway's header blocks put in the decoder's dynamic table."""
+        self.trailers: list[dict[bytes, bytes]] = []
+        """The requests' trailers, as they arrived."""
         self.server: asyncio.Server | None = None
 
     async def start(self) -> int:
@@ -185,6 +188,8 @@ class Replica:
                         gone = True
                     else:
                         bodies[stream_id] = bytearray()
+                elif isinstance(event, h2.events.TrailersReceived):
+                    self.trailers.append(dict(event.headers or []))
                 elif isinstance(event, h2.events.DataReceived):
                     conn.acknowledge_received_data(event.flow_controlled_length or 0, stream_id)
                     if stream_id in bodies:
@@ -326,3 +331,29 @@ async def test_a_503_is_retried_for_idempotent_requests_with_on_status(
         async with client.post(url(gw), data=b"x") as resp:
             posts.add(resp.status)
     assert posts == {200, 503}
+
+
+async def test_an_http2_clients_trailers_are_relayed_to_an_http2_replica(
+    pool, replicas, gateway
+) -> None:
+    """Request trailers (HEADERS with END_STREAM after the body) go on after the body,
+    whether they come once the attempt is under way or with the whole request."""
+    pool.set_service(h2_service())
+    replica = await replicas("ok", "ok")
+    gw = await gateway()
+    client = await H2Client.connect(gw.port)
+    try:
+        late = client.request("/", method="POST", body=b"payload", end=False)
+        await eventually(lambda: replica.heads == 1, what="the attempt under way")
+        client.conn.send_headers(late, [("x-checksum", "abc"), ("x-n", "1")], end_stream=True)
+        client.flush()
+        (first,) = await client.get(late)
+        whole = client.request("/", method="POST", body=b"payload!", end=False)
+        client.conn.send_headers(whole, [("x-checksum", "def")], end_stream=True)
+        client.flush()
+        (second,) = await client.get(whole)
+    finally:
+        await client.close()
+    assert (first.status, bytes(first.body)) == (200, b"ok:7")
+    assert (second.status, bytes(second.body)) == (200, b"ok:8")
+    assert replica.trailers == [{b"x-checksum": b"abc", b"x-n": b"1"}, {b"x-checksum": b"def"}]
