@@ -36,11 +36,11 @@ from system import (
 from targets import (
     Limits,
     Target,
+    alternating_wrk,
     gateway_config,
     native_status,
     start_configured,
     start_upstream,
-    wrk_cpu,
 )
 
 TOKEN = "bench-token-" + "7" * 40
@@ -87,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     tmp = work_dir("guards")
     procs = Procs(tmp)
     lim = Limits(max_connections=1024, nofile=4096, access_log=False)
-    figures: dict[str, list[tuple[float, float]]] = {"plain": [], "guarded": []}
     try:
         up, p1, a1, p2, a2 = free_ports(5)
         (tmp / "admin-token").write_text(os.urandom(16).hex())
@@ -99,14 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             start(procs, "guarded", guarded, args.proxy_cpu, args.pure),
         ]
         del upstream
-        for target in targets:  # warm-up
-            wrk_cpu(procs, target, 2, args.load_cpu, BEARER)
-        for rep in range(args.repeat):
-            for target in targets if rep % 2 == 0 else targets[::-1]:
-                rps, cpu = wrk_cpu(procs, target, args.duration, args.load_cpu, BEARER)
-                figures[target.name].append((rps, cpu))
-                print(f"bench: rep {rep + 1} {target.name:8} {rps:>9,.0f} rps  "
-                      f"CPU {cpu:6.1f} us/req", file=sys.stderr)  # fmt: skip
+        figures = alternating_wrk(procs, targets, args.repeat, args.duration, args.load_cpu, BEARER)
     except Failure as e:
         print(f"bench: {e}", file=sys.stderr)
         return 1

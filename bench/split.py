@@ -40,11 +40,11 @@ from system import (
 from targets import (
     Limits,
     Target,
+    alternating_wrk,
     gateway_config,
     native_status,
     start_configured,
     start_upstream,
-    wrk_cpu,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,7 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     procs = Procs(tmp)
     others = Procs(work_dir("split-upstream"))  # the second nginx, in a directory of its own
     lim = Limits(max_connections=1024, nofile=4096, access_log=False)
-    figures: dict[str, list[tuple[float, float]]] = {"plain": [], "split": []}
     try:
         up, up2, p1, a1, p2, a2 = free_ports(6)
         token = os.urandom(16).hex()
@@ -124,14 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         hold_canary(split, token, args.weight)
         del upstream, second
-        for target in targets:  # warm-up
-            wrk_cpu(procs, target, 2, args.load_cpu)
-        for rep in range(args.repeat):
-            for target in targets if rep % 2 == 0 else targets[::-1]:
-                rps, cpu = wrk_cpu(procs, target, args.duration, args.load_cpu)
-                figures[target.name].append((rps, cpu))
-                print(f"bench: rep {rep + 1} {target.name:6} {rps:>9,.0f} rps  "
-                      f"CPU {cpu:6.1f} us/req", file=sys.stderr)  # fmt: skip
+        figures = alternating_wrk(procs, targets, args.repeat, args.duration, args.load_cpu)
         view = admin(split, token, "GET", "/api/services/bench")
         if (view.get("rollout") or {}).get("weight") != args.weight:
             raise Failure("the canary did not hold its weight through the runs")

@@ -510,6 +510,30 @@ def wrk_cpu(
     return run.rps, used / run.requests * 1e6
 
 
+def alternating_wrk(
+    procs: Procs,
+    targets: list[Target],
+    repeat: int,
+    duration: float,
+    cpu: int,
+    headers: tuple[str, ...] = (),
+) -> dict[str, list[tuple[float, float]]]:
+    """Each target warmed up (2 s of ``wrk_cpu``), then ``repeat`` rounds of one ``wrk_cpu``
+    run each, the order turning by one each round (two targets: alternating), a line per run
+    on stderr: (requests/s, CPU µs a request) per target, a pair per round."""
+    for target in targets:
+        wrk_cpu(procs, target, 2, cpu, headers)
+    figures: dict[str, list[tuple[float, float]]] = {target.name: [] for target in targets}
+    for rep in range(repeat):
+        turn = rep % len(targets)
+        for target in targets[turn:] + targets[:turn]:
+            rps, used = wrk_cpu(procs, target, duration, cpu, headers)
+            figures[target.name].append((rps, used))
+            print(f"bench: rep {rep + 1} {target.name:8} {rps:>9,.0f} rps  "
+                  f"CPU {used:6.1f} us/req", file=sys.stderr)  # fmt: skip
+    return figures
+
+
 def native_status(pure: bool) -> str:
     """What ``gateway native status`` says of the venv's gateway (pure: GATEWAY_NATIVE=0)."""
     gateway = Path(sys.executable).parent / "gateway"

@@ -34,12 +34,12 @@ from targets import (
     UPSTREAM_NGINX,
     Limits,
     Target,
+    alternating_wrk,
     gateway_ciphers,
     gateway_config,
     make_certificate,
     native_status,
     start_configured,
-    wrk_cpu,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     tmp = work_dir("upstream-tls")
     procs = Procs(tmp)
     lim = Limits(max_connections=1024, nofile=4096, access_log=False)
-    figures: dict[str, list[tuple[float, float]]] = {"plain": [], "tls": []}
     try:
         up, up_tls, p1, a1, p2, a2 = free_ports(6)
         (tmp / "admin-token").write_text(os.urandom(16).hex())
@@ -96,14 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             start_configured(procs, "plain", plain, args.proxy_cpu, args.pure),
             start_configured(procs, "tls", tls, args.proxy_cpu, args.pure),
         ]
-        for target in targets:  # warm-up
-            wrk_cpu(procs, target, 2, args.load_cpu)
-        for rep in range(args.repeat):
-            for target in targets if rep % 2 == 0 else targets[::-1]:
-                rps, cpu = wrk_cpu(procs, target, args.duration, args.load_cpu)
-                figures[target.name].append((rps, cpu))
-                print(f"bench: rep {rep + 1} {target.name:6} {rps:>9,.0f} rps  "
-                      f"CPU {cpu:6.1f} us/req", file=sys.stderr)  # fmt: skip
+        figures = alternating_wrk(procs, targets, args.repeat, args.duration, args.load_cpu)
     except Failure as e:
         print(f"bench: {e}", file=sys.stderr)
         return 1
