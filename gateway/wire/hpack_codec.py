@@ -308,16 +308,13 @@ def integer_at(data: bytes, at: int, prefix: int) -> tuple[int, int]:
 def string_at(data: bytes, at: int) -> tuple[bytes, int]:
     """The string literal whose first octet is at ``at`` (Huffman-coded or not), and where
     what follows it begins."""
-    if at >= len(data):
-        raise HPACKDecodingError("Truncated header block")
-    coded = bool(data[at] & 0x80)
-    length, at = integer_at(data, at, 7)
-    end = at + length
+    length, start = integer_at(data, at, 7)  # raises for a block cut before it
+    end = start + length
     if end > len(data):
         raise HPACKDecodingError("Truncated header block")
-    if coded:
-        return huffman_decode(data, at, end), end
-    return data[at:end], end
+    if data[at] & 0x80:
+        return huffman_decode(data, start, end), end
+    return data[start:end], end
 
 
 def huffman_decode(data: bytes, at: int, end: int) -> bytes:
