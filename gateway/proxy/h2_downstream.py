@@ -426,14 +426,14 @@ class H2Connection(asyncio.Protocol):
         if grpc.is_grpc(fields):
             stream.grpc_error(refused.status, refused.message, b"")
             return
-        prefix = self._gate.model_prefix
-        if prefix is not None:
-            path = next((value for name, value in fields if name == b":path"), b"")
-            if openai.model_path(prefix, path) is not None:
-                answer = openai.refusal(refused.status, refused.code, refused.message)
-                stream.send_whole(http1.plain_response(refused.status, answer.body, answer.headers))
-                return
-        stream.refuse(refused.status, refused.code, refused.message)
+        path = next((value for name, value in fields if name == b":path"), b"")
+        answer = openai.refused_head(
+            self._gate.model_prefix, path, refused.status, refused.code, refused.message
+        )
+        if answer is not None:
+            stream.send_whole(http1.plain_response(refused.status, answer.body, answer.headers))
+        else:
+            stream.refuse(refused.status, refused.code, refused.message)
 
     def _data(self, event: h2.events.DataReceived) -> None:
         stream_id = event.stream_id

@@ -171,7 +171,8 @@ class Proxy:
             if sp.upstream_tls is None:
                 conn = forwarding.connector.idle(upstream.address)
             else:
-                tls = UpstreamTls.of(sp.upstream_tls, alpn_of(sp.routing.upstream_protocol))
+                tls = upstream_tls(sp)
+                assert tls is not None
                 conn = forwarding.connector.idle(tls.key(upstream.address))
         if conn is None:
             # The task connects (to the upstream picked: a pick is not undone) or waits.

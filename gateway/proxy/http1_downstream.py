@@ -657,13 +657,14 @@ class ClientConnection(asyncio.Protocol, Downstream):
         if self.transport is None:
             return
         if self.active is None:
-            prefix = self._gate.model_prefix
-            if (
-                prefix is not None
-                and refused is not None
-                and openai.model_path(prefix, refused.target) is not None
-            ):
-                answer = openai.refusal(status, code, message)
+            answer = (
+                None
+                if refused is None
+                else openai.refused_head(
+                    self._gate.model_prefix, refused.target, status, code, message
+                )
+            )
+            if answer is not None:
                 self.write(http1.plain_response(status, answer.body, answer.headers, close=True))
             else:
                 body = {"error": code, "message": message}

@@ -134,3 +134,14 @@ def refusal(status: int, code: str, message: str) -> OwnAnswer:
     refused.status = status
     refused.code = code
     return error_answer(refused)
+
+
+def refused_head(
+    prefix: str | None, target: bytes, status: int, code: str, message: str
+) -> OwnAnswer | None:
+    """The answer to a request head a codec refused (before any routing) whose ``target`` is
+    under ``prefix`` (``models.path_prefix``), in OpenAI's shape; None elsewhere (the
+    gateway's own shape)."""
+    if prefix is None or model_path(prefix, target) is None:
+        return None
+    return refusal(status, code, message)
