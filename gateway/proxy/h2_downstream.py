@@ -1,23 +1,24 @@
 """The client's side of the proxy over HTTP/2: one ``H2Connection`` (an asyncio protocol) per
-client connection that speaks it, on the ``h2`` library (python-hyper).
+client connection that speaks it, on a ``wire.h2_session.Session``.
 
 A connection becomes one when the plain listener reads the HTTP/2 preface (h2c by prior
 knowledge: ``ClientConnection`` hands its transport over, ``take_over``), or when a TLS
 handshake chose ``h2`` by ALPN (``tls.transport``). Each stream the client opens is an
 independent request (``h2_stream.H2Stream``, its ``Downstream``) served as an HTTP/1.1
 request is: ``begin`` without a task if it can, else as a task of ``handler``; the upstream
-leg stays HTTP/1.1. ``h2`` frames, decodes HPACK, checks the streams' states and keeps the
-windows; this module feeds it, turns its events into requests and body pieces (a request's
+leg stays HTTP/1.1. The session frames, decodes HPACK, checks the streams' states and keeps
+the windows; this module feeds it, turns its events into requests and body pieces (a request's
 trailers ride on its body: ``RequestBody.trailers``, relayed by an HTTP/2 upstream leg), and
 sends what the streams queue as the client's windows allow.
 
-Limits: at most ``http2.max_concurrent_streams`` streams open at once (a client that opens
-more breaks the protocol: GOAWAY), a header list at most ``http2.max_header_list_size``
-bytes decoded, checked as it is decoded (an HPACK bomb: GOAWAY ENHANCE_YOUR_CALM; and, by
-``h2``, at most 64 CONTINUATION frames), and each head under the listener's own field
-limits (``request``: 431, 400), answered on its stream; a field block that does not decode
-is a COMPRESSION_ERROR; a frame over SETTINGS_MAX_FRAME_SIZE is refused at its header
-(``wire.http2.FrameLengths``: FRAME_SIZE_ERROR); a request body that pauses past
+Limits: at most ``http2.max_concurrent_streams`` streams open at once (a stream the client
+opens beyond them is refused: RST_STREAM REFUSED_STREAM, as nginx does), a header list at
+most ``http2.max_header_list_size`` bytes decoded, checked as it is decoded (an HPACK bomb:
+GOAWAY ENHANCE_YOUR_CALM; and, by the session, at most 64 CONTINUATION frames), and each
+head under the listener's own field limits (``request``: 431, 400), answered on its stream;
+a field block that does not decode is a COMPRESSION_ERROR; a frame over
+SETTINGS_MAX_FRAME_SIZE is refused at its header (FRAME_SIZE_ERROR); a malformed head is
+refused on its stream (RST_STREAM PROTOCOL_ERROR); a request body that pauses past
 ``limits.body_timeout``, or averages under ``limits.body_min_rate`` once ``body_timeout``
 has passed since it began, fails with 408 on its stream, as HTTP/1.1's does. Slow heads
 (slowloris), as HTTP/1.1's ``header_timeout``: a connection's first request must come whole
@@ -51,19 +52,21 @@ import logging
 from collections.abc import Callable
 from typing import Final, Protocol
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-import hpack.exceptions
-import hyperframe.frame
-
 from ..config import Http2Config, ListenerLimits
 from ..errors import RequestTimeout
 from ..pool.events import ClientTimeout
-from ..wire import grpc, hpack_codec, http1, http2
+from ..wire import grpc, h2_session, http1, http2
+from ..wire.h2_session import (
+    DataReceived,
+    Event,
+    PriorityUpdated,
+    RemoteSettingsChanged,
+    RequestReceived,
+    StreamEnded,
+    StreamReset,
+    TrailersReceived,
+    WindowUpdated,
+)
 from . import openai
 from .codec import Begin, Handler
 from .h2_stream import H2Stream
@@ -101,9 +104,9 @@ others, and a client that opens many streams and opens no window makes the gatew
 this and a read, not ``max_concurrent_streams`` times what one stream may."""
 TURN_SLICE: Final = 16 * 1024
 TURN_EVENTS: Final = 256
-"""What ``h2`` is fed of a read before the loop turns: slices of ``TURN_SLICE`` bytes until
+"""What the session is fed of a read before the loop turns: slices of ``TURN_SLICE`` bytes until
 they made this many events (a read of 256 KiB of PINGs is 15,000 frames: the other
-connections wait while ``h2`` takes them)."""
+connections wait while the session takes them)."""
 LINGER_TIMEOUT: Final = 2.0
 """An ended connection reads and discards what the client still sends, for up to this long,
 after its GOAWAY (``http1_downstream.LINGER_TIMEOUT``)."""
@@ -160,10 +163,8 @@ class H2Connection(asyncio.Protocol):
         self._on_closed: list[asyncio.Future[None]] = []
         self._sending = 0
         """Inside ``data_received``: what the events make is written once, at its end."""
-        self._after = b""
-        """Frames made here, written after ``h2``'s (a GOAWAY)."""
         self._flushing = False
-        """A write of what ``h2`` made is due at the end of the loop's turn (``_flush``)."""
+        """A write of what the session made is due at the end of the loop's turn (``_flush``)."""
         self._idle_timer: asyncio.TimerHandle | None = None
         self.resets = 0
         """Streams the client reset before their answer, less those answered whole (never
@@ -186,33 +187,14 @@ class H2Connection(asyncio.Protocol):
         """When each body under way began (or the gateway last held it back) and how much of
         it had come then: the baseline of ``body_min_rate``."""
         self._block_timer: asyncio.TimerHandle | None = None
-        """A header block is open (``h2`` holds its frames): it must end by then."""
+        """A header block is open (the session holds its frames): it must end by then."""
         self._first = True
         """No request came yet: the idle timer is ``header_timeout``'s."""
-        # Outbound fields are ours (``wire.http2.answer_fields``, or trailers the upstream
-        # leg's h2 validated): h2's rework and checks of them on every answer are redundant.
-        config = h2.config.H2Configuration(
-            client_side=False,
-            header_encoding=None,
-            normalize_outbound_headers=False,
-            validate_outbound_headers=False,
+        self._session = h2_session.Session(
+            False, settings.max_concurrent_streams, settings.max_header_list_size
         )
-        self._h2 = conn = h2.connection.H2Connection(config)
-        # HPACK compiled (wire.hpack_codec): h2 calls only the encoder's and the decoder's
-        # encode and decode and sets their limits.
-        conn.encoder = hpack_codec.Encoder()  # type: ignore[assignment]
-        conn.decoder = hpack_codec.Decoder()  # type: ignore[assignment]
-        conn.local_settings = h2.settings.Settings(
-            client=False,
-            initial_values={
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: settings.max_concurrent_streams,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: settings.max_header_list_size,
-            },
-        )
-        conn.decoder.max_header_list_size = settings.max_header_list_size
-        self._lengths = http2.FrameLengths(conn.local_settings.max_frame_size)
         self._backlog = b""
-        """What was read and not yet fed to ``h2`` (``_take``)."""
+        """What was read and not yet fed to the session (``_take``)."""
 
     # -- taking the connection ------------------------------------------------------------
 
@@ -232,7 +214,7 @@ class H2Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else None
         self._connections.add(self)
-        self._h2.initiate_connection()
+        self._session.initiate()
         self._flush()
         self._idle(self._limits.header_timeout)  # the first request, as HTTP/1.1's head
         if read:
@@ -245,17 +227,13 @@ class H2Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.ended:
             return
-        if self._lengths.oversized(data) >= 0:  # refused at its header, not its end
-            log.debug("HTTP/2 frame over the size limit from %s", self.peer)
-            self._end(h2.errors.ErrorCodes.FRAME_SIZE_ERROR)
-            return
         if self._backlog:  # (what a transport had read before it paused)
             self._backlog += data
             return
         self._take(data)
 
     def _take(self, data: bytes) -> None:
-        """Feed ``data`` to ``h2`` a slice at a time; once the slices made ``TURN_EVENTS``
+        """Feed ``data`` to the session a slice at a time; once the slices made ``TURN_EVENTS``
         events, the rest waits for the loop's next turn (reading paused meanwhile)."""
         if len(data) <= TURN_SLICE:
             self._receive(data)
@@ -282,12 +260,12 @@ class H2Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def _receive(self, data: bytes) -> int:
-        """Feed ``data`` to ``h2`` and act on its events: how many there were."""
+        """Feed ``data`` to the session and act on its events: how many there were."""
         self._sending += 1
         try:
             try:
-                events = self._h2.receive_data(data)
-            except h2.exceptions.ProtocolError as exc:
+                events = self._session.receive(data)
+            except h2_session.ProtocolError as exc:
                 self._broken(exc)
                 return 0
             for event in events:
@@ -344,25 +322,25 @@ class H2Connection(asyncio.Protocol):
 
     # -- events ---------------------------------------------------------------------------
 
-    def _event(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.RequestReceived):
+    def _event(self, event: Event) -> None:
+        if isinstance(event, RequestReceived):
             self.empty = 0
             self.opened += 1
             self._request(event)
-        elif isinstance(event, h2.events.DataReceived):
+        elif isinstance(event, DataReceived):
             self._data(event)
-        elif isinstance(event, h2.events.TrailersReceived):
+        elif isinstance(event, TrailersReceived):
             stream = self.streams.get(event.stream_id)
             request = stream.request if stream is not None else None
             if request is not None and request.body is not None:
-                request.body.trailers = http2.trailer_fields(event.headers or [])
-        elif isinstance(event, h2.events.StreamEnded):
+                request.body.trailers = http2.trailer_fields(event.headers)
+        elif isinstance(event, StreamEnded):
             stream = self.streams.get(event.stream_id)
             request = stream.request if stream is not None else None
             if request is not None and request.body is not None:
                 self._body_done(event.stream_id)
                 request.body.finish()
-        elif isinstance(event, h2.events.StreamReset):
+        elif isinstance(event, StreamReset):
             stream = self.streams.pop(event.stream_id, None)
             if stream is not None:
                 self._body_done(event.stream_id)
@@ -373,19 +351,19 @@ class H2Connection(asyncio.Protocol):
                     self._calm("rapid reset")
                     return
                 self._maybe_idle()
-        elif isinstance(event, h2.events.RemoteSettingsChanged):
+        elif isinstance(event, RemoteSettingsChanged):
             self._send_all()
-        elif isinstance(event, h2.events.WindowUpdated):
+        elif isinstance(event, WindowUpdated):
             self.window_updates += 1
             if self.window_updates > WINDOW_UPDATE_FLOOD * (1 + self.data_sent + self.opened):
                 self._calm("WINDOW_UPDATE flood")
                 return
             self._send_all()
-        elif isinstance(event, h2.events.PriorityUpdated):
+        elif isinstance(event, PriorityUpdated):
             self.priorities += 1
             if self.priorities > PRIORITY_FLOOD * (1 + self.opened):
                 self._calm("PRIORITY flood")
-        elif isinstance(event, h2.events.ConnectionTerminated):
+        elif isinstance(event, h2_session.ConnectionTerminated):
             self.close()
 
     def _send_all(self) -> None:
@@ -394,25 +372,22 @@ class H2Connection(asyncio.Protocol):
             if stream.out or (stream.ending and not stream.ended):
                 self.send_out(stream)
 
-    def _request(self, event: h2.events.RequestReceived) -> None:
+    def _request(self, event: RequestReceived) -> None:
         stream_id = event.stream_id
-        assert stream_id is not None
         if self.going_away:
-            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self._session.reset_stream(stream_id, h2_session.REFUSED_STREAM)
             return
         self._stop_idle()
         self._first = False
         stream = H2Stream(self, stream_id, self.peer, self.secure, self._limits.send_timeout)
         self.streams[stream_id] = stream
         try:
-            request = incoming(
-                event.headers or [], self._limits.max_header_size, event.stream_ended is None
-            )
+            request = incoming(event.headers, self._limits.max_header_size, not event.end_stream)
         except Refused as refused:
-            self._refuse(stream, event.headers or [], refused)
+            self._refuse(stream, event.headers, refused)
             stream.finished(IncomingRequest(None), self.loop.time())
             return
-        if event.stream_ended is None:
+        if not event.end_stream:
             request.body = RequestBody(stream, False)
             self._await_body(stream_id)
         stream.request = request
@@ -435,11 +410,10 @@ class H2Connection(asyncio.Protocol):
         else:
             stream.refuse(refused.status, refused.code, refused.message)
 
-    def _data(self, event: h2.events.DataReceived) -> None:
+    def _data(self, event: DataReceived) -> None:
         stream_id = event.stream_id
-        assert stream_id is not None
-        size = event.flow_controlled_length or 0
-        if event.data or event.stream_ended is not None:
+        size = event.flow_controlled_length
+        if event.data or event.end_stream:
             self.empty = 0
         else:  # (padding alone is nothing)
             self.empty += 1
@@ -451,7 +425,7 @@ class H2Connection(asyncio.Protocol):
         if stream is None or request is None or request.body is None:
             self._acknowledge(stream_id, size)  # a stream answered, or refused: dropped
             return
-        request.body.feed(event.data or b"")
+        request.body.feed(event.data)
         stream.received(size)
         if stream_id in self._body_due:
             limits = self._limits
@@ -522,8 +496,8 @@ class H2Connection(asyncio.Protocol):
 
     def send_head(self, stream: H2Stream, fields: list[tuple[bytes, bytes]], end: bool) -> None:
         try:
-            self._h2.send_headers(stream.stream_id, fields, end_stream=end)
-        except h2.exceptions.ProtocolError:
+            self._session.send_headers(stream.stream_id, fields, end)
+        except h2_session.ProtocolError:
             self._gone(stream)
             return
         if end:
@@ -535,31 +509,29 @@ class H2Connection(asyncio.Protocol):
         if self.socket_full:  # it waits in ``out`` (``resume_writing``), bounded there
             stream.flow()
             return
-        conn = self._h2
+        conn = self._session
         stream_id = stream.stream_id
         out = stream.out
         try:
             while out:
-                window = min(
-                    conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size
-                )
+                window = min(conn.send_window(stream_id), conn.max_outbound_frame_size)
                 if window <= 0:
                     break
                 chunk = http2.take(out, window)
                 stream.out_bytes -= len(chunk)
                 self.hold(-len(chunk))
                 last = not out and stream.ending and stream.trailing is None
-                conn.send_data(stream_id, chunk, end_stream=last)
+                conn.send_data(stream_id, chunk, last)
                 self.data_sent += 1
                 if last:
                     stream.ended = True
             if not out and stream.ending and not stream.ended:
                 if stream.trailing is not None:
-                    conn.send_headers(stream_id, stream.trailing, end_stream=True)
+                    conn.send_headers(stream_id, stream.trailing, True)
                 else:
                     conn.end_stream(stream_id)
                 stream.ended = True
-        except h2.exceptions.ProtocolError:
+        except h2_session.ProtocolError:
             self._gone(stream)
             return
         self._flush()
@@ -570,8 +542,8 @@ class H2Connection(asyncio.Protocol):
         if stream.send_timed_out:
             self._timed_out("send")
         try:
-            self._h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
-        except h2.exceptions.ProtocolError:
+            self._session.reset_stream(stream.stream_id, h2_session.INTERNAL_ERROR)
+        except h2_session.ProtocolError:
             pass
         self._flush()
         self._forget(stream)
@@ -592,14 +564,10 @@ class H2Connection(asyncio.Protocol):
     # -- the connection -------------------------------------------------------------------
 
     def _acknowledge(self, stream_id: int, size: int) -> None:
-        if size:
-            try:
-                self._h2.acknowledge_received_data(size, stream_id)
-            except h2.exceptions.ProtocolError:
-                pass  # (a closed stream: the connection's window was opened all the same)
+        self._session.acknowledge(stream_id, size)
 
     def _gone(self, stream: H2Stream) -> None:
-        """The client closed the stream meanwhile (or the connection ended: ``h2`` takes
+        """The client closed the stream meanwhile (or the connection ended: the session takes
         nothing more on it)."""
         self.streams.pop(stream.stream_id, None)
         stream.lost()
@@ -620,8 +588,8 @@ class H2Connection(asyncio.Protocol):
         if stream.ended and request is not None and request.body is not None:
             if not request.body.complete:
                 try:
-                    self._h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.NO_ERROR)
-                except h2.exceptions.ProtocolError:
+                    self._session.reset_stream(stream.stream_id, h2_session.NO_ERROR)
+                except h2_session.ProtocolError:
                     pass
                 self._flush()
         self._maybe_idle()
@@ -636,7 +604,7 @@ class H2Connection(asyncio.Protocol):
             self._idle()
 
     def _flush(self) -> None:
-        """Write what ``h2`` made, with the rest of the loop turn's frames (every stream's
+        """Write what the session made, with the rest of the loop turn's frames (every stream's
         answers in one write: ``wire.batch``'s reason for HTTP/1.1)."""
         if self._sending or self._flushing:
             return
@@ -645,9 +613,7 @@ class H2Connection(asyncio.Protocol):
 
     def _write_out(self) -> None:
         self._flushing = False
-        data = self._h2.data_to_send()
-        if self._after:
-            data, self._after = data + self._after, b""
+        data = self._session.take()
         transport = self.transport
         if data and transport is not None:
             full = self.socket_full
@@ -667,34 +633,22 @@ class H2Connection(asyncio.Protocol):
     def _calm(self, flood: str) -> None:
         """A flood: GOAWAY ENHANCE_YOUR_CALM, every stream cut off."""
         log.info("HTTP/2 %s from %s: connection closed", flood, self.peer)
-        self._end(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self._end(h2_session.ENHANCE_YOUR_CALM)
 
-    def _broken(self, exc: h2.exceptions.ProtocolError) -> None:
-        """The client broke the protocol: GOAWAY with its error, every stream cut off."""
+    def _broken(self, exc: h2_session.ProtocolError) -> None:
+        """The client broke the protocol: GOAWAY with its error (queued by the session),
+        every stream cut off."""
         log.debug("HTTP/2 protocol error from %s: %s", self.peer, exc)
-        code = getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR)
-        if code == h2.errors.ErrorCodes.PROTOCOL_ERROR and isinstance(
-            exc.__cause__, hpack.exceptions.HPACKError
-        ):
-            # A field block that does not decode is a COMPRESSION_ERROR (RFC 9113 4.3):
-            # ``h2``'s GOAWAY, made already, says PROTOCOL_ERROR, and is replaced.
-            code = h2.errors.ErrorCodes.COMPRESSION_ERROR
-            self._h2.clear_outbound_data_buffer()
-            self._after += goaway(self._h2.highest_inbound_stream_id, code)
-        self._end(code)
+        self._end(exc.code)
 
     def _end(self, code: int) -> None:
         """GOAWAY with ``code``, every stream cut off, the connection closed (dropped if
         the client reads nothing)."""
         self.ended = self.going_away = True
-        try:
-            self._h2.close_connection(code)
-        except h2.exceptions.ProtocolError:
-            pass
+        self._session.goaway(code)  # (none if the session sent one for the client's error)
         transport = self.transport
         if transport is not None:
-            transport.write(self._h2.data_to_send() + self._after)
-            self._after = b""
+            transport.write(self._session.take())
         streams = list(self.streams.values())
         self.streams.clear()
         for stream in streams:
@@ -712,17 +666,12 @@ class H2Connection(asyncio.Protocol):
         self._idle_timer = self.loop.call_later(LINGER_TIMEOUT, transport.abort)
 
     def close(self) -> None:
-        """GOAWAY: take no new stream, close once the open ones are answered (shutdown).
-
-        The frame is made here, not by ``h2``: its ``close_connection`` ends its state
-        machine, which then refuses every frame, and the open streams still need theirs
-        (their windows, their bodies, the client's SETTINGS acknowledged).
-        """
+        """GOAWAY: take no new stream, close once the open ones are answered (shutdown)."""
         if self.going_away:
             return
         self.going_away = True
         if self.transport is not None:
-            self._after += goaway(self._h2.highest_inbound_stream_id, h2.errors.ErrorCodes.NO_ERROR)
+            self._session.goaway(h2_session.NO_ERROR)
             self._write_out()  # now: the transport may be closed next
         if not self.streams:
             self._close_transport()
@@ -791,9 +740,9 @@ class H2Connection(asyncio.Protocol):
     # -- a header block's deadline (``header_timeout``) -------------------------------------
 
     def _watch_block(self) -> None:
-        """After each read: a header block that ``h2`` holds open must end within
+        """After each read: a header block that the session holds open must end within
         ``header_timeout`` of the read that began it."""
-        if not self._lengths.block_open:
+        if not self._session.block_open:
             self._stop_block()
         elif self._block_timer is None and self._limits.header_timeout:
             self._block_timer = self.loop.call_later(
@@ -807,11 +756,11 @@ class H2Connection(asyncio.Protocol):
 
     def _block_timed_out(self) -> None:
         self._block_timer = None
-        if self.ended or not self._lengths.block_open:
+        if self.ended or not self._session.block_open:
             return
         log.info("HTTP/2 header block from %s unfinished within the header timeout", self.peer)
         self._timed_out("header")
-        self._end(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self._end(h2_session.ENHANCE_YOUR_CALM)
 
     def _timed_out(self, timeout: ClientTimeout) -> None:
         timed_out = self._gate.timed_out
@@ -825,16 +774,8 @@ class H2Connection(asyncio.Protocol):
         )
 
 
-def goaway(last_stream_id: int, code: int) -> bytes:
-    """A GOAWAY frame made here, not by ``h2`` (``H2Connection.close``, ``_broken``)."""
-    frame = hyperframe.frame.GoAwayFrame(0)
-    frame.last_stream_id = last_stream_id
-    frame.error_code = code
-    return frame.serialize()
-
-
 def incoming(fields: list[tuple[bytes, bytes]], limit: int, body: bool) -> IncomingRequest:
-    """A request head as HTTP/2 fields (``h2`` checked their form: pseudo-fields first and
+    """A request head as HTTP/2 fields (the session checked their form: pseudo-fields first and
     once each, lower-case names, no connection-specific field) as an ``IncomingRequest``;
     ``Refused`` where an HTTP/1.1 head would be (``IncomingRequest.add_field``, ``limit``:
     ``max_header_size``, of a field and of the target), or if it asks for CONNECT.

@@ -35,8 +35,7 @@ from typing import Final, NoReturn
 from hpack.exceptions import HPACKError, OversizedHeaderListError
 
 from .hpack_codec import Decoder, Encoder
-
-PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+from .http2 import CONNECTION_SPECIFIC, PREFACE, Fields
 
 # Frame types (RFC 9113 6).
 DATA: Final = 0x0
@@ -88,15 +87,9 @@ UNLIMITED: Final = 2**31
 MAX_CONTINUATIONS: Final = 64
 """CONTINUATION frames a header block may take (CVE-2024-27316: a block that never ends)."""
 
-CONNECTION_SPECIFIC: Final = frozenset(
-    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
-)
 REQUEST_PSEUDO: Final = frozenset({b":method", b":scheme", b":authority", b":path"})
 _FORBIDDEN_IN_NAME: Final = frozenset(b"\x00\r\n: ")
 _FORBIDDEN_IN_VALUE: Final = frozenset(b"\x00\r\n")
-
-Fields = list[tuple[bytes, bytes]]
-
 
 class ProtocolError(Exception):
     """A connection error (raised by ``receive``: GOAWAY with ``code`` is queued), or a call

@@ -1,12 +1,11 @@
 """HTTP/2 fields on the wire, as the inbound HTTP/2 codec (``proxy.h2_downstream``) writes
 them: the connection preface, and an answer's fields made of the lines HTTP/1.1's rules give.
 
-Framing, HPACK and flow control are the ``h2`` library's; this module only turns the header
+Framing, HPACK and flow control are ``h2_session``'s; this module only turns the header
 lines ``headers`` and ``http1`` make (the one place their rules live) into HTTP/2 fields:
 names lower-cased, the connection-specific ones (RFC 9113 8.2.2) left out, ``:status``
-first; and reads the frames' lengths as they come (``FrameLengths``), to refuse an
-oversized one at its header. It imports no HTTP/2 library: the HTTP/1.1 listener reads
-``PREFACE`` from it.
+first; and counts the control frames among those written (``control_frames``). The
+HTTP/1.1 listener reads ``PREFACE`` from it.
 """
 
 from __future__ import annotations
@@ -18,10 +17,6 @@ PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 """What an HTTP/2 client sends first (RFC 9113 3.4): on the plain listener, an HTTP/2
 connection by prior knowledge (h2c)."""
 
-HEADERS: Final = 0x1
-CONTINUATION: Final = 0x9
-"""Frame types (RFC 9113 §6) whose flags say whether a header block ends."""
-END_HEADERS: Final = 0x4
 RST_STREAM: Final = 0x3
 SETTINGS: Final = 0x4
 PING: Final = 0x6
@@ -64,7 +59,7 @@ def split_answer(data: bytes) -> tuple[int, Fields, bytes]:
 
 
 def trailer_fields(fields: Fields) -> Fields:
-    """A client's trailers (``h2`` checked their form: no pseudo-field) as they go to an
+    """A client's trailers (``h2_session`` checked their form: no pseudo-field) as they go to an
     HTTP/2 upstream: without the connection-specific fields."""
     return [(name, value) for name, value in fields if name not in CONNECTION_SPECIFIC]
 
@@ -111,7 +106,7 @@ def take(out: deque[bytes], size: int) -> bytes:
 
 
 def control_frames(data: bytes) -> int:
-    """How many of the whole frames ``data`` holds (frames as ``h2`` writes them, one after
+    """How many of the whole frames ``data`` holds (frames as ``h2_session`` writes them, one after
     the other) are control frames: RST_STREAM, SETTINGS or PING."""
     count = 0
     at = 0
@@ -122,44 +117,3 @@ def control_frames(data: bytes) -> int:
             count += 1
         at += 9 + int.from_bytes(data[at : at + 3], "big")
     return count
-
-
-class FrameLengths:
-    """The length of each frame a peer sends, read from its 9-byte header as the bytes
-    come (after the ``PREFACE``, which is skipped): a frame over ``limit`` is seen at its
-    header, before its body is read. (``h2`` checks a frame's length once the whole frame
-    is buffered: up to 16 MiB a connection.) The headers also tell whether a header block
-    is open: a HEADERS frame without END_HEADERS, until the CONTINUATION that ends it."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._skip = len(PREFACE)
-        """Bytes still to pass over: the preface, then the body of the frame under way."""
-        self._head = b""
-        """The part of a frame header read so far."""
-        self.block_open = False
-        """A header block begun and not ended, as of the frame headers read so far."""
-
-    def oversized(self, data: bytes) -> int:
-        """The length of the first frame in ``data`` announced over ``limit``, or -1."""
-        size = len(data)
-        at = 0
-        while True:
-            if self._skip:
-                step = min(self._skip, size - at)
-                self._skip -= step
-                at += step
-            if at >= size:
-                return -1
-            need = 9 - len(self._head)
-            self._head += data[at : at + need]
-            at += need
-            if len(self._head) < 9:
-                return -1
-            length = int.from_bytes(self._head[:3], "big")
-            if self._head[3] in (HEADERS, CONTINUATION):
-                self.block_open = not self._head[4] & END_HEADERS
-            self._head = b""
-            if length > self.limit:
-                return length
-            self._skip = length
