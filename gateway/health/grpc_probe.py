@@ -2,8 +2,8 @@
 on a new h2c connection (or h2 over TLS, with the service's ``upstream_tls``), and the
 serving status it answers.
 
-One call, by hand on the ``h2`` library (imported with this module, at the first gRPC probe:
-a gateway that probes none loads neither), its two messages encoded and read here: a
+One call, by hand on the gateway's own HTTP/2 session (``wire.h2_session``, the upstream
+leg's), its two messages encoded and read here: a
 ``HealthCheckRequest`` is one string field (``service``), a ``HealthCheckResponse`` one enum
 field (``status``), too little protobuf for a protobuf library. As ``probe_client``: a
 connection of its own, closed on every path; every failure a ``ProbeError`` or an
@@ -15,11 +15,15 @@ from __future__ import annotations
 import asyncio
 from typing import Final
 
-import h2.config
-import h2.connection
-import h2.events
-import h2.exceptions
-
+from ..wire import h2_session
+from ..wire.h2_session import (
+    ConnectionTerminated,
+    DataReceived,
+    ResponseReceived,
+    StreamEnded,
+    StreamReset,
+    TrailersReceived,
+)
 from ..wire.upstream_tls import UpstreamTls
 from .probe_client import ProbeConnectionClosed, ProbeError, ProbeInvalidResponse, ProbeTlsRefused
 
@@ -98,10 +102,9 @@ async def check(
             refusal = tls.refusal(writer.get_extra_info("ssl_object"))
             if refusal is not None:
                 raise ProbeTlsRefused(refusal)
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        conn = h2.connection.H2Connection(config)
-        conn.initiate_connection()
-        stream_id = conn.get_next_available_stream_id()
+        conn = h2_session.Session(True, 1)
+        conn.initiate()
+        stream_id = conn.open_stream()
         conn.send_headers(
             stream_id,
             [
@@ -114,8 +117,8 @@ async def check(
                 (b"user-agent", b"gateway-prober"),
             ],
         )
-        conn.send_data(stream_id, request_message(service), end_stream=True)
-        writer.write(conn.data_to_send())
+        conn.send_data(stream_id, request_message(service), True)
+        writer.write(conn.take())
         fields: dict[bytes, bytes] = {}
         body = bytearray()
         ended = False
@@ -124,22 +127,22 @@ async def check(
             if not data:
                 raise ProbeConnectionClosed("grpc probe: the connection closed before the end")
             try:
-                events = conn.receive_data(data)
-            except h2.exceptions.ProtocolError as exc:
+                events = conn.receive(data)
+            except h2_session.ProtocolError as exc:
                 raise ProbeInvalidResponse(f"grpc probe: HTTP/2 broken: {exc}") from None
             for event in events:
-                if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
-                    fields.update(event.headers or [])
-                elif isinstance(event, h2.events.DataReceived):
-                    body += event.data or b""
+                if isinstance(event, ResponseReceived | TrailersReceived):
+                    fields.update(event.headers)
+                elif isinstance(event, DataReceived):
+                    body += event.data
                     if len(body) > RESPONSE_LIMIT:
                         raise ProbeInvalidResponse("grpc probe: the answer is too large")
-                    conn.acknowledge_received_data(event.flow_controlled_length or 0, stream_id)
-                elif isinstance(event, h2.events.StreamEnded):
+                    conn.acknowledge(stream_id, event.flow_controlled_length)
+                elif isinstance(event, StreamEnded):
                     ended = True
-                elif isinstance(event, h2.events.StreamReset | h2.events.ConnectionTerminated):
+                elif isinstance(event, StreamReset | ConnectionTerminated):
                     raise ProbeError("grpc probe: the replica reset the call")
-            writer.write(conn.data_to_send())
+            writer.write(conn.take())
         status = fields.get(b"grpc-status", b"")
         if status != b"0":
             message = fields.get(b"grpc-message", b"").decode("latin-1")

@@ -1,6 +1,6 @@
 """The upstream leg over HTTP/2: h2c by prior knowledge to the replicas of services with
 ``upstream_protocol: http2`` (gRPC's), or h2 agreed by ALPN where the service has
-``upstream_tls``, on the ``h2`` library (python-hyper).
+``upstream_tls``, on a ``wire.h2_session.Session`` (its client side).
 
 ``H2Connector`` keeps, per upstream address, connections that each carry up to their cap of
 streams at once (the replica's SETTINGS_MAX_CONCURRENT_STREAMS, and the gateway's own
@@ -13,7 +13,7 @@ its window opens again, only while the client takes it): both ways are bounded b
 never by a buffer of the gateway's.
 
 Interpreted, and imported on a service's first HTTP/2 request (``handler``): a gateway
-whose services speak HTTP/1.1 loads neither this nor ``h2``. The HTTP/1.1 leg
+whose services speak HTTP/1.1 does not load it. The HTTP/1.1 leg
 (``connector``, ``upstream_connection``) is untouched by it.
 
 Invariants: a stream whose connection is lost or reset before its end fails with an
@@ -29,13 +29,6 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import Final, cast
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-
 from ..errors import (
     GatewayError,
     UpstreamConnectError,
@@ -45,7 +38,18 @@ from ..errors import (
 )
 from ..pool.service_pool import ServicePool
 from ..pool.upstream import Upstream
-from ..wire import grpc, headers, hpack_codec, http2
+from ..wire import grpc, h2_session, headers, http2
+from ..wire.h2_session import (
+    ConnectionTerminated,
+    DataReceived,
+    Event,
+    RemoteSettingsChanged,
+    ResponseReceived,
+    StreamEnded,
+    StreamReset,
+    TrailersReceived,
+    WindowUpdated,
+)
 from ..wire.http2 import Fields
 from ..wire.upstream_tls import UpstreamTls, UpstreamTlsError, handshake_failure
 from .exchange import Exchange
@@ -58,6 +62,9 @@ log = logging.getLogger(__name__)
 
 BODY_HIGH_WATER: Final = 64 * 1024
 """Request body bytes held for the replica's windows before the client is paused."""
+ANSWER_HEADER_LIST_SIZE: Final = 256 * 1024
+"""The most an answer's head (or trailers) may decode to (SETTINGS_MAX_HEADER_LIST_SIZE):
+over it, the replica's connection is ended."""
 
 
 class UpstreamStream:
@@ -106,7 +113,7 @@ class UpstreamStream:
         """The request body broke off (the client's doing: ``upstream_connection``'s rule)."""
         error = exc if isinstance(exc, GatewayError) else UpstreamError(str(exc))
         error.kind = "client"
-        self.conn.reset(self, h2.errors.ErrorCodes.CANCEL)
+        self.conn.reset(self, h2_session.CANCEL)
         self.fail(error)
 
     def send_pending(self) -> None:
@@ -172,7 +179,7 @@ class UpstreamStream:
     def cancel(self) -> None:
         """The exchange is cut off: reset the stream unless it ended."""
         if not self.done.done():
-            self.conn.reset(self, h2.errors.ErrorCodes.CANCEL)
+            self.conn.reset(self, h2_session.CANCEL)
             self.fail(UpstreamError("the request was cut off"))
 
 
@@ -198,27 +205,15 @@ class H2UpstreamConnection(asyncio.Protocol):
         """GOAWAY came or the connection is lost: no new stream."""
         self._on_gone = on_gone
         self._flushing = False
-        """A write of what ``h2`` made is due at the end of the loop's turn."""
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self._h2 = conn = h2.connection.H2Connection(config)
-        # HPACK compiled (wire.hpack_codec): h2 calls only the encoder's and the decoder's
-        # encode and decode and sets their limits.
-        conn.encoder = hpack_codec.Encoder()  # type: ignore[assignment]
-        conn.decoder = hpack_codec.Decoder()  # type: ignore[assignment]
-        conn.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: cap,
-            },
-        )
+        """A write of what the session made is due at the end of the loop's turn."""
+        self._session = h2_session.Session(True, cap, ANSWER_HEADER_LIST_SIZE)
 
     @property
     def room(self) -> int:
         """Streams it may still open now."""
         if self.closing or self.transport is None:
             return 0
-        peer = self._h2.remote_settings.max_concurrent_streams
+        peer = self._session.remote_max_concurrent_streams
         return min(self.cap, peer) - len(self.streams)
 
     # -- asyncio.Protocol -----------------------------------------------------------------
@@ -233,13 +228,13 @@ class H2UpstreamConnection(asyncio.Protocol):
                 self.ready.exception()
                 self.transport.abort()
                 return
-        self._h2.initiate_connection()
+        self._session.initiate()
         self._flush()
 
     def data_received(self, data: bytes) -> None:
         try:
-            events = self._h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
+            events = self._session.receive(data)
+        except h2_session.ProtocolError as exc:
             self._broken(UpstreamProtocolError(f"upstream broke HTTP/2: {exc}"))
             return
         for event in events:
@@ -260,50 +255,51 @@ class H2UpstreamConnection(asyncio.Protocol):
 
     # -- events ---------------------------------------------------------------------------
 
-    def _event(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.ResponseReceived):
-            stream = self.streams.get(event.stream_id or 0)
+    def _event(self, event: Event) -> None:
+        if isinstance(event, ResponseReceived):
+            stream = self.streams.get(event.stream_id)
             if stream is not None and not stream.head.done():
-                stream.head.set_result(response_head(event.headers or []))
-        elif isinstance(event, h2.events.DataReceived):
-            stream = self.streams.get(event.stream_id or 0)
-            size = event.flow_controlled_length or 0
+                stream.head.set_result(response_head(event.headers))
+        elif isinstance(event, DataReceived):
+            stream = self.streams.get(event.stream_id)
+            size = event.flow_controlled_length
             if stream is None:
-                self._acknowledge(event.stream_id or 0, size)
+                self._session.acknowledge(event.stream_id, size)
             else:
-                stream.data(event.data or b"", size)
-        elif isinstance(event, h2.events.TrailersReceived):
-            stream = self.streams.get(event.stream_id or 0)
+                stream.data(event.data, size)
+        elif isinstance(event, TrailersReceived):
+            stream = self.streams.get(event.stream_id)
             if stream is not None:
-                stream.trailers = list(event.headers or [])
-        elif isinstance(event, h2.events.StreamEnded):
-            stream = self.streams.pop(event.stream_id or 0, None)
+                stream.trailers = event.headers
+        elif isinstance(event, StreamEnded):
+            stream = self.streams.pop(event.stream_id, None)
             if stream is not None:
                 if not stream.head.done():
                     stream.fail(UpstreamProtocolError("upstream ended the stream without a head"))
                 stream.end(stream.trailers)
             self._maybe_close()
-        elif isinstance(event, h2.events.StreamReset):
-            stream = self.streams.pop(event.stream_id or 0, None)
+        elif isinstance(event, StreamReset):
+            stream = self.streams.pop(event.stream_id, None)
             if stream is not None:
                 code = event.error_code
-                refused = code == h2.errors.ErrorCodes.REFUSED_STREAM
+                refused = code == h2_session.REFUSED_STREAM
+                by = "upstream" if event.remote_reset else "the gateway, for the upstream's error,"
                 stream.fail(
                     UpstreamError(
-                        f"upstream reset the stream ({code!r})",
+                        f"{by} reset the stream (error code {code})",
                         kind="refused" if refused else "other",
                     )
                 )
             self._maybe_close()
-        elif isinstance(event, h2.events.RemoteSettingsChanged):
+        elif isinstance(event, RemoteSettingsChanged):
             if not self.ready.done():
                 self.ready.set_result(None)
             self._send_all()
-        elif isinstance(event, h2.events.WindowUpdated):
+        elif isinstance(event, WindowUpdated):
             self._send_all()
-        elif isinstance(event, h2.events.ConnectionTerminated):
+        elif isinstance(event, ConnectionTerminated):
             self.closing = True
-            last = event.last_stream_id or 0
+            last = event.last_stream_id
             for stream_id in [i for i in self.streams if i > last]:
                 self.streams.pop(stream_id).fail(
                     UpstreamError("upstream refused the stream (GOAWAY)", kind="refused")
@@ -318,17 +314,17 @@ class H2UpstreamConnection(asyncio.Protocol):
 
     def open(self, fields: Fields, end: bool) -> UpstreamStream:
         """A new stream sending the request head ``fields`` (``end``: no body follows)."""
-        conn = self._h2
-        stream_id = conn.get_next_available_stream_id()
+        conn = self._session
+        stream_id = conn.open_stream()
         stream = UpstreamStream(self, stream_id)
         self.streams[stream_id] = stream
-        conn.send_headers(stream_id, fields, end_stream=end)
+        conn.send_headers(stream_id, fields, end)
         stream.sent_end = end
         self._flush()
         return stream
 
     def send_body(self, stream: UpstreamStream, out: deque[bytes], ending: bool) -> None:
-        conn = self._h2
+        conn = self._session
         stream_id = stream.stream_id
         if stream_id not in self.streams or stream.sent_end:
             return
@@ -336,50 +332,41 @@ class H2UpstreamConnection(asyncio.Protocol):
         trailers = body.trailers if body is not None else None
         try:
             while out:
-                window = min(
-                    conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size
-                )
+                window = min(conn.send_window(stream_id), conn.max_outbound_frame_size)
                 if window <= 0:
                     break
                 chunk = http2.take(out, window)
                 last = ending and not out and not trailers
-                conn.send_data(stream_id, chunk, end_stream=last)
+                conn.send_data(stream_id, chunk, last)
                 stream.sent_end = last
             if ending and not out and not stream.sent_end:
                 if trailers:
-                    conn.send_headers(stream_id, trailers, end_stream=True)
+                    conn.send_headers(stream_id, trailers, True)
                 else:
                     conn.end_stream(stream_id)
                 stream.sent_end = True
-        except h2.exceptions.ProtocolError:
+        except h2_session.ProtocolError:
             pass  # the stream ended meanwhile (the replica answered and reset it)
         self._flush()
 
     def acknowledge(self, stream: UpstreamStream, size: int) -> None:
-        self._acknowledge(stream.stream_id, size)
+        self._session.acknowledge(stream.stream_id, size)
         self._flush()
 
     def reset(self, stream: UpstreamStream, code: int) -> None:
         if self.streams.pop(stream.stream_id, None) is None:
             return
         try:
-            self._h2.reset_stream(stream.stream_id, code)
-        except h2.exceptions.ProtocolError:
+            self._session.reset_stream(stream.stream_id, code)
+        except h2_session.ProtocolError:
             pass
         self._flush()
         self._maybe_close()
 
     # -- the connection -------------------------------------------------------------------
 
-    def _acknowledge(self, stream_id: int, size: int) -> None:
-        if size:
-            try:
-                self._h2.acknowledge_received_data(size, stream_id)
-            except h2.exceptions.ProtocolError:
-                pass
-
     def _flush(self) -> None:
-        """Write what ``h2`` made at the end of the loop's turn, with the rest of the turn's
+        """Write what the session made at the end of the loop's turn, with the rest of the turn's
         frames (every stream's: one write, where a write each cost a call more than half
         of the gateway's CPU)."""
         if not self._flushing:
@@ -388,7 +375,7 @@ class H2UpstreamConnection(asyncio.Protocol):
 
     def _write_out(self) -> None:
         self._flushing = False
-        data = self._h2.data_to_send()
+        data = self._session.take()
         if data and self.transport is not None:
             self.transport.write(data)
 
@@ -411,10 +398,7 @@ class H2UpstreamConnection(asyncio.Protocol):
         if self.transport is None:
             return
         self.closing = True
-        try:
-            self._h2.close_connection()
-        except h2.exceptions.ProtocolError:
-            pass
+        self._session.goaway(h2_session.NO_ERROR, 0)
         self._write_out()
         if not self.streams:
             self.transport.close()

@@ -91,6 +91,7 @@ REQUEST_PSEUDO: Final = frozenset({b":method", b":scheme", b":authority", b":pat
 _FORBIDDEN_IN_NAME: Final = frozenset(b"\x00\r\n: ")
 _FORBIDDEN_IN_VALUE: Final = frozenset(b"\x00\r\n")
 
+
 class ProtocolError(Exception):
     """A connection error (raised by ``receive``: GOAWAY with ``code`` is queued), or a call
     that the stream's state refuses (raised by a ``send_*``: nothing is queued)."""

@@ -167,16 +167,12 @@ def test_the_suite_runs_the_modules_it_was_asked_to():
 
 def test_every_module_of_the_request_path_and_the_wire_is_compiled():
     """A module split off one of them is easily left out of ``MODULES`` (and then runs pure
-    under GATEWAY_NATIVE=1 without a word). The WebSocket relay runs only per frame; the
-    HTTP/2 connection's work is the ``h2`` library's, interpreted whatever we compile (its
-    streams, ``proxy.h2_stream``, are compiled: a ``Downstream`` must be); so is the upstream
-    HTTP/2 leg's, ``proxy.h2_upstream``. ``wire.upstream_tls`` runs only for a service with
+    under GATEWAY_NATIVE=1 without a word). The WebSocket relay runs only per frame;
+    ``wire.upstream_tls`` runs only for a service with
     ``upstream_tls`` (a lookup per request, a context per changed file; its records are
     OpenSSL's work), never on a plain request."""
     interpreted = {
         "proxy.websocket",
-        "proxy.h2_downstream",
-        "proxy.h2_upstream",
         "wire.upstream_tls",
     }
     for sub in ("proxy", "wire"):
