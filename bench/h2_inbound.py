@@ -1,7 +1,7 @@
 """The gateway's CPU per request, HTTP/2 (h2c) against HTTP/1.1, in the same run: a bounded
 loop on loopback (``bench/run.py --h2`` compares HTTP/2 with nginx, by h2load).
 
-    .venv/bin/python bench/h2_inbound.py [--seconds 5] [--streams 64]
+    .venv/bin/python bench/h2_inbound.py [--seconds 5] [--streams 64] [--profile]
 
 nginx is the upstream (as ``run.py`` starts it); the gateway runs in this process with the
 config users get (``targets.gateway_config``), compiled unless ``GATEWAY_NATIVE=0``. Once it
@@ -10,13 +10,18 @@ its own (python-hyper's ``h2``: one connection, ``--streams`` requests in flight
 long. For each, the CPU time this process used (the gateway, its access log's thread
 included) over the requests answered. The HTTP/2 client is interpreted Python and may be
 the bottleneck: its rate is no measure of the gateway's, its CPU per request is. Everything
-it starts is stopped by pid.
+it starts is stopped by pid. ``--profile``: the HTTP/2 load's time in this process by
+``cProfile``, summed by where the functions live (a library, the gateway's interpreted
+modules, compiled code as the interpreted calls into it see it): the shares of a profile,
+not a cost per request (the profiler's own overhead is in them).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import cProfile
 import os
 import re
 import socket
@@ -71,9 +76,39 @@ def client(port: int, seconds: float, streams: int) -> int:
     return done
 
 
-async def measure(config: Path, port: int, seconds: float, streams: int) -> None:
+def where(filename: str, function: str) -> str:
+    """The part of the process a profiled function belongs to."""
+    if filename == "~":
+        return f"built-in or compiled: {function.split(' of ')[0].strip('<>')}"
+    for library in ("h2", "hyperframe", "hpack", "asyncio", "uvloop"):
+        if f"/{library}/" in filename:
+            return library
+    if "/gateway/" in filename:
+        return "gateway/" + filename.rsplit("/gateway/", 1)[1] + " (interpreted)"
+    return "other"
+
+
+def shares(profile: cProfile.Profile, top: int = 12) -> None:
+    """Print the profile's own time by ``where``, largest first."""
+    import pstats
+
+    stats = pstats.Stats(profile)
+    total: collections.Counter[str] = collections.Counter()
+    for (filename, _, function), row in stats.stats.items():  # type: ignore[attr-defined]
+        total[where(filename, function)] += row[2]
+    whole = sum(total.values()) or 1.0
+    print("| where | share of the profile |")
+    print("| --- | ---: |")
+    for name, spent in total.most_common(top):
+        print(f"| {name} | {spent / whole:.1%} |")
+
+
+async def measure(
+    config: Path, port: int, seconds: float, streams: int, profile: bool = False
+) -> None:
     stop = asyncio.Event()
     results: dict[str, tuple[int, float]] = {}
+    profiler = cProfile.Profile() if profile else None
 
     async def started(gateway: object) -> None:
         try:
@@ -89,6 +124,8 @@ async def measure(config: Path, port: int, seconds: float, streams: int) -> None
                 raise Failure(f"wrk said: {out.decode()}")
             results["HTTP/1.1 (wrk -t1 -c8)"] = (int(count[1]), time.process_time() - cpu)
             cpu = time.process_time()
+            if profiler is not None:
+                profiler.enable()
             load = await asyncio.create_subprocess_exec(
                 sys.executable,
                 __file__,
@@ -99,6 +136,8 @@ async def measure(config: Path, port: int, seconds: float, streams: int) -> None
                 stdout=subprocess.PIPE,
             )
             out, _ = await load.communicate()
+            if profiler is not None:
+                profiler.disable()
             if load.returncode:
                 raise Failure("the HTTP/2 client failed")
             results[f"HTTP/2 h2c (1 connection, {streams} streams)"] = (
@@ -115,19 +154,24 @@ async def measure(config: Path, port: int, seconds: float, streams: int) -> None
     print("| --- | ---: | ---: |")
     for name, (count, cpu) in results.items():
         print(f"| {name} | {count:,} | {cpu / count * 1e6:.1f} us |")
+    if profiler is not None:
+        print("\nHTTP/2, profiled (the CPU per request above includes the profiler's cost):")
+        shares(profiler)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--streams", type=int, default=64)
+    p.add_argument("--profile", action="store_true", help="where the HTTP/2 load's time goes")
     p.add_argument("--client", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:
         print(client(args.client, args.seconds, args.streams))
         return 0
     return run_in_process(
-        "h2_inbound", lambda config, port: measure(config, port, args.seconds, args.streams)
+        "h2_inbound",
+        lambda config, port: measure(config, port, args.seconds, args.streams, args.profile),
     )
 
 

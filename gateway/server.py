@@ -3,8 +3,8 @@
 The listener is a plain ``loop.create_server`` whose protocol is ``proxy.http1_downstream``'s
 ``ClientConnection`` (llhttp parsing, limits, deadlines); each request runs ``Proxy.handle``.
 A connection that speaks HTTP/2 (its preface, or ALPN ``h2``) is handed to an
-``H2Connection`` (``proxy.h2_downstream``), imported with the ``h2`` library at the first:
-a gateway that serves HTTP/1.1 alone loads neither.
+``H2Connection`` (``proxy.h2_downstream``), imported at the first: a gateway that serves
+HTTP/1.1 alone does not load it.
 
 ``bind`` takes the addresses (listening sockets, held, not accepting yet) before ``start``
 serves them: the composition root binds before it touches any state, so a second gateway on

@@ -1,5 +1,5 @@
 """HPACK (RFC 7541) for the gateway's HTTP/2 connections, compiled: ``Encoder`` and
-``Decoder`` in place of ``hpack``'s on each ``h2`` connection, both legs.
+``Decoder`` for each HTTP/2 session (``h2_session``), both legs.
 
 The encoder never indexes: a field is sent as an index into the static table when the whole
 field is there, else as a literal "without indexing" (or "never indexed", for a field its
@@ -10,11 +10,11 @@ empty), and so nothing to search or to evict for each field. The cost is bytes: 
 again is sent whole again, where ``hpack.Encoder`` would send its index.
 
 The decoder reads what any encoder sends, the dynamic table included, as ``hpack.Decoder``
-does and with its errors (``hpack.exceptions``), which ``h2`` turns into COMPRESSION_ERROR
-or, for a list over ``max_header_list_size``, into the refusal the hostile-client defences
-count on. Huffman strings are decoded with ``hpack``'s own state table. A field a peer sent
-as "never indexed" comes out as a plain pair: the gateway makes its own fields for the
-other leg, and its encoder indexes none.
+does and with its errors (``hpack.exceptions``), which the session turns into
+COMPRESSION_ERROR or, for a list over ``max_header_list_size``, into the refusal the
+hostile-client defences count on. Huffman strings are decoded with ``hpack``'s own state
+table. A field a peer sent as "never indexed" comes out as a plain pair: the gateway makes
+its own fields for the other leg, and its encoder indexes none.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ four bits (0: the name follows as a string)."""
 
 
 class Encoder:
-    """Header blocks without a dynamic table, for ``h2.connection.H2Connection.encoder``:
-    ``h2`` calls ``encode`` for each header block it sends and sets ``header_table_size``
-    when the peer's ``SETTINGS_HEADER_TABLE_SIZE`` changes."""
+    """Header blocks without a dynamic table, a session's (``h2_session.Session.encoder``):
+    it calls ``encode`` for each header block it sends and sets ``header_table_size`` when
+    the peer's ``SETTINGS_HEADER_TABLE_SIZE`` changes."""
 
     def __init__(self) -> None:
         self._limit = 4096
@@ -175,13 +175,13 @@ def huffman_code(block: bytearray, data: bytes) -> None:
 
 
 class Decoder:
-    """Header blocks read as ``hpack.Decoder`` reads them, for
-    ``h2.connection.H2Connection.decoder``: the dynamic table (RFC 7541 §2.3, §4), Huffman
-    strings (with ``hpack``'s own state table), and the same errors, which ``h2`` turns into
-    COMPRESSION_ERROR (``hpack.exceptions.HPACKError``) or a refusal of the header list
+    """Header blocks read as ``hpack.Decoder`` reads them, a session's
+    (``h2_session.Session.decoder``): the dynamic table (RFC 7541 §2.3, §4), Huffman
+    strings (with ``hpack``'s own state table), and the same errors, which the session turns
+    into COMPRESSION_ERROR (``hpack.exceptions.HPACKError``) or a refusal of the header list
     (``OversizedHeaderListError``: counted as each field is decoded, so a block of references
-    to one large entry stops at the limit). ``h2`` sets ``max_header_list_size``, and
-    ``max_allowed_table_size`` and ``header_table_size`` from the SETTINGS it sends."""
+    to one large entry stops at the limit). The session sets ``max_header_list_size`` from the
+    SETTINGS it sends (``max_allowed_table_size`` stays the default, 4,096)."""
 
     def __init__(self, max_header_list_size: int = 65536) -> None:
         self.max_header_list_size = max_header_list_size
