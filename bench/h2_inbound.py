@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import collections
 import cProfile
-import os
 import re
 import socket
 import subprocess
@@ -38,6 +37,9 @@ from targets import run_in_process, until_routable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gateway import native  # noqa: E402
+
+native.use()  # the compiled modules if built, as the gateway runs them (before any import)
 from controller.config import load_config  # noqa: E402
 from controller.serving import run_gateway  # noqa: E402
 
@@ -148,8 +150,7 @@ async def measure(
             stop.set()
 
     await run_gateway(load_config(config), stop, started=started)
-    native = os.environ.get("GATEWAY_NATIVE", "auto")
-    print(f"GATEWAY_NATIVE={native}, {seconds:g} s each")
+    print(f"{native.running.split(':')[0]}, {seconds:g} s each")
     print("| load | requests | gateway CPU per request |")
     print("| --- | ---: | ---: |")
     for name, (count, cpu) in results.items():
