@@ -224,7 +224,7 @@ class Stream:
         self.head_received = False
         """The peer's head (a request's, or an answer's final one) came."""
         self.reported = False
-        """An event told the owner of the stream."""
+        """The owner knows of the stream: it opened it, or an event told of it."""
         self.expected = -1
         """The body's length by the peer's Content-Length, or -1."""
         self.received = 0
@@ -348,9 +348,9 @@ class Session:
         """A new stream of ours (a client's session): its identifier, for ``send_headers``."""
         stream_id = self.next_stream_id
         self.next_stream_id += 2
-        self.streams[stream_id] = Stream(
-            stream_id, self._remote_initial_window, self._local_initial_window
-        )
+        stream = Stream(stream_id, self._remote_initial_window, self._local_initial_window)
+        stream.reported = True  # (the owner opened it: it waits for its answer, or a reset)
+        self.streams[stream_id] = stream
         return stream_id
 
     def send_headers(self, stream_id: int, fields: Fields, end_stream: bool = False) -> None:
@@ -855,9 +855,10 @@ def valid_value(value: bytes) -> bool:
 def request_cookies(fields: Fields) -> int:
     """How many ``cookie`` fields a request head has, or -1 if it is not a request head
     (RFC 9113 8.3.1): the pseudo-fields of a request, once each and first, ``:method``,
-    ``:scheme`` and a non-empty ``:path`` (CONNECT: ``:authority`` alone); regular fields
-    well-formed, none connection-specific, ``te`` only ``trailers``, a Host that names what
-    ``:authority`` does."""
+    ``:scheme`` and a non-empty ``:path`` (CONNECT: ``:authority`` alone); every value
+    well-formed (8.2.1, pseudo-fields' too: a CR or LF in ``:path`` would split the HTTP/1.1
+    head it becomes), regular names too, none connection-specific, ``te`` only
+    ``trailers``, a Host that names what ``:authority`` does."""
     seen: set[bytes] = set()
     regular = False
     method = b""
@@ -866,7 +867,7 @@ def request_cookies(fields: Fields) -> int:
     cookies = 0
     for name, value in fields:
         if name[:1] == b":":
-            if regular or name not in REQUEST_PSEUDO or name in seen:
+            if regular or name not in REQUEST_PSEUDO or name in seen or not valid_value(value):
                 return -1
             seen.add(name)
             if name == b":method":
