@@ -852,13 +852,25 @@ def valid_value(value: bytes) -> bool:
     return first != 0x20 and first != 0x09 and last != 0x20 and last != 0x09
 
 
+def visible(value: bytes) -> bool:
+    """No white space, control character or DEL in ``value`` (what a request line's words
+    may not hold; octets over 0x7F are let through, as the HTTP/1.1 listener lets them)."""
+    for octet in value:
+        if octet <= 0x20 or octet == 0x7F:
+            return False
+    return True
+
+
 def request_cookies(fields: Fields) -> int:
     """How many ``cookie`` fields a request head has, or -1 if it is not a request head
     (RFC 9113 8.3.1): the pseudo-fields of a request, once each and first, ``:method``,
     ``:scheme`` and a non-empty ``:path`` (CONNECT: ``:authority`` alone); every value
     well-formed (8.2.1, pseudo-fields' too: a CR or LF in ``:path`` would split the HTTP/1.1
-    head it becomes), regular names too, none connection-specific, ``te`` only
-    ``trailers``, a Host that names what ``:authority`` does."""
+    head it becomes), and no white space or control character in ``:method``, ``:path``
+    and ``:authority`` (they become the HTTP/1.1 request line and Host: a space in
+    ``:path`` would add a word to the line); regular names well-formed, none
+    connection-specific, ``te`` only ``trailers``, a Host that names what ``:authority``
+    does."""
     seen: set[bytes] = set()
     regular = False
     method = b""
@@ -867,7 +879,7 @@ def request_cookies(fields: Fields) -> int:
     cookies = 0
     for name, value in fields:
         if name[:1] == b":":
-            if regular or name not in REQUEST_PSEUDO or name in seen or not valid_value(value):
+            if regular or name not in REQUEST_PSEUDO or name in seen or not visible(value):
                 return -1
             seen.add(name)
             if name == b":method":

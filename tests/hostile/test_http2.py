@@ -26,6 +26,7 @@ from hyperframe.frame import (
     HeadersFrame,
     PingFrame,
     PriorityFrame,
+    RstStreamFrame,
     SettingsFrame,
     WindowUpdateFrame,
 )
@@ -45,7 +46,7 @@ from gateway.proxy.h2_downstream import (
 from gateway.server import TrafficServer
 from gateway.wire.http2 import PREFACE
 from gateway.wire.splice import SPLICE_SIZE
-from tests.gateway.conftest import routing
+from tests.gateway.conftest import Recorder, routing
 from tests.hostile.conftest import MiB, rss
 from tests.support.eventually import eventually
 from tests.support.h2_client import H2Client
@@ -254,6 +255,63 @@ async def test_streams_cancelled_now_and_then_are_no_flood(
     finally:
         await client.close()
     assert client.terminated is None
+
+
+AUTHORITY = b"\x01" + hpack_string(b"example.test")
+"""``:authority: example.test``, a literal not indexed."""
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        b"\x82\x86" + AUTHORITY + b"\x04" + hpack_string(b"/ HTTP/1.1\r\nx-s: 1\r\n\r\nGET /"),
+        b"\x82\x86" + AUTHORITY + b"\x04" + hpack_string(b"/ HTTP/1.1 x"),
+        b"\x02" + hpack_string(b"GET / HTTP/1.1\r\n") + b"\x86\x84" + AUTHORITY,
+        b"\x82\x86\x84\x01" + hpack_string(b"example.test\r\nx-smuggled: 1"),
+        request_head(b"\x00" + hpack_string(b"X-Upper") + hpack_string(b"1")),
+        request_head(b"\x00" + hpack_string(b"transfer-encoding") + hpack_string(b"chunked")),
+    ],
+    ids=["crlf-in-path", "space-in-path", "crlf-in-method", "crlf-in-authority", "upper-case",
+         "transfer-encoding"],
+)  # fmt: skip
+async def test_a_head_that_would_split_or_bend_the_http1_request_is_refused_on_its_stream(
+    gateway: Start, hanging: asyncio.Event, recorder: Recorder, block: bytes
+) -> None:
+    """A head whose fields would make a different HTTP/1.1 request upstream (a CR or LF, or
+    a space, in what becomes the request line or Host; a field HTTP/2 forbids) is reset
+    with PROTOCOL_ERROR on its stream alone (RFC 9113 8.1.1): no request begins, and the
+    next stream on the same connection is served."""
+    server = await gateway()
+    reader, writer = await attack(server)
+    try:
+        await sent(writer, header_block(1, block) + header_block(3, request_head()))
+        resets: dict[int, int] = {}
+        answer = b""
+        data = b""
+        async with asyncio.timeout(5):
+            while True:
+                chunk = await reader.read(65536)
+                assert chunk, "closed before stream 3's answer"
+                data += chunk
+                while len(data) >= 9:
+                    frame, length = RstStreamFrame.parse_frame_header(memoryview(data[:9]))
+                    if len(data) < 9 + length:
+                        break
+                    frame.parse_body(memoryview(data[9 : 9 + length]))
+                    data = data[9 + length :]
+                    if isinstance(frame, RstStreamFrame):
+                        resets[frame.stream_id] = int(frame.error_code)
+                    elif isinstance(frame, DataFrame) and frame.stream_id == 3:
+                        answer += frame.data
+                    elif isinstance(frame, GoAwayFrame):
+                        raise AssertionError(f"GOAWAY {frame.error_code}")
+                if answer == b"ok":
+                    break
+    finally:
+        writer.close()
+    assert resets == {1: PROTOCOL_ERROR}
+    await eventually(lambda: len(recorder.records) == 1, what="stream 3's request recorded")
+    assert recorder.records[0].path == "/"
 
 
 async def test_a_continuation_flood_is_refused_before_its_end(
