@@ -865,12 +865,12 @@ def request_cookies(fields: Fields) -> int:
     """How many ``cookie`` fields a request head has, or -1 if it is not a request head
     (RFC 9113 8.3.1): the pseudo-fields of a request, once each and first, ``:method``,
     ``:scheme`` and a non-empty ``:path`` (CONNECT: ``:authority`` alone); every value
-    well-formed (8.2.1, pseudo-fields' too: a CR or LF in ``:path`` would split the HTTP/1.1
-    head it becomes), and no white space or control character in ``:method``, ``:path``
-    and ``:authority`` (they become the HTTP/1.1 request line and Host: a space in
-    ``:path`` would add a word to the line); regular names well-formed, none
-    connection-specific, ``te`` only ``trailers``, a Host that names what ``:authority``
-    does."""
+    well-formed (8.2.1, pseudo-fields' too: a CR or LF in ``:path`` would split the
+    HTTP/1.1 head it becomes), and no white space or control character in ``:method``
+    and ``:path`` (they become the HTTP/1.1 request line: a space in ``:path`` would add
+    a word to it; an ``:authority`` that is no host[:port] is the codec's 400, as a Host
+    is); regular names well-formed, none connection-specific, ``te`` only ``trailers``,
+    a Host that names what ``:authority`` does."""
     seen: set[bytes] = set()
     regular = False
     method = b""
@@ -879,7 +879,9 @@ def request_cookies(fields: Fields) -> int:
     cookies = 0
     for name, value in fields:
         if name[:1] == b":":
-            if regular or name not in REQUEST_PSEUDO or name in seen or not visible(value):
+            if regular or name not in REQUEST_PSEUDO or name in seen:
+                return -1
+            if not (valid_value(value) if name == b":authority" else visible(value)):
                 return -1
             seen.add(name)
             if name == b":method":
