@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -379,21 +381,35 @@ def test_status_says_a_build_is_under_way_and_by_which_pid(package):
     assert native.status() == "pure Python: not built (gateway native build)"
 
 
-def test_a_build_waits_for_the_one_under_way_and_builds_nothing_it_built(package, capsys):
+class Said(io.StringIO):
+    """What is written to stderr, and an event set once ``waiting`` is in it (read as it is
+    written: polling ``capsys.readouterr`` lost a write that came between its read and its
+    reset, and the test then waited for ever)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if "waiting" in self.getvalue():
+            self.waiting.set()
+        return written
+
+
+def test_a_build_waits_for_the_one_under_way_and_builds_nothing_it_built(package, monkeypatch):
     """Two builds (a background one and ``gateway native build``, or two ``dev.py serve``
     starts) never write the same directories at once; the second one, once the first built
     these sources, builds nothing."""
-    import threading
-
+    said = Said()
+    monkeypatch.setattr(sys, "stderr", said)
     fd = hold_the_lock("4242")
     results: list[str] = []
     second = threading.Thread(target=lambda: results.append(native.build(profile=False)))
     second.start()
-    said = ""
     try:
-        while "waiting" not in said and second.is_alive():
-            said += capsys.readouterr().err
-        assert said == "gateway: waiting for the build under way (pid 4242)\n"
+        assert said.waiting.wait(30), "the second build did not wait"
+        assert said.getvalue() == "gateway: waiting for the build under way (pid 4242)\n"
         native.NATIVE.mkdir(parents=True)
         manifest = {"digest": native.digest(), "profile": "none: not asked for (--no-profile)"}
         native.MANIFEST.write_text(json.dumps(manifest))
