@@ -303,6 +303,8 @@ class Session:
         self._out: list[bytes] = []
         self._buffer = b""
         self._preface = len(PREFACE) if not client_side else 0
+        self._settled = False
+        """The peer's SETTINGS came: its preface's last part, before any other frame."""
         """Bytes of the client's preface still to be read (a server's session)."""
         self.terminated = False
         """GOAWAY was sent for an error, or the peer broke the protocol: nothing more is
@@ -486,6 +488,10 @@ class Session:
         return events
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if not self._settled:
+            if kind != SETTINGS or flags & ACK:
+                self._fail(PROTOCOL_ERROR, "the preface's SETTINGS did not come first")
+            self._settled = True
         if self._block_stream:
             if kind != CONTINUATION or stream_id != self._block_stream:
                 self._fail(PROTOCOL_ERROR, "a frame inside a header block")
@@ -782,7 +788,7 @@ class Session:
             elif code == HEADER_TABLE_SIZE:
                 self.encoder.header_table_size = value
             elif code == ENABLE_PUSH:
-                if value > 1:
+                if value > 1 or (value and self.client_side):  # (a server's must be 0)
                     self._fail(PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH not 0 or 1")
             else:
                 continue

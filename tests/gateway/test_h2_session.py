@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from gateway.wire.h2_session import (
     CANCEL,
     COMPRESSION_ERROR,
+    ENABLE_PUSH,
     ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR,
@@ -747,6 +748,36 @@ def test_a_bad_preface_a_byte_at_a_time():
     for octet in PREFACE[:10]:
         assert session.receive(bytes((octet,))) == []
     connection_error(session, b"X", PROTOCOL_ERROR)
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        pytest.param(PingFrame(0, b"12345678").serialize(), id="ping"),
+        pytest.param(SettingsFrame(0, flags=["ACK"]).serialize(), id="settings-ack"),
+        pytest.param(Peer().headers(1, GET, end_stream=True), id="headers"),
+    ],
+)
+@pytest.mark.parametrize("client_side", [False, True], ids=["server", "client"])
+def test_a_preface_whose_first_frame_is_not_settings(first, client_side):
+    """RFC 9113 3.4: the preface ends with the peer's SETTINGS, before any other frame."""
+    session = Session(client_side)
+    session.initiate()
+    session.take()
+    connection_error(session, (b"" if client_side else PREFACE) + first, PROTOCOL_ERROR)
+
+
+def test_a_server_that_enables_push_is_refused():
+    """RFC 9113 6.5.2: a client treats SETTINGS_ENABLE_PUSH 1 from a server as a connection
+    error; a server takes it from a client (which may be pushed to: nothing is pushed)."""
+    session = Session(True)
+    session.initiate()
+    session.take()
+    connection_error(session, SettingsFrame(0, {ENABLE_PUSH: 1}).serialize(), PROTOCOL_ERROR)
+    session, _ = server()
+    assert kinds(session.receive(SettingsFrame(0, {ENABLE_PUSH: 1}).serialize())) == [
+        "RemoteSettingsChanged"
+    ]
 
 
 def test_a_frame_over_the_max_frame_size_is_refused_at_its_header():
