@@ -514,7 +514,7 @@ class H2Connection(asyncio.Protocol):
         out = stream.out
         try:
             while out:
-                window = min(conn.send_window(stream_id), conn.max_outbound_frame_size)
+                window = conn.sendable(stream_id)
                 if window <= 0:
                     break
                 chunk = http2.take(out, window)

@@ -332,7 +332,7 @@ class H2UpstreamConnection(asyncio.Protocol):
         trailers = body.trailers if body is not None else None
         try:
             while out:
-                window = min(conn.send_window(stream_id), conn.max_outbound_frame_size)
+                window = conn.sendable(stream_id)
                 if window <= 0:
                     break
                 chunk = http2.take(out, window)

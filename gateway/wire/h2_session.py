@@ -419,6 +419,13 @@ class Session:
         connection = self.send_window_connection
         return window if window < connection else connection
 
+    def sendable(self, stream_id: int) -> int:
+        """The most one DATA frame on ``stream_id`` may carry now: ``send_window`` within
+        the peer's SETTINGS_MAX_FRAME_SIZE."""
+        window = self.send_window(stream_id)
+        limit = self.max_outbound_frame_size
+        return window if window < limit else limit
+
     def acknowledge(self, stream_id: int, size: int) -> None:
         """``size`` bytes the peer sent on ``stream_id`` were taken: its window and the
         connection's open again (WINDOW_UPDATE once half a window is due)."""
@@ -447,9 +454,6 @@ class Session:
         self.goaway_sent = True
         if code != NO_ERROR:
             self.terminated = True
-
-    def ping(self, opaque: bytes) -> None:
-        self._out.append(frame(PING, 0, 0, opaque))
 
     # -- the peer's frames ----------------------------------------------------------------
 

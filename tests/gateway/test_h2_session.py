@@ -1251,14 +1251,6 @@ def test_a_ping_is_answered_with_its_payload():
     assert session.take() == b""
 
 
-def test_a_ping_of_ours_is_acknowledged_by_h2():
-    session, peer = with_h2_client()
-    session.ping(b"abcdefgh")
-    events = to_peer(session, peer)
-    assert isinstance(events[0], h2.events.PingReceived)
-    assert kinds(to_session(session, peer)) == []  # its ACK
-
-
 def test_frames_of_unknown_type_are_ignored():
     session, peer = server()
     assert session.receive(raw(0xEE, 0xFF, 0, b"whatever") + raw(0x10, 0, 1, b"")) == []
