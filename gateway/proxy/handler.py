@@ -507,7 +507,7 @@ class Proxy:
         self, ex: Exchange, sp: ServicePool, lease: Lease, tried: Collection[str]
     ) -> None:
         """One attempt on ``lease``'s upstream over HTTP/2 (``upstream_protocol: http2``)."""
-        from . import h2_upstream  # loads h2: only once a service asks for it
+        from . import h2_upstream  # the HTTP/2 leg: loaded once a service asks for it
 
         connector = self._h2_connector
         if connector is None:
