@@ -129,6 +129,7 @@ MODULES = (
     "wire.http1",
     "wire.http2",
     "wire.hpack_codec",
+    "wire.hpack_tables",
     "wire.h2_session",
     "wire.grpc",
     "wire.chunked",

@@ -32,9 +32,7 @@ from __future__ import annotations
 
 from typing import Final, NoReturn
 
-from hpack.exceptions import HPACKError, OversizedHeaderListError
-
-from .hpack_codec import Decoder, Encoder
+from .hpack_codec import Decoder, Encoder, HPACKError, OversizedHeaderListError
 from .http2 import CONNECTION_SPECIFIC, PREFACE, Fields
 
 # Frame types (RFC 9113 6).

@@ -10,9 +10,9 @@ empty), and so nothing to search or to evict for each field. The cost is bytes: 
 again is sent whole again, where ``hpack.Encoder`` would send its index.
 
 The decoder reads what any encoder sends, the dynamic table included, as ``hpack.Decoder``
-does and with its errors (``hpack.exceptions``), which the session turns into
+does and with errors of the same names (``hpack.exceptions``'), which the session turns into
 COMPRESSION_ERROR or, for a list over ``max_header_list_size``, into the refusal the
-hostile-client defences count on. Huffman strings are decoded with ``hpack``'s own state
+hostile-client defences count on. Huffman strings are decoded with ``hpack_tables``' state
 table. A field a peer sent as "never indexed" comes out as a plain pair: the gateway makes
 its own fields for the other leg, and its encoder indexes none.
 """
@@ -23,32 +23,38 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Final
 
-from hpack.exceptions import (
-    HPACKDecodingError,
-    InvalidTableIndex,
-    InvalidTableSizeError,
-    OversizedHeaderListError,
-)
-from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
-from hpack.huffman_table import (
+from .hpack_tables import (
+    HUFFMAN_CODES,
     HUFFMAN_COMPLETE,
     HUFFMAN_EMIT_SYMBOL,
     HUFFMAN_FAIL,
-    HUFFMAN_TABLE,
+    HUFFMAN_LENGTHS,
+    HUFFMAN_STATES,
+    STATIC_TABLE,
 )
-from hpack.table import HeaderTable
 
-STATIC_TABLE: Final[tuple[tuple[bytes, bytes], ...]] = tuple(HeaderTable.STATIC_TABLE)
-"""RFC 7541 Appendix A: the static table (index 1 is its first entry)."""
-HUFFMAN_CODES: Final[tuple[int, ...]] = tuple(REQUEST_CODES)
-HUFFMAN_LENGTHS: Final[tuple[int, ...]] = tuple(REQUEST_CODES_LENGTH)
-"""RFC 7541 Appendix B: the Huffman code of each octet (and of EOS, 256), its length in bits."""
 STATIC_COUNT: Final = len(STATIC_TABLE)
-HUFFMAN_STATES: Final[tuple[int, ...]] = tuple(
-    (state << 16) | (flags << 8) | symbol for state, flags, symbol in HUFFMAN_TABLE
-)
-"""``hpack``'s Huffman decoding table (16 entries a state, one for each nibble read next),
-each entry packed in one integer: the next state, flags, the symbol emitted."""
+
+
+class HPACKError(Exception):
+    """A header block that cannot be decoded (``hpack.exceptions``' classes, by name)."""
+
+
+class HPACKDecodingError(HPACKError):
+    """A block cut short, an integer too long, a Huffman string that is no code."""
+
+
+class InvalidTableIndex(HPACKDecodingError):
+    """An index into neither table."""
+
+
+class InvalidTableSizeError(HPACKDecodingError):
+    """A dynamic table size over the one our SETTINGS allow."""
+
+
+class OversizedHeaderListError(HPACKDecodingError):
+    """A header list over ``max_header_list_size``, as it is decoded."""
+
 
 STATIC_FIELDS: Final[dict[tuple[bytes, bytes], int]] = {}
 """A field of the static table (name, value) -> its index."""
@@ -177,8 +183,8 @@ def huffman_code(block: bytearray, data: bytes) -> None:
 class Decoder:
     """Header blocks read as ``hpack.Decoder`` reads them, a session's
     (``h2_session.Session.decoder``): the dynamic table (RFC 7541 §2.3, §4), Huffman
-    strings (with ``hpack``'s own state table), and the same errors, which the session turns
-    into COMPRESSION_ERROR (``hpack.exceptions.HPACKError``) or a refusal of the header list
+    strings (with ``hpack_tables``' automaton), and errors of the same names, which the session
+    turns into COMPRESSION_ERROR (``HPACKError``) or a refusal of the header list
     (``OversizedHeaderListError``: counted as each field is decoded, so a block of references
     to one large entry stops at the limit). The session sets ``max_header_list_size`` from the
     SETTINGS it sends (``max_allowed_table_size`` stays the default, 4,096)."""

@@ -1,16 +1,31 @@
 """``wire.hpack_codec``: the encoder's header blocks, read back by ``hpack``'s decoder, and
 the decoder held to ``hpack``'s on the same blocks (an independent implementation of RFC
-7541): the same fields, or an error from both."""
+7541): the same fields, or an error of the same name from both. And ``wire.hpack_tables``:
+RFC 7541's tables as ``hpack`` has them, and a Huffman automaton that reads every code."""
 
 from __future__ import annotations
 
 import hpack
+import hpack.exceptions
 import pytest
-from hpack.exceptions import HPACKError, InvalidTableIndex, OversizedHeaderListError
+from hpack.huffman import HuffmanEncoder
+from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
+from hpack.huffman_table import decode_huffman
+from hpack.table import HeaderTable
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.wire.hpack_codec import STATIC_TABLE, Decoder, Encoder
+from gateway.wire.hpack_codec import (
+    STATIC_TABLE,
+    Decoder,
+    Encoder,
+    HPACKDecodingError,
+    HPACKError,
+    InvalidTableIndex,
+    OversizedHeaderListError,
+    huffman_decode,
+)
+from gateway.wire.hpack_tables import HUFFMAN_CODES, HUFFMAN_LENGTHS
 
 names = st.one_of(
     st.sampled_from([name for name, _ in STATIC_TABLE]),
@@ -109,12 +124,12 @@ def decode_both(theirs: hpack.Decoder, ours: Decoder, block: bytes) -> object:
     """What both make of ``block``: the same fields, or an HPACK error from both."""
     try:
         expected: object = [tuple(field) for field in theirs.decode(block, raw=True)]
-    except HPACKError as exc:
-        expected = type(exc)
+    except hpack.exceptions.HPACKError as exc:
+        expected = type(exc).__name__
     try:
         got: object = ours.decode(block, raw=True)
     except HPACKError as exc:
-        got = type(exc)
+        got = type(exc).__name__
     assert got == expected
     return got
 
@@ -206,3 +221,35 @@ def test_a_damaged_block_is_read_as_hpack_reads_it(block, damage):
         if encoded:
             encoded[at % len(encoded)] = octet
     decode_both(hpack.Decoder(max_header_list_size=BIG), Decoder(BIG), bytes(encoded))
+
+
+# -- the tables ---------------------------------------------------------------------------
+
+
+def test_the_tables_are_rfc_7541s_as_hpack_has_them():
+    assert STATIC_TABLE == tuple(HeaderTable.STATIC_TABLE)
+    assert (HUFFMAN_CODES, HUFFMAN_LENGTHS) == (tuple(REQUEST_CODES), tuple(REQUEST_CODES_LENGTH))
+
+
+@given(st.binary(max_size=300))
+def test_the_automaton_reads_back_every_huffman_string(data):
+    """Any octets, Huffman-coded by ``hpack``'s encoder (padded with ones), decode to
+    themselves."""
+    coded = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH).encode(data)
+    assert huffman_decode(coded, 0, len(coded)) == data
+
+
+@pytest.mark.parametrize(
+    "coded",
+    [
+        b"\xff\xff\xff\xff",  # EOS (30 ones), then 11: EOS decoded is an error
+        b"\x00",  # '0' (00000) then 000: padding that is not ones
+        b"\x1f\xff",  # 'a' (00011), then eleven ones: padding of eight bits or more
+    ],
+    ids=["eos", "zero-padding", "long-padding"],
+)
+def test_a_huffman_string_that_is_no_code_is_refused(coded):
+    with pytest.raises(HPACKDecodingError):
+        huffman_decode(coded, 0, len(coded))
+    with pytest.raises(hpack.exceptions.HPACKDecodingError):
+        decode_huffman(coded)  # (as hpack's)
