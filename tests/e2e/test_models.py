@@ -138,7 +138,7 @@ async def test_streamed_tokens_are_timed_and_counted(
         **({"workers": workers} if workers else {}),
     )
     data = model_spec(tmp_path, "llama", {"name": "llama"})
-    data["replica"]["env"].update(FIRST_TOKEN_DELAY="0.1", TOKEN_DELAY="0.02")
+    data["replica"]["env"].update(FIRST_TOKEN_DELAY="0.1", TOKEN_DELAY="0.05")
     await serving(gw, data)
     url = gw.url + "/v1/chat/completions"
     asked = {"model": "llama", "messages": [{"role": "user", "content": "hi"}]}
@@ -174,7 +174,9 @@ async def test_streamed_tokens_are_timed_and_counted(
         assert took is not None
         assert took >= 2 * 0.1
         assert between is not None
-        assert between >= 0.05  # 5 gaps of 0.02 s
+        # 5 gaps of 0.05 s, less what a loaded machine coalesces: tokens read in one read are
+        # one gap (0.045 s of 0.1 was seen with gaps of 0.02 s and the bound at 0.05)
+        assert between >= 0.1
 
     def logged() -> list[dict[str, Any]]:
         lines = log.read_text().splitlines() if log.exists() else []
