@@ -301,9 +301,9 @@ class Session:
         self._out: list[bytes] = []
         self._buffer = b""
         self._preface = len(PREFACE) if not client_side else 0
+        """Bytes of the client's preface still to be read (a server's session)."""
         self._settled = False
         """The peer's SETTINGS came: its preface's last part, before any other frame."""
-        """Bytes of the client's preface still to be read (a server's session)."""
         self.terminated = False
         """GOAWAY was sent for an error, or the peer broke the protocol: nothing more is
         taken."""
