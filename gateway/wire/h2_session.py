@@ -955,7 +955,8 @@ def response_status(fields: Fields) -> int:
 
 
 def valid_trailers(fields: Fields) -> bool:
-    """Trailers: no pseudo-field, regular fields well-formed."""
+    """Trailers: no pseudo-field, regular fields well-formed, none connection-specific (so
+    that they go to an HTTP/2 upstream as they came)."""
     for name, value in fields:
         if name[:1] == b":" or not valid_name(name) or not valid_value(value):
             return False

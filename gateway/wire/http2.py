@@ -58,12 +58,6 @@ def split_answer(data: bytes) -> tuple[int, Fields, bytes]:
     return status, answer_fields(status, [rest] if rest else []), body
 
 
-def trailer_fields(fields: Fields) -> Fields:
-    """A client's trailers (``h2_session`` checked their form: no pseudo-field) as they go to an
-    HTTP/2 upstream: without the connection-specific fields."""
-    return [(name, value) for name, value in fields if name not in CONNECTION_SPECIFIC]
-
-
 def request_fields(lines: list[bytes], scheme: bytes = b"http") -> Fields:
     """A request head made for HTTP/1.1 (``messages.upstream_head``: its request line, then
     ``Name: value`` lines, an item possibly holding several) as HTTP/2 fields for the upstream

@@ -1177,10 +1177,17 @@ def test_a_content_length_with_end_stream_on_the_head():
     assert kinds(session.receive(peer.headers(3, head, end_stream=True)))[0] == "RequestReceived"
 
 
-def test_malformed_trailers_reset_the_stream():
+@pytest.mark.parametrize(
+    "trailers",
+    [[(b":path", b"/x")], [(b"connection", b"close")], [(b"X-Upper", b"1")]],
+    ids=["pseudo", "connection-specific", "upper-case"],
+)
+def test_malformed_trailers_reset_the_stream(trailers):
+    """Trailers go to an HTTP/2 upstream as they came: what HTTP/2 forbids in them resets
+    the stream instead."""
     session, peer = server()
     session.receive(peer.headers(1, POST))
-    events = session.receive(peer.headers(1, [(b":path", b"/x")], end_stream=True))
+    events = session.receive(peer.headers(1, trailers, end_stream=True))
     assert kinds(events) == ["StreamReset"]
     assert rsts(parsed(session.take())) == [(1, PROTOCOL_ERROR)]
 
