@@ -1,16 +1,28 @@
 """Memory per process: the gateway's worker and main processes against an nginx worker.
 
-    .venv/bin/python bench/memory.py --duration 6 --repeat 3 [--idle-connections 10000]
+    .venv/bin/python bench/memory.py --duration 6 --repeat 3 [--connections 10000]
+        [--idle-connections 10000]
 
 Starts, as ``run.py`` does, the upstream (nginx, with wrk on the load core), nginx as a proxy
-(1 worker) and two gateways as users run them (``targets.gateway_config``), all on the proxy
-core: ``gateway`` (one process) and ``gateway-w2`` (``--workers 2``: a main process that runs
-the controller, the probes and the admin API, and two worker processes that serve). For
+(1 worker), ``floor`` (``floor_server.py``: a fixed 200 from uvloop and llhttp on this
+interpreter, what any server built as the gateway is holds) and two gateways as users run them
+(``targets.gateway_config``), all on the proxy core: ``gateway`` (one process) and
+``gateway-w2`` (``--workers 2``: a main process that runs the controller, the probes and the
+admin API, and two worker processes that serve). For
 every process of each tree it reads VmRSS and, from ``/proc/PID/smaps_rollup``, the USS
 (private pages: what another worker adds) and the PSS; idle (after a settle), then under
 ``wrk -t1 -c64`` (the largest of samples every 0.25 s), interleaved over ``--repeat``
 repetitions, the order rotating. Then each target in turn holds ``--idle-connections`` idle
 keep-alive connections (``idle.idle_step``, as ``run.py``'s idle step): KiB per connection.
+
+Every target is configured for the same capacity: ``--connections`` client connections (the
+gateway's default ``max_connections``, 10,000). A gateway worker's ``max_connections`` counts
+client connections; nginx's ``worker_connections`` counts every connection its worker holds,
+the proxied ones to the upstream too, and nginx allocates its connection and event tables for
+all of them as it starts (about 0.4 KiB each): nginx gets twice ``--connections``. The budget
+(docs/decisions.md): a worker's USS at most twice an nginx worker's so configured; the RSS of
+each is reported beside it, and where both workers' pages are (``/proc/PID/smaps``, by what
+maps them) after the last repetition's load.
 And, in fresh interpreters, what importing a worker's and the main process's modules costs
 (VmRSS after ``import gateway.workers.worker`` / ``controller.serving``, the composition root).
 
@@ -49,6 +61,7 @@ from system import (
 from targets import Limits, Target, native_status, start_gateway, start_nginx, start_upstream
 
 REPO = Path(__file__).resolve().parent.parent
+FLOOR = REPO / "bench" / "floor_server.py"
 
 
 @dataclass
@@ -73,6 +86,49 @@ def mem(pid: int) -> Mem | None:
             kib[key] = int(rest.split()[0])
     uss = kib.get("Private_Clean", 0) + kib.get("Private_Dirty", 0)
     return Mem(kib.get("Rss", 0) / 1024, uss / 1024, kib.get("Pss", 0) / 1024)
+
+
+MAPPED = (
+    ("OpenSSL (libcrypto, libssl, `_ssl`)", ("libcrypto.", "libssl.", "/_ssl.")),
+    ("libpython", ("libpython",)),
+    ("the compiled data plane", ("_native__mypyc",)),
+    ("uvloop's `loop.so`", ("/uvloop/loop.",)),
+    ("libc, libm, ld.so", ("/libc.so", "/libm.so", "/ld-linux")),
+)
+"""What a worker maps, by the file's path; the rest: the process's own data (heap, anonymous
+memory, stack), its program (``nginx``, ``python``) and other files."""
+OWN = "its own data (heap, anonymous, stack)"
+
+
+def mapped(pid: int) -> dict[str, tuple[float, float]]:
+    """MiB resident and private of one process, by what maps the pages (``MAPPED``)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps").read_text()
+        program = Path(os.readlink(f"/proc/{pid}/exe")).name
+    except OSError:
+        return {}
+    out: dict[str, tuple[float, float]] = {}
+    what = ""
+    for line in text.splitlines():
+        head = line.split(maxsplit=5)
+        if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+            path = head[5] if len(head) == 6 else ""
+            what = next((name for name, keys in MAPPED if any(k in path for k in keys)), "")
+            if not what:
+                if not path or path.startswith("["):
+                    what = OWN
+                elif Path(path).name == program:
+                    what = f"the program (`{program}`)"
+                else:
+                    what = "other files (extension modules, libraries)"
+        elif line.startswith(("Rss:", "Private_Clean:", "Private_Dirty:")) and what:
+            rss, private = out.get(what, (0.0, 0.0))
+            kib = int(line.split()[1]) / 1024
+            if line.startswith("Rss:"):
+                out[what] = (rss + kib, private)
+            else:
+                out[what] = (rss, private + kib)
+    return out
 
 
 def roles(target: Target) -> dict[str, int]:
@@ -126,6 +182,8 @@ class Figures:
     rps: dict[str, list[float]] = field(default_factory=dict)
     conns: dict[str, IdleResult] = field(default_factory=dict)
     imports: dict[str, float] = field(default_factory=dict)
+    mapped: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    """``target role`` -> ``mapped`` of that worker after the last repetition's load."""
 
 
 def wrk_sampled(procs: Procs, target: Target, duration: int, cpu: int) -> tuple[float, dict]:
@@ -183,6 +241,9 @@ def measure(procs: Procs, args: argparse.Namespace, targets: dict[str, Target]) 
             rps, top = wrk_sampled(procs, targets[name], args.duration, args.load_cpu)
             figures.loaded.setdefault(name, []).append(top)
             figures.rps.setdefault(name, []).append(rps)
+            if rep == args.repeat - 1 and name != "gateway":
+                role = "main" if name == "floor" else "worker-1"
+                figures.mapped[f"{name} {role}"] = mapped(roles(targets[name])[role])
             worst = ", ".join(f"{r} {m.rss:.1f}/{m.uss:.1f}" for r, m in top.items())
             print(f"bench: rep {rep + 1} {name:10} {rps:>9,.0f} rps  RSS/USS MiB: {worst}",
                   file=sys.stderr)  # fmt: skip
@@ -218,17 +279,40 @@ def report(args: argparse.Namespace, figures: Figures, load: tuple[float, ...]) 
                 f"{_median(loaded(name, role, 'rss')):.1f} | "
                 f"{_median(loaded(name, role, 'uss')):.1f} |"
             )
-    ratio_rows = []
+    ratio_rows, budget = [], []
     ngx = "worker-1"
-    for name in ("gateway", "gateway-w2"):
-        for role in ["main"] if name == "gateway" else worker_roles(name):
+    for name in ("floor", "gateway", "gateway-w2"):
+        for role in ["main"] if name != "gateway-w2" else worker_roles(name):
             for attr in ("rss", "uss"):
                 mine, theirs = loaded(name, role, attr), loaded("nginx", ngx, attr)
                 each = [a / b for a, b in zip(mine, theirs, strict=False) if b > 0]
                 text = ", ".join(f"{r:.2f}" for r in each)
-                what = "the process" if name == "gateway" else role
+                what = role if name == "gateway-w2" else "the process"
                 ratio_rows.append(f"| {name} {what} / nginx worker | {attr.upper()} | {text} | "
                                   f"**{_median(each):.2f}** |")  # fmt: skip
+                if name == "gateway-w2" and attr == "uss":
+                    verdict = "met" if _median(each) <= 2 else "**not met**"
+                    budget.append(f"{role} {_median(each):.2f} ({verdict})")
+    found = {k for m in figures.mapped.values() for k in m}
+    first = [OWN, *(name for name, _ in MAPPED)]
+    kinds = [k for k in first if k in found] + sorted(found.difference(first))
+    mapped_rows = [
+        f"| {kind} | "
+        + " | ".join(
+            f"{m[kind][0]:.2f} | {m[kind][1]:.2f}" if kind in m else "- | -"
+            for m in figures.mapped.values()
+        )
+        + " |"
+        for kind in kinds
+    ]
+    mapped_rows.append(
+        "| all | "
+        + " | ".join(
+            f"{sum(v[0] for v in m.values()):.2f} | {sum(v[1] for v in m.values()):.2f}"
+            for m in figures.mapped.values()
+        )
+        + " |"
+    )
     conn_rows = [
         f"| {name} | {r.connections:,} | {r.rss_before:.1f} | {r.rss_with:.1f} | "
         f"{r.kib_per_connection or 0:.2f} | {r.rss_after:.1f} |"
@@ -241,11 +325,15 @@ def report(args: argparse.Namespace, figures: Figures, load: tuple[float, ...]) 
         "",
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, `bench/memory.py "
         f"--duration {args.duration} --repeat {args.repeat} --idle-connections "
-        f"{args.idle_connections}{' --pure' if args.pure else ''}`; data plane: {plane}. "
+        f"{args.idle_connections} --connections {args.connections}"
+        f"{' --pure' if args.pure else ''}`; data plane: {plane}. "
         f"Load average at the start and the end: {load[0]:.2f}, {os.getloadavg()[0]:.2f}. "
-        f"nginx (1 worker), `gateway` (1 process) and `gateway-w2` (`--workers 2`) on CPU "
+        "nginx (1 worker), `floor` (`bench/floor_server.py`: a fixed 200 from uvloop and "
+        f"llhttp), `gateway` (1 process) and `gateway-w2` (`--workers 2`) on CPU "
         f"{args.proxy_cpu}, wrk and the upstream on CPU {args.load_cpu}; access logs to a "
-        "file, the gateways at their defaults (probes, metrics, retries, passive ejection).",
+        "file, the gateways at their defaults (probes, metrics, retries, passive ejection) but "
+        f"`max_connections` {args.connections:,}, nginx's `worker_connections` "
+        f"{2 * args.connections:,} (it counts the connections to the upstream too).",
         "",
         "MiB per process. USS: private pages (`Private_Clean + Private_Dirty` of "
         "`smaps_rollup`), what one more worker costs; RSS also counts the shared libraries "
@@ -257,11 +345,22 @@ def report(args: argparse.Namespace, figures: Figures, load: tuple[float, ...]) 
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
         *rows,
         "",
-        "Ratios under load, per repetition, and their median (issue 29: a worker at most 2):",
+        "Ratios under load, per repetition, and their median:",
         "",
         "| ratio | of | per repetition | median |",
         "| --- | --- | --- | ---: |",
         *ratio_rows,
+        "",
+        "The budget (docs/decisions.md), a worker's USS at most twice an nginx worker's: "
+        + ", ".join(budget)
+        + ".",
+        "",
+        "Where each worker's pages are, after the last repetition's load (MiB, "
+        "`/proc/PID/smaps`, by what maps them; resident, then private):",
+        "",
+        "| mapped by | " + " | ".join(f"{w} RSS | private" for w in figures.mapped) + " |",
+        "| --- |" + " ---: | ---: |" * len(figures.mapped),
+        *mapped_rows,
         "",
         f"Imports alone, VmRSS (MiB) of a fresh interpreter after importing: {imports}.",
     ]
@@ -283,7 +382,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=int, default=6)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--idle-connections", type=int, default=10_000, help="0 skips")
+    p.add_argument("--connections", type=int, default=10_000,
+                   help="client connections each target is configured for (nginx: twice "
+                   "this, its worker_connections counting the upstream's too)")  # fmt: skip
+    p.add_argument("--idle-connections", type=int, default=10_000,
+                   help="held in the idle step, at most --connections; 0 skips")  # fmt: skip
     p.add_argument("--pure", action="store_true", help="the pure Python data plane")
     p.add_argument("--proxy-cpu", type=int, default=0)
     p.add_argument("--load-cpu", type=int, default=1)
@@ -299,7 +402,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stop_on_signals()
     nofile = raise_nofile()
-    lim = Limits(max(4096, min(nofile, args.idle_connections + 10_000)), nofile, True)
+    if args.idle_connections > args.connections:
+        print("bench: --idle-connections is at most --connections", file=sys.stderr)
+        return 2
+    lim = Limits(args.connections, nofile, True)
+    nginx_lim = Limits(2 * args.connections, nofile, True)
     status = native_status(args.pure)
     version = sys.version.split()[0]
     python = Interpreter(Path(sys.executable), sys.executable, version, False, False, "-", status)
@@ -307,11 +414,16 @@ def main(argv: list[str] | None = None) -> int:
     tmp = work_dir("memory")
     procs = Procs(tmp)
     try:
-        up, ngx, p1, a1, p2, a2 = free_ports(6)
-        upstream = start_upstream(procs, up, args.load_cpu, lim)
+        up, ngx, p1, a1, p2, a2, fl = free_ports(7)
+        upstream = start_upstream(procs, up, args.load_cpu, nginx_lim)
         wait_serving(upstream.proc, upstream.url())
         targets = {
-            "nginx": start_nginx(procs, ngx, up, args.proxy_cpu, lim),
+            "nginx": start_nginx(procs, ngx, up, args.proxy_cpu, nginx_lim),
+            "floor": Target(
+                "floor",
+                fl,
+                procs.start("floor", [sys.executable, "-OO", str(FLOOR), str(fl)], args.proxy_cpu),
+            ),
             "gateway": start_gateway(
                 procs, "gateway", python, (p1, a1, up), args.proxy_cpu, lim, pure=args.pure
             ),
