@@ -334,3 +334,37 @@ def test_runs_as_non_root(container: Container) -> None:
     uid = re.search(r"^Uid:\s+(.*)$", container.exec("cat", "/proc/1/status"), re.M)
     assert uid is not None
     assert set(uid[1].split()) == {"10001"}, uid[1]
+
+
+async def test_no_process_compiles_a_module_from_its_source(image: Image) -> None:
+    """The image holds the bytecode of all its processes import, at the levels they run (the
+    Dockerfile's ``compileall``): the gateway and the demo's replicas at 0, its workers at 2.
+    With ``PYTHONVERBOSE`` the import system says where each module's code came from:
+    ``code object from '<...>.pyc'`` (its cache) or ``code object from <...>.py`` (compiled
+    at import). The image's default command serves a request through a worker, and no
+    process compiled a module."""
+    started = docker(
+        "run", "--detach", f"--label={RUN}={image.run}", "--publish=127.0.0.1::8080",
+        "--env=PYTHONVERBOSE=1", image.tag,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    cid = started.stdout.strip()
+    port = docker("port", cid, "8080/tcp").stdout.split()[0]
+    container = Container(cid, f"http://{port}")
+
+    def proxied() -> bool:
+        try:
+            with urllib.request.urlopen(f"{container.traffic}/hello/ping", timeout=5) as r:
+                status: int = r.status
+        except OSError:
+            return False
+        return status == 200
+
+    await in_container(proxied, 60, "a proxied answer from a hello replica", container)
+    done = docker("logs", cid)
+    logs = done.stdout + done.stderr
+    compiled = sorted(set(re.findall(r"^# code object from (/\S+\.py)$", logs, re.M)))
+    assert compiled == [], f"compiled from the source at import: {compiled}"
+    # A worker's modules came from their level 2 caches: the check saw them load.
+    cached_at_2 = r"^# code object from '/\S+/uvloop/\S+\.opt-2\.pyc'$"
+    assert re.search(cached_at_2, logs, re.M), logs[-2000:]
