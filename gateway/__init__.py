@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from .health.prober import Prober as Prober
     from .listening import listen as listen
     from .listening import listening_socket as listening_socket
+    from .listening import stop_accepting as stop_accepting
     from .observability.accesslog import AccessLog as AccessLog
     from .observability.exporter import SpanExporter as SpanExporter
     from .observability.metrics import GatewayMetrics as GatewayMetrics

@@ -30,7 +30,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from gateway import listening_socket, parse_address
+from gateway import listening_socket, parse_address, stop_accepting
 
 from ..errors import ControllerError, StoreUnavailable
 from ..operations import Controller
@@ -328,6 +328,8 @@ class AdminServer:
         self.app = app
         self.host, self._port = parse_address(listen, listen=True)
         self._sock = sock
+        self._listening: socket.socket | None = None
+        """The socket served (None: a name, bound by ``TCPSite``)."""
         self._runner: web.AppRunner | None = None
 
     @property
@@ -351,9 +353,16 @@ class AdminServer:
             await runner.cleanup()
             raise
         self._runner = runner
+        self._listening = sock
         self._port = runner.addresses[0][1]
 
     async def stop(self) -> None:
         if self._runner is not None:
             runner, self._runner = self._runner, None
+            if self._listening is not None:
+                # Accepted as the listener closes, a connection would be left open on
+                # asyncio's loop (``stop_accepting``); made before ``cleanup``, it is closed
+                # with the others (its handler is there a turn after its transport).
+                await stop_accepting([self._listening])
+                await asyncio.sleep(0)
             await runner.cleanup()
