@@ -26,7 +26,7 @@ import socket
 from typing import TYPE_CHECKING
 
 from .config import ProxyConfig, parse_address
-from .listening import listen, listening_socket
+from .listening import listen, listening_socket, stop_accepting
 from .proxy.handler import Proxy
 from .proxy.http1_downstream import ClientConnection, ConnectionGate
 from .proxy.parking import Parking
@@ -211,12 +211,17 @@ class TrafficServer:
         self.unbind()
         server, self._server = self._server, None
         tls_servers, self._tls_servers = self._tls_servers, []
+        # Connections accepted (or resumed from parking) as the listeners close are made
+        # first, so that they are closed with the others below (``stop_accepting``).
+        listening = [s for srv in (server, *tls_servers) if srv is not None for s in srv.sockets]
+        await stop_accepting(listening)
         for tls_server in tls_servers:
             tls_server.close()
         if server is not None:
             server.close()
             if self._gate is not None and self._gate.parking is not None:
                 self._gate.parking.close()
+            await asyncio.sleep(0)  # their ``connection_made``: in ``_connections`` now
             for conn in list(self._connections):
                 conn.close()
             h2_connections = self._h2_connections
