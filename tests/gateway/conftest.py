@@ -23,6 +23,7 @@ from gateway.pool.upstream import Health, Upstream
 from gateway.proxy.handler import Proxy
 from gateway.server import TrafficServer
 from gateway.tls import Termination
+from tests.support.raw_servers import RawServers
 
 from .fakeloop import FakeLoop, running
 
@@ -125,18 +126,17 @@ async def upstream(aiohttp_server, pool) -> Callable[..., Awaitable[Any]]:
 
 @pytest.fixture
 async def raw_upstream() -> AsyncIterator[Callable[..., Awaitable[int]]]:
-    """``await raw_upstream(callback)``: an asyncio TCP server on loopback; returns its port."""
-    servers: list[asyncio.Server] = []
+    """``await raw_upstream(callback)``: an asyncio TCP server on loopback; returns its port.
+    Its connections are closed at teardown, their handlers cancelled (``RawServers``)."""
+    servers = RawServers()
 
     async def start(callback) -> int:
-        server = await asyncio.start_server(callback, "127.0.0.1", 0)
-        servers.append(server)
+        server = await servers.start(callback)
         port: int = server.sockets[0].getsockname()[1]
         return port
 
     yield start
-    for server in servers:
-        server.close()
+    await servers.close()
 
 
 @pytest.fixture

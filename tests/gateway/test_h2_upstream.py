@@ -24,6 +24,7 @@ from gateway.proxy.h2_upstream import H2Connector
 from gateway.proxy.streams import ResponseStream
 from tests.support.eventually import eventually
 from tests.support.h2_client import H2Client
+from tests.support.raw_servers import RawServers
 
 from .conftest import add, routing, url
 
@@ -173,16 +174,12 @@ class Replica:
         """The most entries the gateway's header blocks put in the decoder's dynamic table."""
         self.trailers: list[dict[bytes, bytes]] = []
         """The requests' trailers, as they arrived."""
-        self.server: asyncio.Server | None = None
 
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port: int = self.server.sockets[0].getsockname()[1]
+    async def start(self, servers: RawServers) -> int:
+        """Serve on loopback among ``servers`` (which close its connections); the port."""
+        server = await servers.start(self._serve)
+        port: int = server.sockets[0].getsockname()[1]
         return port
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
@@ -225,17 +222,15 @@ class Replica:
 @pytest.fixture
 async def replicas(pool) -> AsyncIterator[Callable[[str, str], Awaitable[Replica]]]:
     """``await replicas(name, mode)``: a ``Replica`` of service ``web`` in the pool."""
-    started: list[Replica] = []
+    servers = RawServers()
 
     async def start(name: str, mode: str) -> Replica:
         replica = Replica(name, mode)
-        started.append(replica)
-        add(pool, "web", name, await replica.start())
+        add(pool, "web", name, await replica.start(servers))
         return replica
 
     yield start
-    for replica in started:
-        replica.close()
+    await servers.close()
 
 
 def h2_service(**settings: Any) -> ServiceRouting:

@@ -24,6 +24,7 @@ from gateway.health.probe_client import (
     ProbeRequestInvalid,
     request_head,
 )
+from tests.support.raw_servers import RawServers
 
 
 class Script:
@@ -62,19 +63,16 @@ class Script:
 @pytest.fixture
 async def scripted() -> AsyncIterator[Callable[..., Awaitable[tuple[Script, int]]]]:
     """``await scripted(answer, then)``: a ``Script`` listening on loopback, and its port."""
-    servers: list[asyncio.Server] = []
+    servers = RawServers()
 
     async def start(answer: bytes = b"", then: str = "hold") -> tuple[Script, int]:
         script = Script(answer, then)
-        server = await asyncio.start_server(script, "127.0.0.1", 0)
-        servers.append(server)
+        server = await servers.start(script)
         port: int = server.sockets[0].getsockname()[1]
         return script, port
 
     yield start
-    for server in servers:
-        server.close()
-        await server.wait_closed()
+    await servers.close()
 
 
 @pytest.fixture(autouse=True)

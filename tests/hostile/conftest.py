@@ -26,6 +26,7 @@ from tests.gateway.conftest import (  # noqa: F401 - fixtures, registered by imp
     recorder,
     upstream,
 )
+from tests.support.raw_servers import RawServers
 
 MiB = 1024 * 1024
 
@@ -112,19 +113,17 @@ async def recording(
     pool: Pool,  # noqa: F811 - the fixture imported above
 ) -> AsyncIterator[Callable[..., Awaitable[RecordingUpstream]]]:
     """``await recording(service, upstream_id)``: a RecordingUpstream, healthy in the pool."""
-    servers: list[asyncio.Server] = []
+    servers = RawServers()
 
     async def start(service: str = "web", upstream_id: str = "u1") -> RecordingUpstream:
         rec = RecordingUpstream()
-        server = await asyncio.start_server(rec.serve, "127.0.0.1", 0)
-        servers.append(server)
+        server = await servers.start(rec.serve)
         rec.port = server.sockets[0].getsockname()[1]
         add(pool, service, upstream_id, rec.port)
         return rec
 
     yield start
-    for server in servers:
-        server.close()
+    await servers.close()
 
 
 @dataclass

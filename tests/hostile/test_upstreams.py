@@ -16,6 +16,7 @@ import pytest
 
 from gateway.config import OutlierConfig, TimeoutsConfig
 from tests.gateway.conftest import add, routing
+from tests.support.raw_servers import RawServers
 
 from .conftest import MiB, rss, send_raw
 
@@ -71,31 +72,22 @@ SERVICE = dict(
 
 @pytest.fixture
 async def raw_upstream():
-    """Like tests/gateway's, but every connection handler is ended at teardown (a handler
-    that hangs would otherwise outlive the test's loop)."""
-    servers, tasks = [], set()
+    """Like tests/gateway's: every connection handler is ended at teardown (a handler that
+    hangs would otherwise outlive the test's loop), every connection closed."""
+    servers = RawServers()
 
     async def start(serve):
-        async def tracked(reader, writer):
-            task = asyncio.current_task()
-            tasks.add(task)
+        async def closing(reader, writer):
             try:
                 await serve(reader, writer)
             finally:
                 writer.close()
-                tasks.discard(task)
 
-        server = await asyncio.start_server(tracked, "127.0.0.1", 0)
-        servers.append(server)
+        server = await servers.start(closing)
         return server.sockets[0].getsockname()[1]
 
     yield start
-    for server in servers:
-        server.close()
-    for task in list(tasks):
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    await asyncio.sleep(0)
+    await servers.close()
 
 
 async def _setup(pool, raw_upstream, gateway, serve):
