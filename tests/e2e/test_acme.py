@@ -46,6 +46,7 @@ from controller.journal import Entry
 from tests.needs import missing
 from tests.support.eventually import eventually
 from tests.support.ports import free_port
+from tests.support.raw_servers import cleanup_runner
 
 from .conftest import Gateways, Handle, serving, spec
 
@@ -544,4 +545,4 @@ async def test_the_client_alone_reuses_its_account_and_registers_again_where_it_
         renewed = store.write_certificate(HOST, issued.fullchain_pem, issued.key_pem)
         assert renewed.issuer != first.issuer  # the restarted pebble's new intermediate
     finally:
-        await runner.cleanup()
+        await cleanup_runner(runner)

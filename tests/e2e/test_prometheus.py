@@ -34,6 +34,7 @@ from gateway.pool.pool import Pool
 from tests.needs import missing
 from tests.support.eventually import eventually
 from tests.support.ports import free_port
+from tests.support.raw_servers import cleanup_runner
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRAPE_CONFIG = ROOT / "configs" / "prometheus.yml"
@@ -89,7 +90,7 @@ async def replica() -> AsyncIterator[tuple[int, dict[str, bool]]]:
     try:
         yield port, switch
     finally:
-        await runner.cleanup()
+        await cleanup_runner(runner)
 
 
 @pytest.fixture

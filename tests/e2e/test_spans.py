@@ -20,6 +20,7 @@ from controller.rollout_traces import trace_id
 from tests.support.eventually import eventually
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.support.ports import free_port
+from tests.support.raw_servers import cleanup_runner
 
 from .conftest import Gateways, Handle
 from .test_auth import admin, echo_spec, metric
@@ -57,7 +58,7 @@ async def upstreams() -> AsyncIterator[list[int]]:
     started = [await upstream(False), await upstream(True)]
     yield [port for _, port in started]
     for runner, _ in started:
-        await runner.cleanup()
+        await cleanup_runner(runner)
 
 
 @pytest.fixture

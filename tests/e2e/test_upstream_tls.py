@@ -25,6 +25,7 @@ import trustme
 from aiohttp import web
 
 from tests.support.eventually import eventually
+from tests.support.raw_servers import cleanup_runner
 
 from .conftest import Gateways, Handle, serving
 
@@ -99,7 +100,7 @@ class HttpsReplica:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._runner is not None
-        await self._runner.cleanup()
+        await cleanup_runner(self._runner)
 
     @property
     def address(self) -> str:

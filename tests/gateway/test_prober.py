@@ -28,6 +28,7 @@ from gateway.health.prober import Prober, Schedule
 from gateway.pool.events import PoolEvent, ProbeResult
 from gateway.pool.pool import Pool
 from gateway.pool.upstream import Health, Upstream
+from tests.support.raw_servers import cleanup_runner
 
 FAST = {"interval": 0.05, "timeout": 1.0, "jitter": 0.2}
 
@@ -183,7 +184,7 @@ class Server:
     async def stop(self) -> None:
         self.release.set()
         if self.runner is not None:
-            await self.runner.cleanup()
+            await cleanup_runner(self.runner)
             self.runner = None
 
     def upstream(self, uid: str = "u1", **changes: object) -> Upstream:
@@ -371,7 +372,7 @@ async def test_method_and_headers_are_sent(rig):
         assert (await rig.timeline.result("u1", after=0)).outcome == "success"
         assert seen[0] == ("HEAD", "yes")
     finally:
-        await runner.cleanup()
+        await cleanup_runner(runner)
 
 
 async def test_timeout_when_the_server_hangs(rig, servers):

@@ -18,6 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from tests.support.raw_servers import cleanup_runner
+
 
 def _value(value: AnyValue) -> Any:
     return getattr(value, value.WhichOneof("value"))
@@ -69,7 +71,7 @@ class OtlpReceiver:
     async def stop(self) -> None:
         self._release.set()
         if self._runner is not None:
-            await self._runner.cleanup()
+            await cleanup_runner(self._runner)
 
     async def changed(self) -> None:
         await self._changed.wait()

@@ -1,6 +1,6 @@
 """Raw TCP for a test on asyncio's loop: ``RawServers``, servers closed with every
-connection they accepted, and ``closed_by_peer``, whether a server closed a client's
-connection.
+connection they accepted, ``cleanup_runner``, an aiohttp runner's cleanup that leaves none
+open either, and ``closed_by_peer``, whether a server closed a client's connection.
 
 ``Server.close`` closes the listening sockets only; a handler cancelled at the loop's close
 (waiting on its reader) or never started leaves its connection open, and the collector finds
@@ -17,6 +17,8 @@ import asyncio
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from aiohttp import web
 
 from gateway import stop_accepting
 
@@ -79,6 +81,22 @@ class RawServers:
                 closed.cancel()
         for server in servers:
             await server.wait_closed()
+
+
+async def cleanup_runner(runner: web.BaseRunner) -> None:
+    """``runner.cleanup()``, its sites stopped accepting first and the connections they
+    accepted made (``gateway.stop_accepting``, then a turn for ``connection_made``): its
+    cleanup closes the listeners as they may be accepting, and a connection accepted in that
+    turn stayed open (CPython gh-109564), as the admin listener's did. For a server that a
+    client (a prober) may connect to as it stops."""
+    sockets = []
+    for site in runner.sites:
+        server = getattr(site, "_server", None)  # the site's asyncio.Server: no public name
+        if server is not None:
+            sockets += server.sockets
+    await stop_accepting(sockets)
+    await asyncio.sleep(0)
+    await runner.cleanup()
 
 
 async def closed_by_peer(sock: socket.socket, within: float = 2.0) -> bool:
