@@ -33,6 +33,7 @@ from controller.errors import NoCapacity, StartFailed
 from controller.spec import ReplicaTemplate
 from tests.support.eventually import eventually
 from tests.support.ports import free_port
+from tests.support.raw_servers import RawServers
 from tests.support.strays import reap, spawn_stray
 
 PY = shlex.quote(sys.executable)
@@ -62,6 +63,7 @@ from pathlib import Path
 from controller.backends import Launch, ProcessBackend
 from controller.spec import ReplicaTemplate
 from tests.support.ports import free_port
+from tests.support.raw_servers import RawServers
 
 async def main():
     low, high, log_dir, command = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -97,11 +99,11 @@ class Notifier:
     def __init__(self) -> None:
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.port = 0
-        self._server: asyncio.Server | None = None
+        self._servers = RawServers()
 
     async def open(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
+        server = await self._servers.start(self._accept)
+        self.port = server.sockets[0].getsockname()[1]
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         data = await reader.read()
@@ -113,9 +115,7 @@ class Notifier:
         return await asyncio.wait_for(self.messages.get(), 10)
 
     async def close(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
+        await self._servers.close()
 
 
 class Harness:

@@ -28,7 +28,7 @@ from gateway.health.prober import Prober, Schedule
 from gateway.pool.events import PoolEvent, ProbeResult
 from gateway.pool.pool import Pool
 from gateway.pool.upstream import Health, Upstream
-from tests.support.raw_servers import cleanup_runner
+from tests.support.raw_servers import RawServers, cleanup_runner
 
 FAST = {"interval": 0.05, "timeout": 1.0, "jitter": 0.2}
 
@@ -444,7 +444,8 @@ async def test_tcp_probe_against_listening_socket_and_closed_port(rig):
         accepted += 1
         writer.close()
 
-    listener = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    servers = RawServers()  # the prober may be connecting as the listener closes
+    listener = await servers.start(on_connect)
     try:
         port = listener.sockets[0].getsockname()[1]
         rig.pool.set_service(routing(tcp_probe()))
@@ -455,8 +456,7 @@ async def test_tcp_probe_against_listening_socket_and_closed_port(rig):
         assert closed.outcome == "failure"
         assert "ConnectionRefused" in closed.reason
     finally:
-        listener.close()
-        await listener.wait_closed()
+        await servers.close()
 
 
 async def test_no_probes_anywhere_means_a_default_tcp_probe(rig, servers):

@@ -21,6 +21,7 @@ from gateway.errors import UpstreamConnectError
 from gateway.pool.upstream import address_of
 from gateway.proxy.connector import Connector
 from gateway.wire.upstream_tls import RECHECK, UpstreamTls, UpstreamTlsError
+from tests.support.raw_servers import RawServers
 
 from .test_connector import run
 
@@ -50,9 +51,10 @@ async def tls_upstream(ca: trustme.CA) -> AsyncIterator[tuple[int, list[int]]]:
         finally:
             writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
+    servers = RawServers()
+    server = await servers.start(serve, ssl=context)
     yield server.sockets[0].getsockname()[1], handshakes
-    server.close()
+    await servers.close()
 
 
 def test_a_context_is_made_once_and_again_when_a_file_changes(
