@@ -63,7 +63,6 @@ from pathlib import Path
 from controller.backends import Launch, ProcessBackend
 from controller.spec import ReplicaTemplate
 from tests.support.ports import free_port
-from tests.support.raw_servers import RawServers
 
 async def main():
     low, high, log_dir, command = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
