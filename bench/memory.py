@@ -5,15 +5,17 @@
 
 Starts, as ``run.py`` does, the upstream (nginx, with wrk on the load core), nginx as a proxy
 (1 worker), ``floor`` (``floor_server.py``: a fixed 200 from uvloop and llhttp on this
-interpreter, what any server built as the gateway is holds) and two gateways as users run them
-(``targets.gateway_config``), all on the proxy core: ``gateway`` (one process) and
-``gateway-w2`` (``--workers 2``: a main process that runs the controller, the probes and the
-admin API, and two worker processes that serve). For
-every process of each tree it reads VmRSS and, from ``/proc/PID/smaps_rollup``, the USS
-(private pages: what another worker adds) and the PSS; idle (after a settle), then under
-``wrk -t1 -c64`` (the largest of samples every 0.25 s), interleaved over ``--repeat``
-repetitions, the order rotating. Then each target in turn holds ``--idle-connections`` idle
-keep-alive connections (``idle.idle_step``, as ``run.py``'s idle step): KiB per connection.
+interpreter, what any server on that interpreter, loop and parser holds) and two gateways as
+users run them (``targets.gateway_config``), all on the proxy core: ``gateway`` (one process)
+and ``gateway-w2`` (``--workers 2``: a main process that runs the controller, the probes and
+the admin API, and two worker processes that serve). For every process of each tree it reads
+VmRSS and, from ``/proc/PID/smaps_rollup``, the USS (private pages: what another worker adds)
+and the PSS; idle (after a settle), then under ``wrk -t1 -c64`` (the largest of samples every
+0.25 s), interleaved over ``--repeat`` repetitions, the order rotating. Then each target in
+turn holds ``--idle-connections`` idle keep-alive connections (``idle.idle_step``, as
+``run.py``'s idle step): KiB per connection. And, in fresh interpreters, what importing a
+worker's and the main process's modules costs (VmRSS after ``import gateway.workers.worker`` /
+``controller.serving``, the composition root).
 
 Every target is configured for the same capacity: ``--connections`` client connections (the
 gateway's default ``max_connections``, 10,000). A gateway worker's ``max_connections`` counts
@@ -23,8 +25,6 @@ all of them as it starts (about 0.4 KiB each): nginx gets twice ``--connections`
 (docs/decisions.md): a worker's USS at most twice an nginx worker's so configured; the RSS of
 each is reported beside it, and where both workers' pages are (``/proc/PID/smaps``, by what
 maps them) after the last repetition's load.
-And, in fresh interpreters, what importing a worker's and the main process's modules costs
-(VmRSS after ``import gateway.workers.worker`` / ``controller.serving``, the composition root).
 
 Writes the ``memory`` section of ``--output`` (default ``bench/out/memory.md``, gitignored).
 The gateways run their data plane as built (``gateway native status``): it never builds.
