@@ -47,10 +47,10 @@ COPY --from=build /opt/gateway /opt/gateway
 # process and the replicas at 0, a worker at 2 without column tables (`-OO -X no_debug_ranges`,
 # gateway/workers/supervisor.py). The venv is installed --no-compile, a base's standard library
 # has level 0 at most, and no process here writes any (PYTHONDONTWRITEBYTECODE, files the
-# gateway user cannot write): each start would compile from source all it imports, a worker
-# 0.2 s and 2.9 MiB more (bench/RESULTS.md, section `bytecode`). Level 2 for the standard
-# library and the packages a worker imports only (tests/e2e/test_image.py: no process of the
-# image compiles a module from source).
+# gateway user cannot write): each start would compile from source all it imports, and a
+# worker start slower and hold more (bench/RESULTS.md, section `bytecode`). Level 2 for the
+# standard library and the packages a worker imports only (tests/e2e/test_image.py: no process
+# of the image compiles a module from source).
 RUN stdlib=$(python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])') \
     && site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
     && skip='/(test|tests|idlelib|tkinter|turtledemo|lib2to3|ensurepip)/' \
